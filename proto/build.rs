@@ -1,0 +1,28 @@
+//! Compiles the .proto files with `protox` (pure Rust), so no `protoc` is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/cairn/v1/resource.proto",
+        "proto/cairn/v1/errors.proto",
+        "proto/cairn/v1/forwarding.proto",
+        "proto/cairn/v1/log.proto",
+    ];
+    for f in files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let descriptors = protox::compile(files, ["proto"])?;
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out_dir.join("cairn_descriptor.bin"),
+        prost::Message::encode_to_vec(&descriptors),
+    )?;
+    tonic_prost_build::configure()
+        // Deterministic encoding: maps become BTreeMaps (sorted keys), so a
+        // command encodes to the same bytes on every node.
+        .btree_map(".")
+        // Payload bytes (google.protobuf.Any.value) are shared, not copied.
+        .bytes(".")
+        .compile_well_known_types(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

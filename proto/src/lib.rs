@@ -1,0 +1,46 @@
+//! # cairn-proto
+//!
+//! Every protobuf message and gRPC service of Cairn, generated at build time
+//! from `proto/` with `protox` (no `protoc` needed), plus [`error`]: the one
+//! place where Cairn's error kinds are mapped to gRPC status codes and back.
+//!
+//! What this crate must not do: hold behaviour. It is types and their wire
+//! mapping only; the rules of the contract live in `cairn-fsm` and `cairn-node`.
+//!
+//! ## Invariants
+//! - Maps are generated as `BTreeMap`, so a message encodes to the same bytes on
+//!   every node (the Raft log relies on this for deterministic commands).
+//! - Field numbers of `cairn.v1.log` messages are never reused: they are on disk.
+//! - An error crossing the wire keeps its kind ([`error::ApiError`] round-trips
+//!   through `tonic::Status` losslessly for every kind).
+
+pub mod error;
+
+/// Protobuf well-known types, compiled here so that `Any.value` is `Bytes`.
+pub mod google {
+    pub mod protobuf {
+        include!(concat!(env!("OUT_DIR"), "/google.protobuf.rs"));
+    }
+}
+
+/// The generated packages, nested as their proto package names are, so that
+/// the generated cross-package paths resolve.
+pub mod cairn {
+    /// The `cairn.v1` package: resources, the resource and forwarding services.
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/cairn.v1.rs"));
+
+        /// The `cairn.v1.log` package: state-machine commands as stored in the log.
+        pub mod log {
+            include!(concat!(env!("OUT_DIR"), "/cairn.v1.log.rs"));
+        }
+    }
+}
+
+pub use cairn::v1;
+
+/// Encoded `FileDescriptorSet` of every Cairn proto, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
+
+pub use v1::{Condition, Consistency, Id, Reference, Resource, Status, Tenancy, Type, WatchEvent};
