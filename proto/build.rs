@@ -6,6 +6,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/cairn/v1/errors.proto",
         "proto/cairn/v1/forwarding.proto",
         "proto/cairn/v1/log.proto",
+        "proto/cairn/v1/raft.proto",
+        "proto/cairn/v1/admin.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
