@@ -1,1 +1,96 @@
-//! (being built; see docs/architecture.md)
+//! # jepsen-tests
+//!
+//! Black-box fault testing of Cairn clusters, in the manner of Jepsen but in Rust.
+//! This part of the crate is the *analysis* half: it records and loads histories of
+//! client operations and decides whether they are correct.
+//!
+//! - [`history`]: operations as JSON lines (one line per operation: process, kind,
+//!   key, input, output, outcome, invoke and complete timestamps), the [`Recorder`]
+//!   that workloads use to log operations cheaply from many tasks, and a parser for
+//!   the Jepsen log format of the Porcupine test histories.
+//! - [`linearizability`]: a linearizability checker in the manner of Porcupine —
+//!   Lowe's just-in-time linearization with P-compositionality (one search per key),
+//!   an explicit stack, a cache of (linearized set, state) already explored, a time
+//!   budget that yields [`Verdict::Unknown`] rather than a false verdict, and for a
+//!   failing key the shortest illegal prefix.
+//! - [`models`]: the sequential specifications checked against: a CAS register and
+//!   a key-value map partitioned by key.
+//! - [`set`] and [`append`]: cheaper checkers for the set and list-append workloads.
+//!
+//! The binary (`src/main.rs`) exposes them as `jepsen-tests check`.
+//!
+//! ## What this crate must not do
+//! - Report a history as correct (or incorrect) without having decided it: running
+//!   out of time or memory is [`Verdict::Unknown`], never a guess.
+//! - Panic on a malformed history file: bad input is an [`Error`] naming the line or
+//!   the operation. Broken internal invariants (a corrupted linked list, a stack that
+//!   does not match the linearized set) do panic.
+//! - Depend on anything outside the crate at test time: the reference histories live
+//!   in `testdata/`.
+//!
+//! ## Concurrency model
+//! Recording: a [`Recorder`] is `Clone + Send + Sync`; each clone appends finished
+//! operations to one `Vec` behind a mutex, taken once per completed operation.
+//! Checking: keys are independent (P-compositionality), so the checker runs one
+//! single-threaded search per key on a small pool of scoped threads; the first key
+//! found non-linearizable cancels the searches still running. Each search owns all
+//! of its state; the only shared data are the immutable history, an atomic work
+//! index, an atomic cancel flag and the result slots.
+//!
+//! ## Invariants
+//! - Every operation has `complete_ns >= invoke_ns` when it has a completion; `ok`
+//!   and `fail` operations always have one (checked when a history is built).
+//! - An indeterminate operation (`info`, or never completed) may take effect at any
+//!   point after its invocation, or never: its return event is placed after every
+//!   determinate event.
+//! - During a search, an operation is marked in the linearized bitset exactly when it
+//!   is on the explicit stack and unlinked from the event list; the stack depth equals
+//!   the number of bits set.
+//! - A search reports "linearizable" only after linearizing every determinate
+//!   operation of the key, and "not linearizable" only after exhausting every
+//!   linearization (modulo the cache); anything else is "unknown".
+//! - The verdict of a history is "not linearizable" if any key is, else "unknown" if
+//!   any key is undecided, else "linearizable".
+
+pub mod append;
+pub mod error;
+pub mod history;
+pub mod linearizability;
+pub mod models;
+pub mod set;
+
+pub use error::Error;
+pub use history::{History, OpHandle, OpKind, Operation, Outcome, Recorder, Value};
+
+/// The result of a check, shared by every checker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The history satisfies the property (linearizable, or no set/append anomaly).
+    Valid,
+    /// The history violates the property; the report says where.
+    Invalid,
+    /// The checker could not decide (time budget or memory limit reached, or the
+    /// history holds too little to judge, e.g. no final read).
+    Unknown,
+}
+
+impl Verdict {
+    /// Process exit code of `jepsen-tests check`: 0 valid, 1 invalid, 2 unknown.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Valid => 0,
+            Verdict::Invalid => 1,
+            Verdict::Unknown => 2,
+        }
+    }
+
+    /// Combines the verdicts of independent parts (keys): any invalid part makes the
+    /// whole invalid, else any unknown part makes it unknown.
+    pub fn combine(self, other: Verdict) -> Verdict {
+        match (self, other) {
+            (Verdict::Invalid, _) | (_, Verdict::Invalid) => Verdict::Invalid,
+            (Verdict::Unknown, _) | (_, Verdict::Unknown) => Verdict::Unknown,
+            (Verdict::Valid, Verdict::Valid) => Verdict::Valid,
+        }
+    }
+}

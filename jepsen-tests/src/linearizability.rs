@@ -1,0 +1,879 @@
+//! Linearizability checking in the manner of Porcupine: Lowe's just-in-time
+//! linearization (Wing & Gong's search with Lowe's cache), with P-compositionality.
+//!
+//! A history is split into independent [`Partition`]s (one per key). For each, the
+//! call and return events are sorted by time into a doubly linked list. The search
+//! walks the list from its head: at a call event it tries to linearize that
+//! operation now (apply it to the model state); if the model accepts and the pair
+//! (set of linearized operations, new state) has not been explored before, it
+//! pushes the choice on an explicit stack, unlinks the operation's two events and
+//! restarts from the head. Reaching a return event means that operation should
+//! have been linearized already: the search backtracks by popping the last choice,
+//! relinking its events and trying the next call after it. The key is linearizable
+//! when every determinate operation is linearized, and not linearizable when the
+//! stack is empty at a return event.
+//!
+//! Indeterminate operations (`return_ns = None`) get a return event after every
+//! determinate one, so they may be linearized anywhere after their call; once only
+//! their returns remain, the search succeeds without them ("never took effect").
+//!
+//! For a failing key the report gives the shortest illegal prefix: the search is
+//! exhaustive (modulo states proven equivalent by the cache), so the furthest return
+//! event at which it ever got stuck, R, is the first event of the history after which
+//! no linearization exists: the prefix ending at R is illegal and every shorter
+//! prefix is linearizable (the partial linearization that reached R proves it).
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::{Error, Verdict};
+
+/// A sequential specification, applied to one partition (key).
+pub trait Model {
+    /// The abstract state; compared and hashed for the cache, so keep it small.
+    type State: Clone + Eq + Hash;
+    /// One operation with its outcome, as the model needs it.
+    type Op;
+
+    fn init(&self) -> Self::State;
+
+    /// The state after `op` took effect in `state`, or `None` if `op` (with its
+    /// recorded output) is impossible in `state`.
+    fn step(&self, state: &Self::State, op: &Self::Op) -> Option<Self::State>;
+
+    /// A human-readable rendering of a state, for reports.
+    fn describe_state(&self, state: &Self::State) -> String;
+}
+
+/// One operation of a partition, with its real-time window.
+#[derive(Clone, Debug)]
+pub struct PartitionOp<O> {
+    /// Index of the operation in the [`History`](crate::History), for reports.
+    pub history_index: usize,
+    pub call_ns: u64,
+    /// `None` = indeterminate: may take effect any time after the call, or never.
+    pub return_ns: Option<u64>,
+    pub op: O,
+}
+
+/// The operations of one key, with the model instance that interprets them.
+#[derive(Clone, Debug)]
+pub struct Partition<M: Model> {
+    key: String,
+    model: M,
+    ops: Vec<PartitionOp<M::Op>>,
+}
+
+impl<M: Model> Partition<M> {
+    pub fn new(key: impl Into<String>, model: M) -> Self {
+        Partition {
+            key: key.into(),
+            model,
+            ops: Vec::new(),
+        }
+    }
+
+    /// Adds an operation; its return cannot precede its call.
+    pub fn push(
+        &mut self,
+        history_index: usize,
+        call_ns: u64,
+        return_ns: Option<u64>,
+        op: M::Op,
+    ) -> Result<(), Error> {
+        if let Some(return_ns) = return_ns {
+            if return_ns < call_ns {
+                return Err(Error::InvalidOperation {
+                    index: history_index,
+                    reason: format!("returns at {return_ns} before its call at {call_ns}"),
+                });
+            }
+        }
+        self.ops.push(PartitionOp {
+            history_index,
+            call_ns,
+            return_ns,
+            op,
+        });
+        Ok(())
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    pub fn ops(&self) -> &[PartitionOp<M::Op>] {
+        &self.ops
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// Limits of a check.
+#[derive(Clone, Debug)]
+pub struct CheckOptions {
+    /// Wall-clock budget for the whole check; when exhausted, undecided keys are
+    /// reported as unknown.
+    pub time_budget: Duration,
+    /// Approximate memory limit of one key's cache of explored (set, state) pairs.
+    pub cache_bytes_max: usize,
+    /// Keys checked in parallel.
+    pub threads: usize,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            time_budget: Duration::from_secs(60),
+            cache_bytes_max: 2 << 30,
+            threads: std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
+}
+
+/// Why a key was left undecided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnknownReason {
+    TimeBudgetExhausted,
+    CacheLimitReached,
+    /// Another key was found not linearizable first, which decides the history.
+    CancelledAfterAnotherKeyFailed,
+}
+
+/// One step of a partial linearization.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinearizedStep {
+    /// Index of the operation in the history.
+    pub operation: usize,
+    /// The model state right after it.
+    pub state_after: String,
+}
+
+/// Where a key stops being linearizable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IllegalPrefix {
+    /// The operation (history index) whose return ends the shortest illegal prefix:
+    /// it cannot be linearized before it returned, whatever the order of the others.
+    pub failing_operation: usize,
+    /// Number of this key's call and return events in the illegal prefix.
+    pub prefix_event_count: usize,
+    /// The operations invoked within the prefix (history indices, by call time).
+    pub prefix_operations: Vec<usize>,
+    /// Length of the partial linearization that reached the failing return.
+    pub linearized_count: usize,
+    /// Its last steps (at most [`LINEARIZED_TAIL_LEN`]).
+    pub linearized_tail: Vec<LinearizedStep>,
+}
+
+/// How many steps of the deepest partial linearization a report keeps.
+pub const LINEARIZED_TAIL_LEN: usize = 16;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyOutcome {
+    Linearizable,
+    NotLinearizable(Box<IllegalPrefix>),
+    Unknown(UnknownReason),
+}
+
+impl KeyOutcome {
+    pub fn verdict(&self) -> Verdict {
+        match self {
+            KeyOutcome::Linearizable => Verdict::Valid,
+            KeyOutcome::NotLinearizable(_) => Verdict::Invalid,
+            KeyOutcome::Unknown(_) => Verdict::Unknown,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct KeyReport {
+    pub key: String,
+    pub operation_count: usize,
+    pub outcome: KeyOutcome,
+    /// Search steps taken (call events tried plus backtracks).
+    pub steps: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct LinearizabilityReport {
+    pub verdict: Verdict,
+    /// One report per key, sorted by key.
+    pub keys: Vec<KeyReport>,
+    pub elapsed: Duration,
+}
+
+impl LinearizabilityReport {
+    /// The keys found not linearizable.
+    pub fn failures(&self) -> impl Iterator<Item = (&KeyReport, &IllegalPrefix)> {
+        self.keys.iter().filter_map(|report| match &report.outcome {
+            KeyOutcome::NotLinearizable(prefix) => Some((report, prefix.as_ref())),
+            _ => None,
+        })
+    }
+}
+
+/// Checks every partition, in parallel, within `options`.
+pub fn check<M>(partitions: Vec<Partition<M>>, options: &CheckOptions) -> LinearizabilityReport
+where
+    M: Model + Sync,
+    M::Op: Sync,
+{
+    let start = Instant::now();
+    let deadline = start.checked_add(options.time_budget);
+    let count = partitions.len();
+    let mut order: Vec<usize> = (0..count).collect();
+    order.sort_by_key(|&index| Reverse(partitions[index].len()));
+    let next_index = AtomicUsize::new(0);
+    let cancel = AtomicBool::new(false);
+    let results: Mutex<Vec<Option<(KeyOutcome, u64)>>> =
+        Mutex::new((0..count).map(|_| None).collect());
+
+    let worker = || loop {
+        let position = next_index.fetch_add(1, Ordering::Relaxed);
+        let Some(&index) = order.get(position) else {
+            break;
+        };
+        let limits = Limits {
+            deadline,
+            cancel: &cancel,
+            cache_bytes_max: options.cache_bytes_max,
+        };
+        let (outcome, steps) = if cancel.load(Ordering::Relaxed) {
+            (
+                KeyOutcome::Unknown(UnknownReason::CancelledAfterAnotherKeyFailed),
+                0,
+            )
+        } else {
+            Search::new(&partitions[index]).run(&limits)
+        };
+        if matches!(outcome, KeyOutcome::NotLinearizable(_)) {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        results.lock()[index] = Some((outcome, steps));
+    };
+    let workers = options.threads.clamp(1, count.max(1));
+    if workers == 1 {
+        worker();
+    } else {
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(worker);
+            }
+        });
+    }
+
+    let mut keys: Vec<KeyReport> = partitions
+        .iter()
+        .zip(results.into_inner())
+        .map(|(partition, result)| {
+            // Every index below `count` was taken by exactly one worker.
+            let (outcome, steps) = result.expect("every partition was checked");
+            KeyReport {
+                key: partition.key.clone(),
+                operation_count: partition.len(),
+                outcome,
+                steps,
+            }
+        })
+        .collect();
+    keys.sort_by(|a, b| a.key.cmp(&b.key));
+    let verdict = keys.iter().fold(Verdict::Valid, |verdict, key| {
+        verdict.combine(key.outcome.verdict())
+    });
+    LinearizabilityReport {
+        verdict,
+        keys,
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Checks a single partition (no threads).
+pub fn check_partition<M: Model>(partition: &Partition<M>, options: &CheckOptions) -> KeyOutcome {
+    let cancel = AtomicBool::new(false);
+    let limits = Limits {
+        deadline: Instant::now().checked_add(options.time_budget),
+        cancel: &cancel,
+        cache_bytes_max: options.cache_bytes_max,
+    };
+    Search::new(partition).run(&limits).0
+}
+
+struct Limits<'a> {
+    deadline: Option<Instant>,
+    cancel: &'a AtomicBool,
+    cache_bytes_max: usize,
+}
+
+/// How often (in search steps) the deadline and the cancel flag are looked at.
+const LIMIT_CHECK_INTERVAL_STEPS: u64 = 1024;
+const _: () = assert!(LIMIT_CHECK_INTERVAL_STEPS.is_power_of_two());
+
+const HEAD: usize = 0;
+
+/// The search state of one partition. Operations are renumbered ("local" indices)
+/// so that the determinate ones come first: `0..determinate_count`. Events are
+/// numbered 1..=2n in time order (node 0 is the head sentinel, node 2n+1 the tail
+/// sentinel), so a node number is also the event's position in the key's history.
+struct Search<'p, M: Model> {
+    partition: &'p Partition<M>,
+    /// Local operation index -> index in `partition.ops`.
+    local_to_partition: Vec<usize>,
+    determinate_count: usize,
+    next: Vec<usize>,
+    prev: Vec<usize>,
+    /// For each node: the local operation it belongs to.
+    node_op: Vec<usize>,
+    node_is_call: Vec<bool>,
+    call_node: Vec<usize>,
+    return_node: Vec<usize>,
+    tail: usize,
+}
+
+impl<'p, M: Model> Search<'p, M> {
+    fn new(partition: &'p Partition<M>) -> Self {
+        let count = partition.ops.len();
+        let is_determinate = |index: &usize| partition.ops[*index].return_ns.is_some();
+        let local_to_partition: Vec<usize> = (0..count)
+            .filter(is_determinate)
+            .chain((0..count).filter(|index| !is_determinate(index)))
+            .collect();
+        let determinate_count = (0..count).filter(is_determinate).count();
+        // (time, is_return, is_indeterminate, op): at equal times calls come first,
+        // so touching windows count as concurrent; indeterminate returns come last.
+        let mut events: Vec<(u64, bool, bool, usize)> = Vec::with_capacity(2 * count);
+        for (local, &index) in local_to_partition.iter().enumerate() {
+            let op = &partition.ops[index];
+            events.push((op.call_ns, false, false, local));
+            events.push((
+                op.return_ns.unwrap_or(u64::MAX),
+                true,
+                op.return_ns.is_none(),
+                local,
+            ));
+        }
+        events.sort_unstable();
+        let tail = 2 * count + 1;
+        let mut node_op = vec![usize::MAX; tail + 1];
+        let mut node_is_call = vec![false; tail + 1];
+        let mut call_node = vec![0; count];
+        let mut return_node = vec![0; count];
+        for (position, &(_, is_return, _, local)) in events.iter().enumerate() {
+            let node = position + 1;
+            node_op[node] = local;
+            node_is_call[node] = !is_return;
+            if is_return {
+                return_node[local] = node;
+            } else {
+                call_node[local] = node;
+            }
+        }
+        for local in 0..count {
+            // Paired with the sort order: a call always precedes its own return.
+            assert!(call_node[local] < return_node[local]);
+        }
+        let next = (0..=tail).map(|node| (node + 1).min(tail)).collect();
+        let prev = (0..=tail).map(|node| node.saturating_sub(1)).collect();
+        Search {
+            partition,
+            local_to_partition,
+            determinate_count,
+            next,
+            prev,
+            node_op,
+            node_is_call,
+            call_node,
+            return_node,
+            tail,
+        }
+    }
+
+    fn is_indeterminate(&self, local: usize) -> bool {
+        local >= self.determinate_count
+    }
+
+    /// Unlinks both events of `local`.
+    fn lift(&mut self, local: usize) {
+        for node in [self.call_node[local], self.return_node[local]] {
+            let (before, after) = (self.prev[node], self.next[node]);
+            assert_eq!(self.next[before], node);
+            assert_eq!(self.prev[after], node);
+            self.next[before] = after;
+            self.prev[after] = before;
+        }
+    }
+
+    /// Relinks both events of `local`, exactly undoing the matching [`Self::lift`].
+    fn unlift(&mut self, local: usize) {
+        for node in [self.return_node[local], self.call_node[local]] {
+            let (before, after) = (self.prev[node], self.next[node]);
+            assert_eq!(self.next[before], after);
+            assert_eq!(self.prev[after], before);
+            self.next[before] = node;
+            self.prev[after] = node;
+        }
+    }
+
+    /// The search. For each configuration, the candidate operations are the calls
+    /// before the first remaining return event; the determinate ones are tried first
+    /// (`trying_indeterminate == false`), then the indeterminate ones. Trying the
+    /// cheaper explanation first lets the cache's dominance rule prune more.
+    fn run(mut self, limits: &Limits<'_>) -> (KeyOutcome, u64) {
+        let partition = self.partition;
+        let model = &partition.model;
+        let count = partition.ops.len();
+        let mut linearized =
+            LinearizedSet::new(self.determinate_count, count - self.determinate_count);
+        let mut cache: Cache<M::State> = Cache::default();
+        let mut stack: Vec<(usize, M::State)> = Vec::new();
+        let mut state = model.init();
+        let mut cursor = self.next[HEAD];
+        let mut trying_indeterminate = false;
+        let mut steps = 0u64;
+        let mut deepest_stuck_node = 0usize;
+        let mut deepest_linearized_count = 0usize;
+        let mut deepest_tail: Vec<(usize, M::State)> = Vec::new();
+
+        loop {
+            if self.next[HEAD] == self.tail {
+                return (KeyOutcome::Linearizable, steps);
+            }
+            if steps & (LIMIT_CHECK_INTERVAL_STEPS - 1) == 0 {
+                if limits.cancel.load(Ordering::Relaxed) {
+                    return (
+                        KeyOutcome::Unknown(UnknownReason::CancelledAfterAnotherKeyFailed),
+                        steps,
+                    );
+                }
+                if limits
+                    .deadline
+                    .is_some_and(|deadline| Instant::now() >= deadline)
+                {
+                    return (
+                        KeyOutcome::Unknown(UnknownReason::TimeBudgetExhausted),
+                        steps,
+                    );
+                }
+                if cache.bytes > limits.cache_bytes_max {
+                    return (KeyOutcome::Unknown(UnknownReason::CacheLimitReached), steps);
+                }
+            }
+            steps += 1;
+            // The list is never empty here and always ends with a return event, and a
+            // call is always followed by its own return: the cursor cannot reach the tail.
+            assert!(cursor != self.tail && cursor != HEAD);
+            let local = self.node_op[cursor];
+            if self.node_is_call[cursor] {
+                if self.is_indeterminate(local) == trying_indeterminate {
+                    let op = &partition.ops[self.local_to_partition[local]].op;
+                    if let Some(new_state) = model.step(&state, op) {
+                        linearized.insert(local);
+                        let key_hash = linearized.determinate_hash ^ hash_state(&new_state);
+                        if cache.insert_unless_dominated(key_hash, &linearized, &new_state) {
+                            stack.push((local, std::mem::replace(&mut state, new_state)));
+                            self.lift(local);
+                            cursor = self.next[HEAD];
+                            trying_indeterminate = false;
+                            continue;
+                        }
+                        linearized.remove(local);
+                    }
+                }
+                cursor = self.next[cursor];
+                continue;
+            }
+
+            // A return event: its operation is not linearized yet.
+            if self.is_indeterminate(local) {
+                // Indeterminate returns sort after every determinate event, so every
+                // determinate operation is linearized; the rest may never take effect.
+                return (KeyOutcome::Linearizable, steps);
+            }
+            if !trying_indeterminate && self.determinate_count < count {
+                trying_indeterminate = true;
+                cursor = self.next[HEAD];
+                continue;
+            }
+            if cursor > deepest_stuck_node {
+                deepest_stuck_node = cursor;
+                deepest_linearized_count = stack.len();
+                let from = stack.len().saturating_sub(LINEARIZED_TAIL_LEN);
+                deepest_tail = (from..stack.len())
+                    .map(|depth| {
+                        let after = stack.get(depth + 1).map_or(&state, |(_, before)| before);
+                        (stack[depth].0, after.clone())
+                    })
+                    .collect();
+            }
+            let Some((undone, prior_state)) = stack.pop() else {
+                let prefix = self.illegal_prefix(
+                    deepest_stuck_node,
+                    deepest_linearized_count,
+                    &deepest_tail,
+                );
+                return (KeyOutcome::NotLinearizable(Box::new(prefix)), steps);
+            };
+            linearized.remove(undone);
+            // Paired with the push: the stack depth is the number of linearized operations.
+            assert_eq!(stack.len(), linearized.len);
+            state = prior_state;
+            self.unlift(undone);
+            trying_indeterminate = self.is_indeterminate(undone);
+            cursor = self.next[self.call_node[undone]];
+        }
+    }
+
+    fn illegal_prefix(
+        &self,
+        stuck_node: usize,
+        linearized_count: usize,
+        tail: &[(usize, M::State)],
+    ) -> IllegalPrefix {
+        // Paired with the loop: failure is only declared at a determinate return.
+        assert!(stuck_node > HEAD && stuck_node < self.tail);
+        assert!(!self.node_is_call[stuck_node] && !self.is_indeterminate(self.node_op[stuck_node]));
+        let ops = &self.partition.ops;
+        let history_index = |local: usize| ops[self.local_to_partition[local]].history_index;
+        let mut prefix: Vec<usize> = (0..ops.len())
+            .filter(|&local| self.call_node[local] < stuck_node)
+            .collect();
+        prefix.sort_by_key(|&local| self.call_node[local]);
+        IllegalPrefix {
+            failing_operation: history_index(self.node_op[stuck_node]),
+            prefix_event_count: stuck_node,
+            prefix_operations: prefix.into_iter().map(history_index).collect(),
+            linearized_count,
+            linearized_tail: tail
+                .iter()
+                .map(|(local, state)| LinearizedStep {
+                    operation: history_index(*local),
+                    state_after: self.partition.model.describe_state(state),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The operations linearized so far: one bitset for the determinate operations
+/// (with its Zobrist hash kept up to date) and one for the indeterminate ones.
+struct LinearizedSet {
+    determinate_count: usize,
+    determinate: Vec<u64>,
+    indeterminate: Vec<u64>,
+    determinate_hash: u64,
+    zobrist: Vec<u64>,
+    len: usize,
+}
+
+impl LinearizedSet {
+    fn new(determinate_count: usize, indeterminate_count: usize) -> Self {
+        LinearizedSet {
+            determinate_count,
+            determinate: vec![0; determinate_count.div_ceil(64)],
+            indeterminate: vec![0; indeterminate_count.div_ceil(64)],
+            determinate_hash: 0,
+            zobrist: (0..determinate_count as u64).map(splitmix64).collect(),
+            len: 0,
+        }
+    }
+
+    fn toggle(&mut self, local: usize, expect_present: bool) {
+        let (words, bit_index) = match local.checked_sub(self.determinate_count) {
+            None => {
+                self.determinate_hash ^= self.zobrist[local];
+                (&mut self.determinate, local)
+            }
+            Some(indeterminate) => (&mut self.indeterminate, indeterminate),
+        };
+        let (word, bit) = (bit_index / 64, 1u64 << (bit_index % 64));
+        assert_eq!(
+            words[word] & bit != 0,
+            expect_present,
+            "linearized set out of step with the stack"
+        );
+        words[word] ^= bit;
+    }
+
+    fn insert(&mut self, local: usize) {
+        self.toggle(local, false);
+        self.len += 1;
+    }
+
+    fn remove(&mut self, local: usize) {
+        self.toggle(local, true);
+        self.len -= 1;
+    }
+}
+
+/// The configurations already explored: (linearized set, state). Keyed by the hash
+/// of the determinate set and the state; entries are compared in full, so a hash
+/// collision never prunes a distinct configuration.
+///
+/// Dominance: a configuration (D ∪ I, s) is pruned when (D ∪ I', s) was explored
+/// with I' ⊆ I (I, I' indeterminate). Every continuation of the larger one is a
+/// continuation of the smaller one, which simply leaves the extra indeterminate
+/// operations out ("never took effect"); with I' = I this is Lowe's exact cache.
+struct Cache<S> {
+    buckets: HashMap<u64, Vec<CacheEntry<S>>, BuildHasherDefault<PrehashedHasher>>,
+    bytes: usize,
+}
+
+struct CacheEntry<S> {
+    determinate: Box<[u64]>,
+    indeterminate: Box<[u64]>,
+    state: S,
+}
+
+impl<S> Default for Cache<S> {
+    fn default() -> Self {
+        Cache {
+            buckets: HashMap::default(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<S: Clone + Eq> Cache<S> {
+    /// Records the configuration; false if it (or one dominating it) was explored.
+    fn insert_unless_dominated(
+        &mut self,
+        hash: u64,
+        linearized: &LinearizedSet,
+        state: &S,
+    ) -> bool {
+        let bucket = self.buckets.entry(hash).or_default();
+        let dominated = bucket.iter().any(|entry| {
+            entry.state == *state
+                && *entry.determinate == *linearized.determinate
+                && entry
+                    .indeterminate
+                    .iter()
+                    .zip(&linearized.indeterminate)
+                    .all(|(seen, now)| seen & !now == 0)
+        });
+        if dominated {
+            return false;
+        }
+        bucket.push(CacheEntry {
+            determinate: linearized.determinate.as_slice().into(),
+            indeterminate: linearized.indeterminate.as_slice().into(),
+            state: state.clone(),
+        });
+        self.bytes += std::mem::size_of_val(linearized.determinate.as_slice())
+            + std::mem::size_of_val(linearized.indeterminate.as_slice())
+            + std::mem::size_of::<CacheEntry<S>>()
+            + 32;
+        true
+    }
+}
+
+/// Hasher for keys that are already well-mixed 64-bit hashes.
+#[derive(Default)]
+struct PrehashedHasher(u64);
+
+impl Hasher for PrehashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+/// A small, fast, deterministic hasher for model states.
+#[derive(Default)]
+struct StateHasher(u64);
+
+impl Hasher for StateHasher {
+    fn finish(&self) -> u64 {
+        splitmix64(self.0)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(5) ^ value).wrapping_mul(0x517C_C1B7_2722_0A95);
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_usize(&mut self, value: usize) {
+        self.write_u64(value as u64);
+    }
+}
+
+fn hash_state<S: Hash>(state: &S) -> u64 {
+    let mut hasher = StateHasher::default();
+    state.hash(&mut hasher);
+    hasher.finish()
+}
+
+fn splitmix64(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A register of small integers with read and write only, for engine tests.
+    struct TinyRegister;
+
+    #[derive(Debug)]
+    enum TinyOp {
+        Read(i32),
+        Write(i32),
+    }
+
+    impl Model for TinyRegister {
+        type State = i32;
+        type Op = TinyOp;
+
+        fn init(&self) -> i32 {
+            0
+        }
+
+        fn step(&self, state: &i32, op: &TinyOp) -> Option<i32> {
+            match op {
+                TinyOp::Read(value) => (value == state).then_some(*state),
+                TinyOp::Write(value) => Some(*value),
+            }
+        }
+
+        fn describe_state(&self, state: &i32) -> String {
+            state.to_string()
+        }
+    }
+
+    fn partition(ops: Vec<(u64, Option<u64>, TinyOp)>) -> Partition<TinyRegister> {
+        let mut partition = Partition::new("k", TinyRegister);
+        for (index, (call_ns, return_ns, op)) in ops.into_iter().enumerate() {
+            partition.push(index, call_ns, return_ns, op).unwrap();
+        }
+        partition
+    }
+
+    #[test]
+    fn concurrent_write_and_read_linearize_either_way() {
+        // A read overlapping a write may see the old or the new value.
+        let options = CheckOptions::default();
+        for seen in [0, 1] {
+            let p = partition(vec![
+                (0, Some(10), TinyOp::Write(1)),
+                (5, Some(15), TinyOp::Read(seen)),
+            ]);
+            assert_eq!(check_partition(&p, &options), KeyOutcome::Linearizable);
+        }
+    }
+
+    #[test]
+    fn stale_read_after_acknowledged_write_is_reported_with_its_prefix() {
+        // A read that starts after a write returned must see it; the report names the read.
+        let p = partition(vec![
+            (0, Some(10), TinyOp::Write(1)),
+            (20, Some(30), TinyOp::Write(2)),
+            (40, Some(50), TinyOp::Read(1)),
+            (60, Some(70), TinyOp::Read(2)),
+        ]);
+        let KeyOutcome::NotLinearizable(prefix) = check_partition(&p, &CheckOptions::default())
+        else {
+            panic!("expected a violation");
+        };
+        assert_eq!(prefix.failing_operation, 2);
+        assert_eq!(prefix.prefix_event_count, 6);
+        assert_eq!(prefix.prefix_operations, vec![0, 1, 2]);
+        assert_eq!(prefix.linearized_count, 2);
+        let states: Vec<&str> = prefix
+            .linearized_tail
+            .iter()
+            .map(|step| step.state_after.as_str())
+            .collect();
+        assert_eq!(states, vec!["1", "2"]);
+    }
+
+    #[test]
+    fn indeterminate_write_may_take_effect_late_or_never() {
+        // A write without a return can explain a later read, or be ignored.
+        let options = CheckOptions::default();
+        for seen in [0, 7] {
+            let p = partition(vec![
+                (0, None, TinyOp::Write(7)),
+                (100, Some(110), TinyOp::Read(seen)),
+            ]);
+            assert_eq!(check_partition(&p, &options), KeyOutcome::Linearizable);
+        }
+        let p = partition(vec![
+            (50, None, TinyOp::Write(7)),
+            (0, Some(10), TinyOp::Read(7)),
+        ]);
+        assert!(matches!(
+            check_partition(&p, &options),
+            KeyOutcome::NotLinearizable(_)
+        ));
+    }
+
+    #[test]
+    fn zero_time_budget_yields_unknown_not_a_verdict() {
+        // With no time at all the checker must say "unknown".
+        let p = partition(vec![(0, Some(1), TinyOp::Read(5))]);
+        let options = CheckOptions {
+            time_budget: Duration::ZERO,
+            ..CheckOptions::default()
+        };
+        assert_eq!(
+            check_partition(&p, &options),
+            KeyOutcome::Unknown(UnknownReason::TimeBudgetExhausted)
+        );
+    }
+
+    #[test]
+    fn one_failing_key_makes_the_history_invalid() {
+        // Keys are checked independently and the verdicts combine.
+        let good = partition(vec![
+            (0, Some(1), TinyOp::Write(3)),
+            (2, Some(3), TinyOp::Read(3)),
+        ]);
+        let mut bad = partition(vec![(0, Some(1), TinyOp::Read(9))]);
+        bad.key = "b".into();
+        let options = CheckOptions {
+            threads: 2,
+            ..CheckOptions::default()
+        };
+        let report = check(vec![good, bad], &options);
+        assert_eq!(report.verdict, Verdict::Invalid);
+        assert_eq!(report.failures().count(), 1);
+        assert_eq!(report.failures().next().unwrap().0.key, "b");
+    }
+}
