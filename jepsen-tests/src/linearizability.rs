@@ -134,6 +134,9 @@ pub struct CheckOptions {
     pub cache_bytes_max: usize,
     /// Keys checked in parallel.
     pub threads: usize,
+    /// Stop the other keys' searches once one key is found not linearizable (the
+    /// verdict is then decided); `false` checks every key to the end.
+    pub stop_at_first_failure: bool,
 }
 
 impl Default for CheckOptions {
@@ -142,6 +145,7 @@ impl Default for CheckOptions {
             time_budget: Duration::from_secs(60),
             cache_bytes_max: 2 << 30,
             threads: std::thread::available_parallelism().map_or(1, usize::from),
+            stop_at_first_failure: true,
         }
     }
 }
@@ -261,7 +265,7 @@ where
         } else {
             Search::new(&partitions[index]).run(&limits)
         };
-        if matches!(outcome, KeyOutcome::NotLinearizable(_)) {
+        if options.stop_at_first_failure && matches!(outcome, KeyOutcome::NotLinearizable(_)) {
             cancel.store(true, Ordering::Relaxed);
         }
         results.lock()[index] = Some((outcome, steps));

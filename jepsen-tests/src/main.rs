@@ -63,6 +63,9 @@ struct CheckArgs {
     /// Keys checked in parallel (default: the number of CPUs).
     #[arg(long)]
     threads: Option<usize>,
+    /// Check every key to the end instead of stopping at the first failing key.
+    #[arg(long)]
+    all_keys: bool,
     /// At most this many operations or anomalies are printed per list.
     #[arg(long, default_value_t = 40)]
     print_max: usize,
@@ -150,6 +153,7 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
                 time_budget: Duration::from_secs(args.time_budget_secs),
                 ..CheckOptions::default()
             };
+            options.stop_at_first_failure = !args.all_keys;
             if let Some(threads) = args.threads {
                 options.threads = threads.max(1);
             }
