@@ -1,1 +1,92 @@
-//! (being built; see docs/architecture.md)
+//! # cairn-fsm — Cairn's state machine data
+//!
+//! **Purpose.** The replicated resource table with the semantics of
+//! `docs/contract.md` sections 1–3: log commands and their encoding
+//! ([`Command`]), compare-and-set writes and deletes applied in log order
+//! ([`Store::apply`]), consistent reads and lists at the latest or a past
+//! revision ([`View`]), owner lookups, watches (a snapshot or a history replay
+//! followed by live events, [`Watch`]), and snapshot / restore.
+//!
+//! **What it must not do.** No I/O, no async runtime, no clock, no
+//! randomness, no threads: the node feeds it committed entries and gets back
+//! results and events. Every outcome is a pure function of the sequence of
+//! applied entries (and of [`Limits`], which must be the same on every
+//! replica). It never panics on malformed input (a command, a resource, a
+//! snapshot record); it panics only when a caller breaks an invariant below
+//! (for instance applying index 5 after index 7).
+//!
+//! **Concurrency model.** One writer at a time applies entries under a
+//! writer mutex; `apply` is O(log n). The latest state lives in persistent
+//! maps (`imbl`), published after each entry as an `Arc` behind a `RwLock` that
+//! readers hold only long enough to clone the `Arc`. So [`Store::view`] is O(1),
+//! a [`View`] is a consistent point in time that never blocks the writer, and
+//! views taken later are never older. Watch registration takes the view and
+//! registers the subscriber under the writer mutex, so the snapshot and the
+//! live events neither overlap nor leave a gap. Live events are sent after the
+//! new state is published, still under the writer mutex (so in commit order),
+//! through a bounded per-watch buffer (`tokio::sync::mpsc::try_send`, which
+//! needs no runtime); a full buffer closes that watch as lagging. Subscribers
+//! are indexed by (group, kind). [`Watch::next`] is `async` for the node; the
+//! crate itself never awaits a runtime or spawns.
+//!
+//! **Revisions.** The revision of a view is the applied index it reflects.
+//! A resource's version is the decimal index of the entry that wrote it.
+//! [`Store::view_at`] rebuilds a past revision from the retained history
+//! (the last [`Limits::history_changes_max`] changes) by undoing newer changes.
+//!
+//! ## Invariants
+//! - The applied index strictly increases with every applied entry; applying
+//!   an index at or below it panics.
+//! - A resource's version strictly increases over its key's history, also
+//!   across a restore: after a restore committed at `I`, later entries must
+//!   have an index above `I` and above every version issued before (asserted).
+//! - Every stored resource passed [`validate_write`]; at most one resource
+//!   per storage key (group, kind, partition, namespace, name).
+//! - The owner index holds exactly the stored resources that have an owner,
+//!   in the same persistent snapshot as the table (views agree with it).
+//! - `oldest_retained_revision <= applied_index`; the history holds exactly
+//!   the changes after `oldest_retained_revision`, at most
+//!   `history_changes_max` of them, with strictly increasing revisions.
+//! - A watch delivers every matching change after its start point exactly
+//!   once, in commit order, or is closed with `WatchClosed` after delivering
+//!   what it buffered; it is never silently skipped. Events are sent only
+//!   after readers can see the state they describe.
+//! - The watch registry holds exactly the open, unclosed watches: dropping a
+//!   [`Watch`] removes it; a restore removes them all.
+
+#![forbid(unsafe_code)]
+
+mod command;
+mod error;
+mod key;
+mod snapshot;
+mod state;
+mod store;
+mod validate;
+mod watch;
+
+pub use command::{Command, COMMAND_FORMAT_VERSION};
+pub use error::FsmError;
+pub use snapshot::{Restoration, Snapshot, SNAPSHOT_FORMAT_VERSION};
+pub use state::View;
+pub use store::{Applied, Store};
+pub use validate::{validate_id, validate_list, validate_write, Limits};
+pub use watch::{Event, Watch, WatchEventKind, WatchFilter};
+
+#[cfg(test)]
+mod send_sync {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn public_handles_cross_threads() {
+        // Store and View are shared between threads; Watch, Snapshot and Restoration move.
+        assert_send_sync::<Store>();
+        assert_send_sync::<View>();
+        assert_send::<Watch>();
+        assert_send::<Snapshot>();
+        assert_send::<Restoration>();
+    }
+}

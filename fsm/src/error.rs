@@ -1,0 +1,85 @@
+//! The one error enum of the fsm layer, and its one conversion to the wire.
+
+use std::sync::Arc;
+
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::{Resource, Type};
+
+/// Every way an fsm operation can fail. Conditions, not bugs: a broken
+/// invariant panics instead.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FsmError {
+    /// Nothing is stored at the key, or a non-empty requested uid differs
+    /// from the stored one.
+    #[error("not found")]
+    NotFound,
+    /// The expected version is not the stored one. `stored` is `None` when
+    /// nothing is stored at the key.
+    #[error("CAS failure: expected version {expected:?}, stored {stored:?}")]
+    CasFailure {
+        expected: String,
+        stored: Option<String>,
+    },
+    /// A write whose uid differs from the stored uid (an empty uid included).
+    #[error("wrong uid: given {given:?}, stored {stored:?}")]
+    WrongUid { given: String, stored: String },
+    /// A read asked for a group version other than the stored one.
+    #[error(
+        "group version mismatch: requested {:?}, stored {:?}",
+        requested.group_version,
+        stored.id.as_ref().and_then(|id| id.r#type.as_ref()).map(|t| t.group_version.as_str()).unwrap_or("")
+    )]
+    GroupVersionMismatch {
+        requested: Type,
+        stored: Arc<Resource>,
+    },
+    /// The revision asked for is older than the retained history.
+    #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
+    Compacted { oldest_retained_revision: u64 },
+    /// Malformed input; `field` is dotted (`resource.id.name`).
+    #[error("invalid argument {field}: {reason}")]
+    InvalidArgument { field: String, reason: String },
+    /// The store ended this watch (`restore`, `lagging`, `shutdown`); the
+    /// consumer must re-list.
+    #[error("watch closed: {reason}")]
+    WatchClosed { reason: String },
+    /// A command or snapshot record could not be decoded.
+    #[error("decode: {0}")]
+    Decode(String),
+}
+
+impl FsmError {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> FsmError {
+        FsmError::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<FsmError> for ApiError {
+    fn from(error: FsmError) -> ApiError {
+        match error {
+            FsmError::NotFound => ApiError::NotFound,
+            e @ FsmError::CasFailure { .. } => ApiError::CasFailure(e.to_string()),
+            e @ FsmError::WrongUid { .. } => ApiError::WrongUid(e.to_string()),
+            FsmError::GroupVersionMismatch { requested, stored } => {
+                ApiError::GroupVersionMismatch {
+                    requested,
+                    // Error path only: the one place a stored resource is copied.
+                    stored: Box::new((*stored).clone()),
+                }
+            }
+            FsmError::Compacted {
+                oldest_retained_revision,
+            } => ApiError::Compacted {
+                oldest_retained_revision,
+            },
+            FsmError::InvalidArgument { field, reason } => {
+                ApiError::InvalidArgument { field, reason }
+            }
+            FsmError::WatchClosed { reason } => ApiError::WatchClosed(reason),
+            FsmError::Decode(message) => ApiError::Internal(format!("decode: {message}")),
+        }
+    }
+}

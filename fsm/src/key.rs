@@ -1,0 +1,226 @@
+//! Internal keys: one string per entry, fields joined by NUL.
+//!
+//! Validation forbids control characters in every field, so NUL never occurs
+//! inside a field and byte order on the joined string equals the lexicographic
+//! order on the tuple of fields. A key is an `Arc<str>`: cloning it (as the
+//! persistent maps do when they copy a node) is a reference-count increment.
+
+use std::sync::Arc;
+
+use cairn_proto::v1::{Id, Resource, Tenancy, Type};
+
+pub(crate) type Key = Arc<str>;
+
+pub(crate) const SEPARATOR: char = '\0';
+
+fn type_of(id: &Id) -> (&str, &str, &str) {
+    id.r#type
+        .as_ref()
+        .map(|t| (t.group.as_str(), t.group_version.as_str(), t.kind.as_str()))
+        .unwrap_or(("", "", ""))
+}
+
+fn tenancy_of(id: &Id) -> (&str, &str) {
+    id.tenancy
+        .as_ref()
+        .map(|t| (t.partition.as_str(), t.namespace.as_str()))
+        .unwrap_or(("", ""))
+}
+
+/// The parts of a stored resource's id. Stored resources passed validation,
+/// so the id is present; an absent one would read as all-empty.
+pub(crate) struct IdParts<'a> {
+    pub uid: &'a str,
+    pub name: &'a str,
+    pub group: &'a str,
+    pub group_version: &'a str,
+    pub kind: &'a str,
+    pub partition: &'a str,
+    pub namespace: &'a str,
+}
+
+pub(crate) fn parts(id: Option<&Id>) -> IdParts<'_> {
+    match id {
+        Some(id) => {
+            let (group, group_version, kind) = type_of(id);
+            let (partition, namespace) = tenancy_of(id);
+            IdParts {
+                uid: &id.uid,
+                name: &id.name,
+                group,
+                group_version,
+                kind,
+                partition,
+                namespace,
+            }
+        }
+        None => IdParts {
+            uid: "",
+            name: "",
+            group: "",
+            group_version: "",
+            kind: "",
+            partition: "",
+            namespace: "",
+        },
+    }
+}
+
+pub(crate) fn resource_parts(resource: &Resource) -> IdParts<'_> {
+    parts(resource.id.as_ref())
+}
+
+fn join(fields: &[&str], trailing_separator: bool) -> String {
+    let len_bytes: usize = fields.iter().map(|f| f.len() + 1).sum();
+    let mut s = String::with_capacity(len_bytes);
+    for (i, f) in fields.iter().enumerate() {
+        if i > 0 {
+            s.push(SEPARATOR);
+        }
+        s.push_str(f);
+    }
+    if trailing_separator {
+        s.push(SEPARATOR);
+    }
+    s
+}
+
+/// The storage key (group, kind, partition, namespace, name) of an id.
+pub(crate) fn storage_key(id: &Id) -> String {
+    let p = parts(Some(id));
+    join(&[p.group, p.kind, p.partition, p.namespace, p.name], false)
+}
+
+/// The registry key of a watch: (group, kind) joined.
+pub(crate) fn type_key(group: &str, kind: &str) -> String {
+    join(&[group, kind], false)
+}
+
+/// The (group, kind) part of a storage key, as [`type_key`] would build it.
+pub(crate) fn type_key_of_storage_key(key: &str) -> &str {
+    let mut separators = key.match_indices(SEPARATOR).map(|(i, _)| i);
+    let _after_group = separators.next();
+    match separators.next() {
+        Some(end) => &key[..end],
+        None => key,
+    }
+}
+
+/// The prefix shared by every owner-index entry of one owner: (group, kind,
+/// partition, namespace, name, uid) with a trailing separator. The owner's
+/// group version is not part of it.
+pub(crate) fn owner_prefix(owner: &Id) -> String {
+    let p = parts(Some(owner));
+    join(
+        &[p.group, p.kind, p.partition, p.namespace, p.name, p.uid],
+        true,
+    )
+}
+
+/// The owner-index entry of a resource: its owner's prefix, then its own key.
+pub(crate) fn owner_entry(owner: &Id, key: &str) -> String {
+    let mut s = owner_prefix(owner);
+    s.push_str(key);
+    s
+}
+
+/// Where a list's range scan starts: the storage-key prefix up to the first
+/// wildcard field. Every matching key starts with it; keys that start with it
+/// still need [`matches`] (a wildcard field may be followed by literal ones).
+pub(crate) fn list_prefix(type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> String {
+    let mut s = join(&[&type_.group, &type_.kind], true);
+    if tenancy.partition == "*" {
+        return s;
+    }
+    s.push_str(&tenancy.partition);
+    s.push(SEPARATOR);
+    if tenancy.namespace == "*" {
+        return s;
+    }
+    s.push_str(&tenancy.namespace);
+    s.push(SEPARATOR);
+    s.push_str(name_prefix);
+    s
+}
+
+/// The list rule: same group and kind (any group version), each tenancy field
+/// equal or `*`, the name starting with the prefix.
+pub(crate) fn matches(
+    resource: &Resource,
+    type_: &Type,
+    tenancy: &Tenancy,
+    name_prefix: &str,
+) -> bool {
+    let p = resource_parts(resource);
+    p.group == type_.group && p.kind == type_.kind && tenancy_matches(&p, tenancy, name_prefix)
+}
+
+/// The list rule without the type (the watch registry already matched it).
+pub(crate) fn tenancy_matches(p: &IdParts<'_>, tenancy: &Tenancy, name_prefix: &str) -> bool {
+    (tenancy.partition == "*" || tenancy.partition == p.partition)
+        && (tenancy.namespace == "*" || tenancy.namespace == p.namespace)
+        && p.name.starts_with(name_prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(g: &str, k: &str, p: &str, ns: &str, n: &str) -> Id {
+        Id {
+            uid: String::new(),
+            name: n.into(),
+            r#type: Some(Type {
+                group: g.into(),
+                group_version: "v".into(),
+                kind: k.into(),
+            }),
+            tenancy: Some(Tenancy {
+                partition: p.into(),
+                namespace: ns.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn key_order_is_tuple_order() {
+        // Joined keys sort as the tuples of their fields do (NUL sorts first).
+        let tuples = [
+            ("a", "k", "", "", "x"),
+            ("a", "k", "", "", "xy"),
+            ("a", "k", "", "n", ""),
+            ("a", "k", "p", "", ""),
+            ("a", "kk", "", "", ""),
+            ("ab", "", "", "", ""),
+            ("b", "a", "a", "a", "a"),
+        ];
+        let keys: Vec<String> = tuples
+            .iter()
+            .map(|(g, k, p, ns, n)| storage_key(&id(g, k, p, ns, n)))
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+    }
+
+    #[test]
+    fn list_prefix_stops_at_the_first_wildcard() {
+        // The scan prefix covers every literal field before the first "*".
+        let t = Type {
+            group: "g".into(),
+            group_version: String::new(),
+            kind: "k".into(),
+        };
+        let ten = |p: &str, n: &str| Tenancy {
+            partition: p.into(),
+            namespace: n.into(),
+        };
+        assert_eq!(list_prefix(&t, &ten("*", "ns"), "a"), "g\0k\0");
+        assert_eq!(list_prefix(&t, &ten("p", "*"), "a"), "g\0k\0p\0");
+        assert_eq!(list_prefix(&t, &ten("p", "ns"), "a"), "g\0k\0p\0ns\0a");
+        assert_eq!(
+            type_key_of_storage_key(&storage_key(&id("g", "k", "p", "ns", "n"))),
+            type_key("g", "k")
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! The versioned table: persistent maps that a view shares with the writer.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use cairn_proto::v1::{Id, Resource, Tenancy, Type};
+use imbl::OrdMap;
+
+use crate::key::{self, Key};
+use crate::FsmError;
+
+/// The table at one revision. Cloning is O(1): the maps are persistent and
+/// share structure, so a clone is a point-in-time copy the writer never
+/// disturbs.
+#[derive(Clone, Default)]
+pub(crate) struct State {
+    /// The applied index this state reflects.
+    pub revision: u64,
+    /// Storage key -> the resource as last stored.
+    pub resources: OrdMap<Key, Arc<Resource>>,
+    /// Owner-index entry (owner prefix ++ storage key) -> the owned resource.
+    pub owned: OrdMap<Key, Arc<Resource>>,
+}
+
+impl State {
+    /// Puts (or with `None` removes) the resource at `key`, keeping the owner
+    /// index in step. Returns the resource that was stored before.
+    pub fn set(&mut self, key: &Key, value: Option<Arc<Resource>>) -> Option<Arc<Resource>> {
+        let new_entry = value
+            .as_ref()
+            .and_then(|r| r.owner.as_ref())
+            .map(|owner| key::owner_entry(owner, key));
+        let previous = match &value {
+            Some(v) => self.resources.insert(key.clone(), v.clone()),
+            None => self.resources.remove(key),
+        };
+        let old_entry = previous
+            .as_ref()
+            .and_then(|r| r.owner.as_ref())
+            .map(|owner| key::owner_entry(owner, key));
+        if let Some(old) = &old_entry {
+            if new_entry.as_ref() != Some(old) {
+                let removed = self.owned.remove(old.as_str());
+                assert!(removed.is_some(), "owner index holds every owned resource");
+            }
+        }
+        if let (Some(entry), Some(v)) = (new_entry, value) {
+            self.owned.insert(Key::from(entry), v);
+        }
+        assert!(
+            self.owned.len() <= self.resources.len(),
+            "owner index is never larger than the table"
+        );
+        previous
+    }
+}
+
+/// One change kept in the history: the resource at `key` before and after
+/// the entry at `revision` (None = absent). At least one side is present.
+#[derive(Clone)]
+pub(crate) struct Change {
+    pub revision: u64,
+    pub key: Key,
+    pub before: Option<Arc<Resource>>,
+    pub after: Option<Arc<Resource>>,
+}
+
+impl Change {
+    /// The resource that identifies the change (same key on both sides).
+    pub fn subject(&self) -> &Arc<Resource> {
+        match (&self.after, &self.before) {
+            (Some(r), _) | (None, Some(r)) => r,
+            (None, None) => unreachable!("a change has a before or an after"),
+        }
+    }
+}
+
+/// A consistent, immutable point-in-time view of the table. Cheap to clone;
+/// holding one never blocks the writer (it only keeps old tree nodes alive).
+#[derive(Clone)]
+pub struct View {
+    pub(crate) state: Arc<State>,
+}
+
+impl View {
+    /// The applied index this view reflects.
+    pub fn revision(&self) -> u64 {
+        self.state.revision
+    }
+
+    /// Reads one resource, in the contract's order: nothing stored ->
+    /// NotFound; a non-empty uid that differs -> NotFound; a group version
+    /// that differs -> GroupVersionMismatch carrying the stored resource.
+    pub fn read(&self, id: &Id) -> Result<Arc<Resource>, FsmError> {
+        let key = key::storage_key(id);
+        let Some(stored) = self.state.resources.get(key.as_str()) else {
+            return Err(FsmError::NotFound);
+        };
+        let s = key::resource_parts(stored);
+        if !id.uid.is_empty() && id.uid != s.uid {
+            return Err(FsmError::NotFound);
+        }
+        let requested = key::parts(Some(id));
+        if requested.group_version != s.group_version {
+            return Err(FsmError::GroupVersionMismatch {
+                requested: id.r#type.clone().unwrap_or_default(),
+                stored: stored.clone(),
+            });
+        }
+        Ok(stored.clone())
+    }
+
+    /// Every resource of the unversioned type (group + kind; the group
+    /// version is ignored) whose tenancy matches field by field (`*` = any)
+    /// and whose name starts with `name_prefix`, in storage-key order.
+    pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<Arc<Resource>> {
+        let prefix = key::list_prefix(type_, tenancy, name_prefix);
+        self.state
+            .resources
+            .range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix.as_str()))
+            .filter(|(_, r)| key::matches(r, type_, tenancy, name_prefix))
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// Every resource whose owner equals `owner` on group, kind, partition,
+    /// namespace, name and uid (the group version is ignored).
+    pub fn list_by_owner(&self, owner: &Id) -> Vec<Arc<Resource>> {
+        let prefix = key::owner_prefix(owner);
+        self.state
+            .owned
+            .range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix.as_str()))
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// How many resources the view holds.
+    pub fn len(&self) -> usize {
+        self.state.resources.len()
+    }
+
+    /// Whether the view holds no resource.
+    pub fn is_empty(&self) -> bool {
+        self.state.resources.is_empty()
+    }
+
+    /// Every resource of the view, in storage-key order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Resource>> + '_ {
+        self.state.resources.values()
+    }
+}

@@ -1,0 +1,310 @@
+//! Limits and input validation.
+//!
+//! The node calls these before proposing or serving a request; the store calls
+//! them again on every applied command and restored resource, so the table
+//! never holds a resource that would fail them. Validation is a pure function
+//! of its input and the [`Limits`], which is why every replica must run with the
+//! same limits.
+
+use cairn_proto::v1::{Id, Resource, Tenancy, Type};
+use prost::Message;
+
+use crate::FsmError;
+
+/// Bounds on what the store accepts and retains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Maximum encoded size of one resource.
+    pub resource_bytes_max: usize,
+    /// Maximum size of every identifier string (group, group version, kind,
+    /// partition, namespace, name, uid, version, list prefix).
+    pub name_bytes_max: usize,
+    /// How many changes the history keeps for past reads and watch replays.
+    pub history_changes_max: usize,
+    /// Capacity of each watch's buffer of live events; a watch whose buffer
+    /// is full when an event arrives is closed as lagging.
+    pub watch_buffer_events: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            resource_bytes_max: 1024 * 1024,
+            name_bytes_max: 256,
+            history_changes_max: 10_000,
+            watch_buffer_events: 4096,
+        }
+    }
+}
+
+/// Checks one identifier-like string: bounded, no control characters (they
+/// are also the separators of the internal keys), optionally non-empty, and
+/// optionally without `*`.
+fn check_text(
+    field: &str,
+    value: &str,
+    required: bool,
+    star_allowed: bool,
+    limits: &Limits,
+) -> Result<(), FsmError> {
+    if required && value.is_empty() {
+        return Err(FsmError::invalid(field, "must not be empty"));
+    }
+    if value.len() > limits.name_bytes_max {
+        return Err(FsmError::invalid(
+            field,
+            format!(
+                "is {} bytes, more than the limit of {}",
+                value.len(),
+                limits.name_bytes_max
+            ),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(FsmError::invalid(field, "must not contain control characters"));
+    }
+    if !star_allowed && value.contains('*') {
+        return Err(FsmError::invalid(field, "must not contain '*'"));
+    }
+    Ok(())
+}
+
+/// In a list or watch, a tenancy field is either exactly `*` or a literal
+/// without `*`.
+fn check_tenancy_pattern(field: &str, value: &str, limits: &Limits) -> Result<(), FsmError> {
+    if value == "*" {
+        return Ok(());
+    }
+    check_text(field, value, false, true, limits)?;
+    if value.contains('*') {
+        return Err(FsmError::invalid(field, "'*' must stand alone"));
+    }
+    Ok(())
+}
+
+fn check_type(field: &str, type_: Option<&Type>, limits: &Limits) -> Result<(), FsmError> {
+    let Some(t) = type_ else {
+        return Err(FsmError::invalid(field, "is required"));
+    };
+    check_text(&format!("{field}.group"), &t.group, true, false, limits)?;
+    check_text(&format!("{field}.group_version"), &t.group_version, false, false, limits)?;
+    check_text(&format!("{field}.kind"), &t.kind, true, false, limits)?;
+    Ok(())
+}
+
+fn check_tenancy(field: &str, tenancy: Option<&Tenancy>, limits: &Limits) -> Result<(), FsmError> {
+    // An absent tenancy is the empty one ("" partition, "" namespace).
+    if let Some(t) = tenancy {
+        check_text(&format!("{field}.partition"), &t.partition, false, false, limits)?;
+        check_text(&format!("{field}.namespace"), &t.namespace, false, false, limits)?;
+    }
+    Ok(())
+}
+
+/// Validates an id used to read or delete (`field` is its name, e.g. `id`):
+/// the name, group and kind are required; the group version may be empty
+/// (deletes ignore it; a read with a different one gets GroupVersionMismatch);
+/// every string is bounded and free of control characters and `*`.
+pub fn validate_id(field: &str, id: &Id, limits: &Limits) -> Result<(), FsmError> {
+    check_text(&format!("{field}.uid"), &id.uid, false, false, limits)?;
+    check_text(&format!("{field}.name"), &id.name, true, false, limits)?;
+    check_type(&format!("{field}.type"), id.r#type.as_ref(), limits)?;
+    check_tenancy(&format!("{field}.tenancy"), id.tenancy.as_ref(), limits)?;
+    Ok(())
+}
+
+/// Validates a resource to be written: its id as [`validate_id`] plus a
+/// non-empty group version, the owner id if any, the expected version, and
+/// its encoded size.
+pub fn validate_write(resource: &Resource, limits: &Limits) -> Result<(), FsmError> {
+    let Some(id) = resource.id.as_ref() else {
+        return Err(FsmError::invalid("resource.id", "is required"));
+    };
+    validate_id("resource.id", id, limits)?;
+    if id.r#type.as_ref().is_some_and(|t| t.group_version.is_empty()) {
+        return Err(FsmError::invalid(
+            "resource.id.type.group_version",
+            "must not be empty",
+        ));
+    }
+    if let Some(owner) = resource.owner.as_ref() {
+        validate_id("resource.owner", owner, limits)?;
+    }
+    check_text("resource.version", &resource.version, false, false, limits)?;
+    let size_bytes = resource.encoded_len();
+    if size_bytes > limits.resource_bytes_max {
+        return Err(FsmError::invalid(
+            "resource",
+            format!(
+                "encodes to {size_bytes} bytes, more than the limit of {}",
+                limits.resource_bytes_max
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates the arguments of a list or watch: group and kind required (the
+/// group version is ignored), each tenancy field either `*` or a literal, and a
+/// bounded name prefix.
+pub fn validate_list(
+    type_: &Type,
+    tenancy: &Tenancy,
+    name_prefix: &str,
+    limits: &Limits,
+) -> Result<(), FsmError> {
+    check_text("type.group", &type_.group, true, false, limits)?;
+    check_text("type.kind", &type_.kind, true, false, limits)?;
+    check_tenancy_pattern("tenancy.partition", &tenancy.partition, limits)?;
+    check_tenancy_pattern("tenancy.namespace", &tenancy.namespace, limits)?;
+    check_text("name_prefix", name_prefix, false, false, limits)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> Id {
+        Id {
+            uid: "u".into(),
+            name: "n".into(),
+            r#type: Some(Type {
+                group: "g".into(),
+                group_version: "v1".into(),
+                kind: "k".into(),
+            }),
+            tenancy: Some(Tenancy {
+                partition: "p".into(),
+                namespace: "ns".into(),
+            }),
+        }
+    }
+
+    fn field_of(r: Result<(), FsmError>) -> String {
+        match r {
+            Err(FsmError::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_valid_write_passes() {
+        // The reference resource is accepted, with or without tenancy and owner.
+        let limits = Limits::default();
+        let mut r = Resource {
+            id: Some(id()),
+            owner: Some(id()),
+            ..Default::default()
+        };
+        assert_eq!(validate_write(&r, &limits), Ok(()));
+        r.id.as_mut().map(|i| i.tenancy = None);
+        assert_eq!(validate_write(&r, &limits), Ok(()));
+    }
+
+    #[test]
+    fn each_write_rule_names_its_field() {
+        // Every rule rejects with InvalidArgument naming the offending field.
+        let limits = Limits::default();
+        let with = |f: &dyn Fn(&mut Resource)| {
+            let mut r = Resource {
+                id: Some(id()),
+                ..Default::default()
+            };
+            f(&mut r);
+            field_of(validate_write(&r, &limits))
+        };
+        assert_eq!(with(&|r| r.id = None), "resource.id");
+        assert_eq!(with(&|r| r.id.as_mut().unwrap().name.clear()), "resource.id.name");
+        assert_eq!(with(&|r| r.id.as_mut().unwrap().r#type = None), "resource.id.type");
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().r#type.as_mut().unwrap().group.clear()),
+            "resource.id.type.group"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().r#type.as_mut().unwrap().kind.clear()),
+            "resource.id.type.kind"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().r#type.as_mut().unwrap().group_version.clear()),
+            "resource.id.type.group_version"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().tenancy.as_mut().unwrap().partition = "*".into()),
+            "resource.id.tenancy.partition"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().tenancy.as_mut().unwrap().namespace = "a*".into()),
+            "resource.id.tenancy.namespace"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().name = "a\0b".into()),
+            "resource.id.name"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().uid = "x\n".into()),
+            "resource.id.uid"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().name = "x".repeat(257)),
+            "resource.id.name"
+        );
+        assert_eq!(
+            with(&|r| r.owner = Some(Id::default())),
+            "resource.owner.name"
+        );
+        assert_eq!(with(&|r| r.version = "\u{7f}".into()), "resource.version");
+        assert_eq!(
+            with(&|r| {
+                r.metadata.insert("big".into(), "x".repeat(1024 * 1024));
+            }),
+            "resource"
+        );
+    }
+
+    #[test]
+    fn ids_may_have_an_empty_group_version_but_not_an_empty_kind() {
+        // validate_id leaves the group version to the read rules.
+        let limits = Limits::default();
+        let mut i = id();
+        i.r#type.as_mut().unwrap().group_version.clear();
+        assert_eq!(validate_id("id", &i, &limits), Ok(()));
+        i.r#type.as_mut().unwrap().kind.clear();
+        assert_eq!(field_of(validate_id("id", &i, &limits)), "id.type.kind");
+    }
+
+    #[test]
+    fn list_tenancy_fields_are_a_lone_star_or_a_literal() {
+        // "*" is the wildcard; a '*' inside a value and a missing kind are rejected.
+        let limits = Limits::default();
+        let t = Type {
+            group: "g".into(),
+            group_version: String::new(),
+            kind: "k".into(),
+        };
+        let ten = |p: &str, n: &str| Tenancy {
+            partition: p.into(),
+            namespace: n.into(),
+        };
+        assert_eq!(validate_list(&t, &ten("*", "*"), "", &limits), Ok(()));
+        assert_eq!(validate_list(&t, &ten("", ""), "a", &limits), Ok(()));
+        assert_eq!(
+            field_of(validate_list(&t, &ten("a*", ""), "", &limits)),
+            "tenancy.partition"
+        );
+        assert_eq!(
+            field_of(validate_list(&t, &ten("", "**"), "", &limits)),
+            "tenancy.namespace"
+        );
+        assert_eq!(
+            field_of(validate_list(&t, &ten("", ""), "a\tb", &limits)),
+            "name_prefix"
+        );
+        let mut no_kind = t.clone();
+        no_kind.kind.clear();
+        assert_eq!(
+            field_of(validate_list(&no_kind, &ten("", ""), "", &limits)),
+            "type.kind"
+        );
+    }
+}

@@ -1,0 +1,429 @@
+//! Watches: a lazily iterated snapshot (or a history replay), then live
+//! events through a bounded per-watch buffer.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::sync::{Arc, OnceLock, Weak};
+
+use cairn_proto::v1::{watch_event, Resource, Tenancy, Type, WatchEvent};
+use imbl::Vector;
+use tokio::sync::mpsc;
+
+use crate::key::{self, Key};
+use crate::state::{Change, State};
+use crate::store::Shared;
+use crate::FsmError;
+
+/// What a watch selects: the list rule (group + kind, tenancy with `*`,
+/// name prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchFilter {
+    /// Only group and kind are used.
+    pub type_: Type,
+    pub tenancy: Tenancy,
+    pub name_prefix: String,
+}
+
+/// The kind of a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEventKind {
+    Upsert,
+    Delete,
+    EndOfSnapshot,
+}
+
+/// One watch event. `resource` is the stored resource for an Upsert, the
+/// resource as last stored for a Delete, and `None` for EndOfSnapshot.
+/// `revision` is the index of the entry that made the change, or the
+/// snapshot's revision for EndOfSnapshot (and for snapshot Upserts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub kind: WatchEventKind,
+    pub resource: Option<Arc<Resource>>,
+    pub revision: u64,
+}
+
+impl Event {
+    /// The wire form (copies the resource).
+    pub fn to_proto(&self) -> WatchEvent {
+        let resource = self.resource.as_ref().map(|r| (**r).clone());
+        let event = match self.kind {
+            WatchEventKind::Upsert => watch_event::Event::Upsert(watch_event::Upsert { resource }),
+            WatchEventKind::Delete => watch_event::Event::Delete(watch_event::Delete { resource }),
+            WatchEventKind::EndOfSnapshot => {
+                watch_event::Event::EndOfSnapshot(watch_event::EndOfSnapshot {})
+            }
+        };
+        WatchEvent {
+            event: Some(event),
+            revision: self.revision,
+        }
+    }
+
+    fn of_change(change: &Change) -> Event {
+        match (&change.after, &change.before) {
+            (Some(after), _) => Event {
+                kind: WatchEventKind::Upsert,
+                resource: Some(after.clone()),
+                revision: change.revision,
+            },
+            (None, Some(before)) => Event {
+                kind: WatchEventKind::Delete,
+                resource: Some(before.clone()),
+                revision: change.revision,
+            },
+            (None, None) => unreachable!("a change has a before or an after"),
+        }
+    }
+}
+
+/// Why a watch was closed; set once by the writer before it drops the sender.
+type CloseReason = Arc<OnceLock<String>>;
+
+pub(crate) const REASON_LAGGING: &str = "lagging";
+pub(crate) const REASON_RESTORE: &str = "restore";
+/// The store itself was dropped.
+pub(crate) const REASON_SHUTDOWN: &str = "shutdown";
+
+/// The writer's handle on one watch.
+struct Subscriber {
+    id: u64,
+    tenancy: Tenancy,
+    name_prefix: String,
+    sender: mpsc::Sender<Event>,
+    close_reason: CloseReason,
+}
+
+/// Open watches, indexed by (group, kind) so a change only visits the
+/// watches of its type. Lives under the writer lock.
+#[derive(Default)]
+pub(crate) struct Registry {
+    by_type: HashMap<Box<str>, Vec<Subscriber>>,
+    count: usize,
+    next_id: u64,
+}
+
+impl Registry {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    fn add(&mut self, type_key: &str, subscriber: Subscriber) {
+        self.by_type
+            .entry(type_key.into())
+            .or_default()
+            .push(subscriber);
+        self.count += 1;
+    }
+
+    /// Removes a watch that is still registered (its consumer dropped it).
+    pub fn remove(&mut self, type_key: &str, id: u64) {
+        let Some(subscribers) = self.by_type.get_mut(type_key) else {
+            return;
+        };
+        let before = subscribers.len();
+        subscribers.retain(|s| s.id != id);
+        let removed = before - subscribers.len();
+        assert!(removed <= 1, "watch ids are unique");
+        self.count -= removed;
+        if subscribers.is_empty() {
+            self.by_type.remove(type_key);
+        }
+    }
+
+    /// Sends the event of a committed change to every matching watch. A
+    /// watch whose buffer is full is closed as lagging (it keeps what it
+    /// buffered); a watch whose consumer is gone is dropped. One Arc clone per
+    /// matching watch, no other allocation.
+    pub fn publish(&mut self, change: &Change) {
+        let type_key = key::type_key_of_storage_key(&change.key);
+        let Some(subscribers) = self.by_type.get_mut(type_key) else {
+            return;
+        };
+        let event = Event::of_change(change);
+        let parts = key::resource_parts(change.subject());
+        let before = subscribers.len();
+        subscribers.retain(|s| {
+            if !key::tenancy_matches(&parts, &s.tenancy, &s.name_prefix) {
+                return true;
+            }
+            match s.sender.try_send(event.clone()) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    let _first = s.close_reason.set(REASON_LAGGING.to_string());
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            }
+        });
+        self.count -= before - subscribers.len();
+        if subscribers.is_empty() {
+            self.by_type.remove(type_key);
+        }
+    }
+
+    /// Closes every watch with `reason`; each consumer receives what it had
+    /// buffered, then WatchClosed.
+    pub fn close_all(&mut self, reason: &str) {
+        for (_, subscribers) in self.by_type.drain() {
+            for s in subscribers {
+                let _first = s.close_reason.set(reason.to_string());
+            }
+        }
+        self.count = 0;
+    }
+}
+
+/// Where a watch is in its stream.
+enum Phase {
+    /// Yielding the matching resources of `state` after `cursor`, then
+    /// EndOfSnapshot. Iterated lazily: nothing is copied into the buffer.
+    Snapshot {
+        state: Arc<State>,
+        scan_prefix: String,
+        cursor: Option<Key>,
+    },
+    /// Replaying the matching changes of `history` from `position`.
+    Replay {
+        history: Vector<Change>,
+        position: usize,
+    },
+    /// Reading live events from the buffer.
+    Live,
+    /// Closed; the reason is returned on every later call.
+    Closed(String),
+}
+
+/// Removes the watch from the registry when the Watch is dropped.
+struct Registration {
+    shared: Weak<Shared>,
+    type_key: Box<str>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.writer.lock().registry.remove(&self.type_key, self.id);
+        }
+    }
+}
+
+/// An open watch. `Send`; dropping it releases the subscription.
+pub struct Watch {
+    filter: WatchFilter,
+    phase: Phase,
+    receiver: mpsc::Receiver<Event>,
+    close_reason: CloseReason,
+    /// Live events at or below this revision are skipped (a watch that
+    /// starts from a revision the node has not applied yet).
+    skip_through_revision: u64,
+    _registration: Registration,
+}
+
+/// Registers a watch. Called with the writer lock held, with the state and
+/// history that the latest published revision reflects, so nothing is lost
+/// or duplicated between them and the live events.
+pub(crate) fn register(
+    shared: &Arc<Shared>,
+    registry: &mut Registry,
+    filter: WatchFilter,
+    state: Arc<State>,
+    history: &Vector<Change>,
+    start_revision: u64,
+    buffer_events: usize,
+) -> Watch {
+    let (sender, receiver) = mpsc::channel(buffer_events.max(1));
+    let close_reason = CloseReason::default();
+    let type_key = key::type_key(&filter.type_.group, &filter.type_.kind);
+    let id = registry.next_id;
+    registry.next_id += 1;
+    registry.add(
+        &type_key,
+        Subscriber {
+            id,
+            tenancy: filter.tenancy.clone(),
+            name_prefix: filter.name_prefix.clone(),
+            sender,
+            close_reason: close_reason.clone(),
+        },
+    );
+    let phase = if start_revision == 0 {
+        Phase::Snapshot {
+            scan_prefix: key::list_prefix(&filter.type_, &filter.tenancy, &filter.name_prefix),
+            state,
+            cursor: None,
+        }
+    } else {
+        let position = history
+            .binary_search_by(|c| {
+                if c.revision <= start_revision {
+                    std::cmp::Ordering::Less
+                } else {
+                    std::cmp::Ordering::Greater
+                }
+            })
+            .unwrap_or_else(|p| p);
+        Phase::Replay {
+            history: history.clone(),
+            position,
+        }
+    };
+    Watch {
+        filter,
+        phase,
+        receiver,
+        close_reason,
+        skip_through_revision: start_revision,
+        _registration: Registration {
+            shared: Arc::downgrade(shared),
+            type_key: type_key.into(),
+            id,
+        },
+    }
+}
+
+impl Watch {
+    /// The filter this watch was opened with.
+    pub fn filter(&self) -> &WatchFilter {
+        &self.filter
+    }
+
+    /// The next event if one is ready: `Ok(None)` = nothing now. After the
+    /// store closed the watch (restore, lagging, shutdown) every buffered event
+    /// is still returned, then `Err(WatchClosed)` on this and every later call.
+    pub fn try_next(&mut self) -> Result<Option<Event>, FsmError> {
+        if let Some(event) = self.next_local()? {
+            return Ok(Some(event));
+        }
+        loop {
+            match self.receiver.try_recv() {
+                Ok(event) => {
+                    if let Some(event) = self.accept_live(event) {
+                        return Ok(Some(event));
+                    }
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(None),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Err(self.close()),
+            }
+        }
+    }
+
+    /// Waits for the next event on the current thread. For tests and
+    /// benches; must not be called from within an async runtime.
+    pub fn next_blocking(&mut self) -> Result<Event, FsmError> {
+        if let Some(event) = self.next_local()? {
+            return Ok(event);
+        }
+        loop {
+            match self.receiver.blocking_recv() {
+                Some(event) => {
+                    if let Some(event) = self.accept_live(event) {
+                        return Ok(event);
+                    }
+                }
+                None => return Err(self.close()),
+            }
+        }
+    }
+
+    /// Waits for the next event. Cancel-safe: dropping the future loses
+    /// nothing. Works on any executor (the fsm never spawns).
+    pub async fn next(&mut self) -> Result<Event, FsmError> {
+        if let Some(event) = self.next_local()? {
+            return Ok(event);
+        }
+        loop {
+            match self.receiver.recv().await {
+                Some(event) => {
+                    if let Some(event) = self.accept_live(event) {
+                        return Ok(event);
+                    }
+                }
+                None => return Err(self.close()),
+            }
+        }
+    }
+
+    fn accept_live(&self, event: Event) -> Option<Event> {
+        (event.revision > self.skip_through_revision).then_some(event)
+    }
+
+    /// Marks the watch closed and returns the error to report.
+    fn close(&mut self) -> FsmError {
+        let reason = self
+            .close_reason
+            .get()
+            .cloned()
+            .unwrap_or_else(|| REASON_SHUTDOWN.to_string());
+        self.phase = Phase::Closed(reason.clone());
+        FsmError::WatchClosed { reason }
+    }
+
+    /// Advances the snapshot or replay phase; `Ok(None)` once live.
+    fn next_local(&mut self) -> Result<Option<Event>, FsmError> {
+        match &mut self.phase {
+            Phase::Snapshot {
+                state,
+                scan_prefix,
+                cursor,
+            } => {
+                let lower = match cursor {
+                    None => Bound::Included(scan_prefix.as_str()),
+                    Some(k) => Bound::Excluded(&**k),
+                };
+                let found = state
+                    .resources
+                    .range::<_, str>((lower, Bound::Unbounded))
+                    .take_while(|(k, _)| k.starts_with(scan_prefix.as_str()))
+                    .find(|(_, r)| {
+                        key::matches(
+                            r,
+                            &self.filter.type_,
+                            &self.filter.tenancy,
+                            &self.filter.name_prefix,
+                        )
+                    })
+                    .map(|(k, r)| (k.clone(), r.clone()));
+                let revision = state.revision;
+                match found {
+                    Some((k, r)) => {
+                        *cursor = Some(k);
+                        Ok(Some(Event {
+                            kind: WatchEventKind::Upsert,
+                            resource: Some(r),
+                            revision,
+                        }))
+                    }
+                    None => {
+                        self.phase = Phase::Live;
+                        Ok(Some(Event {
+                            kind: WatchEventKind::EndOfSnapshot,
+                            resource: None,
+                            revision,
+                        }))
+                    }
+                }
+            }
+            Phase::Replay { history, position } => {
+                while let Some(change) = history.get(*position) {
+                    *position += 1;
+                    if key::matches(
+                        change.subject(),
+                        &self.filter.type_,
+                        &self.filter.tenancy,
+                        &self.filter.name_prefix,
+                    ) {
+                        return Ok(Some(Event::of_change(change)));
+                    }
+                }
+                self.phase = Phase::Live;
+                Ok(None)
+            }
+            Phase::Live => Ok(None),
+            Phase::Closed(reason) => Err(FsmError::WatchClosed {
+                reason: reason.clone(),
+            }),
+        }
+    }
+}
