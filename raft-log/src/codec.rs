@@ -1,0 +1,138 @@
+//! How values are laid out on disk: `crc32c (4 bytes, big endian) ++ bincode 2 (serde) payload`.
+//!
+//! The checksum covers a *domain* (the entry's big-endian index, or the metadata key's name)
+//! followed by the payload, so a value that is intact but stored under the wrong key fails too.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Length of the checksum that prefixes every stored value.
+pub(crate) const CHECKSUM_LEN_BYTES: usize = 4;
+
+/// The bincode configuration used for every stored value (never change it in place: it is the
+/// on-disk format).
+fn bincode_config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+/// The engine key of the entry at `index`: big-endian, so keys sort by index.
+pub(crate) fn entry_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+/// Parses an engine key back into an index; `None` when the key is not 8 bytes long.
+pub(crate) fn index_of_key(key: &[u8]) -> Option<u64> {
+    let bytes: [u8; 8] = key.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
+
+fn checksum(domain: &[u8], payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(domain), payload)
+}
+
+/// Prefixes `payload` with its checksum over `domain ++ payload`.
+pub(crate) fn seal(domain: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut stored = Vec::with_capacity(CHECKSUM_LEN_BYTES + payload.len());
+    stored.extend_from_slice(&checksum(domain, payload).to_be_bytes());
+    stored.extend_from_slice(payload);
+    debug_assert_eq!(stored.len(), CHECKSUM_LEN_BYTES + payload.len());
+    stored
+}
+
+/// Verifies the checksum of a stored value and returns its payload.
+pub(crate) fn unseal<'a>(domain: &[u8], stored: &'a [u8]) -> Result<&'a [u8], String> {
+    if stored.len() < CHECKSUM_LEN_BYTES {
+        return Err(format!(
+            "stored value is {} bytes long, shorter than its {CHECKSUM_LEN_BYTES}-byte checksum",
+            stored.len()
+        ));
+    }
+    let (checksum_bytes, payload) = stored.split_at(CHECKSUM_LEN_BYTES);
+    let mut expected = [0u8; CHECKSUM_LEN_BYTES];
+    expected.copy_from_slice(checksum_bytes);
+    let expected = u32::from_be_bytes(expected);
+    let actual = checksum(domain, payload);
+    if expected != actual {
+        return Err(format!(
+            "crc32c mismatch: stored {expected:#010x}, computed {actual:#010x} over {} payload bytes",
+            payload.len()
+        ));
+    }
+    Ok(payload)
+}
+
+/// Encodes a value with bincode 2 (serde).
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error::EncodeError> {
+    bincode::serde::encode_to_vec(value, bincode_config())
+}
+
+/// Decodes a value with bincode 2 (serde); trailing bytes are an error.
+pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    let (value, read_len_bytes): (T, usize) =
+        bincode::serde::decode_from_slice(payload, bincode_config())
+            .map_err(|e| format!("bincode decode failed: {e}"))?;
+    if read_len_bytes != payload.len() {
+        return Err(format!(
+            "bincode decode used {read_len_bytes} of {} payload bytes",
+            payload.len()
+        ));
+    }
+    Ok(value)
+}
+
+/// Seals an encoded entry for storage at `index`.
+pub(crate) fn seal_entry(index: u64, payload: &[u8]) -> Vec<u8> {
+    seal(&entry_key(index), payload)
+}
+
+/// Verifies and decodes the entry stored at `index`.
+pub(crate) fn unseal_entry<T: DeserializeOwned>(index: u64, stored: &[u8]) -> Result<T, String> {
+    let payload = unseal(&entry_key(index), stored)?;
+    decode(payload)
+}
+
+/// Seals an encoded metadata value stored under `key`.
+pub(crate) fn seal_meta(key: &str, payload: &[u8]) -> Vec<u8> {
+    seal(key.as_bytes(), payload)
+}
+
+/// Verifies and decodes the metadata value stored under `key`.
+pub(crate) fn unseal_meta<T: DeserializeOwned>(key: &str, stored: &[u8]) -> Result<T, String> {
+    let payload = unseal(key.as_bytes(), stored)?;
+    decode(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_value_round_trips_and_every_flipped_bit_is_detected() {
+        // Seals a payload, checks it unseals, then flips each bit in turn and expects an error.
+        let payload = encode(&(7u64, "hello".to_string())).expect("encode");
+        let stored = seal_entry(42, &payload);
+        let back: (u64, String) = unseal_entry(42, &stored).expect("intact value");
+        assert_eq!(back, (7, "hello".to_string()));
+        for bit in 0..stored.len() * 8 {
+            let mut bad = stored.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(unseal_entry::<(u64, String)>(42, &bad).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn value_read_under_another_index_fails_its_checksum() {
+        // An intact value moved to another key must not verify.
+        let stored = seal_entry(1, &encode(&1u64).expect("encode"));
+        assert!(unseal_entry::<u64>(2, &stored).is_err());
+        assert!(unseal_entry::<u64>(1, &stored[..2]).is_err());
+    }
+
+    #[test]
+    fn keys_sort_by_index() {
+        // Big-endian keys order the same way as the indexes they encode.
+        assert!(entry_key(255) < entry_key(256));
+        assert_eq!(index_of_key(&entry_key(u64::MAX - 1)), Some(u64::MAX - 1));
+        assert_eq!(index_of_key(b"short"), None);
+    }
+}

@@ -1,0 +1,277 @@
+//! The storage-engine seam: a small, byte-oriented, blocking interface that [`crate::LogStore`]
+//! drives from its writer thread (writes) and the blocking pool (reads). Checksums, encoding
+//! and ordering live above it, so replacing sled (for example by a segmented write-ahead log)
+//! means implementing this trait only.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::ops::Bound;
+use std::path::Path;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+use crate::codec::entry_key;
+use crate::codec::index_of_key;
+use crate::LogError;
+
+/// A blocking, byte-oriented log engine. Keys are log indexes; values are opaque sealed bytes.
+///
+/// Implementations must make each method atomic (a crash leaves all of a call's writes or none
+/// of them, once [`LogEngine::sync`] has been called after it) and must keep writes ordered: a
+/// successful `sync` makes every earlier write durable.
+pub trait LogEngine: Send + Sync + 'static {
+    /// Stores `entries` (index, sealed bytes) in one atomic batch.
+    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError>;
+    /// Deletes every entry with index `>= from_index`, atomically.
+    fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError>;
+    /// Deletes every entry with index `<= through_index`, atomically.
+    fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError>;
+    /// Reads the entries whose index is in `[start, end)` (`end = None`: to the last), in
+    /// index order.
+    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError>;
+    /// The entry with the greatest index, if any.
+    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError>;
+    /// The entry with the smallest index, if any.
+    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError>;
+    /// Stores one metadata value.
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), LogError>;
+    /// Reads one metadata value.
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, LogError>;
+    /// The durability point: when this returns `Ok`, every earlier write survives a power cut.
+    fn sync(&self) -> Result<(), LogError>;
+}
+
+/// Name of the sled tree holding the entries.
+const ENTRIES_TREE: &str = "entries";
+/// Name of the sled tree holding the vote, purged and committed log ids.
+const META_TREE: &str = "meta";
+
+/// [`LogEngine`] on sled 0.34: entries in one tree keyed by big-endian index, metadata in a
+/// second tree.
+///
+/// sled's `flush()` writes its buffers and calls `sync_file_range`, which is not a durability
+/// point on Linux (no journal commit, no disk cache flush). [`SledEngine::sync`] therefore
+/// follows it with `fdatasync` of every file in the database directory that is new or changed
+/// since the last sync (always the main `db` file), and an `fsync` of each directory whose
+/// list of names changed (new snapshots, blobs, renames).
+pub struct SledEngine {
+    db: sled::Db,
+    entries: sled::Tree,
+    meta: sled::Tree,
+    path: PathBuf,
+    /// `false` only in tests that prove the power-cut test catches a missing fsync.
+    fsync: bool,
+    sync_state: Mutex<SyncState>,
+}
+
+/// What the last sync saw, to fsync only what changed.
+#[derive(Default)]
+struct SyncState {
+    /// Per directory (relative to the db path): names -> what the name was at the last sync.
+    directories: BTreeMap<PathBuf, BTreeMap<PathBuf, Stamp>>,
+}
+
+/// What a directory entry was when last synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stamp {
+    Directory,
+    File { len_bytes: u64, modified: Option<SystemTime> },
+}
+
+impl SledEngine {
+    /// Opens (creating if needed) a sled database at `path`. With `fsync = false` the engine
+    /// skips its fsyncs (sled still writes its buffers): only for tests.
+    pub fn open(path: &Path, fsync: bool) -> Result<SledEngine, LogError> {
+        let db = sled::Config::new()
+            .path(path)
+            // Durability is ours: no periodic background flush (which would also fsync at
+            // random moments and blur what the power-cut test sees).
+            .flush_every_ms(None)
+            .open()?;
+        let entries = db.open_tree(ENTRIES_TREE)?;
+        let meta = db.open_tree(META_TREE)?;
+        let engine = SledEngine {
+            db,
+            entries,
+            meta,
+            path: path.to_path_buf(),
+            fsync,
+            sync_state: Mutex::new(SyncState::default()),
+        };
+        // Make the freshly created files and directories durable before anyone relies on them.
+        engine.sync()?;
+        Ok(engine)
+    }
+
+    /// The directory sled lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn keys_in(&self, range: (Bound<[u8; 8]>, Bound<[u8; 8]>)) -> Result<Vec<sled::IVec>, LogError> {
+        let mut keys = Vec::new();
+        for item in self.entries.range(range) {
+            let (key, _value) = item?;
+            keys.push(key);
+        }
+        Ok(keys)
+    }
+
+    /// fdatasync every file that is new or changed since the last sync (and always `db`), and
+    /// fsync every directory whose names changed.
+    fn fsync_files(&self) -> Result<(), LogError> {
+        let mut state = self.sync_state.lock();
+        let mut pending_dirs = vec![PathBuf::new()];
+        while let Some(relative_dir) = pending_dirs.pop() {
+            let dir = self.path.join(&relative_dir);
+            let mut now: BTreeMap<PathBuf, Stamp> = BTreeMap::new();
+            let listing = match std::fs::read_dir(&dir) {
+                Ok(listing) => listing,
+                // A sub-directory sled removed since we listed its parent.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !relative_dir.as_os_str().is_empty() => continue,
+                Err(e) => return Err(LogError::io(format!("list {}", dir.display()), e)),
+            };
+            for item in listing {
+                let item = item.map_err(|e| LogError::io(format!("list {}", dir.display()), e))?;
+                let name = PathBuf::from(item.file_name());
+                let metadata = match item.metadata() {
+                    Ok(metadata) => metadata,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(LogError::io(format!("stat {}", item.path().display()), e)),
+                };
+                if metadata.is_dir() {
+                    pending_dirs.push(relative_dir.join(&name));
+                    now.insert(name, Stamp::Directory);
+                } else if metadata.is_file() {
+                    now.insert(
+                        name,
+                        Stamp::File {
+                            len_bytes: metadata.len(),
+                            modified: metadata.modified().ok(),
+                        },
+                    );
+                }
+            }
+            let before = state.directories.get(&relative_dir);
+            for (name, stamp) in &now {
+                if *stamp == Stamp::Directory {
+                    continue;
+                }
+                let changed = before.and_then(|b| b.get(name)) != Some(stamp);
+                let is_main_log = relative_dir.as_os_str().is_empty() && name.as_os_str() == "db";
+                if changed || is_main_log {
+                    let path = dir.join(name);
+                    match File::open(&path) {
+                        Ok(file) => file
+                            .sync_data()
+                            .map_err(|e| LogError::io(format!("fdatasync {}", path.display()), e))?,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(LogError::io(format!("open {}", path.display()), e)),
+                    }
+                }
+            }
+            let names_changed = before.map(|b| !b.keys().eq(now.keys())).unwrap_or(true);
+            if names_changed {
+                let handle =
+                    File::open(&dir).map_err(|e| LogError::io(format!("open directory {}", dir.display()), e))?;
+                handle
+                    .sync_all()
+                    .map_err(|e| LogError::io(format!("fsync directory {}", dir.display()), e))?;
+            }
+            state.directories.insert(relative_dir, now);
+        }
+        Ok(())
+    }
+}
+
+impl LogEngine for SledEngine {
+    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
+        let mut batch = sled::Batch::default();
+        for (index, value) in entries {
+            batch.insert(&entry_key(*index), value.as_slice());
+        }
+        self.entries.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
+        let keys = self.keys_in((Bound::Included(entry_key(from_index)), Bound::Unbounded))?;
+        let mut batch = sled::Batch::default();
+        for key in keys {
+            batch.remove(key);
+        }
+        self.entries.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
+        let keys = self.keys_in((Bound::Unbounded, Bound::Included(entry_key(through_index))))?;
+        let mut batch = sled::Batch::default();
+        for key in keys {
+            batch.remove(key);
+        }
+        self.entries.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+        let upper = match end {
+            Some(end) => Bound::Excluded(entry_key(end)),
+            None => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for item in self.entries.range((Bound::Included(entry_key(start)), upper)) {
+            let (key, value) = item?;
+            let index = decode_key(&key)?;
+            out.push((index, value.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
+        match self.entries.last()? {
+            Some((key, value)) => Ok(Some((decode_key(&key)?, value.to_vec()))),
+            None => Ok(None),
+        }
+    }
+
+    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
+        match self.entries.first()? {
+            Some((key, value)) => Ok(Some((decode_key(&key)?, value.to_vec()))),
+            None => Ok(None),
+        }
+    }
+
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), LogError> {
+        self.meta.insert(key.as_bytes(), value)?;
+        Ok(())
+    }
+
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, LogError> {
+        Ok(self.meta.get(key.as_bytes())?.map(|v| v.to_vec()))
+    }
+
+    fn sync(&self) -> Result<(), LogError> {
+        self.db.flush()?;
+        if self.fsync {
+            self.fsync_files()?;
+        }
+        Ok(())
+    }
+}
+
+/// A key that is not 8 bytes long cannot name an index; report it at the nearest index we can
+/// read from its first bytes.
+fn decode_key(key: &[u8]) -> Result<u64, LogError> {
+    index_of_key(key).ok_or_else(|| {
+        let mut padded = [0u8; 8];
+        let len = key.len().min(8);
+        padded[..len].copy_from_slice(&key[..len]);
+        LogError::Corrupt {
+            index: u64::from_be_bytes(padded),
+            reason: format!("entry key is {} bytes long, expected 8", key.len()),
+        }
+    })
+}

@@ -1,0 +1,102 @@
+//! An exclusive, advisory lock on a directory: `flock(LOCK_EX | LOCK_NB)` on `<dir>/LOCK`, which
+//! holds the owner's pid so that the loser can name the holder.
+
+use std::fs::File;
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::io::Seek;
+use std::io::SeekFrom;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::path::PathBuf;
+
+use crate::LogError;
+
+/// Name of the lock file inside a locked directory.
+pub const LOCK_FILE_NAME: &str = "LOCK";
+
+/// Holds the lock on a directory until dropped. The kernel releases an `flock` when its file
+/// description closes, so a crashed holder never leaves the directory locked.
+#[derive(Debug)]
+pub struct DirLock {
+    file: File,
+    dir: PathBuf,
+}
+
+impl DirLock {
+    /// Creates `dir` if needed and takes its lock, writing our pid into the lock file.
+    ///
+    /// Fails with [`LogError::Locked`] naming the holder's pid when another process — or another
+    /// `DirLock` in this process — holds it.
+    pub fn acquire(dir: &Path) -> Result<DirLock, LogError> {
+        std::fs::create_dir_all(dir).map_err(|e| LogError::io(format!("create directory {}", dir.display()), e))?;
+        let path = dir.join(LOCK_FILE_NAME);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| LogError::io(format!("open lock file {}", path.display()), e))?;
+        // SAFETY: flock on a file descriptor we own; no memory is passed.
+        let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if ret != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut contents = String::new();
+                let holder_pid = match file.read_to_string(&mut contents) {
+                    Ok(_) => contents.trim().parse::<u32>().ok(),
+                    Err(_) => None,
+                };
+                return Err(LogError::Locked {
+                    dir: dir.to_path_buf(),
+                    holder_pid,
+                });
+            }
+            return Err(LogError::io(format!("flock {}", path.display()), err));
+        }
+        let pid = std::process::id();
+        file.set_len(0)
+            .and_then(|()| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(format!("{pid}\n").as_bytes()))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| LogError::io(format!("write pid to lock file {}", path.display()), e))?;
+        Ok(DirLock {
+            file,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The locked directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Closing the file releases the lock; unlock explicitly anyway so that a leaked
+        // duplicate of the descriptor (e.g. across fork) does not keep it.
+        // SAFETY: flock on a file descriptor we own.
+        let _ = unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_in_same_process_names_our_pid() {
+        // Two DirLocks on one directory: the second fails and names the first holder's pid.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = DirLock::acquire(dir.path()).expect("first lock");
+        match DirLock::acquire(dir.path()) {
+            Err(LogError::Locked { holder_pid, .. }) => assert_eq!(holder_pid, Some(std::process::id())),
+            other => panic!("expected Locked, got {other:?}"),
+        }
+        drop(first);
+        DirLock::acquire(dir.path()).expect("lock is free again after drop");
+    }
+}

@@ -1,0 +1,541 @@
+//! [`LogStore`]: the openraft-facing handle.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::ops::Bound;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use openraft::storage::LogFlushed;
+use openraft::storage::LogState;
+use openraft::storage::RaftLogStorage;
+use openraft::AnyError;
+use openraft::LogId;
+use openraft::OptionalSend;
+use openraft::RaftLogId;
+use openraft::RaftLogReader;
+use openraft::RaftTypeConfig;
+use openraft::StorageError;
+use openraft::StorageIOError;
+use openraft::Vote;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::codec;
+use crate::engine::LogEngine;
+use crate::engine::SledEngine;
+use crate::writer::Request;
+use crate::writer::Writer;
+use crate::writer::META_COMMITTED;
+use crate::writer::META_PURGED;
+use crate::writer::META_VOTE;
+use crate::DirLock;
+use crate::DurableCallback;
+use crate::LogError;
+
+/// Name of the sled directory inside a log store's directory.
+pub const SLED_SUBDIR: &str = "sled";
+
+/// How many entries the open-time verification reads at a time.
+const VERIFY_CHUNK_ENTRIES: u64 = 4096;
+
+/// Options of [`LogStore::open`].
+#[derive(Clone, Debug, Default)]
+pub struct LogOptions {
+    /// **Dangerous, tests only.** Skip the fsyncs after sled's flush: appends are acknowledged
+    /// once written to the page cache, so a power cut loses acknowledged entries. Exists so the
+    /// power-cut test can prove it detects exactly that. Default `false`.
+    pub unsafe_skip_fsync_for_tests: bool,
+}
+
+/// A durable Raft log for the type config `C`: a cheap `Clone` handle implementing openraft's
+/// `RaftLogReader` and `RaftLogStorage`. See the crate documentation for the concurrency model.
+pub struct LogStore<C: RaftTypeConfig> {
+    inner: Arc<Inner>,
+    _types: PhantomData<fn() -> C>,
+}
+
+impl<C: RaftTypeConfig> Clone for LogStore<C> {
+    fn clone(&self) -> Self {
+        LogStore {
+            inner: Arc::clone(&self.inner),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<C: RaftTypeConfig> Debug for LogStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").field("dir", &self.inner.dir).finish()
+    }
+}
+
+struct Inner {
+    engine: Arc<dyn LogEngine>,
+    requests: Option<mpsc::Sender<Request>>,
+    writer: Option<JoinHandle<()>>,
+    dir: PathBuf,
+    /// Released last, after the writer thread has stopped.
+    _lock: DirLock,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel stops the writer after its current group; wait for it so that the
+        // engine is quiet before the directory lock is released.
+        drop(self.requests.take());
+        if let Some(writer) = self.writer.take() {
+            if writer.join().is_err() {
+                tracing::error!("raft-log writer thread panicked");
+            }
+        }
+    }
+}
+
+/// What the open-time verification found.
+struct Verified {
+    last_index: Option<u64>,
+    purged_index: Option<u64>,
+}
+
+impl<C> LogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Serialize + DeserializeOwned,
+{
+    /// Opens (creating if needed) the log store in `dir`: takes the directory lock, opens sled
+    /// in `dir/sled`, verifies every stored entry (checksum, index, contiguity) and the metadata,
+    /// and starts the writer thread. Blocking: call it at start-up or on a blocking thread.
+    pub fn open(dir: &Path, options: LogOptions) -> Result<LogStore<C>, LogError> {
+        let lock = DirLock::acquire(dir)?;
+        let engine = SledEngine::open(&dir.join(SLED_SUBDIR), !options.unsafe_skip_fsync_for_tests)?;
+        if options.unsafe_skip_fsync_for_tests {
+            tracing::warn!(dir = %dir.display(), "raft log opened with unsafe_skip_fsync_for_tests: acknowledged entries can be lost");
+        }
+        Self::open_with_engine(lock, Arc::new(engine))
+    }
+
+    /// Opens a log store on any [`LogEngine`], under an already-held directory lock.
+    pub fn open_with_engine(lock: DirLock, engine: Arc<dyn LogEngine>) -> Result<LogStore<C>, LogError> {
+        let verified = verify::<C>(engine.as_ref())?;
+        let (requests, receiver) = mpsc::channel();
+        let writer = Writer::new(Arc::clone(&engine), verified.last_index, verified.purged_index);
+        let writer = std::thread::Builder::new()
+            .name("raft-log-writer".to_string())
+            .spawn(move || writer.run(receiver))
+            .map_err(|e| LogError::io("spawn raft-log writer thread", e))?;
+        Ok(LogStore {
+            inner: Arc::new(Inner {
+                engine,
+                requests: Some(requests),
+                writer: Some(writer),
+                dir: lock.dir().to_path_buf(),
+                _lock: lock,
+            }),
+            _types: PhantomData,
+        })
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    fn send(&self, request: Request) -> Result<(), LogError> {
+        let requests = self.inner.requests.as_ref().ok_or(LogError::WriterStopped)?;
+        requests.send(request).map_err(|_| LogError::WriterStopped)
+    }
+
+    async fn request(&self, make: impl FnOnce(oneshot::Sender<Result<(), LogError>>) -> Request) -> Result<(), LogError> {
+        let (done, reply) = oneshot::channel();
+        self.send(make(done))?;
+        reply.await.map_err(|_| LogError::WriterStopped)?
+    }
+
+    /// Appends `entries` (contiguous, starting right after the last stored or purged index).
+    /// Returns once they are readable; `on_durable` is called (on the writer thread) once they
+    /// are durable. One engine batch and at most one durability point per call.
+    pub async fn append_with_callback(&self, entries: Vec<C::Entry>, on_durable: DurableCallback) -> Result<(), LogError> {
+        let mut sealed = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            let index = entry.get_log_id().index;
+            if let Some(&(previous, _)) = sealed.last() {
+                if index != previous + 1 {
+                    return Err(LogError::NonContiguousAppend {
+                        expected_index: previous + 1,
+                        got_index: index,
+                    });
+                }
+            }
+            let payload = codec::encode(entry).map_err(|source| LogError::Encode {
+                what: format!("log entry {index}"),
+                source,
+            })?;
+            let stored = codec::seal_entry(index, &payload);
+            // Paired with the check on read: what we store must verify under its own key.
+            debug_assert!(codec::unseal(&codec::entry_key(index), &stored).is_ok());
+            sealed.push((index, stored));
+        }
+        self.request(|applied| Request::Append {
+            entries: sealed,
+            applied,
+            on_durable,
+        })
+        .await
+    }
+
+    /// Appends `entries` and waits until they are durable.
+    pub async fn append_durable(&self, entries: Vec<C::Entry>) -> Result<(), LogError> {
+        let (tx, rx) = oneshot::channel();
+        self.append_with_callback(
+            entries,
+            Box::new(move |result| {
+                let _ = tx.send(result);
+            }),
+        )
+        .await?;
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(LogError::io("make appended entries durable", e)),
+            Err(_) => Err(LogError::WriterStopped),
+        }
+    }
+
+    /// Reads the entries with index in `range`, verifying each one.
+    pub async fn read_entries<RB: RangeBounds<u64>>(&self, range: RB) -> Result<Vec<C::Entry>, LogError> {
+        let start = match range.start_bound() {
+            Bound::Included(&start) => start,
+            Bound::Excluded(&start) => match start.checked_add(1) {
+                Some(start) => start,
+                None => return Ok(Vec::new()),
+            },
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&end) => end.checked_add(1),
+            Bound::Excluded(&end) => Some(end),
+            Bound::Unbounded => None,
+        };
+        if end.is_some_and(|end| end <= start) {
+            return Ok(Vec::new());
+        }
+        let engine = Arc::clone(&self.inner.engine);
+        run_blocking(move || {
+            let raw = engine.read_entries(start, end)?;
+            decode_run::<C>(raw)
+        })
+        .await
+    }
+
+    /// The last purged log id and the last log id (the purged one when the log is empty).
+    pub async fn log_state(&self) -> Result<(Option<LogId<C::NodeId>>, Option<LogId<C::NodeId>>), LogError> {
+        let engine = Arc::clone(&self.inner.engine);
+        run_blocking(move || {
+            let purged: Option<LogId<C::NodeId>> = read_meta(engine.as_ref(), META_PURGED)?;
+            let last = match engine.last_entry()? {
+                Some((index, stored)) => Some(decode_entry::<C>(index, &stored)?.get_log_id().clone()),
+                None => None,
+            };
+            Ok((purged.clone(), last.or(purged)))
+        })
+        .await
+    }
+
+    /// The stored vote.
+    pub async fn vote(&self) -> Result<Option<Vote<C::NodeId>>, LogError> {
+        let engine = Arc::clone(&self.inner.engine);
+        run_blocking(move || read_meta(engine.as_ref(), META_VOTE)).await
+    }
+
+    /// Stores the vote; durable when this returns.
+    pub async fn store_vote(&self, vote: &Vote<C::NodeId>) -> Result<(), LogError> {
+        let sealed = seal_meta(META_VOTE, vote)?;
+        self.request(|done| Request::PutMeta {
+            key: META_VOTE,
+            sealed,
+            durable: true,
+            done,
+        })
+        .await
+    }
+
+    /// The stored committed log id.
+    pub async fn committed(&self) -> Result<Option<LogId<C::NodeId>>, LogError> {
+        let engine = Arc::clone(&self.inner.engine);
+        run_blocking(move || Ok(read_meta::<Option<LogId<C::NodeId>>>(engine.as_ref(), META_COMMITTED)?.flatten())).await
+    }
+
+    /// Stores the committed log id; ordered after every earlier append, durable with the next
+    /// durability point (openraft does not need it durable at once).
+    pub async fn store_committed(&self, committed: Option<LogId<C::NodeId>>) -> Result<(), LogError> {
+        let sealed = seal_meta(META_COMMITTED, &committed)?;
+        self.request(|done| Request::PutMeta {
+            key: META_COMMITTED,
+            sealed,
+            durable: false,
+            done,
+        })
+        .await
+    }
+
+    /// Deletes every entry with index `>= log_id.index`; durable when this returns.
+    pub async fn truncate_from(&self, log_id: &LogId<C::NodeId>) -> Result<(), LogError> {
+        let from_index = log_id.index;
+        self.request(|done| Request::Truncate { from_index, done }).await
+    }
+
+    /// Records `log_id` as purged (durably) and then deletes every entry with index
+    /// `<= log_id.index`.
+    pub async fn purge_through(&self, log_id: &LogId<C::NodeId>) -> Result<(), LogError> {
+        let sealed_purged = seal_meta(META_PURGED, log_id)?;
+        let through_index = log_id.index;
+        self.request(|done| Request::Purge {
+            through_index,
+            sealed_purged,
+            done,
+        })
+        .await
+    }
+}
+
+/// Runs blocking engine work off the async executor's threads when a tokio runtime is present.
+async fn run_blocking<R, F>(work: F) -> Result<R, LogError>
+where
+    F: FnOnce() -> Result<R, LogError> + Send + 'static,
+    R: Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle
+            .spawn_blocking(work)
+            .await
+            .map_err(|e| LogError::ReadTask { reason: e.to_string() })?,
+        Err(_) => work(),
+    }
+}
+
+fn seal_meta<T: Serialize>(key: &'static str, value: &T) -> Result<Vec<u8>, LogError> {
+    let payload = codec::encode(value).map_err(|source| LogError::Encode {
+        what: format!("metadata `{key}`"),
+        source,
+    })?;
+    Ok(codec::seal_meta(key, &payload))
+}
+
+fn read_meta<T: DeserializeOwned>(engine: &dyn LogEngine, key: &'static str) -> Result<Option<T>, LogError> {
+    match engine.get_meta(key)? {
+        Some(stored) => codec::unseal_meta(key, &stored)
+            .map(Some)
+            .map_err(|reason| LogError::CorruptMeta { key, reason }),
+        None => Ok(None),
+    }
+}
+
+/// Verifies and decodes the entry stored under `index`.
+fn decode_entry<C>(index: u64, stored: &[u8]) -> Result<C::Entry, LogError>
+where
+    C: RaftTypeConfig,
+    C::Entry: DeserializeOwned,
+{
+    let entry: C::Entry = codec::unseal_entry(index, stored).map_err(|reason| LogError::Corrupt { index, reason })?;
+    let own_index = entry.get_log_id().index;
+    if own_index != index {
+        return Err(LogError::Corrupt {
+            index,
+            reason: format!("entry stored under index {index} carries log id index {own_index}"),
+        });
+    }
+    Ok(entry)
+}
+
+/// Verifies and decodes a run of stored entries, which must be contiguous.
+fn decode_run<C>(raw: Vec<(u64, Vec<u8>)>) -> Result<Vec<C::Entry>, LogError>
+where
+    C: RaftTypeConfig,
+    C::Entry: DeserializeOwned,
+{
+    let mut entries = Vec::with_capacity(raw.len());
+    let mut previous: Option<u64> = None;
+    for (index, stored) in raw {
+        if let Some(previous) = previous {
+            if index != previous + 1 {
+                return Err(LogError::Corrupt {
+                    index: previous + 1,
+                    reason: format!("entry is missing: the log jumps from index {previous} to {index}"),
+                });
+            }
+        }
+        entries.push(decode_entry::<C>(index, &stored)?);
+        previous = Some(index);
+    }
+    Ok(entries)
+}
+
+/// Reads and checks everything on disk once, at open.
+fn verify<C>(engine: &dyn LogEngine) -> Result<Verified, LogError>
+where
+    C: RaftTypeConfig,
+    C::Entry: DeserializeOwned,
+{
+    let _vote: Option<Vote<C::NodeId>> = read_meta(engine, META_VOTE)?;
+    let purged: Option<LogId<C::NodeId>> = read_meta(engine, META_PURGED)?;
+    let committed: Option<LogId<C::NodeId>> =
+        read_meta::<Option<LogId<C::NodeId>>>(engine, META_COMMITTED)?.flatten();
+    let purged_index = purged.as_ref().map(|log_id| log_id.index);
+
+    let first_index = match engine.first_entry()? {
+        Some((index, _)) => Some(index),
+        None => None,
+    };
+    if let (Some(first), Some(purged)) = (first_index, purged_index) {
+        if first <= purged {
+            return Err(LogError::Corrupt {
+                index: first,
+                reason: format!("entry {first} is still stored although the log is purged through {purged}"),
+            });
+        }
+        if first != purged + 1 {
+            return Err(LogError::Corrupt {
+                index: purged + 1,
+                reason: format!("entry is missing: the log is purged through {purged} but starts at {first}"),
+            });
+        }
+    }
+    let mut last_index = None;
+    if let Some(first) = first_index {
+        let mut start = first;
+        loop {
+            let end = start.saturating_add(VERIFY_CHUNK_ENTRIES);
+            let raw = engine.read_entries(start, Some(end))?;
+            let Some(&(chunk_first, _)) = raw.first() else { break };
+            if let Some(previous) = last_index {
+                if chunk_first != previous + 1 {
+                    return Err(LogError::Corrupt {
+                        index: previous + 1,
+                        reason: format!("entry is missing: the log jumps from index {previous} to {chunk_first}"),
+                    });
+                }
+            }
+            let decoded = decode_run::<C>(raw)?;
+            last_index = decoded.last().map(|entry| entry.get_log_id().index);
+            if end == u64::MAX {
+                break;
+            }
+            start = end;
+        }
+        // Anything after the last full chunk that the loop stopped at (a gap of a whole chunk).
+        if let (Some(last), Some((stored_last, _))) = (last_index, engine.last_entry()?) {
+            if stored_last != last {
+                return Err(LogError::Corrupt {
+                    index: last + 1,
+                    reason: format!("entry is missing: the log jumps from index {last} to a later run ending at {stored_last}"),
+                });
+            }
+        }
+    }
+    let last_log_index = last_index.or(purged_index);
+    if let Some(committed) = &committed {
+        if last_log_index.is_none_or(|last| committed.index > last) {
+            return Err(LogError::Corrupt {
+                index: committed.index,
+                reason: format!(
+                    "committed entry {} is missing: the log ends at {:?}",
+                    committed.index, last_log_index
+                ),
+            });
+        }
+    }
+    Ok(Verified { last_index, purged_index })
+}
+
+fn storage_error<NID: openraft::NodeId>(error: LogError, write: bool) -> StorageError<NID> {
+    let source = AnyError::new(&error);
+    let io = match (&error, write) {
+        (LogError::Corrupt { index, .. }, _) => StorageIOError::read_log_at_index(*index, source),
+        (_, true) => StorageIOError::write_logs(source),
+        (_, false) => StorageIOError::read_logs(source),
+    };
+    StorageError::IO { source: io }
+}
+
+fn vote_error<NID: openraft::NodeId>(error: LogError, write: bool) -> StorageError<NID> {
+    let source = AnyError::new(&error);
+    let io = if write {
+        StorageIOError::write_vote(source)
+    } else {
+        StorageIOError::read_vote(source)
+    };
+    StorageError::IO { source: io }
+}
+
+impl<C> RaftLogReader<C> for LogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Serialize + DeserializeOwned,
+{
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        self.read_entries(range).await.map_err(|e| storage_error(e, false))
+    }
+}
+
+impl<C> RaftLogStorage<C> for LogStore<C>
+where
+    C: RaftTypeConfig,
+    C::Entry: Serialize + DeserializeOwned,
+{
+    type LogReader = LogStore<C>;
+
+    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
+        let (last_purged_log_id, last_log_id) = self.log_state().await.map_err(|e| storage_error(e, false))?;
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        self.store_vote(vote).await.map_err(|e| vote_error(e, true))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
+        self.vote().await.map_err(|e| vote_error(e, false))
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<C::NodeId>>) -> Result<(), StorageError<C::NodeId>> {
+        self.store_committed(committed).await.map_err(|e| storage_error(e, true))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
+        self.committed().await.map_err(|e| storage_error(e, false))
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<C>) -> Result<(), StorageError<C::NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<C::Entry> = entries.into_iter().collect();
+        self.append_with_callback(entries, Box::new(move |result| callback.log_io_completed(result)))
+            .await
+            .map_err(|e| storage_error(e, true))
+    }
+
+    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        self.truncate_from(&log_id).await.map_err(|e| storage_error(e, true))
+    }
+
+    async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        self.purge_through(&log_id).await.map_err(|e| storage_error(e, true))
+    }
+}

@@ -1,0 +1,36 @@
+//! Hooks for tests that damage a *closed* store on purpose, to prove that the damage is
+//! reported. Not for production use: nothing here keeps the log consistent.
+
+use std::path::Path;
+
+use crate::codec::entry_key;
+use crate::store::SLED_SUBDIR;
+use crate::DirLock;
+use crate::LogError;
+
+/// Rewrites the stored bytes (checksum and payload) of the entry at `index` in the closed log
+/// store at `dir` with `damage`, bypassing the checksum. Returns `false` when no such entry
+/// exists. Takes the directory lock, so it fails while the store is open.
+pub fn rewrite_stored_entry(dir: &Path, index: u64, damage: impl FnOnce(&mut Vec<u8>)) -> Result<bool, LogError> {
+    let _lock = DirLock::acquire(dir)?;
+    let db = sled::Config::new().path(dir.join(SLED_SUBDIR)).open()?;
+    let entries = db.open_tree("entries")?;
+    let Some(stored) = entries.get(entry_key(index))? else {
+        return Ok(false);
+    };
+    let mut bytes = stored.to_vec();
+    damage(&mut bytes);
+    entries.insert(entry_key(index), bytes)?;
+    db.flush()?;
+    Ok(true)
+}
+
+/// Deletes the stored entry at `index` in the closed log store at `dir`, leaving a hole.
+pub fn delete_stored_entry(dir: &Path, index: u64) -> Result<bool, LogError> {
+    let _lock = DirLock::acquire(dir)?;
+    let db = sled::Config::new().path(dir.join(SLED_SUBDIR)).open()?;
+    let entries = db.open_tree("entries")?;
+    let removed = entries.remove(entry_key(index))?.is_some();
+    db.flush()?;
+    Ok(removed)
+}
