@@ -116,7 +116,10 @@ mod tests {
         for bit in 0..stored.len() * 8 {
             let mut bad = stored.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
-            assert!(unseal_entry::<(u64, String)>(42, &bad).is_err(), "bit {bit}");
+            assert!(
+                unseal_entry::<(u64, String)>(42, &bad).is_err(),
+                "bit {bit}"
+            );
         }
     }
 

@@ -77,7 +77,10 @@ struct SyncState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stamp {
     Directory,
-    File { len_bytes: u64, modified: Option<SystemTime> },
+    File {
+        len_bytes: u64,
+        modified: Option<SystemTime>,
+    },
 }
 
 impl SledEngine {
@@ -110,7 +113,10 @@ impl SledEngine {
         &self.path
     }
 
-    fn keys_in(&self, range: (Bound<[u8; 8]>, Bound<[u8; 8]>)) -> Result<Vec<sled::IVec>, LogError> {
+    fn keys_in(
+        &self,
+        range: (Bound<[u8; 8]>, Bound<[u8; 8]>),
+    ) -> Result<Vec<sled::IVec>, LogError> {
         let mut keys = Vec::new();
         for item in self.entries.range(range) {
             let (key, _value) = item?;
@@ -130,7 +136,12 @@ impl SledEngine {
             let listing = match std::fs::read_dir(&dir) {
                 Ok(listing) => listing,
                 // A sub-directory sled removed since we listed its parent.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !relative_dir.as_os_str().is_empty() => continue,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && !relative_dir.as_os_str().is_empty() =>
+                {
+                    continue
+                }
                 Err(e) => return Err(LogError::io(format!("list {}", dir.display()), e)),
             };
             for item in listing {
@@ -139,7 +150,9 @@ impl SledEngine {
                 let metadata = match item.metadata() {
                     Ok(metadata) => metadata,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(LogError::io(format!("stat {}", item.path().display()), e)),
+                    Err(e) => {
+                        return Err(LogError::io(format!("stat {}", item.path().display()), e))
+                    }
                 };
                 if metadata.is_dir() {
                     pending_dirs.push(relative_dir.join(&name));
@@ -164,9 +177,9 @@ impl SledEngine {
                 if changed || is_main_log {
                     let path = dir.join(name);
                     match File::open(&path) {
-                        Ok(file) => file
-                            .sync_data()
-                            .map_err(|e| LogError::io(format!("fdatasync {}", path.display()), e))?,
+                        Ok(file) => file.sync_data().map_err(|e| {
+                            LogError::io(format!("fdatasync {}", path.display()), e)
+                        })?,
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                         Err(e) => return Err(LogError::io(format!("open {}", path.display()), e)),
                     }
@@ -174,8 +187,8 @@ impl SledEngine {
             }
             let names_changed = before.map(|b| !b.keys().eq(now.keys())).unwrap_or(true);
             if names_changed {
-                let handle =
-                    File::open(&dir).map_err(|e| LogError::io(format!("open directory {}", dir.display()), e))?;
+                let handle = File::open(&dir)
+                    .map_err(|e| LogError::io(format!("open directory {}", dir.display()), e))?;
                 handle
                     .sync_all()
                     .map_err(|e| LogError::io(format!("fsync directory {}", dir.display()), e))?;
@@ -222,7 +235,10 @@ impl LogEngine for SledEngine {
             None => Bound::Unbounded,
         };
         let mut out = Vec::new();
-        for item in self.entries.range((Bound::Included(entry_key(start)), upper)) {
+        for item in self
+            .entries
+            .range((Bound::Included(entry_key(start)), upper))
+        {
             let (key, value) = item?;
             let index = decode_key(&key)?;
             out.push((index, value.to_vec()));

@@ -49,8 +49,10 @@
 //!   checked against its index; no read returns an unverified entry.
 //! - A flush callback fires only after a durability point that followed the entry's write;
 //!   callbacks fire in append order.
-//! - An append's first index is `last + 1` (or `last_purged + 1` on an empty log); a violation
-//!   is refused with [`LogError::NonContiguousAppend`] before anything is written.
+//! - An append never leaves a hole: one starting beyond `last + 1` (or `last_purged + 1` on an
+//!   empty log) is refused with [`LogError::NonContiguousAppend`] before anything is written.
+//!   Entries at or below the purge point are not stored (the snapshot covers them); an append
+//!   starting at or below `last` replaces the tail from its first index.
 //! - The committed log id, when present, is `<=` the last log id on open
 //!   (it is written after its entries, through the same ordered channel).
 

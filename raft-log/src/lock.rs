@@ -30,7 +30,8 @@ impl DirLock {
     /// Fails with [`LogError::Locked`] naming the holder's pid when another process — or another
     /// `DirLock` in this process — holds it.
     pub fn acquire(dir: &Path) -> Result<DirLock, LogError> {
-        std::fs::create_dir_all(dir).map_err(|e| LogError::io(format!("create directory {}", dir.display()), e))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| LogError::io(format!("create directory {}", dir.display()), e))?;
         let path = dir.join(LOCK_FILE_NAME);
         let mut file = OpenOptions::new()
             .read(true)
@@ -93,7 +94,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let first = DirLock::acquire(dir.path()).expect("first lock");
         match DirLock::acquire(dir.path()) {
-            Err(LogError::Locked { holder_pid, .. }) => assert_eq!(holder_pid, Some(std::process::id())),
+            Err(LogError::Locked { holder_pid, .. }) => {
+                assert_eq!(holder_pid, Some(std::process::id()))
+            }
             other => panic!("expected Locked, got {other:?}"),
         }
         drop(first);

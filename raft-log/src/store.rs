@@ -71,7 +71,9 @@ impl<C: RaftTypeConfig> Clone for LogStore<C> {
 
 impl<C: RaftTypeConfig> Debug for LogStore<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LogStore").field("dir", &self.inner.dir).finish()
+        f.debug_struct("LogStore")
+            .field("dir", &self.inner.dir)
+            .finish()
     }
 }
 
@@ -113,7 +115,8 @@ where
     /// and starts the writer thread. Blocking: call it at start-up or on a blocking thread.
     pub fn open(dir: &Path, options: LogOptions) -> Result<LogStore<C>, LogError> {
         let lock = DirLock::acquire(dir)?;
-        let engine = SledEngine::open(&dir.join(SLED_SUBDIR), !options.unsafe_skip_fsync_for_tests)?;
+        let engine =
+            SledEngine::open(&dir.join(SLED_SUBDIR), !options.unsafe_skip_fsync_for_tests)?;
         if options.unsafe_skip_fsync_for_tests {
             tracing::warn!(dir = %dir.display(), "raft log opened with unsafe_skip_fsync_for_tests: acknowledged entries can be lost");
         }
@@ -121,10 +124,17 @@ where
     }
 
     /// Opens a log store on any [`LogEngine`], under an already-held directory lock.
-    pub fn open_with_engine(lock: DirLock, engine: Arc<dyn LogEngine>) -> Result<LogStore<C>, LogError> {
+    pub fn open_with_engine(
+        lock: DirLock,
+        engine: Arc<dyn LogEngine>,
+    ) -> Result<LogStore<C>, LogError> {
         let verified = verify::<C>(engine.as_ref())?;
         let (requests, receiver) = mpsc::channel();
-        let writer = Writer::new(Arc::clone(&engine), verified.last_index, verified.purged_index);
+        let writer = Writer::new(
+            Arc::clone(&engine),
+            verified.last_index,
+            verified.purged_index,
+        );
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".to_string())
             .spawn(move || writer.run(receiver))
@@ -147,20 +157,32 @@ where
     }
 
     fn send(&self, request: Request) -> Result<(), LogError> {
-        let requests = self.inner.requests.as_ref().ok_or(LogError::WriterStopped)?;
+        let requests = self
+            .inner
+            .requests
+            .as_ref()
+            .ok_or(LogError::WriterStopped)?;
         requests.send(request).map_err(|_| LogError::WriterStopped)
     }
 
-    async fn request(&self, make: impl FnOnce(oneshot::Sender<Result<(), LogError>>) -> Request) -> Result<(), LogError> {
+    async fn request(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<(), LogError>>) -> Request,
+    ) -> Result<(), LogError> {
         let (done, reply) = oneshot::channel();
         self.send(make(done))?;
         reply.await.map_err(|_| LogError::WriterStopped)?
     }
 
-    /// Appends `entries` (contiguous, starting right after the last stored or purged index).
-    /// Returns once they are readable; `on_durable` is called (on the writer thread) once they
+    /// Appends `entries` (contiguous; starting at most one past the last stored or purged index:
+    /// entries at or below the purge point are dropped, and an append starting at or below the
+    /// last index replaces the tail from its first index). Returns once they are readable; `on_durable` is called (on the writer thread) once they
     /// are durable. One engine batch and at most one durability point per call.
-    pub async fn append_with_callback(&self, entries: Vec<C::Entry>, on_durable: DurableCallback) -> Result<(), LogError> {
+    pub async fn append_with_callback(
+        &self,
+        entries: Vec<C::Entry>,
+        on_durable: DurableCallback,
+    ) -> Result<(), LogError> {
         let mut sealed = Vec::with_capacity(entries.len());
         for entry in &entries {
             let index = entry.get_log_id().index;
@@ -207,7 +229,10 @@ where
     }
 
     /// Reads the entries with index in `range`, verifying each one.
-    pub async fn read_entries<RB: RangeBounds<u64>>(&self, range: RB) -> Result<Vec<C::Entry>, LogError> {
+    pub async fn read_entries<RB: RangeBounds<u64>>(
+        &self,
+        range: RB,
+    ) -> Result<Vec<C::Entry>, LogError> {
         let start = match range.start_bound() {
             Bound::Included(&start) => start,
             Bound::Excluded(&start) => match start.checked_add(1) {
@@ -233,12 +258,16 @@ where
     }
 
     /// The last purged log id and the last log id (the purged one when the log is empty).
-    pub async fn log_state(&self) -> Result<(Option<LogId<C::NodeId>>, Option<LogId<C::NodeId>>), LogError> {
+    pub async fn log_state(
+        &self,
+    ) -> Result<(Option<LogId<C::NodeId>>, Option<LogId<C::NodeId>>), LogError> {
         let engine = Arc::clone(&self.inner.engine);
         run_blocking(move || {
             let purged: Option<LogId<C::NodeId>> = read_meta(engine.as_ref(), META_PURGED)?;
             let last = match engine.last_entry()? {
-                Some((index, stored)) => Some(decode_entry::<C>(index, &stored)?.get_log_id().clone()),
+                Some((index, stored)) => {
+                    Some(decode_entry::<C>(index, &stored)?.get_log_id().clone())
+                }
                 None => None,
             };
             Ok((purged.clone(), last.or(purged)))
@@ -267,12 +296,18 @@ where
     /// The stored committed log id.
     pub async fn committed(&self) -> Result<Option<LogId<C::NodeId>>, LogError> {
         let engine = Arc::clone(&self.inner.engine);
-        run_blocking(move || Ok(read_meta::<Option<LogId<C::NodeId>>>(engine.as_ref(), META_COMMITTED)?.flatten())).await
+        run_blocking(move || {
+            Ok(read_meta::<Option<LogId<C::NodeId>>>(engine.as_ref(), META_COMMITTED)?.flatten())
+        })
+        .await
     }
 
     /// Stores the committed log id; ordered after every earlier append, durable with the next
     /// durability point (openraft does not need it durable at once).
-    pub async fn store_committed(&self, committed: Option<LogId<C::NodeId>>) -> Result<(), LogError> {
+    pub async fn store_committed(
+        &self,
+        committed: Option<LogId<C::NodeId>>,
+    ) -> Result<(), LogError> {
         let sealed = seal_meta(META_COMMITTED, &committed)?;
         self.request(|done| Request::PutMeta {
             key: META_COMMITTED,
@@ -286,7 +321,8 @@ where
     /// Deletes every entry with index `>= log_id.index`; durable when this returns.
     pub async fn truncate_from(&self, log_id: &LogId<C::NodeId>) -> Result<(), LogError> {
         let from_index = log_id.index;
-        self.request(|done| Request::Truncate { from_index, done }).await
+        self.request(|done| Request::Truncate { from_index, done })
+            .await
     }
 
     /// Records `log_id` as purged (durably) and then deletes every entry with index
@@ -313,7 +349,9 @@ where
         Ok(handle) => handle
             .spawn_blocking(work)
             .await
-            .map_err(|e| LogError::ReadTask { reason: e.to_string() })?,
+            .map_err(|e| LogError::ReadTask {
+                reason: e.to_string(),
+            })?,
         Err(_) => work(),
     }
 }
@@ -326,7 +364,10 @@ fn seal_meta<T: Serialize>(key: &'static str, value: &T) -> Result<Vec<u8>, LogE
     Ok(codec::seal_meta(key, &payload))
 }
 
-fn read_meta<T: DeserializeOwned>(engine: &dyn LogEngine, key: &'static str) -> Result<Option<T>, LogError> {
+fn read_meta<T: DeserializeOwned>(
+    engine: &dyn LogEngine,
+    key: &'static str,
+) -> Result<Option<T>, LogError> {
     match engine.get_meta(key)? {
         Some(stored) => codec::unseal_meta(key, &stored)
             .map(Some)
@@ -341,7 +382,8 @@ where
     C: RaftTypeConfig,
     C::Entry: DeserializeOwned,
 {
-    let entry: C::Entry = codec::unseal_entry(index, stored).map_err(|reason| LogError::Corrupt { index, reason })?;
+    let entry: C::Entry =
+        codec::unseal_entry(index, stored).map_err(|reason| LogError::Corrupt { index, reason })?;
     let own_index = entry.get_log_id().index;
     if own_index != index {
         return Err(LogError::Corrupt {
@@ -365,7 +407,9 @@ where
             if index != previous + 1 {
                 return Err(LogError::Corrupt {
                     index: previous + 1,
-                    reason: format!("entry is missing: the log jumps from index {previous} to {index}"),
+                    reason: format!(
+                        "entry is missing: the log jumps from index {previous} to {index}"
+                    ),
                 });
             }
         }
@@ -395,13 +439,17 @@ where
         if first <= purged {
             return Err(LogError::Corrupt {
                 index: first,
-                reason: format!("entry {first} is still stored although the log is purged through {purged}"),
+                reason: format!(
+                    "entry {first} is still stored although the log is purged through {purged}"
+                ),
             });
         }
         if first != purged + 1 {
             return Err(LogError::Corrupt {
                 index: purged + 1,
-                reason: format!("entry is missing: the log is purged through {purged} but starts at {first}"),
+                reason: format!(
+                    "entry is missing: the log is purged through {purged} but starts at {first}"
+                ),
             });
         }
     }
@@ -411,7 +459,9 @@ where
         loop {
             let end = start.saturating_add(VERIFY_CHUNK_ENTRIES);
             let raw = engine.read_entries(start, Some(end))?;
-            let Some(&(chunk_first, _)) = raw.first() else { break };
+            let Some(&(chunk_first, _)) = raw.first() else {
+                break;
+            };
             if let Some(previous) = last_index {
                 if chunk_first != previous + 1 {
                     return Err(LogError::Corrupt {
@@ -449,7 +499,10 @@ where
             });
         }
     }
-    Ok(Verified { last_index, purged_index })
+    Ok(Verified {
+        last_index,
+        purged_index,
+    })
 }
 
 fn storage_error<NID: openraft::NodeId>(error: LogError, write: bool) -> StorageError<NID> {
@@ -481,7 +534,9 @@ where
         &mut self,
         range: RB,
     ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
-        self.read_entries(range).await.map_err(|e| storage_error(e, false))
+        self.read_entries(range)
+            .await
+            .map_err(|e| storage_error(e, false))
     }
 }
 
@@ -493,7 +548,10 @@ where
     type LogReader = LogStore<C>;
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
-        let (last_purged_log_id, last_log_id) = self.log_state().await.map_err(|e| storage_error(e, false))?;
+        let (last_purged_log_id, last_log_id) = self
+            .log_state()
+            .await
+            .map_err(|e| storage_error(e, false))?;
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -512,30 +570,48 @@ where
         self.vote().await.map_err(|e| vote_error(e, false))
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId<C::NodeId>>) -> Result<(), StorageError<C::NodeId>> {
-        self.store_committed(committed).await.map_err(|e| storage_error(e, true))
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<C::NodeId>>,
+    ) -> Result<(), StorageError<C::NodeId>> {
+        self.store_committed(committed)
+            .await
+            .map_err(|e| storage_error(e, true))
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
+    async fn read_committed(
+        &mut self,
+    ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
         self.committed().await.map_err(|e| storage_error(e, false))
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<C>) -> Result<(), StorageError<C::NodeId>>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<C>,
+    ) -> Result<(), StorageError<C::NodeId>>
     where
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<C::Entry> = entries.into_iter().collect();
-        self.append_with_callback(entries, Box::new(move |result| callback.log_io_completed(result)))
+        self.append_with_callback(
+            entries,
+            Box::new(move |result| callback.log_io_completed(result)),
+        )
+        .await
+        .map_err(|e| storage_error(e, true))
+    }
+
+    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        self.truncate_from(&log_id)
             .await
             .map_err(|e| storage_error(e, true))
     }
 
-    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.truncate_from(&log_id).await.map_err(|e| storage_error(e, true))
-    }
-
     async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.purge_through(&log_id).await.map_err(|e| storage_error(e, true))
+        self.purge_through(&log_id)
+            .await
+            .map_err(|e| storage_error(e, true))
     }
 }

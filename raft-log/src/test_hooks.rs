@@ -11,7 +11,11 @@ use crate::LogError;
 /// Rewrites the stored bytes (checksum and payload) of the entry at `index` in the closed log
 /// store at `dir` with `damage`, bypassing the checksum. Returns `false` when no such entry
 /// exists. Takes the directory lock, so it fails while the store is open.
-pub fn rewrite_stored_entry(dir: &Path, index: u64, damage: impl FnOnce(&mut Vec<u8>)) -> Result<bool, LogError> {
+pub fn rewrite_stored_entry(
+    dir: &Path,
+    index: u64,
+    damage: impl FnOnce(&mut Vec<u8>),
+) -> Result<bool, LogError> {
     let _lock = DirLock::acquire(dir)?;
     let db = sled::Config::new().path(dir.join(SLED_SUBDIR)).open()?;
     let entries = db.open_tree("entries")?;

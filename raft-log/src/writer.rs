@@ -64,12 +64,16 @@ impl Waiter {
     fn release(self, result: &Result<(), String>) {
         match (self, result) {
             (Waiter::Callback(callback), Ok(())) => callback(Ok(())),
-            (Waiter::Callback(callback), Err(reason)) => callback(Err(std::io::Error::other(reason.clone()))),
+            (Waiter::Callback(callback), Err(reason)) => {
+                callback(Err(std::io::Error::other(reason.clone())))
+            }
             (Waiter::Reply(reply), Ok(())) => {
                 let _ = reply.send(Ok(()));
             }
             (Waiter::Reply(reply), Err(reason)) => {
-                let _ = reply.send(Err(LogError::Poisoned { reason: reason.clone() }));
+                let _ = reply.send(Err(LogError::Poisoned {
+                    reason: reason.clone(),
+                }));
             }
         }
     }
@@ -87,9 +91,16 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub(crate) fn new(engine: Arc<dyn LogEngine>, last_index: Option<u64>, purged_index: Option<u64>) -> Writer {
+    pub(crate) fn new(
+        engine: Arc<dyn LogEngine>,
+        last_index: Option<u64>,
+        purged_index: Option<u64>,
+    ) -> Writer {
         if let (Some(last), Some(purged)) = (last_index, purged_index) {
-            assert!(purged < last, "purged index {purged} must be below the last index {last}");
+            assert!(
+                purged < last,
+                "purged index {purged} must be below the last index {last}"
+            );
         }
         Writer {
             engine,
@@ -147,12 +158,16 @@ impl Writer {
 
     fn handle(&mut self, request: Request, waiters: &mut Vec<Waiter>) {
         if let Some(reason) = &self.poisoned {
-            let error = || LogError::Poisoned { reason: reason.clone() };
+            let error = || LogError::Poisoned {
+                reason: reason.clone(),
+            };
             match request {
                 Request::Append { applied, .. } => {
                     let _ = applied.send(Err(error()));
                 }
-                Request::Truncate { done, .. } | Request::Purge { done, .. } | Request::PutMeta { done, .. } => {
+                Request::Truncate { done, .. }
+                | Request::Purge { done, .. }
+                | Request::PutMeta { done, .. } => {
                     let _ = done.send(Err(error()));
                 }
             }
@@ -160,14 +175,19 @@ impl Writer {
         }
         match request {
             Request::Append {
-                entries,
+                mut entries,
                 applied,
                 on_durable,
             } => {
+                // Entries at or below the purge point are covered by the snapshot: not stored.
+                if let Some(purged) = self.purged_index {
+                    entries.retain(|(index, _)| *index > purged);
+                }
                 if let Some(&(first_index, _)) = entries.first() {
                     let expected_index = self.last_index.or(self.purged_index).map(|i| i + 1);
                     if let Some(expected_index) = expected_index {
-                        if first_index != expected_index {
+                        if first_index > expected_index {
+                            // A hole: refused before anything is written.
                             let _ = applied.send(Err(LogError::NonContiguousAppend {
                                 expected_index,
                                 got_index: first_index,
@@ -178,6 +198,14 @@ impl Writer {
                     for pair in entries.windows(2) {
                         assert_eq!(pair[0].0 + 1, pair[1].0, "append batch must be contiguous");
                     }
+                    if self.last_index.is_some_and(|last| first_index <= last) {
+                        // Overlap: the new entries replace the tail from their first index.
+                        if let Err(error) = self.engine.delete_entries_from(first_index) {
+                            self.poison(&error);
+                            let _ = applied.send(Err(error));
+                            return;
+                        }
+                    }
                     if let Err(error) = self.engine.put_entries(&entries) {
                         self.poison(&error);
                         let _ = applied.send(Err(error));
@@ -185,6 +213,7 @@ impl Writer {
                     }
                     let last_index = entries.last().map(|(index, _)| *index);
                     assert!(last_index >= Some(first_index));
+                    assert!(self.purged_index.is_none_or(|purged| purged < first_index));
                     self.last_index = last_index;
                 }
                 let _ = applied.send(Ok(()));
@@ -211,7 +240,10 @@ impl Writer {
                 sealed_purged,
                 done,
             } => {
-                if self.purged_index.is_some_and(|purged| purged >= through_index) {
+                if self
+                    .purged_index
+                    .is_some_and(|purged| purged >= through_index)
+                {
                     // Already purged at least this far: openraft never moves the purge point back.
                     let _ = done.send(Ok(()));
                     return;
@@ -224,7 +256,9 @@ impl Writer {
                 }
                 self.durability_point(std::mem::take(waiters));
                 if let Some(reason) = &self.poisoned {
-                    let _ = done.send(Err(LogError::Poisoned { reason: reason.clone() }));
+                    let _ = done.send(Err(LogError::Poisoned {
+                        reason: reason.clone(),
+                    }));
                     return;
                 }
                 self.purged_index = Some(through_index);

@@ -106,7 +106,11 @@ pub fn fuse_unavailable_reason() -> Option<String> {
     if !Path::new("/dev/fuse").exists() {
         return Some("/dev/fuse does not exist".to_string());
     }
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+    {
         return Some(format!("/dev/fuse cannot be opened: {e}"));
     }
     // SAFETY: geteuid has no preconditions.
@@ -114,7 +118,9 @@ pub fn fuse_unavailable_reason() -> Option<String> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = std::env::split_paths(&path).any(|dir| dir.join("fusermount3").is_file());
     if !is_root && !found {
-        return Some("fusermount3 is not on the PATH (install the Debian package `fuse3`)".to_string());
+        return Some(
+            "fusermount3 is not on the PATH (install the Debian package `fuse3`)".to_string(),
+        );
     }
     None
 }
@@ -186,7 +192,10 @@ struct Tree {
 impl Tree {
     fn new_with_root(uid: u32, gid: u32) -> Tree {
         let mut inodes = HashMap::new();
-        inodes.insert(ROOT, Inode::new(Content::Directory(BTreeMap::new()), 0o755, uid, gid));
+        inodes.insert(
+            ROOT,
+            Inode::new(Content::Directory(BTreeMap::new()), 0o755, uid, gid),
+        );
         Tree { inodes }
     }
 
@@ -296,7 +305,11 @@ impl State {
                     .values()
                     .filter(|child| self.current.inodes.get(child).is_some_and(Inode::is_dir))
                     .count();
-                (FileType::Directory, BLOCK_SIZE_BYTES as u64, 2 + subdirs as u32)
+                (
+                    FileType::Directory,
+                    BLOCK_SIZE_BYTES as u64,
+                    2 + subdirs as u32,
+                )
             }
         };
         Ok(FileAttr {
@@ -347,12 +360,23 @@ impl State {
 
     /// Forgets an unlinked, closed inode of the current tree.
     fn drop_if_orphan(&mut self, ino: u64) {
-        if ino != ROOT && !self.open_handles.contains_key(&ino) && self.current.links_to(ino).is_empty() {
+        if ino != ROOT
+            && !self.open_handles.contains_key(&ino)
+            && self.current.links_to(ino).is_empty()
+        {
             self.current.inodes.remove(&ino);
         }
     }
 
-    fn create_node(&mut self, req: &Request, parent: u64, name: &OsStr, content: Content, mode: u32, umask: u32) -> Result<u64, Errno> {
+    fn create_node(
+        &mut self,
+        req: &Request,
+        parent: u64,
+        name: &OsStr,
+        content: Content,
+        mode: u32,
+        umask: u32,
+    ) -> Result<u64, Errno> {
         if name.len() > NAME_LEN_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
@@ -362,8 +386,12 @@ impl State {
         let ino = self.next_ino;
         self.next_ino += 1;
         let perm = (mode & !umask & 0o7777) as u16;
-        self.current.inodes.insert(ino, Inode::new(content, perm, req.uid(), req.gid()));
-        self.current.entries_mut(parent)?.insert(name.to_os_string(), ino);
+        self.current
+            .inodes
+            .insert(ino, Inode::new(content, perm, req.uid(), req.gid()));
+        self.current
+            .entries_mut(parent)?
+            .insert(name.to_os_string(), ino);
         touch_dir(&mut self.current, parent);
         Ok(ino)
     }
@@ -454,7 +482,10 @@ impl State {
 
     fn cut_power(&mut self) {
         self.durable.collect_garbage();
-        assert!(self.durable.inodes.contains_key(&ROOT), "the durable tree keeps its root");
+        assert!(
+            self.durable.inodes.contains_key(&ROOT),
+            "the durable tree keeps its root"
+        );
         self.current = self.durable.clone();
         self.epoch += 1;
         self.open_handles.clear();
@@ -571,7 +602,16 @@ impl Filesystem for PowerCutFilesystem {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
         if mode & libc::S_IFMT != libc::S_IFREG {
             // Only regular files: devices, fifos and sockets have no use in a durability test.
             reply.error(Errno::EPERM);
@@ -587,10 +627,25 @@ impl Filesystem for PowerCutFilesystem {
         }
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         let mut state = self.state.lock();
         let result = state
-            .create_node(req, parent.0, name, Content::Directory(BTreeMap::new()), mode, umask)
+            .create_node(
+                req,
+                parent.0,
+                name,
+                Content::Directory(BTreeMap::new()),
+                mode,
+                umask,
+            )
             .and_then(|ino| state.attr(ino));
         match result {
             Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
@@ -601,7 +656,11 @@ impl Filesystem for PowerCutFilesystem {
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut state = self.state.lock();
         let result = (|| {
-            let ino = *state.current.entries(parent.0)?.get(name).ok_or(Errno::ENOENT)?;
+            let ino = *state
+                .current
+                .entries(parent.0)?
+                .get(name)
+                .ok_or(Errno::ENOENT)?;
             if state.current.inodes.get(&ino).is_some_and(Inode::is_dir) {
                 return Err(Errno::EISDIR);
             }
@@ -619,7 +678,11 @@ impl Filesystem for PowerCutFilesystem {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut state = self.state.lock();
         let result = (|| {
-            let ino = *state.current.entries(parent.0)?.get(name).ok_or(Errno::ENOENT)?;
+            let ino = *state
+                .current
+                .entries(parent.0)?
+                .get(name)
+                .ok_or(Errno::ENOENT)?;
             if !state.current.entries(ino)?.is_empty() {
                 return Err(Errno::ENOTEMPTY);
             }
@@ -652,7 +715,11 @@ impl Filesystem for PowerCutFilesystem {
             if newname.len() > NAME_LEN_MAX {
                 return Err(Errno::ENAMETOOLONG);
             }
-            let source = *state.current.entries(parent.0)?.get(name).ok_or(Errno::ENOENT)?;
+            let source = *state
+                .current
+                .entries(parent.0)?
+                .get(name)
+                .ok_or(Errno::ENOENT)?;
             let source_is_dir = state.current.inodes.get(&source).is_some_and(Inode::is_dir);
             if source_is_dir {
                 // A directory cannot move below itself.
@@ -682,12 +749,17 @@ impl Filesystem for PowerCutFilesystem {
                 match (source_is_dir, target_is_dir) {
                     (true, false) => return Err(Errno::ENOTDIR),
                     (false, true) => return Err(Errno::EISDIR),
-                    (true, true) if !state.current.entries(target)?.is_empty() => return Err(Errno::ENOTEMPTY),
+                    (true, true) if !state.current.entries(target)?.is_empty() => {
+                        return Err(Errno::ENOTEMPTY)
+                    }
                     _ => {}
                 }
             }
             state.current.entries_mut(parent.0)?.remove(name);
-            state.current.entries_mut(newparent.0)?.insert(newname.to_os_string(), source);
+            state
+                .current
+                .entries_mut(newparent.0)?
+                .insert(newname.to_os_string(), source);
             touch_dir(&mut state.current, parent.0);
             touch_dir(&mut state.current, newparent.0);
             if let Some(target) = target {
@@ -735,7 +807,9 @@ impl Filesystem for PowerCutFilesystem {
                 atime,
                 ..
             }) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(data.len());
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(data.len());
                 let end = start.saturating_add(size as usize).min(data.len());
                 *atime = SystemTime::now();
                 reply.data(&data[start..end]);
@@ -790,7 +864,14 @@ impl Filesystem for PowerCutFilesystem {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         // close() is no durability point.
         reply.ok();
     }
@@ -809,7 +890,14 @@ impl Filesystem for PowerCutFilesystem {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_file(ino.0)) {
             Ok(()) => reply.ok(),
@@ -829,7 +917,14 @@ impl Filesystem for PowerCutFilesystem {
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         let state = self.state.lock();
         if let Err(e) = state.check_handle(fh) {
             reply.error(e);
@@ -842,7 +937,9 @@ impl Filesystem for PowerCutFilesystem {
                 return;
             }
         };
-        let parent = State::parent_of_dir(&state.current, ino.0).map(|(p, _)| p).unwrap_or(ROOT);
+        let parent = State::parent_of_dir(&state.current, ino.0)
+            .map(|(p, _)| p)
+            .unwrap_or(ROOT);
         let mut listing: Vec<(u64, FileType, OsString)> = vec![
             (ino.0, FileType::Directory, OsString::from(".")),
             (parent, FileType::Directory, OsString::from("..")),
@@ -855,7 +952,8 @@ impl Filesystem for PowerCutFilesystem {
             };
             listing.push((child, kind, name.clone()));
         }
-        for (position, (child, kind, name)) in listing.into_iter().enumerate().skip(offset as usize) {
+        for (position, (child, kind, name)) in listing.into_iter().enumerate().skip(offset as usize)
+        {
             if reply.add(INodeNo(child), (position + 1) as u64, kind, &name) {
                 break;
             }
@@ -863,12 +961,26 @@ impl Filesystem for PowerCutFilesystem {
         reply.ok();
     }
 
-    fn releasedir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         self.state.lock().release_handle(ino.0, fh);
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_dir(ino.0)) {
             Ok(()) => reply.ok(),
@@ -890,7 +1002,16 @@ impl Filesystem for PowerCutFilesystem {
         let blocks = CAPACITY_BYTES / BLOCK_SIZE_BYTES as u64;
         let free = blocks.saturating_sub(used_bytes.div_ceil(BLOCK_SIZE_BYTES as u64));
         let files = state.current.inodes.len() as u64;
-        reply.statfs(blocks, free, free, files + 1_000_000, 1_000_000, BLOCK_SIZE_BYTES, NAME_LEN_MAX as u32, BLOCK_SIZE_BYTES);
+        reply.statfs(
+            blocks,
+            free,
+            free,
+            files + 1_000_000,
+            1_000_000,
+            BLOCK_SIZE_BYTES,
+            NAME_LEN_MAX as u32,
+            BLOCK_SIZE_BYTES,
+        );
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -902,7 +1023,16 @@ impl Filesystem for PowerCutFilesystem {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
         let mut state = self.state.lock();
         let result = state
             .create_node(req, parent.0, name, Content::File(Vec::new()), mode, umask)
@@ -916,7 +1046,16 @@ impl Filesystem for PowerCutFilesystem {
         }
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let mut state = self.state.lock();
         if let Err(e) = state.check_handle(fh) {
             reply.error(e);
@@ -930,7 +1069,10 @@ impl Filesystem for PowerCutFilesystem {
             Some(Inode {
                 content: Content::File(data),
                 ..
-            }) => match offset.checked_add(length).filter(|end| *end <= CAPACITY_BYTES) {
+            }) => match offset
+                .checked_add(length)
+                .filter(|end| *end <= CAPACITY_BYTES)
+            {
                 Some(end) => {
                     if (data.len() as u64) < end {
                         data.resize(end as usize, 0);
@@ -971,9 +1113,11 @@ impl PowerCutFs {
             MountOption::RW,
         ];
         config.acl = fuser::SessionACL::All;
-        let session = fuser::spawn_mount(filesystem, mountpoint, &config).map_err(|source| PowerCutError::Mount {
-            mountpoint: mountpoint.to_path_buf(),
-            source,
+        let session = fuser::spawn_mount(filesystem, mountpoint, &config).map_err(|source| {
+            PowerCutError::Mount {
+                mountpoint: mountpoint.to_path_buf(),
+                source,
+            }
         })?;
         Ok(PowerCutHandle {
             session: Some(session),
@@ -1015,10 +1159,12 @@ impl PowerCutHandle {
 
     fn unmount_inner(&mut self) -> Result<(), PowerCutError> {
         match self.session.take() {
-            Some(session) => session.umount_and_join().map_err(|source| PowerCutError::Unmount {
-                mountpoint: self.mountpoint.clone(),
-                source,
-            }),
+            Some(session) => session
+                .umount_and_join()
+                .map_err(|source| PowerCutError::Unmount {
+                    mountpoint: self.mountpoint.clone(),
+                    source,
+                }),
             None => Ok(()),
         }
     }
@@ -1039,16 +1185,30 @@ mod tests {
     fn file(state: &mut State, parent: u64, name: &str, data: &[u8]) -> u64 {
         let ino = state.next_ino;
         state.next_ino += 1;
-        state.current.inodes.insert(ino, Inode::new(Content::File(data.to_vec()), 0o644, 0, 0));
-        state.current.entries_mut(parent).expect("dir").insert(name.into(), ino);
+        state
+            .current
+            .inodes
+            .insert(ino, Inode::new(Content::File(data.to_vec()), 0o644, 0, 0));
+        state
+            .current
+            .entries_mut(parent)
+            .expect("dir")
+            .insert(name.into(), ino);
         ino
     }
 
     fn dir(state: &mut State, parent: u64, name: &str) -> u64 {
         let ino = state.next_ino;
         state.next_ino += 1;
-        state.current.inodes.insert(ino, Inode::new(Content::Directory(BTreeMap::new()), 0o755, 0, 0));
-        state.current.entries_mut(parent).expect("dir").insert(name.into(), ino);
+        state.current.inodes.insert(
+            ino,
+            Inode::new(Content::Directory(BTreeMap::new()), 0o755, 0, 0),
+        );
+        state
+            .current
+            .entries_mut(parent)
+            .expect("dir")
+            .insert(name.into(), ino);
         ino
     }
 
@@ -1076,11 +1236,20 @@ mod tests {
         let sub = dir(&mut state, ROOT, "sub");
         let ino = file(&mut state, sub, "a", b"hello");
         state.sync_file(ino).expect("sync");
-        if let Some(Inode { content: Content::File(data), .. }) = state.current.inodes.get_mut(&ino) {
+        if let Some(Inode {
+            content: Content::File(data),
+            ..
+        }) = state.current.inodes.get_mut(&ino)
+        {
             data.extend_from_slice(b" world, not synced");
         }
         state.cut_power();
-        let sub = *state.current.entries(ROOT).expect("root").get(OsStr::new("sub")).expect("sub survives");
+        let sub = *state
+            .current
+            .entries(ROOT)
+            .expect("root")
+            .get(OsStr::new("sub"))
+            .expect("sub survives");
         assert_eq!(data_at(&state, sub, "a"), Some(b"hello".to_vec()));
     }
 

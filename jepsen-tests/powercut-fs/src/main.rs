@@ -48,7 +48,11 @@ fn main() {
             std::process::exit(1);
         }
     };
-    say(&format!("mounted {} pid {}", mountpoint.display(), std::process::id()));
+    say(&format!(
+        "mounted {} pid {}",
+        mountpoint.display(),
+        std::process::id()
+    ));
 
     loop {
         let mut signal: libc::c_int = 0;

@@ -1,0 +1,111 @@
+//! Shared by the integration tests: a type config, deterministic entries, and the child-process
+//! plumbing of the crash and lock tests.
+
+#![allow(dead_code)]
+
+use std::io::Cursor;
+use std::path::Path;
+
+use openraft::CommittedLeaderId;
+use openraft::Entry;
+use openraft::EntryPayload;
+use openraft::LogId;
+use serde::Deserialize;
+use serde::Serialize;
+
+/// The application data of the test config: opaque command bytes, as the node's will be.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command(pub Vec<u8>);
+
+openraft::declare_raft_types!(
+    /// Type config of the tests: u64 node ids, BasicNode, openraft's Entry, `Command` data.
+    pub TestConfig:
+        D = Command,
+        R = (),
+);
+
+pub type Store = cairn_raft_log::LogStore<TestConfig>;
+
+/// A log id of term 1 written by node 0.
+pub fn log_id(index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(1, 0), index)
+}
+
+/// The payload stored at `index`, a pure function of the index so any process can check it.
+pub fn payload_for(index: u64) -> Vec<u8> {
+    let len = 16 + (index % 240) as usize;
+    let mut state = index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+/// A normal entry at `index` carrying `payload_for(index)`.
+pub fn entry(index: u64) -> Entry<TestConfig> {
+    Entry {
+        log_id: log_id(index),
+        payload: EntryPayload::Normal(Command(payload_for(index))),
+    }
+}
+
+/// Checks that `got` is exactly the entry the tests write at `index`.
+pub fn check_entry(index: u64, got: &Entry<TestConfig>) -> Result<(), String> {
+    if got.log_id != log_id(index) {
+        return Err(format!("entry {index} has log id {}", got.log_id));
+    }
+    match &got.payload {
+        EntryPayload::Normal(Command(bytes)) if *bytes == payload_for(index) => Ok(()),
+        other => Err(format!("entry {index} has the wrong payload: {other:?}")),
+    }
+}
+
+/// The FUSE skip rule: returns `true` (and says why, loudly) when FUSE cannot be used here.
+pub fn skip_without_fuse(test: &str) -> bool {
+    match cairn_powercut_fs::fuse_unavailable_reason() {
+        Some(reason) => {
+            println!("SKIPPED {test}: FUSE is unavailable on this machine: {reason}");
+            eprintln!("SKIPPED {test}: FUSE is unavailable on this machine: {reason}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// A random-enough seed for a test run, unless `CAIRN_TEST_SEED` replays one.
+pub fn test_seed() -> u64 {
+    if let Some(seed) = std::env::var("CAIRN_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return seed;
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+/// Re-invokes the current test binary to run only `test_name`, with `envs` set; stdout piped.
+pub fn spawn_self(test_name: &str, envs: &[(&str, String)]) -> std::process::Child {
+    let exe = std::env::current_exe().expect("current test binary");
+    let mut command = std::process::Command::new(exe);
+    command
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    for (key, value) in envs {
+        command.env(key, value);
+    }
+    command.spawn().expect("spawn child test process")
+}
+
+/// Whether `path` exists (for readability in assertions).
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}
