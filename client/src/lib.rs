@@ -1,1 +1,67 @@
-//! (being built; see docs/architecture.md)
+//! # cairn-client
+//!
+//! **Purpose.** The Rust client of a Cairn cluster: [`Client`] makes every
+//! call of the storage contract (`docs/contract.md`: read, write, delete,
+//! list, list by owner, watch) against any node, failing over between
+//! endpoints, following "not leader" hints and applying one deadline per
+//! call; it returns typed errors ([`ClientError`], the contract's kinds) that
+//! say whether the outcome is known ([`Outcome`]). On top of it: the helpers
+//! every controller needs ([`Client::create`], [`Client::create_if_absent`],
+//! [`Client::read_modify_write`], [`Client::delete_current`]); the primed
+//! [`WatchCache`]; the JSON form of resources ([`json`]); and the `cairn`
+//! data commands ([`cli`]).
+//!
+//! **What it must not do.** Retry a write or delete after an attempt whose
+//! outcome is unknown (it could then report "CAS failure" for a write that
+//! applied: see [`client`]'s module docs for the rules); report success
+//! without the node's acknowledgement; classify an error by its message text
+//! (kinds travel in the status details, via `cairn_proto::error::ApiError`);
+//! show a half-filled cache as primed; or hand a cache subscriber a
+//! duplicate or an older version of a resource. It never panics on what a
+//! node or a file sends it.
+//!
+//! **Concurrency model.** A [`Client`] is `Clone + Send + Sync`; clones share
+//! one eagerly connected channel per endpoint (HTTP/2, multiplexed) and the
+//! preferred endpoint, both behind a short `parking_lot` mutex never held
+//! across an await. Each call is a future on the caller's Tokio runtime; the
+//! client spawns nothing. A [`WatchCache`] spawns one task per watched type;
+//! the tasks apply changes under the cache's dispatch lock then its table
+//! lock (always in that order) and run subscriber callbacks under the
+//! dispatch lock only, so readers of the table never wait for a callback.
+//! Dropping the cache aborts its tasks.
+//!
+//! ## Invariants
+//! - A write or delete is sent again only after an attempt that certainly
+//!   did not apply (connect failure, NotLeader, Unavailable answered by a
+//!   node); any other failure after sending is returned with
+//!   [`Outcome::Unknown`].
+//! - Every call ends by its deadline ([`ClientOptions::request_timeout`]),
+//!   failovers and backoff included.
+//! - A created resource always carries a uid (a new ULID when none is given).
+//! - `WatchCache::wait_primed` returns only after every watched type's
+//!   snapshot (up to its EndOfSnapshot) is in the cache.
+//! - For each key, the versions a cache subscriber sees strictly increase
+//!   between deletes, compared as numbers; a change is delivered once.
+//! - A cache's revision for a type never decreases: a snapshot older than
+//!   what the cache already holds is discarded, never applied.
+//! - After a fresh snapshot, a type's cached keys are exactly the snapshot's
+//!   (mark and sweep: a Delete for every key it lacks).
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod client;
+mod error;
+mod helpers;
+pub mod json;
+pub mod watch_cache;
+
+pub use client::{Client, ClientOptions, WatchStream};
+pub use error::{ClientError, Outcome};
+pub use helpers::new_uid;
+pub use watch_cache::{
+    CacheEvent, CacheStats, CacheStatus, ResourceKey, SubscriptionId, WatchCache, WatchCacheOptions, WatchSpec,
+};
+
+/// The generated protobuf types, re-exported for convenience.
+pub use cairn_proto::v1;

@@ -1,0 +1,1006 @@
+//! The `cairn` data commands: `read`, `write`, `delete`, `list`, `owned-by`
+//! and `watch`. The `cairn` binary flattens [`DataCommand`] into its own
+//! subcommands and calls [`run`].
+//!
+//! ## Syntax
+//!
+//! - `--type GROUP.GROUP_VERSION.KIND`, e.g. `catalog.v2.Service`: the last
+//!   dot-separated segment is the kind, the one before it the group version,
+//!   the rest the group (which may itself contain dots). `list` and `watch`
+//!   ignore the group version and also accept `GROUP.KIND`.
+//! - `--tenancy PARTITION/NAMESPACE` (default `default/default`); `list` and
+//!   `watch` accept `*` for either part (`'*/*'` = every tenancy).
+//! - `--endpoints host:port,...` (or `CAIRN_ENDPOINTS`), default the three
+//!   nodes of `cairn dev`.
+//! - `--consistency strong|eventual` (default strong) applies to `read`,
+//!   `list`, and to the reads that `write` and `owned-by` make to fill in a
+//!   uid; `delete` and `write --upsert` always read strongly (their CAS needs
+//!   the latest version), `owned-by` and `watch` are served by one node's
+//!   local state.
+//! - `-o table|json` (default table). JSON is the form of [`crate::json`]:
+//!   `cairn read -o json ... | cairn write --file -` writes back what was read.
+//!
+//! `cairn write` takes either `--file PATH` (`-` = stdin) holding a resource
+//! in JSON, or flags: `--type --name [--uid] [--data-json JSON |
+//! --data-base64 B64] [--data-type-url URL] [--metadata K=V]...
+//! [--owner TYPE/NAME/UID]`. With no `--version` it creates (a ULID uid is
+//! generated when none is given) and fails with exit code 4 if something is
+//! stored; `--version V` replaces version V (compare-and-set); `--upsert`
+//! creates or replaces whatever is stored. The default data type URL is
+//! `type.googleapis.com/GROUP.GROUP_VERSION.KIND`.
+//!
+//! `cairn delete` without `--version` deletes whatever is current (or only
+//! the lifetime `--uid`); with `--version` (and `--uid`, or the stored uid
+//! read first) it deletes only that version. Deleting nothing is success.
+//!
+//! `cairn watch` prints one line per event (a table line, or a JSON object
+//! per line with `-o json`) until Ctrl-C or `--max-events`. When the stream
+//! breaks it re-opens the watch from the last revision it printed, so the
+//! output goes on without gaps or repeats; if the node no longer has that
+//! history it exits with code 1.
+//!
+//! ## Exit codes (shared with the admin commands)
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0 | success |
+//! | 1 | any other error (group version mismatch, history compacted, internal) |
+//! | 2 | usage error or invalid argument |
+//! | 3 | not found |
+//! | 4 | CAS conflict (CasFailure or WrongUid) |
+//! | 5 | unavailable or inconsistent (no node, no leader, no quorum, deadline) |
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use bytes::Bytes;
+use cairn_proto::google::protobuf::Any;
+use cairn_proto::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchEvent, WatchListRequest};
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::error::{ClientError, Outcome};
+use crate::json::{json_payload, payload_as_json, resource_from_json, resource_to_json};
+use crate::{Client, ClientOptions};
+
+/// Exit codes of every `cairn` command.
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const ERROR: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const NOT_FOUND: u8 = 3;
+    pub const CAS_CONFLICT: u8 = 4;
+    pub const UNAVAILABLE: u8 = 5;
+}
+
+/// The exit code of a client error.
+pub fn exit_code(e: &ClientError) -> u8 {
+    match e {
+        ClientError::NotFound => exit::NOT_FOUND,
+        ClientError::CasFailure(_) | ClientError::WrongUid(_) => exit::CAS_CONFLICT,
+        ClientError::Unavailable { .. }
+        | ClientError::Inconsistent { .. }
+        | ClientError::DeadlineExceeded { .. } => exit::UNAVAILABLE,
+        ClientError::InvalidArgument { .. } => exit::USAGE,
+        ClientError::GroupVersionMismatch { .. }
+        | ClientError::WatchClosed(_)
+        | ClientError::Compacted { .. }
+        | ClientError::Internal { .. } => exit::ERROR,
+    }
+}
+
+/// The data commands of `cairn`.
+#[derive(Subcommand, Debug, Clone)]
+pub enum DataCommand {
+    /// Read one resource.
+    Read(ReadArgs),
+    /// Create or replace a resource (create by default; --version for CAS; --upsert).
+    Write(WriteArgs),
+    /// Delete a resource (whatever is current, or exactly --version).
+    Delete(DeleteArgs),
+    /// List the resources of a type.
+    List(ListArgs),
+    /// List the resources owned by one resource.
+    OwnedBy(OwnedByArgs),
+    /// Print the events of a type as they happen, until Ctrl-C.
+    Watch(WatchArgs),
+}
+
+/// Options every data command takes.
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Client addresses of cluster nodes, comma-separated.
+    #[arg(
+        long,
+        env = "CAIRN_ENDPOINTS",
+        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+        value_delimiter = ','
+    )]
+    pub endpoints: Vec<String>,
+    /// Consistency of the reads the command makes.
+    #[arg(long, value_enum, default_value = "strong")]
+    pub consistency: ConsistencyArg,
+    /// PARTITION/NAMESPACE (list and watch accept `*` parts).
+    #[arg(long, default_value = "default/default", value_parser = parse_tenancy)]
+    pub tenancy: Tenancy,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: OutputFormat,
+    /// Deadline of each call to the cluster, failovers included.
+    #[arg(long, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsistencyArg {
+    Strong,
+    Eventual,
+}
+
+impl From<ConsistencyArg> for Consistency {
+    fn from(c: ConsistencyArg) -> Consistency {
+        match c {
+            ConsistencyArg::Strong => Consistency::Strong,
+            ConsistencyArg::Eventual => Consistency::Eventual,
+        }
+    }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReadArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// GROUP.GROUP_VERSION.KIND
+    #[arg(long = "type", value_parser = parse_type)]
+    pub type_: Type,
+    #[arg(long)]
+    pub name: String,
+    /// Read only this lifetime (default: whatever is current).
+    #[arg(long, default_value = "")]
+    pub uid: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WriteArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// A resource in JSON (`-` = stdin); instead of the resource flags.
+    #[arg(short = 'f', long, conflicts_with_all = ["type_", "name", "uid", "data_json", "data_base64", "data_type_url", "metadata", "owner"])]
+    pub file: Option<String>,
+    /// GROUP.GROUP_VERSION.KIND
+    #[arg(long = "type", value_parser = parse_type, required_unless_present = "file")]
+    pub type_: Option<Type>,
+    #[arg(long, required_unless_present = "file")]
+    pub name: Option<String>,
+    /// The resource's uid (default: generated on create, kept on replace).
+    #[arg(long)]
+    pub uid: Option<String>,
+    /// The data as JSON text, stored as compact JSON.
+    #[arg(long, conflicts_with = "data_base64")]
+    pub data_json: Option<String>,
+    /// The data as base64 bytes (for protobuf payloads).
+    #[arg(long)]
+    pub data_base64: Option<String>,
+    /// The data's type URL (default type.googleapis.com/GROUP.GROUP_VERSION.KIND).
+    #[arg(long)]
+    pub data_type_url: Option<String>,
+    /// KEY=VALUE metadata (repeatable).
+    #[arg(long, value_parser = parse_key_value)]
+    pub metadata: Vec<(String, String)>,
+    /// The owner as GROUP.GROUP_VERSION.KIND/NAME/UID, in the same tenancy.
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// Replace only this stored version (compare-and-set).
+    #[arg(long, conflicts_with = "upsert")]
+    pub version: Option<String>,
+    /// Create, or replace whatever is stored.
+    #[arg(long)]
+    pub upsert: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// GROUP.GROUP_VERSION.KIND
+    #[arg(long = "type", value_parser = parse_type)]
+    pub type_: Type,
+    #[arg(long)]
+    pub name: String,
+    /// Delete only this lifetime.
+    #[arg(long, default_value = "")]
+    pub uid: String,
+    /// Delete only this version (compare-and-set).
+    #[arg(long)]
+    pub version: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// GROUP.KIND or GROUP.GROUP_VERSION.KIND (the version is ignored).
+    #[arg(long = "type", value_parser = parse_list_type)]
+    pub type_: Type,
+    /// Only names starting with this.
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct OwnedByArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The owner's GROUP.GROUP_VERSION.KIND.
+    #[arg(long = "type", value_parser = parse_type)]
+    pub type_: Type,
+    /// The owner's name.
+    #[arg(long)]
+    pub name: String,
+    /// The owner's uid (default: the current lifetime's, read first).
+    #[arg(long)]
+    pub uid: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// GROUP.KIND or GROUP.GROUP_VERSION.KIND (the version is ignored).
+    #[arg(long = "type", value_parser = parse_list_type)]
+    pub type_: Type,
+    /// Only names starting with this.
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+    /// Replay the changes after this revision instead of starting with a snapshot.
+    #[arg(long, default_value_t = 0)]
+    pub from_revision: u64,
+    /// Stop after this many events (EndOfSnapshot included); 0 = until Ctrl-C.
+    #[arg(long, default_value_t = 0)]
+    pub max_events: u64,
+}
+
+// ------------------------------------------------------------- parsing ----
+
+/// `GROUP.GROUP_VERSION.KIND`: kind last, version before it, group the rest.
+pub fn parse_type(s: &str) -> Result<Type, String> {
+    let (rest, kind) = s
+        .rsplit_once('.')
+        .ok_or_else(|| format!("{s:?} is not GROUP.GROUP_VERSION.KIND"))?;
+    let (group, group_version) = rest
+        .rsplit_once('.')
+        .ok_or_else(|| format!("{s:?} is not GROUP.GROUP_VERSION.KIND"))?;
+    if group.is_empty() || group_version.is_empty() || kind.is_empty() {
+        return Err(format!("{s:?}: group, group version and kind must not be empty"));
+    }
+    Ok(Type {
+        group: group.into(),
+        group_version: group_version.into(),
+        kind: kind.into(),
+    })
+}
+
+/// `GROUP.KIND` or `GROUP.GROUP_VERSION.KIND`.
+pub fn parse_list_type(s: &str) -> Result<Type, String> {
+    if s.matches('.').count() == 1 {
+        let (group, kind) = s.split_once('.').unwrap_or_default();
+        if group.is_empty() || kind.is_empty() {
+            return Err(format!("{s:?}: group and kind must not be empty"));
+        }
+        return Ok(Type {
+            group: group.into(),
+            group_version: String::new(),
+            kind: kind.into(),
+        });
+    }
+    parse_type(s)
+}
+
+/// `PARTITION/NAMESPACE`; either part may be empty or `*`.
+pub fn parse_tenancy(s: &str) -> Result<Tenancy, String> {
+    let (partition, namespace) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not PARTITION/NAMESPACE"))?;
+    if namespace.contains('/') {
+        return Err(format!("{s:?} is not PARTITION/NAMESPACE (one '/')"));
+    }
+    Ok(Tenancy {
+        partition: partition.into(),
+        namespace: namespace.into(),
+    })
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?}: the key is empty"));
+    }
+    Ok((k.into(), v.into()))
+}
+
+/// `GROUP.GROUP_VERSION.KIND/NAME/UID` (the name may contain '/').
+fn parse_owner(s: &str, tenancy: &Tenancy) -> Result<Id, ClientError> {
+    let bad = || ClientError::invalid("owner", format!("{s:?} is not GROUP.GROUP_VERSION.KIND/NAME/UID"));
+    let (type_text, rest) = s.split_once('/').ok_or_else(bad)?;
+    let (name, uid) = rest.rsplit_once('/').ok_or_else(bad)?;
+    let type_ = parse_type(type_text).map_err(|reason| ClientError::invalid("owner", reason))?;
+    if name.is_empty() {
+        return Err(bad());
+    }
+    Ok(Id {
+        uid: uid.into(),
+        name: name.into(),
+        r#type: Some(type_),
+        tenancy: Some(tenancy.clone()),
+    })
+}
+
+// ------------------------------------------------------------- running ----
+
+/// Runs a data command, printing to stdout and stderr; returns the exit code.
+pub async fn run(command: DataCommand) -> u8 {
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    run_with(command, &mut out, &mut err).await
+}
+
+/// As [`run`], writing to the given streams (for tests and embedding).
+pub async fn run_with(
+    command: DataCommand,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> u8 {
+    match execute(command, out).await {
+        Ok(code) => code,
+        Err(e) => {
+            let note = match e.outcome() {
+                Outcome::Unknown => " (the change may or may not have been applied)",
+                Outcome::NotApplied => "",
+            };
+            // Nothing more useful to do if stderr is gone.
+            let _ = writeln!(err, "error: {e}{note}");
+            exit_code(&e)
+        }
+    }
+}
+
+fn common(command: &DataCommand) -> &CommonArgs {
+    match command {
+        DataCommand::Read(a) => &a.common,
+        DataCommand::Write(a) => &a.common,
+        DataCommand::Delete(a) => &a.common,
+        DataCommand::List(a) => &a.common,
+        DataCommand::OwnedBy(a) => &a.common,
+        DataCommand::Watch(a) => &a.common,
+    }
+}
+
+async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u8, ClientError> {
+    let c = common(&command).clone();
+    if c.timeout_ms == 0 {
+        return Err(ClientError::invalid("timeout-ms", "must be positive"));
+    }
+    let options = ClientOptions {
+        request_timeout: Duration::from_millis(c.timeout_ms),
+        connect_timeout: Duration::from_millis(c.timeout_ms.min(1_000)),
+        ..ClientOptions::default()
+    };
+    let client = Client::new(&c.endpoints, options)?;
+    match command {
+        DataCommand::Read(a) => {
+            let id = Id {
+                uid: a.uid,
+                name: a.name,
+                r#type: Some(a.type_),
+                tenancy: Some(c.tenancy),
+            };
+            let r = client.read(id, c.consistency.into()).await?;
+            print_resources(out, c.output, &[r], None)?;
+        }
+        DataCommand::Write(a) => {
+            let stored = write(&client, &c, a).await?;
+            print_resources(out, c.output, &[stored], None)?;
+        }
+        DataCommand::Delete(a) => {
+            let id = Id {
+                uid: a.uid,
+                name: a.name,
+                r#type: Some(a.type_),
+                tenancy: Some(c.tenancy),
+            };
+            let deleted = match a.version {
+                Some(version) => {
+                    let exact = with_stored_uid(&client, id, c.consistency.into()).await?;
+                    client.delete(exact.clone(), version.clone()).await?;
+                    Some(Resource {
+                        id: Some(exact),
+                        version,
+                        ..Default::default()
+                    })
+                }
+                None => client.delete_current(id).await?,
+            };
+            print_deleted(out, c.output, deleted.as_ref())?;
+        }
+        DataCommand::List(a) => {
+            let listed = client
+                .list(a.type_, c.tenancy, a.prefix, c.consistency.into())
+                .await?;
+            print_resources(out, c.output, &listed.resources, Some(listed.revision))?;
+        }
+        DataCommand::OwnedBy(a) => {
+            let owner = Id {
+                uid: a.uid.unwrap_or_default(),
+                name: a.name,
+                r#type: Some(a.type_),
+                tenancy: Some(c.tenancy),
+            };
+            let owner = if owner.uid.is_empty() {
+                with_stored_uid(&client, owner, c.consistency.into()).await?
+            } else {
+                owner
+            };
+            let listed = client.list_by_owner(owner).await?;
+            print_resources(out, c.output, &listed.resources, Some(listed.revision))?;
+        }
+        DataCommand::Watch(a) => return watch(&client, &c, a, out).await,
+    }
+    Ok(exit::OK)
+}
+
+/// The id with the uid of the stored lifetime, when it has none.
+async fn with_stored_uid(client: &Client, id: Id, consistency: Consistency) -> Result<Id, ClientError> {
+    if !id.uid.is_empty() {
+        return Ok(id);
+    }
+    let stored = match client.read(id.clone(), consistency).await {
+        Ok(r) => r,
+        Err(ClientError::GroupVersionMismatch { stored, .. }) => *stored,
+        Err(e) => return Err(e),
+    };
+    Ok(Id {
+        uid: stored.id.map(|i| i.uid).unwrap_or_default(),
+        ..id
+    })
+}
+
+/// The resource `cairn write` was asked to store.
+fn resource_of(c: &CommonArgs, a: &WriteArgs) -> Result<Resource, ClientError> {
+    if let Some(path) = &a.file {
+        let text = if path == "-" {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|e| ClientError::invalid("file", format!("cannot read stdin: {e}")))?;
+            s
+        } else {
+            std::fs::read_to_string(path)
+                .map_err(|e| ClientError::invalid("file", format!("cannot read {path}: {e}")))?
+        };
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| ClientError::invalid("file", format!("not JSON: {e}")))?;
+        let mut r = resource_from_json(&value)?;
+        if let Some(id) = r.id.as_mut() {
+            if id.tenancy.is_none() {
+                id.tenancy = Some(c.tenancy.clone());
+            }
+        }
+        return Ok(r);
+    }
+    let (Some(type_), Some(name)) = (a.type_.clone(), a.name.clone()) else {
+        return Err(ClientError::invalid("type", "--type and --name are required without --file"));
+    };
+    let type_url = a.data_type_url.clone().unwrap_or_else(|| {
+        format!(
+            "type.googleapis.com/{}.{}.{}",
+            type_.group, type_.group_version, type_.kind
+        )
+    });
+    let data = match (&a.data_json, &a.data_base64) {
+        (Some(text), _) => {
+            let v: Value = serde_json::from_str(text)
+                .map_err(|e| ClientError::invalid("data-json", format!("not JSON: {e}")))?;
+            Some(Any {
+                type_url,
+                value: Bytes::from(json_payload(&v)),
+            })
+        }
+        (None, Some(b64)) => Some(Any {
+            type_url,
+            value: Bytes::from(
+                BASE64
+                    .decode(b64.as_bytes())
+                    .map_err(|e| ClientError::invalid("data-base64", format!("not base64: {e}")))?,
+            ),
+        }),
+        (None, None) => a.data_type_url.clone().map(|type_url| Any {
+            type_url,
+            value: Bytes::new(),
+        }),
+    };
+    let owner = a.owner.as_deref().map(|o| parse_owner(o, &c.tenancy)).transpose()?;
+    Ok(Resource {
+        id: Some(Id {
+            uid: a.uid.clone().unwrap_or_default(),
+            name,
+            r#type: Some(type_),
+            tenancy: Some(c.tenancy.clone()),
+        }),
+        owner,
+        version: String::new(),
+        generation: String::new(),
+        metadata: a.metadata.iter().cloned().collect::<BTreeMap<_, _>>(),
+        status: BTreeMap::new(),
+        data,
+    })
+}
+
+async fn write(client: &Client, c: &CommonArgs, a: WriteArgs) -> Result<Resource, ClientError> {
+    let mut resource = resource_of(c, &a)?;
+    if let Some(version) = &a.version {
+        resource.version = version.clone();
+    }
+    if a.upsert {
+        return upsert(client, resource).await;
+    }
+    if resource.version.is_empty() {
+        return client.create(resource).await;
+    }
+    // A CAS replace: the version pins the state, so taking the stored uid
+    // when none is given cannot replace anything but that version.
+    let id = resource.id.clone().unwrap_or_default();
+    resource.id = Some(with_stored_uid(client, id, c.consistency.into()).await?);
+    client.write(resource).await
+}
+
+/// Creates the resource, or replaces whatever lifetime and version is
+/// stored (keeping its uid unless one is given), retrying CAS conflicts.
+async fn upsert(client: &Client, resource: Resource) -> Result<Resource, ClientError> {
+    let id = resource.id.clone().unwrap_or_default();
+    let any_lifetime = Id {
+        uid: String::new(),
+        ..id.clone()
+    };
+    for _ in 0..client.options().cas_attempts_max {
+        let current = match client.read(any_lifetime.clone(), Consistency::Strong).await {
+            Ok(r) => Some(r),
+            Err(ClientError::GroupVersionMismatch { stored, .. }) => Some(*stored),
+            Err(ClientError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        let mut next = resource.clone();
+        let result = match current {
+            None => {
+                next.version = String::new();
+                client.create(next).await
+            }
+            Some(current) => {
+                next.version = current.version.clone();
+                if id.uid.is_empty() {
+                    let stored_uid = current.id.map(|i| i.uid).unwrap_or_default();
+                    if let Some(next_id) = next.id.as_mut() {
+                        next_id.uid = stored_uid;
+                    }
+                }
+                client.write(next).await
+            }
+        };
+        match result {
+            Err(e) if e.is_cas_conflict() && id.uid.is_empty() => continue,
+            Err(ClientError::CasFailure(_)) => continue,
+            other => return other,
+        }
+    }
+    Err(ClientError::CasFailure(format!(
+        "upsert: still conflicting after {} attempts",
+        client.options().cas_attempts_max
+    )))
+}
+
+// ------------------------------------------------------------- watching ----
+
+async fn watch(
+    client: &Client,
+    c: &CommonArgs,
+    a: WatchArgs,
+    out: &mut (dyn Write + Send),
+) -> Result<u8, ClientError> {
+    let mut request = WatchListRequest {
+        r#type: Some(a.type_.clone()),
+        tenancy: Some(c.tenancy.clone()),
+        name_prefix: a.prefix.clone(),
+        start_revision: a.from_revision,
+    };
+    // The revision from which a re-opened watch continues without gap or
+    // repeat: known once the snapshot ended (or from the start when
+    // replaying from a revision).
+    let mut resume_from = (a.from_revision > 0).then_some(a.from_revision);
+    let mut printed: u64 = 0;
+    if c.output == OutputFormat::Table
+        && writeln!(out, "{:<16} {:>9}  {:<28} {:<24} {:<20} {:>9}  DATA", "EVENT", "REVISION", "TYPE", "NAME", "TENANCY", "VERSION")
+            .and_then(|_| out.flush())
+            .is_err()
+    {
+        return Ok(exit::OK);
+    }
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    let mut stream = client.watch_list(request.clone()).await?;
+    loop {
+        let next = tokio::select! {
+            _ = &mut interrupted => return Ok(exit::OK),
+            next = stream.next() => next,
+        };
+        match next {
+            Some(Ok(event)) => {
+                match &event.event {
+                    Some(watch_event::Event::EndOfSnapshot(_)) => resume_from = Some(event.revision),
+                    Some(watch_event::Event::Upsert(_)) | Some(watch_event::Event::Delete(_))
+                    | Some(watch_event::Event::Progress(_))
+                        if resume_from.is_some() =>
+                    {
+                        resume_from = Some(event.revision)
+                    }
+                    _ => {}
+                }
+                if print_event(out, c.output, &event).is_err() {
+                    // The reader went away (a closed pipe): done.
+                    return Ok(exit::OK);
+                }
+                printed += 1;
+                if a.max_events > 0 && printed >= a.max_events {
+                    return Ok(exit::OK);
+                }
+            }
+            Some(Err(ClientError::Compacted {
+                oldest_retained_revision,
+            })) => {
+                return Err(ClientError::Compacted {
+                    oldest_retained_revision,
+                })
+            }
+            Some(Err(ClientError::WatchClosed(_))) | Some(Err(ClientError::Unavailable { .. })) | None => {
+                request.start_revision = resume_from.unwrap_or(0);
+                if resume_from.is_none() {
+                    // The snapshot was cut short: it starts again.
+                    return Err(ClientError::Unavailable {
+                        message: "the watch broke before its snapshot ended; run it again".into(),
+                        outcome: Outcome::NotApplied,
+                    });
+                }
+                stream = client.watch_list(request.clone()).await?;
+            }
+            Some(Err(e)) => return Err(e),
+        }
+    }
+}
+
+fn print_event(out: &mut (dyn Write + Send), format: OutputFormat, event: &WatchEvent) -> std::io::Result<()> {
+    let (name, resource) = match &event.event {
+        Some(watch_event::Event::Upsert(u)) => ("upsert", u.resource.as_ref()),
+        Some(watch_event::Event::Delete(d)) => ("delete", d.resource.as_ref()),
+        Some(watch_event::Event::EndOfSnapshot(_)) => ("end-of-snapshot", None),
+        Some(watch_event::Event::Progress(_)) => ("progress", None),
+        None => ("unknown", None),
+    };
+    match format {
+        OutputFormat::Json => {
+            let mut v = json!({"event": name, "revision": event.revision});
+            if let (Some(r), Some(map)) = (resource, v.as_object_mut()) {
+                map.insert("resource".into(), resource_to_json(r));
+            }
+            writeln!(out, "{v}")?;
+        }
+        OutputFormat::Table => {
+            let row = resource.map(row_of).unwrap_or_default();
+            let cell = |i: usize| row.get(i).map(String::as_str).unwrap_or("");
+            writeln!(
+                out,
+                "{:<16} {:>9}  {:<28} {:<24} {:<20} {:>9}  {}",
+                name,
+                event.revision,
+                cell(0),
+                cell(1),
+                cell(2),
+                cell(3),
+                cell(6)
+            )?;
+        }
+    }
+    out.flush()
+}
+
+// ------------------------------------------------------------- printing ----
+
+const HEADER: [&str; 7] = ["TYPE", "NAME", "TENANCY", "VERSION", "UID", "OWNER", "DATA"];
+const DATA_CELL_CHARS_MAX: usize = 60;
+
+/// The table cells of a resource, in [`HEADER`] order.
+fn row_of(r: &Resource) -> Vec<String> {
+    let id = r.id.clone().unwrap_or_default();
+    let t = id.r#type.unwrap_or_default();
+    let ten = id.tenancy.unwrap_or_default();
+    let owner = r
+        .owner
+        .as_ref()
+        .map(|o| {
+            let ot = o.r#type.clone().unwrap_or_default();
+            format!("{}.{}.{}/{}", ot.group, ot.group_version, ot.kind, o.name)
+        })
+        .unwrap_or_else(|| "-".into());
+    let data = match &r.data {
+        None => "-".to_string(),
+        Some(any) => match payload_as_json(&any.value) {
+            Some(v) => {
+                let text = v.to_string();
+                if text.chars().count() > DATA_CELL_CHARS_MAX {
+                    let cut: String = text.chars().take(DATA_CELL_CHARS_MAX - 1).collect();
+                    format!("{cut}…")
+                } else {
+                    text
+                }
+            }
+            None => format!("<{} bytes>", any.value.len()),
+        },
+    };
+    vec![
+        format!("{}.{}.{}", t.group, t.group_version, t.kind),
+        id.name,
+        format!("{}/{}", ten.partition, ten.namespace),
+        r.version.clone(),
+        id.uid,
+        owner,
+        data,
+    ]
+}
+
+fn print_resources(
+    out: &mut (dyn Write + Send),
+    format: OutputFormat,
+    resources: &[Resource],
+    revision: Option<u64>,
+) -> Result<(), ClientError> {
+    let written = match (format, revision) {
+        (OutputFormat::Json, None) => resources
+            .iter()
+            .try_for_each(|r| writeln!(out, "{:#}", resource_to_json(r))),
+        (OutputFormat::Json, Some(revision)) => {
+            let list: Vec<Value> = resources.iter().map(resource_to_json).collect();
+            writeln!(out, "{:#}", json!({"revision": revision, "resources": list}))
+        }
+        (OutputFormat::Table, _) => {
+            let rows: Vec<Vec<String>> = resources.iter().map(row_of).collect();
+            write_table(out, &rows)
+        }
+    };
+    written
+        .and_then(|_| out.flush())
+        .map_err(|e| ClientError::Internal {
+            message: format!("cannot write the output: {e}"),
+            outcome: Outcome::NotApplied,
+        })
+}
+
+fn write_table(out: &mut (dyn Write + Send), rows: &[Vec<String>]) -> std::io::Result<()> {
+    let mut widths: Vec<usize> = HEADER.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| -> String {
+        let padded: Vec<String> = cells
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}", w = *w))
+            .collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    writeln!(out, "{}", line(&mut HEADER.iter().copied()))?;
+    for row in rows {
+        writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
+    }
+    Ok(())
+}
+
+fn print_deleted(
+    out: &mut (dyn Write + Send),
+    format: OutputFormat,
+    deleted: Option<&Resource>,
+) -> Result<(), ClientError> {
+    let written = match (format, deleted) {
+        (OutputFormat::Json, Some(r)) => writeln!(out, "{:#}", json!({"deleted": true, "resource": resource_to_json(r)})),
+        (OutputFormat::Json, None) => writeln!(out, "{:#}", json!({"deleted": false})),
+        (OutputFormat::Table, Some(r)) => {
+            let row = row_of(r);
+            writeln!(out, "deleted {} {} in {} (version {}, uid {})", row[0], row[1], row[2], row[3], row[4])
+        }
+        (OutputFormat::Table, None) => writeln!(out, "nothing stored: nothing deleted"),
+    };
+    written
+        .and_then(|_| out.flush())
+        .map_err(|e| ClientError::Internal {
+            message: format!("cannot write the output: {e}"),
+            outcome: Outcome::NotApplied,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    #[command(name = "cairn")]
+    struct TestCli {
+        #[command(subcommand)]
+        command: DataCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<DataCommand, clap::Error> {
+        TestCli::try_parse_from(std::iter::once("cairn").chain(args.iter().copied())).map(|c| c.command)
+    }
+
+    #[test]
+    fn types_parse_with_the_kind_last_and_dotted_groups() {
+        // GROUP.GROUP_VERSION.KIND, the group may contain dots; lists also take GROUP.KIND.
+        let t = parse_type("catalog.v2.Service").unwrap();
+        assert_eq!((t.group.as_str(), t.group_version.as_str(), t.kind.as_str()), ("catalog", "v2", "Service"));
+        let t = parse_type("hashicorp.consul.catalog.v2beta1.Service").unwrap();
+        assert_eq!(t.group, "hashicorp.consul.catalog");
+        assert_eq!(t.group_version, "v2beta1");
+        assert!(parse_type("catalog.Service").is_err());
+        assert!(parse_type("catalog..Service").is_err());
+        assert!(parse_type("Service").is_err());
+        let t = parse_list_type("catalog.Service").unwrap();
+        assert_eq!((t.group.as_str(), t.group_version.as_str()), ("catalog", ""));
+        assert_eq!(parse_list_type("a.v1.K").unwrap().group_version, "v1");
+    }
+
+    #[test]
+    fn tenancy_parses_as_partition_slash_namespace() {
+        // Exactly one '/', parts may be empty or '*'.
+        let t = parse_tenancy("default/ns").unwrap();
+        assert_eq!((t.partition.as_str(), t.namespace.as_str()), ("default", "ns"));
+        let t = parse_tenancy("*/*").unwrap();
+        assert_eq!(t.partition, "*");
+        assert_eq!(parse_tenancy("/").unwrap(), Tenancy::default());
+        assert!(parse_tenancy("default").is_err());
+        assert!(parse_tenancy("a/b/c").is_err());
+    }
+
+    #[test]
+    fn every_command_parses_with_defaults_and_flags() {
+        // The documented syntax parses; defaults are the dev cluster, strong, default/default, table.
+        let DataCommand::Read(r) = parse(&["read", "--type", "g.v1.K", "--name", "n"]).unwrap() else {
+            panic!("read")
+        };
+        assert_eq!(r.common.endpoints.len(), 3);
+        assert_eq!(r.common.consistency, ConsistencyArg::Strong);
+        assert_eq!(r.common.tenancy.partition, "default");
+        assert_eq!(r.common.output, OutputFormat::Table);
+        let DataCommand::Write(w) = parse(&[
+            "write", "--type", "g.v1.K", "--name", "n", "--data-json", "{\"a\":1}", "--metadata", "k=v",
+            "--metadata", "x=y=z", "--endpoints", "a:1,b:2", "-o", "json", "--consistency", "eventual",
+            "--tenancy", "p/ns",
+        ])
+        .unwrap() else {
+            panic!("write")
+        };
+        assert_eq!(w.common.endpoints, vec!["a:1".to_string(), "b:2".to_string()]);
+        assert_eq!(w.metadata, vec![("k".into(), "v".into()), ("x".into(), "y=z".into())]);
+        assert_eq!(w.common.output, OutputFormat::Json);
+        assert!(matches!(parse(&["write", "--file", "-"]).unwrap(), DataCommand::Write(_)));
+        assert!(matches!(
+            parse(&["delete", "--type", "g.v1.K", "--name", "n", "--version", "4"]).unwrap(),
+            DataCommand::Delete(_)
+        ));
+        assert!(matches!(parse(&["list", "--type", "g.K", "--tenancy", "*/*"]).unwrap(), DataCommand::List(_)));
+        assert!(matches!(
+            parse(&["owned-by", "--type", "g.v1.K", "--name", "n", "--uid", "u"]).unwrap(),
+            DataCommand::OwnedBy(_)
+        ));
+        let DataCommand::Watch(w) = parse(&["watch", "--type", "g.K", "--from-revision", "7", "--max-events", "2"]).unwrap()
+        else {
+            panic!("watch")
+        };
+        assert_eq!((w.from_revision, w.max_events), (7, 2));
+    }
+
+    #[test]
+    fn bad_usage_is_a_parse_error() {
+        // Missing required flags, bad syntax and conflicting flags are refused by the parser.
+        for args in [
+            &["read", "--name", "n"][..],
+            &["read", "--type", "g.K", "--name", "n"],
+            &["write", "--name", "n"],
+            &["write", "--file", "x", "--name", "n"],
+            &["write", "--type", "g.v.K", "--name", "n", "--data-json", "1", "--data-base64", "AA=="],
+            &["write", "--type", "g.v.K", "--name", "n", "--version", "3", "--upsert"],
+            &["list", "--type", "g.K", "--tenancy", "nope"],
+            &["list", "--type", "g.K", "--consistency", "linearizable"],
+            &["write", "--type", "g.v.K", "--name", "n", "--metadata", "novalue"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} parsed");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shared_table() {
+        // 3 not found, 4 CAS conflict, 5 unavailable, 2 invalid, 1 the rest.
+        assert_eq!(exit_code(&ClientError::NotFound), 3);
+        assert_eq!(exit_code(&ClientError::CasFailure(String::new())), 4);
+        assert_eq!(exit_code(&ClientError::WrongUid(String::new())), 4);
+        assert_eq!(
+            exit_code(&ClientError::Unavailable {
+                message: String::new(),
+                outcome: Outcome::Unknown
+            }),
+            5
+        );
+        assert_eq!(
+            exit_code(&ClientError::DeadlineExceeded {
+                deadline_ms: 1,
+                detail: String::new(),
+                outcome: Outcome::NotApplied
+            }),
+            5
+        );
+        assert_eq!(exit_code(&ClientError::invalid("f", "r")), 2);
+        assert_eq!(exit_code(&ClientError::WatchClosed(String::new())), 1);
+    }
+
+    #[test]
+    fn flags_build_the_resource_with_a_default_type_url() {
+        // --data-json is stored compactly under type.googleapis.com/GROUP.VERSION.KIND; --owner is parsed.
+        let DataCommand::Write(w) = parse(&[
+            "write", "--type", "g.v1.K", "--name", "n", "--data-json", "{ \"a\" : 1 }", "--owner", "g.v1.P/parent/u9",
+        ])
+        .unwrap() else {
+            panic!("write")
+        };
+        let r = resource_of(&w.common, &w).unwrap();
+        let data = r.data.unwrap();
+        assert_eq!(data.type_url, "type.googleapis.com/g.v1.K");
+        assert_eq!(data.value.as_ref(), br#"{"a":1}"#);
+        let owner = r.owner.unwrap();
+        assert_eq!((owner.name.as_str(), owner.uid.as_str()), ("parent", "u9"));
+        assert_eq!(owner.r#type.unwrap().kind, "P");
+        assert!(parse_owner("g.v1.P/parent", &Tenancy::default()).is_err());
+    }
+
+    #[test]
+    fn a_table_pads_columns_and_truncates_long_data() {
+        // Columns line up under the header; data longer than the cell limit ends with an ellipsis.
+        let r = Resource {
+            id: Some(Id {
+                uid: "u".into(),
+                name: "web".into(),
+                r#type: Some(parse_type("g.v1.K").unwrap()),
+                tenancy: Some(parse_tenancy("default/default").unwrap()),
+            }),
+            version: "12".into(),
+            data: Some(Any {
+                type_url: "t".into(),
+                value: Bytes::from(json_payload(&json!({"k": "x".repeat(100)}))),
+            }),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        print_resources(&mut out, OutputFormat::Table, &[r], None).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("TYPE    NAME  TENANCY"), "{text}");
+        assert!(lines[1].starts_with("g.v1.K  web   default/default  12"), "{text}");
+        assert!(lines[1].ends_with('…'), "{text}");
+    }
+}

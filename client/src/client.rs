@@ -1,0 +1,654 @@
+//! [`Client`]: every call of the contract against any node of a cluster, with
+//! failover, leader hints, deadlines and the retry rules that keep a write's
+//! outcome honest.
+//!
+//! ## Retry rules (why a write is retried only when it certainly did not apply)
+//!
+//! Every write is a compare-and-set. If a write that *did* apply were sent
+//! again, the second attempt would fail with CasFailure (the version moved
+//! on) — and the caller would be told "failed" about a write that happened.
+//! So a write or delete is sent again (to the same or another node) only
+//! after an attempt that certainly did not apply:
+//! - the connection could not be opened (connection refused, connect
+//!   timeout): no byte of the request left this process;
+//! - a node answered NotLeader: a follower refuses before proposing;
+//! - a node answered Unavailable: by the node's contract (`cairn-proto`'s
+//!   error table, "retry elsewhere") it answers that only before the write
+//!   entered the log.
+//!
+//! Every other failure of a write after it may have been sent is returned at
+//! once with [`Outcome::Unknown`]: the deadline passing while waiting for the
+//! answer, the connection dropping, a status without Cairn details, and the
+//! node's own Inconsistent (its commit timeout: the entry may still commit)
+//! or Internal. Reads, lists and watch openings have no effect, so they are
+//! retried after any failure that another node might not have (transport,
+//! Unavailable, NotLeader, Inconsistent) until the deadline.
+//!
+//! ## Deadlines
+//!
+//! One deadline ([`ClientOptions::request_timeout`]) covers a whole call:
+//! connecting, every failover and backoff. Each attempt carries the time left
+//! as its gRPC deadline, so the node stops working on it when the caller
+//! stops waiting.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::resource_service_client::ResourceServiceClient;
+use cairn_proto::v1::{
+    Consistency, DeleteRequest, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
+    ListResponse, ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchEvent,
+    WatchListRequest, WriteRequest,
+};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{classify_status, ClientError, Failure, Outcome};
+
+/// Settings of a [`Client`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// Deadline of one call: connecting, failovers, backoff and the answer.
+    pub request_timeout: Duration,
+    /// How long opening one connection may take.
+    pub connect_timeout: Duration,
+    /// First pause after every endpoint failed in a row; doubles up to
+    /// `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// HTTP/2 pings on idle connections, so a peer that went silent (killed
+    /// machine, partition) is noticed and a watch on it fails over.
+    pub keep_alive_interval: Duration,
+    pub keep_alive_timeout: Duration,
+    /// How many CAS conflicts the helpers ([`Client::read_modify_write`],
+    /// [`Client::delete_current`], [`Client::create_if_absent`]) retry.
+    pub cas_attempts_max: u32,
+}
+
+impl Default for ClientOptions {
+    fn default() -> ClientOptions {
+        ClientOptions {
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(1),
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(500),
+            keep_alive_interval: Duration::from_secs(5),
+            keep_alive_timeout: Duration::from_secs(5),
+            cas_attempts_max: 32,
+        }
+    }
+}
+
+/// A handle on a Cairn cluster. Cheap to clone; clones share connections and
+/// the last known leader. `Send + Sync`.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The configured endpoints as URIs (`http://host:port`), never empty.
+    endpoints: Vec<String>,
+    options: ClientOptions,
+    routing: Mutex<Routing>,
+}
+
+struct Routing {
+    /// The endpoint tried first: the last one that answered successfully (the
+    /// leader after a NotLeader hint was followed).
+    preferred: String,
+    /// One eagerly connected channel per endpoint URI. Evicted after a
+    /// transport failure, so the next attempt reconnects eagerly and a
+    /// connect failure is recognised as such.
+    channels: HashMap<String, Channel>,
+}
+
+/// Whether an operation changes the store (decides what may be retried).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    ReadOnly,
+    Mutating,
+}
+
+/// Turns `host:port` (or a URI) into the URI form used as the channel key.
+pub(crate) fn endpoint_uri(address: &str) -> Result<String, ClientError> {
+    let trimmed = address.trim();
+    if trimmed.is_empty() {
+        return Err(ClientError::invalid("endpoints", "an endpoint is empty"));
+    }
+    let uri = if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
+        trimmed.to_string()
+    } else {
+        format!("http://{trimmed}")
+    };
+    Endpoint::from_shared(uri.clone())
+        .map_err(|e| ClientError::invalid("endpoints", format!("{address:?} is not an address: {e}")))?;
+    Ok(uri)
+}
+
+/// The order in which one call visits endpoints: the preferred one first,
+/// then the configured list round-robin; a leader hint jumps the queue.
+struct Route {
+    endpoints: Vec<String>,
+    /// Position in `endpoints` of the last list entry handed out.
+    position: usize,
+    /// Attempts that failed since the last backoff pause.
+    failures_in_round: usize,
+}
+
+impl Route {
+    fn new(endpoints: &[String], preferred: &str) -> (Route, String) {
+        assert!(!endpoints.is_empty(), "a client has at least one endpoint");
+        let position = endpoints.iter().position(|e| e == preferred);
+        let first = preferred.to_string();
+        let route = Route {
+            endpoints: endpoints.to_vec(),
+            // A preferred address outside the list (a hint) is followed by
+            // the list from its start.
+            position: position.unwrap_or(endpoints.len() - 1),
+            failures_in_round: 0,
+        };
+        (route, first)
+    }
+
+    fn next(&mut self) -> String {
+        self.position = (self.position + 1) % self.endpoints.len();
+        self.endpoints[self.position].clone()
+    }
+
+    /// Counts a failed attempt; true when every endpoint failed since the
+    /// last pause (time to back off).
+    fn failed(&mut self) -> bool {
+        self.failures_in_round += 1;
+        if self.failures_in_round >= self.endpoints.len() {
+            self.failures_in_round = 0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A server stream of watch events from one node.
+pub struct WatchStream {
+    endpoint: String,
+    stream: tonic::Streaming<WatchEvent>,
+}
+
+impl WatchStream {
+    /// The node serving this watch (`http://host:port`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The next event; `None` when the node ended the stream without an
+    /// error. A dropped connection is `Unavailable`; the node ending the
+    /// watch is `WatchClosed`.
+    pub async fn next(&mut self) -> Option<Result<WatchEvent, ClientError>> {
+        match self.stream.message().await {
+            Ok(Some(event)) => Some(Ok(event)),
+            Ok(None) => None,
+            Err(status) => Some(Err(match classify_status(&status) {
+                Failure::Answered(api) => ClientError::from_api(api, Outcome::NotApplied),
+                Failure::NotConnected(m) | Failure::Transport(m) => ClientError::Unavailable {
+                    message: format!("watch stream from {} broke: {m}", self.endpoint),
+                    outcome: Outcome::NotApplied,
+                },
+            })),
+        }
+    }
+}
+
+impl Client {
+    /// A client for the cluster reachable at `endpoints` (`host:port` each),
+    /// with default options. Fails only on invalid endpoints: a cluster that
+    /// is down now is not an error (every call fails over and retries within
+    /// its deadline). Warms a connection to the first reachable endpoint.
+    pub async fn connect<S: AsRef<str>>(endpoints: &[S]) -> Result<Client, ClientError> {
+        Client::connect_with(endpoints, ClientOptions::default()).await
+    }
+
+    /// As [`Client::connect`], with options.
+    pub async fn connect_with<S: AsRef<str>>(
+        endpoints: &[S],
+        options: ClientOptions,
+    ) -> Result<Client, ClientError> {
+        let client = Client::new(endpoints, options)?;
+        let deadline = Instant::now() + client.inner.options.connect_timeout;
+        for endpoint in &client.inner.endpoints {
+            if client.channel(endpoint, deadline).await.is_ok() {
+                client.inner.routing.lock().preferred = endpoint.clone();
+                break;
+            }
+        }
+        Ok(client)
+    }
+
+    /// A client that connects on first use (no I/O here).
+    pub fn new<S: AsRef<str>>(endpoints: &[S], options: ClientOptions) -> Result<Client, ClientError> {
+        if endpoints.is_empty() {
+            return Err(ClientError::invalid("endpoints", "at least one endpoint is required"));
+        }
+        if options.request_timeout.is_zero() || options.connect_timeout.is_zero() {
+            return Err(ClientError::invalid("options", "timeouts must be positive"));
+        }
+        let mut uris: Vec<String> = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            let uri = endpoint_uri(e.as_ref())?;
+            if !uris.contains(&uri) {
+                uris.push(uri);
+            }
+        }
+        let preferred = uris[0].clone();
+        Ok(Client {
+            inner: Arc::new(Inner {
+                endpoints: uris,
+                options,
+                routing: Mutex::new(Routing {
+                    preferred,
+                    channels: HashMap::new(),
+                }),
+            }),
+        })
+    }
+
+    /// The options this client was built with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.options
+    }
+
+    /// The configured endpoints, as URIs.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// Reads one resource (contract: Read). An empty `id.uid` reads whatever
+    /// lifetime is current.
+    pub async fn read(&self, id: Id, consistency: Consistency) -> Result<Resource, ClientError> {
+        let response = self
+            .read_request(ReadRequest {
+                id: Some(id),
+                consistency: consistency as i32,
+                revision: 0,
+            })
+            .await?;
+        response
+            .resource
+            .ok_or_else(|| unexpected("a read answer without a resource"))
+    }
+
+    /// Read with every field of the request (a past revision, too); the
+    /// answer carries the revision it reflects.
+    pub async fn read_request(&self, request: ReadRequest) -> Result<ReadResponse, ClientError> {
+        self.call(Effect::ReadOnly, move |mut c, remaining| {
+            let mut r = tonic::Request::new(request.clone());
+            r.set_timeout(remaining);
+            async move { c.read(r).await }
+        })
+        .await
+    }
+
+    /// Writes `resource` as a compare-and-set: `resource.version` is the
+    /// version expected to be stored ("" = create). Returns the stored
+    /// resource with its new version.
+    pub async fn write(&self, resource: Resource) -> Result<Resource, ClientError> {
+        let response = self
+            .call(Effect::Mutating, move |mut c, remaining| {
+                let mut r = tonic::Request::new(WriteRequest {
+                    resource: Some(resource.clone()),
+                });
+                r.set_timeout(remaining);
+                async move { c.write(r).await }
+            })
+            .await?;
+        response
+            .resource
+            .ok_or_else(|| ClientError::Internal {
+                message: "a write answer without a resource".into(),
+                // The node acknowledged the write: it applied.
+                outcome: Outcome::Unknown,
+            })
+    }
+
+    /// Deletes the lifetime `id.uid` of a resource if its stored version is
+    /// `version`. Nothing stored, or another lifetime stored: success, nothing
+    /// deleted. Returns the revision at which the delete was applied.
+    pub async fn delete(&self, id: Id, version: impl Into<String>) -> Result<u64, ClientError> {
+        let request = DeleteRequest {
+            id: Some(id),
+            version: version.into(),
+        };
+        let response = self
+            .call(Effect::Mutating, move |mut c, remaining| {
+                let mut r = tonic::Request::new(request.clone());
+                r.set_timeout(remaining);
+                async move { c.delete(r).await }
+            })
+            .await?;
+        Ok(response.revision)
+    }
+
+    /// Lists every resource of an unversioned type (group + kind) whose
+    /// tenancy matches (`*` = any) and whose name starts with `name_prefix`.
+    pub async fn list(
+        &self,
+        type_: Type,
+        tenancy: Tenancy,
+        name_prefix: impl Into<String>,
+        consistency: Consistency,
+    ) -> Result<ListResponse, ClientError> {
+        self.list_request(ListRequest {
+            r#type: Some(type_),
+            tenancy: Some(tenancy),
+            name_prefix: name_prefix.into(),
+            consistency: consistency as i32,
+            revision: 0,
+        })
+        .await
+    }
+
+    /// List with every field of the request (a past revision, too).
+    pub async fn list_request(&self, request: ListRequest) -> Result<ListResponse, ClientError> {
+        self.call(Effect::ReadOnly, move |mut c, remaining| {
+            let mut r = tonic::Request::new(request.clone());
+            r.set_timeout(remaining);
+            async move { c.list(r).await }
+        })
+        .await
+    }
+
+    /// Every resource owned by exactly `owner` (uid included). Served by the
+    /// node's local state.
+    pub async fn list_by_owner(&self, owner: Id) -> Result<ListByOwnerResponse, ClientError> {
+        let request = ListByOwnerRequest { owner: Some(owner) };
+        self.call(Effect::ReadOnly, move |mut c, remaining| {
+            let mut r = tonic::Request::new(request.clone());
+            r.set_timeout(remaining);
+            async move { c.list_by_owner(r).await }
+        })
+        .await
+    }
+
+    /// Opens a watch (contract: WatchList) on the first node that accepts it.
+    /// The deadline bounds the opening only; the stream lasts until the node
+    /// ends it or the connection drops.
+    pub async fn watch_list(&self, request: WatchListRequest) -> Result<WatchStream, ClientError> {
+        let (stream, endpoint) = self
+            .call_at(Effect::ReadOnly, move |mut c, _remaining| {
+                // No gRPC deadline: it would end the stream.
+                let r = tonic::Request::new(request.clone());
+                async move { c.watch_list(r).await }
+            })
+            .await?;
+        Ok(WatchStream {
+            endpoint,
+            stream: stream.into_inner(),
+        })
+    }
+
+    /// Makes the next call start at the endpoint after `endpoint` (used when a
+    /// node served something unusable, such as a stale snapshot).
+    pub fn avoid(&self, endpoint: &str) {
+        let endpoints = &self.inner.endpoints;
+        let position = endpoints.iter().position(|e| e == endpoint);
+        let next = match position {
+            Some(i) => endpoints[(i + 1) % endpoints.len()].clone(),
+            None => endpoints[0].clone(),
+        };
+        self.inner.routing.lock().preferred = next;
+    }
+
+    /// Runs one call with failover; see the module docs for the rules.
+    async fn call<T, F, Fut>(&self, effect: Effect, attempt: F) -> Result<T, ClientError>
+    where
+        F: FnMut(ResourceServiceClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Answer<T>>,
+    {
+        self.call_at(effect, attempt)
+            .await
+            .map(|(response, _)| response.into_inner())
+    }
+
+    /// As [`Client::call`], also returning the endpoint that answered.
+    async fn call_at<T, F, Fut>(
+        &self,
+        effect: Effect,
+        mut attempt: F,
+    ) -> Result<(tonic::Response<T>, String), ClientError>
+    where
+        F: FnMut(ResourceServiceClient<Channel>, Duration) -> Fut,
+        Fut: Future<Output = Answer<T>>,
+    {
+        let options = &self.inner.options;
+        let deadline_ms = u64::try_from(options.request_timeout.as_millis()).unwrap_or(u64::MAX);
+        let deadline = Instant::now() + options.request_timeout;
+        let preferred = self.inner.routing.lock().preferred.clone();
+        let (mut route, mut target) = Route::new(&self.inner.endpoints, &preferred);
+        let mut backoff = options.backoff_initial;
+        // What to report if the deadline passes between attempts: every
+        // attempt so far certainly did not apply.
+        let mut last = String::from("no endpoint tried");
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClientError::DeadlineExceeded {
+                    deadline_ms,
+                    detail: last,
+                    outcome: Outcome::NotApplied,
+                });
+            }
+            let remaining = deadline - now;
+            let channel = match self.channel(&target, deadline).await {
+                Ok(channel) => channel,
+                Err(message) => {
+                    // Nothing was sent: safe to try elsewhere.
+                    last = message;
+                    target = route.next();
+                    if route.failed() {
+                        pause(&mut backoff, options.backoff_max, deadline).await;
+                    }
+                    continue;
+                }
+            };
+            let answer = tokio::time::timeout(
+                remaining,
+                attempt(ResourceServiceClient::new(channel), remaining),
+            )
+            .await;
+            let status = match answer {
+                Ok(Ok(response)) => {
+                    self.inner.routing.lock().preferred = target.clone();
+                    return Ok((response, target));
+                }
+                Ok(Err(status)) => status,
+                Err(_elapsed) => {
+                    // The request was sent and no answer came: a write may
+                    // still apply.
+                    return Err(ClientError::DeadlineExceeded {
+                        deadline_ms,
+                        detail: format!("waiting for {target}"),
+                        outcome: unsure(effect),
+                    });
+                }
+            };
+            match classify_status(&status) {
+                Failure::Answered(ApiError::NotLeader { hint }) => {
+                    // A follower refused before proposing: definitely not
+                    // applied. Go to the leader it names, else to the next
+                    // node (an election may be under way: pause per round).
+                    last = format!("{target} is not the leader");
+                    let hinted = hint
+                        .client_address
+                        .as_deref()
+                        .and_then(|a| endpoint_uri(a).ok())
+                        .filter(|a| *a != target);
+                    let no_hint = hinted.is_none();
+                    target = hinted.unwrap_or_else(|| route.next());
+                    if route.failed() || no_hint {
+                        pause(&mut backoff, options.backoff_max, deadline).await;
+                    }
+                }
+                Failure::Answered(ApiError::Unavailable(message)) => {
+                    // The node could not serve and says so before applying
+                    // anything: another node may.
+                    last = format!("{target}: {message}");
+                    target = route.next();
+                    if route.failed() {
+                        pause(&mut backoff, options.backoff_max, deadline).await;
+                    }
+                }
+                Failure::Answered(ApiError::Inconsistent(message)) if effect == Effect::ReadOnly => {
+                    // This node cannot confirm the read now (no quorum on its
+                    // side of a partition?); another node may.
+                    last = format!("{target}: {message}");
+                    target = route.next();
+                    if route.failed() {
+                        pause(&mut backoff, options.backoff_max, deadline).await;
+                    }
+                }
+                Failure::Answered(api) => {
+                    // A verdict. For a write, Inconsistent (the node's commit
+                    // timeout) and Internal leave the outcome open.
+                    return Err(ClientError::from_api(api, unsure(effect)));
+                }
+                Failure::NotConnected(message) => {
+                    self.evict(&target);
+                    last = format!("{target}: {message}");
+                    target = route.next();
+                    if route.failed() {
+                        pause(&mut backoff, options.backoff_max, deadline).await;
+                    }
+                }
+                Failure::Transport(message) => {
+                    self.evict(&target);
+                    if effect == Effect::Mutating {
+                        // The request may have reached the node before the
+                        // connection failed.
+                        return Err(ClientError::Unavailable {
+                            message: format!("{target}: {message}"),
+                            outcome: Outcome::Unknown,
+                        });
+                    }
+                    last = format!("{target}: {message}");
+                    target = route.next();
+                    if route.failed() {
+                        pause(&mut backoff, options.backoff_max, deadline).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The cached channel to `uri`, or a new eagerly connected one (bounded by
+    /// the connect timeout and the call's deadline). `Err` = not connected,
+    /// nothing sent.
+    async fn channel(&self, uri: &str, deadline: Instant) -> Result<Channel, String> {
+        if let Some(channel) = self.inner.routing.lock().channels.get(uri) {
+            return Ok(channel.clone());
+        }
+        let options = &self.inner.options;
+        let endpoint = Endpoint::from_shared(uri.to_string())
+            .map_err(|e| format!("{uri}: {e}"))?
+            .connect_timeout(options.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(options.keep_alive_interval)
+            .keep_alive_timeout(options.keep_alive_timeout)
+            .keep_alive_while_idle(true);
+        let limit = deadline
+            .saturating_duration_since(Instant::now())
+            .min(options.connect_timeout);
+        match tokio::time::timeout(limit, endpoint.connect()).await {
+            Ok(Ok(channel)) => {
+                self.inner
+                    .routing
+                    .lock()
+                    .channels
+                    .insert(uri.to_string(), channel.clone());
+                Ok(channel)
+            }
+            Ok(Err(e)) => Err(format!("cannot connect to {uri}: {}", error_chain(&e))),
+            Err(_) => Err(format!("cannot connect to {uri} within {} ms", limit.as_millis())),
+        }
+    }
+
+    fn evict(&self, uri: &str) {
+        self.inner.routing.lock().channels.remove(uri);
+    }
+}
+
+/// What one attempt returns.
+type Answer<T> = Result<tonic::Response<T>, tonic::Status>;
+
+fn unsure(effect: Effect) -> Outcome {
+    match effect {
+        Effect::ReadOnly => Outcome::NotApplied,
+        Effect::Mutating => Outcome::Unknown,
+    }
+}
+
+fn unexpected(what: &str) -> ClientError {
+    ClientError::Internal {
+        message: what.to_string(),
+        outcome: Outcome::NotApplied,
+    }
+}
+
+/// Sleeps `backoff` (never past the deadline) and doubles it up to `max`.
+async fn pause(backoff: &mut Duration, max: Duration, deadline: Instant) {
+    let wake = (Instant::now() + *backoff).min(deadline);
+    tokio::time::sleep_until(wake).await;
+    *backoff = (*backoff * 2).min(max);
+}
+
+/// "outer: inner: innermost" for an error and its sources.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut current = error.source();
+    while let Some(e) = current {
+        let s = e.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        current = e.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_normalised_to_uris_and_bad_ones_rejected() {
+        // host:port gains http://; a URI stays; empty and garbage are InvalidArgument.
+        assert_eq!(endpoint_uri("127.0.0.1:7001").ok(), Some("http://127.0.0.1:7001".into()));
+        assert_eq!(endpoint_uri(" http://h:1 ").ok(), Some("http://h:1".into()));
+        assert!(matches!(endpoint_uri(""), Err(ClientError::InvalidArgument { .. })));
+        assert!(matches!(endpoint_uri("a b:c"), Err(ClientError::InvalidArgument { .. })));
+        assert!(matches!(
+            Client::new::<&str>(&[], ClientOptions::default()),
+            Err(ClientError::InvalidArgument { .. })
+        ));
+    }
+
+    #[test]
+    fn a_route_starts_at_the_preferred_endpoint_and_cycles_the_list() {
+        // Preferred first, then the list round-robin; a full round of failures asks for a pause.
+        let list: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let (mut route, first) = Route::new(&list, "b");
+        assert_eq!(first, "b");
+        assert_eq!(route.next(), "c");
+        assert_eq!(route.next(), "a");
+        assert!(!route.failed());
+        assert!(!route.failed());
+        assert!(route.failed());
+        let (mut route, first) = Route::new(&list, "hint");
+        assert_eq!(first, "hint");
+        assert_eq!(route.next(), "a");
+    }
+}

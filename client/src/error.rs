@@ -1,0 +1,298 @@
+//! The client's one error enum, and how a failed attempt is classified.
+//!
+//! Every error says whether the operation's outcome is known ([`Outcome`]):
+//! a linearizability checker records a definite failure as `fail` and an
+//! unknown one as `info` (it may or may not have taken effect).
+
+use std::error::Error as StdError;
+use std::io::ErrorKind as IoErrorKind;
+
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::{ErrorDetails, ErrorKind, Resource, Type};
+use prost::Message;
+
+/// Whether a failed operation may have taken effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Certainly not applied: the store rejected it (CAS failure, not found,
+    /// invalid argument...), or no node that could apply it ever received it
+    /// (connection refused, "not leader", an Unavailable answered before the
+    /// write entered the log). Reads and lists always fail this way: they have
+    /// no effect to be unsure about.
+    NotApplied,
+    /// May or may not have been applied, now or later: a write or delete was
+    /// sent and the answer was lost (deadline, connection dropped, the node's
+    /// own commit timeout). Callers must not assume either way; re-read to
+    /// find out (a create can be recognised by the uid it carried).
+    Unknown,
+}
+
+impl Outcome {
+    /// Whether the outcome is known (the operation certainly did not apply).
+    pub fn is_definite(self) -> bool {
+        self == Outcome::NotApplied
+    }
+}
+
+/// Every way a client call can fail. The kinds are the contract's (section 2);
+/// the cluster-level kinds (`Inconsistent`, `Unavailable`, `DeadlineExceeded`,
+/// `Internal`) carry an [`Outcome`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientError {
+    /// Nothing stored at the key, or the requested uid is not the stored one.
+    #[error("not found")]
+    NotFound,
+    /// The expected version is not the stored one.
+    #[error("CAS failure: {0}")]
+    CasFailure(String),
+    /// A write whose uid differs from the stored uid (an empty uid included).
+    #[error("wrong uid: {0}")]
+    WrongUid(String),
+    /// A read asked for another group version; carries the stored resource.
+    #[error(
+        "group version mismatch: requested {:?}, stored {:?}",
+        requested.group_version,
+        stored.id.as_ref().and_then(|id| id.r#type.as_ref()).map(|t| t.group_version.as_str()).unwrap_or("")
+    )]
+    GroupVersionMismatch {
+        requested: Type,
+        stored: Box<Resource>,
+    },
+    /// The consistency asked for cannot be met now (no quorum, leadership not
+    /// confirmed, or the node's own commit deadline passed on a write).
+    #[error("inconsistent: {message}")]
+    Inconsistent { message: String, outcome: Outcome },
+    /// The server ended a watch (restore, lagging consumer, shutdown): re-list.
+    #[error("watch closed: {0}")]
+    WatchClosed(String),
+    /// A read or watch asked for a revision older than the retained history.
+    #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
+    Compacted { oldest_retained_revision: u64 },
+    /// Malformed input; `field` is dotted (`resource.id.name`), or names the
+    /// client setting at fault (`endpoints`).
+    #[error("invalid argument {field}: {reason}")]
+    InvalidArgument { field: String, reason: String },
+    /// No endpoint could serve the call: every one was unreachable, or no
+    /// leader was known, or the connection dropped.
+    #[error("unavailable: {message}")]
+    Unavailable { message: String, outcome: Outcome },
+    /// The call's deadline passed before an answer arrived.
+    #[error("deadline of {deadline_ms} ms exceeded ({detail})")]
+    DeadlineExceeded {
+        deadline_ms: u64,
+        detail: String,
+        outcome: Outcome,
+    },
+    /// A bug or an unexpected answer (a status from something that is not a
+    /// Cairn node, an undecodable response).
+    #[error("internal error: {message}")]
+    Internal { message: String, outcome: Outcome },
+}
+
+impl ClientError {
+    /// Whether the operation may have taken effect. Only the cluster-level
+    /// kinds can be [`Outcome::Unknown`]; the store's verdicts are definite.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ClientError::Inconsistent { outcome, .. }
+            | ClientError::Unavailable { outcome, .. }
+            | ClientError::DeadlineExceeded { outcome, .. }
+            | ClientError::Internal { outcome, .. } => *outcome,
+            _ => Outcome::NotApplied,
+        }
+    }
+
+    /// CasFailure or WrongUid: someone else's write won.
+    pub fn is_cas_conflict(&self) -> bool {
+        matches!(self, ClientError::CasFailure(_) | ClientError::WrongUid(_))
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ClientError {
+        ClientError::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Maps a node's verdict to the client's kind. `NotLeader` is followed by
+    /// the retry loop and only surfaces here when it gave up: Unavailable.
+    pub(crate) fn from_api(error: ApiError, outcome_if_unsure: Outcome) -> ClientError {
+        match error {
+            ApiError::NotFound => ClientError::NotFound,
+            ApiError::CasFailure(m) => ClientError::CasFailure(m),
+            ApiError::WrongUid(m) => ClientError::WrongUid(m),
+            ApiError::GroupVersionMismatch { requested, stored } => {
+                ClientError::GroupVersionMismatch { requested, stored }
+            }
+            ApiError::Inconsistent(message) => ClientError::Inconsistent {
+                message,
+                outcome: outcome_if_unsure,
+            },
+            ApiError::Unavailable(message) => ClientError::Unavailable {
+                message,
+                outcome: outcome_if_unsure,
+            },
+            ApiError::NotLeader { hint } => ClientError::Unavailable {
+                message: format!(
+                    "no leader reachable (last hint: {})",
+                    hint.client_address.as_deref().unwrap_or("none")
+                ),
+                outcome: Outcome::NotApplied,
+            },
+            ApiError::WatchClosed(m) => ClientError::WatchClosed(m),
+            ApiError::Compacted {
+                oldest_retained_revision,
+            } => ClientError::Compacted {
+                oldest_retained_revision,
+            },
+            ApiError::InvalidArgument { field, reason } => {
+                ClientError::InvalidArgument { field, reason }
+            }
+            ApiError::Internal(message) => ClientError::Internal {
+                message,
+                outcome: outcome_if_unsure,
+            },
+        }
+    }
+}
+
+/// What one failed attempt tells the retry loop.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Failure {
+    /// A Cairn node answered with this verdict (the status carried Cairn
+    /// error details), so the request reached a node and was decided there.
+    Answered(ApiError),
+    /// No connection could be established: nothing was sent.
+    NotConnected(String),
+    /// The transport failed after the request may have been sent (connection
+    /// reset, stream error, a status without Cairn details).
+    Transport(String),
+}
+
+/// Classifies a status returned by a call.
+pub(crate) fn classify_status(status: &tonic::Status) -> Failure {
+    if carries_cairn_details(status) {
+        return Failure::Answered(ApiError::from_status(status));
+    }
+    let text = format!("{:?}: {}", status.code(), status.message());
+    match StdError::source(status) {
+        Some(source) if is_connect_failure(source) => Failure::NotConnected(text),
+        _ => Failure::Transport(text),
+    }
+}
+
+/// Whether the status was produced by a Cairn node (its details name a kind),
+/// rather than by the transport, a proxy, or a foreign server.
+pub(crate) fn carries_cairn_details(status: &tonic::Status) -> bool {
+    !status.details().is_empty()
+        && ErrorDetails::decode(status.details())
+            .map(|d| d.kind() != ErrorKind::Unspecified)
+            .unwrap_or(false)
+}
+
+/// Whether an error chain holds an I/O error that can only happen while
+/// opening a TCP connection, before any byte of a request is sent.
+pub(crate) fn is_connect_failure(error: &(dyn StdError + 'static)) -> bool {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(e) = current {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                IoErrorKind::ConnectionRefused
+                    | IoErrorKind::AddrNotAvailable
+                    | IoErrorKind::NetworkUnreachable
+                    | IoErrorKind::HostUnreachable
+            ) {
+                return true;
+            }
+        }
+        current = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use cairn_proto::error::LeaderHint;
+
+    #[test]
+    fn store_verdicts_are_definite_and_cluster_kinds_carry_the_given_outcome() {
+        // The store's own answers never leave the outcome open; cluster-level ones do.
+        for api in [
+            ApiError::NotFound,
+            ApiError::CasFailure("x".into()),
+            ApiError::WrongUid("x".into()),
+            ApiError::invalid("f", "r"),
+            ApiError::WatchClosed("restore".into()),
+            ApiError::Compacted {
+                oldest_retained_revision: 3,
+            },
+        ] {
+            let e = ClientError::from_api(api, Outcome::Unknown);
+            assert_eq!(e.outcome(), Outcome::NotApplied, "{e:?}");
+        }
+        for api in [
+            ApiError::Inconsistent("x".into()),
+            ApiError::Unavailable("x".into()),
+            ApiError::Internal("x".into()),
+        ] {
+            let e = ClientError::from_api(api.clone(), Outcome::Unknown);
+            assert_eq!(e.outcome(), Outcome::Unknown, "{e:?}");
+            let e = ClientError::from_api(api, Outcome::NotApplied);
+            assert!(e.outcome().is_definite());
+        }
+        let e = ClientError::from_api(
+            ApiError::NotLeader {
+                hint: LeaderHint::default(),
+            },
+            Outcome::Unknown,
+        );
+        assert!(matches!(e, ClientError::Unavailable { outcome: Outcome::NotApplied, .. }));
+    }
+
+    #[test]
+    fn cas_conflict_covers_cas_failure_and_wrong_uid_only() {
+        // Exit code 4 and the CAS retry loops rely on exactly these two kinds.
+        assert!(ClientError::CasFailure(String::new()).is_cas_conflict());
+        assert!(ClientError::WrongUid(String::new()).is_cas_conflict());
+        assert!(!ClientError::NotFound.is_cas_conflict());
+    }
+
+    #[test]
+    fn a_status_with_cairn_details_is_an_answer_and_one_without_is_transport() {
+        // Only statuses carrying Cairn details count as a node's verdict.
+        let answered = tonic::Status::from(ApiError::Unavailable("shutting down".into()));
+        assert!(matches!(
+            classify_status(&answered),
+            Failure::Answered(ApiError::Unavailable(_))
+        ));
+        let bare = tonic::Status::unavailable("connection reset");
+        assert!(matches!(classify_status(&bare), Failure::Transport(_)));
+        let garbage =
+            tonic::Status::with_details(tonic::Code::Unavailable, "x", Bytes::from_static(&[0xff, 0x01]));
+        assert!(matches!(classify_status(&garbage), Failure::Transport(_)));
+    }
+
+    #[test]
+    fn connection_refused_in_the_chain_is_a_connect_failure() {
+        // ECONNREFUSED can only happen before a request is sent; a reset can happen after.
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "wrapped")
+            }
+        }
+        impl StdError for Wrapper {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let refused = Wrapper(std::io::Error::from(IoErrorKind::ConnectionRefused));
+        assert!(is_connect_failure(&refused));
+        let reset = Wrapper(std::io::Error::from(IoErrorKind::ConnectionReset));
+        assert!(!is_connect_failure(&reset));
+    }
+}
