@@ -53,6 +53,12 @@
 //!   empty log) is refused with [`LogError::NonContiguousAppend`] before anything is written.
 //!   Entries at or below the purge point are not stored (the snapshot covers them); an append
 //!   starting at or below `last` replaces the tail from its first index.
+//! - The watermark file never exceeds the durable last log index (it is written after each
+//!   durability point and lowered durably before a truncation); on open, a log ending below it
+//!   has lost durable entries (sled drops everything after a damaged record) and is reported
+//!   as corrupt, naming the first missing index.
+//! - Entries at or below a durable purge point found on open (a crash between the purge point
+//!   and the deletion) are deleted before verification.
 //! - The committed log id, when present, is `<=` the last log id on open
 //!   (it is written after its entries, through the same ordered channel).
 
@@ -62,6 +68,7 @@ mod error;
 mod lock;
 mod store;
 pub mod test_hooks;
+mod watermark;
 mod writer;
 
 pub use engine::LogEngine;

@@ -29,6 +29,7 @@ use tokio::sync::oneshot;
 use crate::codec;
 use crate::engine::LogEngine;
 use crate::engine::SledEngine;
+use crate::watermark::Watermark;
 use crate::writer::Request;
 use crate::writer::Writer;
 use crate::writer::META_COMMITTED;
@@ -128,12 +129,15 @@ where
         lock: DirLock,
         engine: Arc<dyn LogEngine>,
     ) -> Result<LogStore<C>, LogError> {
-        let verified = verify::<C>(engine.as_ref())?;
+        let (watermark, watermark_index) = Watermark::open(lock.dir())?;
+        finish_interrupted_purge::<C>(engine.as_ref())?;
+        let verified = verify::<C>(engine.as_ref(), watermark_index)?;
         let (requests, receiver) = mpsc::channel();
         let writer = Writer::new(
             Arc::clone(&engine),
             verified.last_index,
             verified.purged_index,
+            watermark,
         );
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".to_string())
@@ -419,8 +423,28 @@ where
     Ok(entries)
 }
 
-/// Reads and checks everything on disk once, at open.
-fn verify<C>(engine: &dyn LogEngine) -> Result<Verified, LogError>
+/// Deletes entries at or below a durable purge point: left over when a crash came between the
+/// purge point becoming durable and the deletion becoming durable.
+fn finish_interrupted_purge<C: RaftTypeConfig>(engine: &dyn LogEngine) -> Result<(), LogError> {
+    let purged: Option<LogId<C::NodeId>> = read_meta(engine, META_PURGED)?;
+    let Some(purged) = purged else { return Ok(()) };
+    if let Some((first, _)) = engine.first_entry()? {
+        if first <= purged.index {
+            tracing::info!(
+                first,
+                purged = purged.index,
+                "finishing a purge interrupted by a crash"
+            );
+            engine.delete_entries_through(purged.index)?;
+            engine.sync()?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks everything on disk once, at open. `watermark_index` is a lower bound of
+/// the last log index that was durable before (see `watermark.rs`).
+fn verify<C>(engine: &dyn LogEngine, watermark_index: Option<u64>) -> Result<Verified, LogError>
 where
     C: RaftTypeConfig,
     C::Entry: DeserializeOwned,
@@ -488,6 +512,17 @@ where
         }
     }
     let last_log_index = last_index.or(purged_index);
+    if let Some(watermark_index) = watermark_index {
+        if last_log_index.is_none_or(|last| last < watermark_index) {
+            let first_missing = last_log_index.map(|last| last + 1).unwrap_or(0);
+            return Err(LogError::Corrupt {
+                index: first_missing,
+                reason: format!(
+                    "entries {first_missing}..={watermark_index} were durable but are gone: the storage engine dropped them while recovering (its log is damaged)"
+                ),
+            });
+        }
+    }
     if let Some(committed) = &committed {
         if last_log_index.is_none_or(|last| committed.index > last) {
             return Err(LogError::Corrupt {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::engine::LogEngine;
+use crate::watermark::Watermark;
 use crate::LogError;
 
 /// Called once the entries of an append are durable (`Ok`) or can no longer become durable
@@ -88,6 +89,8 @@ pub(crate) struct Writer {
     purged_index: Option<u64>,
     /// Set after a failed write or sync: the on-disk state is unknown.
     poisoned: Option<String>,
+    /// Lower bound of the durable last log index, for detecting silent engine data loss.
+    watermark: Watermark,
 }
 
 impl Writer {
@@ -95,6 +98,7 @@ impl Writer {
         engine: Arc<dyn LogEngine>,
         last_index: Option<u64>,
         purged_index: Option<u64>,
+        watermark: Watermark,
     ) -> Writer {
         if let (Some(last), Some(purged)) = (last_index, purged_index) {
             assert!(
@@ -107,6 +111,7 @@ impl Writer {
             last_index,
             purged_index,
             poisoned: None,
+            watermark,
         }
     }
 
@@ -144,7 +149,17 @@ impl Writer {
         let result = match &self.poisoned {
             Some(reason) => Err(reason.clone()),
             None => match self.engine.sync() {
-                Ok(()) => Ok(()),
+                Ok(()) => {
+                    // After the durability point, never before: the watermark must not claim
+                    // more than is durable.
+                    if let Err(error) = self
+                        .watermark
+                        .advance(self.last_index.or(self.purged_index))
+                    {
+                        tracing::warn!(%error, "cannot advance the raft log watermark");
+                    }
+                    Ok(())
+                }
                 Err(error) => {
                     self.poison(&error);
                     Err(error.to_string())
@@ -220,6 +235,12 @@ impl Writer {
                 waiters.push(Waiter::Callback(on_durable));
             }
             Request::Truncate { from_index, done } => {
+                // The watermark comes down (durably) before the entries go.
+                if let Err(error) = self.watermark.lower_durably(from_index.checked_sub(1)) {
+                    self.poison(&error);
+                    let _ = done.send(Err(error));
+                    return;
+                }
                 if let Err(error) = self.engine.delete_entries_from(from_index) {
                     self.poison(&error);
                     let _ = done.send(Err(error));

@@ -44,7 +44,10 @@ fn crash_child_process_entry() {
     let Ok(dir) = std::env::var(CHILD_DIR_ENV) else {
         return;
     };
-    let seed: u64 = std::env::var(CHILD_SEED_ENV).ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let seed: u64 = std::env::var(CHILD_SEED_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let options = LogOptions {
         unsafe_skip_fsync_for_tests: std::env::var(CHILD_SKIP_FSYNC_ENV).is_ok(),
     };
@@ -63,9 +66,14 @@ fn crash_child_process_entry() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         println!("READY {next_index}");
         loop {
-            let permit = Arc::clone(&in_flight).acquire_owned().await.expect("semaphore");
+            let permit = Arc::clone(&in_flight)
+                .acquire_owned()
+                .await
+                .expect("semaphore");
             let count: u64 = rng.random_range(1..=16);
-            let entries: Vec<_> = (next_index..next_index + count).map(common::entry).collect();
+            let entries: Vec<_> = (next_index..next_index + count)
+                .map(common::entry)
+                .collect();
             let last_index = next_index + count - 1;
             let acked_by_callback = Arc::clone(&acked);
             store
@@ -87,7 +95,10 @@ fn crash_child_process_entry() {
             if rng.random_range(0..20) == 0 && acked_index > purged_index + 64 {
                 let through = acked_index - 32;
                 println!("PURGE {through}");
-                store.purge_through(&common::log_id(through)).await.expect("purge");
+                store
+                    .purge_through(&common::log_id(through))
+                    .await
+                    .expect("purge");
                 purged_index = through;
             }
             if rng.random_range(0..10) == 0 {
@@ -109,7 +120,12 @@ struct ChildReport {
 }
 
 /// Reads the child's stdout on a thread until it closes.
-fn read_child_stdout(child: &mut Child) -> (std::thread::JoinHandle<ChildReport>, std::sync::mpsc::Receiver<()>) {
+fn read_child_stdout(
+    child: &mut Child,
+) -> (
+    std::thread::JoinHandle<ChildReport>,
+    std::sync::mpsc::Receiver<()>,
+) {
     let stdout = child.stdout.take().expect("piped stdout");
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
@@ -119,7 +135,9 @@ fn read_child_stdout(child: &mut Child) -> (std::thread::JoinHandle<ChildReport>
             // libtest may print "test name ... " before our first line: look at word pairs.
             let words: Vec<&str> = line.split_whitespace().collect();
             for pair in words.windows(2) {
-                let Ok(index) = pair[1].parse::<u64>() else { continue };
+                let Ok(index) = pair[1].parse::<u64>() else {
+                    continue;
+                };
                 match pair[0] {
                     "READY" => {
                         report.ready = true;
@@ -138,7 +156,13 @@ fn read_child_stdout(child: &mut Child) -> (std::thread::JoinHandle<ChildReport>
 
 /// Runs one child on `dir`, kills it with SIGKILL after a random delay, and returns what it
 /// acknowledged. `after_kill` runs once the child is dead (e.g. the power cut).
-fn run_child_round(dir: &Path, seed: u64, skip_fsync: bool, kill_after: Duration, after_kill: impl FnOnce()) -> ChildReport {
+fn run_child_round(
+    dir: &Path,
+    seed: u64,
+    skip_fsync: bool,
+    kill_after: Duration,
+    after_kill: impl FnOnce(),
+) -> ChildReport {
     let mut envs = vec![
         (CHILD_DIR_ENV, dir.display().to_string()),
         (CHILD_SEED_ENV, seed.to_string()),
@@ -157,12 +181,19 @@ fn run_child_round(dir: &Path, seed: u64, skip_fsync: bool, kill_after: Duration
     let status = child.wait().expect("wait for child");
     after_kill();
     let report = reader.join().expect("stdout reader");
-    assert!(ready_in_time && report.ready, "child never became ready (status {status})");
+    assert!(
+        ready_in_time && report.ready,
+        "child never became ready (status {status})"
+    );
     report
 }
 
 /// Reopens the store and checks every acknowledged entry above the purge point.
-fn verify_acknowledged(dir: &Path, acked_index_max: u64, purge_index_max: u64) -> Result<(), String> {
+fn verify_acknowledged(
+    dir: &Path,
+    acked_index_max: u64,
+    purge_index_max: u64,
+) -> Result<(), String> {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         let store = Store::open(dir, LogOptions::default()).map_err(|e| format!("reopen failed: {e}"))?;
@@ -211,7 +242,10 @@ fn crash_rounds(test: &str, dir: &Path, cut: impl Fn()) {
             acked_index_max
         );
     }
-    assert!(acked_index_max > 0, "{test}: no entry was ever acknowledged");
+    assert!(
+        acked_index_max > 0,
+        "{test}: no entry was ever acknowledged"
+    );
     println!("{test}: {ROUNDS} rounds in {:?}", started.elapsed());
 }
 
@@ -236,7 +270,10 @@ fn power_cut_at_random_moments_loses_no_acknowledged_entry() {
     crash_rounds("power_cut", &store_dir, || fs.cut_power());
     let stats = fs.stats();
     assert_eq!(stats.power_cuts, ROUNDS);
-    assert!(stats.file_syncs > 0, "the store never fsynced a file: {stats:?}");
+    assert!(
+        stats.file_syncs > 0,
+        "the store never fsynced a file: {stats:?}"
+    );
     fs.unmount().expect("unmount");
 }
 
@@ -256,13 +293,22 @@ fn power_cut_test_detects_a_store_that_skips_fsync() {
     for round in 0..ROUNDS {
         let store_dir = dir.path().join(format!("log-{round}"));
         let kill_after = Duration::from_millis(rng.random_range(50..400));
-        let report = run_child_round(&store_dir, seed.wrapping_add(round), true, kill_after, || fs.cut_power());
+        let report = run_child_round(
+            &store_dir,
+            seed.wrapping_add(round),
+            true,
+            kill_after,
+            || fs.cut_power(),
+        );
         if report.acked_index_max == 0 {
             println!("skip_fsync: round {round}: nothing acknowledged before the kill");
             continue;
         }
         match verify_acknowledged(&store_dir, report.acked_index_max, report.purge_index_max) {
-            Ok(()) => println!("skip_fsync: round {round}: {} acknowledged, none lost", report.acked_index_max),
+            Ok(()) => println!(
+                "skip_fsync: round {round}: {} acknowledged, none lost",
+                report.acked_index_max
+            ),
             Err(problem) => {
                 println!("skip_fsync: round {round}: data loss detected: {problem}");
                 detected.push(round);
@@ -272,6 +318,9 @@ fn power_cut_test_detects_a_store_that_skips_fsync() {
             }
         }
     }
-    assert!(!detected.is_empty(), "skipping fsync lost nothing in {ROUNDS} power cuts: the power-cut test does not bite");
+    assert!(
+        !detected.is_empty(),
+        "skipping fsync lost nothing in {ROUNDS} power cuts: the power-cut test does not bite"
+    );
     fs.unmount().expect("unmount");
 }
