@@ -1,4 +1,3 @@
-fn main() {
-    eprintln!("cairn: the node is not built yet");
-    std::process::exit(2);
+fn main() -> std::process::ExitCode {
+    cairn_node::cli::main()
 }

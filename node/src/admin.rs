@@ -1,0 +1,242 @@
+//! `AdminService`: cluster status, membership changes and leader transfer.
+//!
+//! Membership changes must run on the leader; elsewhere they answer NotLeader
+//! with the leader's address, which `cairn` follows.
+//!
+//! Leader transfer (openraft 0.9 has none): the leader checks the target has
+//! every entry of its log, pauses its own heartbeats and elections, waits out
+//! the followers' leader lease, then asks the target to campaign at once. The
+//! target, with a complete log, wins a term the old leader then joins as a
+//! follower. Safety never depends on this dance (elections are ordinary Raft
+//! elections); only which node wins does. Heartbeats resume whatever happens.
+
+use std::time::Duration;
+
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::admin_service_client::AdminServiceClient;
+use cairn_proto::v1::admin_service_server::AdminService;
+use cairn_proto::v1::{self as pb};
+use tonic::{Request, Response, Status};
+
+use crate::raft::{NodeInfo, RaftHandle};
+
+pub struct Admin {
+    pub raft: RaftHandle,
+    pub election_timeout: Duration,
+}
+
+impl Admin {
+    pub async fn status(&self) -> pb::StatusResponse {
+        let commit_index = self.raft.committed_index().await;
+        let s = self.raft.status();
+        let leader = s.leader_id;
+        let role = |id: u64, voter: bool| -> String {
+            if Some(id) == leader {
+                "leader".into()
+            } else if !voter {
+                "learner".into()
+            } else if id == s.node_id {
+                s.state.clone()
+            } else {
+                "follower".into()
+            }
+        };
+        let mut members = Vec::new();
+        for (voter, map) in [(true, &s.voters), (false, &s.learners)] {
+            for (id, node) in map.iter() {
+                members.push(pb::Member {
+                    id: *id,
+                    peer_address: node.peer_address.clone(),
+                    client_address: node.client_address.clone(),
+                    role: role(*id, voter),
+                    voter,
+                    last_contact_ms: -1,
+                    matched_index: s.matched.get(id).copied().unwrap_or(0),
+                });
+            }
+        }
+        pb::StatusResponse {
+            node_id: s.node_id,
+            cluster_id: self.raft.identity.cluster_id(),
+            leader_id: leader.unwrap_or(0),
+            term: s.term,
+            commit_index,
+            applied_index: s.applied_index,
+            last_log_index: s.last_log_index,
+            snapshot_index: s.snapshot_index,
+            purged_index: s.purged_index,
+            members,
+            state: s.state,
+            resource_count: self.raft.store.view().len() as u64,
+        }
+    }
+
+    async fn membership(
+        &self,
+        index: Result<u64, ApiError>,
+    ) -> Result<pb::MembershipResponse, ApiError> {
+        let log_index = index?;
+        Ok(pb::MembershipResponse {
+            log_index,
+            status: Some(self.status().await),
+        })
+    }
+
+    pub async fn transfer_leader(&self, to: u64) -> Result<pb::MembershipResponse, ApiError> {
+        if !self.raft.is_leader() {
+            return Err(ApiError::NotLeader {
+                hint: self.raft.leader(),
+            });
+        }
+        let status = self.raft.status();
+        let me = self.raft.node_id;
+        let target = if to != 0 {
+            if to == me {
+                return Ok(pb::MembershipResponse {
+                    log_index: 0,
+                    status: Some(self.status().await),
+                });
+            }
+            if !status.voters.contains_key(&to) {
+                return Err(ApiError::invalid("to", format!("node {to} is not a voter")));
+            }
+            to
+        } else {
+            status
+                .voters
+                .keys()
+                .filter(|id| **id != me)
+                .max_by_key(|id| status.matched.get(id).copied().unwrap_or(0))
+                .copied()
+                .ok_or_else(|| {
+                    ApiError::invalid("to", "there is no other voter to hand leadership to")
+                })?
+        };
+        let node: NodeInfo = status.voters[&target].clone();
+        // 1. The target must hold every entry we have.
+        let caught_up = async {
+            loop {
+                let s = self.raft.status();
+                if s.matched.get(&target).copied().unwrap_or(0) >= s.last_log_index {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        if tokio::time::timeout(self.election_timeout, caught_up)
+            .await
+            .is_err()
+        {
+            return Err(ApiError::Unavailable(format!(
+                "node {target} did not catch up with the leader's log in time"
+            )));
+        }
+        // 2. Go quiet so the followers' leases lapse, then 3. let the target campaign.
+        self.raft.set_heartbeats(false);
+        let result = async {
+            tokio::time::sleep(self.election_timeout * 6 / 10 + Duration::from_millis(50)).await;
+            let mut client = AdminServiceClient::connect(format!("http://{}", node.client_address))
+                .await
+                .map_err(|e| ApiError::Unavailable(format!("cannot reach node {target}: {e}")))?;
+            client
+                .trigger_election(pb::TriggerElectionRequest {})
+                .await
+                .map_err(ApiError::from)?;
+            let deadline = tokio::time::Instant::now() + self.election_timeout * 3;
+            while tokio::time::Instant::now() < deadline {
+                let leader = self.raft.status().leader_id;
+                if leader.is_some() && leader != Some(me) {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(ApiError::Unavailable(format!(
+                "node {target} did not become leader in time"
+            )))
+        }
+        .await;
+        self.raft.set_heartbeats(true);
+        result?;
+        Ok(pb::MembershipResponse {
+            log_index: 0,
+            status: Some(self.status().await),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for Admin {
+    async fn status(
+        &self,
+        _: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        Ok(Response::new(Admin::status(self).await))
+    }
+
+    async fn add_learner(
+        &self,
+        r: Request<pb::AddLearnerRequest>,
+    ) -> Result<Response<pb::MembershipResponse>, Status> {
+        let r = r.into_inner();
+        if r.id == 0 {
+            return Err(ApiError::invalid("id", "must be positive").into());
+        }
+        for (field, address) in [
+            ("peer_address", &r.peer_address),
+            ("client_address", &r.client_address),
+        ] {
+            if address.parse::<std::net::SocketAddr>().is_err() {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("{address:?} is not an IP:port address"),
+                )
+                .into());
+            }
+        }
+        let node = NodeInfo {
+            peer_address: r.peer_address,
+            client_address: r.client_address,
+        };
+        Ok(Response::new(
+            self.membership(self.raft.add_learner(r.id, node).await)
+                .await?,
+        ))
+    }
+
+    async fn promote(
+        &self,
+        r: Request<pb::PromoteRequest>,
+    ) -> Result<Response<pb::MembershipResponse>, Status> {
+        Ok(Response::new(
+            self.membership(self.raft.promote(r.into_inner().id).await)
+                .await?,
+        ))
+    }
+
+    async fn remove_member(
+        &self,
+        r: Request<pb::RemoveMemberRequest>,
+    ) -> Result<Response<pb::MembershipResponse>, Status> {
+        Ok(Response::new(
+            self.membership(self.raft.remove(r.into_inner().id).await)
+                .await?,
+        ))
+    }
+
+    async fn transfer_leader(
+        &self,
+        r: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::MembershipResponse>, Status> {
+        Ok(Response::new(
+            self.transfer_leader(r.into_inner().to).await?,
+        ))
+    }
+
+    async fn trigger_election(
+        &self,
+        _: Request<pb::TriggerElectionRequest>,
+    ) -> Result<Response<pb::TriggerElectionResponse>, Status> {
+        self.raft.trigger_election().await?;
+        Ok(Response::new(pb::TriggerElectionResponse {}))
+    }
+}

@@ -1,0 +1,306 @@
+//! `cairn agent`: one node. Tasks (all on one tokio runtime):
+//!
+//! - openraft's core, log writer and state-machine tasks (inside `raft`);
+//! - the peer gRPC server (Raft RPCs, forwarding) and the client gRPC server
+//!   (resources, admin, health, reflection);
+//! - the bootstrap or join task (once, at start);
+//! - the health task: flips the gRPC health status to SERVING once a leader is
+//!   known and this node has applied everything committed when it started;
+//! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop.
+//!
+//! Channels: the servers reach Raft only through `RaftHandle`; watch streams
+//! read from the fsm's bounded per-watch buffers.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::admin_service_client::AdminServiceClient;
+use cairn_proto::v1::admin_service_server::AdminServiceServer;
+use cairn_proto::v1::resource_service_server::ResourceServiceServer;
+use cairn_proto::v1::{self as pb};
+use tokio::sync::watch;
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
+use crate::service::{LocalBackend, ResourceApi, ResourceGrpc};
+
+/// Largest client message accepted (a resource is bounded far below this).
+pub const CLIENT_MESSAGE_BYTES_MAX: usize = 32 * 1024 * 1024;
+
+pub fn limits(config: &Config) -> cairn_fsm::Limits {
+    cairn_fsm::Limits {
+        resource_bytes_max: config.resource_bytes_max,
+        history_changes_max: config.history_changes_max,
+        watch_buffer_events: config.watch_buffer_events,
+        ..Default::default()
+    }
+}
+
+/// A running node; dropped or shut down by [`Agent::shutdown`].
+pub struct Agent {
+    pub raft: RaftHandle,
+    stop: watch::Sender<bool>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+    _lock: cairn_raft_log::DirLock,
+}
+
+async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr: SocketAddr = address.parse()?;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {address}"))
+}
+
+impl Agent {
+    pub async fn start(config: Config) -> anyhow::Result<Agent> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+        let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
+            .with_context(|| format!("data dir {}", config.data_dir.display()))?;
+        let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
+        let settings = RaftSettings {
+            election_timeout_ms: config.election_timeout_ms,
+            heartbeat_interval_ms: config.heartbeat_interval_ms,
+            snapshot_log_entries: config.snapshot_log_entries,
+            snapshot_chunk_bytes: config.snapshot_chunk_bytes,
+            max_payload_entries: 64,
+        };
+        let limits = Arc::new(limits(&config));
+        let raft = RaftHandle::start(
+            config.node_id,
+            &config.data_dir,
+            &settings,
+            (*limits).clone(),
+            identity.clone(),
+        )
+        .await?;
+
+        let peer_listener = bind(&config.peer_address).await?;
+        let client_listener = bind(&config.client_address).await?;
+        let (stop, stopped) = watch::channel(false);
+        let mut servers = Vec::new();
+
+        // Peer port.
+        let peer_router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(5)))
+            .add_service(raft.rpc_service());
+        servers.push(serve(peer_router, peer_listener, stopped.clone(), "peer"));
+
+        // Client port.
+        let request_timeout = Duration::from_millis(config.request_timeout_ms);
+        let api = Arc::new(ResourceApi::new(
+            raft.store.clone(),
+            limits.clone(),
+            Arc::new(LocalBackend { raft: raft.clone() }),
+            request_timeout,
+        ));
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_not_serving::<ResourceServiceServer<ResourceGrpc>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let admin = Admin {
+            raft: raft.clone(),
+            election_timeout: Duration::from_millis(config.election_timeout_ms),
+        };
+        let client_router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(
+                ResourceServiceServer::new(ResourceGrpc(api))
+                    .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
+                    .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
+            )
+            .add_service(AdminServiceServer::new(admin))
+            .add_service(health_service)
+            .add_service(reflection);
+        servers.push(serve(
+            client_router,
+            client_listener,
+            stopped.clone(),
+            "client",
+        ));
+
+        let self_info = NodeInfo {
+            peer_address: config.peer_address.clone(),
+            client_address: config.client_address.clone(),
+        };
+        if let Some(join) = config.join.clone() {
+            let raft = raft.clone();
+            tokio::spawn(async move {
+                if let Err(e) = join_cluster(&raft, &join, self_info).await {
+                    tracing::error!(error = %e, "joining the cluster failed");
+                    eprintln!("cairn: joining the cluster through {join} failed: {e}");
+                }
+            });
+        } else {
+            bootstrap(&raft, &config).await?;
+        }
+
+        let health_raft = raft.clone();
+        tokio::spawn(async move {
+            let committed_at_start = health_raft.committed_index().await;
+            loop {
+                let s = health_raft.status();
+                if s.leader_id.is_some() && s.applied_index >= committed_at_start {
+                    health_reporter
+                        .set_serving::<ResourceServiceServer<ResourceGrpc>>()
+                        .await;
+                    health_reporter
+                        .set_service_status("", tonic_health::ServingStatus::Serving)
+                        .await;
+                    tracing::info!(applied = s.applied_index, "serving");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+
+        Ok(Agent {
+            raft,
+            stop,
+            servers,
+            _lock: lock,
+        })
+    }
+
+    /// Graceful stop: a leader hands off first (bounded), then servers and Raft stop.
+    /// Membership never changes on shutdown.
+    pub async fn shutdown(self, election_timeout: Duration) {
+        if self.raft.is_leader() && self.raft.status().voters.len() > 1 {
+            let admin = Admin {
+                raft: self.raft.clone(),
+                election_timeout,
+            };
+            match tokio::time::timeout(election_timeout * 5, admin.transfer_leader(0)).await {
+                Ok(Ok(_)) => tracing::info!("handed leadership off before stopping"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not hand leadership off"),
+                Err(_) => tracing::warn!("leadership hand-off timed out"),
+            }
+        }
+        let _ = self.stop.send(true);
+        for s in self.servers {
+            let _ = tokio::time::timeout(Duration::from_secs(2), s).await;
+        }
+        self.raft.shutdown().await;
+    }
+}
+
+fn serve(
+    router: tonic::transport::server::Router,
+    listener: tokio::net::TcpListener,
+    mut stopped: watch::Receiver<bool>,
+    name: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        if let Err(e) = router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+        {
+            tracing::error!(server = name, error = %e, "server failed");
+        }
+    })
+}
+
+/// Static bootstrap: the member with the lowest id initializes the cluster,
+/// once. A node whose log already holds a membership never initializes again.
+async fn bootstrap(raft: &RaftHandle, config: &Config) -> anyhow::Result<()> {
+    let initializer = config.members.iter().map(|m| m.id).min();
+    if initializer != Some(config.node_id) || raft.is_initialized().await {
+        return Ok(());
+    }
+    if raft.identity.cluster_id().is_empty() {
+        raft.identity
+            .set(&format!("{:032x}", rand::random::<u128>()))?;
+    }
+    let members: BTreeMap<u64, NodeInfo> = config
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.id,
+                NodeInfo {
+                    peer_address: m.peer_address.clone(),
+                    client_address: m.client_address.clone(),
+                },
+            )
+        })
+        .collect();
+    if raft.initialize(members).await? {
+        tracing::info!(cluster_id = %raft.identity.cluster_id(), "initialized a new cluster");
+    }
+    Ok(())
+}
+
+/// Calls an admin RPC at `address`, following NotLeader hints to the leader.
+pub async fn at_leader<T, F, Fut>(address: &str, mut call: F) -> Result<T, ApiError>
+where
+    F: FnMut(AdminServiceClient<tonic::transport::Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut target = address.to_string();
+    let mut last = ApiError::Unavailable(format!("no answer from {address}"));
+    for _ in 0..20 {
+        let client = match AdminServiceClient::connect(format!("http://{target}")).await {
+            Ok(c) => c,
+            Err(e) => {
+                last = ApiError::Unavailable(format!("cannot reach {target}: {e}"));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                target = address.to_string();
+                continue;
+            }
+        };
+        match call(client).await.map_err(ApiError::from) {
+            Ok(v) => return Ok(v),
+            Err(ApiError::NotLeader { hint }) => {
+                if let Some(leader) = hint.client_address {
+                    target = leader;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                last = ApiError::NotLeader {
+                    hint: Default::default(),
+                };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
+async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<(), ApiError> {
+    if raft.is_initialized().await {
+        return Ok(()); // already a member: a restart of a joined node
+    }
+    let id = raft.node_id;
+    at_leader(address, |mut c| {
+        let me = me.clone();
+        async move {
+            c.add_learner(pb::AddLearnerRequest {
+                id,
+                peer_address: me.peer_address,
+                client_address: me.client_address,
+            })
+            .await
+        }
+    })
+    .await?;
+    at_leader(address, |mut c| async move {
+        c.promote(pb::PromoteRequest { id }).await
+    })
+    .await?;
+    tracing::info!(id, "joined the cluster as a voter");
+    Ok(())
+}

@@ -1,0 +1,454 @@
+//! The `cairn` command line: `agent` runs a node, `dev` a local cluster, and
+//! the admin commands talk to a running cluster.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::{self as pb};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::agent::{at_leader, Agent};
+use crate::config::{parse_members, Config, LogFormat};
+
+#[derive(Parser)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Cairn: a Raft-replicated resource store"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one node.
+    Agent(AgentArgs),
+    /// Run a local cluster of child processes on loopback (Ctrl-C stops it).
+    Dev(crate::dev::DevArgs),
+    /// Show the cluster's members, leader, term and indices.
+    Status(StatusArgs),
+    /// Change the cluster's membership.
+    #[command(subcommand)]
+    Member(MemberCommand),
+    /// Hand leadership to another voter (the most up-to-date one by default).
+    TransferLeader(TransferArgs),
+}
+
+#[derive(Args, Default)]
+struct AgentArgs {
+    /// TOML configuration file; flags and CAIRN_* variables override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    node_id: Option<u64>,
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long)]
+    client_address: Option<String>,
+    #[arg(long)]
+    peer_address: Option<String>,
+    /// Initial members: ID=PEER_ADDR/CLIENT_ADDR,... (the same on every node).
+    #[arg(long)]
+    members: Option<String>,
+    /// Join a running cluster through this node's client address.
+    #[arg(long)]
+    join: Option<String>,
+    #[arg(long)]
+    election_timeout_ms: Option<u64>,
+    #[arg(long)]
+    heartbeat_interval_ms: Option<u64>,
+    #[arg(long)]
+    snapshot_log_entries: Option<u64>,
+    #[arg(long)]
+    history_changes_max: Option<usize>,
+    #[arg(long)]
+    log_level: Option<String>,
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormatArg>,
+    #[arg(long)]
+    metrics_address: Option<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+pub struct Endpoints {
+    /// Client addresses of cluster nodes, comma-separated.
+    #[arg(
+        long,
+        env = "CAIRN_ENDPOINTS",
+        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+        value_delimiter = ','
+    )]
+    pub endpoints: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum, Default, PartialEq, Eq)]
+pub enum Output {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    endpoints: Endpoints,
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: Output,
+}
+
+#[derive(Subcommand)]
+enum MemberCommand {
+    /// Add a node as a non-voting learner; waits until it has caught up.
+    AddLearner {
+        #[arg(long)]
+        id: u64,
+        #[arg(long)]
+        peer_address: String,
+        #[arg(long)]
+        client_address: String,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
+    /// Make a learner a voter.
+    Promote {
+        id: u64,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
+    /// Remove a member (voter or learner).
+    Remove {
+        id: u64,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
+}
+
+#[derive(Args)]
+struct TransferArgs {
+    /// The voter to hand leadership to (default: the most up-to-date one).
+    #[arg(long, default_value_t = 0)]
+    to: u64,
+    #[command(flatten)]
+    endpoints: Endpoints,
+}
+
+/// Exit codes shared by every command.
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const ERROR: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const NOT_FOUND: u8 = 3;
+    pub const CAS_CONFLICT: u8 = 4;
+    pub const UNAVAILABLE: u8 = 5;
+}
+
+pub fn exit_code_of(e: &ApiError) -> u8 {
+    match e {
+        ApiError::NotFound => exit::NOT_FOUND,
+        ApiError::CasFailure(_) | ApiError::WrongUid(_) => exit::CAS_CONFLICT,
+        ApiError::Unavailable(_) | ApiError::Inconsistent(_) | ApiError::NotLeader { .. } => {
+            exit::UNAVAILABLE
+        }
+        ApiError::InvalidArgument { .. } => exit::USAGE,
+        _ => exit::ERROR,
+    }
+}
+
+pub fn init_logging(level: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime")
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Agent(args) => run_agent(args),
+        Command::Dev(args) => crate::dev::run(args),
+        Command::Status(args) => runtime().block_on(status(args)),
+        Command::Member(m) => runtime().block_on(member(m)),
+        Command::TransferLeader(t) => runtime().block_on(async move {
+            let to = t.to;
+            report(first_endpoint(&t.endpoints), |address| async move {
+                at_leader(&address, |mut c| async move {
+                    c.transfer_leader(pb::TransferLeaderRequest { to }).await
+                })
+                .await
+            })
+            .await
+        }),
+    };
+    ExitCode::from(code)
+}
+
+fn first_endpoint(e: &Endpoints) -> String {
+    e.endpoints
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "127.0.0.1:7001".into())
+}
+
+async fn report<F, Fut>(address: String, f: F) -> u8
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<pb::MembershipResponse>, ApiError>>,
+{
+    match f(address).await {
+        Ok(r) => {
+            let r = r.into_inner();
+            if let Some(s) = r.status {
+                print_status(&s);
+            }
+            exit::OK
+        }
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            exit_code_of(&e)
+        }
+    }
+}
+
+fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
+    let mut m = serde_json::Map::new();
+    let mut put = |k: &str, v: serde_json::Value| {
+        m.insert(k.to_string(), v);
+    };
+    if let Some(v) = a.node_id {
+        put("node_id", v.into())
+    }
+    if let Some(v) = &a.data_dir {
+        put("data_dir", v.display().to_string().into())
+    }
+    if let Some(v) = &a.client_address {
+        put("client_address", v.clone().into())
+    }
+    if let Some(v) = &a.peer_address {
+        put("peer_address", v.clone().into())
+    }
+    if let Some(v) = &a.members {
+        let members =
+            parse_members(v).map_err(|e| format!("configuration field `members`: {e}"))?;
+        put(
+            "members",
+            serde_json::to_value(members).map_err(|e| e.to_string())?,
+        )
+    }
+    if let Some(v) = &a.join {
+        put("join", v.clone().into())
+    }
+    if let Some(v) = a.election_timeout_ms {
+        put("election_timeout_ms", v.into())
+    }
+    if let Some(v) = a.heartbeat_interval_ms {
+        put("heartbeat_interval_ms", v.into())
+    }
+    if let Some(v) = a.snapshot_log_entries {
+        put("snapshot_log_entries", v.into())
+    }
+    if let Some(v) = a.history_changes_max {
+        put("history_changes_max", v.into())
+    }
+    if let Some(v) = &a.log_level {
+        put("log_level", v.clone().into())
+    }
+    if let Some(v) = a.log_format {
+        put(
+            "log_format",
+            match v {
+                LogFormatArg::Text => "text",
+                LogFormatArg::Json => "json",
+            }
+            .into(),
+        )
+    }
+    if let Some(v) = &a.metrics_address {
+        put("metrics_address", v.clone().into())
+    }
+    Ok(serde_json::Value::Object(m))
+}
+
+fn run_agent(args: AgentArgs) -> u8 {
+    let flags = match flags_of(&args) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            return exit::USAGE;
+        }
+    };
+    let config = match Config::load(
+        args.config.as_deref(),
+        figment::providers::Serialized::defaults(flags),
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            return exit::USAGE;
+        }
+    };
+    init_logging(&config.log_level, config.log_format);
+    runtime().block_on(async move {
+        if let Some(address) = &config.metrics_address {
+            let addr: std::net::SocketAddr = address.parse().expect("validated");
+            if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .install()
+            {
+                eprintln!("cairn: cannot serve metrics on {address}: {e}");
+                return exit::ERROR;
+            }
+        }
+        let election_timeout = Duration::from_millis(config.election_timeout_ms);
+        let agent = match Agent::start(config).await {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("cairn: {e:#}");
+                return exit::ERROR;
+            }
+        };
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+        tracing::info!("stopping");
+        agent.shutdown(election_timeout).await;
+        exit::OK
+    })
+}
+
+pub fn print_status(s: &pb::StatusResponse) {
+    println!(
+        "node {}  state {}  leader {}  term {}  commit {}  applied {}  last log {}  snapshot {}  resources {}",
+        s.node_id, s.state, s.leader_id, s.term, s.commit_index, s.applied_index, s.last_log_index, s.snapshot_index, s.resource_count
+    );
+    println!(
+        "{:<6} {:<10} {:<7} {:<22} {:<22} {:>10}",
+        "ID", "ROLE", "VOTER", "CLIENT", "PEER", "MATCHED"
+    );
+    for m in &s.members {
+        println!(
+            "{:<6} {:<10} {:<7} {:<22} {:<22} {:>10}",
+            m.id, m.role, m.voter, m.client_address, m.peer_address, m.matched_index
+        );
+    }
+}
+
+fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
+    serde_json::json!({
+        "node_id": s.node_id, "cluster_id": s.cluster_id, "state": s.state, "leader_id": s.leader_id,
+        "term": s.term, "commit_index": s.commit_index, "applied_index": s.applied_index,
+        "last_log_index": s.last_log_index, "snapshot_index": s.snapshot_index,
+        "purged_index": s.purged_index, "resource_count": s.resource_count,
+        "members": s.members.iter().map(|m| serde_json::json!({
+            "id": m.id, "role": m.role, "voter": m.voter, "client_address": m.client_address,
+            "peer_address": m.peer_address, "matched_index": m.matched_index,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Asks each endpoint in turn; the first answer wins, and the leader's view
+/// (with replication progress) is preferred when it is reachable.
+async fn status(args: StatusArgs) -> u8 {
+    let mut last_error = None;
+    for endpoint in &args.endpoints.endpoints {
+        match fetch_status(endpoint).await {
+            Ok(mut s) => {
+                if s.leader_id != 0 && s.leader_id != s.node_id {
+                    if let Some(leader) = s.members.iter().find(|m| m.id == s.leader_id) {
+                        if let Ok(ls) = fetch_status(&leader.client_address).await {
+                            s = ls;
+                        }
+                    }
+                }
+                match args.output {
+                    Output::Json => println!(
+                        "{}",
+                        serde_json::to_string_pretty(&status_json(&s)).unwrap_or_default()
+                    ),
+                    Output::Table => print_status(&s),
+                }
+                return exit::OK;
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    let e = last_error.unwrap_or_else(|| ApiError::invalid("endpoints", "no endpoint given"));
+    eprintln!("cairn: {e}");
+    exit_code_of(&e)
+}
+
+pub async fn fetch_status(endpoint: &str) -> Result<pb::StatusResponse, ApiError> {
+    let mut client =
+        pb::admin_service_client::AdminServiceClient::connect(format!("http://{endpoint}"))
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("cannot reach {endpoint}: {e}")))?;
+    let mut request = tonic::Request::new(pb::StatusRequest {});
+    request.set_timeout(Duration::from_secs(3));
+    Ok(client.status(request).await?.into_inner())
+}
+
+async fn member(m: MemberCommand) -> u8 {
+    match m {
+        MemberCommand::AddLearner {
+            id,
+            peer_address,
+            client_address,
+            endpoints,
+        } => {
+            report(first_endpoint(&endpoints), |address| async move {
+                at_leader(&address, |mut c| {
+                    let request = pb::AddLearnerRequest {
+                        id,
+                        peer_address: peer_address.clone(),
+                        client_address: client_address.clone(),
+                    };
+                    async move { c.add_learner(request).await }
+                })
+                .await
+            })
+            .await
+        }
+        MemberCommand::Promote { id, endpoints } => {
+            report(first_endpoint(&endpoints), |address| async move {
+                at_leader(&address, |mut c| async move {
+                    c.promote(pb::PromoteRequest { id }).await
+                })
+                .await
+            })
+            .await
+        }
+        MemberCommand::Remove { id, endpoints } => {
+            report(first_endpoint(&endpoints), |address| async move {
+                at_leader(&address, |mut c| async move {
+                    c.remove_member(pb::RemoveMemberRequest { id }).await
+                })
+                .await
+            })
+            .await
+        }
+    }
+}

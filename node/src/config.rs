@@ -1,0 +1,279 @@
+//! `cairn agent` configuration: defaults, then a TOML file, then `CAIRN_*`
+//! environment variables, then command-line flags (figment). A bad value is
+//! reported with the name of its field and the agent exits non-zero.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// One member of the initial (bootstrap) cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberConfig {
+    pub id: u64,
+    pub peer_address: String,
+    pub client_address: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This node's id: a positive integer, unique in the cluster.
+    pub node_id: u64,
+    /// Where the Raft log, snapshots and the cluster id live.
+    pub data_dir: PathBuf,
+    /// Address serving clients (ResourceService, AdminService, health, reflection).
+    pub client_address: String,
+    /// Address serving peers (Raft and forwarding).
+    pub peer_address: String,
+    /// The initial member list. Every node of a new cluster starts with the same
+    /// list; the member with the lowest id initializes the cluster, once.
+    #[serde(default)]
+    pub members: Vec<MemberConfig>,
+    /// Client address of a node of a running cluster to join as a learner, then voter.
+    #[serde(default)]
+    pub join: Option<String>,
+    pub election_timeout_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    /// Build a snapshot (and purge the log behind it) after this many entries.
+    pub snapshot_log_entries: u64,
+    pub snapshot_chunk_bytes: u64,
+    /// MVCC history retained for reads at past revisions and watches from a revision.
+    pub history_changes_max: usize,
+    pub resource_bytes_max: usize,
+    pub watch_buffer_events: usize,
+    /// How long a forwarded or strong request may take before it fails.
+    pub request_timeout_ms: u64,
+    /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter directive.
+    pub log_level: String,
+    pub log_format: LogFormat,
+    /// Serve Prometheus metrics on this address (`/metrics`); off when absent.
+    #[serde(default)]
+    pub metrics_address: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_id: 0,
+            data_dir: PathBuf::from("cairn-data"),
+            client_address: "127.0.0.1:7001".into(),
+            peer_address: "127.0.0.1:8001".into(),
+            members: vec![],
+            join: None,
+            election_timeout_ms: 1000,
+            heartbeat_interval_ms: 100,
+            snapshot_log_entries: 20_000,
+            snapshot_chunk_bytes: 4 * 1024 * 1024,
+            history_changes_max: 10_000,
+            resource_bytes_max: 1024 * 1024,
+            watch_buffer_events: 4096,
+            request_timeout_ms: 5_000,
+            log_level: "warn".into(),
+            log_format: LogFormat::Text,
+            metrics_address: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration field `{field}`: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// Parses `1=PEER/CLIENT,2=PEER/CLIENT` (the `--members` flag form).
+pub fn parse_members(s: &str) -> Result<Vec<MemberConfig>, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|part| {
+            let (id, addresses) = part
+                .trim()
+                .split_once('=')
+                .ok_or(format!("{part:?}: expected ID=PEER/CLIENT"))?;
+            let (peer, client) = addresses
+                .split_once('/')
+                .ok_or(format!("{part:?}: expected ID=PEER/CLIENT"))?;
+            let id = id
+                .parse::<u64>()
+                .map_err(|e| format!("{part:?}: bad id: {e}"))?;
+            Ok(MemberConfig {
+                id,
+                peer_address: peer.to_string(),
+                client_address: client.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn check_address(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    value
+        .parse::<SocketAddr>()
+        .map(|_| ())
+        .map_err(|e| invalid(field, format!("{value:?} is not an IP:port address: {e}")))
+}
+
+impl Config {
+    /// Layers the sources: defaults < file < environment < flags.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        flags: Serialized<serde_json::Value>,
+    ) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(invalid(
+                    "config",
+                    format!("file {} does not exist", file.display()),
+                ));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let figment = figment
+            .merge(Env::prefixed("CAIRN_").ignore(&["endpoints"]))
+            .merge(flags);
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.node_id == 0 {
+            return Err(invalid("node_id", "must be a positive integer"));
+        }
+        check_address("client_address", &self.client_address)?;
+        check_address("peer_address", &self.peer_address)?;
+        let mut ids = BTreeSet::new();
+        for m in &self.members {
+            if m.id == 0 {
+                return Err(invalid("members", "member ids must be positive"));
+            }
+            if !ids.insert(m.id) {
+                return Err(invalid(
+                    "members",
+                    format!("member id {} appears twice", m.id),
+                ));
+            }
+            check_address("members", &m.peer_address)?;
+            check_address("members", &m.client_address)?;
+        }
+        match (&self.join, self.members.is_empty()) {
+            (Some(_), false) => {
+                return Err(invalid("join", "give either `join` or `members`, not both"))
+            }
+            (None, true) => {
+                return Err(invalid(
+                    "members",
+                    "give the initial member list (or `join`)",
+                ))
+            }
+            (None, false) if !ids.contains(&self.node_id) => {
+                return Err(invalid(
+                    "members",
+                    format!("node_id {} is not in the member list", self.node_id),
+                ))
+            }
+            _ => {}
+        }
+        if self.heartbeat_interval_ms == 0
+            || self.heartbeat_interval_ms * 3 > self.election_timeout_ms
+        {
+            return Err(invalid(
+                "heartbeat_interval_ms",
+                format!(
+                    "must be positive and at most a third of election_timeout_ms ({})",
+                    self.election_timeout_ms
+                ),
+            ));
+        }
+        if self.snapshot_log_entries < 100 {
+            return Err(invalid("snapshot_log_entries", "must be at least 100"));
+        }
+        if !(64 * 1024..=64 * 1024 * 1024).contains(&self.snapshot_chunk_bytes) {
+            return Err(invalid(
+                "snapshot_chunk_bytes",
+                "must be between 64 KiB and 64 MiB",
+            ));
+        }
+        if self.resource_bytes_max == 0 || self.resource_bytes_max > 16 * 1024 * 1024 {
+            return Err(invalid(
+                "resource_bytes_max",
+                "must be between 1 byte and 16 MiB",
+            ));
+        }
+        if self.watch_buffer_events == 0 {
+            return Err(invalid("watch_buffer_events", "must be positive"));
+        }
+        if let Some(a) = &self.metrics_address {
+            check_address("metrics_address", a)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(v: serde_json::Value) -> Serialized<serde_json::Value> {
+        Serialized::defaults(v)
+    }
+
+    #[test]
+    fn flags_override_the_file_and_a_bad_field_is_named() {
+        // Layering: the flag wins over the file; a bad value names its field.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "node_id = 1\nelection_timeout_ms = 2000\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        let c = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"election_timeout_ms": 3000})),
+        )
+        .unwrap();
+        assert_eq!(c.election_timeout_ms, 3000);
+        let e = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"peer_address": "nowhere"})),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("peer_address"), "{e}");
+        let e = Config::load(Some(&file), flags(serde_json::json!({"node_id": 7}))).unwrap_err();
+        assert!(e.to_string().contains("members"), "{e}");
+    }
+
+    #[test]
+    fn member_flag_parses_and_rejects_garbage() {
+        let m = parse_members("1=127.0.0.1:8001/127.0.0.1:7001,2=127.0.0.1:8002/127.0.0.1:7002")
+            .unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].client_address, "127.0.0.1:7002");
+        assert!(parse_members("1=127.0.0.1:8001").is_err());
+        assert!(parse_members("x=a/b").is_err());
+    }
+}

@@ -1,0 +1,213 @@
+//! `cairn dev`: a local cluster of `cairn agent` child processes on loopback,
+//! with data under one directory (default `.cairn-dev/`). Running it again
+//! reuses the data when the layout matches and replaces it cleanly otherwise
+//! (or with `--fresh`). Ctrl-C stops every node.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::builder::TypedValueParser;
+use clap::Args;
+
+use crate::cli::exit;
+
+#[derive(Args)]
+pub struct DevArgs {
+    /// Number of nodes: 3 or 5.
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::PossibleValuesParser::new(["3", "5"]).map(|s| s.parse::<u32>().expect("3 or 5")))]
+    nodes: u32,
+    /// Where the nodes keep their data.
+    #[arg(long, default_value = ".cairn-dev")]
+    data_dir: PathBuf,
+    /// Client ports are BASE+1.., peer ports BASE+1001..
+    #[arg(long, default_value_t = 7000)]
+    base_port: u16,
+    /// Discard existing data and start a new cluster.
+    #[arg(long)]
+    fresh: bool,
+    /// Log level passed to every node (their logs go to DATA_DIR/node-N.log).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+struct Node {
+    id: u32,
+    client: String,
+    peer: String,
+}
+
+fn layout(args: &DevArgs) -> Vec<Node> {
+    (1..=args.nodes)
+        .map(|id| Node {
+            id,
+            client: format!("127.0.0.1:{}", args.base_port as u32 + id),
+            peer: format!("127.0.0.1:{}", args.base_port as u32 + 1000 + id),
+        })
+        .collect()
+}
+
+fn prepare_dir(args: &DevArgs, nodes: &[Node]) -> std::io::Result<()> {
+    let marker = args.data_dir.join("layout");
+    let wanted = nodes
+        .iter()
+        .map(|n| format!("{}={}/{}", n.id, n.peer, n.client))
+        .collect::<Vec<_>>()
+        .join(",");
+    let existing = std::fs::read_to_string(&marker).ok();
+    if args.fresh || existing.as_deref().is_some_and(|e| e.trim() != wanted) {
+        if args.data_dir.exists() {
+            println!(
+                "Replacing the data in {} (new layout or --fresh).",
+                args.data_dir.display()
+            );
+            std::fs::remove_dir_all(&args.data_dir)?;
+        }
+    } else if existing.is_some() {
+        println!("Reusing the cluster data in {}.", args.data_dir.display());
+    }
+    std::fs::create_dir_all(&args.data_dir)?;
+    std::fs::write(&marker, &wanted)
+}
+
+fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(args.data_dir.join(format!("node-{}.log", node.id)))?;
+    Command::new(exe)
+        .arg("agent")
+        .args(["--node-id", &node.id.to_string()])
+        .arg("--data-dir")
+        .arg(args.data_dir.join(format!("node-{}", node.id)))
+        .args([
+            "--client-address",
+            &node.client,
+            "--peer-address",
+            &node.peer,
+            "--members",
+            members,
+        ])
+        .args(["--log-level", &args.log_level])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+}
+
+pub fn run(args: DevArgs) -> u8 {
+    let nodes = layout(&args);
+    if let Err(e) = prepare_dir(&args, &nodes) {
+        eprintln!("cairn dev: cannot prepare {}: {e}", args.data_dir.display());
+        return exit::ERROR;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("cairn dev: cannot find my own executable: {e}");
+            return exit::ERROR;
+        }
+    };
+    let members = nodes
+        .iter()
+        .map(|n| format!("{}={}/{}", n.id, n.peer, n.client))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut children = Vec::new();
+    for node in &nodes {
+        match spawn(&exe, &args, node, &members) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                eprintln!("cairn dev: cannot start node {}: {e}", node.id);
+                stop_all(&mut children);
+                return exit::ERROR;
+            }
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
+    let started = Instant::now();
+    let leader = runtime.block_on(async {
+        while started.elapsed() < Duration::from_secs(30) {
+            for e in &endpoints {
+                if let Ok(s) = crate::cli::fetch_status(e).await {
+                    if s.leader_id != 0 {
+                        return Some(s);
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    });
+    let Some(status) = leader else {
+        eprintln!(
+            "cairn dev: no leader after 30 s; see the logs in {}",
+            args.data_dir.display()
+        );
+        stop_all(&mut children);
+        return exit::ERROR;
+    };
+    let list = endpoints.join(",");
+    println!(
+        "Cairn dev cluster: {} nodes, leader is node {} (term {}).",
+        nodes.len(),
+        status.leader_id,
+        status.term
+    );
+    for n in &nodes {
+        println!(
+            "  node {}: client {}  peer {}  data {}/node-{}",
+            n.id,
+            n.client,
+            n.peer,
+            args.data_dir.display(),
+            n.id
+        );
+    }
+    println!("\nTry, in another terminal:");
+    println!("  export CAIRN_ENDPOINTS={list}");
+    println!("  cairn status");
+    println!("  cairn write --type demo.v1.Thing --name hello --data-json '{{\"hi\": 1}}'");
+    println!("  cairn watch --type demo.v1.Thing");
+    println!("\nPress Ctrl-C to stop the cluster.");
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("signal handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+    });
+    println!("\nStopping {} nodes...", children.len());
+    stop_all(&mut children);
+    exit::OK
+}
+
+fn stop_all(children: &mut [Child]) {
+    for c in children.iter() {
+        // SIGTERM: each node shuts down gracefully.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for c in children.iter_mut() {
+        loop {
+            match c.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! # cairn-node
+//!
+//! The `cairn` binary's library: wires `cairn-fsm` (state), `cairn-raft-log`
+//! (durable log) and openraft into a node serving gRPC, plus the CLI.
+//!
+//! Must not: put contract rules here (they are in `cairn-fsm`), or let an
+//! openraft type escape the [`raft`] module.
+//!
+//! ## Tasks and channels
+//! See [`agent`]: the Raft core and its log/state-machine tasks; the peer server
+//! (Raft RPCs, forwarding); the client server (resources, admin, health,
+//! reflection); the health task; the signal task. Servers reach Raft only
+//! through [`raft::RaftHandle`]; watch streams drain the fsm's bounded buffers.
+//!
+//! ## Invariants
+//! - Log indices: purged <= snapshot <= applied <= committed (asserted by
+//!   openraft and by the state machine adapter, which also asserts that the
+//!   fsm's applied index equals Raft's after every apply).
+//! - Versions strictly increase: a version is the index of the entry that
+//!   carried the write, and the fsm asserts each applied index is greater than
+//!   the last, also across a restore.
+//! - Only validated commands enter the log: every request is validated before
+//!   it is proposed.
+//! - A strong read never degrades to a local read: it follows a successful
+//!   `ensure_linearizable` on the leader, or fails.
+//! - A node initializes a cluster at most once (only with an empty log).
+
+pub mod admin;
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod dev;
+pub mod raft;
+pub mod service;
+pub mod snapshot_file;

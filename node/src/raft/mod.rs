@@ -1,0 +1,431 @@
+//! Everything openraft-specific lives in this module: the type configuration,
+//! the state-machine adapter over `cairn-fsm`, the tonic transport and the
+//! conversion of openraft's errors into Cairn's. The rest of the node talks to
+//! [`RaftHandle`] only, so a move to another openraft version is contained here.
+
+mod network;
+mod state_machine;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_fsm::{Applied, Command, Store};
+use cairn_proto::error::{ApiError, LeaderHint};
+use cairn_proto::v1::{self as pb, raft_service_server::RaftServiceServer};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState};
+use serde::{Deserialize, Serialize};
+
+pub use network::{Network, RaftRpcService};
+pub use state_machine::{ClusterIdentity, StateMachine};
+
+/// A member's addresses, as stored in the Raft membership.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub peer_address: String,
+    pub client_address: String,
+}
+
+impl fmt::Display for NodeInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "peer={} client={}",
+            self.peer_address, self.client_address
+        )
+    }
+}
+
+/// The payload of a normal log entry: an encoded `cairn_fsm::Command`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogPayload(#[serde(with = "serde_bytes_compat")] pub Bytes);
+
+mod serde_bytes_compat {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        let v: Vec<u8> = Deserialize::deserialize(d)?;
+        Ok(Bytes::from(v))
+    }
+}
+
+/// What applying one entry produced. Only ever handed to the proposer on the
+/// same node, but openraft requires it to be serializable: it is encoded with
+/// the same protobuf messages and error mapping as the wire.
+#[derive(Debug, Clone)]
+pub struct Reply(pub Result<Applied, ApiError>);
+
+#[derive(Serialize, Deserialize)]
+enum ReplyWire {
+    Written(Vec<u8>),
+    Deleted(bool),
+    Error {
+        code: i32,
+        message: String,
+        details: Vec<u8>,
+    },
+}
+
+impl Serialize for Reply {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let wire = match &self.0 {
+            Ok(Applied::Written(resource)) => {
+                ReplyWire::Written(prost::Message::encode_to_vec(resource.as_ref()))
+            }
+            Ok(Applied::Deleted { existed }) => ReplyWire::Deleted(*existed),
+            Err(error) => {
+                let status = tonic::Status::from(error.clone());
+                ReplyWire::Error {
+                    code: status.code() as i32,
+                    message: status.message().to_string(),
+                    details: status.details().to_vec(),
+                }
+            }
+        };
+        wire.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Reply {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let reply = match ReplyWire::deserialize(d)? {
+            ReplyWire::Written(bytes) => {
+                let resource: pb::Resource =
+                    prost::Message::decode(bytes.as_slice()).map_err(serde::de::Error::custom)?;
+                Ok(Applied::Written(Arc::new(resource)))
+            }
+            ReplyWire::Deleted(existed) => Ok(Applied::Deleted { existed }),
+            ReplyWire::Error {
+                code,
+                message,
+                details,
+            } => {
+                let status =
+                    tonic::Status::with_details(code.into(), message, Bytes::from(details));
+                Err(ApiError::from_status(&status))
+            }
+        };
+        Ok(Reply(reply))
+    }
+}
+
+openraft::declare_raft_types!(
+    /// Cairn's openraft type configuration.
+    pub TypeConfig:
+        D = LogPayload,
+        R = Reply,
+        NodeId = u64,
+        Node = NodeInfo,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = tokio::fs::File,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type NodeId = u64;
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogStore = cairn_raft_log::LogStore<TypeConfig>;
+pub type Membership = openraft::StoredMembership<NodeId, NodeInfo>;
+
+/// Raft timing and snapshot settings, from the node configuration.
+#[derive(Debug, Clone)]
+pub struct RaftSettings {
+    pub election_timeout_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    pub snapshot_log_entries: u64,
+    pub snapshot_chunk_bytes: u64,
+    pub max_payload_entries: u64,
+}
+
+/// A snapshot of this node's Raft state, for status and health.
+#[derive(Debug, Clone, Default)]
+pub struct RaftStatus {
+    pub node_id: NodeId,
+    pub state: String,
+    pub leader_id: Option<NodeId>,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: u64,
+    pub purged_index: u64,
+    pub voters: BTreeMap<NodeId, NodeInfo>,
+    pub learners: BTreeMap<NodeId, NodeInfo>,
+    /// Leader only: per member, the matched log index.
+    pub matched: BTreeMap<NodeId, u64>,
+    pub millis_since_quorum_ack: Option<u64>,
+}
+
+/// The node's handle on Raft: the only way the rest of the node reaches openraft.
+#[derive(Clone)]
+pub struct RaftHandle {
+    pub raft: Raft,
+    pub node_id: NodeId,
+    pub store: Store,
+    pub identity: Arc<ClusterIdentity>,
+}
+
+fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint {
+    LeaderHint {
+        leader_id,
+        client_address: node.as_ref().map(|n| n.client_address.clone()),
+        peer_address: node.map(|n| n.peer_address),
+    }
+}
+
+fn fatal<E: fmt::Display>(e: E) -> ApiError {
+    ApiError::Unavailable(format!("raft is shutting down: {e}"))
+}
+
+impl RaftHandle {
+    /// Opens the log and state machine under `data_dir` and starts Raft.
+    pub async fn start(
+        node_id: NodeId,
+        data_dir: &Path,
+        settings: &RaftSettings,
+        limits: cairn_fsm::Limits,
+        identity: Arc<ClusterIdentity>,
+    ) -> anyhow::Result<RaftHandle> {
+        let config = openraft::Config {
+            cluster_name: "cairn".into(),
+            election_timeout_min: settings.election_timeout_ms,
+            election_timeout_max: settings.election_timeout_ms * 2,
+            heartbeat_interval: settings.heartbeat_interval_ms,
+            install_snapshot_timeout: 10_000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_log_entries),
+            max_in_snapshot_log_to_keep: 1_000,
+            snapshot_max_chunk_size: settings.snapshot_chunk_bytes,
+            max_payload_entries: settings.max_payload_entries,
+            ..Default::default()
+        }
+        .validate()?;
+        let log_store = LogStore::open(
+            &data_dir.join("raft-log"),
+            cairn_raft_log::LogOptions::default(),
+        )?;
+        let store = Store::new(limits);
+        let state_machine =
+            StateMachine::open(&data_dir.join("snapshots"), store.clone(), identity.clone())?;
+        let network = Network::new(identity.clone());
+        let raft = Raft::new(node_id, Arc::new(config), network, log_store, state_machine).await?;
+        Ok(RaftHandle {
+            raft,
+            node_id,
+            store,
+            identity,
+        })
+    }
+
+    /// The gRPC service answering Raft RPCs from peers.
+    pub fn rpc_service(&self) -> RaftServiceServer<RaftRpcService> {
+        RaftRpcService::new(self.raft.clone(), self.identity.clone()).into_server()
+    }
+
+    /// Initializes a new cluster with `members` as voters. Only called on a node
+    /// whose log is empty; a no-op (Ok(false)) when the node is already initialized.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, NodeInfo>) -> anyhow::Result<bool> {
+        if self.raft.is_initialized().await? {
+            return Ok(false);
+        }
+        self.raft.initialize(members).await?;
+        Ok(true)
+    }
+
+    pub async fn is_initialized(&self) -> bool {
+        self.raft.is_initialized().await.unwrap_or(false)
+    }
+
+    /// Proposes a command and waits until it is committed and applied here.
+    pub async fn propose(&self, command: &Command) -> Result<(u64, Applied), ApiError> {
+        match self.raft.client_write(LogPayload(command.encode())).await {
+            Ok(response) => response
+                .data
+                .0
+                .map(|applied| (response.log_id.index, applied)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ApiError::NotLeader {
+                    hint: leader_hint(f.leader_id, f.leader_node),
+                })
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
+                ApiError::Internal(format!("unexpected membership error on a data write: {e}")),
+            ),
+            Err(RaftError::Fatal(e)) => Err(fatal(e)),
+        }
+    }
+
+    /// Confirms leadership with a quorum and waits until this node has applied
+    /// everything committed before the call: a read after this is linearizable.
+    pub async fn ensure_linearizable(&self) -> Result<u64, ApiError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(log_id) => Ok(log_id.map(|l| l.index).unwrap_or(0)),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(ApiError::NotLeader {
+                    hint: leader_hint(f.leader_id, f.leader_node),
+                })
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(
+                ApiError::Inconsistent(format!("leadership not confirmed by a quorum: {e}")),
+            ),
+            Err(RaftError::Fatal(e)) => Err(fatal(e)),
+        }
+    }
+
+    /// The current leader hint, from this node's metrics.
+    pub fn leader(&self) -> LeaderHint {
+        let metrics = self.raft.metrics().borrow().clone();
+        let node = metrics.current_leader.and_then(|id| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .cloned()
+        });
+        leader_hint(metrics.current_leader, node)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.raft.metrics().borrow().clone();
+        metrics.current_leader == Some(self.node_id) && metrics.state == ServerState::Leader
+    }
+
+    pub fn status(&self) -> RaftStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voter_ids: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let mut voters = BTreeMap::new();
+        let mut learners = BTreeMap::new();
+        for (id, node) in membership.nodes() {
+            if voter_ids.contains(id) {
+                voters.insert(*id, node.clone());
+            } else {
+                learners.insert(*id, node.clone());
+            }
+        }
+        let matched = m
+            .replication
+            .as_ref()
+            .map(|r| {
+                r.iter()
+                    .map(|(id, log_id)| (*id, log_id.map(|l| l.index).unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        RaftStatus {
+            node_id: m.id,
+            state: format!("{:?}", m.state).to_lowercase(),
+            leader_id: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+            snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
+            purged_index: m.purged.map(|l| l.index).unwrap_or(0),
+            voters,
+            learners,
+            matched,
+            millis_since_quorum_ack: m.millis_since_quorum_ack,
+        }
+    }
+
+    /// The committed index as this node knows it.
+    pub async fn committed_index(&self) -> u64 {
+        self.raft
+            .with_raft_state(|s| s.committed.map(|l| l.index).unwrap_or(0))
+            .await
+            .unwrap_or(0)
+    }
+
+    /// Waits until this node's applied index reaches `index`, or the timeout passes.
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
+        self.raft
+            .wait(Some(timeout))
+            .applied_index_at_least(Some(index), "wait_applied")
+            .await
+            .is_ok()
+    }
+
+    /// Adds a learner and waits until it has caught up with the leader's log.
+    pub async fn add_learner(&self, id: NodeId, node: NodeInfo) -> Result<u64, ApiError> {
+        let r = self.raft.add_learner(id, node, true).await;
+        self.membership_result(r)
+    }
+
+    /// Makes `id` a voter (it must already be a learner or a voter).
+    pub async fn promote(&self, id: NodeId) -> Result<u64, ApiError> {
+        let r = self
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await;
+        self.membership_result(r)
+    }
+
+    /// Removes `id` from the cluster (as a voter and as a node).
+    pub async fn remove(&self, id: NodeId) -> Result<u64, ApiError> {
+        let status = self.status();
+        let r = if status.voters.contains_key(&id) {
+            self.raft
+                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                .await
+        } else if status.learners.contains_key(&id) {
+            self.raft
+                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                .await
+        } else {
+            return Err(ApiError::invalid(
+                "id",
+                format!("node {id} is not a member"),
+            ));
+        };
+        self.membership_result(r)
+    }
+
+    fn membership_result(
+        &self,
+        r: Result<
+            openraft::raft::ClientWriteResponse<TypeConfig>,
+            RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>,
+        >,
+    ) -> Result<u64, ApiError> {
+        match r {
+            Ok(response) => Ok(response.log_id.index),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ApiError::NotLeader {
+                    hint: leader_hint(f.leader_id, f.leader_node),
+                })
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(ApiError::invalid("membership", e.to_string()))
+            }
+            Err(RaftError::Fatal(e)) => Err(fatal(e)),
+        }
+    }
+
+    /// Starts an election on this node now.
+    pub async fn trigger_election(&self) -> Result<(), ApiError> {
+        self.raft.trigger().elect().await.map_err(fatal)
+    }
+
+    /// Pauses or resumes this node's heartbeats (used by leader transfer).
+    pub fn set_heartbeats(&self, enabled: bool) {
+        self.raft.runtime_config().heartbeat(enabled);
+        self.raft.runtime_config().elect(enabled);
+    }
+
+    /// Builds a snapshot now and waits for it (used before planned shutdowns and in tests).
+    pub async fn trigger_snapshot(&self) -> Result<(), ApiError> {
+        self.raft.trigger().snapshot().await.map_err(fatal)
+    }
+
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! openraft's state machine over `cairn_fsm::Store`, with snapshots as files
+//! in the data dir (format: `crate::snapshot_file`).
+//!
+//! The table itself is in memory; durability comes from the Raft log plus the
+//! latest snapshot file: on start the newest complete snapshot is loaded and
+//! openraft replays the log after it.
+//!
+//! Invariants: the fsm's applied index equals `last_applied.index` after every
+//! `apply`; a snapshot file carries exactly the state at its header's index.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use cairn_fsm::{Command, Store};
+use cairn_proto::error::ApiError;
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot, SnapshotMeta};
+use openraft::{EntryPayload, LogId, RaftLogId, StorageError, StorageIOError, StoredMembership};
+
+use super::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
+use crate::snapshot_file::{self, SnapshotHeader, SnapshotReader, SnapshotWriter};
+
+/// The id of the cluster this node belongs to, persisted in the data dir.
+/// Learned from the first Raft message of a leader, or set by the node that
+/// initializes the cluster; a message from another cluster is refused.
+pub struct ClusterIdentity {
+    path: PathBuf,
+    cluster_id: Mutex<String>,
+}
+
+impl ClusterIdentity {
+    pub fn open(data_dir: &Path) -> io::Result<ClusterIdentity> {
+        let path = data_dir.join("cluster_id");
+        let cluster_id = match std::fs::read_to_string(&path) {
+            Ok(s) => s.trim().to_string(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        Ok(ClusterIdentity {
+            path,
+            cluster_id: Mutex::new(cluster_id),
+        })
+    }
+
+    pub fn cluster_id(&self) -> String {
+        self.cluster_id
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Sets the cluster id (durably) if none is set yet.
+    pub fn set(&self, id: &str) -> io::Result<()> {
+        let mut current = self.cluster_id.lock().unwrap_or_else(|e| e.into_inner());
+        if !current.is_empty() {
+            return Ok(());
+        }
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, id)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        *current = id.to_string();
+        Ok(())
+    }
+
+    /// Checks a peer's cluster id, adopting it if this node has none yet.
+    pub fn admit(&self, theirs: &str) -> Result<(), String> {
+        let mine = self.cluster_id();
+        if theirs.is_empty() || theirs == mine {
+            return Ok(());
+        }
+        if mine.is_empty() {
+            return self
+                .set(theirs)
+                .map_err(|e| format!("cannot persist cluster id: {e}"));
+        }
+        Err(format!(
+            "this node belongs to cluster {mine}, the caller to cluster {theirs}"
+        ))
+    }
+}
+
+#[derive(Default)]
+struct Meta {
+    last_applied: Option<LogId<NodeId>>,
+    membership: Membership,
+    current_snapshot: Option<(SnapshotMeta<NodeId, NodeInfo>, PathBuf)>,
+}
+
+struct Shared {
+    store: Store,
+    dir: PathBuf,
+    identity: Arc<ClusterIdentity>,
+    meta: Mutex<Meta>,
+}
+
+/// The state machine openraft drives. Cheap to clone (the builder is a clone).
+#[derive(Clone)]
+pub struct StateMachine {
+    shared: Arc<Shared>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(&io::Error::other(e.to_string())).into()
+}
+
+fn snapshot_path(dir: &Path, log_id: &LogId<NodeId>) -> PathBuf {
+    dir.join(format!(
+        "snap-{:020}-{}.snap",
+        log_id.index, log_id.leader_id.term
+    ))
+}
+
+fn log_id_of(header: &SnapshotHeader) -> Option<LogId<NodeId>> {
+    if header.last_log_index == 0 && header.last_log_term == 0 {
+        return None;
+    }
+    Some(LogId::new(
+        openraft::CommittedLeaderId::new(header.last_log_term, header.last_log_leader_node_id),
+        header.last_log_index,
+    ))
+}
+
+/// Restores `store` from a verified snapshot file; nothing changes on error.
+fn restore_from_file(store: &Store, path: &Path, index: u64) -> Result<SnapshotHeader, String> {
+    snapshot_file::verify(path, |_| {}).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut reader = SnapshotReader::open(path).map_err(|e| e.to_string())?;
+    let header = reader.header.clone();
+    if header.last_log_index != index {
+        return Err(format!(
+            "snapshot file is at index {}, expected {index}",
+            header.last_log_index
+        ));
+    }
+    let mut restoration = store.restore();
+    loop {
+        match reader.next_resource() {
+            Ok(Some(resource)) => {
+                if let Err(e) = restoration.apply(resource) {
+                    restoration.abort();
+                    return Err(format!("restoring {}: {e}", path.display()));
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                restoration.abort();
+                return Err(e.to_string());
+            }
+        }
+    }
+    restoration.commit(index).map_err(|e| e.to_string())?;
+    Ok(header)
+}
+
+fn prune_except(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path != keep && (name.starts_with("snap-") || name.starts_with("incoming")) {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove an old snapshot");
+            }
+        }
+    }
+}
+
+impl StateMachine {
+    /// Opens the snapshot dir and loads the newest complete snapshot into `store`.
+    pub fn open(
+        dir: &Path,
+        store: Store,
+        identity: Arc<ClusterIdentity>,
+    ) -> anyhow::Result<StateMachine> {
+        std::fs::create_dir_all(dir)?;
+        let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+            .collect();
+        candidates.sort();
+        let mut meta = Meta::default();
+        // Newest first; a damaged newest file falls back to the one before.
+        while let Some(path) = candidates.pop() {
+            let header = match SnapshotReader::open(&path) {
+                Ok(r) => r.header,
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "skipping unreadable snapshot");
+                    continue;
+                }
+            };
+            match restore_from_file(&store, &path, header.last_log_index) {
+                Ok(header) => {
+                    let membership: Membership = serde_json::from_value(header.membership.clone())?;
+                    let last_log_id = log_id_of(&header);
+                    if !header.cluster_id.is_empty() {
+                        identity.set(&header.cluster_id)?;
+                    }
+                    tracing::info!(
+                        index = header.last_log_index,
+                        resources = header.resource_count,
+                        "loaded snapshot"
+                    );
+                    meta.current_snapshot = Some((
+                        SnapshotMeta {
+                            last_log_id,
+                            last_membership: membership.clone(),
+                            snapshot_id: format!(
+                                "{}-{}",
+                                header.last_log_term, header.last_log_index
+                            ),
+                        },
+                        path.clone(),
+                    ));
+                    meta.last_applied = last_log_id;
+                    meta.membership = membership;
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "skipping damaged snapshot")
+                }
+            }
+        }
+        Ok(StateMachine {
+            shared: Arc::new(Shared {
+                store,
+                dir: dir.to_path_buf(),
+                identity,
+                meta: Mutex::new(meta),
+            }),
+        })
+    }
+
+    fn meta(&self) -> std::sync::MutexGuard<'_, Meta> {
+        self.shared.meta.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        // Captured together: openraft does not apply while it asks for a builder
+        // and this runs right after, but the fsm snapshot is point-in-time anyway.
+        let (fsm_snapshot, last_applied, membership) = {
+            let meta = self.meta();
+            (
+                self.shared.store.snapshot(),
+                meta.last_applied,
+                meta.membership.clone(),
+            )
+        };
+        let Some(last_log_id) = last_applied else {
+            return Err(io_err("nothing applied yet: no snapshot to build"));
+        };
+        assert_eq!(
+            fsm_snapshot.applied_index, last_log_id.index,
+            "fsm and raft disagree on the applied index"
+        );
+        let header = SnapshotHeader {
+            cluster_id: self.shared.identity.cluster_id(),
+            last_log_index: last_log_id.index,
+            last_log_term: last_log_id.leader_id.term,
+            last_log_leader_node_id: last_log_id.leader_id.node_id,
+            membership: serde_json::to_value(&membership).map_err(io_err)?,
+            resource_count: fsm_snapshot.len() as u64,
+            created_at_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        };
+        let path = snapshot_path(&self.shared.dir, &last_log_id);
+        let write_path = path.clone();
+        let started = std::time::Instant::now();
+        let (size_bytes, crc) = tokio::task::spawn_blocking(move || {
+            let mut writer = SnapshotWriter::create(&write_path, &header)?;
+            for resource in fsm_snapshot {
+                writer.append(&resource)?;
+            }
+            writer.finish()
+        })
+        .await
+        .map_err(io_err)?
+        .map_err(io_err)?;
+        tracing::info!(
+            index = last_log_id.index,
+            size_bytes,
+            crc,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "snapshot built"
+        );
+        let meta = SnapshotMeta {
+            last_log_id: Some(last_log_id),
+            last_membership: membership,
+            snapshot_id: format!(
+                "{}-{}-{crc:08x}",
+                last_log_id.leader_id.term, last_log_id.index
+            ),
+        };
+        prune_except(&self.shared.dir, &path);
+        self.meta().current_snapshot = Some((meta.clone(), path.clone()));
+        let file = tokio::fs::File::open(&path).await.map_err(io_err)?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(file),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, Membership), StorageError<NodeId>> {
+        let meta = self.meta();
+        Ok((meta.last_applied, meta.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Reply>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut replies = Vec::new();
+        let store = &self.shared.store;
+        for entry in entries {
+            let log_id = *entry.get_log_id();
+            // openraft numbers the log from 0 and puts the initial membership
+            // there; the fsm's revision 0 means "nothing applied", so entry 0
+            // (which never carries data) leaves the table at revision 0.
+            if log_id.index == 0 {
+                assert!(
+                    !matches!(entry.payload, EntryPayload::Normal(_)),
+                    "data entry at log index 0"
+                );
+                if let EntryPayload::Membership(membership) = entry.payload {
+                    self.meta().membership = StoredMembership::new(Some(log_id), membership);
+                }
+                self.meta().last_applied = Some(log_id);
+                replies.push(Reply(Ok(cairn_fsm::Applied::Deleted { existed: false })));
+                continue;
+            }
+            let reply = match entry.payload {
+                EntryPayload::Blank => {
+                    store.apply_noop(log_id.index);
+                    Reply(Ok(cairn_fsm::Applied::Deleted { existed: false }))
+                }
+                EntryPayload::Normal(payload) => match Command::decode(&payload.0) {
+                    Ok(command) => {
+                        Reply(store.apply(log_id.index, &command).map_err(ApiError::from))
+                    }
+                    Err(e) => {
+                        // Only validated commands are proposed; an undecodable one is a
+                        // bug in a peer. Keep the log moving identically on every node.
+                        tracing::error!(index = log_id.index, error = %e, "undecodable command in the log");
+                        store.apply_noop(log_id.index);
+                        Reply(Err(ApiError::Internal(format!(
+                            "undecodable command at index {}: {e}",
+                            log_id.index
+                        ))))
+                    }
+                },
+                EntryPayload::Membership(membership) => {
+                    store.apply_noop(log_id.index);
+                    self.meta().membership = StoredMembership::new(Some(log_id), membership);
+                    Reply(Ok(cairn_fsm::Applied::Deleted { existed: false }))
+                }
+            };
+            self.meta().last_applied = Some(log_id);
+            assert_eq!(
+                store.applied_index(),
+                log_id.index,
+                "fsm applied index diverged from raft's"
+            );
+            replies.push(reply);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> StateMachine {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
+        let path = self.shared.dir.join("incoming.part");
+        let file = tokio::fs::File::create(&path).await.map_err(io_err)?;
+        Ok(Box::new(file))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, NodeInfo>,
+        snapshot: Box<tokio::fs::File>,
+    ) -> Result<(), StorageError<NodeId>> {
+        snapshot.sync_all().await.map_err(io_err)?;
+        drop(snapshot);
+        let incoming = self.shared.dir.join("incoming.part");
+        let Some(last_log_id) = meta.last_log_id else {
+            return Err(io_err("received a snapshot without a log id"));
+        };
+        let final_path = snapshot_path(&self.shared.dir, &last_log_id);
+        let store = self.shared.store.clone();
+        let identity = self.shared.identity.clone();
+        let install_path = final_path.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let header = restore_from_file(&store, &incoming, last_log_id.index)?;
+            if !header.cluster_id.is_empty() {
+                identity.admit(&header.cluster_id)?;
+            }
+            std::fs::rename(&incoming, &install_path).map_err(|e| e.to_string())?;
+            Ok(())
+        })
+        .await
+        .map_err(io_err)?
+        .map_err(io_err)?;
+        prune_except(&self.shared.dir, &final_path);
+        let mut m = self.meta();
+        m.last_applied = Some(last_log_id);
+        m.membership = meta.last_membership.clone();
+        m.current_snapshot = Some((meta.clone(), final_path));
+        tracing::info!(
+            index = last_log_id.index,
+            "installed snapshot from the leader"
+        );
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let current = self.meta().current_snapshot.clone();
+        match current {
+            None => Ok(None),
+            Some((meta, path)) => {
+                let file = tokio::fs::File::open(&path).await.map_err(io_err)?;
+                Ok(Some(Snapshot {
+                    meta,
+                    snapshot: Box::new(file),
+                }))
+            }
+        }
+    }
+}

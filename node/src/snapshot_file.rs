@@ -1,0 +1,422 @@
+//! The snapshot file format, shared by Raft snapshots (log compaction and
+//! installation on lagging followers) and operator backups
+//! (`cairn snapshot save/restore`). Documented in `docs/snapshot-format.md`.
+//!
+//! ```text
+//! magic            8 bytes  "CAIRNSNP"
+//! format_version   u32 LE   (SNAPSHOT_FORMAT_VERSION)
+//! header_len       u32 LE   <= HEADER_BYTES_MAX
+//! header           JSON     SnapshotHeader
+//! records          resource_count x { len: u32 LE <= RECORD_BYTES_MAX, protobuf cairn.v1.Resource }
+//! end marker       8 bytes  "CAIRNEND"
+//! checksum         u32 LE   crc32c of every byte before it
+//! ```
+//!
+//! Files are written to `NAME.tmp`, fsynced, renamed, and the directory fsynced,
+//! so a complete file is the only kind that ever carries the final name.
+//!
+//! Invariants: a reader yields a resource only from a file whose structure it has
+//! verified up to that record; [`verify`] checks the whole file (count, end
+//! marker, checksum) before a restore changes anything.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use cairn_proto::v1::Resource;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: &[u8; 8] = b"CAIRNSNP";
+pub const END_MARKER: &[u8; 8] = b"CAIRNEND";
+pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
+pub const HEADER_BYTES_MAX: u32 = 1024 * 1024;
+/// A record holds one resource; resources are bounded by the fsm's limit (1 MiB
+/// by default); this bound leaves room for a raised limit and protects readers.
+pub const RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotHeader {
+    pub cluster_id: String,
+    /// The Raft log index and term the snapshot reflects (everything up to and including it).
+    pub last_log_index: u64,
+    pub last_log_term: u64,
+    /// The node that led `last_log_term` (part of openraft's log id).
+    pub last_log_leader_node_id: u64,
+    /// The membership at that index, as the node's Raft module encodes it.
+    pub membership: serde_json::Value,
+    pub resource_count: u64,
+    /// Wall-clock time the file was written, for operators only.
+    pub created_at_unix_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotFileError {
+    #[error("I/O error on {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("not a Cairn snapshot (bad magic at byte 0)")]
+    BadMagic,
+    #[error("snapshot format version {found} is not supported (this build reads version {SNAPSHOT_FORMAT_VERSION})")]
+    UnsupportedVersion { found: u32 },
+    #[error("damaged snapshot: {what} at byte {offset}")]
+    Damaged { what: String, offset: u64 },
+    #[error("checksum mismatch: file says {stored:#010x}, contents hash to {computed:#010x}")]
+    Checksum { stored: u32, computed: u32 },
+}
+
+type Result<T> = std::result::Result<T, SnapshotFileError>;
+
+/// Writes a snapshot file; call [`SnapshotWriter::finish`] to make it visible.
+pub struct SnapshotWriter {
+    out: BufWriter<File>,
+    tmp_path: PathBuf,
+    final_path: PathBuf,
+    crc: u32,
+    written_bytes: u64,
+    records_expected: u64,
+    records_written: u64,
+}
+
+impl SnapshotWriter {
+    pub fn create(final_path: &Path, header: &SnapshotHeader) -> Result<SnapshotWriter> {
+        let tmp_path = final_path.with_extension("tmp");
+        let file = File::create(&tmp_path).map_err(|source| SnapshotFileError::Io {
+            path: tmp_path.clone(),
+            source,
+        })?;
+        let mut writer = SnapshotWriter {
+            out: BufWriter::with_capacity(1 << 20, file),
+            tmp_path,
+            final_path: final_path.to_path_buf(),
+            crc: 0,
+            written_bytes: 0,
+            records_expected: header.resource_count,
+            records_written: 0,
+        };
+        let header_json = serde_json::to_vec(header).expect("a header always serializes");
+        assert!(
+            header_json.len() as u64 <= HEADER_BYTES_MAX as u64,
+            "snapshot header too large"
+        );
+        writer.put(MAGIC)?;
+        writer.put(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
+        writer.put(&(header_json.len() as u32).to_le_bytes())?;
+        writer.put(&header_json)?;
+        Ok(writer)
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+        self.crc = crc32c::crc32c_append(self.crc, bytes);
+        self.written_bytes += bytes.len() as u64;
+        self.out
+            .write_all(bytes)
+            .map_err(|source| SnapshotFileError::Io {
+                path: self.tmp_path.clone(),
+                source,
+            })
+    }
+
+    pub fn append(&mut self, resource: &Resource) -> Result<()> {
+        assert!(
+            self.records_written < self.records_expected,
+            "more records than the header announced"
+        );
+        let bytes = resource.encode_to_vec();
+        assert!(
+            bytes.len() as u64 <= RECORD_BYTES_MAX as u64,
+            "resource larger than a snapshot record"
+        );
+        self.put(&(bytes.len() as u32).to_le_bytes())?;
+        self.put(&bytes)?;
+        self.records_written += 1;
+        Ok(())
+    }
+
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes
+    }
+
+    /// Writes the trailer, fsyncs, renames into place and fsyncs the directory.
+    /// Returns the file's size and checksum.
+    pub fn finish(mut self) -> Result<(u64, u32)> {
+        assert_eq!(
+            self.records_written, self.records_expected,
+            "record count differs from the header"
+        );
+        self.put(END_MARKER)?;
+        let crc = self.crc;
+        let io = |path: &Path, source| SnapshotFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        self.out
+            .write_all(&crc.to_le_bytes())
+            .map_err(|e| io(&self.tmp_path, e))?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| io(&self.tmp_path, e.into_error()))?;
+        file.sync_all().map_err(|e| io(&self.tmp_path, e))?;
+        fs::rename(&self.tmp_path, &self.final_path).map_err(|e| io(&self.final_path, e))?;
+        if let Some(dir) = self.final_path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io(dir, e))?;
+        }
+        Ok((self.written_bytes + 4, crc))
+    }
+}
+
+/// Reads a snapshot file record by record, checking structure as it goes.
+pub struct SnapshotReader<R: Read> {
+    input: R,
+    pub header: SnapshotHeader,
+    crc: u32,
+    offset: u64,
+    records_read: u64,
+}
+
+impl SnapshotReader<BufReader<File>> {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|source| SnapshotFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        SnapshotReader::new(BufReader::with_capacity(1 << 20, file))
+    }
+}
+
+impl<R: Read> SnapshotReader<R> {
+    pub fn new(input: R) -> Result<Self> {
+        let mut reader = SnapshotReader {
+            input,
+            header: SnapshotHeader {
+                cluster_id: String::new(),
+                last_log_index: 0,
+                last_log_term: 0,
+                last_log_leader_node_id: 0,
+                membership: serde_json::Value::Null,
+                resource_count: 0,
+                created_at_unix_ms: 0,
+            },
+            crc: 0,
+            offset: 0,
+            records_read: 0,
+        };
+        let mut magic = [0u8; 8];
+        reader.take(&mut magic, "magic")?;
+        if &magic != MAGIC {
+            return Err(SnapshotFileError::BadMagic);
+        }
+        let version = reader.u32("format version")?;
+        if version != SNAPSHOT_FORMAT_VERSION {
+            return Err(SnapshotFileError::UnsupportedVersion { found: version });
+        }
+        let header_len = reader.u32("header length")?;
+        if header_len > HEADER_BYTES_MAX {
+            return Err(reader.damaged(format!(
+                "header length {header_len} exceeds {HEADER_BYTES_MAX}"
+            )));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        reader.take(&mut header, "header")?;
+        reader.header =
+            serde_json::from_slice(&header).map_err(|e| SnapshotFileError::Damaged {
+                what: format!("undecodable header: {e}"),
+                offset: 16,
+            })?;
+        Ok(reader)
+    }
+
+    fn damaged(&self, what: String) -> SnapshotFileError {
+        SnapshotFileError::Damaged {
+            what,
+            offset: self.offset,
+        }
+    }
+
+    fn take(&mut self, buf: &mut [u8], what: &str) -> Result<()> {
+        match self.input.read_exact(buf) {
+            Ok(()) => {
+                self.crc = crc32c::crc32c_append(self.crc, buf);
+                self.offset += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(self.damaged(format!("file truncated while reading the {what}")))
+            }
+            Err(source) => Err(SnapshotFileError::Io {
+                path: PathBuf::from("<snapshot>"),
+                source,
+            }),
+        }
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.take(&mut b, what)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// The byte offset reached so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next resource, or `None` after the last one once the trailer and
+    /// checksum have been verified.
+    pub fn next_resource(&mut self) -> Result<Option<Resource>> {
+        if self.records_read == self.header.resource_count {
+            let mut end = [0u8; 8];
+            self.take(&mut end, "end marker")?;
+            if &end != END_MARKER {
+                return Err(self.damaged(
+                    "missing end marker (more records than the header announced?)".into(),
+                ));
+            }
+            let computed = self.crc;
+            let mut stored = [0u8; 4];
+            self.input
+                .read_exact(&mut stored)
+                .map_err(|_| self.damaged("file truncated while reading the checksum".into()))?;
+            let stored = u32::from_le_bytes(stored);
+            if stored != computed {
+                return Err(SnapshotFileError::Checksum { stored, computed });
+            }
+            let mut extra = [0u8; 1];
+            if self
+                .input
+                .read(&mut extra)
+                .map_err(|source| SnapshotFileError::Io {
+                    path: PathBuf::new(),
+                    source,
+                })?
+                != 0
+            {
+                return Err(SnapshotFileError::Damaged {
+                    what: "trailing bytes after the checksum".into(),
+                    offset: self.offset + 4,
+                });
+            }
+            return Ok(None);
+        }
+        let record_offset = self.offset;
+        let len = self.u32("record length")?;
+        if len > RECORD_BYTES_MAX {
+            return Err(SnapshotFileError::Damaged {
+                what: format!(
+                    "record {} claims {len} bytes (max {RECORD_BYTES_MAX})",
+                    self.records_read
+                ),
+                offset: record_offset,
+            });
+        }
+        let mut bytes = vec![0u8; len as usize];
+        self.take(&mut bytes, "record")?;
+        let resource =
+            Resource::decode(bytes.as_slice()).map_err(|e| SnapshotFileError::Damaged {
+                what: format!("record {} does not decode: {e}", self.records_read),
+                offset: record_offset,
+            })?;
+        self.records_read += 1;
+        Ok(Some(resource))
+    }
+}
+
+/// Reads the whole file and checks its structure and checksum, calling
+/// `visit` on every resource. Nothing is trusted until this returns Ok.
+pub fn verify(path: &Path, mut visit: impl FnMut(&Resource)) -> Result<SnapshotHeader> {
+    let mut reader = SnapshotReader::open(path)?;
+    while let Some(resource) = reader.next_resource()? {
+        visit(&resource);
+    }
+    Ok(reader.header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(count: u64) -> SnapshotHeader {
+        SnapshotHeader {
+            cluster_id: "c1".into(),
+            last_log_index: 9,
+            last_log_term: 2,
+            last_log_leader_node_id: 1,
+            membership: serde_json::json!({"voters": [1, 2, 3]}),
+            resource_count: count,
+            created_at_unix_ms: 0,
+        }
+    }
+
+    fn resource(name: &str) -> Resource {
+        Resource {
+            id: Some(cairn_proto::v1::Id {
+                name: name.into(),
+                uid: "u".into(),
+                ..Default::default()
+            }),
+            version: "3".into(),
+            ..Default::default()
+        }
+    }
+
+    fn write(dir: &Path, names: &[&str]) -> PathBuf {
+        let path = dir.join("s.snap");
+        let mut w = SnapshotWriter::create(&path, &header(names.len() as u64)).unwrap();
+        for n in names {
+            w.append(&resource(n)).unwrap();
+        }
+        w.finish().unwrap();
+        path
+    }
+
+    #[test]
+    fn a_written_snapshot_reads_back_whole() {
+        // What is written comes back in order, with its header, and verifies.
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), &["a", "b", "c"]);
+        let mut names = vec![];
+        let h = verify(&path, |r| names.push(r.id.as_ref().unwrap().name.clone())).unwrap();
+        assert_eq!(h, header(3));
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(!path.with_extension("tmp").exists());
+    }
+
+    #[test]
+    fn every_kind_of_damage_has_its_own_error() {
+        // Flipped byte, truncation, wrong magic, other version and empty file are told apart.
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), &["a", "b"]);
+        let good = fs::read(&path).unwrap();
+        let check = |bytes: Vec<u8>| {
+            let p = dir.path().join("bad.snap");
+            fs::write(&p, bytes).unwrap();
+            verify(&p, |_| {}).unwrap_err()
+        };
+        let mut flipped = good.clone();
+        let i = good.len() - 20;
+        flipped[i] ^= 0x40;
+        assert!(matches!(
+            check(flipped),
+            SnapshotFileError::Checksum { .. } | SnapshotFileError::Damaged { .. }
+        ));
+        assert!(matches!(
+            check(good[..good.len() - 9].to_vec()),
+            SnapshotFileError::Damaged { .. }
+        ));
+        let mut magic = good.clone();
+        magic[0] = b'X';
+        assert!(matches!(check(magic), SnapshotFileError::BadMagic));
+        let mut version = good.clone();
+        version[8] = 9;
+        assert!(matches!(
+            check(version),
+            SnapshotFileError::UnsupportedVersion { found: 9 }
+        ));
+        assert!(matches!(
+            check(vec![]),
+            SnapshotFileError::Damaged { offset: 0, .. }
+        ));
+    }
+}
