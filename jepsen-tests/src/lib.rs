@@ -53,6 +53,7 @@
 //!   any key is undecided, else "linearizable".
 
 pub mod append;
+pub mod cluster;
 pub mod error;
 pub mod history;
 pub mod linearizability;

@@ -1,0 +1,309 @@
+//! Cluster behaviour of real `cairn` processes on loopback: bootstrap,
+//! leader failure, catch-up through snapshots, membership changes and whole
+//! cluster restarts. Every test kills its processes when it ends.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use cairn_proto::v1::Consistency;
+use support::*;
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_node_bootstrap_and_a_write_is_readable_on_every_node() {
+    // Three fresh nodes elect a leader; a write acknowledged by the leader is
+    // then readable (eventually) on every node, with the same version.
+    let cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let written = write(
+        &cluster.node(leader).client_address,
+        thing("hello", "u1", "", b"world"),
+    )
+    .await
+    .unwrap();
+    assert!(!written.version.is_empty());
+    for id in cluster.ids() {
+        let address = cluster.node(id).client_address.clone();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match read(&address, "hello", Consistency::Eventual).await {
+                Ok(r) => {
+                    assert_eq!(r.version, written.version, "node {id}");
+                    assert_eq!(r.data.unwrap().value.as_ref(), b"world");
+                    break;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("node {id} never saw the write: {e}"),
+            }
+        }
+    }
+    // The strong read at the leader sees it at once.
+    let strong = read(
+        &cluster.node(leader).client_address,
+        "hello",
+        Consistency::Strong,
+    )
+    .await
+    .unwrap();
+    assert_eq!(strong.version, written.version);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_elects_another_and_loses_no_acknowledged_write() {
+    // Writes are acknowledged, the leader is killed with SIGKILL, a new leader
+    // takes over, writes continue, and every acknowledged write is still there.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let mut acknowledged = vec![];
+    for i in 0..50 {
+        let name = format!("before-{i:03}");
+        if create_anywhere(&cluster, &name, b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+        {
+            acknowledged.push(name);
+        }
+    }
+    let killed_at = Instant::now();
+    cluster.kill(leader);
+    let survivors: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    assert!(
+        create_anywhere(&cluster, "after-000", b"x", Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    println!(
+        "failover: kill -9 of the leader to the first acknowledged write took {:?}",
+        killed_at.elapsed()
+    );
+    acknowledged.push("after-000".into());
+    for i in 1..20 {
+        let name = format!("after-{i:03}");
+        if create_anywhere(&cluster, &name, b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+        {
+            acknowledged.push(name);
+        }
+    }
+    let new_leader = cluster
+        .wait_for_leader_among(&survivors, LEADER_TIMEOUT)
+        .await;
+    let all = list(
+        &cluster.node(new_leader).client_address,
+        Consistency::Strong,
+    )
+    .await
+    .unwrap();
+    let names: std::collections::BTreeSet<String> =
+        all.into_iter().map(|r| r.id.unwrap().name).collect();
+    for name in &acknowledged {
+        assert!(names.contains(name), "acknowledged write {name} lost");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_after_compaction_catches_up_through_a_snapshot() {
+    // Node 3 is stopped, 10,000 writes happen and the log is compacted behind a
+    // snapshot; restarted, node 3 installs the snapshot and serves the same data.
+    let mut options = options(3);
+    options.snapshot_log_entries = 1000;
+    let mut cluster = Cluster::start(options);
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let lagging = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+    cluster.stop(lagging);
+    let leader_address = cluster.node(leader).client_address.clone();
+    let total = 10_000usize;
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..32usize {
+        let address = leader_address.clone();
+        tasks.spawn(async move {
+            let c = client(&address).await;
+            for i in (worker..total).step_by(32) {
+                let mut c = c.clone();
+                let name = format!("r-{i:05}");
+                c.write(cairn_proto::v1::WriteRequest {
+                    resource: Some(thing(&name, "u1", "", &[7u8; 64])),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("write {name}: {e}"));
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let status = cluster.status(leader).await.unwrap();
+    assert!(
+        status.snapshot_index > 0,
+        "the leader built no snapshot: {status:?}"
+    );
+    assert!(
+        status.purged_index > 0,
+        "the leader purged no log: {status:?}"
+    );
+    cluster.spawn(lagging);
+    let expected = names_on(&leader_address).await.unwrap();
+    assert_eq!(expected.len(), total);
+    wait_converged(&cluster, &[lagging], &expected, Duration::from_secs(60)).await;
+    let s = cluster.status(lagging).await.unwrap();
+    assert!(
+        s.snapshot_index > 0,
+        "node {lagging} caught up without a snapshot: {s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_survive_two_failures_and_both_catch_up() {
+    // With two of five nodes killed the cluster keeps accepting writes; the two
+    // come back and converge on the same data.
+    let mut cluster = Cluster::start(options(5));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let victims: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .take(2)
+        .collect();
+    for v in &victims {
+        cluster.kill(*v);
+    }
+    for i in 0..100 {
+        assert!(create_anywhere(
+            &cluster,
+            &format!("k-{i:03}"),
+            b"x",
+            Duration::from_secs(20)
+        )
+        .await
+        .unwrap());
+    }
+    for v in &victims {
+        cluster.spawn(*v);
+    }
+    let expected = names_on(&cluster.node(leader).client_address)
+        .await
+        .unwrap();
+    assert_eq!(expected.len(), 100);
+    wait_converged(&cluster, &cluster.ids(), &expected, Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_add_promote_and_remove_while_serving() {
+    // A fourth node joins (learner, then voter), an old voter is removed, and
+    // writes keep succeeding throughout.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    assert!(
+        create_anywhere(&cluster, "m-0", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    let via = cluster.node(leader).client_address.clone();
+    let new_id = cluster.add_joining_node(&via);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = cluster.status(leader).await.unwrap();
+        if s.members.iter().any(|m| m.id == new_id && m.voter) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {new_id} never became a voter: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        create_anywhere(&cluster, "m-1", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    // Remove a voter that is not the leader.
+    let removed = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != leader && *id != new_id)
+        .unwrap();
+    let mut admin =
+        cairn_proto::v1::admin_service_client::AdminServiceClient::connect(format!("http://{via}"))
+            .await
+            .unwrap();
+    admin
+        .remove_member(cairn_proto::v1::RemoveMemberRequest { id: removed })
+        .await
+        .unwrap();
+    cluster.kill(removed);
+    assert!(
+        create_anywhere(&cluster, "m-2", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    let s = cluster.status(leader).await.unwrap();
+    assert!(
+        !s.members.iter().any(|m| m.id == removed),
+        "node {removed} still a member: {s:?}"
+    );
+    let expected: Vec<String> = vec!["m-0".into(), "m-1".into(), "m-2".into()];
+    wait_converged(
+        &cluster,
+        &[leader, new_id],
+        &expected,
+        Duration::from_secs(20),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_the_whole_cluster_after_kill_loses_nothing() {
+    // Every node is killed with SIGKILL at once and started again: every
+    // acknowledged write is still there (it was fsynced on a majority).
+    let mut cluster = Cluster::start(options(3));
+    cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let mut acknowledged = vec![];
+    for i in 0..200 {
+        let name = format!("w-{i:03}");
+        if create_anywhere(&cluster, &name, b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+        {
+            acknowledged.push(name);
+        }
+    }
+    for id in cluster.ids() {
+        cluster.kill(id);
+    }
+    for id in cluster.ids() {
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let names = names_on_strong(&cluster.node(leader).client_address).await;
+    for name in &acknowledged {
+        assert!(
+            names.contains(name),
+            "acknowledged write {name} lost after a full restart"
+        );
+    }
+}
+
+async fn names_on_strong(address: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match list(address, Consistency::Strong).await {
+            Ok(l) => return l.into_iter().map(|r| r.id.unwrap().name).collect(),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("strong list failed: {e}"),
+        }
+    }
+}
