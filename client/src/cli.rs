@@ -58,7 +58,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::Bytes;
 use cairn_proto::google::protobuf::Any;
-use cairn_proto::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchEvent, WatchListRequest};
+use cairn_proto::v1::{
+    watch_event, Consistency, Id, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
+};
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
@@ -280,7 +282,9 @@ pub fn parse_type(s: &str) -> Result<Type, String> {
         .rsplit_once('.')
         .ok_or_else(|| format!("{s:?} is not GROUP.GROUP_VERSION.KIND"))?;
     if group.is_empty() || group_version.is_empty() || kind.is_empty() {
-        return Err(format!("{s:?}: group, group version and kind must not be empty"));
+        return Err(format!(
+            "{s:?}: group, group version and kind must not be empty"
+        ));
     }
     Ok(Type {
         group: group.into(),
@@ -320,7 +324,9 @@ pub fn parse_tenancy(s: &str) -> Result<Tenancy, String> {
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s.split_once('=').ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))?;
     if k.is_empty() {
         return Err(format!("{s:?}: the key is empty"));
     }
@@ -329,7 +335,12 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 
 /// `GROUP.GROUP_VERSION.KIND/NAME/UID` (the name may contain '/').
 fn parse_owner(s: &str, tenancy: &Tenancy) -> Result<Id, ClientError> {
-    let bad = || ClientError::invalid("owner", format!("{s:?} is not GROUP.GROUP_VERSION.KIND/NAME/UID"));
+    let bad = || {
+        ClientError::invalid(
+            "owner",
+            format!("{s:?} is not GROUP.GROUP_VERSION.KIND/NAME/UID"),
+        )
+    };
     let (type_text, rest) = s.split_once('/').ok_or_else(bad)?;
     let (name, uid) = rest.rsplit_once('/').ok_or_else(bad)?;
     let type_ = parse_type(type_text).map_err(|reason| ClientError::invalid("owner", reason))?;
@@ -458,7 +469,11 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
 }
 
 /// The id with the uid of the stored lifetime, when it has none.
-async fn with_stored_uid(client: &Client, id: Id, consistency: Consistency) -> Result<Id, ClientError> {
+async fn with_stored_uid(
+    client: &Client,
+    id: Id,
+    consistency: Consistency,
+) -> Result<Id, ClientError> {
     if !id.uid.is_empty() {
         return Ok(id);
     }
@@ -497,7 +512,10 @@ fn resource_of(c: &CommonArgs, a: &WriteArgs) -> Result<Resource, ClientError> {
         return Ok(r);
     }
     let (Some(type_), Some(name)) = (a.type_.clone(), a.name.clone()) else {
-        return Err(ClientError::invalid("type", "--type and --name are required without --file"));
+        return Err(ClientError::invalid(
+            "type",
+            "--type and --name are required without --file",
+        ));
     };
     let type_url = a.data_type_url.clone().unwrap_or_else(|| {
         format!(
@@ -505,29 +523,32 @@ fn resource_of(c: &CommonArgs, a: &WriteArgs) -> Result<Resource, ClientError> {
             type_.group, type_.group_version, type_.kind
         )
     });
-    let data = match (&a.data_json, &a.data_base64) {
-        (Some(text), _) => {
-            let v: Value = serde_json::from_str(text)
-                .map_err(|e| ClientError::invalid("data-json", format!("not JSON: {e}")))?;
-            Some(Any {
+    let data =
+        match (&a.data_json, &a.data_base64) {
+            (Some(text), _) => {
+                let v: Value = serde_json::from_str(text)
+                    .map_err(|e| ClientError::invalid("data-json", format!("not JSON: {e}")))?;
+                Some(Any {
+                    type_url,
+                    value: Bytes::from(json_payload(&v)),
+                })
+            }
+            (None, Some(b64)) => Some(Any {
                 type_url,
-                value: Bytes::from(json_payload(&v)),
-            })
-        }
-        (None, Some(b64)) => Some(Any {
-            type_url,
-            value: Bytes::from(
-                BASE64
-                    .decode(b64.as_bytes())
-                    .map_err(|e| ClientError::invalid("data-base64", format!("not base64: {e}")))?,
-            ),
-        }),
-        (None, None) => a.data_type_url.clone().map(|type_url| Any {
-            type_url,
-            value: Bytes::new(),
-        }),
-    };
-    let owner = a.owner.as_deref().map(|o| parse_owner(o, &c.tenancy)).transpose()?;
+                value: Bytes::from(BASE64.decode(b64.as_bytes()).map_err(|e| {
+                    ClientError::invalid("data-base64", format!("not base64: {e}"))
+                })?),
+            }),
+            (None, None) => a.data_type_url.clone().map(|type_url| Any {
+                type_url,
+                value: Bytes::new(),
+            }),
+        };
+    let owner = a
+        .owner
+        .as_deref()
+        .map(|o| parse_owner(o, &c.tenancy))
+        .transpose()?;
     Ok(Resource {
         id: Some(Id {
             uid: a.uid.clone().unwrap_or_default(),
@@ -626,9 +647,13 @@ async fn watch(
     let mut resume_from = (a.from_revision > 0).then_some(a.from_revision);
     let mut printed: u64 = 0;
     if c.output == OutputFormat::Table
-        && writeln!(out, "{:<16} {:>9}  {:<28} {:<24} {:<20} {:>9}  DATA", "EVENT", "REVISION", "TYPE", "NAME", "TENANCY", "VERSION")
-            .and_then(|_| out.flush())
-            .is_err()
+        && writeln!(
+            out,
+            "{:<16} {:>9}  {:<28} {:<24} {:<20} {:>9}  DATA",
+            "EVENT", "REVISION", "TYPE", "NAME", "TENANCY", "VERSION"
+        )
+        .and_then(|_| out.flush())
+        .is_err()
     {
         return Ok(exit::OK);
     }
@@ -643,8 +668,11 @@ async fn watch(
         match next {
             Some(Ok(event)) => {
                 match &event.event {
-                    Some(watch_event::Event::EndOfSnapshot(_)) => resume_from = Some(event.revision),
-                    Some(watch_event::Event::Upsert(_)) | Some(watch_event::Event::Delete(_))
+                    Some(watch_event::Event::EndOfSnapshot(_)) => {
+                        resume_from = Some(event.revision)
+                    }
+                    Some(watch_event::Event::Upsert(_))
+                    | Some(watch_event::Event::Delete(_))
                     | Some(watch_event::Event::Progress(_))
                         if resume_from.is_some() =>
                     {
@@ -668,7 +696,9 @@ async fn watch(
                     oldest_retained_revision,
                 })
             }
-            Some(Err(ClientError::WatchClosed(_))) | Some(Err(ClientError::Unavailable { .. })) | None => {
+            Some(Err(ClientError::WatchClosed(_)))
+            | Some(Err(ClientError::Unavailable { .. }))
+            | None => {
                 request.start_revision = resume_from.unwrap_or(0);
                 if resume_from.is_none() {
                     // The snapshot was cut short: it starts again.
@@ -684,7 +714,11 @@ async fn watch(
     }
 }
 
-fn print_event(out: &mut (dyn Write + Send), format: OutputFormat, event: &WatchEvent) -> std::io::Result<()> {
+fn print_event(
+    out: &mut (dyn Write + Send),
+    format: OutputFormat,
+    event: &WatchEvent,
+) -> std::io::Result<()> {
     let (name, resource) = match &event.event {
         Some(watch_event::Event::Upsert(u)) => ("upsert", u.resource.as_ref()),
         Some(watch_event::Event::Delete(d)) => ("delete", d.resource.as_ref()),
@@ -775,7 +809,11 @@ fn print_resources(
             .try_for_each(|r| writeln!(out, "{:#}", resource_to_json(r))),
         (OutputFormat::Json, Some(revision)) => {
             let list: Vec<Value> = resources.iter().map(resource_to_json).collect();
-            writeln!(out, "{:#}", json!({"revision": revision, "resources": list}))
+            writeln!(
+                out,
+                "{:#}",
+                json!({"revision": revision, "resources": list})
+            )
         }
         (OutputFormat::Table, _) => {
             let rows: Vec<Vec<String>> = resources.iter().map(row_of).collect();
@@ -817,11 +855,19 @@ fn print_deleted(
     deleted: Option<&Resource>,
 ) -> Result<(), ClientError> {
     let written = match (format, deleted) {
-        (OutputFormat::Json, Some(r)) => writeln!(out, "{:#}", json!({"deleted": true, "resource": resource_to_json(r)})),
+        (OutputFormat::Json, Some(r)) => writeln!(
+            out,
+            "{:#}",
+            json!({"deleted": true, "resource": resource_to_json(r)})
+        ),
         (OutputFormat::Json, None) => writeln!(out, "{:#}", json!({"deleted": false})),
         (OutputFormat::Table, Some(r)) => {
             let row = row_of(r);
-            writeln!(out, "deleted {} {} in {} (version {}, uid {})", row[0], row[1], row[2], row[3], row[4])
+            writeln!(
+                out,
+                "deleted {} {} in {} (version {}, uid {})",
+                row[0], row[1], row[2], row[3], row[4]
+            )
         }
         (OutputFormat::Table, None) => writeln!(out, "nothing stored: nothing deleted"),
     };
@@ -846,14 +892,18 @@ mod tests {
     }
 
     fn parse(args: &[&str]) -> Result<DataCommand, clap::Error> {
-        TestCli::try_parse_from(std::iter::once("cairn").chain(args.iter().copied())).map(|c| c.command)
+        TestCli::try_parse_from(std::iter::once("cairn").chain(args.iter().copied()))
+            .map(|c| c.command)
     }
 
     #[test]
     fn types_parse_with_the_kind_last_and_dotted_groups() {
         // GROUP.GROUP_VERSION.KIND, the group may contain dots; lists also take GROUP.KIND.
         let t = parse_type("catalog.v2.Service").unwrap();
-        assert_eq!((t.group.as_str(), t.group_version.as_str(), t.kind.as_str()), ("catalog", "v2", "Service"));
+        assert_eq!(
+            (t.group.as_str(), t.group_version.as_str(), t.kind.as_str()),
+            ("catalog", "v2", "Service")
+        );
         let t = parse_type("hashicorp.consul.catalog.v2beta1.Service").unwrap();
         assert_eq!(t.group, "hashicorp.consul.catalog");
         assert_eq!(t.group_version, "v2beta1");
@@ -861,7 +911,10 @@ mod tests {
         assert!(parse_type("catalog..Service").is_err());
         assert!(parse_type("Service").is_err());
         let t = parse_list_type("catalog.Service").unwrap();
-        assert_eq!((t.group.as_str(), t.group_version.as_str()), ("catalog", ""));
+        assert_eq!(
+            (t.group.as_str(), t.group_version.as_str()),
+            ("catalog", "")
+        );
         assert_eq!(parse_list_type("a.v1.K").unwrap().group_version, "v1");
     }
 
@@ -869,7 +922,10 @@ mod tests {
     fn tenancy_parses_as_partition_slash_namespace() {
         // Exactly one '/', parts may be empty or '*'.
         let t = parse_tenancy("default/ns").unwrap();
-        assert_eq!((t.partition.as_str(), t.namespace.as_str()), ("default", "ns"));
+        assert_eq!(
+            (t.partition.as_str(), t.namespace.as_str()),
+            ("default", "ns")
+        );
         let t = parse_tenancy("*/*").unwrap();
         assert_eq!(t.partition, "*");
         assert_eq!(parse_tenancy("/").unwrap(), Tenancy::default());
@@ -880,7 +936,8 @@ mod tests {
     #[test]
     fn every_command_parses_with_defaults_and_flags() {
         // The documented syntax parses; defaults are the dev cluster, strong, default/default, table.
-        let DataCommand::Read(r) = parse(&["read", "--type", "g.v1.K", "--name", "n"]).unwrap() else {
+        let DataCommand::Read(r) = parse(&["read", "--type", "g.v1.K", "--name", "n"]).unwrap()
+        else {
             panic!("read")
         };
         assert_eq!(r.common.endpoints.len(), 3);
@@ -888,28 +945,73 @@ mod tests {
         assert_eq!(r.common.tenancy.partition, "default");
         assert_eq!(r.common.output, OutputFormat::Table);
         let DataCommand::Write(w) = parse(&[
-            "write", "--type", "g.v1.K", "--name", "n", "--data-json", "{\"a\":1}", "--metadata", "k=v",
-            "--metadata", "x=y=z", "--endpoints", "a:1,b:2", "-o", "json", "--consistency", "eventual",
-            "--tenancy", "p/ns",
+            "write",
+            "--type",
+            "g.v1.K",
+            "--name",
+            "n",
+            "--data-json",
+            "{\"a\":1}",
+            "--metadata",
+            "k=v",
+            "--metadata",
+            "x=y=z",
+            "--endpoints",
+            "a:1,b:2",
+            "-o",
+            "json",
+            "--consistency",
+            "eventual",
+            "--tenancy",
+            "p/ns",
         ])
         .unwrap() else {
             panic!("write")
         };
-        assert_eq!(w.common.endpoints, vec!["a:1".to_string(), "b:2".to_string()]);
-        assert_eq!(w.metadata, vec![("k".into(), "v".into()), ("x".into(), "y=z".into())]);
+        assert_eq!(
+            w.common.endpoints,
+            vec!["a:1".to_string(), "b:2".to_string()]
+        );
+        assert_eq!(
+            w.metadata,
+            vec![("k".into(), "v".into()), ("x".into(), "y=z".into())]
+        );
         assert_eq!(w.common.output, OutputFormat::Json);
-        assert!(matches!(parse(&["write", "--file", "-"]).unwrap(), DataCommand::Write(_)));
         assert!(matches!(
-            parse(&["delete", "--type", "g.v1.K", "--name", "n", "--version", "4"]).unwrap(),
+            parse(&["write", "--file", "-"]).unwrap(),
+            DataCommand::Write(_)
+        ));
+        assert!(matches!(
+            parse(&[
+                "delete",
+                "--type",
+                "g.v1.K",
+                "--name",
+                "n",
+                "--version",
+                "4"
+            ])
+            .unwrap(),
             DataCommand::Delete(_)
         ));
-        assert!(matches!(parse(&["list", "--type", "g.K", "--tenancy", "*/*"]).unwrap(), DataCommand::List(_)));
+        assert!(matches!(
+            parse(&["list", "--type", "g.K", "--tenancy", "*/*"]).unwrap(),
+            DataCommand::List(_)
+        ));
         assert!(matches!(
             parse(&["owned-by", "--type", "g.v1.K", "--name", "n", "--uid", "u"]).unwrap(),
             DataCommand::OwnedBy(_)
         ));
-        let DataCommand::Watch(w) = parse(&["watch", "--type", "g.K", "--from-revision", "7", "--max-events", "2"]).unwrap()
-        else {
+        let DataCommand::Watch(w) = parse(&[
+            "watch",
+            "--type",
+            "g.K",
+            "--from-revision",
+            "7",
+            "--max-events",
+            "2",
+        ])
+        .unwrap() else {
             panic!("watch")
         };
         assert_eq!((w.from_revision, w.max_events), (7, 2));
@@ -923,11 +1025,38 @@ mod tests {
             &["read", "--type", "g.K", "--name", "n"],
             &["write", "--name", "n"],
             &["write", "--file", "x", "--name", "n"],
-            &["write", "--type", "g.v.K", "--name", "n", "--data-json", "1", "--data-base64", "AA=="],
-            &["write", "--type", "g.v.K", "--name", "n", "--version", "3", "--upsert"],
+            &[
+                "write",
+                "--type",
+                "g.v.K",
+                "--name",
+                "n",
+                "--data-json",
+                "1",
+                "--data-base64",
+                "AA==",
+            ],
+            &[
+                "write",
+                "--type",
+                "g.v.K",
+                "--name",
+                "n",
+                "--version",
+                "3",
+                "--upsert",
+            ],
             &["list", "--type", "g.K", "--tenancy", "nope"],
             &["list", "--type", "g.K", "--consistency", "linearizable"],
-            &["write", "--type", "g.v.K", "--name", "n", "--metadata", "novalue"],
+            &[
+                "write",
+                "--type",
+                "g.v.K",
+                "--name",
+                "n",
+                "--metadata",
+                "novalue",
+            ],
         ] {
             assert!(parse(args).is_err(), "{args:?} parsed");
         }
@@ -962,7 +1091,15 @@ mod tests {
     fn flags_build_the_resource_with_a_default_type_url() {
         // --data-json is stored compactly under type.googleapis.com/GROUP.VERSION.KIND; --owner is parsed.
         let DataCommand::Write(w) = parse(&[
-            "write", "--type", "g.v1.K", "--name", "n", "--data-json", "{ \"a\" : 1 }", "--owner", "g.v1.P/parent/u9",
+            "write",
+            "--type",
+            "g.v1.K",
+            "--name",
+            "n",
+            "--data-json",
+            "{ \"a\" : 1 }",
+            "--owner",
+            "g.v1.P/parent/u9",
         ])
         .unwrap() else {
             panic!("write")
@@ -1000,7 +1137,10 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("TYPE    NAME  TENANCY"), "{text}");
-        assert!(lines[1].starts_with("g.v1.K  web   default/default  12"), "{text}");
+        assert!(
+            lines[1].starts_with("g.v1.K  web   default/default  12"),
+            "{text}"
+        );
         assert!(lines[1].ends_with('…'), "{text}");
     }
 }

@@ -40,8 +40,8 @@ use cairn_proto::error::ApiError;
 use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::{
     Consistency, DeleteRequest, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
-    ListResponse, ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchEvent,
-    WatchListRequest, WriteRequest,
+    ListResponse, ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
+    WriteRequest,
 };
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -125,8 +125,9 @@ pub(crate) fn endpoint_uri(address: &str) -> Result<String, ClientError> {
     } else {
         format!("http://{trimmed}")
     };
-    Endpoint::from_shared(uri.clone())
-        .map_err(|e| ClientError::invalid("endpoints", format!("{address:?} is not an address: {e}")))?;
+    Endpoint::from_shared(uri.clone()).map_err(|e| {
+        ClientError::invalid("endpoints", format!("{address:?} is not an address: {e}"))
+    })?;
     Ok(uri)
 }
 
@@ -229,9 +230,15 @@ impl Client {
     }
 
     /// A client that connects on first use (no I/O here).
-    pub fn new<S: AsRef<str>>(endpoints: &[S], options: ClientOptions) -> Result<Client, ClientError> {
+    pub fn new<S: AsRef<str>>(
+        endpoints: &[S],
+        options: ClientOptions,
+    ) -> Result<Client, ClientError> {
         if endpoints.is_empty() {
-            return Err(ClientError::invalid("endpoints", "at least one endpoint is required"));
+            return Err(ClientError::invalid(
+                "endpoints",
+                "at least one endpoint is required",
+            ));
         }
         if options.request_timeout.is_zero() || options.connect_timeout.is_zero() {
             return Err(ClientError::invalid("options", "timeouts must be positive"));
@@ -305,13 +312,11 @@ impl Client {
                 async move { c.write(r).await }
             })
             .await?;
-        response
-            .resource
-            .ok_or_else(|| ClientError::Internal {
-                message: "a write answer without a resource".into(),
-                // The node acknowledged the write: it applied.
-                outcome: Outcome::Unknown,
-            })
+        response.resource.ok_or_else(|| ClientError::Internal {
+            message: "a write answer without a resource".into(),
+            // The node acknowledged the write: it applied.
+            outcome: Outcome::Unknown,
+        })
     }
 
     /// Deletes the lifetime `id.uid` of a resource if its stored version is
@@ -501,7 +506,9 @@ impl Client {
                         pause(&mut backoff, options.backoff_max, deadline).await;
                     }
                 }
-                Failure::Answered(ApiError::Inconsistent(message)) if effect == Effect::ReadOnly => {
+                Failure::Answered(ApiError::Inconsistent(message))
+                    if effect == Effect::ReadOnly =>
+                {
                     // This node cannot confirm the read now (no quorum on its
                     // side of a partition?); another node may.
                     last = format!("{target}: {message}");
@@ -525,6 +532,15 @@ impl Client {
                 }
                 Failure::Transport(message) => {
                     self.evict(&target);
+                    if Instant::now() >= deadline {
+                        // tonic enforces the gRPC deadline it sent and
+                        // answers Cancelled when it passes.
+                        return Err(ClientError::DeadlineExceeded {
+                            deadline_ms,
+                            detail: format!("waiting for {target}: {message}"),
+                            outcome: unsure(effect),
+                        });
+                    }
                     if effect == Effect::Mutating {
                         // The request may have reached the node before the
                         // connection failed.
@@ -571,7 +587,10 @@ impl Client {
                 Ok(channel)
             }
             Ok(Err(e)) => Err(format!("cannot connect to {uri}: {}", error_chain(&e))),
-            Err(_) => Err(format!("cannot connect to {uri} within {} ms", limit.as_millis())),
+            Err(_) => Err(format!(
+                "cannot connect to {uri} within {} ms",
+                limit.as_millis()
+            )),
         }
     }
 
@@ -626,10 +645,19 @@ mod tests {
     #[test]
     fn endpoints_are_normalised_to_uris_and_bad_ones_rejected() {
         // host:port gains http://; a URI stays; empty and garbage are InvalidArgument.
-        assert_eq!(endpoint_uri("127.0.0.1:7001").ok(), Some("http://127.0.0.1:7001".into()));
+        assert_eq!(
+            endpoint_uri("127.0.0.1:7001").ok(),
+            Some("http://127.0.0.1:7001".into())
+        );
         assert_eq!(endpoint_uri(" http://h:1 ").ok(), Some("http://h:1".into()));
-        assert!(matches!(endpoint_uri(""), Err(ClientError::InvalidArgument { .. })));
-        assert!(matches!(endpoint_uri("a b:c"), Err(ClientError::InvalidArgument { .. })));
+        assert!(matches!(
+            endpoint_uri(""),
+            Err(ClientError::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            endpoint_uri("a b:c"),
+            Err(ClientError::InvalidArgument { .. })
+        ));
         assert!(matches!(
             Client::new::<&str>(&[], ClientOptions::default()),
             Err(ClientError::InvalidArgument { .. })

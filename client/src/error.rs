@@ -249,7 +249,13 @@ mod tests {
             },
             Outcome::Unknown,
         );
-        assert!(matches!(e, ClientError::Unavailable { outcome: Outcome::NotApplied, .. }));
+        assert!(matches!(
+            e,
+            ClientError::Unavailable {
+                outcome: Outcome::NotApplied,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -270,8 +276,11 @@ mod tests {
         ));
         let bare = tonic::Status::unavailable("connection reset");
         assert!(matches!(classify_status(&bare), Failure::Transport(_)));
-        let garbage =
-            tonic::Status::with_details(tonic::Code::Unavailable, "x", Bytes::from_static(&[0xff, 0x01]));
+        let garbage = tonic::Status::with_details(
+            tonic::Code::Unavailable,
+            "x",
+            Bytes::from_static(&[0xff, 0x01]),
+        );
         assert!(matches!(classify_status(&garbage), Failure::Transport(_)));
     }
 

@@ -24,7 +24,10 @@ impl Client {
     /// When the create's outcome is unknown (deadline, dropped connection),
     /// the uid it carried settles it: a strong read finding that uid means
     /// the create applied. Otherwise the unknown error is returned as is.
-    pub async fn create_if_absent(&self, mut resource: Resource) -> Result<(Resource, bool), ClientError> {
+    pub async fn create_if_absent(
+        &self,
+        mut resource: Resource,
+    ) -> Result<(Resource, bool), ClientError> {
         prepare_create(&mut resource)?;
         let id = resource.id.clone().unwrap_or_default();
         let uid = id.uid.clone();
@@ -35,18 +38,22 @@ impl Client {
         for _ in 0..self.options().cas_attempts_max {
             match self.write(resource.clone()).await {
                 Ok(stored) => return Ok((stored, true)),
-                Err(e) if e.is_cas_conflict() => match self.read_any_group_version(any_lifetime.clone()).await {
-                    Ok(existing) => {
-                        let created = existing.id.as_ref().is_some_and(|i| i.uid == uid);
-                        return Ok((existing, created));
+                Err(e) if e.is_cas_conflict() => {
+                    match self.read_any_group_version(any_lifetime.clone()).await {
+                        Ok(existing) => {
+                            let created = existing.id.as_ref().is_some_and(|i| i.uid == uid);
+                            return Ok((existing, created));
+                        }
+                        // Deleted between the write and the read: try again.
+                        Err(ClientError::NotFound) => continue,
+                        Err(e) => return Err(e),
                     }
-                    // Deleted between the write and the read: try again.
-                    Err(ClientError::NotFound) => continue,
-                    Err(e) => return Err(e),
-                },
+                }
                 Err(e) if e.outcome() == Outcome::Unknown => {
                     return match self.read_any_group_version(any_lifetime.clone()).await {
-                        Ok(existing) if existing.id.as_ref().is_some_and(|i| i.uid == uid) => Ok((existing, true)),
+                        Ok(existing) if existing.id.as_ref().is_some_and(|i| i.uid == uid) => {
+                            Ok((existing, true))
+                        }
                         _ => Err(e),
                     };
                 }
@@ -183,8 +190,14 @@ mod tests {
             version: "3".into(),
             ..Default::default()
         };
-        assert!(matches!(prepare_create(&mut r), Err(ClientError::InvalidArgument { .. })));
+        assert!(matches!(
+            prepare_create(&mut r),
+            Err(ClientError::InvalidArgument { .. })
+        ));
         let mut r = Resource::default();
-        assert!(matches!(prepare_create(&mut r), Err(ClientError::InvalidArgument { .. })));
+        assert!(matches!(
+            prepare_create(&mut r),
+            Err(ClientError::InvalidArgument { .. })
+        ));
     }
 }

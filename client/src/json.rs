@@ -72,7 +72,11 @@ impl From<JsonError> for ClientError {
 
 fn err(path: &str, reason: impl Into<String>) -> JsonError {
     JsonError {
-        path: if path.is_empty() { "resource".into() } else { path.to_string() },
+        path: if path.is_empty() {
+            "resource".into()
+        } else {
+            path.to_string()
+        },
         reason: reason.into(),
     }
 }
@@ -90,7 +94,10 @@ fn join(path: &str, key: &str) -> String {
 /// The JSON form of a resource.
 pub fn resource_to_json(r: &Resource) -> Value {
     let mut m = Map::new();
-    m.insert("id".into(), id_to_json(r.id.as_ref().unwrap_or(&Id::default())));
+    m.insert(
+        "id".into(),
+        id_to_json(r.id.as_ref().unwrap_or(&Id::default())),
+    );
     if let Some(owner) = &r.owner {
         m.insert("owner".into(), id_to_json(owner));
     }
@@ -125,7 +132,10 @@ pub fn id_to_json(id: &Id) -> Value {
     let mut m = Map::new();
     m.insert("uid".into(), Value::String(id.uid.clone()));
     m.insert("name".into(), Value::String(id.name.clone()));
-    m.insert("type".into(), type_to_json(id.r#type.as_ref().unwrap_or(&Type::default())));
+    m.insert(
+        "type".into(),
+        type_to_json(id.r#type.as_ref().unwrap_or(&Type::default())),
+    );
     m.insert(
         "tenancy".into(),
         tenancy_to_json(id.tenancy.as_ref().unwrap_or(&Tenancy::default())),
@@ -144,7 +154,10 @@ fn tenancy_to_json(t: &Tenancy) -> Value {
 fn status_to_json(s: &Status) -> Value {
     let mut m = Map::new();
     if !s.observed_generation.is_empty() {
-        m.insert("observed_generation".into(), Value::String(s.observed_generation.clone()));
+        m.insert(
+            "observed_generation".into(),
+            Value::String(s.observed_generation.clone()),
+        );
     }
     if !s.conditions.is_empty() {
         m.insert(
@@ -176,7 +189,10 @@ fn condition_to_json(c: &Condition) -> Value {
     }
     if let Some(r) = &c.resource {
         let mut rm = Map::new();
-        rm.insert("type".into(), type_to_json(r.r#type.as_ref().unwrap_or(&Type::default())));
+        rm.insert(
+            "type".into(),
+            type_to_json(r.r#type.as_ref().unwrap_or(&Type::default())),
+        );
         rm.insert(
             "tenancy".into(),
             tenancy_to_json(r.tenancy.as_ref().unwrap_or(&Tenancy::default())),
@@ -214,12 +230,23 @@ pub fn payload_as_json(bytes: &[u8]) -> Option<Value> {
 /// Reads a resource from its JSON form.
 pub fn resource_from_json(v: &Value) -> Result<Resource, JsonError> {
     let o = Obj::new(v, "")?;
-    o.only(&["id", "owner", "version", "generation", "metadata", "status", "data"])?;
+    o.only(&[
+        "id",
+        "owner",
+        "version",
+        "generation",
+        "metadata",
+        "status",
+        "data",
+    ])?;
     let id = match o.get("id") {
         Some(v) => id_from_json(v, "id")?,
         None => return Err(err("id", "is required")),
     };
-    let owner = o.get("owner").map(|v| id_from_json(v, "owner")).transpose()?;
+    let owner = o
+        .get("owner")
+        .map(|v| id_from_json(v, "owner"))
+        .transpose()?;
     let mut metadata = BTreeMap::new();
     if let Some(m) = o.object("metadata")? {
         for (k, v) in m.map {
@@ -234,7 +261,10 @@ pub fn resource_from_json(v: &Value) -> Result<Resource, JsonError> {
             status.insert(k.clone(), status_from_json(v, &join("status", k))?);
         }
     }
-    let data = o.get("data").map(|v| data_from_json(v, "data")).transpose()?;
+    let data = o
+        .get("data")
+        .map(|v| data_from_json(v, "data"))
+        .transpose()?;
     Ok(Resource {
         id: Some(id),
         owner,
@@ -253,7 +283,10 @@ pub fn id_from_json(v: &Value, path: &str) -> Result<Id, JsonError> {
     Ok(Id {
         uid: o.string("uid")?,
         name: o.string("name")?,
-        r#type: o.get("type").map(|v| type_from_json(v, &join(path, "type"))).transpose()?,
+        r#type: o
+            .get("type")
+            .map(|v| type_from_json(v, &join(path, "type")))
+            .transpose()?,
         tenancy: o
             .get("tenancy")
             .map(|v| tenancy_from_json(v, &join(path, "tenancy")))
@@ -288,7 +321,10 @@ fn status_from_json(v: &Value, path: &str) -> Result<Status, JsonError> {
         None => {}
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                conditions.push(condition_from_json(item, &format!("{path}.conditions[{i}]"))?);
+                conditions.push(condition_from_json(
+                    item,
+                    &format!("{path}.conditions[{i}]"),
+                )?);
             }
         }
         Some(_) => return Err(err(&join(path, "conditions"), "must be an array")),
@@ -328,7 +364,10 @@ fn condition_from_json(v: &Value, path: &str) -> Result<Condition, JsonError> {
             let r = Obj::new(v, &rpath)?;
             r.only(&["type", "tenancy", "name", "section"])?;
             Some(Reference {
-                r#type: r.get("type").map(|v| type_from_json(v, &join(&rpath, "type"))).transpose()?,
+                r#type: r
+                    .get("type")
+                    .map(|v| type_from_json(v, &join(&rpath, "type")))
+                    .transpose()?,
                 tenancy: r
                     .get("tenancy")
                     .map(|v| tenancy_from_json(v, &join(&rpath, "tenancy")))
@@ -410,7 +449,9 @@ impl<'a> Obj<'a> {
     }
 
     fn object(&self, key: &str) -> Result<Option<Obj<'a>>, JsonError> {
-        self.get(key).map(|v| Obj::new(v, &join(&self.path, key))).transpose()
+        self.get(key)
+            .map(|v| Obj::new(v, &join(&self.path, key)))
+            .transpose()
     }
 }
 
@@ -439,7 +480,11 @@ pub fn format_timestamp(t: &Timestamp) -> Option<String> {
     let days = t.seconds.div_euclid(SECONDS_PER_DAY);
     let second_of_day = t.seconds.rem_euclid(SECONDS_PER_DAY);
     let (year, month, day) = civil_from_days(days);
-    let (h, m, s) = (second_of_day / 3600, second_of_day / 60 % 60, second_of_day % 60);
+    let (h, m, s) = (
+        second_of_day / 3600,
+        second_of_day / 60 % 60,
+        second_of_day % 60,
+    );
     let mut out = format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}");
     if t.nanos != 0 {
         out.push_str(&format!(".{:09}", t.nanos));
@@ -451,14 +496,19 @@ pub fn format_timestamp(t: &Timestamp) -> Option<String> {
 fn timestamp_from_json(v: &Value, path: &str) -> Result<Timestamp, JsonError> {
     match v {
         Value::String(s) => parse_timestamp(s).ok_or_else(|| {
-            err(path, "must be an RFC 3339 UTC time such as 2024-03-01T10:00:00Z")
+            err(
+                path,
+                "must be an RFC 3339 UTC time such as 2024-03-01T10:00:00Z",
+            )
         }),
         Value::Object(_) => {
             let o = Obj::new(v, path)?;
             o.only(&["seconds", "nanos"])?;
             let seconds = match o.get("seconds") {
                 None => 0,
-                Some(n) => n.as_i64().ok_or_else(|| err(&join(path, "seconds"), "must be an integer"))?,
+                Some(n) => n
+                    .as_i64()
+                    .ok_or_else(|| err(&join(path, "seconds"), "must be an integer"))?,
             };
             let nanos = match o.get("nanos") {
                 None => 0,
@@ -667,8 +717,12 @@ mod tests {
     #[test]
     fn written_json_is_stored_in_compact_form() {
         // Whitespace in the input does not reach the stored bytes.
-        let v: Value = serde_json::from_str(r#"{"type_url": "u", "json": { "port" : 80 }}"#).unwrap();
-        assert_eq!(data_from_json(&v, "data").unwrap().value.as_ref(), br#"{"port":80}"#);
+        let v: Value =
+            serde_json::from_str(r#"{"type_url": "u", "json": { "port" : 80 }}"#).unwrap();
+        assert_eq!(
+            data_from_json(&v, "data").unwrap().value.as_ref(),
+            br#"{"port":80}"#
+        );
     }
 
     #[test]
@@ -685,7 +739,10 @@ mod tests {
                 json!({"id": {}, "status": {"s": {"conditions": [{"state": "MAYBE"}]}}}),
                 "status.s.conditions[0].state",
             ),
-            (json!({"id": {}, "status": {"s": {"updated_at": "yesterday"}}}), "status.s.updated_at"),
+            (
+                json!({"id": {}, "status": {"s": {"updated_at": "yesterday"}}}),
+                "status.s.updated_at",
+            ),
             (json!([1]), "resource"),
         ];
         for (input, path) in cases {
@@ -699,7 +756,8 @@ mod tests {
     #[test]
     fn nulls_and_absent_fields_are_empty() {
         // A minimal document gives a resource with empty fields.
-        let r = resource_from_json(&json!({"id": {"name": "n", "uid": null}, "owner": null})).unwrap();
+        let r =
+            resource_from_json(&json!({"id": {"name": "n", "uid": null}, "owner": null})).unwrap();
         assert_eq!(r.id.as_ref().map(|i| i.name.as_str()), Some("n"));
         assert_eq!(r.owner, None);
         assert_eq!(r.version, "");
@@ -715,7 +773,11 @@ mod tests {
             (1_709_287_200, 120_000_000, "2024-03-01T10:00:00.120000000Z"),
             (-1, 0, "1969-12-31T23:59:59Z"),
             (RFC3339_SECONDS_MIN, 0, "0000-01-01T00:00:00Z"),
-            (RFC3339_SECONDS_MAX, 999_999_999, "9999-12-31T23:59:59.999999999Z"),
+            (
+                RFC3339_SECONDS_MAX,
+                999_999_999,
+                "9999-12-31T23:59:59.999999999Z",
+            ),
         ];
         for (seconds, nanos, text) in cases {
             let t = Timestamp { seconds, nanos };
@@ -729,7 +791,12 @@ mod tests {
                 nanos: 120_000_000
             })
         );
-        for bad in ["2023-02-29T00:00:00Z", "2024-03-01 10:00:00Z", "2024-03-01T10:00:00", "2024-13-01T00:00:00Z"] {
+        for bad in [
+            "2023-02-29T00:00:00Z",
+            "2024-03-01 10:00:00Z",
+            "2024-03-01T10:00:00",
+            "2024-13-01T00:00:00Z",
+        ] {
             assert_eq!(parse_timestamp(bad), None, "{bad}");
         }
         let far = Timestamp {

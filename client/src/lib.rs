@@ -60,7 +60,8 @@ pub use client::{Client, ClientOptions, WatchStream};
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;
 pub use watch_cache::{
-    CacheEvent, CacheStats, CacheStatus, ResourceKey, SubscriptionId, WatchCache, WatchCacheOptions, WatchSpec,
+    CacheEvent, CacheStats, CacheStatus, ResourceKey, SubscriptionId, WatchCache,
+    WatchCacheOptions, WatchSpec,
 };
 
 /// The generated protobuf types, re-exported for convenience.

@@ -236,7 +236,11 @@ impl WatchCache {
     /// runtime). Two specs with the same group and kind are rejected: each
     /// key must belong to one watch, or a sweep of one would delete what the
     /// other holds.
-    pub fn start(client: Client, specs: Vec<WatchSpec>, options: WatchCacheOptions) -> Result<WatchCache, ClientError> {
+    pub fn start(
+        client: Client,
+        specs: Vec<WatchSpec>,
+        options: WatchCacheOptions,
+    ) -> Result<WatchCache, ClientError> {
         WatchCache::start_with(client, specs, options, Vec::new())
     }
 
@@ -249,11 +253,17 @@ impl WatchCache {
         subscribers: Vec<Callback>,
     ) -> Result<WatchCache, ClientError> {
         if specs.is_empty() {
-            return Err(ClientError::invalid("specs", "at least one type to watch is required"));
+            return Err(ClientError::invalid(
+                "specs",
+                "at least one type to watch is required",
+            ));
         }
         for (i, s) in specs.iter().enumerate() {
             if s.type_.group.is_empty() || s.type_.kind.is_empty() {
-                return Err(ClientError::invalid(format!("specs[{i}].type"), "group and kind are required"));
+                return Err(ClientError::invalid(
+                    format!("specs[{i}].type"),
+                    "group and kind are required",
+                ));
             }
             if specs[..i]
                 .iter()
@@ -355,7 +365,13 @@ impl WatchCache {
 
     /// How many resources are cached, all types together.
     pub fn len(&self) -> usize {
-        self.shared.table.read().maps.iter().map(BTreeMap::len).sum()
+        self.shared
+            .table
+            .read()
+            .maps
+            .iter()
+            .map(BTreeMap::len)
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -371,7 +387,11 @@ impl WatchCache {
         let mut dispatch = self.shared.dispatch.lock();
         let current: Vec<Arc<Resource>> = {
             let table = self.shared.table.read();
-            table.maps.iter().flat_map(|m| m.values().cloned()).collect()
+            table
+                .maps
+                .iter()
+                .flat_map(|m| m.values().cloned())
+                .collect()
         };
         let mut healthy = true;
         for r in current {
@@ -431,10 +451,15 @@ fn snapshot_transition(old: Option<&Arc<Resource>>, new: &Arc<Resource>) -> Vec<
     match old {
         None => vec![CacheEvent::Upsert(new.clone())],
         Some(o) if uid_of(o) == uid_of(new) && o.version == new.version => Vec::new(),
-        Some(o) if uid_of(o) == uid_of(new) && is_later(new, o) => vec![CacheEvent::Upsert(new.clone())],
+        Some(o) if uid_of(o) == uid_of(new) && is_later(new, o) => {
+            vec![CacheEvent::Upsert(new.clone())]
+        }
         // Another lifetime, or (only after an older backup was restored) a
         // lower version: end the old one, start the new one.
-        Some(o) => vec![CacheEvent::Delete(o.clone()), CacheEvent::Upsert(new.clone())],
+        Some(o) => vec![
+            CacheEvent::Delete(o.clone()),
+            CacheEvent::Upsert(new.clone()),
+        ],
     }
 }
 
@@ -726,9 +751,18 @@ mod tests {
     #[test]
     fn versions_compare_as_numbers_not_strings() {
         // "10" is later than "9" although it sorts before it as text.
-        assert!(is_later(&resource("a", "u", "10"), &resource("a", "u", "9")));
-        assert!(!is_later(&resource("a", "u", "9"), &resource("a", "u", "10")));
-        assert!(!is_later(&resource("a", "u", "9"), &resource("a", "u", "9")));
+        assert!(is_later(
+            &resource("a", "u", "10"),
+            &resource("a", "u", "9")
+        ));
+        assert!(!is_later(
+            &resource("a", "u", "9"),
+            &resource("a", "u", "10")
+        ));
+        assert!(!is_later(
+            &resource("a", "u", "9"),
+            &resource("a", "u", "9")
+        ));
     }
 
     #[test]
@@ -742,7 +776,10 @@ mod tests {
         );
         assert_eq!(
             snapshot_transition(Some(&old), &resource("a", "u2", "9")),
-            vec![CacheEvent::Delete(old.clone()), CacheEvent::Upsert(resource("a", "u2", "9"))]
+            vec![
+                CacheEvent::Delete(old.clone()),
+                CacheEvent::Upsert(resource("a", "u2", "9"))
+            ]
         );
         assert_eq!(
             snapshot_transition(None, &resource("a", "u", "1")),
@@ -756,7 +793,10 @@ mod tests {
         let client = Client::new(&["127.0.0.1:1"], crate::ClientOptions::default()).unwrap();
         let r = WatchCache::start(
             client,
-            vec![WatchSpec::new("g", "K"), WatchSpec::new("g", "K").with_name_prefix("x")],
+            vec![
+                WatchSpec::new("g", "K"),
+                WatchSpec::new("g", "K").with_name_prefix("x"),
+            ],
             WatchCacheOptions::default(),
         );
         assert!(matches!(r, Err(ClientError::InvalidArgument { .. })));

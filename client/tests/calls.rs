@@ -1,0 +1,634 @@
+//! Client calls, helpers and the CLI against in-process nodes backed by
+//! `cairn_fsm::Store`: failover, leader hints, the retry rules that keep a
+//! write's outcome honest, typed errors, and the data commands' exit codes
+//! and JSON output.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use cairn_client::cli::{self, DataCommand};
+use cairn_client::{Client, ClientError, ClientOptions, Outcome};
+use cairn_fsm::Limits;
+use cairn_proto::v1::{Consistency, Resource, Tenancy, Type, WatchListRequest};
+use clap::Parser;
+use serde_json::Value;
+use support::{id, resource, Backing, TestNode};
+
+fn options(request_timeout_ms: u64) -> ClientOptions {
+    ClientOptions {
+        request_timeout: Duration::from_millis(request_timeout_ms),
+        connect_timeout: Duration::from_millis(200),
+        ..ClientOptions::default()
+    }
+}
+
+fn any_tenancy() -> Tenancy {
+    Tenancy {
+        partition: "*".into(),
+        namespace: "*".into(),
+    }
+}
+
+fn unversioned(group: &str, kind: &str) -> Type {
+    Type {
+        group: group.into(),
+        group_version: String::new(),
+        kind: kind.into(),
+    }
+}
+
+/// A leader and a follower sharing one store, plus a dead address.
+async fn cluster() -> (Backing, TestNode, TestNode, String) {
+    let backing = Backing::new(Limits::default());
+    let leader = TestNode::start(backing.clone()).await;
+    let follower = TestNode::start(backing.clone()).await;
+    *follower.control.follower_of.lock() = Some(leader.address.clone());
+    let dead = TestNode::dead_address().await;
+    (backing, leader, follower, dead)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_succeeds_with_one_of_three_endpoints_dead() {
+    // The dead endpoint is listed first and the follower second: every call
+    // fails over or follows the leader hint, and succeeds.
+    let (backing, leader, follower, dead) = cluster().await;
+    let client = Client::connect_with(&[&dead, &follower.address, &leader.address], options(3_000))
+        .await
+        .unwrap();
+    let owner = client
+        .create(resource("g", "Owner", "o", "", "{}"))
+        .await
+        .unwrap();
+    let owner_id = owner.id.clone().unwrap();
+    let mut child = resource("g", "A", "c", "", "{\"n\":1}");
+    child.owner = Some(owner_id.clone());
+    let created = client.create(child).await.unwrap();
+    assert_eq!(created.version, "2");
+    for consistency in [Consistency::Strong, Consistency::Eventual] {
+        let read = client
+            .read(id("g", "A", "c", ""), consistency)
+            .await
+            .unwrap();
+        assert_eq!(read, created);
+    }
+    let mut next = created.clone();
+    next.data = resource("g", "A", "c", "", "{\"n\":2}").data;
+    let updated = client.write(next).await.unwrap();
+    assert_eq!(updated.version, "3");
+    let listed = client
+        .list(
+            unversioned("g", "A"),
+            any_tenancy(),
+            "",
+            Consistency::Strong,
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.resources, vec![updated.clone()]);
+    let owned = client.list_by_owner(owner_id).await.unwrap();
+    assert_eq!(owned.resources, vec![updated.clone()]);
+    let mut watch = client
+        .watch_list(WatchListRequest {
+            r#type: Some(unversioned("g", "A")),
+            tenancy: Some(any_tenancy()),
+            name_prefix: String::new(),
+            start_revision: 0,
+        })
+        .await
+        .unwrap();
+    assert!(matches!(watch.next().await, Some(Ok(_))), "snapshot upsert");
+    let revision = client
+        .delete(updated.id.clone().unwrap(), updated.version.clone())
+        .await
+        .unwrap();
+    assert_eq!(revision, 4);
+    assert!(matches!(
+        client
+            .read(id("g", "A", "c", ""), Consistency::Strong)
+            .await,
+        Err(ClientError::NotFound)
+    ));
+    assert_eq!(backing.store.applied_index(), 4, "each write applied once");
+    assert!(
+        follower.control.writes_received.load(Ordering::SeqCst) <= 1,
+        "the hint is remembered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_leader_hint_outside_the_endpoint_list_is_followed() {
+    // The client knows only the follower; the leader's address comes from the hint.
+    let (_backing, leader, follower, _dead) = cluster().await;
+    let client = Client::connect_with(&[&follower.address], options(3_000))
+        .await
+        .unwrap();
+    let created = client
+        .create(resource("g", "A", "x", "", "{}"))
+        .await
+        .unwrap();
+    let read = client
+        .read(id("g", "A", "x", ""), Consistency::Strong)
+        .await
+        .unwrap();
+    assert_eq!(read, created);
+    assert_eq!(leader.control.writes_received.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_answered_unavailable_is_retried_elsewhere_and_applies_once() {
+    // Unavailable is answered before the write enters the log, so retrying
+    // on the next node is safe: the write is applied exactly once.
+    let backing = Backing::new(Limits::default());
+    let first = TestNode::start(backing.clone()).await;
+    let second = TestNode::start(backing.clone()).await;
+    first.control.unavailable_writes.store(1, Ordering::SeqCst);
+    let client = Client::connect_with(&[&first.address, &second.address], options(3_000))
+        .await
+        .unwrap();
+    let created = client
+        .create(resource("g", "A", "x", "", "{}"))
+        .await
+        .unwrap();
+    assert_eq!(created.version, "1");
+    assert_eq!(backing.store.applied_index(), 1);
+    assert_eq!(second.control.writes_received.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_never_comes_is_unknown_and_not_retried() {
+    // The node applies the write and never answers: the deadline passes,
+    // the outcome is Unknown (it did apply), and no other node was tried.
+    let backing = Backing::new(Limits::default());
+    let first = TestNode::start(backing.clone()).await;
+    let second = TestNode::start(backing.clone()).await;
+    first.control.hang_after_apply.store(true, Ordering::SeqCst);
+    let client = Client::connect_with(&[&first.address, &second.address], options(400))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let error = client
+        .create(resource("g", "A", "x", "", "{}"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ClientError::DeadlineExceeded { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.outcome(), Outcome::Unknown);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the deadline bounds the call"
+    );
+    assert_eq!(backing.store.applied_index(), 1, "it did apply");
+    assert_eq!(
+        second.control.writes_received.load(Ordering::SeqCst),
+        0,
+        "not retried"
+    );
+    // A read is retried instead: the second node answers it.
+    let read = client
+        .read(id("g", "A", "x", ""), Consistency::Eventual)
+        .await;
+    assert!(read.is_ok(), "{read:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_after_sending_a_write_is_unknown() {
+    // The connection breaks while the write is in flight: Unavailable with
+    // an Unknown outcome, not retried; create_if_absent then settles it by uid.
+    let backing = Backing::new(Limits::default());
+    let first = TestNode::start(backing.clone()).await;
+    let second = TestNode::start(backing.clone()).await;
+    first.control.hang_after_apply.store(true, Ordering::SeqCst);
+    let client = Client::connect_with(&[&first.address, &second.address], options(5_000))
+        .await
+        .unwrap();
+    let writer = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .create(resource("g", "A", "x", "u-fixed", "{}"))
+                .await
+        })
+    };
+    assert!(
+        support::eventually(Duration::from_secs(5), || backing.store.applied_index()
+            == 1)
+        .await
+    );
+    first.drop_connections();
+    let error = writer.await.unwrap().unwrap_err();
+    assert!(
+        matches!(error, ClientError::Unavailable { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.outcome(), Outcome::Unknown);
+    assert_eq!(second.control.writes_received.load(Ordering::SeqCst), 0);
+
+    // The same situation through create_if_absent: the read finds the uid it sent.
+    first.control.hang_after_apply.store(true, Ordering::SeqCst);
+    let helper = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .create_if_absent(resource("g", "A", "y", "u-y", "{}"))
+                .await
+        })
+    };
+    assert!(
+        support::eventually(Duration::from_secs(5), || backing.store.applied_index()
+            == 2)
+        .await
+    );
+    first.drop_connections();
+    first
+        .control
+        .hang_after_apply
+        .store(false, Ordering::SeqCst);
+    let (stored, created) = helper.await.unwrap().unwrap();
+    assert!(created);
+    assert_eq!(stored.id.unwrap().uid, "u-y");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_dead_fails_definitely_within_the_deadline() {
+    // Nothing can connect: the write certainly did not apply, and the call
+    // ends at its deadline.
+    let dead1 = TestNode::dead_address().await;
+    let dead2 = TestNode::dead_address().await;
+    let client = Client::connect_with(&[&dead1, &dead2], options(300))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let error = client
+        .create(resource("g", "A", "x", "", "{}"))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        matches!(error, ClientError::DeadlineExceeded { .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.outcome(), Outcome::NotApplied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_verdicts_arrive_as_typed_errors() {
+    // NotFound, CasFailure, WrongUid, GroupVersionMismatch and InvalidArgument keep their kinds.
+    let (_backing, leader, _follower, _dead) = cluster().await;
+    let client = Client::connect_with(&[&leader.address], options(3_000))
+        .await
+        .unwrap();
+    let created = client
+        .create(resource("g", "A", "x", "u1", "{}"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        client
+            .read(id("g", "A", "missing", ""), Consistency::Eventual)
+            .await,
+        Err(ClientError::NotFound)
+    ));
+    assert!(matches!(
+        client
+            .read(id("g", "A", "x", "other-uid"), Consistency::Eventual)
+            .await,
+        Err(ClientError::NotFound)
+    ));
+    let stale = Resource {
+        version: "999".into(),
+        ..created.clone()
+    };
+    assert!(matches!(
+        client.write(stale).await,
+        Err(ClientError::CasFailure(_))
+    ));
+    let other_lifetime = Resource {
+        version: created.version.clone(),
+        ..resource("g", "A", "x", "u2", "{}")
+    };
+    assert!(matches!(
+        client.write(other_lifetime).await,
+        Err(ClientError::WrongUid(_))
+    ));
+    let mut v2 = id("g", "A", "x", "");
+    if let Some(t) = v2.r#type.as_mut() {
+        t.group_version = "v2".into();
+    }
+    match client.read(v2, Consistency::Eventual).await {
+        Err(ClientError::GroupVersionMismatch { stored, .. }) => assert_eq!(*stored, created),
+        other => panic!("{other:?}"),
+    }
+    match client
+        .read(id("g", "A", "", ""), Consistency::Eventual)
+        .await
+    {
+        Err(ClientError::InvalidArgument { field, .. }) => assert_eq!(field, "id.name"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helpers_create_update_and_delete_by_cas() {
+    // create generates a ULID; create_if_absent returns the existing resource;
+    // read_modify_write survives concurrent increments; delete_current removes whatever is current.
+    let (backing, leader, _follower, _dead) = cluster().await;
+    let client = Client::connect_with(&[&leader.address], options(5_000))
+        .await
+        .unwrap();
+    let created = client
+        .create(resource("g", "A", "counter", "", "{\"n\":0}"))
+        .await
+        .unwrap();
+    let uid = created.id.clone().unwrap().uid;
+    assert!(ulid::Ulid::from_string(&uid).is_ok(), "{uid}");
+
+    let (existing, was_created) = client
+        .create_if_absent(resource("g", "A", "counter", "", "{\"n\":100}"))
+        .await
+        .unwrap();
+    assert!(!was_created);
+    assert_eq!(existing, created);
+
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                client
+                    .read_modify_write(id("g", "A", "counter", ""), |current| {
+                        let value: Value =
+                            serde_json::from_slice(&current.data.as_ref().unwrap().value).unwrap();
+                        let n = value["n"].as_u64().unwrap();
+                        let mut next = current.clone();
+                        next.data.as_mut().unwrap().value =
+                            bytes::Bytes::from(format!("{{\"n\":{}}}", n + 1));
+                        Some(next)
+                    })
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let last = client
+        .read(id("g", "A", "counter", ""), Consistency::Strong)
+        .await
+        .unwrap();
+    assert_eq!(last.data.unwrap().value.as_ref(), b"{\"n\":40}");
+    assert_eq!(last.id.unwrap().uid, uid, "the uid is kept");
+
+    let unchanged = client
+        .read_modify_write(id("g", "A", "counter", ""), |_| None)
+        .await
+        .unwrap();
+    assert_eq!(unchanged.version, last.version);
+
+    let deleted = client
+        .delete_current(id("g", "A", "counter", ""))
+        .await
+        .unwrap();
+    assert_eq!(deleted.map(|r| r.version), Some(last.version));
+    assert!(client
+        .delete_current(id("g", "A", "counter", ""))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(backing.store.view().is_empty());
+}
+
+// ------------------------------------------------------------------ CLI ----
+
+#[derive(Parser)]
+struct TestCli {
+    #[command(subcommand)]
+    command: DataCommand,
+}
+
+/// Runs `cairn ARGS --endpoints ENDPOINTS`; returns (exit code, stdout, stderr).
+async fn cairn(endpoints: &str, args: &[&str]) -> (u8, String, String) {
+    let argv = std::iter::once("cairn").chain(args.iter().copied()).chain([
+        "--endpoints",
+        endpoints,
+        "--timeout-ms",
+        "2000",
+    ]);
+    let command = TestCli::try_parse_from(argv)
+        .expect("arguments parse")
+        .command;
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let code = cli::run_with(command, &mut out, &mut err).await;
+    (
+        code,
+        String::from_utf8(out).expect("utf-8"),
+        String::from_utf8(err).expect("utf-8"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_commands_round_trip_with_exit_codes_and_json() {
+    // write/read/list/owned-by/watch/delete through run_with, checking exit codes and JSON.
+    let (_backing, leader, follower, dead) = cluster().await;
+    let endpoints = format!("{dead},{},{}", follower.address, leader.address);
+    let e = endpoints.as_str();
+
+    let (code, out, err) = cairn(
+        e,
+        &["write", "--type", "g.v1.Owner", "--name", "o", "-o", "json"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let owner: Value = serde_json::from_str(&out).unwrap();
+    let owner_uid = owner["id"]["uid"].as_str().unwrap().to_string();
+
+    let owner_ref = format!("g.v1.Owner/o/{owner_uid}");
+    let (code, out, err) = cairn(
+        e,
+        &[
+            "write",
+            "--type",
+            "g.v1.A",
+            "--name",
+            "web",
+            "--data-json",
+            "{\"port\": 80}",
+            "--metadata",
+            "team=a",
+            "--owner",
+            &owner_ref,
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let written: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(written["data"]["json"]["port"], 80);
+    assert_eq!(written["data"]["type_url"], "type.googleapis.com/g.v1.A");
+    assert_eq!(written["metadata"]["team"], "a");
+    assert_eq!(written["version"], "2");
+
+    // Creating again is a CAS conflict.
+    let (code, _, err) = cairn(e, &["write", "--type", "g.v1.A", "--name", "web"]).await;
+    assert_eq!(code, 4, "{err}");
+
+    let (code, out, err) = cairn(
+        e,
+        &["read", "--type", "g.v1.A", "--name", "web", "-o", "json"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), written);
+
+    let (code, out, _) = cairn(e, &["read", "--type", "g.v1.A", "--name", "web"]).await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("TYPE"), "{out}");
+    assert!(
+        out.contains("g.v1.A") && out.contains("{\"port\":80}"),
+        "{out}"
+    );
+
+    let (code, _, _) = cairn(e, &["read", "--type", "g.v1.A", "--name", "nope"]).await;
+    assert_eq!(code, 3);
+    let (code, _, _) = cairn(
+        e,
+        &[
+            "read",
+            "--type",
+            "g.v1.A",
+            "--name",
+            "web",
+            "--tenancy",
+            "*/*",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "a wildcard tenancy is invalid for a read");
+
+    // The JSON read back, edited, written from a file: a CAS update.
+    let mut edited = written.clone();
+    edited["data"]["json"]["port"] = Value::from(81);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("web.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&edited).unwrap()).unwrap();
+    let path_text = path.to_str().unwrap();
+    let (code, out, err) = cairn(e, &["write", "--file", path_text, "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let updated: Value = serde_json::from_str(&out).unwrap();
+    let version = |v: &Value| v["version"].as_str().unwrap().parse::<u64>().unwrap();
+    assert!(
+        version(&updated) > version(&written),
+        "a new version (failed CAS entries also take an index)"
+    );
+    assert_eq!(updated["data"]["json"]["port"], 81);
+    // The same file again: its version is stale now.
+    let (code, _, _) = cairn(e, &["write", "--file", path_text]).await;
+    assert_eq!(code, 4);
+    let (code, out, err) = cairn(
+        e,
+        &[
+            "write",
+            "--type",
+            "g.v1.A",
+            "--name",
+            "web",
+            "--upsert",
+            "--data-json",
+            "{}",
+            "--owner",
+            &owner_ref,
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let upserted: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        upserted["id"]["uid"], written["id"]["uid"],
+        "upsert keeps the uid"
+    );
+
+    let (code, out, _) = cairn(
+        e,
+        &["list", "--type", "g.A", "--tenancy", "*/*", "-o", "json"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["resources"].as_array().unwrap().len(), 1);
+    assert!(listed["revision"].as_u64().unwrap() >= 4);
+
+    let (code, out, err) = cairn(
+        e,
+        &[
+            "owned-by",
+            "--type",
+            "g.v1.Owner",
+            "--name",
+            "o",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let owned: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(owned["resources"][0]["id"]["name"], "web");
+
+    let (code, out, err) = cairn(
+        e,
+        &["watch", "--type", "g.A", "--max-events", "2", "-o", "json"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["event"], "upsert");
+    assert_eq!(lines[1]["event"], "end-of-snapshot");
+
+    let (code, _, _) = cairn(
+        e,
+        &[
+            "delete",
+            "--type",
+            "g.v1.A",
+            "--name",
+            "web",
+            "--version",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(code, 4, "a delete at a stale version is a CAS conflict");
+    let (code, out, err) = cairn(
+        e,
+        &["delete", "--type", "g.v1.A", "--name", "web", "-o", "json"],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["deleted"],
+        true
+    );
+    let (code, out, _) = cairn(
+        e,
+        &["delete", "--type", "g.v1.A", "--name", "web", "-o", "json"],
+    )
+    .await;
+    assert_eq!(code, 0, "deleting nothing succeeds");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["deleted"],
+        false
+    );
+
+    let (code, _, err) = cairn(&dead, &["read", "--type", "g.v1.A", "--name", "web"]).await;
+    assert_eq!(code, 5, "{err}");
+}
