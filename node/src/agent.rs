@@ -62,6 +62,10 @@ impl Agent {
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
             .with_context(|| format!("data dir {}", config.data_dir.display()))?;
+        let fresh = !config.data_dir.join("raft-log").exists();
+        if fresh && config.join.is_none() {
+            refuse_if_already_a_member(&config).await?;
+        }
         let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
         let settings = RaftSettings {
             election_timeout_ms: config.election_timeout_ms,
@@ -212,6 +216,40 @@ fn serve(
             tracing::error!(server = name, error = %e, "server failed");
         }
     })
+}
+
+/// A node starting with an empty data dir while a running cluster already
+/// counts it as a member (and has committed data) has lost its data: letting it
+/// vote again could elect a leader without the acknowledged writes. It is
+/// refused; the operator re-adds it explicitly (remove, then start with --join).
+async fn refuse_if_already_a_member(config: &Config) -> anyhow::Result<()> {
+    for member in config.members.iter().filter(|m| m.id != config.node_id) {
+        let Ok(Ok(status)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            crate::cli::fetch_status(&member.client_address),
+        )
+        .await
+        else {
+            continue;
+        };
+        let counted = status.members.iter().any(|m| m.id == config.node_id);
+        // Index 0 is the bootstrap membership, 1 the first leader's blank entry.
+        if !status.cluster_id.is_empty() && counted && status.commit_index > 1 {
+            anyhow::bail!(
+                "data dir {} is empty, but node {} is already a member of running cluster {} \
+                 (node {} reports commit index {}). If this node lost its data, re-add it explicitly: \
+                 `cairn member remove {}` against the cluster, then start this node with `--join {}`",
+                config.data_dir.display(),
+                config.node_id,
+                status.cluster_id,
+                status.node_id,
+                status.commit_index,
+                config.node_id,
+                member.client_address,
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Static bootstrap: the member with the lowest id initializes the cluster,

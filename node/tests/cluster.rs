@@ -307,3 +307,159 @@ async fn names_on_strong(address: &str) -> Vec<String> {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_is_refused_until_it_is_re_added_explicitly() {
+    // A follower loses its data dir: restarted with the same bootstrap config it
+    // refuses to start (it could otherwise vote without the acknowledged writes);
+    // removed and started again with --join, it comes back with all the data.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    for i in 0..5 {
+        assert!(
+            create_anywhere(&cluster, &format!("p-{i}"), b"x", Duration::from_secs(10))
+                .await
+                .unwrap()
+        );
+    }
+    let wiped = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+    cluster.kill(wiped);
+    std::fs::remove_dir_all(&cluster.node(wiped).data_dir).unwrap();
+    cluster.spawn(wiped);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.is_running(wiped) {
+        assert!(Instant::now() < deadline, "the wiped node kept running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = cluster.log_of(wiped);
+    assert!(
+        log.contains("already a member") && log.contains("--join"),
+        "unclear refusal: {log}"
+    );
+
+    let via = cluster.node(leader).client_address.clone();
+    let mut admin =
+        cairn_proto::v1::admin_service_client::AdminServiceClient::connect(format!("http://{via}"))
+            .await
+            .unwrap();
+    admin
+        .remove_member(cairn_proto::v1::RemoveMemberRequest { id: wiped })
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&cluster.node(wiped).data_dir).ok();
+    cluster
+        .nodes
+        .iter_mut()
+        .find(|n| n.id == wiped)
+        .unwrap()
+        .bootstrap = vec!["--join".into(), via.clone()];
+    cluster.spawn(wiped);
+    let expected: Vec<String> = (0..5).map(|i| format!("p-{i}")).collect();
+    wait_converged(&cluster, &[wiped], &expected, Duration::from_secs(30)).await;
+    let s = cluster.status(leader).await.unwrap();
+    assert!(
+        s.members.iter().any(|m| m.id == wiped && m.voter),
+        "not a voter again: {s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_transfer_hands_leadership_to_the_chosen_voter() {
+    // TransferLeader{to} makes the chosen, up-to-date voter the leader, and the
+    // cluster keeps accepting writes afterwards.
+    let cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    assert!(
+        create_anywhere(&cluster, "t-0", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    let target = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+    let mut admin = cairn_proto::v1::admin_service_client::AdminServiceClient::connect(format!(
+        "http://{}",
+        cluster.node(leader).client_address
+    ))
+    .await
+    .unwrap();
+    let started = Instant::now();
+    admin
+        .transfer_leader(cairn_proto::v1::TransferLeaderRequest { to: target })
+        .await
+        .unwrap();
+    println!(
+        "leader transfer {leader} -> {target} took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(cluster.wait_for_leader(LEADER_TIMEOUT).await, target);
+    assert!(
+        create_anywhere(&cluster, "t-1", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_the_leader_hands_off_before_stopping() {
+    // A graceful stop of the leader transfers leadership first, so the cluster
+    // has a new leader without waiting for an election timeout, and the
+    // stopped node stays a member.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    assert!(
+        create_anywhere(&cluster, "s-0", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    cluster.stop(leader);
+    assert!(
+        cluster.log_of(leader).contains("handed leadership off"),
+        "{}",
+        cluster.log_of(leader)
+    );
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    let new_leader = cluster.wait_for_leader_among(&others, LEADER_TIMEOUT).await;
+    let s = cluster.status(new_leader).await.unwrap();
+    assert!(
+        s.members.iter().any(|m| m.id == leader),
+        "shutdown changed the membership: {s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_serving_once_a_leader_is_known() {
+    // gRPC health answers SERVING for the resource service on every node once
+    // the cluster has a leader and the node has caught up.
+    let cluster = Cluster::start(options(3));
+    cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    for id in cluster.ids() {
+        let address = format!("http://{}", cluster.node(id).client_address);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let channel = tonic::transport::Endpoint::from_shared(address.clone())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let r = health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: "cairn.v1.ResourceService".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if r.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} never reported SERVING"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

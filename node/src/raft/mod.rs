@@ -195,8 +195,12 @@ impl RaftHandle {
     ) -> anyhow::Result<RaftHandle> {
         let config = openraft::Config {
             cluster_name: "cairn".into(),
-            election_timeout_min: settings.election_timeout_ms,
-            election_timeout_max: settings.election_timeout_ms * 2,
+            // openraft's follower waits `leader lease (= election_timeout_max)`
+            // plus a random timeout in [min, max] after the last heartbeat before
+            // it campaigns; these make that wait fall in [E, 1.2 E] for the
+            // configured election timeout E.
+            election_timeout_min: settings.election_timeout_ms * 4 / 10,
+            election_timeout_max: settings.election_timeout_ms * 6 / 10,
             heartbeat_interval: settings.heartbeat_interval_ms,
             install_snapshot_timeout: 10_000,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_log_entries),
