@@ -29,16 +29,18 @@
 //!
 //! **Concurrency model.** A [`LogStore`] is a cheap `Clone` handle (an `Arc`). All mutations —
 //! append, truncate, purge, save_vote, save_committed — are sent, in call order, over one
-//! `std::sync::mpsc` channel to a dedicated OS thread, `raft-log-writer`. That thread blocks for
-//! the first request, then drains every request already queued (group commit), applies each one
-//! as one engine batch in order, replying "applied" to each append at once (so the entries are
-//! readable when `append` returns), then makes one durability point (`flush` + fsync) for the
-//! whole group and only then fires every append's flush callback and every durable request's
-//! reply. A purge persists and syncs its purge point before deleting entries. Reads do not go
-//! through the thread: they read the engine directly (sled is thread-safe) on the blocking pool
-//! and see every append whose `append` call has returned. A [`DirLock`] (an `flock` on
-//! `<dir>/LOCK` holding the owner's pid) keeps a second process — or a second `LogStore` in the
-//! same process — out of the directory.
+//! `std::sync::mpsc` channel to a dedicated OS thread, `raft-log-writer`, which applies each
+//! one in order (one engine batch per append) and replies "applied" at once, so the entries are
+//! readable when `append` returns. Whatever must wait for durability (append callbacks,
+//! `save_vote`, `truncate`) is queued to a second thread, `raft-log-syncer`, which takes every
+//! job already queued, makes one durability point (`flush` + fsync) for the whole group and then
+//! releases them in order (group commit). Because the writer keeps applying while the syncer is
+//! inside an fsync, appends issued back to back — as openraft issues them — share fsyncs. A
+//! purge persists its purge point, waits for a durability point, and only then deletes entries.
+//! Reads do not go through the threads: they read the engine directly (sled is thread-safe) on
+//! the blocking pool and see every append whose `append` call has returned. A [`DirLock`] (an
+//! `flock` on `<dir>/LOCK` holding the owner's pid) keeps a second process — or a second
+//! `LogStore` in the same process — out of the directory.
 //!
 //! **Invariants.**
 //! - Entries are contiguous: the stored indexes form one run `first..=last` with no gap, and

@@ -138,7 +138,7 @@ where
             verified.last_index,
             verified.purged_index,
             watermark,
-        );
+        )?;
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".to_string())
             .spawn(move || writer.run(receiver))

@@ -1,10 +1,21 @@
-//! The writer thread: the only place that mutates the engine. It applies requests in the order
-//! they were sent, groups every request already queued into one durability point (group
-//! commit), and fires the durability callbacks only after that point.
+//! The two threads that mutate the engine.
+//!
+//! - `raft-log-writer` applies requests in the order they were sent (one engine batch per
+//!   append) and replies "applied" at once, so entries are readable when `append` returns;
+//!   everything that waits for durability is handed to the syncer as a job.
+//! - `raft-log-syncer` blocks for one job, drains every job already queued, makes **one**
+//!   durability point (`flush` + fsync) for all of them and then releases them in order (group
+//!   commit). Because the writer keeps applying while the syncer is inside an fsync, appends
+//!   issued one after the other (as openraft does) still share fsyncs.
+//!
+//! A job is queued only after its writes were applied, and a sync covers every write applied
+//! before it starts, so releasing a job after the sync that dequeued it is safe.
 
 use std::sync::mpsc;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::engine::LogEngine;
@@ -12,15 +23,15 @@ use crate::watermark::Watermark;
 use crate::LogError;
 
 /// Called once the entries of an append are durable (`Ok`) or can no longer become durable
-/// (`Err`). Runs on the writer thread: it must not block.
+/// (`Err`). Runs on the syncer thread: it must not block.
 pub type DurableCallback = Box<dyn FnOnce(Result<(), std::io::Error>) + Send + 'static>;
 
 /// A reply slot for a request.
 pub(crate) type Reply = oneshot::Sender<Result<(), LogError>>;
 
-/// At most this many queued requests share one durability point, to bound the latency of the
+/// At most this many queued jobs share one durability point, to bound the latency of the
 /// first one.
-const GROUP_REQUESTS_MAX: usize = 1024;
+const GROUP_JOBS_MAX: usize = 4096;
 
 /// Metadata key of the vote.
 pub(crate) const META_VOTE: &str = "vote";
@@ -59,6 +70,8 @@ pub(crate) enum Request {
 enum Waiter {
     Callback(DurableCallback),
     Reply(Reply),
+    /// The writer thread itself, waiting inside a purge.
+    Barrier(mpsc::Sender<Result<(), String>>),
 }
 
 impl Waiter {
@@ -76,103 +89,147 @@ impl Waiter {
                     reason: reason.clone(),
                 }));
             }
+            (Waiter::Barrier(barrier), result) => {
+                let _ = barrier.send(result.clone());
+            }
         }
+    }
+}
+
+/// A job for the syncer: a waiter, plus the last log index applied when it was queued (what
+/// the watermark may claim once the job's sync is done) and the truncation epoch it belongs to.
+struct Job {
+    waiter: Waiter,
+    watermark_candidate: Option<u64>,
+    truncation_epoch: u64,
+}
+
+/// The watermark and the number of truncations so far: a candidate from before a truncation
+/// must never raise the watermark again.
+struct WatermarkState {
+    file: Watermark,
+    truncation_epoch: u64,
+}
+
+/// State shared by the writer and the syncer.
+struct Shared {
+    engine: Arc<dyn LogEngine>,
+    /// Set after a failed write or sync: the on-disk state is unknown.
+    poisoned: Mutex<Option<String>>,
+    watermark: Mutex<WatermarkState>,
+}
+
+impl Shared {
+    fn poison(&self, error: &LogError) {
+        let mut poisoned = self.poisoned.lock();
+        if poisoned.is_none() {
+            tracing::error!(%error, "raft log store poisoned");
+            *poisoned = Some(error.to_string());
+        }
+    }
+
+    fn poisoned(&self) -> Option<String> {
+        self.poisoned.lock().clone()
     }
 }
 
 /// State owned by the writer thread.
 pub(crate) struct Writer {
-    engine: Arc<dyn LogEngine>,
+    shared: Arc<Shared>,
+    jobs: mpsc::Sender<Job>,
+    syncer: Option<JoinHandle<()>>,
     /// Index of the last stored entry.
     last_index: Option<u64>,
     /// Index of the last purged entry.
     purged_index: Option<u64>,
-    /// Set after a failed write or sync: the on-disk state is unknown.
-    poisoned: Option<String>,
-    /// Lower bound of the durable last log index, for detecting silent engine data loss.
-    watermark: Watermark,
 }
 
 impl Writer {
+    /// Prepares the writer and starts the syncer thread.
     pub(crate) fn new(
         engine: Arc<dyn LogEngine>,
         last_index: Option<u64>,
         purged_index: Option<u64>,
         watermark: Watermark,
-    ) -> Writer {
+    ) -> Result<Writer, LogError> {
         if let (Some(last), Some(purged)) = (last_index, purged_index) {
             assert!(
                 purged < last,
                 "purged index {purged} must be below the last index {last}"
             );
         }
-        Writer {
+        let shared = Arc::new(Shared {
             engine,
+            poisoned: Mutex::new(None),
+            watermark: Mutex::new(WatermarkState {
+                file: watermark,
+                truncation_epoch: 0,
+            }),
+        });
+        let (jobs, job_receiver) = mpsc::channel();
+        let syncer_shared = Arc::clone(&shared);
+        let syncer = std::thread::Builder::new()
+            .name("raft-log-syncer".to_string())
+            .spawn(move || run_syncer(syncer_shared, job_receiver))
+            .map_err(|e| LogError::io("spawn raft-log syncer thread", e))?;
+        Ok(Writer {
+            shared,
+            jobs,
+            syncer: Some(syncer),
             last_index,
             purged_index,
-            poisoned: None,
-            watermark,
-        }
+        })
     }
 
-    /// Runs until every sender is dropped.
+    /// Runs until every sender is dropped, then stops the syncer after its last group.
     pub(crate) fn run(mut self, requests: mpsc::Receiver<Request>) {
-        while let Ok(first) = requests.recv() {
-            let mut group = vec![first];
-            while group.len() < GROUP_REQUESTS_MAX {
-                match requests.try_recv() {
-                    Ok(request) => group.push(request),
-                    Err(_) => break,
-                }
-            }
-            let mut waiters = Vec::new();
-            for request in group {
-                self.handle(request, &mut waiters);
-            }
-            self.durability_point(waiters);
+        while let Ok(request) = requests.recv() {
+            self.handle(request);
         }
         tracing::debug!("raft-log writer thread stops: every handle is dropped");
-    }
-
-    fn poison(&mut self, error: &LogError) {
-        if self.poisoned.is_none() {
-            tracing::error!(%error, "raft log store poisoned");
-            self.poisoned = Some(error.to_string());
+        let Writer { jobs, syncer, .. } = self;
+        drop(jobs);
+        if let Some(syncer) = syncer {
+            if syncer.join().is_err() {
+                tracing::error!("raft-log syncer thread panicked");
+            }
         }
     }
 
-    /// Syncs the engine and releases `waiters`; a failed sync poisons the store.
-    fn durability_point(&mut self, waiters: Vec<Waiter>) {
-        if waiters.is_empty() {
-            return;
-        }
-        let result = match &self.poisoned {
-            Some(reason) => Err(reason.clone()),
-            None => match self.engine.sync() {
-                Ok(()) => {
-                    // After the durability point, never before: the watermark must not claim
-                    // more than is durable.
-                    if let Err(error) = self
-                        .watermark
-                        .advance(self.last_index.or(self.purged_index))
-                    {
-                        tracing::warn!(%error, "cannot advance the raft log watermark");
-                    }
-                    Ok(())
-                }
-                Err(error) => {
-                    self.poison(&error);
-                    Err(error.to_string())
-                }
-            },
+    /// Hands `waiter` to the syncer, tagged with what is applied now.
+    fn enqueue(&self, waiter: Waiter) {
+        let truncation_epoch = self.shared.watermark.lock().truncation_epoch;
+        let job = Job {
+            waiter,
+            watermark_candidate: self.last_index.or(self.purged_index),
+            truncation_epoch,
         };
-        for waiter in waiters {
-            waiter.release(&result);
+        if let Err(mpsc::SendError(job)) = self.jobs.send(job) {
+            // The syncer is gone (it panicked): nothing can become durable any more.
+            job.waiter
+                .release(&Err("raft-log syncer thread has stopped".to_string()));
         }
     }
 
-    fn handle(&mut self, request: Request, waiters: &mut Vec<Waiter>) {
-        if let Some(reason) = &self.poisoned {
+    /// Waits for a durability point covering everything applied so far.
+    fn wait_durable(&self) -> Result<(), LogError> {
+        let (barrier, done) = mpsc::channel();
+        self.enqueue(Waiter::Barrier(barrier));
+        match done.recv() {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(reason)) => Err(LogError::Poisoned { reason }),
+            Err(_) => Err(LogError::WriterStopped),
+        }
+    }
+
+    /// Poisons the store with `error` and sends it to `reply`.
+    fn fail(&self, error: LogError, reply: Reply) {
+        self.shared.poison(&error);
+        let _ = reply.send(Err(error));
+    }
+
+    fn handle(&mut self, request: Request) {
+        if let Some(reason) = self.shared.poisoned() {
             let error = || LogError::Poisoned {
                 reason: reason.clone(),
             };
@@ -215,15 +272,13 @@ impl Writer {
                     }
                     if self.last_index.is_some_and(|last| first_index <= last) {
                         // Overlap: the new entries replace the tail from their first index.
-                        if let Err(error) = self.engine.delete_entries_from(first_index) {
-                            self.poison(&error);
-                            let _ = applied.send(Err(error));
+                        if let Err(error) = self.truncate_from(first_index) {
+                            self.fail(error, applied);
                             return;
                         }
                     }
-                    if let Err(error) = self.engine.put_entries(&entries) {
-                        self.poison(&error);
-                        let _ = applied.send(Err(error));
+                    if let Err(error) = self.shared.engine.put_entries(&entries) {
+                        self.fail(error, applied);
                         return;
                     }
                     let last_index = entries.last().map(|(index, _)| *index);
@@ -232,30 +287,12 @@ impl Writer {
                     self.last_index = last_index;
                 }
                 let _ = applied.send(Ok(()));
-                waiters.push(Waiter::Callback(on_durable));
+                self.enqueue(Waiter::Callback(on_durable));
             }
-            Request::Truncate { from_index, done } => {
-                // The watermark comes down (durably) before the entries go.
-                if let Err(error) = self.watermark.lower_durably(from_index.checked_sub(1)) {
-                    self.poison(&error);
-                    let _ = done.send(Err(error));
-                    return;
-                }
-                if let Err(error) = self.engine.delete_entries_from(from_index) {
-                    self.poison(&error);
-                    let _ = done.send(Err(error));
-                    return;
-                }
-                match self.refresh_last_index() {
-                    Ok(()) => {
-                        assert!(self.last_index.is_none_or(|last| last < from_index));
-                        waiters.push(Waiter::Reply(done));
-                    }
-                    Err(error) => {
-                        let _ = done.send(Err(error));
-                    }
-                }
-            }
+            Request::Truncate { from_index, done } => match self.truncate_from(from_index) {
+                Ok(()) => self.enqueue(Waiter::Reply(done)),
+                Err(error) => self.fail(error, done),
+            },
             Request::Purge {
                 through_index,
                 sealed_purged,
@@ -270,23 +307,18 @@ impl Writer {
                     return;
                 }
                 // 1. The purge point, durable (with everything before it) before any deletion.
-                if let Err(error) = self.engine.put_meta(META_PURGED, &sealed_purged) {
-                    self.poison(&error);
-                    let _ = done.send(Err(error));
+                if let Err(error) = self.shared.engine.put_meta(META_PURGED, &sealed_purged) {
+                    self.fail(error, done);
                     return;
                 }
-                self.durability_point(std::mem::take(waiters));
-                if let Some(reason) = &self.poisoned {
-                    let _ = done.send(Err(LogError::Poisoned {
-                        reason: reason.clone(),
-                    }));
+                if let Err(error) = self.wait_durable() {
+                    let _ = done.send(Err(error));
                     return;
                 }
                 self.purged_index = Some(through_index);
                 // 2. Then the entries; their deletion becomes durable with the next sync.
-                if let Err(error) = self.engine.delete_entries_through(through_index) {
-                    self.poison(&error);
-                    let _ = done.send(Err(error));
+                if let Err(error) = self.shared.engine.delete_entries_through(through_index) {
+                    self.fail(error, done);
                     return;
                 }
                 match self.refresh_last_index() {
@@ -294,9 +326,7 @@ impl Writer {
                         assert!(self.last_index.is_none_or(|last| last > through_index));
                         let _ = done.send(Ok(()));
                     }
-                    Err(error) => {
-                        let _ = done.send(Err(error));
-                    }
+                    Err(error) => self.fail(error, done),
                 }
             }
             Request::PutMeta {
@@ -305,13 +335,12 @@ impl Writer {
                 durable,
                 done,
             } => {
-                if let Err(error) = self.engine.put_meta(key, &sealed) {
-                    self.poison(&error);
-                    let _ = done.send(Err(error));
+                if let Err(error) = self.shared.engine.put_meta(key, &sealed) {
+                    self.fail(error, done);
                     return;
                 }
                 if durable {
-                    waiters.push(Waiter::Reply(done));
+                    self.enqueue(Waiter::Reply(done));
                 } else {
                     let _ = done.send(Ok(()));
                 }
@@ -319,16 +348,69 @@ impl Writer {
         }
     }
 
+    /// Deletes every entry `>= from_index`, lowering the watermark durably first.
+    fn truncate_from(&mut self, from_index: u64) -> Result<(), LogError> {
+        {
+            let mut watermark = self.shared.watermark.lock();
+            watermark.file.lower_durably(from_index.checked_sub(1))?;
+            watermark.truncation_epoch += 1;
+        }
+        self.shared.engine.delete_entries_from(from_index)?;
+        self.refresh_last_index()?;
+        assert!(self.last_index.is_none_or(|last| last < from_index));
+        Ok(())
+    }
+
     fn refresh_last_index(&mut self) -> Result<(), LogError> {
-        match self.engine.last_entry() {
-            Ok(last) => {
-                self.last_index = last.map(|(index, _)| index);
-                Ok(())
+        let last = self.shared.engine.last_entry()?;
+        self.last_index = last.map(|(index, _)| index);
+        Ok(())
+    }
+}
+
+/// The syncer thread: one durability point per group of queued jobs.
+fn run_syncer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut group = vec![first];
+        while group.len() < GROUP_JOBS_MAX {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
             }
-            Err(error) => {
-                self.poison(&error);
-                Err(error)
-            }
+        }
+        let result = match shared.poisoned() {
+            Some(reason) => Err(reason),
+            None => match shared.engine.sync() {
+                Ok(()) => {
+                    advance_watermark(&shared, &group);
+                    Ok(())
+                }
+                Err(error) => {
+                    shared.poison(&error);
+                    Err(error.to_string())
+                }
+            },
+        };
+        for job in group {
+            job.waiter.release(&result);
+        }
+    }
+    tracing::debug!("raft-log syncer thread stops");
+}
+
+/// After a durability point, never before: the watermark must not claim more than is durable,
+/// and a candidate queued before a truncation must not raise it again.
+fn advance_watermark(shared: &Shared, group: &[Job]) {
+    let mut watermark = shared.watermark.lock();
+    let epoch = watermark.truncation_epoch;
+    let candidate = group
+        .iter()
+        .rev()
+        .find(|job| job.truncation_epoch == epoch)
+        .map(|job| job.watermark_candidate);
+    if let Some(candidate) = candidate {
+        if let Err(error) = watermark.file.advance(candidate) {
+            tracing::warn!(%error, "cannot advance the raft log watermark");
         }
     }
 }
