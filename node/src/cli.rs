@@ -36,6 +36,8 @@ enum Command {
     Member(MemberCommand),
     /// Hand leadership to another voter (the most up-to-date one by default).
     TransferLeader(TransferArgs),
+    #[command(flatten)]
+    Data(cairn_client::cli::DataCommand),
 }
 
 #[derive(Args, Default)]
@@ -190,6 +192,7 @@ pub fn main() -> ExitCode {
         Command::Dev(args) => crate::dev::run(args),
         Command::Status(args) => runtime().block_on(status(args)),
         Command::Member(m) => runtime().block_on(member(m)),
+        Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;
             report(first_endpoint(&t.endpoints), |address| async move {
