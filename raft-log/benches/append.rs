@@ -9,6 +9,7 @@
 use std::fs::OpenOptions;
 use std::io::Cursor;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
@@ -41,6 +42,8 @@ openraft::declare_raft_types!(
 const ENTRY_PAYLOAD_BYTES: usize = 256;
 const BATCH_SIZES: [u64; 3] = [1, 16, 256];
 const PIPELINE_DEPTH: usize = 8;
+/// Size of the preallocated file of the in-place baseline.
+const PREALLOCATED_BYTES: u64 = 64 * 1024 * 1024;
 
 fn bench_dir() -> tempfile::TempDir {
     match std::env::var_os("CAIRN_BENCH_DIR") {
@@ -90,21 +93,49 @@ fn appends(c: &mut Criterion) {
         );
         drop(store);
 
-        // The physical limit: the same bytes with one write + fdatasync, same disk.
+        // The physical limit, same bytes, same disk: one write + fdatasync per append. Two
+        // flavours: appending to a growing file (each fdatasync also commits the new size in
+        // the ext4 journal), and overwriting a preallocated file in place (data only).
         let raw_dir = bench_dir();
-        let mut file = OpenOptions::new()
+        let bytes = vec![0x5Au8; batch as usize * (ENTRY_PAYLOAD_BYTES + 32)];
+        let mut growing = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(raw_dir.path().join("raw.log"))
+            .open(raw_dir.path().join("growing.log"))
             .expect("open raw file");
-        let bytes = vec![0x5Au8; batch as usize * (ENTRY_PAYLOAD_BYTES + 32)];
         group.bench_with_input(
-            BenchmarkId::new("raw_write_fdatasync", batch),
+            BenchmarkId::new("raw_append_fdatasync", batch),
             &batch,
             |b, _| {
                 b.iter(|| {
-                    file.write_all(&bytes).expect("write");
-                    file.sync_data().expect("fdatasync");
+                    growing.write_all(&bytes).expect("write");
+                    growing.sync_data().expect("fdatasync");
+                })
+            },
+        );
+        let preallocated_path = raw_dir.path().join("preallocated.log");
+        let preallocated = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .write(true)
+            .open(&preallocated_path)
+            .expect("open preallocated file");
+        let slots = (PREALLOCATED_BYTES / bytes.len() as u64).max(1);
+        preallocated
+            .write_all_at(&vec![0u8; (slots * bytes.len() as u64) as usize], 0)
+            .expect("preallocate");
+        preallocated.sync_all().expect("fsync preallocated");
+        let mut slot = 0u64;
+        group.bench_with_input(
+            BenchmarkId::new("raw_overwrite_fdatasync", batch),
+            &batch,
+            |b, _| {
+                b.iter(|| {
+                    preallocated
+                        .write_all_at(&bytes, (slot % slots) * bytes.len() as u64)
+                        .expect("write");
+                    preallocated.sync_data().expect("fdatasync");
+                    slot += 1;
                 })
             },
         );

@@ -455,10 +455,7 @@ where
         read_meta::<Option<LogId<C::NodeId>>>(engine, META_COMMITTED)?.flatten();
     let purged_index = purged.as_ref().map(|log_id| log_id.index);
 
-    let first_index = match engine.first_entry()? {
-        Some((index, _)) => Some(index),
-        None => None,
-    };
+    let first_index = engine.first_entry()?.map(|(index, _)| index);
     if let (Some(first), Some(purged)) = (first_index, purged_index) {
         if first <= purged {
             return Err(LogError::Corrupt {
