@@ -80,3 +80,4 @@ pub use lock::DirLock;
 pub use store::LogOptions;
 pub use store::LogStore;
 pub use writer::DurableCallback;
+pub use writer::LogStats;

@@ -30,6 +30,8 @@ use crate::codec;
 use crate::engine::LogEngine;
 use crate::engine::SledEngine;
 use crate::watermark::Watermark;
+use crate::writer::Counters;
+use crate::writer::LogStats;
 use crate::writer::Request;
 use crate::writer::Writer;
 use crate::writer::META_COMMITTED;
@@ -80,6 +82,7 @@ impl<C: RaftTypeConfig> Debug for LogStore<C> {
 
 struct Inner {
     engine: Arc<dyn LogEngine>,
+    counters: Arc<Counters>,
     requests: Option<mpsc::Sender<Request>>,
     writer: Option<JoinHandle<()>>,
     dir: PathBuf,
@@ -133,11 +136,13 @@ where
         finish_interrupted_purge::<C>(engine.as_ref())?;
         let verified = verify::<C>(engine.as_ref(), watermark_index)?;
         let (requests, receiver) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
         let writer = Writer::new(
             Arc::clone(&engine),
             verified.last_index,
             verified.purged_index,
             watermark,
+            Arc::clone(&counters),
         )?;
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".to_string())
@@ -146,6 +151,7 @@ where
         Ok(LogStore {
             inner: Arc::new(Inner {
                 engine,
+                counters,
                 requests: Some(requests),
                 writer: Some(writer),
                 dir: lock.dir().to_path_buf(),
@@ -158,6 +164,11 @@ where
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// What the store has done since it was opened.
+    pub fn stats(&self) -> LogStats {
+        self.inner.counters.snapshot()
     }
 
     fn send(&self, request: Request) -> Result<(), LogError> {

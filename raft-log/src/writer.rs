@@ -11,6 +11,8 @@
 //! A job is queued only after its writes were applied, and a sync covers every write applied
 //! before it starts, so releasing a job after the sync that dequeued it is safe.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -111,9 +113,40 @@ struct WatermarkState {
     truncation_epoch: u64,
 }
 
+/// Counters of what the store did, readable through [`crate::LogStore::stats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) appends: AtomicU64,
+    pub(crate) entries_appended: AtomicU64,
+    pub(crate) durability_points: AtomicU64,
+}
+
+/// A snapshot of the store's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Append requests applied (each one engine batch).
+    pub appends: u64,
+    /// Entries stored by those appends.
+    pub entries_appended: u64,
+    /// Successful durability points (flush + fsync); fewer than `appends` when group commit
+    /// shared them.
+    pub durability_points: u64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> LogStats {
+        LogStats {
+            appends: self.appends.load(Ordering::Relaxed),
+            entries_appended: self.entries_appended.load(Ordering::Relaxed),
+            durability_points: self.durability_points.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// State shared by the writer and the syncer.
 struct Shared {
     engine: Arc<dyn LogEngine>,
+    counters: Arc<Counters>,
     /// Set after a failed write or sync: the on-disk state is unknown.
     poisoned: Mutex<Option<String>>,
     watermark: Mutex<WatermarkState>,
@@ -151,6 +184,7 @@ impl Writer {
         last_index: Option<u64>,
         purged_index: Option<u64>,
         watermark: Watermark,
+        counters: Arc<Counters>,
     ) -> Result<Writer, LogError> {
         if let (Some(last), Some(purged)) = (last_index, purged_index) {
             assert!(
@@ -160,6 +194,7 @@ impl Writer {
         }
         let shared = Arc::new(Shared {
             engine,
+            counters,
             poisoned: Mutex::new(None),
             watermark: Mutex::new(WatermarkState {
                 file: watermark,
@@ -285,6 +320,11 @@ impl Writer {
                     assert!(last_index >= Some(first_index));
                     assert!(self.purged_index.is_none_or(|purged| purged < first_index));
                     self.last_index = last_index;
+                    let counters = &self.shared.counters;
+                    counters.appends.fetch_add(1, Ordering::Relaxed);
+                    counters
+                        .entries_appended
+                        .fetch_add(entries.len() as u64, Ordering::Relaxed);
                 }
                 let _ = applied.send(Ok(()));
                 self.enqueue(Waiter::Callback(on_durable));
@@ -382,6 +422,10 @@ fn run_syncer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
             Some(reason) => Err(reason),
             None => match shared.engine.sync() {
                 Ok(()) => {
+                    shared
+                        .counters
+                        .durability_points
+                        .fetch_add(1, Ordering::Relaxed);
                     advance_watermark(&shared, &group);
                     Ok(())
                 }
