@@ -213,168 +213,7 @@ fn verify_acknowledged(
 ) -> Result<(), String> {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let store =
-            Store::open(dir, LogOptions::default()).map_err(|e| format!("reopen failed: {e}"))?;
-        let (purged, last) = store.log_state().await.expect("log state");
-        let mut next_index = last.map(|id| id.index + 1).unwrap_or(1);
-        let mut purged_index = purged.map(|id| id.index).unwrap_or(0);
-        let acked = Arc::new(AtomicU64::new(next_index - 1));
-        let mut term = store
-            .vote()
-            .await
-            .expect("vote")
-            .map(|vote| vote.leader_id.term)
-            .unwrap_or(0);
-        let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT_APPENDS_MAX));
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        println!("READY {next_index}");
-        loop {
-            let permit = Arc::clone(&in_flight)
-                .acquire_owned()
-                .await
-                .expect("semaphore");
-            let count: u64 = rng.random_range(1..=16);
-            let entries: Vec<_> = (next_index..next_index + count)
-                .map(common::entry)
-                .collect();
-            let last_index = next_index + count - 1;
-            let acked_by_callback = Arc::clone(&acked);
-            store
-                .append_with_callback(
-                    entries,
-                    Box::new(move |result| {
-                        if result.is_ok() {
-                            acked_by_callback.store(last_index, Ordering::SeqCst);
-                            println!("ACK {last_index}");
-                        }
-                        drop(permit);
-                    }),
-                )
-                .await
-                .expect("append");
-            next_index = last_index + 1;
-            // Now and then compact: purge well below what is acknowledged.
-            let acked_index = acked.load(Ordering::SeqCst);
-            if rng.random_range(0..20) == 0 && acked_index > purged_index + 64 {
-                let through = acked_index - 32;
-                println!("PURGE {through}");
-                store
-                    .purge_through(&common::log_id(through))
-                    .await
-                    .expect("purge");
-                purged_index = through;
-            }
-            if rng.random_range(0..15) == 0 {
-                term += 1;
-                store
-                    .store_vote(&openraft::Vote::new(term, 0))
-                    .await
-                    .expect("save vote");
-                println!("VOTE {term}");
-            }
-            if rng.random_range(0..10) == 0 {
-                store
-                    .store_committed(Some(common::log_id(acked.load(Ordering::SeqCst))))
-                    .await
-                    .expect("save committed");
-            }
-        }
-    });
-}
-
-/// What the parent learned from one child's stdout.
-#[derive(Debug, Default)]
-struct ChildReport {
-    ready: bool,
-    acked_index_max: u64,
-    purge_index_max: u64,
-    vote_term_max: u64,
-}
-
-/// Reads the child's stdout on a thread until it closes.
-fn read_child_stdout(
-    child: &mut Child,
-) -> (
-    std::thread::JoinHandle<ChildReport>,
-    std::sync::mpsc::Receiver<()>,
-) {
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut report = ChildReport::default();
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            // libtest may print "test name ... " before our first line: look at word pairs.
-            let words: Vec<&str> = line.split_whitespace().collect();
-            for pair in words.windows(2) {
-                let Ok(index) = pair[1].parse::<u64>() else {
-                    continue;
-                };
-                match pair[0] {
-                    "READY" => {
-                        report.ready = true;
-                        let _ = ready_tx.send(());
-                    }
-                    "ACK" => report.acked_index_max = report.acked_index_max.max(index),
-                    "PURGE" => report.purge_index_max = report.purge_index_max.max(index),
-                    "VOTE" => report.vote_term_max = report.vote_term_max.max(index),
-                    _ => {}
-                }
-            }
-        }
-        report
-    });
-    (reader, ready_rx)
-}
-
-/// Runs one child on `dir`, kills it with SIGKILL after a random delay, and returns what it
-/// acknowledged. `after_kill` runs once the child is dead (e.g. the power cut).
-fn run_child_round(
-    dir: &Path,
-    seed: u64,
-    skip_fsync: bool,
-    kill_after: Duration,
-    after_kill: impl FnOnce(),
-) -> ChildReport {
-    let mut envs = vec![
-        (CHILD_DIR_ENV, dir.display().to_string()),
-        (CHILD_SEED_ENV, seed.to_string()),
-    ];
-    if skip_fsync {
-        envs.push((CHILD_SKIP_FSYNC_ENV, "1".to_string()));
-    }
-    let mut child = common::spawn_self("crash_child_process_entry", &envs);
-    let (reader, ready) = read_child_stdout(&mut child);
-    let ready_in_time = ready.recv_timeout(Duration::from_secs(60)).is_ok();
-    if ready_in_time {
-        std::thread::sleep(kill_after);
-    }
-    // SIGKILL, then reap: after wait() the process can issue no more I/O.
-    let _ = child.kill();
-    let status = child.wait().expect("wait for child");
-    after_kill();
-    let report = reader.join().expect("stdout reader");
-    assert!(
-        ready_in_time && report.ready,
-        "child never became ready (status {status})"
-    );
-    report
-}
-
-/// Reopens the store and checks every acknowledged entry above the purge point.
-fn verify_acknowledged(
-    dir: &Path,
-    acked_index_max: u64,
-    purge_index_max: u64,
-    vote_term_max: u64,
-) -> Result<(), String> {
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime.block_on(async {
         let store = Store::open(dir, LogOptions::default()).map_err(|e| format!("reopen failed: {e}"))?;
-        let vote_term = store.vote().await.map_err(|e| format!("vote: {e}"))?.map(|v| v.leader_id.term).unwrap_or(0);
-        if vote_term < vote_term_max {
-            return Err(format!("vote term {vote_term} after reopen, but term {vote_term_max} was saved"));
-        }
         let (purged, last) = store.log_state().await.map_err(|e| format!("log state: {e}"))?;
         let purged_index = purged.map(|id| id.index).unwrap_or(0);
         if purged_index > purge_index_max {
@@ -394,6 +233,10 @@ fn verify_acknowledged(
         }
         for (offset, entry) in entries.iter().enumerate() {
             common::check_entry(purged_index + 1 + offset as u64, entry)?;
+        }
+        let vote_term = store.vote().await.map_err(|e| format!("vote: {e}"))?.map(|v| v.leader_id.term).unwrap_or(0);
+        if vote_term < vote_term_max {
+            return Err(format!("vote term {vote_term} after reopen, but term {vote_term_max} was saved"));
         }
         Ok(())
     })
