@@ -116,6 +116,7 @@ fn appends(c: &mut Criterion) {
         let preallocated_path = raw_dir.path().join("preallocated.log");
         let preallocated = OpenOptions::new()
             .create(true)
+            .truncate(true)
             .read(true)
             .write(true)
             .open(&preallocated_path)
