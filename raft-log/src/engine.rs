@@ -103,8 +103,12 @@ impl SledEngine {
             fsync,
             sync_state: Mutex::new(SyncState::default()),
         };
-        // Make the freshly created files and directories durable before anyone relies on them.
+        // Make the freshly created files and directories durable before anyone relies on them,
+        // including sled's own directory entry in its parent.
         engine.sync()?;
+        if let Some(parent) = path.parent() {
+            crate::lock::fsync_directory(parent)?;
+        }
         Ok(engine)
     }
 

@@ -30,8 +30,15 @@ impl DirLock {
     /// Fails with [`LogError::Locked`] naming the holder's pid when another process — or another
     /// `DirLock` in this process — holds it.
     pub fn acquire(dir: &Path) -> Result<DirLock, LogError> {
+        let created = !dir.exists();
         std::fs::create_dir_all(dir)
             .map_err(|e| LogError::io(format!("create directory {}", dir.display()), e))?;
+        if created {
+            // The new directory's name must survive a power cut before anything relies on it.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                fsync_directory(parent)?;
+            }
+        }
         let path = dir.join(LOCK_FILE_NAME);
         let mut file = OpenOptions::new()
             .read(true)
@@ -73,6 +80,13 @@ impl DirLock {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// fsyncs a directory, so that the names created in it are durable.
+pub(crate) fn fsync_directory(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|handle| handle.sync_all())
+        .map_err(|e| LogError::io(format!("fsync directory {}", dir.display()), e))
 }
 
 impl Drop for DirLock {

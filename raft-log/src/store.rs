@@ -95,6 +95,15 @@ impl Drop for Inner {
         // Closing the channel stops the writer after its current group; wait for it so that the
         // engine is quiet before the directory lock is released.
         drop(self.requests.take());
+        // A durability callback that drops the last handle runs on the syncer thread, which
+        // the writer joins: joining from there would deadlock, so let the threads finish alone.
+        let on_own_thread = matches!(
+            std::thread::current().name(),
+            Some("raft-log-writer") | Some("raft-log-syncer")
+        );
+        if on_own_thread {
+            return;
+        }
         if let Some(writer) = self.writer.take() {
             if writer.join().is_err() {
                 tracing::error!("raft-log writer thread panicked");
@@ -116,7 +125,12 @@ where
 {
     /// Opens (creating if needed) the log store in `dir`: takes the directory lock, opens sled
     /// in `dir/sled`, verifies every stored entry (checksum, index, contiguity) and the metadata,
-    /// and starts the writer thread. Blocking: call it at start-up or on a blocking thread.
+    /// and starts the writer and syncer threads. Blocking: call it at start-up or on a blocking
+    /// thread. `dir` must be the store's own directory (e.g. `<data dir>/raft-log`), not a
+    /// directory that the caller already holds a [`DirLock`] on: that would be refused as
+    /// [`LogError::Locked`] naming our own pid.
+    ///
+    /// Dropping the last handle stops the threads and waits for the syncer's current group.
     pub fn open(dir: &Path, options: LogOptions) -> Result<LogStore<C>, LogError> {
         let lock = DirLock::acquire(dir)?;
         let engine =
