@@ -229,7 +229,10 @@ where
             })?;
             let stored = codec::seal_entry(index, &payload);
             // Paired with the check on read: what we store must verify under its own key.
-            debug_assert!(codec::unseal(&codec::entry_key(index), &stored).is_ok());
+            assert!(
+                codec::unseal(&codec::entry_key(index), &stored).is_ok(),
+                "entry {index} must verify under its own key before it is written"
+            );
             sealed.push((index, stored));
         }
         self.request(|applied| Request::Append {
