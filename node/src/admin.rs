@@ -164,8 +164,100 @@ impl Admin {
     }
 }
 
+/// A `Write` that cuts what it receives into chunks of at most
+/// [`SNAPSHOT_CHUNK_BYTES`] and sends them down a bounded channel, so a
+/// snapshot of any size streams in constant memory.
+struct ChunkSender {
+    tx: tokio::sync::mpsc::Sender<Result<pb::SnapshotChunk, Status>>,
+    buffer: Vec<u8>,
+}
+
+/// The size of one streamed snapshot chunk.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+
+impl ChunkSender {
+    fn send_buffer(&mut self) -> std::io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::replace(&mut self.buffer, Vec::with_capacity(SNAPSHOT_CHUNK_BYTES));
+        self.tx
+            .blocking_send(Ok(pb::SnapshotChunk { data: data.into() }))
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+            })
+    }
+}
+
+impl std::io::Write for ChunkSender {
+    fn write(&mut self, mut bytes: &[u8]) -> std::io::Result<usize> {
+        let n = bytes.len();
+        while !bytes.is_empty() {
+            let room = SNAPSHOT_CHUNK_BYTES - self.buffer.len();
+            let take = room.min(bytes.len());
+            self.buffer.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.buffer.len() == SNAPSHOT_CHUNK_BYTES {
+                self.send_buffer()?;
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send_buffer()
+    }
+}
+
+pub type SnapshotStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::SnapshotChunk, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl AdminService for Admin {
+    type SaveSnapshotStream = SnapshotStream;
+
+    async fn save_snapshot(
+        &self,
+        _: Request<pb::SaveSnapshotRequest>,
+    ) -> Result<Response<SnapshotStream>, Status> {
+        // A linearizable point: leadership confirmed, everything committed applied.
+        self.raft.ensure_linearizable().await?;
+        let (snapshot, header) = self.raft.point_in_time_snapshot()?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let error_tx = tx.clone();
+            let result = (|| {
+                let sender = ChunkSender {
+                    tx,
+                    buffer: Vec::with_capacity(SNAPSHOT_CHUNK_BYTES),
+                };
+                let mut encoder = crate::snapshot_file::SnapshotEncoder::new(sender, &header)?;
+                for resource in snapshot {
+                    encoder.append(&resource)?;
+                }
+                encoder.finish().map(|_| ())
+            })();
+            if let Err(e) = result {
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    let _ = error_tx.blocking_send(Err(Status::internal(format!(
+                        "streaming the snapshot: {e}"
+                    ))));
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn restore_snapshot(
+        &self,
+        r: Request<tonic::Streaming<pb::SnapshotChunk>>,
+    ) -> Result<Response<pb::RestoreSnapshotResponse>, Status> {
+        let _ = r;
+        Err(ApiError::Unavailable("online restore is not in this build yet".into()).into())
+    }
+
     async fn status(
         &self,
         _: Request<pb::StatusRequest>,

@@ -36,6 +36,9 @@ enum Command {
     Member(MemberCommand),
     /// Hand leadership to another voter (the most up-to-date one by default).
     TransferLeader(TransferArgs),
+    /// Back up, inspect and restore snapshots.
+    #[command(subcommand)]
+    Snapshot(crate::snapshot_cmd::SnapshotCommand),
     #[command(flatten)]
     Data(cairn_client::cli::DataCommand),
 }
@@ -73,6 +76,10 @@ struct AgentArgs {
     log_format: Option<LogFormatArg>,
     #[arg(long)]
     metrics_address: Option<String>,
+    /// DANGEROUS, test-only: serve strong reads and lists locally without
+    /// confirming leadership (stale reads). Used to prove the jepsen suite can fail.
+    #[arg(long)]
+    unsafe_local_strong_reads: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -192,6 +199,7 @@ pub fn main() -> ExitCode {
         Command::Dev(args) => crate::dev::run(args),
         Command::Status(args) => runtime().block_on(status(args)),
         Command::Member(m) => runtime().block_on(member(m)),
+        Command::Snapshot(s) => crate::snapshot_cmd::run(s),
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;
@@ -289,6 +297,9 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     }
     if let Some(v) = &a.metrics_address {
         put("metrics_address", v.clone().into())
+    }
+    if a.unsafe_local_strong_reads {
+        put("unsafe_local_strong_reads", true.into())
     }
     Ok(serde_json::Value::Object(m))
 }

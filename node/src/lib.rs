@@ -30,6 +30,8 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod dev;
+pub mod forward;
 pub mod raft;
 pub mod service;
+pub mod snapshot_cmd;
 pub mod snapshot_file;

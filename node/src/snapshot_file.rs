@@ -66,28 +66,19 @@ pub enum SnapshotFileError {
 
 type Result<T> = std::result::Result<T, SnapshotFileError>;
 
-/// Writes a snapshot file; call [`SnapshotWriter::finish`] to make it visible.
-pub struct SnapshotWriter {
-    out: BufWriter<File>,
-    tmp_path: PathBuf,
-    final_path: PathBuf,
+/// Encodes a snapshot into any writer (a file, or chunks streamed to a client).
+pub struct SnapshotEncoder<W: Write> {
+    out: W,
     crc: u32,
     written_bytes: u64,
     records_expected: u64,
     records_written: u64,
 }
 
-impl SnapshotWriter {
-    pub fn create(final_path: &Path, header: &SnapshotHeader) -> Result<SnapshotWriter> {
-        let tmp_path = final_path.with_extension("tmp");
-        let file = File::create(&tmp_path).map_err(|source| SnapshotFileError::Io {
-            path: tmp_path.clone(),
-            source,
-        })?;
-        let mut writer = SnapshotWriter {
-            out: BufWriter::with_capacity(1 << 20, file),
-            tmp_path,
-            final_path: final_path.to_path_buf(),
+impl<W: Write> SnapshotEncoder<W> {
+    pub fn new(out: W, header: &SnapshotHeader) -> io::Result<SnapshotEncoder<W>> {
+        let mut encoder = SnapshotEncoder {
+            out,
             crc: 0,
             written_bytes: 0,
             records_expected: header.resource_count,
@@ -98,25 +89,20 @@ impl SnapshotWriter {
             header_json.len() as u64 <= HEADER_BYTES_MAX as u64,
             "snapshot header too large"
         );
-        writer.put(MAGIC)?;
-        writer.put(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
-        writer.put(&(header_json.len() as u32).to_le_bytes())?;
-        writer.put(&header_json)?;
-        Ok(writer)
+        encoder.put(MAGIC)?;
+        encoder.put(&SNAPSHOT_FORMAT_VERSION.to_le_bytes())?;
+        encoder.put(&(header_json.len() as u32).to_le_bytes())?;
+        encoder.put(&header_json)?;
+        Ok(encoder)
     }
 
-    fn put(&mut self, bytes: &[u8]) -> Result<()> {
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.crc = crc32c::crc32c_append(self.crc, bytes);
         self.written_bytes += bytes.len() as u64;
-        self.out
-            .write_all(bytes)
-            .map_err(|source| SnapshotFileError::Io {
-                path: self.tmp_path.clone(),
-                source,
-            })
+        self.out.write_all(bytes)
     }
 
-    pub fn append(&mut self, resource: &Resource) -> Result<()> {
+    pub fn append(&mut self, resource: &Resource) -> io::Result<()> {
         assert!(
             self.records_written < self.records_expected,
             "more records than the header announced"
@@ -136,35 +122,92 @@ impl SnapshotWriter {
         self.written_bytes
     }
 
-    /// Writes the trailer, fsyncs, renames into place and fsyncs the directory.
-    /// Returns the file's size and checksum.
-    pub fn finish(mut self) -> Result<(u64, u32)> {
+    /// Writes the end marker and checksum; returns the writer, the total size and the checksum.
+    pub fn finish(mut self) -> io::Result<(W, u64, u32)> {
         assert_eq!(
             self.records_written, self.records_expected,
             "record count differs from the header"
         );
         self.put(END_MARKER)?;
         let crc = self.crc;
+        self.out.write_all(&crc.to_le_bytes())?;
+        self.out.flush()?;
+        Ok((self.out, self.written_bytes + 4, crc))
+    }
+}
+
+/// Writes a snapshot file; call [`SnapshotWriter::finish`] to make it visible.
+pub struct SnapshotWriter {
+    encoder: SnapshotEncoder<BufWriter<File>>,
+    tmp_path: PathBuf,
+    final_path: PathBuf,
+}
+
+impl SnapshotWriter {
+    pub fn create(final_path: &Path, header: &SnapshotHeader) -> Result<SnapshotWriter> {
+        let tmp_path = final_path.with_extension("tmp");
+        let io = |source| SnapshotFileError::Io {
+            path: tmp_path.clone(),
+            source,
+        };
+        let file = File::create(&tmp_path).map_err(io)?;
+        let encoder =
+            SnapshotEncoder::new(BufWriter::with_capacity(1 << 20, file), header).map_err(io)?;
+        Ok(SnapshotWriter {
+            encoder,
+            tmp_path: tmp_path.clone(),
+            final_path: final_path.to_path_buf(),
+        })
+    }
+
+    pub fn append(&mut self, resource: &Resource) -> Result<()> {
+        let path = &self.tmp_path;
+        self.encoder
+            .append(resource)
+            .map_err(|source| SnapshotFileError::Io {
+                path: path.clone(),
+                source,
+            })
+    }
+
+    pub fn written_bytes(&self) -> u64 {
+        self.encoder.written_bytes()
+    }
+
+    /// Writes the trailer, fsyncs, renames into place and fsyncs the directory.
+    /// Returns the file's size and checksum.
+    pub fn finish(self) -> Result<(u64, u32)> {
         let io = |path: &Path, source| SnapshotFileError::Io {
             path: path.to_path_buf(),
             source,
         };
-        self.out
-            .write_all(&crc.to_le_bytes())
-            .map_err(|e| io(&self.tmp_path, e))?;
-        let file = self
-            .out
+        let (out, size, crc) = self.encoder.finish().map_err(|e| io(&self.tmp_path, e))?;
+        let file = out
             .into_inner()
             .map_err(|e| io(&self.tmp_path, e.into_error()))?;
         file.sync_all().map_err(|e| io(&self.tmp_path, e))?;
         fs::rename(&self.tmp_path, &self.final_path).map_err(|e| io(&self.final_path, e))?;
-        if let Some(dir) = self.final_path.parent() {
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io(dir, e))?;
-        }
-        Ok((self.written_bytes + 4, crc))
+        sync_parent(&self.final_path)?;
+        Ok((size, crc))
     }
+}
+
+/// fsyncs the directory holding `path`, so a rename into it is durable.
+pub fn sync_parent(path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| SnapshotFileError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 /// Reads a snapshot file record by record, checking structure as it goes.

@@ -135,6 +135,25 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogStore = cairn_raft_log::LogStore<TypeConfig>;
 pub type Membership = openraft::StoredMembership<NodeId, NodeInfo>;
 
+/// The membership and log position of a data dir seeded by an offline restore:
+/// every listed member a voter, the snapshot placed at `log_index` under term 0
+/// (below any term a real leader will have). Returns (membership as stored in
+/// snapshot headers, term, leader node id).
+pub fn seed_membership(
+    members: &BTreeMap<NodeId, NodeInfo>,
+    log_index: u64,
+) -> (serde_json::Value, u64, u64) {
+    let log_id = openraft::LogId::new(openraft::CommittedLeaderId::new(0, 0), log_index);
+    let voters: BTreeSet<NodeId> = members.keys().copied().collect();
+    let membership = openraft::Membership::new(vec![voters], members.clone());
+    let stored = Membership::new(Some(log_id), membership);
+    (
+        serde_json::to_value(&stored).expect("a membership serializes"),
+        0,
+        0,
+    )
+}
+
 /// Raft timing and snapshot settings, from the node configuration.
 #[derive(Debug, Clone)]
 pub struct RaftSettings {
@@ -167,6 +186,7 @@ pub struct RaftStatus {
 #[derive(Clone)]
 pub struct RaftHandle {
     pub raft: Raft,
+    state_machine: StateMachine,
     pub node_id: NodeId,
     pub store: Store,
     pub identity: Arc<ClusterIdentity>,
@@ -218,9 +238,17 @@ impl RaftHandle {
         let state_machine =
             StateMachine::open(&data_dir.join("snapshots"), store.clone(), identity.clone())?;
         let network = Network::new(identity.clone());
-        let raft = Raft::new(node_id, Arc::new(config), network, log_store, state_machine).await?;
+        let raft = Raft::new(
+            node_id,
+            Arc::new(config),
+            network,
+            log_store,
+            state_machine.clone(),
+        )
+        .await?;
         Ok(RaftHandle {
             raft,
+            state_machine,
             node_id,
             store,
             identity,
@@ -293,6 +321,25 @@ impl RaftHandle {
                 .cloned()
         });
         leader_hint(metrics.current_leader, node)
+    }
+
+    /// Waits until the leader hint in this node's metrics differs from
+    /// `known` and returns it; `None` once Raft has stopped.
+    pub async fn leader_changed(&self, known: &LeaderHint) -> Option<LeaderHint> {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let hint = {
+                let m = metrics.borrow_and_update();
+                let node = m
+                    .current_leader
+                    .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
+                leader_hint(m.current_leader, node)
+            };
+            if &hint != known {
+                return Some(hint);
+            }
+            metrics.changed().await.ok()?;
+        }
     }
 
     pub fn is_leader(&self) -> bool {
@@ -420,6 +467,15 @@ impl RaftHandle {
     pub fn set_heartbeats(&self, enabled: bool) {
         self.raft.runtime_config().heartbeat(enabled);
         self.raft.runtime_config().elect(enabled);
+    }
+
+    /// The table at one point in time, with the header of a snapshot file for it.
+    pub fn point_in_time_snapshot(
+        &self,
+    ) -> Result<(cairn_fsm::Snapshot, crate::snapshot_file::SnapshotHeader), ApiError> {
+        self.state_machine
+            .consistent_snapshot()
+            .map_err(ApiError::Unavailable)
     }
 
     /// Builds a snapshot now and waits for it (used before planned shutdowns and in tests).

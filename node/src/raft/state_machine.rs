@@ -236,6 +236,42 @@ impl StateMachine {
         })
     }
 
+    /// The table at one point in time together with the header describing it
+    /// (log id, membership, cluster id), taken while no entry is half applied.
+    pub fn consistent_snapshot(&self) -> Result<(cairn_fsm::Snapshot, SnapshotHeader), String> {
+        loop {
+            let (fsm_snapshot, last_applied, membership) = {
+                let meta = self.meta();
+                (
+                    self.shared.store.snapshot(),
+                    meta.last_applied,
+                    meta.membership.clone(),
+                )
+            };
+            let Some(last_log_id) = last_applied else {
+                return Err("nothing applied yet: no snapshot to take".into());
+            };
+            // `apply` updates the table, then the meta: retry if we fell between the two.
+            if fsm_snapshot.applied_index != last_log_id.index {
+                std::thread::yield_now();
+                continue;
+            }
+            let header = SnapshotHeader {
+                cluster_id: self.shared.identity.cluster_id(),
+                last_log_index: last_log_id.index,
+                last_log_term: last_log_id.leader_id.term,
+                last_log_leader_node_id: last_log_id.leader_id.node_id,
+                membership: serde_json::to_value(&membership).map_err(|e| e.to_string())?,
+                resource_count: fsm_snapshot.len() as u64,
+                created_at_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0),
+            };
+            return Ok((fsm_snapshot, header));
+        }
+    }
+
     fn meta(&self) -> std::sync::MutexGuard<'_, Meta> {
         self.shared.meta.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -243,35 +279,12 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        // Captured together: openraft does not apply while it asks for a builder
-        // and this runs right after, but the fsm snapshot is point-in-time anyway.
-        let (fsm_snapshot, last_applied, membership) = {
-            let meta = self.meta();
-            (
-                self.shared.store.snapshot(),
-                meta.last_applied,
-                meta.membership.clone(),
-            )
-        };
-        let Some(last_log_id) = last_applied else {
-            return Err(io_err("nothing applied yet: no snapshot to build"));
-        };
-        assert_eq!(
-            fsm_snapshot.applied_index, last_log_id.index,
-            "fsm and raft disagree on the applied index"
-        );
-        let header = SnapshotHeader {
-            cluster_id: self.shared.identity.cluster_id(),
-            last_log_index: last_log_id.index,
-            last_log_term: last_log_id.leader_id.term,
-            last_log_leader_node_id: last_log_id.leader_id.node_id,
-            membership: serde_json::to_value(&membership).map_err(io_err)?,
-            resource_count: fsm_snapshot.len() as u64,
-            created_at_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-        };
+        let (fsm_snapshot, header) = self.consistent_snapshot().map_err(io_err)?;
+        let last_log_id = log_id_of(&header).ok_or_else(|| {
+            io_err("nothing but the initial membership applied: no snapshot to build")
+        })?;
+        let membership: Membership =
+            serde_json::from_value(header.membership.clone()).map_err(io_err)?;
         let path = snapshot_path(&self.shared.dir, &last_log_id);
         let write_path = path.clone();
         let started = std::time::Instant::now();

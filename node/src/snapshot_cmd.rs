@@ -1,0 +1,449 @@
+//! `cairn snapshot save | inspect | restore`: operator backups in the format of
+//! `crate::snapshot_file`, with progress bars for everything a person waits for.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::admin_service_client::AdminServiceClient;
+use cairn_proto::v1::{self as pb};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cli::{exit, exit_code_of, Endpoints};
+use crate::config::parse_members;
+use crate::raft::NodeInfo;
+use crate::snapshot_file::{
+    self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
+};
+
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Save a consistent point-in-time snapshot of the cluster to FILE.
+    Save {
+        file: PathBuf,
+        #[command(flatten)]
+        endpoints: Endpoints,
+    },
+    /// Verify FILE and print its header and what it holds.
+    Inspect { file: PathBuf },
+    /// Replace the cluster's state with FILE (online), or seed a new node's data dir (--offline).
+    Restore(RestoreArgs),
+}
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    file: PathBuf,
+    #[command(flatten)]
+    endpoints: Endpoints,
+    /// Seed the data dir of one node of a NEW cluster instead (disaster recovery).
+    #[arg(long)]
+    offline: bool,
+    /// With --offline: the node's data dir (must not hold a cluster yet).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// With --offline: the new cluster's members, ID=PEER/CLIENT,... (the same for every node).
+    #[arg(long)]
+    members: Option<String>,
+    /// With --offline: start the new log this far above the snapshot's index, so that no
+    /// version the lost cluster handed out after the backup can match a new write.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    bump_index: u64,
+}
+
+fn bar(total_bytes: Option<u64>, message: &str) -> ProgressBar {
+    let bar = match total_bytes {
+        Some(total) => ProgressBar::new(total).with_style(
+            ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+            )
+            .expect("template")
+            .progress_chars("=> "),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {msg} {bytes} ({bytes_per_sec})")
+                .expect("template"),
+        ),
+    };
+    bar.set_message(message.to_string());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+pub fn run(command: SnapshotCommand) -> u8 {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let result = match command {
+        SnapshotCommand::Save { file, endpoints } => {
+            runtime.block_on(save(&file, &endpoints.endpoints))
+        }
+        SnapshotCommand::Inspect { file } => inspect(&file),
+        SnapshotCommand::Restore(args) if args.offline => restore_offline(&args),
+        SnapshotCommand::Restore(args) => runtime.block_on(restore_online(&args)),
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(CommandError::Api(e)) => {
+            eprintln!("cairn: {e}");
+            exit_code_of(&e)
+        }
+        Err(e @ CommandError::Damaged(_)) => {
+            eprintln!("cairn: {e}");
+            exit::ERROR
+        }
+        Err(CommandError::File(e)) => {
+            eprintln!("cairn: {e}");
+            exit::ERROR
+        }
+        Err(CommandError::Usage(e)) => {
+            eprintln!("cairn: {e}");
+            exit::USAGE
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CommandError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error(transparent)]
+    File(#[from] SnapshotFileError),
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Damaged(String),
+}
+
+fn io_error(path: &Path, source: std::io::Error) -> CommandError {
+    CommandError::File(SnapshotFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The leader's client address, asking the endpoints in turn.
+async fn leader_address(endpoints: &[String]) -> Result<String, ApiError> {
+    let mut last = ApiError::invalid("endpoints", "no endpoint given");
+    for endpoint in endpoints {
+        match crate::cli::fetch_status(endpoint).await {
+            Ok(s) if s.leader_id == s.node_id => return Ok(endpoint.clone()),
+            Ok(s) => match s.members.iter().find(|m| m.id == s.leader_id) {
+                Some(leader) => return Ok(leader.client_address.clone()),
+                None => last = ApiError::Inconsistent(format!("{endpoint} knows no leader")),
+            },
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+async fn admin(address: &str) -> Result<AdminServiceClient<tonic::transport::Channel>, ApiError> {
+    Ok(AdminServiceClient::connect(format!("http://{address}"))
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("cannot reach {address}: {e}")))?
+        .max_decoding_message_size(8 * 1024 * 1024))
+}
+
+async fn save(file: &Path, endpoints: &[String]) -> Result<(), CommandError> {
+    let leader = leader_address(endpoints).await?;
+    let mut stream = admin(&leader)
+        .await?
+        .save_snapshot(pb::SaveSnapshotRequest {})
+        .await
+        .map_err(ApiError::from)?
+        .into_inner();
+    let tmp = file.with_extension("part");
+    let mut out =
+        std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(|e| io_error(&tmp, e))?);
+    let progress = bar(None, &format!("saving from {leader}"));
+    let received = async {
+        while let Some(chunk) = stream.message().await.map_err(ApiError::from)? {
+            out.write_all(&chunk.data).map_err(|e| io_error(&tmp, e))?;
+            progress.inc(chunk.data.len() as u64);
+        }
+        Ok::<(), CommandError>(())
+    }
+    .await;
+    progress.finish_and_clear();
+    if let Err(e) = received {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let file_handle = out
+        .into_inner()
+        .map_err(|e| io_error(&tmp, e.into_error()))?;
+    file_handle.sync_all().map_err(|e| io_error(&tmp, e))?;
+    // Never give a damaged file the final name.
+    let (header, size, crc) = match verify_with_checksum(&tmp) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&tmp, file).map_err(|e| io_error(file, e))?;
+    snapshot_file::sync_parent(file)?;
+    println!(
+        "saved {}: index {}, term {}, {} resources, {} bytes, crc32c {:08x}",
+        file.display(),
+        header.last_log_index,
+        header.last_log_term,
+        header.resource_count,
+        size,
+        crc
+    );
+    Ok(())
+}
+
+/// Verifies a whole file; returns its header, size and checksum.
+fn verify_with_checksum(path: &Path) -> Result<(SnapshotHeader, u64, u32), CommandError> {
+    let header = snapshot_file::verify(path, |_| {})?;
+    let bytes = std::fs::metadata(path)
+        .map_err(|e| io_error(path, e))?
+        .len();
+    let mut f = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    let mut tail = [0u8; 4];
+    use std::io::Seek;
+    f.seek(std::io::SeekFrom::End(-4))
+        .map_err(|e| io_error(path, e))?;
+    f.read_exact(&mut tail).map_err(|e| io_error(path, e))?;
+    Ok((header, bytes, u32::from_le_bytes(tail)))
+}
+
+fn inspect(file: &Path) -> Result<(), CommandError> {
+    let size = std::fs::metadata(file)
+        .map_err(|e| io_error(file, e))?
+        .len();
+    let progress = bar(Some(size), "verifying");
+    let mut reader = match SnapshotReader::open(file) {
+        Ok(r) => r,
+        Err(e) => {
+            progress.finish_and_clear();
+            return Err(CommandError::Damaged(format!(
+                "{}: DAMAGED: {e}",
+                file.display()
+            )));
+        }
+    };
+    let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
+    loop {
+        match reader.next_resource() {
+            Ok(Some(r)) => {
+                let id = r.id.unwrap_or_default();
+                let t = id.r#type.unwrap_or_default();
+                let tenancy = id.tenancy.unwrap_or_default();
+                *counts
+                    .entry((
+                        format!("{}.{}.{}", t.group, t.group_version, t.kind),
+                        format!("{}/{}", tenancy.partition, tenancy.namespace),
+                    ))
+                    .or_default() += 1;
+                progress.set_position(reader.offset());
+            }
+            Ok(None) => break,
+            Err(e) => {
+                progress.finish_and_clear();
+                return Err(CommandError::Damaged(format!(
+                    "{}: DAMAGED: {e}",
+                    file.display()
+                )));
+            }
+        }
+    }
+    progress.finish_and_clear();
+    let h = &reader.header;
+    println!(
+        "{}: OK, {} bytes, format version {}",
+        file.display(),
+        size,
+        snapshot_file::SNAPSHOT_FORMAT_VERSION
+    );
+    println!("cluster id   {}", h.cluster_id);
+    println!("index        {}", h.last_log_index);
+    println!("term         {}", h.last_log_term);
+    println!("resources    {}", h.resource_count);
+    println!("membership   {}", h.membership);
+    println!("\n{:<40} {:<30} {:>10}", "TYPE", "TENANCY", "COUNT");
+    for ((t, tenancy), n) in counts {
+        println!("{t:<40} {tenancy:<30} {n:>10}");
+    }
+    Ok(())
+}
+
+async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
+    let file = &args.file;
+    let size = std::fs::metadata(file)
+        .map_err(|e| io_error(file, e))?
+        .len();
+    // The whole file is verified here first, and again by the leader before anything changes.
+    let check = bar(Some(size), "verifying");
+    let header = snapshot_file::verify(file, |_| {});
+    check.finish_and_clear();
+    let header = header?;
+    let leader = leader_address(&args.endpoints.endpoints).await?;
+    let progress = bar(Some(size), &format!("uploading to {leader}"));
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
+    let path = file.clone();
+    let reading_progress = progress.clone();
+    let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut f = std::fs::File::open(&path)?;
+        let mut buf = vec![0u8; crate::admin::SNAPSHOT_CHUNK_BYTES];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            reading_progress.inc(n as u64);
+            if tx
+                .blocking_send(pb::SnapshotChunk {
+                    data: buf[..n].to_vec().into(),
+                })
+                .is_err()
+            {
+                return Ok(()); // the call ended early; its error is reported below
+            }
+        }
+    });
+    let response = admin(&leader)
+        .await?
+        .restore_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(ApiError::from);
+    progress.finish_and_clear();
+    reader
+        .await
+        .map_err(|e| CommandError::Usage(e.to_string()))?
+        .map_err(|e| io_error(file, e))?;
+    let response = response?.into_inner();
+    println!(
+        "restored {} ({} resources from index {}) at log index {}; every open watch was closed",
+        file.display(),
+        response.resource_count,
+        header.last_log_index,
+        response.log_index
+    );
+    Ok(())
+}
+
+/// Seeds one node's data dir of a new cluster from a backup: the snapshot is
+/// placed `bump_index` above its own index, with the new membership and a new
+/// cluster id (the same on every node seeded with the same arguments, and never
+/// the old cluster's, so old members cannot rejoin).
+fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
+    let data_dir = args
+        .data_dir
+        .as_ref()
+        .ok_or_else(|| CommandError::Usage("--offline needs --data-dir".into()))?;
+    let members = args
+        .members
+        .as_ref()
+        .ok_or_else(|| CommandError::Usage("--offline needs --members".into()))?;
+    let members =
+        parse_members(members).map_err(|e| CommandError::Usage(format!("--members: {e}")))?;
+    if members.is_empty() {
+        return Err(CommandError::Usage("--members is empty".into()));
+    }
+    if args.bump_index == 0 {
+        return Err(CommandError::Usage("--bump-index must be positive".into()));
+    }
+    if data_dir.join("raft-log").exists() || data_dir.join("snapshots").exists() {
+        return Err(CommandError::Usage(format!(
+            "{} already holds a node's data; offline restore only seeds an empty data dir",
+            data_dir.display()
+        )));
+    }
+    let size = std::fs::metadata(&args.file)
+        .map_err(|e| io_error(&args.file, e))?
+        .len();
+    let check = bar(Some(size), "verifying");
+    let verified = snapshot_file::verify(&args.file, |_| {});
+    check.finish_and_clear();
+    let old = verified?;
+    let index = old
+        .last_log_index
+        .checked_add(args.bump_index)
+        .ok_or_else(|| CommandError::Usage("--bump-index overflows".into()))?;
+    let nodes: BTreeMap<u64, NodeInfo> = members
+        .iter()
+        .map(|m| {
+            (
+                m.id,
+                NodeInfo {
+                    peer_address: m.peer_address.clone(),
+                    client_address: m.client_address.clone(),
+                },
+            )
+        })
+        .collect();
+    let (membership, term, leader) = crate::raft::seed_membership(&nodes, index);
+    let mut id_source = format!(
+        "{}|{}|{}|",
+        old.cluster_id, old.last_log_index, args.bump_index
+    );
+    for m in &members {
+        id_source.push_str(&format!(
+            "{}={}/{};",
+            m.id, m.peer_address, m.client_address
+        ));
+    }
+    let cluster_id = format!(
+        "{:08x}{:08x}",
+        crc32c::crc32c(id_source.as_bytes()),
+        crc32c::crc32c(
+            id_source
+                .as_bytes()
+                .iter()
+                .rev()
+                .copied()
+                .collect::<Vec<_>>()
+                .as_slice()
+        )
+    );
+    let header = SnapshotHeader {
+        cluster_id: cluster_id.clone(),
+        last_log_index: index,
+        last_log_term: term,
+        last_log_leader_node_id: leader,
+        membership,
+        resource_count: old.resource_count,
+        created_at_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    };
+    let snapshots = data_dir.join("snapshots");
+    std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;
+    let target = snapshots.join(format!("snap-{index:020}-{term}.snap"));
+    let progress = bar(Some(size), "seeding");
+    let mut reader = SnapshotReader::open(&args.file)?;
+    let mut writer = SnapshotWriter::create(&target, &header)?;
+    while let Some(resource) = reader.next_resource()? {
+        writer.append(&resource)?;
+        progress.set_position(reader.offset());
+    }
+    writer.finish()?;
+    progress.finish_and_clear();
+    let id_path = data_dir.join("cluster_id");
+    std::fs::write(&id_path, &cluster_id).map_err(|e| io_error(&id_path, e))?;
+    std::fs::File::open(&id_path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io_error(&id_path, e))?;
+    snapshot_file::sync_parent(&id_path)?;
+    println!(
+        "seeded {}: {} resources from index {} of cluster {:?}; the new cluster {} starts at log index {}",
+        data_dir.display(),
+        old.resource_count,
+        old.last_log_index,
+        old.cluster_id,
+        cluster_id,
+        index
+    );
+    println!(
+        "start the node with the same --members and this --data-dir; do the same for every member"
+    );
+    Ok(())
+}
