@@ -12,9 +12,11 @@
 //! key is detected as well as a flipped bit.
 //!
 //! **What it must not do.**
-//! - Never acknowledge an append (openraft's `LogFlushed` callback) or return from `save_vote`,
-//!   `truncate` or `purge` before the change is on stable storage: `db.flush()` followed by an
-//!   fsync of the engine's files (sled's own flush is `sync_file_range`, not an fsync). The only
+//! - Never acknowledge an append (openraft's `LogFlushed` callback) or return from `save_vote`
+//!   or `truncate` before the change is on stable storage, nor from `purge` before its purge
+//!   point is: `db.flush()` followed by an fsync of the engine's files (sled's own flush is
+//!   `sync_file_range`, not an fsync). (`save_committed` is ordered after the appends before it
+//!   and becomes durable with the next durability point, as openraft allows.) The only
 //!   way around this is [`LogOptions::unsafe_skip_fsync_for_tests`], which exists so the
 //!   power-cut test can prove that it notices.
 //! - Never run blocking disk work on the async executor's threads: writes go to the writer
