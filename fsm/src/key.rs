@@ -91,6 +91,33 @@ pub(crate) fn storage_key(id: &Id) -> String {
     join(&[p.group, p.kind, p.partition, p.namespace, p.name], false)
 }
 
+/// Calls `f` with the storage key of `id`, built on the stack when it fits
+/// (the common case: no allocation on the read path).
+pub(crate) fn with_storage_key<R>(id: &Id, f: impl FnOnce(&str) -> R) -> R {
+    const STACK_BYTES: usize = 256;
+    let p = parts(Some(id));
+    let fields = [p.group, p.kind, p.partition, p.namespace, p.name];
+    let len_bytes = fields.iter().map(|f| f.len()).sum::<usize>() + fields.len() - 1;
+    if len_bytes > STACK_BYTES {
+        return f(&storage_key(id));
+    }
+    let mut buf = [0u8; STACK_BYTES];
+    let mut at = 0;
+    for (i, field) in fields.iter().enumerate() {
+        if i > 0 {
+            buf[at] = SEPARATOR as u8;
+            at += 1;
+        }
+        buf[at..at + field.len()].copy_from_slice(field.as_bytes());
+        at += field.len();
+    }
+    assert_eq!(at, len_bytes);
+    match std::str::from_utf8(&buf[..at]) {
+        Ok(key) => f(key),
+        Err(_) => unreachable!("UTF-8 fields joined by NUL are UTF-8"),
+    }
+}
+
 /// The registry key of a watch: (group, kind) joined.
 pub(crate) fn type_key(group: &str, kind: &str) -> String {
     join(&[group, kind], false)
@@ -222,5 +249,10 @@ mod tests {
             type_key_of_storage_key(&storage_key(&id("g", "k", "p", "ns", "n"))),
             type_key("g", "k")
         );
+        // The stack-built key equals the allocated one, also past the stack size.
+        for name in ["n".to_string(), "x".repeat(300)] {
+            let i = id("g", "k", "p", "ns", &name);
+            assert_eq!(with_storage_key(&i, |k| k.to_string()), storage_key(&i));
+        }
     }
 }

@@ -17,13 +17,17 @@
 //!
 //! **Concurrency model.** One writer at a time applies entries under a
 //! writer mutex; `apply` is O(log n). The latest state lives in persistent
-//! maps (`imbl`), published after each entry as an `Arc` behind a `RwLock` that
-//! readers hold only long enough to clone the `Arc`. So [`Store::view`] is O(1),
+//! maps (`imbl`), published after each entry, or after each [`Batch`] of
+//! entries, as an `Arc` behind a `RwLock` that readers hold only long enough
+//! to clone the `Arc`. (Publishing makes the next write copy the tree path it
+//! touches; a batch pays that once for all its entries.) The history is an
+//! append-only log of write-once slots, so publishing it copies nothing. So [`Store::view`] is O(1),
 //! a [`View`] is a consistent point in time that never blocks the writer, and
 //! views taken later are never older. Watch registration takes the view and
 //! registers the subscriber under the writer mutex, so the snapshot and the
 //! live events neither overlap nor leave a gap. Live events are sent after the
-//! new state is published, still under the writer mutex (so in commit order),
+//! new state is published (at the end of the entry or batch), still under the
+//! writer mutex (so in commit order),
 //! through a bounded per-watch buffer (`tokio::sync::mpsc::try_send`, which
 //! needs no runtime); a full buffer closes that watch as lagging. Subscribers
 //! are indexed by (group, kind). [`Watch::next`] is `async` for the node; the
@@ -58,6 +62,7 @@
 
 mod command;
 mod error;
+mod history;
 mod key;
 mod snapshot;
 mod state;
@@ -69,7 +74,7 @@ pub use command::{Command, COMMAND_FORMAT_VERSION};
 pub use error::FsmError;
 pub use snapshot::{Restoration, Snapshot, SNAPSHOT_FORMAT_VERSION};
 pub use state::View;
-pub use store::{Applied, Store};
+pub use store::{Applied, Batch, Store};
 pub use validate::{validate_id, validate_list, validate_write, Limits};
 pub use watch::{Event, Watch, WatchEventKind, WatchFilter};
 

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use cairn_proto::v1::Resource;
-use imbl::{ordmap, Vector};
+use imbl::ordmap;
 
+use crate::history::History;
 use crate::key::{self, Key};
 use crate::state::State;
-use crate::store::{Shared, Store};
+use crate::store::Shared;
 use crate::validate::validate_write;
 use crate::watch::REASON_RESTORE;
 use crate::FsmError;
@@ -149,15 +150,16 @@ impl Restoration {
         }
         let mut state = std::mem::take(&mut self.state);
         state.revision = applied_index;
-        let store = Store {
-            shared: self.shared.clone(),
-        };
         {
             let mut w = self.shared.writer.lock();
+            assert!(
+                w.unpublished.is_empty(),
+                "no batch is open while the writer lock is free"
+            );
             w.state = state;
-            w.history = Vector::new();
+            w.history = History::default();
             w.oldest_retained_revision = applied_index;
-            store.publish(&w);
+            self.shared.publish(&mut w);
             w.registry.close_all(REASON_RESTORE);
             assert_eq!(w.registry.len(), 0, "a restore leaves no watch open");
         }

@@ -92,8 +92,7 @@ impl View {
     /// NotFound; a non-empty uid that differs -> NotFound; a group version
     /// that differs -> GroupVersionMismatch carrying the stored resource.
     pub fn read(&self, id: &Id) -> Result<Arc<Resource>, FsmError> {
-        let key = key::storage_key(id);
-        let Some(stored) = self.state.resources.get(key.as_str()) else {
+        let Some(stored) = key::with_storage_key(id, |key| self.state.resources.get(key)) else {
             return Err(FsmError::NotFound);
         };
         let s = key::resource_parts(stored);

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use cairn_proto::v1::{Id, Resource};
-use imbl::Vector;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
+use crate::history::History;
 use crate::key::{self, Key};
 use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
@@ -25,10 +25,10 @@ pub enum Applied {
 }
 
 /// What readers see: the latest state and the history that leads to it.
-/// Replaced as a whole after every applied entry.
+/// Replaced as a whole after every batch of applied entries.
 pub(crate) struct Published {
     pub state: Arc<State>,
-    pub history: Vector<Change>,
+    pub history: History,
     pub oldest_retained_revision: u64,
 }
 
@@ -38,12 +38,17 @@ pub(crate) struct Writer {
     pub state: State,
     /// The last `history_changes_max` changes, oldest first, revisions
     /// strictly increasing.
-    pub history: Vector<Change>,
+    pub history: History,
     /// The oldest revision whose state can be rebuilt from `history`.
     pub oldest_retained_revision: u64,
     /// The highest version ever assigned by this store (also before a restore).
     pub version_issued_max: u64,
     pub registry: Registry,
+    /// Changes applied in the current batch, not yet sent to watches. Kept
+    /// here so its capacity is reused from batch to batch.
+    pub unpublished: Vec<Change>,
+    /// Whether the current batch changed anything readers can see.
+    pub dirty: bool,
 }
 
 pub(crate) struct Shared {
@@ -52,6 +57,24 @@ pub(crate) struct Shared {
     pub published: RwLock<Arc<Published>>,
     /// Lock order: `writer`, then `published`.
     pub writer: Mutex<Writer>,
+}
+
+impl Shared {
+    /// Makes the writer's state the one readers see.
+    pub(crate) fn publish(&self, w: &mut Writer) {
+        let next = Arc::new(Published {
+            state: Arc::new(w.state.clone()),
+            history: w.history.clone(),
+            oldest_retained_revision: w.oldest_retained_revision,
+        });
+        let previous = {
+            let mut guard = self.published.write();
+            std::mem::replace(&mut *guard, next)
+        };
+        w.dirty = false;
+        // The old image is released outside the lock.
+        drop(previous);
+    }
 }
 
 /// The replicated resource table. Cheap to clone (an `Arc` inside); `Send +
@@ -66,7 +89,7 @@ impl Store {
     pub fn new(limits: Limits) -> Store {
         let published = Published {
             state: Arc::new(State::default()),
-            history: Vector::new(),
+            history: History::default(),
             oldest_retained_revision: 0,
         };
         Store {
@@ -75,10 +98,12 @@ impl Store {
                 published: RwLock::new(Arc::new(published)),
                 writer: Mutex::new(Writer {
                     state: State::default(),
-                    history: Vector::new(),
+                    history: History::default(),
                     oldest_retained_revision: 0,
                     version_issued_max: 0,
                     registry: Registry::default(),
+                    unpublished: Vec::new(),
+                    dirty: false,
                 }),
             }),
         }
@@ -89,6 +114,18 @@ impl Store {
         &self.shared.limits
     }
 
+    /// Starts a batch: applies several entries under one writer lock and
+    /// publishes them together when the batch ends (one copy of the touched
+    /// tree paths per batch instead of per entry). Readers keep reading the
+    /// state before the batch until then; watch registration and other writes
+    /// wait. Use it for the entries of one apply call from Raft.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            shared: &self.shared,
+            writer: self.shared.writer.lock(),
+        }
+    }
+
     /// Applies a decoded command carried by the log entry at `index`.
     ///
     /// `index` must exceed the applied index and every version issued before
@@ -96,31 +133,32 @@ impl Store {
     /// `index` whatever the outcome, so a CAS failure is the same on every
     /// replica. A successful write is stored with version `index.to_string()`.
     /// Watch events are published after the change is visible to readers.
+    /// The same as a [`Batch`] of one entry.
     pub fn apply(&self, index: u64, command: &Command) -> Result<Applied, FsmError> {
-        match command {
-            Command::Write { resource } => self.apply_write(index, WriteInput::Borrowed(resource)),
-            Command::Delete { id, version } => self.apply_delete(index, id, version),
-        }
+        let mut batch = self.batch();
+        let result = batch.apply(index, command);
+        batch.finish();
+        result
     }
 
     /// As [`Store::apply`], taking the command by value so a written resource
     /// is moved into the table rather than copied.
     pub fn apply_owned(&self, index: u64, command: Command) -> Result<Applied, FsmError> {
-        match command {
-            Command::Write { resource } => self.apply_write(index, WriteInput::Owned(resource)),
-            Command::Delete { id, version } => self.apply_delete(index, &id, &version),
-        }
+        let mut batch = self.batch();
+        let result = batch.apply_owned(index, command);
+        batch.finish();
+        result
     }
 
     /// Advances the applied index for a log entry that changes no data
     /// (blank, membership).
     pub fn apply_noop(&self, index: u64) {
-        let mut w = self.shared.writer.lock();
-        Self::advance(&mut w, index);
-        self.publish(&w);
+        let mut batch = self.batch();
+        batch.apply_noop(index);
+        batch.finish();
     }
 
-    /// The index of the last applied entry.
+    /// The index of the last applied entry that readers can see.
     pub fn applied_index(&self) -> u64 {
         self.shared.published.read().state.revision
     }
@@ -146,7 +184,8 @@ impl Store {
     /// The state at `revision` (0 = the latest). A revision older than the
     /// retained history is `Compacted`; one beyond the applied index is
     /// `InvalidArgument { field: "revision" }` (the caller waits for it to be
-    /// applied first). Costs O(changes since `revision` x log n).
+    /// applied first). Costs O(changes since `revision` x log n), outside
+    /// every lock.
     pub fn view_at(&self, revision: u64) -> Result<View, FsmError> {
         let published = self.shared.published.read().clone();
         let latest = published.state.revision;
@@ -166,8 +205,14 @@ impl Store {
                 oldest_retained_revision: published.oldest_retained_revision,
             });
         }
+        let history = &published.history;
         let mut state = (*published.state).clone();
-        for change in published.history.iter().rev() {
+        let mut sequence = history.end();
+        while sequence > history.start() {
+            sequence -= 1;
+            let Some(change) = history.get(sequence) else {
+                unreachable!("the window holds every sequence in [start, end)")
+            };
             if change.revision <= revision {
                 break;
             }
@@ -200,19 +245,21 @@ impl Store {
                 oldest_retained_revision: w.oldest_retained_revision,
             });
         }
-        // Under the writer lock the published state is the writer's state:
-        // the snapshot and the registration are atomic w.r.t. apply.
-        let state = self.shared.published.read().state.clone();
-        assert_eq!(state.revision, w.state.revision, "published is current under the writer lock");
-        let Writer {
-            registry, history, ..
-        } = &mut *w;
+        // Under the writer lock, outside a batch, the published state is the
+        // writer's state: the snapshot and the registration are atomic w.r.t.
+        // apply.
+        assert!(!w.dirty, "no batch is open while the writer lock is free");
+        let published = self.shared.published.read().clone();
+        assert_eq!(
+            published.state.revision, w.state.revision,
+            "published is current under the writer lock"
+        );
         Ok(watch::register(
             &self.shared,
-            registry,
+            &mut w.registry,
             filter,
-            state,
-            history,
+            published.state.clone(),
+            published.history.clone(),
             start_revision,
             self.shared.limits.watch_buffer_events,
         ))
@@ -229,29 +276,75 @@ impl Store {
     pub fn restore(&self) -> Restoration {
         Restoration::new(self.shared.clone())
     }
+}
 
-    fn apply_write(&self, index: u64, resource: WriteInput<'_>) -> Result<Applied, FsmError> {
-        let mut w = self.shared.writer.lock();
-        Self::advance(&mut w, index);
-        let outcome = Self::write(&mut w, &self.shared.limits, index, resource);
-        self.finish(&mut w, outcome)
-            .map(|change| Applied::Written(change.and_then(|c| c.after).unwrap_or_else(|| {
-                unreachable!("a successful write has an after-image")
-            })))
+/// Several log entries applied under one writer lock and published together
+/// when the batch ends ([`Batch::finish`] or drop). Results are returned as
+/// each entry is applied, but readers (and `applied_index`) see the entries
+/// only once the batch ends, so answer clients after that. Watch events are
+/// sent at the end, in commit order, after the state is visible.
+pub struct Batch<'a> {
+    shared: &'a Shared,
+    writer: MutexGuard<'a, Writer>,
+}
+
+impl Batch<'_> {
+    /// As [`Store::apply`], within the batch.
+    pub fn apply(&mut self, index: u64, command: &Command) -> Result<Applied, FsmError> {
+        match command {
+            Command::Write { resource } => self.write(index, WriteInput::Borrowed(resource)),
+            Command::Delete { id, version } => self.delete(index, id, version),
+        }
     }
 
-    fn apply_delete(&self, index: u64, id: &Id, version: &str) -> Result<Applied, FsmError> {
-        let mut w = self.shared.writer.lock();
-        Self::advance(&mut w, index);
-        let outcome = Self::delete(&mut w, &self.shared.limits, index, id, version);
-        self.finish(&mut w, outcome).map(|change| Applied::Deleted {
-            existed: change.is_some(),
-        })
+    /// As [`Store::apply_owned`], within the batch.
+    pub fn apply_owned(&mut self, index: u64, command: Command) -> Result<Applied, FsmError> {
+        match command {
+            Command::Write { resource } => self.write(index, WriteInput::Owned(resource)),
+            Command::Delete { id, version } => self.delete(index, &id, &version),
+        }
+    }
+
+    /// As [`Store::apply_noop`], within the batch.
+    pub fn apply_noop(&mut self, index: u64) {
+        self.advance(index);
+    }
+
+    /// The index of the last entry applied in this batch (or before it).
+    pub fn applied_index(&self) -> u64 {
+        self.writer.state.revision
+    }
+
+    /// Ends the batch: publishes the new state, then sends the events.
+    pub fn finish(self) {
+        drop(self);
+    }
+
+    fn write(&mut self, index: u64, input: WriteInput<'_>) -> Result<Applied, FsmError> {
+        self.advance(index);
+        let change = write(&mut self.writer, &self.shared.limits, index, input)?;
+        let Some(after) = change.after.clone() else {
+            unreachable!("a write has an after-image")
+        };
+        self.remember(change);
+        Ok(Applied::Written(after))
+    }
+
+    fn delete(&mut self, index: u64, id: &Id, version: &str) -> Result<Applied, FsmError> {
+        self.advance(index);
+        match delete(&mut self.writer, &self.shared.limits, index, id, version)? {
+            Some(change) => {
+                self.remember(change);
+                Ok(Applied::Deleted { existed: true })
+            }
+            None => Ok(Applied::Deleted { existed: false }),
+        }
     }
 
     /// Moves the applied index to `index`, asserting it only ever grows and
     /// stays above every version issued before (also across a restore).
-    fn advance(w: &mut Writer, index: u64) {
+    fn advance(&mut self, index: u64) {
+        let w = &mut *self.writer;
         assert!(
             index > w.state.revision,
             "log index {index} applied after index {}",
@@ -263,20 +356,67 @@ impl Store {
             w.version_issued_max
         );
         w.state.revision = index;
+        w.dirty = true;
     }
 
-    /// The write rules, in the contract's order. Returns the change made.
-    fn write(
-        w: &mut Writer,
-        limits: &Limits,
-        index: u64,
-        input: WriteInput<'_>,
-    ) -> Result<Option<Change>, FsmError> {
-        let given = input.get();
-        validate_write(given, limits)?;
-        let id = given.id.as_ref();
-        let key = key::storage_key(id.unwrap_or_else(|| unreachable!("validated: id present")));
-        match w.state.resources.get(key.as_str()) {
+    /// Appends a change to the history (evicting the oldest beyond the
+    /// limit) and queues its event.
+    fn remember(&mut self, change: Change) {
+        let w = &mut *self.writer;
+        assert_eq!(
+            change.revision, w.state.revision,
+            "a change carries its index"
+        );
+        let history_changes_max = self.shared.limits.history_changes_max;
+        if history_changes_max == 0 {
+            w.oldest_retained_revision = change.revision;
+        } else {
+            w.history.push(change.clone());
+            while w.history.len() > history_changes_max {
+                if let Some(evicted) = w.history.pop_front() {
+                    w.oldest_retained_revision = evicted;
+                }
+            }
+        }
+        assert!(w.history.len() <= history_changes_max);
+        assert!(w.oldest_retained_revision <= w.state.revision);
+        w.unpublished.push(change);
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // An invariant broke mid-entry: the writer's state may be torn,
+            // so it is never shown to readers.
+            return;
+        }
+        let w = &mut *self.writer;
+        if w.dirty {
+            self.shared.publish(w);
+        }
+        let mut changes = std::mem::take(&mut w.unpublished);
+        for change in changes.drain(..) {
+            w.registry.publish(&change);
+        }
+        w.unpublished = changes;
+    }
+}
+
+/// The write rules, in the contract's order. Returns the change made.
+fn write(
+    w: &mut Writer,
+    limits: &Limits,
+    index: u64,
+    input: WriteInput<'_>,
+) -> Result<Change, FsmError> {
+    let given = input.get();
+    validate_write(given, limits)?;
+    let Some(id) = given.id.as_ref() else {
+        unreachable!("validated: id present")
+    };
+    let key = key::with_storage_key(id, |key| {
+        match w.state.resources.get(key) {
             None if !given.version.is_empty() => {
                 return Err(FsmError::CasFailure {
                     expected: given.version.clone(),
@@ -301,31 +441,32 @@ impl Store {
                 }
             }
         }
-        let mut resource = input.into_owned();
-        resource.version = index.to_string();
-        let after = Arc::new(resource);
-        let key = Key::from(key);
-        let before = w.state.set(&key, Some(after.clone()));
-        w.version_issued_max = index;
-        Ok(Some(Change {
-            revision: index,
-            key,
-            before,
-            after: Some(after),
-        }))
-    }
+        Ok(Key::from(key))
+    })?;
+    let mut resource = input.into_owned();
+    resource.version = index.to_string();
+    let after = Arc::new(resource);
+    let before = w.state.set(&key, Some(after.clone()));
+    w.version_issued_max = index;
+    Ok(Change {
+        revision: index,
+        key,
+        before,
+        after: Some(after),
+    })
+}
 
-    /// The delete rules, in the contract's order. `None` = a no-op delete.
-    fn delete(
-        w: &mut Writer,
-        limits: &Limits,
-        index: u64,
-        id: &Id,
-        version: &str,
-    ) -> Result<Option<Change>, FsmError> {
-        validate_id("id", id, limits)?;
-        let key = key::storage_key(id);
-        let Some(stored) = w.state.resources.get(key.as_str()) else {
+/// The delete rules, in the contract's order. `None` = a no-op delete.
+fn delete(
+    w: &mut Writer,
+    limits: &Limits,
+    index: u64,
+    id: &Id,
+    version: &str,
+) -> Result<Option<Change>, FsmError> {
+    validate_id("id", id, limits)?;
+    let key = key::with_storage_key(id, |key| {
+        let Some(stored) = w.state.resources.get(key) else {
             return Ok(None);
         };
         if key::resource_parts(stored).uid != id.uid {
@@ -337,71 +478,24 @@ impl Store {
                 stored: Some(stored.version.clone()),
             });
         }
-        let key = Key::from(key);
-        let before = w.state.set(&key, None);
-        assert!(before.is_some(), "a delete removes what it found");
-        Ok(Some(Change {
-            revision: index,
-            key,
-            before,
-            after: None,
-        }))
-    }
-
-    /// Records the change in the history, publishes the new state, then the
-    /// event. Runs for every outcome: the applied index moved regardless.
-    fn finish(
-        &self,
-        w: &mut Writer,
-        outcome: Result<Option<Change>, FsmError>,
-    ) -> Result<Option<Change>, FsmError> {
-        if let Ok(Some(change)) = &outcome {
-            assert_eq!(change.revision, w.state.revision, "a change carries its index");
-            Self::remember(w, &self.shared.limits, change.clone());
-        }
-        self.publish(w);
-        if let Ok(Some(change)) = &outcome {
-            w.registry.publish(change);
-        }
-        outcome
-    }
-
-    /// Appends to the history, evicting the oldest changes beyond the limit.
-    fn remember(w: &mut Writer, limits: &Limits, change: Change) {
-        if let Some(last) = w.history.last() {
-            assert!(last.revision < change.revision, "history revisions increase");
-        }
-        if limits.history_changes_max == 0 {
-            w.oldest_retained_revision = change.revision;
-            return;
-        }
-        w.history.push_back(change);
-        while w.history.len() > limits.history_changes_max {
-            if let Some(evicted) = w.history.pop_front() {
-                w.oldest_retained_revision = evicted.revision;
-            }
-        }
-        assert!(w.history.len() <= limits.history_changes_max);
-    }
-
-    /// Makes the writer's state the one readers see.
-    pub(crate) fn publish(&self, w: &Writer) {
-        let next = Arc::new(Published {
-            state: Arc::new(w.state.clone()),
-            history: w.history.clone(),
-            oldest_retained_revision: w.oldest_retained_revision,
-        });
-        let previous = {
-            let mut guard = self.shared.published.write();
-            std::mem::replace(&mut *guard, next)
-        };
-        // The old image is released outside the lock.
-        assert!(previous.state.revision <= w.state.revision || w.history.is_empty());
-        drop(previous);
-    }
+        Ok(Some(Key::from(key)))
+    })?;
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    let before = w.state.set(&key, None);
+    assert!(before.is_some(), "a delete removes what it found");
+    Ok(Some(Change {
+        revision: index,
+        key,
+        before,
+        after: None,
+    }))
 }
 
-/// A resource to write, borrowed from a command or moved out of one.
+/// A resource to write, borrowed from a command or moved out of one. Lives
+/// on the stack for one call; boxing it would add an allocation.
+#[allow(clippy::large_enum_variant)]
 enum WriteInput<'a> {
     Borrowed(&'a Resource),
     Owned(Resource),

@@ -61,7 +61,10 @@ fn check_text(
         ));
     }
     if value.chars().any(char::is_control) {
-        return Err(FsmError::invalid(field, "must not contain control characters"));
+        return Err(FsmError::invalid(
+            field,
+            "must not contain control characters",
+        ));
     }
     if !star_allowed && value.contains('*') {
         return Err(FsmError::invalid(field, "must not contain '*'"));
@@ -87,7 +90,13 @@ fn check_type(field: &str, type_: Option<&Type>, limits: &Limits) -> Result<(), 
         return Err(FsmError::invalid(field, "is required"));
     };
     check_text(&format!("{field}.group"), &t.group, true, false, limits)?;
-    check_text(&format!("{field}.group_version"), &t.group_version, false, false, limits)?;
+    check_text(
+        &format!("{field}.group_version"),
+        &t.group_version,
+        false,
+        false,
+        limits,
+    )?;
     check_text(&format!("{field}.kind"), &t.kind, true, false, limits)?;
     Ok(())
 }
@@ -95,8 +104,20 @@ fn check_type(field: &str, type_: Option<&Type>, limits: &Limits) -> Result<(), 
 fn check_tenancy(field: &str, tenancy: Option<&Tenancy>, limits: &Limits) -> Result<(), FsmError> {
     // An absent tenancy is the empty one ("" partition, "" namespace).
     if let Some(t) = tenancy {
-        check_text(&format!("{field}.partition"), &t.partition, false, false, limits)?;
-        check_text(&format!("{field}.namespace"), &t.namespace, false, false, limits)?;
+        check_text(
+            &format!("{field}.partition"),
+            &t.partition,
+            false,
+            false,
+            limits,
+        )?;
+        check_text(
+            &format!("{field}.namespace"),
+            &t.namespace,
+            false,
+            false,
+            limits,
+        )?;
     }
     Ok(())
 }
@@ -121,7 +142,11 @@ pub fn validate_write(resource: &Resource, limits: &Limits) -> Result<(), FsmErr
         return Err(FsmError::invalid("resource.id", "is required"));
     };
     validate_id("resource.id", id, limits)?;
-    if id.r#type.as_ref().is_some_and(|t| t.group_version.is_empty()) {
+    if id
+        .r#type
+        .as_ref()
+        .is_some_and(|t| t.group_version.is_empty())
+    {
         return Err(FsmError::invalid(
             "resource.id.type.group_version",
             "must not be empty",
@@ -198,7 +223,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(validate_write(&r, &limits), Ok(()));
-        r.id.as_mut().map(|i| i.tenancy = None);
+        if let Some(i) = r.id.as_mut() {
+            i.tenancy = None;
+        }
         assert_eq!(validate_write(&r, &limits), Ok(()));
     }
 
@@ -215,10 +242,24 @@ mod tests {
             field_of(validate_write(&r, &limits))
         };
         assert_eq!(with(&|r| r.id = None), "resource.id");
-        assert_eq!(with(&|r| r.id.as_mut().unwrap().name.clear()), "resource.id.name");
-        assert_eq!(with(&|r| r.id.as_mut().unwrap().r#type = None), "resource.id.type");
         assert_eq!(
-            with(&|r| r.id.as_mut().unwrap().r#type.as_mut().unwrap().group.clear()),
+            with(&|r| r.id.as_mut().unwrap().name.clear()),
+            "resource.id.name"
+        );
+        assert_eq!(
+            with(&|r| r.id.as_mut().unwrap().r#type = None),
+            "resource.id.type"
+        );
+        assert_eq!(
+            with(&|r| r
+                .id
+                .as_mut()
+                .unwrap()
+                .r#type
+                .as_mut()
+                .unwrap()
+                .group
+                .clear()),
             "resource.id.type.group"
         );
         assert_eq!(
@@ -226,7 +267,15 @@ mod tests {
             "resource.id.type.kind"
         );
         assert_eq!(
-            with(&|r| r.id.as_mut().unwrap().r#type.as_mut().unwrap().group_version.clear()),
+            with(&|r| r
+                .id
+                .as_mut()
+                .unwrap()
+                .r#type
+                .as_mut()
+                .unwrap()
+                .group_version
+                .clear()),
             "resource.id.type.group_version"
         );
         assert_eq!(

@@ -6,9 +6,9 @@ use std::ops::Bound;
 use std::sync::{Arc, OnceLock, Weak};
 
 use cairn_proto::v1::{watch_event, Resource, Tenancy, Type, WatchEvent};
-use imbl::Vector;
 use tokio::sync::mpsc;
 
+use crate::history::History;
 use crate::key::{self, Key};
 use crate::state::{Change, State};
 use crate::store::Shared;
@@ -183,11 +183,8 @@ enum Phase {
         scan_prefix: String,
         cursor: Option<Key>,
     },
-    /// Replaying the matching changes of `history` from `position`.
-    Replay {
-        history: Vector<Change>,
-        position: usize,
-    },
+    /// Replaying the matching changes of `history` from sequence `position`.
+    Replay { history: History, position: u64 },
     /// Reading live events from the buffer.
     Live,
     /// Closed; the reason is returned on every later call.
@@ -204,7 +201,11 @@ struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
-            shared.writer.lock().registry.remove(&self.type_key, self.id);
+            shared
+                .writer
+                .lock()
+                .registry
+                .remove(&self.type_key, self.id);
         }
     }
 }
@@ -229,7 +230,7 @@ pub(crate) fn register(
     registry: &mut Registry,
     filter: WatchFilter,
     state: Arc<State>,
-    history: &Vector<Change>,
+    history: History,
     start_revision: u64,
     buffer_events: usize,
 ) -> Watch {
@@ -255,19 +256,8 @@ pub(crate) fn register(
             cursor: None,
         }
     } else {
-        let position = history
-            .binary_search_by(|c| {
-                if c.revision <= start_revision {
-                    std::cmp::Ordering::Less
-                } else {
-                    std::cmp::Ordering::Greater
-                }
-            })
-            .unwrap_or_else(|p| p);
-        Phase::Replay {
-            history: history.clone(),
-            position,
-        }
+        let position = history.first_after(start_revision);
+        Phase::Replay { history, position }
     };
     Watch {
         filter,

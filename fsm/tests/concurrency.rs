@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 
 use bytes::Bytes;
-use cairn_fsm::{Applied, Command, Limits, Store, View, WatchEventKind};
+use cairn_fsm::{Applied, Batch, Command, Limits, Store, View, WatchEventKind};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::Resource;
 use common::{filter, full_id, resource, tenancy, ty};
@@ -55,11 +55,21 @@ fn scratch_through(revision: u64) -> Vec<String> {
 }
 
 fn counter_id(slot: u64) -> cairn_proto::v1::Id {
-    full_id("u", &format!("c{slot:02}"), ty("test", "v1", "Counter"), tenancy("p", "n"))
+    full_id(
+        "u",
+        &format!("c{slot:02}"),
+        ty("test", "v1", "Counter"),
+        tenancy("p", "n"),
+    )
 }
 
 fn scratch_id(index: u64) -> cairn_proto::v1::Id {
-    full_id("u", &format!("s{index}"), ty("test", "v1", "Scratch"), tenancy("p", "n"))
+    full_id(
+        "u",
+        &format!("s{index}"),
+        ty("test", "v1", "Scratch"),
+        tenancy("p", "n"),
+    )
 }
 
 fn counter_of(r: &Resource) -> u64 {
@@ -77,38 +87,54 @@ fn with_counter(mut r: Resource, counter: u64) -> Resource {
     r
 }
 
+/// Applies every entry, in batches of 1 to 5 entries (a batch is published
+/// as a whole, so views land on batch boundaries; events follow each batch).
 fn write_all(store: &Store) {
     let mut versions: BTreeMap<u64, (String, u64)> = BTreeMap::new();
-    for index in 1..=ENTRIES {
-        match step(index) {
-            Step::Noop => store.apply_noop(index),
-            Step::Increment(slot) => {
-                let (version, counter) = versions.get(&slot).cloned().unwrap_or_default();
-                let r = with_counter(resource(counter_id(slot), &version), counter + 1);
-                match store.apply(index, &Command::Write { resource: r }) {
-                    Ok(Applied::Written(r)) => {
-                        versions.insert(slot, (r.version.clone(), counter + 1));
-                    }
-                    other => panic!("increment at {index}: {other:?}"),
+    let mut index = 1;
+    while index <= ENTRIES {
+        let batch_len = 1 + index % 5;
+        let mut batch = store.batch();
+        for _ in 0..batch_len {
+            if index > ENTRIES {
+                break;
+            }
+            apply_one(&mut batch, index, &mut versions);
+            index += 1;
+        }
+        batch.finish();
+    }
+}
+
+fn apply_one(batch: &mut Batch<'_>, index: u64, versions: &mut BTreeMap<u64, (String, u64)>) {
+    match step(index) {
+        Step::Noop => batch.apply_noop(index),
+        Step::Increment(slot) => {
+            let (version, counter) = versions.get(&slot).cloned().unwrap_or_default();
+            let r = with_counter(resource(counter_id(slot), &version), counter + 1);
+            match batch.apply_owned(index, Command::Write { resource: r }) {
+                Ok(Applied::Written(r)) => {
+                    versions.insert(slot, (r.version.clone(), counter + 1));
                 }
+                other => panic!("increment at {index}: {other:?}"),
             }
-            Step::CreateScratch => {
-                let r = resource(scratch_id(index), "");
-                assert!(matches!(
-                    store.apply(index, &Command::Write { resource: r }),
-                    Ok(Applied::Written(_))
-                ));
-            }
-            Step::DeleteScratch => {
-                let command = Command::Delete {
-                    id: scratch_id(index - 2),
-                    version: (index - 2).to_string(),
-                };
-                assert_eq!(
-                    store.apply(index, &command),
-                    Ok(Applied::Deleted { existed: true })
-                );
-            }
+        }
+        Step::CreateScratch => {
+            let r = resource(scratch_id(index), "");
+            assert!(matches!(
+                batch.apply(index, &Command::Write { resource: r }),
+                Ok(Applied::Written(_))
+            ));
+        }
+        Step::DeleteScratch => {
+            let command = Command::Delete {
+                id: scratch_id(index - 2),
+                version: (index - 2).to_string(),
+            };
+            assert_eq!(
+                batch.apply(index, &command),
+                Ok(Applied::Deleted { existed: true })
+            );
         }
     }
 }
@@ -118,9 +144,16 @@ fn check_view(view: &View) {
     let r = view.revision();
     let counters = view.list(&ty("test", "", "Counter"), &tenancy("*", "*"), "");
     let sum: u64 = counters.iter().map(|c| counter_of(c)).sum();
-    assert_eq!(sum, increments_through(r), "sum of counters at revision {r}");
+    assert_eq!(
+        sum,
+        increments_through(r),
+        "sum of counters at revision {r}"
+    );
     for c in &counters {
-        assert!(c.version.parse::<u64>().unwrap() <= r, "no version from the future");
+        assert!(
+            c.version.parse::<u64>().unwrap() <= r,
+            "no version from the future"
+        );
         assert_eq!(&view.read(c.id.as_ref().unwrap()).unwrap(), c);
     }
     let scratch: Vec<String> = view
@@ -195,7 +228,10 @@ fn views_are_consistent_points_in_time_and_watches_see_exactly_the_committed_seq
                     let sum: u64 = state.values().map(counter_of).sum();
                     assert_eq!(sum, increments_through(eos_revision));
                 } else {
-                    assert_eq!(state.keys().cloned().collect::<Vec<_>>(), scratch_through(eos_revision));
+                    assert_eq!(
+                        state.keys().cloned().collect::<Vec<_>>(),
+                        scratch_through(eos_revision)
+                    );
                 }
                 // The live events must be exactly the matching entries after the
                 // snapshot, up to this round's target; then the watch is dropped

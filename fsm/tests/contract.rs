@@ -128,7 +128,12 @@ fn writes_ignore_the_group_version() {
     // A write at another group version updates the one stored resource of the key.
     let mut log = Log::new();
     let v1 = log.put(resource(id("u1", "web"), ""));
-    let v2_id = full_id("u1", "web", ty("catalog", "v2", "Service"), tenancy("default", "default"));
+    let v2_id = full_id(
+        "u1",
+        "web",
+        ty("catalog", "v2", "Service"),
+        tenancy("default", "default"),
+    );
     let v2 = log.put(resource(v2_id.clone(), &v1.version));
     assert_eq!(log.store.view().len(), 1);
     assert_eq!(log.store.view().read(&v2_id).unwrap(), v2);
@@ -151,11 +156,24 @@ fn apply_owned_stores_the_same_as_apply() {
     let a = Store::new(Limits::default());
     let b = Store::new(Limits::default());
     let r = resource(id("u1", "web"), "");
-    let x = a.apply(1, &Command::Write { resource: r.clone() }).unwrap();
+    let x = a
+        .apply(
+            1,
+            &Command::Write {
+                resource: r.clone(),
+            },
+        )
+        .unwrap();
     let y = b.apply_owned(1, Command::Write { resource: r }).unwrap();
     assert_eq!(x, y);
     assert_eq!(
-        b.apply_owned(2, Command::Delete { id: id("u1", "web"), version: "1".into() }),
+        b.apply_owned(
+            2,
+            Command::Delete {
+                id: id("u1", "web"),
+                version: "1".into()
+            }
+        ),
         Ok(Applied::Deleted { existed: true })
     );
 }
@@ -175,7 +193,10 @@ fn applying_an_index_at_or_below_the_applied_index_panics() {
 fn deleting_nothing_succeeds_without_an_event() {
     // Idempotent delete: nothing stored -> Ok(existed=false), no event.
     let mut log = Log::new();
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     let _ = drain(&mut watch);
     assert_eq!(
         log.delete(id("u1", "web"), "7"),
@@ -189,7 +210,10 @@ fn deleting_another_lifetime_succeeds_deletes_nothing_and_emits_nothing() {
     // Stored uid != id.uid (empty included) -> success, nothing deleted, no event.
     let mut log = Log::new();
     let stored = log.put(resource(id("u1", "web"), ""));
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     let _ = drain(&mut watch);
     for uid in ["u2", ""] {
         assert_eq!(
@@ -221,7 +245,10 @@ fn a_delete_removes_and_emits_the_resource_as_last_stored() {
     let mut log = Log::new();
     let first = log.put(resource(id("u1", "web"), ""));
     let last = log.put(resource(id("u1", "web"), &first.version));
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     let _ = drain(&mut watch);
     assert_eq!(
         log.delete(id("u1", "web"), &last.version),
@@ -233,7 +260,10 @@ fn a_delete_removes_and_emits_the_resource_as_last_stored() {
     assert_eq!(events[0].kind, WatchEventKind::Delete);
     assert_eq!(events[0].resource.as_ref(), Some(&last));
     assert_eq!(events[0].revision, 3);
-    assert_eq!(log.store.view().read(&id("u1", "web")), Err(FsmError::NotFound));
+    assert_eq!(
+        log.store.view().read(&id("u1", "web")),
+        Err(FsmError::NotFound)
+    );
 }
 
 #[test]
@@ -241,7 +271,12 @@ fn deletes_ignore_the_group_version() {
     // A delete naming another group version still deletes.
     let mut log = Log::new();
     let stored = log.put(resource(id("u1", "web"), ""));
-    let other = full_id("u1", "web", ty("catalog", "v9", "Service"), tenancy("default", "default"));
+    let other = full_id(
+        "u1",
+        "web",
+        ty("catalog", "v9", "Service"),
+        tenancy("default", "default"),
+    );
     assert_eq!(
         log.delete(other, &stored.version),
         Ok(Applied::Deleted { existed: true })
@@ -254,7 +289,10 @@ fn deletes_ignore_the_group_version() {
 fn reading_nothing_is_not_found() {
     // Nothing stored -> NotFound.
     let log = Log::new();
-    assert_eq!(log.store.view().read(&id("", "web")), Err(FsmError::NotFound));
+    assert_eq!(
+        log.store.view().read(&id("", "web")),
+        Err(FsmError::NotFound)
+    );
 }
 
 #[test]
@@ -273,7 +311,12 @@ fn a_read_at_another_group_version_carries_the_stored_resource_after_the_uid_che
     // GroupVersionMismatch with requested type and stored resource; uid first.
     let mut log = Log::new();
     let stored = log.put(resource(id("u1", "web"), ""));
-    let v2 = full_id("u1", "web", ty("catalog", "v2", "Service"), tenancy("default", "default"));
+    let v2 = full_id(
+        "u1",
+        "web",
+        ty("catalog", "v2", "Service"),
+        tenancy("default", "default"),
+    );
     assert_eq!(
         log.store.view().read(&v2),
         Err(FsmError::GroupVersionMismatch {
@@ -283,7 +326,10 @@ fn a_read_at_another_group_version_carries_the_stored_resource_after_the_uid_che
     );
     let mut v2_other_uid = v2;
     v2_other_uid.uid = "u2".into();
-    assert_eq!(log.store.view().read(&v2_other_uid), Err(FsmError::NotFound));
+    assert_eq!(
+        log.store.view().read(&v2_other_uid),
+        Err(FsmError::NotFound)
+    );
 }
 
 // ---------------------------------------------------------------- lists
@@ -301,8 +347,24 @@ fn populate_tenancies(log: &mut Log) {
         log.put(resource(full_id("u", name, services(), tenancy(p, ns)), ""));
     }
     // Same names under other kinds and groups never match.
-    log.put(resource(full_id("u", "api", ty("catalog", "v1", "Node"), tenancy("default", "default")), ""));
-    log.put(resource(full_id("u", "api", ty("mesh", "v1", "Service"), tenancy("default", "default")), ""));
+    log.put(resource(
+        full_id(
+            "u",
+            "api",
+            ty("catalog", "v1", "Node"),
+            tenancy("default", "default"),
+        ),
+        "",
+    ));
+    log.put(resource(
+        full_id(
+            "u",
+            "api",
+            ty("mesh", "v1", "Service"),
+            tenancy("default", "default"),
+        ),
+        "",
+    ));
 }
 
 fn tenancies(resources: &[Arc<cairn_proto::v1::Resource>]) -> Vec<(String, String, String)> {
@@ -324,18 +386,26 @@ fn a_list_matches_group_and_kind_at_any_group_version() {
     let mut log = Log::new();
     populate_tenancies(&mut log);
     log.put(resource(
-        full_id("u", "zeta", ty("catalog", "v2", "Service"), tenancy("default", "default")),
+        full_id(
+            "u",
+            "zeta",
+            ty("catalog", "v2", "Service"),
+            tenancy("default", "default"),
+        ),
         "",
     ));
-    let listed = log
-        .store
-        .view()
-        .list(&ty("catalog", "v-anything", "Service"), &tenancy("*", "*"), "");
+    let listed = log.store.view().list(
+        &ty("catalog", "v-anything", "Service"),
+        &tenancy("*", "*"),
+        "",
+    );
     assert_eq!(listed.len(), 8);
     assert!(listed
         .iter()
-        .all(|r| r.id.as_ref().unwrap().r#type.as_ref().unwrap().kind == "Service"
-            && r.id.as_ref().unwrap().r#type.as_ref().unwrap().group == "catalog"));
+        .all(
+            |r| r.id.as_ref().unwrap().r#type.as_ref().unwrap().kind == "Service"
+                && r.id.as_ref().unwrap().r#type.as_ref().unwrap().group == "catalog"
+        ));
 }
 
 #[test]
@@ -372,10 +442,19 @@ fn list_name_prefix_is_case_sensitive_and_empty_means_all() {
     populate_tenancies(&mut log);
     let view = log.store.view();
     let ten = tenancy("default", "default");
-    assert_eq!(names(&view.list(&services(), &ten, "ap")), vec!["api", "apple"]);
+    assert_eq!(
+        names(&view.list(&services(), &ten, "ap")),
+        vec!["api", "apple"]
+    );
     assert_eq!(names(&view.list(&services(), &ten, "A")), vec!["Api"]);
-    assert_eq!(names(&view.list(&services(), &ten, "")), vec!["Api", "api", "apple"]);
-    assert_eq!(names(&view.list(&services(), &tenancy("*", "*"), "api")).len(), 4);
+    assert_eq!(
+        names(&view.list(&services(), &ten, "")),
+        vec!["Api", "api", "apple"]
+    );
+    assert_eq!(
+        names(&view.list(&services(), &tenancy("*", "*"), "api")).len(),
+        4
+    );
     assert!(view.list(&services(), &ten, "zz").is_empty());
 }
 
@@ -424,7 +503,10 @@ fn deleting_the_owner_leaves_owned_resources_and_deleting_an_owned_one_removes_i
     a2.owner = Some(id("o9", "other"));
     log.put(a2);
     assert!(log.store.view().list_by_owner(&owner_id).is_empty());
-    assert_eq!(names(&log.store.view().list_by_owner(&id("o9", "other"))), vec!["a"]);
+    assert_eq!(
+        names(&log.store.view().list_by_owner(&id("o9", "other"))),
+        vec!["a"]
+    );
 }
 
 // ---------------------------------------------------------------- watches
@@ -435,8 +517,19 @@ fn a_watch_yields_the_matching_snapshot_then_end_of_snapshot_then_live_events() 
     let mut log = Log::new();
     log.put(resource(id("u", "a"), ""));
     log.put(resource(id("u", "b"), ""));
-    log.put(resource(full_id("u", "c", ty("catalog", "v1", "Node"), tenancy("default", "default")), ""));
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    log.put(resource(
+        full_id(
+            "u",
+            "c",
+            ty("catalog", "v1", "Node"),
+            tenancy("default", "default"),
+        ),
+        "",
+    ));
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     log.put(resource(id("u", "d"), ""));
     let (events, closed) = drain(&mut watch);
     assert!(closed.is_none());
@@ -445,7 +538,12 @@ fn a_watch_yields_the_matching_snapshot_then_end_of_snapshot_then_live_events() 
         vec![
             (WatchEventKind::Upsert, "a".into(), "1".into(), 3),
             (WatchEventKind::Upsert, "b".into(), "2".into(), 3),
-            (WatchEventKind::EndOfSnapshot, String::new(), String::new(), 3),
+            (
+                WatchEventKind::EndOfSnapshot,
+                String::new(),
+                String::new(),
+                3
+            ),
             (WatchEventKind::Upsert, "d".into(), "4".into(), 4),
         ]
     );
@@ -455,13 +553,19 @@ fn a_watch_yields_the_matching_snapshot_then_end_of_snapshot_then_live_events() 
 fn a_watch_on_nothing_matching_yields_end_of_snapshot_first() {
     // Empty store, and a store with only non-matching resources: EndOfSnapshot first.
     let mut log = Log::new();
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     let first = watch.try_next().unwrap().unwrap();
     assert_eq!(first.kind, WatchEventKind::EndOfSnapshot);
     assert_eq!(first.revision, 0);
     assert_eq!(watch.try_next(), Ok(None));
     log.put(resource(id("u", "zzz"), ""));
-    let mut narrow = log.store.watch(filter(services(), tenancy("*", "*"), "a"), 0).unwrap();
+    let mut narrow = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), "a"), 0)
+        .unwrap();
     let first = narrow.try_next().unwrap().unwrap();
     assert_eq!(first.kind, WatchEventKind::EndOfSnapshot);
     assert_eq!(first.revision, 1);
@@ -477,7 +581,10 @@ fn live_events_follow_commit_order_and_skip_non_matching_and_no_op_changes() {
         .unwrap();
     let w1 = log.put(resource(id("u", "web"), ""));
     log.put(resource(id("u", "api"), ""));
-    log.put(resource(full_id("u", "web", services(), tenancy("other", "default")), ""));
+    log.put(resource(
+        full_id("u", "web", services(), tenancy("other", "default")),
+        "",
+    ));
     let _ = log.write(resource(id("u", "web"), "999"));
     log.delete(id("u", "nothing"), "1").unwrap();
     log.delete(id("other-uid", "web"), &w1.version).unwrap();
@@ -488,7 +595,12 @@ fn live_events_follow_commit_order_and_skip_non_matching_and_no_op_changes() {
     assert_eq!(
         summary(&events),
         vec![
-            (WatchEventKind::EndOfSnapshot, String::new(), String::new(), 0),
+            (
+                WatchEventKind::EndOfSnapshot,
+                String::new(),
+                String::new(),
+                0
+            ),
             (WatchEventKind::Upsert, "web".into(), "1".into(), 1),
             (WatchEventKind::Upsert, "web".into(), "7".into(), 7),
             (WatchEventKind::Delete, "web".into(), "7".into(), 8),
@@ -500,8 +612,13 @@ fn live_events_follow_commit_order_and_skip_non_matching_and_no_op_changes() {
 fn an_event_describes_state_readers_can_already_see() {
     // Contract 3.4: a read right after receiving an event returns its resource.
     let store = Store::new(Limits::default());
-    let mut watch = store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
-    assert_eq!(watch.next_blocking().unwrap().kind, WatchEventKind::EndOfSnapshot);
+    let mut watch = store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    assert_eq!(
+        watch.next_blocking().unwrap().kind,
+        WatchEventKind::EndOfSnapshot
+    );
     let writer = {
         let store = store.clone();
         std::thread::spawn(move || {
@@ -543,7 +660,9 @@ fn a_write_racing_the_watch_creation_is_delivered_exactly_once() {
             })
         };
         std::thread::sleep(std::time::Duration::from_micros(50 * round));
-        let mut watch = store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+        let mut watch = store
+            .watch(filter(services(), tenancy("*", "*"), ""), 0)
+            .unwrap();
         writer.join().unwrap();
         let (events, closed) = drain(&mut watch);
         assert!(closed.is_none());
@@ -581,11 +700,18 @@ fn a_lagging_watch_is_closed_after_delivering_everything_it_buffered() {
         watch_buffer_events: 3,
         ..Limits::default()
     });
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     for i in 0..5 {
         log.put(resource(id("u", &format!("n{i}")), ""));
     }
-    assert_eq!(log.store.watch_count(), 0, "closed watches leave the registry");
+    assert_eq!(
+        log.store.watch_count(),
+        0,
+        "closed watches leave the registry"
+    );
     let (events, closed) = drain(&mut watch);
     let revisions: Vec<u64> = events.iter().map(|e| e.revision).collect();
     assert_eq!(revisions, vec![0, 1, 2, 3]);
@@ -596,17 +722,32 @@ fn a_lagging_watch_is_closed_after_delivering_everything_it_buffered() {
         })
     );
     // Closed stays closed.
-    assert!(matches!(watch.try_next(), Err(FsmError::WatchClosed { .. })));
-    assert!(matches!(watch.next_blocking(), Err(FsmError::WatchClosed { .. })));
+    assert!(matches!(
+        watch.try_next(),
+        Err(FsmError::WatchClosed { .. })
+    ));
+    assert!(matches!(
+        watch.next_blocking(),
+        Err(FsmError::WatchClosed { .. })
+    ));
 }
 
 #[test]
 fn dropping_a_watch_releases_its_registration() {
     // The registry count goes back to 0 when every watch is dropped.
     let mut log = Log::new();
-    let a = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
-    let b = log.store.watch(filter(services(), tenancy("x", "*"), "p"), 0).unwrap();
-    let c = log.store.watch(filter(ty("g", "v", "k"), tenancy("*", "*"), ""), 0).unwrap();
+    let a = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    let b = log
+        .store
+        .watch(filter(services(), tenancy("x", "*"), "p"), 0)
+        .unwrap();
+    let c = log
+        .store
+        .watch(filter(ty("g", "v", "k"), tenancy("*", "*"), ""), 0)
+        .unwrap();
     assert_eq!(log.store.watch_count(), 3);
     drop(b);
     assert_eq!(log.store.watch_count(), 2);
@@ -615,7 +756,10 @@ fn dropping_a_watch_releases_its_registration() {
     drop(c);
     assert_eq!(log.store.watch_count(), 0);
     // Dropping a watch after its store is gone is fine too.
-    let d = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let d = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     drop(log);
     drop(d);
 }
@@ -624,12 +768,20 @@ fn dropping_a_watch_releases_its_registration() {
 fn a_watch_on_a_dropped_store_closes_with_shutdown() {
     // The consumer drains, then learns the store is gone.
     let mut log = Log::new();
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     log.put(resource(id("u", "a"), ""));
     drop(log);
     let (events, closed) = drain(&mut watch);
     assert_eq!(events.len(), 2);
-    assert_eq!(closed, Some(FsmError::WatchClosed { reason: "shutdown".into() }));
+    assert_eq!(
+        closed,
+        Some(FsmError::WatchClosed {
+            reason: "shutdown".into()
+        })
+    );
 }
 
 #[test]
@@ -638,10 +790,16 @@ fn a_watch_from_a_revision_replays_matching_changes_then_goes_live() {
     let mut log = Log::new();
     let a = log.put(resource(id("u", "a"), ""));
     log.put(resource(id("u", "b"), ""));
-    log.put(resource(full_id("u", "c", ty("g", "v", "k"), tenancy("default", "default")), ""));
+    log.put(resource(
+        full_id("u", "c", ty("g", "v", "k"), tenancy("default", "default")),
+        "",
+    ));
     let a2 = log.put(resource(id("u", "a"), &a.version));
     log.delete(id("u", "a"), &a2.version).unwrap();
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 1).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 1)
+        .unwrap();
     log.put(resource(id("u", "e"), ""));
     let (events, closed) = drain(&mut watch);
     assert!(closed.is_none());
@@ -655,15 +813,25 @@ fn a_watch_from_a_revision_replays_matching_changes_then_goes_live() {
         ]
     );
     // From the latest revision: only live events.
-    let mut from_now = log.store.watch(filter(services(), tenancy("*", "*"), ""), 6).unwrap();
+    let mut from_now = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 6)
+        .unwrap();
     assert_eq!(from_now.try_next(), Ok(None));
     // From a revision not applied yet: events up to it are skipped.
-    let mut ahead = log.store.watch(filter(services(), tenancy("*", "*"), ""), 8).unwrap();
+    let mut ahead = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 8)
+        .unwrap();
     log.put(resource(id("u", "f"), ""));
     log.put(resource(id("u", "g"), ""));
     log.put(resource(id("u", "h"), ""));
     assert_eq!(
-        drain(&mut ahead).0.iter().map(|e| e.revision).collect::<Vec<_>>(),
+        drain(&mut ahead)
+            .0
+            .iter()
+            .map(|e| e.revision)
+            .collect::<Vec<_>>(),
         vec![9]
     );
     assert_eq!(drain(&mut from_now).0.len(), 3);
@@ -683,7 +851,10 @@ fn a_watch_or_read_from_before_the_retained_history_is_compacted() {
     let compacted = Err(FsmError::Compacted {
         oldest_retained_revision: 3,
     });
-    assert_eq!(log.store.view_at(2).map(|v| v.revision()), compacted.clone());
+    assert_eq!(
+        log.store.view_at(2).map(|v| v.revision()),
+        compacted.clone()
+    );
     assert_eq!(
         log.store
             .watch(filter(services(), tenancy("*", "*"), ""), 2)
@@ -691,9 +862,16 @@ fn a_watch_or_read_from_before_the_retained_history_is_compacted() {
         compacted.map(|_: u64| ())
     );
     assert_eq!(log.store.view_at(3).unwrap().len(), 3);
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 3).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 3)
+        .unwrap();
     assert_eq!(
-        drain(&mut watch).0.iter().map(|e| e.revision).collect::<Vec<_>>(),
+        drain(&mut watch)
+            .0
+            .iter()
+            .map(|e| e.revision)
+            .collect::<Vec<_>>(),
         vec![4, 5]
     );
     assert!(matches!(
@@ -719,8 +897,14 @@ fn reads_and_lists_at_a_past_revision_see_that_revision() {
     assert_eq!(at(2).read(&id("u", "b")).unwrap(), b1);
     assert_eq!(names(&at(2).list_by_owner(&id("o", "owner"))), vec!["b"]);
     assert_eq!(at(3).read(&id("u", "a")).unwrap(), a2);
-    assert_eq!(names(&at(3).list(&services(), &tenancy("*", "*"), "")), vec!["a", "b"]);
-    assert_eq!(names(&at(4).list(&services(), &tenancy("*", "*"), "")), vec!["a"]);
+    assert_eq!(
+        names(&at(3).list(&services(), &tenancy("*", "*"), "")),
+        vec!["a", "b"]
+    );
+    assert_eq!(
+        names(&at(4).list(&services(), &tenancy("*", "*"), "")),
+        vec!["a"]
+    );
     assert!(at(4).list_by_owner(&id("o", "owner")).is_empty());
     assert_eq!(at(4).revision(), 4);
     assert_eq!(at(0).revision(), 5);
@@ -730,20 +914,32 @@ fn reads_and_lists_at_a_past_revision_see_that_revision() {
 #[test]
 fn the_async_next_waits_for_a_live_event() {
     // Watch::next works on a runtime and wakes when a write is applied.
-    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let store = Store::new(Limits::default());
-    let mut watch = store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     let writer = {
         let store = store.clone();
         std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(20));
             store
-                .apply(1, &Command::Write { resource: resource(id("u", "a"), "") })
+                .apply(
+                    1,
+                    &Command::Write {
+                        resource: resource(id("u", "a"), ""),
+                    },
+                )
                 .unwrap();
         })
     };
     runtime.block_on(async {
-        assert_eq!(watch.next().await.unwrap().kind, WatchEventKind::EndOfSnapshot);
+        assert_eq!(
+            watch.next().await.unwrap().kind,
+            WatchEventKind::EndOfSnapshot
+        );
         let e = watch.next().await.unwrap();
         assert_eq!((e.kind, e.revision), (WatchEventKind::Upsert, 1));
     });
@@ -784,27 +980,51 @@ fn a_restore_swaps_the_table_and_closes_every_watch() {
     source.put(resource(id("u", "y"), ""));
     let mut target = Log::new();
     target.put(resource(id("u", "old"), ""));
-    let mut w1 = target.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
-    let mut w2 = target.store.watch(filter(ty("g", "v", "k"), tenancy("*", "*"), ""), 1).unwrap();
+    let mut w1 = target
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    let mut w2 = target
+        .store
+        .watch(filter(ty("g", "v", "k"), tenancy("*", "*"), ""), 1)
+        .unwrap();
     restore_from(&source.store, &target.store, 2);
     assert_eq!(target.store.watch_count(), 0);
     for w in [&mut w1, &mut w2] {
         let (_, closed) = drain(w);
-        assert_eq!(closed, Some(FsmError::WatchClosed { reason: "restore".into() }));
+        assert_eq!(
+            closed,
+            Some(FsmError::WatchClosed {
+                reason: "restore".into()
+            })
+        );
     }
     assert_eq!(target.store.applied_index(), 2);
     assert_eq!(target.store.oldest_retained_revision(), 2);
-    let mut fresh = target.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut fresh = target
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     let (events, _) = drain(&mut fresh);
     assert_eq!(
         summary(&events),
         vec![
             (WatchEventKind::Upsert, "x".into(), "1".into(), 2),
             (WatchEventKind::Upsert, "y".into(), "2".into(), 2),
-            (WatchEventKind::EndOfSnapshot, String::new(), String::new(), 2),
+            (
+                WatchEventKind::EndOfSnapshot,
+                String::new(),
+                String::new(),
+                2
+            ),
         ]
     );
-    assert_eq!(target.store.view_at(1).map(|_| ()), Err(FsmError::Compacted { oldest_retained_revision: 2 }));
+    assert_eq!(
+        target.store.view_at(1).map(|_| ()),
+        Err(FsmError::Compacted {
+            oldest_retained_revision: 2
+        })
+    );
 }
 
 #[test]
@@ -822,7 +1042,12 @@ fn after_a_restore_versions_stay_greater_than_every_version_issued_before() {
         target.store.apply_noop(3);
     }));
     assert!(result.is_err(), "index 3 would reissue versions up to 6");
-    let stored = match target.store.apply(7, &Command::Write { resource: resource(id("u", "x"), "1") }) {
+    let stored = match target.store.apply(
+        7,
+        &Command::Write {
+            resource: resource(id("u", "x"), "1"),
+        },
+    ) {
         Ok(Applied::Written(r)) => r,
         other => panic!("{other:?}"),
     };
@@ -834,7 +1059,10 @@ fn abort_and_an_uncommitted_drop_change_nothing_and_a_committed_drop_does_nothin
     // Abort discards; drop after commit (the consuming "abort after commit") is a no-op.
     let mut log = Log::new();
     let kept = log.put(resource(id("u", "kept"), ""));
-    let mut watch = log.store.watch(filter(services(), tenancy("*", "*"), ""), 0).unwrap();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
     let mut r = log.store.restore();
     r.apply(resource_with_version("new", "1")).unwrap();
     r.abort();
@@ -862,15 +1090,24 @@ fn a_corrupt_restore_is_rejected_before_anything_changes() {
     let mut log = Log::new();
     log.put(resource(id("u", "kept"), ""));
     let mut r = log.store.restore();
-    assert!(matches!(r.apply(resource(Id::default(), "1")), Err(FsmError::InvalidArgument { .. })));
+    assert!(matches!(
+        r.apply(resource(Id::default(), "1")),
+        Err(FsmError::InvalidArgument { .. })
+    ));
     for bad in ["", "0", "x", "01", "-1"] {
         assert!(
-            matches!(r.apply(resource_with_version("a", bad)), Err(FsmError::InvalidArgument { .. })),
+            matches!(
+                r.apply(resource_with_version("a", bad)),
+                Err(FsmError::InvalidArgument { .. })
+            ),
             "{bad:?}"
         );
     }
     r.apply(resource_with_version("a", "4")).unwrap();
-    assert!(matches!(r.apply(resource_with_version("a", "3")), Err(FsmError::InvalidArgument { .. })));
+    assert!(matches!(
+        r.apply(resource_with_version("a", "3")),
+        Err(FsmError::InvalidArgument { .. })
+    ));
     assert_eq!(r.len(), 1);
     assert!(matches!(r.commit(3), Err(FsmError::InvalidArgument { .. })));
     assert_eq!(log.store.view().len(), 1);
@@ -884,24 +1121,59 @@ fn a_corrupt_restore_is_rejected_before_anything_changes() {
 fn every_error_maps_to_its_api_kind() {
     // The one conversion: each FsmError becomes the ApiError of its kind; Decode is Internal.
     let stored = Arc::new(resource(id("u", "a"), "1"));
-    let cases: Vec<(FsmError, fn(&ApiError) -> bool)> = vec![
+    type Check = fn(&ApiError) -> bool;
+    let cases: Vec<(FsmError, Check)> = vec![
         (FsmError::NotFound, |e| matches!(e, ApiError::NotFound)),
-        (FsmError::CasFailure { expected: "1".into(), stored: None }, |e| matches!(e, ApiError::CasFailure(_))),
-        (FsmError::WrongUid { given: "a".into(), stored: "b".into() }, |e| matches!(e, ApiError::WrongUid(_))),
         (
-            FsmError::GroupVersionMismatch { requested: services(), stored: stored.clone() },
+            FsmError::CasFailure {
+                expected: "1".into(),
+                stored: None,
+            },
+            |e| matches!(e, ApiError::CasFailure(_)),
+        ),
+        (
+            FsmError::WrongUid {
+                given: "a".into(),
+                stored: "b".into(),
+            },
+            |e| matches!(e, ApiError::WrongUid(_)),
+        ),
+        (
+            FsmError::GroupVersionMismatch {
+                requested: services(),
+                stored: stored.clone(),
+            },
             |e| matches!(e, ApiError::GroupVersionMismatch { stored, .. } if stored.version == "1"),
         ),
-        (FsmError::Compacted { oldest_retained_revision: 9 }, |e| {
-            matches!(e, ApiError::Compacted { oldest_retained_revision: 9 })
+        (
+            FsmError::Compacted {
+                oldest_retained_revision: 9,
+            },
+            |e| {
+                matches!(
+                    e,
+                    ApiError::Compacted {
+                        oldest_retained_revision: 9
+                    }
+                )
+            },
+        ),
+        (
+            FsmError::InvalidArgument {
+                field: "f".into(),
+                reason: "r".into(),
+            },
+            |e| matches!(e, ApiError::InvalidArgument { field, .. } if field == "f"),
+        ),
+        (
+            FsmError::WatchClosed {
+                reason: "restore".into(),
+            },
+            |e| matches!(e, ApiError::WatchClosed(r) if r == "restore"),
+        ),
+        (FsmError::Decode("x".into()), |e| {
+            matches!(e, ApiError::Internal(_))
         }),
-        (FsmError::InvalidArgument { field: "f".into(), reason: "r".into() }, |e| {
-            matches!(e, ApiError::InvalidArgument { field, .. } if field == "f")
-        }),
-        (FsmError::WatchClosed { reason: "restore".into() }, |e| {
-            matches!(e, ApiError::WatchClosed(r) if r == "restore")
-        }),
-        (FsmError::Decode("x".into()), |e| matches!(e, ApiError::Internal(_))),
     ];
     for (error, check) in cases {
         let api = ApiError::from(error.clone());
@@ -913,8 +1185,75 @@ fn every_error_maps_to_its_api_kind() {
 fn a_decoded_command_applies_like_the_original() {
     // encode -> decode -> apply is the path of every log entry.
     let store = Store::new(Limits::default());
-    let bytes = Command::Write { resource: resource(id("u", "a"), "") }.encode();
+    let bytes = Command::Write {
+        resource: resource(id("u", "a"), ""),
+    }
+    .encode();
     assert_eq!(bytes[0], COMMAND_FORMAT_VERSION);
     let command = Command::decode(&bytes).unwrap();
     assert!(matches!(store.apply(1, &command), Ok(Applied::Written(_))));
+}
+
+// ---------------------------------------------------------------- batches
+
+#[test]
+fn a_batch_is_invisible_until_it_ends_and_then_sends_its_events_in_order() {
+    // Readers see the state before the batch until it finishes; events follow, in commit order.
+    let store = Store::new(Limits::default());
+    let mut watch = store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    let _ = drain(&mut watch);
+    let mut batch = store.batch();
+    let a = match batch.apply(
+        1,
+        &Command::Write {
+            resource: resource(id("u", "a"), ""),
+        },
+    ) {
+        Ok(Applied::Written(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    batch.apply_noop(2);
+    assert_eq!(
+        batch
+            .apply_owned(
+                3,
+                Command::Write {
+                    resource: resource(id("u", "a"), "1")
+                }
+            )
+            .map(|_| ()),
+        Ok(())
+    );
+    assert_eq!(
+        batch.apply(
+            4,
+            &Command::Delete {
+                id: id("u", "a"),
+                version: "1".into()
+            }
+        ),
+        Err(FsmError::CasFailure {
+            expected: "1".into(),
+            stored: Some("3".into())
+        })
+    );
+    assert_eq!(batch.applied_index(), 4);
+    let reader = {
+        let store = store.clone();
+        std::thread::spawn(move || (store.applied_index(), store.view().len()))
+    };
+    assert_eq!(reader.join().unwrap(), (0, 0), "nothing visible mid-batch");
+    batch.finish();
+    assert_eq!(store.applied_index(), 4);
+    let (events, _) = drain(&mut watch);
+    assert_eq!(
+        summary(&events),
+        vec![
+            (WatchEventKind::Upsert, "a".into(), "1".into(), 1),
+            (WatchEventKind::Upsert, "a".into(), "3".into(), 3),
+        ]
+    );
+    assert_eq!(store.view_at(1).unwrap().read(&id("u", "a")).unwrap(), a);
 }

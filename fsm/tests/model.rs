@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use cairn_fsm::{
-    Applied, Command, Event, FsmError, Limits, Store, Watch, WatchEventKind, WatchFilter,
+    Applied, Batch, Command, Event, FsmError, Limits, Store, Watch, WatchEventKind, WatchFilter,
 };
 use cairn_proto::v1::{Id, Resource, Tenancy, Type};
 use common::{drain, full_id, resource, tenancy, ty};
@@ -107,6 +107,8 @@ enum Op {
     Restore {
         gap: u64,
     },
+    /// Writes, deletes and no-ops applied in one `Store::batch`.
+    Batch(Vec<Op>),
 }
 
 fn written_key() -> impl Strategy<Value = KeyChoice> {
@@ -135,8 +137,49 @@ fn version_choice() -> impl Strategy<Value = VersionChoice> {
     ]
 }
 
+fn write_op() -> impl Strategy<Value = Op> {
+    (
+        written_key(),
+        uid_choice(),
+        0..GROUP_VERSIONS.len(),
+        version_choice(),
+        proptest::option::of((written_key(), 1..UIDS.len())),
+        any::<u8>(),
+    )
+        .prop_map(
+            |(key, uid, group_version, version, owner, payload)| Op::Write {
+                key,
+                uid,
+                group_version,
+                version,
+                owner,
+                payload,
+            },
+        )
+}
+
+fn delete_op() -> impl Strategy<Value = Op> {
+    (
+        written_key(),
+        uid_choice(),
+        0..GROUP_VERSIONS.len(),
+        version_choice(),
+    )
+        .prop_map(|(key, uid, group_version, version)| Op::Delete {
+            key,
+            uid,
+            group_version,
+            version,
+        })
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
+        2 => proptest::collection::vec(
+            prop_oneof![3 => write_op(), 2 => delete_op(), 1 => Just(Op::Noop)],
+            1..6
+        )
+        .prop_map(Op::Batch),
         10 => (
             written_key(),
             uid_choice(),
@@ -227,7 +270,13 @@ fn key_of(r: &Resource) -> ModelKey {
     let id = r.id.as_ref().expect("stored resources have ids");
     let t = id.r#type.clone().unwrap_or_default();
     let ten = id.tenancy.clone().unwrap_or_default();
-    (t.group, t.kind, ten.partition, ten.namespace, id.name.clone())
+    (
+        t.group,
+        t.kind,
+        ten.partition,
+        ten.namespace,
+        id.name.clone(),
+    )
 }
 
 fn list_matches(r: &Resource, type_: &Type, ten: &Tenancy, prefix: &str) -> bool {
@@ -314,7 +363,11 @@ impl Model {
     }
 
     fn view_at(&self, revision: u64) -> Result<(u64, &Table), FsmError> {
-        let r = if revision == 0 { self.applied } else { revision };
+        let r = if revision == 0 {
+            self.applied
+        } else {
+            revision
+        };
         if r < self.oldest_retained() {
             return Err(FsmError::Compacted {
                 oldest_retained_revision: self.oldest_retained(),
@@ -339,7 +392,12 @@ impl Model {
         let cap = self.limits.watch_buffer_events;
         for w in &mut self.watches {
             if w.closed.is_some()
-                || !list_matches(&subject, &w.filter.type_, &w.filter.tenancy, &w.filter.name_prefix)
+                || !list_matches(
+                    &subject,
+                    &w.filter.type_,
+                    &w.filter.tenancy,
+                    &w.filter.name_prefix,
+                )
             {
                 continue;
             }
@@ -349,7 +407,8 @@ impl Model {
             }
             w.buffered_live += 1;
             if revision > w.skip_through {
-                w.expected.push_back((kind, Some(subject.clone()), revision));
+                w.expected
+                    .push_back((kind, Some(subject.clone()), revision));
             }
         }
     }
@@ -392,10 +451,18 @@ impl Model {
         self.advance();
         let t = id.r#type.clone().unwrap_or_default();
         let ten = id.tenancy.clone().unwrap_or_default();
-        let key = (t.group, t.kind, ten.partition, ten.namespace, id.name.clone());
+        let key = (
+            t.group,
+            t.kind,
+            ten.partition,
+            ten.namespace,
+            id.name.clone(),
+        );
         let result = match self.table.get(&key) {
             None => Ok(Applied::Deleted { existed: false }),
-            Some(s) if s.id.as_ref().unwrap().uid != id.uid => Ok(Applied::Deleted { existed: false }),
+            Some(s) if s.id.as_ref().unwrap().uid != id.uid => {
+                Ok(Applied::Deleted { existed: false })
+            }
             Some(s) if s.version != version => Err(FsmError::CasFailure {
                 expected: version.into(),
                 stored: Some(s.version.clone()),
@@ -413,7 +480,13 @@ impl Model {
     fn read(table: &Table, id: &Id) -> Result<Resource, FsmError> {
         let t = id.r#type.clone().unwrap_or_default();
         let ten = id.tenancy.clone().unwrap_or_default();
-        let key = (t.group.clone(), t.kind.clone(), ten.partition, ten.namespace, id.name.clone());
+        let key = (
+            t.group.clone(),
+            t.kind.clone(),
+            ten.partition,
+            ten.namespace,
+            id.name.clone(),
+        );
         let Some(s) = table.get(&key) else {
             return Err(FsmError::NotFound);
         };
@@ -461,7 +534,11 @@ fn resolve_version(model: &Model, key: &ModelKey, choice: VersionChoice) -> Stri
 }
 
 fn event_tuple(e: &Event) -> (WatchEventKind, Option<Resource>, u64) {
-    (e.kind, e.resource.as_ref().map(|r| (**r).clone()), e.revision)
+    (
+        e.kind,
+        e.resource.as_ref().map(|r| (**r).clone()),
+        e.revision,
+    )
 }
 
 /// Checks that hold after every step: the applied index, the retained
@@ -473,7 +550,9 @@ fn check_invariants(store: &Store, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(store.watch_count(), open);
     let from = model.oldest_retained().max(1);
     for r in from..=model.applied {
-        let view = store.view_at(r).map_err(|e| TestCaseError::fail(format!("view_at({r}): {e}")))?;
+        let view = store
+            .view_at(r)
+            .map_err(|e| TestCaseError::fail(format!("view_at({r}): {e}")))?;
         prop_assert_eq!(view.revision(), r);
         let actual: Vec<Resource> = view.iter().map(|r| (**r).clone()).collect();
         let expected: Vec<Resource> = model.table_at(r).values().cloned().collect();
@@ -487,47 +566,87 @@ fn check_invariants(store: &Store, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Where mutations go: straight to the store, or into an open batch.
+enum Target<'a, 'b> {
+    Store(&'a Store),
+    Batch(&'a mut Batch<'b>),
+}
+
+impl Target<'_, '_> {
+    fn apply(&mut self, index: u64, command: Command) -> Result<Applied, FsmError> {
+        match self {
+            Target::Store(s) => s.apply(index, &command),
+            Target::Batch(b) => b.apply_owned(index, command),
+        }
+    }
+
+    fn noop(&mut self, index: u64) {
+        match self {
+            Target::Store(s) => s.apply_noop(index),
+            Target::Batch(b) => b.apply_noop(index),
+        }
+    }
+}
+
+/// Applies a write, delete or no-op to the model and the target, comparing results.
+fn mutate(op: Op, model: &mut Model, target: &mut Target<'_, '_>) -> Result<(), TestCaseError> {
+    match op {
+        Op::Write {
+            key,
+            uid,
+            group_version,
+            version,
+            owner,
+            payload,
+        } => {
+            let k = key_tuple(key);
+            let uid = resolve_uid(model, &k, uid);
+            let version = resolve_version(model, &k, version);
+            let mut r = resource(make_id(key, &uid, GROUP_VERSIONS[group_version]), &version);
+            r.generation = payload.to_string();
+            r.owner = owner.map(|(o, u)| make_id(o, UIDS[u], GROUP_VERSIONS[payload as usize % 2]));
+            let expected = model.write(r.clone());
+            let actual = target.apply(model.applied, Command::Write { resource: r });
+            prop_assert_eq!(actual, expected);
+        }
+        Op::Delete {
+            key,
+            uid,
+            group_version,
+            version,
+        } => {
+            let k = key_tuple(key);
+            let uid = resolve_uid(model, &k, uid);
+            let version = resolve_version(model, &k, version);
+            let id = make_id(key, &uid, GROUP_VERSIONS[group_version]);
+            let expected = model.delete(&id, &version);
+            let actual = target.apply(model.applied, Command::Delete { id, version });
+            prop_assert_eq!(actual, expected);
+        }
+        Op::Noop => {
+            model.advance();
+            model.end_entry();
+            target.noop(model.applied);
+        }
+        other => unreachable!("not a mutation: {other:?}"),
+    }
+    Ok(())
+}
+
 fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let store = Store::new(limits.clone());
     let mut model = Model::new(limits);
     for op in ops {
         match op {
-            Op::Write {
-                key,
-                uid,
-                group_version,
-                version,
-                owner,
-                payload,
-            } => {
-                let k = key_tuple(key);
-                let uid = resolve_uid(&model, &k, uid);
-                let version = resolve_version(&model, &k, version);
-                let mut r = resource(make_id(key, &uid, GROUP_VERSIONS[group_version]), &version);
-                r.generation = payload.to_string();
-                r.owner = owner.map(|(o, u)| make_id(o, UIDS[u], GROUP_VERSIONS[payload as usize % 2]));
-                let expected = model.write(r.clone());
-                let actual = store.apply(model.applied, &Command::Write { resource: r });
-                prop_assert_eq!(actual, expected);
+            op @ (Op::Write { .. } | Op::Delete { .. } | Op::Noop) => {
+                mutate(op, &mut model, &mut Target::Store(&store))?;
             }
-            Op::Delete {
-                key,
-                uid,
-                group_version,
-                version,
-            } => {
-                let k = key_tuple(key);
-                let uid = resolve_uid(&model, &k, uid);
-                let version = resolve_version(&model, &k, version);
-                let id = make_id(key, &uid, GROUP_VERSIONS[group_version]);
-                let expected = model.delete(&id, &version);
-                let actual = store.apply(model.applied, &Command::Delete { id, version });
-                prop_assert_eq!(actual, expected);
-            }
-            Op::Noop => {
-                model.advance();
-                model.end_entry();
-                store.apply_noop(model.applied);
+            Op::Batch(ops) => {
+                let mut batch = store.batch();
+                for op in ops {
+                    mutate(op, &mut model, &mut Target::Batch(&mut batch))?;
+                }
+                batch.finish();
             }
             Op::Read {
                 key,
@@ -544,7 +663,12 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         prop_assert_eq!(actual, Model::read(table, &id));
                     }
                     (Err(a), Err(e)) => prop_assert_eq!(a, e),
-                    (a, e) => prop_assert!(false, "view_at: {:?} vs {:?}", a.map(|v| v.revision()), e.map(|v| v.0)),
+                    (a, e) => prop_assert!(
+                        false,
+                        "view_at: {:?} vs {:?}",
+                        a.map(|v| v.revision()),
+                        e.map(|v| v.0)
+                    ),
                 }
             }
             Op::List {
@@ -569,7 +693,12 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         prop_assert_eq!(actual, expected);
                     }
                     (Err(a), Err(e)) => prop_assert_eq!(a, e),
-                    (a, e) => prop_assert!(false, "view_at: {:?} vs {:?}", a.map(|v| v.revision()), e.map(|v| v.0)),
+                    (a, e) => prop_assert!(
+                        false,
+                        "view_at: {:?} vs {:?}",
+                        a.map(|v| v.revision()),
+                        e.map(|v| v.0)
+                    ),
                 }
             }
             Op::ListByOwner { key, uid } => {
@@ -604,7 +733,11 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if start_revision == 0 {
                     for r in model.table.values() {
                         if list_matches(r, &filter.type_, &filter.tenancy, &filter.name_prefix) {
-                            expected.push_back((WatchEventKind::Upsert, Some(r.clone()), model.applied));
+                            expected.push_back((
+                                WatchEventKind::Upsert,
+                                Some(r.clone()),
+                                model.applied,
+                            ));
                         }
                     }
                     expected.push_back((WatchEventKind::EndOfSnapshot, None, model.applied));
@@ -629,7 +762,12 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                             (None, Some(b)) => (WatchEventKind::Delete, b),
                             (None, None) => unreachable!(),
                         };
-                        if list_matches(subject, &filter.type_, &filter.tenancy, &filter.name_prefix) {
+                        if list_matches(
+                            subject,
+                            &filter.type_,
+                            &filter.tenancy,
+                            &filter.name_prefix,
+                        ) {
                             expected.push_back((kind, Some(subject.clone()), *revision));
                         }
                     }
@@ -658,7 +796,9 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(actual, expected);
                 prop_assert_eq!(
                     closed,
-                    w.closed.clone().map(|reason| FsmError::WatchClosed { reason })
+                    w.closed
+                        .clone()
+                        .map(|reason| FsmError::WatchClosed { reason })
                 );
                 w.buffered_live = 0;
             }
@@ -705,7 +845,12 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
         let actual: Vec<_> = events.iter().map(event_tuple).collect();
         let expected: Vec<_> = w.expected.drain(..).collect();
         prop_assert_eq!(actual, expected);
-        prop_assert_eq!(closed, w.closed.clone().map(|reason| FsmError::WatchClosed { reason }));
+        prop_assert_eq!(
+            closed,
+            w.closed
+                .clone()
+                .map(|reason| FsmError::WatchClosed { reason })
+        );
     }
     Ok(())
 }

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cairn_fsm::{Applied, Command, Event, FsmError, Limits, Store, Watch, WatchEventKind, WatchFilter};
+use cairn_fsm::{
+    Applied, Command, Event, FsmError, Limits, Store, Watch, WatchEventKind, WatchFilter,
+};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{Id, Resource, Tenancy, Type};
 
@@ -26,7 +28,12 @@ pub fn tenancy(partition: &str, namespace: &str) -> Tenancy {
 
 /// An id of type catalog/v1/Service in tenancy (default, default).
 pub fn id(uid: &str, name: &str) -> Id {
-    full_id(uid, name, ty("catalog", "v1", "Service"), tenancy("default", "default"))
+    full_id(
+        uid,
+        name,
+        ty("catalog", "v1", "Service"),
+        tenancy("default", "default"),
+    )
 }
 
 pub fn full_id(uid: &str, name: &str, type_: Type, tenancy: Tenancy) -> Id {
