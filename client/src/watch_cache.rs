@@ -232,8 +232,8 @@ impl Drop for WatchCache {
 }
 
 impl WatchCache {
-    /// Starts watching `specs` through `client` (must run inside a Tokio
-    /// runtime). Two specs with the same group and kind are rejected: each
+    /// Starts watching `specs` through `client` (inside a Tokio runtime:
+    /// outside one this is InvalidArgument). Two specs with the same group and kind are rejected: each
     /// key must belong to one watch, or a sweep of one would delete what the
     /// other holds.
     pub fn start(
@@ -252,6 +252,12 @@ impl WatchCache {
         options: WatchCacheOptions,
         subscribers: Vec<Callback>,
     ) -> Result<WatchCache, ClientError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(ClientError::invalid(
+                "runtime",
+                "a WatchCache must be started inside a Tokio runtime",
+            ));
+        }
         if specs.is_empty() {
             return Err(ClientError::invalid(
                 "specs",
@@ -785,6 +791,18 @@ mod tests {
             snapshot_transition(None, &resource("a", "u", "1")),
             vec![CacheEvent::Upsert(resource("a", "u", "1"))]
         );
+    }
+
+    #[test]
+    fn starting_outside_a_runtime_is_an_error_not_a_panic() {
+        // No Tokio runtime: InvalidArgument instead of tokio::spawn panicking.
+        let client = Client::new(&["127.0.0.1:1"], crate::ClientOptions::default()).unwrap();
+        let r = WatchCache::start(
+            client,
+            vec![WatchSpec::new("g", "K")],
+            WatchCacheOptions::default(),
+        );
+        assert!(matches!(r, Err(ClientError::InvalidArgument { .. })));
     }
 
     #[tokio::test]
