@@ -170,6 +170,18 @@ pub(crate) fn list_prefix(type_: &Type, tenancy: &Tenancy, name_prefix: &str) ->
     s
 }
 
+/// Whether every key starting with [`list_prefix`] matches the list rule, so
+/// no per-resource filter is needed. True when neither tenancy field is `*`:
+/// the prefix then spells out group, kind, partition and namespace, each
+/// followed by a separator, plus the name prefix. Stored fields contain no
+/// separator, so a stored key starts with it exactly when the four fields
+/// are equal and the name starts with the prefix (a query field holding a
+/// separator yields a prefix with more separators than any stored key has,
+/// which therefore matches nothing, as it should).
+pub(crate) fn list_prefix_is_exact(tenancy: &Tenancy) -> bool {
+    tenancy.partition != "*" && tenancy.namespace != "*"
+}
+
 /// The list rule: same group and kind (any group version), each tenancy field
 /// equal or `*`, the name starting with the prefix.
 pub(crate) fn matches(
@@ -228,6 +240,53 @@ mod tests {
         let mut sorted = keys.clone();
         sorted.sort();
         assert_eq!(keys, sorted);
+    }
+
+    #[test]
+    fn an_exact_prefix_match_is_the_list_rule() {
+        // With literal tenancy fields, starts_with(prefix) decides exactly as matches().
+        let stored = [
+            id("g", "k", "p", "ns", "name"),
+            id("g", "k", "p", "ns", "n"),
+            id("g", "k", "p", "nsx", "name"),
+            id("g", "k", "", "", "name"),
+            id("g", "kk", "p", "ns", "name"),
+        ];
+        let queries = [
+            ("g", "k", "p", "ns", "n"),
+            ("g", "k", "p", "ns", ""),
+            ("g", "k", "p", "ns", "name"),
+            ("g", "k", "p", "n", ""),
+            ("g", "k", "", "", ""),
+            ("g", "k", "p\0ns", "", ""),
+            ("g", "k", "p", "ns\0name", ""),
+            ("g\0k", "p", "ns", "name", ""),
+        ];
+        for (g, k, p, ns, prefix) in queries {
+            let t = Type {
+                group: g.into(),
+                group_version: String::new(),
+                kind: k.into(),
+            };
+            let ten = Tenancy {
+                partition: p.into(),
+                namespace: ns.into(),
+            };
+            assert!(list_prefix_is_exact(&ten));
+            let scan = list_prefix(&t, &ten, prefix);
+            for s in &stored {
+                let r = Resource {
+                    id: Some(s.clone()),
+                    ..Default::default()
+                };
+                assert_eq!(
+                    storage_key(s).starts_with(&scan),
+                    matches(&r, &t, &ten, prefix),
+                    "{s:?} vs {:?}",
+                    (g, k, p, ns, prefix)
+                );
+            }
+        }
     }
 
     #[test]

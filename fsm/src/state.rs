@@ -114,11 +114,12 @@ impl View {
     /// and whose name starts with `name_prefix`, in storage-key order.
     pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<Arc<Resource>> {
         let prefix = key::list_prefix(type_, tenancy, name_prefix);
+        let exact = key::list_prefix_is_exact(tenancy);
         self.state
             .resources
             .range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix.as_str()))
-            .filter(|(_, r)| key::matches(r, type_, tenancy, name_prefix))
+            .filter(|(_, r)| exact || key::matches(r, type_, tenancy, name_prefix))
             .map(|(_, r)| r.clone())
             .collect()
     }

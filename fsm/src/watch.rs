@@ -367,12 +367,13 @@ impl Watch {
                     .range::<_, str>((lower, Bound::Unbounded))
                     .take_while(|(k, _)| k.starts_with(scan_prefix.as_str()))
                     .find(|(_, r)| {
-                        key::matches(
-                            r,
-                            &self.filter.type_,
-                            &self.filter.tenancy,
-                            &self.filter.name_prefix,
-                        )
+                        key::list_prefix_is_exact(&self.filter.tenancy)
+                            || key::matches(
+                                r,
+                                &self.filter.type_,
+                                &self.filter.tenancy,
+                                &self.filter.name_prefix,
+                            )
                     })
                     .map(|(k, r)| (k.clone(), r.clone()));
                 let revision = state.revision;
