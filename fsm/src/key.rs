@@ -182,8 +182,82 @@ pub(crate) fn list_prefix_is_exact(tenancy: &Tenancy) -> bool {
     tenancy.partition != "*" && tenancy.namespace != "*"
 }
 
-/// The list rule: same group and kind (any group version), each tenancy field
-/// equal or `*`, the name starting with the prefix.
+/// The list rule applied to storage keys (which are already in cache while
+/// scanning, unlike the resources they point to).
+#[derive(Debug, Clone)]
+pub(crate) struct Matcher {
+    group: String,
+    kind: String,
+    tenancy: Tenancy,
+    name_prefix: String,
+    /// Every matching key starts with it (see [`list_prefix`]).
+    scan_prefix: String,
+    /// Whether starting with `scan_prefix` is the whole rule.
+    exact: bool,
+    /// A query field holds a separator, so nothing stored can match.
+    impossible: bool,
+}
+
+impl Matcher {
+    pub fn new(type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Matcher {
+        let impossible = [
+            type_.group.as_str(),
+            type_.kind.as_str(),
+            tenancy.partition.as_str(),
+            tenancy.namespace.as_str(),
+            name_prefix,
+        ]
+        .iter()
+        .any(|f| f.contains(SEPARATOR));
+        Matcher {
+            group: type_.group.clone(),
+            kind: type_.kind.clone(),
+            tenancy: tenancy.clone(),
+            name_prefix: name_prefix.to_string(),
+            scan_prefix: list_prefix(type_, tenancy, name_prefix),
+            exact: list_prefix_is_exact(tenancy),
+            impossible,
+        }
+    }
+
+    /// The start of the range to scan; the scan ends at the first key that
+    /// does not start with it.
+    pub fn scan_prefix(&self) -> &str {
+        &self.scan_prefix
+    }
+
+    /// Whether the resource stored at `key` matches.
+    pub fn matches_key(&self, key: &str) -> bool {
+        if self.impossible || !key.starts_with(self.scan_prefix.as_str()) {
+            return false;
+        }
+        if self.exact {
+            return true;
+        }
+        let mut fields = key.split(SEPARATOR);
+        let (Some(group), Some(kind), Some(partition), Some(namespace), Some(name), None) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            unreachable!("a storage key has five fields")
+        };
+        group == self.group
+            && kind == self.kind
+            && (self.tenancy.partition == "*" || self.tenancy.partition == partition)
+            && (self.tenancy.namespace == "*" || self.tenancy.namespace == namespace)
+            && name.starts_with(self.name_prefix.as_str())
+    }
+}
+
+/// The list rule stated on a resource, as the contract states it: same group
+/// and kind (any group version), each tenancy field equal or `*`, the name
+/// starting with the prefix. The reference the key-based [`Matcher`] is
+/// tested against.
+#[cfg(test)]
 pub(crate) fn matches(
     resource: &Resource,
     type_: &Type,
@@ -285,6 +359,26 @@ mod tests {
                     "{s:?} vs {:?}",
                     (g, k, p, ns, prefix)
                 );
+            }
+            // The same queries with wildcards, through the key matcher.
+            for (wp, wns) in [(p, "*"), ("*", ns), ("*", "*"), (p, ns)] {
+                let ten = Tenancy {
+                    partition: wp.into(),
+                    namespace: wns.into(),
+                };
+                let m = Matcher::new(&t, &ten, prefix);
+                for s in &stored {
+                    let r = Resource {
+                        id: Some(s.clone()),
+                        ..Default::default()
+                    };
+                    assert_eq!(
+                        m.matches_key(&storage_key(s)),
+                        matches(&r, &t, &ten, prefix),
+                        "{s:?} vs {:?}",
+                        (g, k, wp, wns, prefix)
+                    );
+                }
             }
         }
     }

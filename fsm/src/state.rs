@@ -113,13 +113,13 @@ impl View {
     /// version is ignored) whose tenancy matches field by field (`*` = any)
     /// and whose name starts with `name_prefix`, in storage-key order.
     pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<Arc<Resource>> {
-        let prefix = key::list_prefix(type_, tenancy, name_prefix);
-        let exact = key::list_prefix_is_exact(tenancy);
+        let matcher = key::Matcher::new(type_, tenancy, name_prefix);
+        let prefix = matcher.scan_prefix();
         self.state
             .resources
-            .range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix.as_str()))
-            .filter(|(_, r)| exact || key::matches(r, type_, tenancy, name_prefix))
+            .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| matcher.matches_key(k))
             .map(|(_, r)| r.clone())
             .collect()
     }

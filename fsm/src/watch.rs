@@ -180,7 +180,6 @@ enum Phase {
     /// EndOfSnapshot. Iterated lazily: nothing is copied into the buffer.
     Snapshot {
         state: Arc<State>,
-        scan_prefix: String,
         cursor: Option<Key>,
     },
     /// Replaying the matching changes of `history` from sequence `position`.
@@ -213,6 +212,7 @@ impl Drop for Registration {
 /// An open watch. `Send`; dropping it releases the subscription.
 pub struct Watch {
     filter: WatchFilter,
+    matcher: key::Matcher,
     phase: Phase,
     receiver: mpsc::Receiver<Event>,
     close_reason: CloseReason,
@@ -251,7 +251,6 @@ pub(crate) fn register(
     );
     let phase = if start_revision == 0 {
         Phase::Snapshot {
-            scan_prefix: key::list_prefix(&filter.type_, &filter.tenancy, &filter.name_prefix),
             state,
             cursor: None,
         }
@@ -260,6 +259,7 @@ pub(crate) fn register(
         Phase::Replay { history, position }
     };
     Watch {
+        matcher: key::Matcher::new(&filter.type_, &filter.tenancy, &filter.name_prefix),
         filter,
         phase,
         receiver,
@@ -353,28 +353,17 @@ impl Watch {
     /// Advances the snapshot or replay phase; `Ok(None)` once live.
     fn next_local(&mut self) -> Result<Option<Event>, FsmError> {
         match &mut self.phase {
-            Phase::Snapshot {
-                state,
-                scan_prefix,
-                cursor,
-            } => {
+            Phase::Snapshot { state, cursor } => {
+                let scan_prefix = self.matcher.scan_prefix();
                 let lower = match cursor {
-                    None => Bound::Included(scan_prefix.as_str()),
+                    None => Bound::Included(scan_prefix),
                     Some(k) => Bound::Excluded(&**k),
                 };
                 let found = state
                     .resources
                     .range::<_, str>((lower, Bound::Unbounded))
-                    .take_while(|(k, _)| k.starts_with(scan_prefix.as_str()))
-                    .find(|(_, r)| {
-                        key::list_prefix_is_exact(&self.filter.tenancy)
-                            || key::matches(
-                                r,
-                                &self.filter.type_,
-                                &self.filter.tenancy,
-                                &self.filter.name_prefix,
-                            )
-                    })
+                    .take_while(|(k, _)| k.starts_with(scan_prefix))
+                    .find(|(k, _)| self.matcher.matches_key(k))
                     .map(|(k, r)| (k.clone(), r.clone()));
                 let revision = state.revision;
                 match found {
@@ -399,12 +388,7 @@ impl Watch {
             Phase::Replay { history, position } => {
                 while let Some(change) = history.get(*position) {
                     *position += 1;
-                    if key::matches(
-                        change.subject(),
-                        &self.filter.type_,
-                        &self.filter.tenancy,
-                        &self.filter.name_prefix,
-                    ) {
+                    if self.matcher.matches_key(&change.key) {
                         return Ok(Some(Event::of_change(change)));
                     }
                 }
