@@ -37,8 +37,9 @@ use crate::{Error, Verdict};
 pub trait Model {
     /// The abstract state; compared and hashed for the cache, so keep it small.
     type State: Clone + Eq + Hash;
-    /// One operation with its outcome, as the model needs it.
-    type Op;
+    /// One operation with its outcome, as the model needs it. Equal operations
+    /// must have equal effects (`step` gives the same result for both).
+    type Op: Eq + Hash;
 
     fn init(&self) -> Self::State;
 
@@ -48,6 +49,14 @@ pub trait Model {
 
     /// A human-readable rendering of a state, for reports.
     fn describe_state(&self, state: &Self::State) -> String;
+
+    /// True if `op` is always accepted and the state after it does not depend on
+    /// the state before it (a blind write). Only an optimisation hint: the default
+    /// `false` is always correct.
+    fn is_blind(&self, op: &Self::Op) -> bool {
+        let _ = op;
+        false
+    }
 }
 
 /// One operation of a partition, with its real-time window.
@@ -329,10 +338,38 @@ const _: () = assert!(LIMIT_CHECK_INTERVAL_STEPS.is_power_of_two());
 
 const HEAD: usize = 0;
 
-/// The search state of one partition. Operations are renumbered ("local" indices)
-/// so that the determinate ones come first: `0..determinate_count`. Events are
-/// numbered 1..=2n in time order (node 0 is the head sentinel, node 2n+1 the tail
-/// sentinel), so a node number is also the event's position in the key's history.
+/// Which indeterminate classes a configuration tries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ClassOrder {
+    All,
+    /// Right after an indeterminate operation X: a blind operation Y now reaches the
+    /// same state as Y without X, a configuration that dominates this one and that
+    /// the configuration before X tries itself, so blind classes are skipped.
+    NotBlind,
+}
+
+/// Where the search is looking for the next operation to linearize.
+#[derive(Clone, Copy, Debug)]
+enum Cursor {
+    /// At a node of the event list (determinate operations only).
+    Event(usize),
+    /// Trying the indeterminate classes from `position` on in `order` (all classes,
+    /// or only those that are not blind); only operations called before the
+    /// frontier (the first remaining return event) are candidates.
+    Indeterminate { order: ClassOrder, position: usize },
+}
+
+/// The search state of one partition.
+///
+/// Operations are renumbered ("local" indices) so that the determinate ones come
+/// first: `0..determinate_count`. All call and return events are numbered 1..=2n in
+/// time order, so a node number is also the event's position in the key's history
+/// (node 0 is the head sentinel, 2n+1 the tail sentinel). Only determinate events
+/// are linked into the list: indeterminate operations never return, so they never
+/// block anything. They are grouped into classes of equal operations (same effect);
+/// within a class they are linearized in call order, because an earlier-called
+/// twin can always stand in for a later one (it is available whenever the later
+/// one is), so other orders add nothing.
 struct Search<'p, M: Model> {
     partition: &'p Partition<M>,
     /// Local operation index -> index in `partition.ops`.
@@ -344,8 +381,21 @@ struct Search<'p, M: Model> {
     node_op: Vec<usize>,
     node_is_call: Vec<bool>,
     call_node: Vec<usize>,
+    /// Return node of each determinate operation.
     return_node: Vec<usize>,
     tail: usize,
+    /// Indeterminate operations by class, each class in call order.
+    classes: Vec<Vec<usize>>,
+    /// Class of each indeterminate operation (indexed by `local - determinate_count`).
+    class_of: Vec<usize>,
+    /// How many operations of each class are linearized (always the first ones).
+    class_used: Vec<usize>,
+    /// The classes whose operations are not blind, in class order.
+    not_blind_classes: Vec<usize>,
+    /// For each return node F: the determinate operations open across it (called
+    /// before F, returning after it) are `straddlers[straddler_start[F]..straddler_start[F + 1]]`.
+    straddler_start: Vec<usize>,
+    straddlers: Vec<usize>,
 }
 
 impl<'p, M: Model> Search<'p, M> {
@@ -375,7 +425,7 @@ impl<'p, M: Model> Search<'p, M> {
         let mut node_op = vec![usize::MAX; tail + 1];
         let mut node_is_call = vec![false; tail + 1];
         let mut call_node = vec![0; count];
-        let mut return_node = vec![0; count];
+        let mut return_node = vec![tail; count];
         for (position, &(_, is_return, _, local)) in events.iter().enumerate() {
             let node = position + 1;
             node_op[node] = local;
@@ -390,8 +440,71 @@ impl<'p, M: Model> Search<'p, M> {
             // Paired with the sort order: a call always precedes its own return.
             assert!(call_node[local] < return_node[local]);
         }
-        let next = (0..=tail).map(|node| (node + 1).min(tail)).collect();
-        let prev = (0..=tail).map(|node| node.saturating_sub(1)).collect();
+        // Link the determinate events only.
+        let mut next = vec![tail; tail + 1];
+        let mut prev = vec![HEAD; tail + 1];
+        let mut last = HEAD;
+        for node in 1..tail {
+            if node_op[node] < determinate_count {
+                next[last] = node;
+                prev[node] = last;
+                last = node;
+            }
+        }
+        next[last] = tail;
+        prev[tail] = last;
+
+        let mut class_index: HashMap<&M::Op, usize> = HashMap::new();
+        let mut classes: Vec<Vec<usize>> = Vec::new();
+        let mut indeterminate: Vec<usize> = (determinate_count..count).collect();
+        indeterminate.sort_by_key(|&local| call_node[local]);
+        let mut class_of = vec![0; count - determinate_count];
+        for local in indeterminate {
+            let op = &partition.ops[local_to_partition[local]].op;
+            let class = *class_index.entry(op).or_insert_with(|| {
+                classes.push(Vec::new());
+                classes.len() - 1
+            });
+            classes[class].push(local);
+            class_of[local - determinate_count] = class;
+        }
+        let class_used = vec![0; classes.len()];
+        let not_blind_classes: Vec<usize> = (0..classes.len())
+            .filter(|&class| {
+                let op = &partition.ops[local_to_partition[classes[class][0]]].op;
+                !partition.model.is_blind(op)
+            })
+            .collect();
+
+        // A configuration whose first remaining return is F has linearized every
+        // determinate operation returning before F, none calling after F, and some
+        // of those open across F: the straddlers of F. They are few (at most the
+        // number of concurrent clients), which keeps cache entries small.
+        let mut straddler_start = vec![0; tail + 2];
+        let mut straddlers = Vec::new();
+        let mut open: Vec<usize> = Vec::new();
+        let mut open_at = vec![usize::MAX; determinate_count];
+        for node in 1..=tail {
+            straddler_start[node] = straddlers.len();
+            let local = node_op[node];
+            if node == tail || local >= determinate_count {
+                continue;
+            }
+            if node_is_call[node] {
+                open_at[local] = open.len();
+                open.push(local);
+            } else {
+                let at = open_at[local];
+                assert_eq!(open[at], local);
+                open.swap_remove(at);
+                if let Some(&moved) = open.get(at) {
+                    open_at[moved] = at;
+                }
+                straddlers.extend_from_slice(&open);
+            }
+        }
+        assert!(open.is_empty(), "every determinate call has its return");
+        straddler_start[tail + 1] = straddlers.len();
         Search {
             partition,
             local_to_partition,
@@ -403,14 +516,40 @@ impl<'p, M: Model> Search<'p, M> {
             call_node,
             return_node,
             tail,
+            classes,
+            class_of,
+            class_used,
+            not_blind_classes,
+            straddler_start,
+            straddlers,
         }
+    }
+
+    /// The class at `position` of `order`, if any.
+    fn class_at(&self, order: ClassOrder, position: usize) -> Option<usize> {
+        match order {
+            ClassOrder::All => (position < self.classes.len()).then_some(position),
+            ClassOrder::NotBlind => self.not_blind_classes.get(position).copied(),
+        }
+    }
+
+    /// The first return event at or after `node` in the list (the tail if none).
+    fn first_return(&self, mut node: usize) -> usize {
+        while node != self.tail && self.node_is_call[node] {
+            node = self.next[node];
+        }
+        node
+    }
+
+    fn straddlers_of(&self, frontier: usize) -> &[usize] {
+        &self.straddlers[self.straddler_start[frontier]..self.straddler_start[frontier + 1]]
     }
 
     fn is_indeterminate(&self, local: usize) -> bool {
         local >= self.determinate_count
     }
 
-    /// Unlinks both events of `local`.
+    /// Unlinks both events of the determinate operation `local`.
     fn lift(&mut self, local: usize) {
         for node in [self.call_node[local], self.return_node[local]] {
             let (before, after) = (self.prev[node], self.next[node]);
@@ -432,21 +571,25 @@ impl<'p, M: Model> Search<'p, M> {
         }
     }
 
-    /// The search. For each configuration, the candidate operations are the calls
-    /// before the first remaining return event; the determinate ones are tried first
-    /// (`trying_indeterminate == false`), then the indeterminate ones. Trying the
-    /// cheaper explanation first lets the cache's dominance rule prune more.
+    /// The search. In each configuration the candidates are the determinate calls
+    /// before the first remaining return event (tried first: cheaper explanations
+    /// let the cache's dominance rule prune more), then the next operation of each
+    /// indeterminate class, if it was called before that return.
     fn run(mut self, limits: &Limits<'_>) -> (KeyOutcome, u64) {
         let partition = self.partition;
         let model = &partition.model;
         let count = partition.ops.len();
         let mut linearized =
             LinearizedSet::new(self.determinate_count, count - self.determinate_count);
-        let mut cache: Cache<M::State> = Cache::default();
-        let mut stack: Vec<(usize, M::State)> = Vec::new();
+        let mut cache: Cache<M::State> = Cache::new(linearized.indeterminate.len());
+        // (operation, state before it, cursor to resume from when it is undone,
+        // frontier before it)
+        let mut stack: Vec<(usize, M::State, Cursor, usize)> = Vec::new();
         let mut state = model.init();
-        let mut cursor = self.next[HEAD];
-        let mut trying_indeterminate = false;
+        let mut cursor = Cursor::Event(self.next[HEAD]);
+        // The first remaining return event of the current configuration.
+        let mut frontier = self.first_return(self.next[HEAD]);
+        let mut determinate_key: Vec<u64> = Vec::new();
         let mut steps = 0u64;
         let mut deepest_stuck_node = 0usize;
         let mut deepest_linearized_count = 0usize;
@@ -454,6 +597,8 @@ impl<'p, M: Model> Search<'p, M> {
 
         loop {
             if self.next[HEAD] == self.tail {
+                // Every determinate operation is linearized; the indeterminate ones
+                // left may never have taken effect.
                 return (KeyOutcome::Linearizable, steps);
             }
             if steps & (LIMIT_CHECK_INTERVAL_STEPS - 1) == 0 {
@@ -472,72 +617,169 @@ impl<'p, M: Model> Search<'p, M> {
                         steps,
                     );
                 }
-                if cache.bytes > limits.cache_bytes_max {
+                if cache.bytes() > limits.cache_bytes_max {
                     return (KeyOutcome::Unknown(UnknownReason::CacheLimitReached), steps);
                 }
             }
             steps += 1;
-            // The list is never empty here and always ends with a return event, and a
-            // call is always followed by its own return: the cursor cannot reach the tail.
-            assert!(cursor != self.tail && cursor != HEAD);
-            let local = self.node_op[cursor];
-            if self.node_is_call[cursor] {
-                if self.is_indeterminate(local) == trying_indeterminate {
-                    let op = &partition.ops[self.local_to_partition[local]].op;
-                    if let Some(new_state) = model.step(&state, op) {
-                        linearized.insert(local);
-                        let key_hash = linearized.determinate_hash ^ hash_state(&new_state);
-                        if cache.insert_unless_dominated(key_hash, &linearized, &new_state) {
-                            stack.push((local, std::mem::replace(&mut state, new_state)));
-                            self.lift(local);
-                            cursor = self.next[HEAD];
-                            trying_indeterminate = false;
-                            continue;
-                        }
-                        linearized.remove(local);
+
+            // Pick the candidate at the cursor, or find that there is none left.
+            let (candidate, resume) = match cursor {
+                Cursor::Event(node) => {
+                    // The list is not empty and ends with a return event, and a call is
+                    // followed by its own return: the cursor cannot reach the tail.
+                    assert!(node != self.tail && node != HEAD);
+                    if self.node_is_call[node] {
+                        (Some(self.node_op[node]), Cursor::Event(self.next[node]))
+                    } else {
+                        // Paired with the frontier bookkeeping on push and pop.
+                        assert_eq!(node, frontier);
+                        let after_indeterminate = stack
+                            .last()
+                            .is_some_and(|(top, _, _, _)| self.is_indeterminate(*top));
+                        let order = if after_indeterminate {
+                            ClassOrder::NotBlind
+                        } else {
+                            ClassOrder::All
+                        };
+                        cursor = Cursor::Indeterminate { order, position: 0 };
+                        continue;
                     }
                 }
-                cursor = self.next[cursor];
+                // Classes are numbered in the call order of their first operation:
+                // once one was first called after the frontier, so were all later ones.
+                Cursor::Indeterminate { order, position }
+                    if self
+                        .class_at(order, position)
+                        .is_some_and(|class| self.call_node[self.classes[class][0]] < frontier) =>
+                {
+                    let resume = Cursor::Indeterminate {
+                        order,
+                        position: position + 1,
+                    };
+                    let class = match order {
+                        ClassOrder::All => position,
+                        ClassOrder::NotBlind => self.not_blind_classes[position],
+                    };
+                    let head = self.classes[class].get(self.class_used[class]).copied();
+                    (
+                        head.filter(|&local| self.call_node[local] < frontier),
+                        resume,
+                    )
+                }
+                Cursor::Indeterminate { .. } => {
+                    // Stuck: the operation returning at `frontier` cannot be linearized here.
+                    if frontier > deepest_stuck_node {
+                        deepest_stuck_node = frontier;
+                        deepest_linearized_count = stack.len();
+                        let from = stack.len().saturating_sub(LINEARIZED_TAIL_LEN);
+                        deepest_tail = (from..stack.len())
+                            .map(|depth| {
+                                let after = stack
+                                    .get(depth + 1)
+                                    .map_or(&state, |(_, before, _, _)| before);
+                                (stack[depth].0, after.clone())
+                            })
+                            .collect();
+                    }
+                    let Some((undone, prior_state, resume, prior_frontier)) = stack.pop() else {
+                        let prefix = self.illegal_prefix(
+                            deepest_stuck_node,
+                            deepest_linearized_count,
+                            &deepest_tail,
+                        );
+                        return (KeyOutcome::NotLinearizable(Box::new(prefix)), steps);
+                    };
+                    linearized.remove(undone);
+                    // Paired with the push: the stack depth is the number of linearized operations.
+                    assert_eq!(stack.len(), linearized.len);
+                    if self.is_indeterminate(undone) {
+                        let class = self.class_of[undone - self.determinate_count];
+                        self.class_used[class] -= 1;
+                        assert_eq!(self.classes[class][self.class_used[class]], undone);
+                    } else {
+                        self.unlift(undone);
+                    }
+                    state = prior_state;
+                    frontier = prior_frontier;
+                    cursor = resume;
+                    continue;
+                }
+            };
+            cursor = resume;
+            let Some(local) = candidate else {
                 continue;
+            };
+            let op = &partition.ops[self.local_to_partition[local]].op;
+            let Some(new_state) = model.step(&state, op) else {
+                continue;
+            };
+            let indeterminate = self.is_indeterminate(local);
+            if indeterminate {
+                // Just after an indeterminate X (no determinate operation since), an
+                // indeterminate Y of another class that would reach the same state
+                // without X is left to the sibling configuration that skips X: it has
+                // the same determinate set, fewer indeterminate operations and the
+                // same state, so it dominates this one.
+                if let Some((previous, before_previous, _, _)) = stack.last() {
+                    let previous_class = self
+                        .is_indeterminate(*previous)
+                        .then(|| self.class_of[*previous - self.determinate_count]);
+                    if previous_class
+                        .is_some_and(|class| class != self.class_of[local - self.determinate_count])
+                        && model.step(before_previous, op).as_ref() == Some(&new_state)
+                    {
+                        continue;
+                    }
+                }
             }
-
-            // A return event: its operation is not linearized yet.
-            if self.is_indeterminate(local) {
-                // Indeterminate returns sort after every determinate event, so every
-                // determinate operation is linearized; the rest may never take effect.
+            linearized.insert(local);
+            let mut new_frontier = frontier;
+            if !indeterminate {
+                self.lift(local);
+                if self.return_node[local] == frontier {
+                    new_frontier = self.first_return(self.next[HEAD]);
+                }
+            }
+            if new_frontier == self.tail {
+                // Every determinate operation is linearized.
                 return (KeyOutcome::Linearizable, steps);
             }
-            if !trying_indeterminate && self.determinate_count < count {
-                trying_indeterminate = true;
-                cursor = self.next[HEAD];
+            let straddlers = self.straddlers_of(new_frontier);
+            determinate_key.clear();
+            determinate_key.resize(straddlers.len().div_ceil(64), 0);
+            for (at, &straddler) in straddlers.iter().enumerate() {
+                if linearized.contains(straddler) {
+                    determinate_key[at / 64] |= 1 << (at % 64);
+                }
+            }
+            let key_hash = linearized.determinate_hash ^ hash_state(&new_state);
+            let configuration = Configuration {
+                frontier: new_frontier,
+                determinate: &determinate_key,
+                indeterminate: &linearized.indeterminate,
+                state: &new_state,
+            };
+            if !cache.insert_unless_dominated(key_hash, &configuration) {
+                if !indeterminate {
+                    self.unlift(local);
+                }
+                linearized.remove(local);
                 continue;
             }
-            if cursor > deepest_stuck_node {
-                deepest_stuck_node = cursor;
-                deepest_linearized_count = stack.len();
-                let from = stack.len().saturating_sub(LINEARIZED_TAIL_LEN);
-                deepest_tail = (from..stack.len())
-                    .map(|depth| {
-                        let after = stack.get(depth + 1).map_or(&state, |(_, before)| before);
-                        (stack[depth].0, after.clone())
-                    })
-                    .collect();
+            if indeterminate {
+                let class = self.class_of[local - self.determinate_count];
+                assert_eq!(self.classes[class][self.class_used[class]], local);
+                self.class_used[class] += 1;
             }
-            let Some((undone, prior_state)) = stack.pop() else {
-                let prefix = self.illegal_prefix(
-                    deepest_stuck_node,
-                    deepest_linearized_count,
-                    &deepest_tail,
-                );
-                return (KeyOutcome::NotLinearizable(Box::new(prefix)), steps);
-            };
-            linearized.remove(undone);
-            // Paired with the push: the stack depth is the number of linearized operations.
-            assert_eq!(stack.len(), linearized.len);
-            state = prior_state;
-            self.unlift(undone);
-            trying_indeterminate = self.is_indeterminate(undone);
-            cursor = self.next[self.call_node[undone]];
+            stack.push((
+                local,
+                std::mem::replace(&mut state, new_state),
+                resume,
+                frontier,
+            ));
+            frontier = new_frontier;
+            cursor = Cursor::Event(self.next[HEAD]);
         }
     }
 
@@ -612,6 +854,14 @@ impl LinearizedSet {
         words[word] ^= bit;
     }
 
+    fn contains(&self, local: usize) -> bool {
+        let (words, bit_index) = match local.checked_sub(self.determinate_count) {
+            None => (&self.determinate, local),
+            Some(indeterminate) => (&self.indeterminate, indeterminate),
+        };
+        words[bit_index / 64] & (1 << (bit_index % 64)) != 0
+    }
+
     fn insert(&mut self, local: usize) {
         self.toggle(local, false);
         self.len += 1;
@@ -623,64 +873,100 @@ impl LinearizedSet {
     }
 }
 
-/// The configurations already explored: (linearized set, state). Keyed by the hash
-/// of the determinate set and the state; entries are compared in full, so a hash
-/// collision never prunes a distinct configuration.
+/// A configuration of the search, in the compact form the cache stores.
+struct Configuration<'a, S> {
+    /// The first remaining return event. Every determinate operation returning
+    /// before it is linearized and none called after it is.
+    frontier: usize,
+    /// Which straddlers of `frontier` are linearized (bit i = i-th straddler).
+    determinate: &'a [u64],
+    /// Which indeterminate operations are linearized.
+    indeterminate: &'a [u64],
+    state: &'a S,
+}
+
+/// The configurations already explored. Keyed by the Zobrist hash of the set of
+/// linearized determinate operations combined with the state's hash; entries are
+/// compared in full, so a hash collision never prunes a distinct configuration.
+/// (frontier, straddler bits) identifies the determinate set exactly, in a few
+/// words instead of one bit per operation of the key.
 ///
 /// Dominance: a configuration (D ∪ I, s) is pruned when (D ∪ I', s) was explored
 /// with I' ⊆ I (I, I' indeterminate). Every continuation of the larger one is a
 /// continuation of the smaller one, which simply leaves the extra indeterminate
 /// operations out ("never took effect"); with I' = I this is Lowe's exact cache.
+///
+/// Storage is flat (no allocation per entry): `heads` maps a hash to its newest
+/// entry, entries with the same hash are chained through `next`, and an entry's
+/// bits (determinate, then indeterminate) sit in `words` from `offset`.
 struct Cache<S> {
-    buckets: HashMap<u64, Vec<CacheEntry<S>>, BuildHasherDefault<PrehashedHasher>>,
-    bytes: usize,
+    heads: HashMap<u64, usize, BuildHasherDefault<PrehashedHasher>>,
+    entries: Vec<CacheEntry<S>>,
+    words: Vec<u64>,
+    indeterminate_words: usize,
 }
 
 struct CacheEntry<S> {
-    determinate: Box<[u64]>,
-    indeterminate: Box<[u64]>,
     state: S,
+    next: usize,
+    frontier: usize,
+    offset: usize,
+    determinate_words: usize,
 }
 
-impl<S> Default for Cache<S> {
-    fn default() -> Self {
-        Cache {
-            buckets: HashMap::default(),
-            bytes: 0,
-        }
-    }
-}
+/// End of a chain of cache entries.
+const NO_ENTRY: usize = usize::MAX;
 
 impl<S: Clone + Eq> Cache<S> {
-    /// Records the configuration; false if it (or one dominating it) was explored.
-    fn insert_unless_dominated(
-        &mut self,
-        hash: u64,
-        linearized: &LinearizedSet,
-        state: &S,
-    ) -> bool {
-        let bucket = self.buckets.entry(hash).or_default();
-        let dominated = bucket.iter().any(|entry| {
-            entry.state == *state
-                && *entry.determinate == *linearized.determinate
-                && entry
-                    .indeterminate
-                    .iter()
-                    .zip(&linearized.indeterminate)
-                    .all(|(seen, now)| seen & !now == 0)
-        });
-        if dominated {
-            return false;
+    fn new(indeterminate_words: usize) -> Self {
+        Cache {
+            heads: HashMap::default(),
+            entries: Vec::new(),
+            words: Vec::new(),
+            indeterminate_words,
         }
-        bucket.push(CacheEntry {
-            determinate: linearized.determinate.as_slice().into(),
-            indeterminate: linearized.indeterminate.as_slice().into(),
-            state: state.clone(),
+    }
+
+    /// Approximate memory held.
+    fn bytes(&self) -> usize {
+        self.words.capacity() * std::mem::size_of::<u64>()
+            + self.entries.capacity() * std::mem::size_of::<CacheEntry<S>>()
+            + self.heads.capacity() * (2 * std::mem::size_of::<u64>() + 1)
+    }
+
+    /// Records the configuration; false if it (or one dominating it) was explored.
+    fn insert_unless_dominated(&mut self, hash: u64, configuration: &Configuration<'_, S>) -> bool {
+        // Paired with `new`: every configuration of one search has the same shape.
+        assert_eq!(configuration.indeterminate.len(), self.indeterminate_words);
+        let head = self.heads.get(&hash).copied().unwrap_or(NO_ENTRY);
+        let mut at = head;
+        while at != NO_ENTRY {
+            let entry = &self.entries[at];
+            if entry.frontier == configuration.frontier && entry.state == *configuration.state {
+                let words = &self.words[entry.offset
+                    ..entry.offset + entry.determinate_words + self.indeterminate_words];
+                let (determinate, indeterminate) = words.split_at(entry.determinate_words);
+                if determinate == configuration.determinate
+                    && indeterminate
+                        .iter()
+                        .zip(configuration.indeterminate)
+                        .all(|(seen, now)| seen & !now == 0)
+                {
+                    return false;
+                }
+            }
+            at = entry.next;
+        }
+        self.heads.insert(hash, self.entries.len());
+        self.entries.push(CacheEntry {
+            state: configuration.state.clone(),
+            next: head,
+            frontier: configuration.frontier,
+            offset: self.words.len(),
+            determinate_words: configuration.determinate.len(),
         });
-        self.bytes += std::mem::size_of_val(linearized.determinate.as_slice())
-            + std::mem::size_of_val(linearized.indeterminate.as_slice())
-            + std::mem::size_of::<CacheEntry<S>>()
-            + 32;
+        self.words.extend_from_slice(configuration.determinate);
+        self.words.extend_from_slice(configuration.indeterminate);
         true
     }
 }
@@ -755,7 +1041,7 @@ mod tests {
     /// A register of small integers with read and write only, for engine tests.
     struct TinyRegister;
 
-    #[derive(Debug)]
+    #[derive(Debug, PartialEq, Eq, Hash)]
     enum TinyOp {
         Read(i32),
         Write(i32),

@@ -54,8 +54,14 @@ impl fmt::Display for ModelKind {
 /// Interned value id of "absent" in every partition.
 pub const ABSENT: u32 = 0;
 
+/// Id that replaces, in one key, every value that no read returns and no compare
+/// tests. Such values are indistinguishable to every operation of the key, so
+/// merging them loses nothing and lets the search treat, say, all timed-out writes
+/// of never-read values as one class of interchangeable operations.
+pub const UNOBSERVED: u32 = u32::MAX;
+
 /// What a CAS-like operation reported.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CasOutcome {
     /// The compare matched and the new value was stored.
     Succeeded,
@@ -66,7 +72,7 @@ pub enum CasOutcome {
 }
 
 /// One register operation, with values interned to ids of the partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RegisterOp {
     /// Observed this value.
     Read { value: u32 },
@@ -114,7 +120,14 @@ impl Model for RegisterModel {
         }
     }
 
+    fn is_blind(&self, op: &RegisterOp) -> bool {
+        matches!(op, RegisterOp::Write { .. })
+    }
+
     fn describe_state(&self, state: &u32) -> String {
+        if *state == UNOBSERVED {
+            return "<a value no read or compare observes>".to_owned();
+        }
         self.value(*state)
             .map_or_else(|| format!("<value #{state}>"), ToString::to_string)
     }
@@ -232,7 +245,30 @@ pub fn partitions(
     }
 
     let mut partitions = Vec::with_capacity(builders.len());
-    for (key, builder) in builders {
+    for (key, mut builder) in builders {
+        let mut observed = vec![false; builder.values.len()];
+        observed[ABSENT as usize] = true;
+        for (_, _, _, op) in &builder.ops {
+            match *op {
+                RegisterOp::Read { value } => observed[value as usize] = true,
+                RegisterOp::Cas { from, .. } => observed[from as usize] = true,
+                RegisterOp::Write { .. } => {}
+            }
+        }
+        let merge = |value: u32| {
+            if observed[value as usize] {
+                value
+            } else {
+                UNOBSERVED
+            }
+        };
+        for (_, _, _, op) in &mut builder.ops {
+            match op {
+                RegisterOp::Write { value } => *value = merge(*value),
+                RegisterOp::Cas { to, .. } => *to = merge(*to),
+                RegisterOp::Read { .. } => {}
+            }
+        }
         let mut partition = Partition::new(
             key,
             RegisterModel {
