@@ -43,9 +43,9 @@
 //! - An indeterminate operation (`info`, or never completed) may take effect at any
 //!   point after its invocation, or never: its return event is placed after every
 //!   determinate event.
-//! - During a search, an operation is marked in the linearized bitset exactly when it
-//!   is on the explicit stack and unlinked from the event list; the stack depth equals
-//!   the number of bits set.
+//! - During a search, an operation is marked linearized exactly when it is on the
+//!   explicit stack (and, if determinate, unlinked from the event list); the stack
+//!   depth equals the number of operations marked.
 //! - A search reports "linearizable" only after linearizing every determinate
 //!   operation of the key, and "not linearizable" only after exhausting every
 //!   linearization (modulo the cache); anything else is "unknown".

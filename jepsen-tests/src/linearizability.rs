@@ -2,26 +2,54 @@
 //! linearization (Wing & Gong's search with Lowe's cache), with P-compositionality.
 //!
 //! A history is split into independent [`Partition`]s (one per key). For each, the
-//! call and return events are sorted by time into a doubly linked list. The search
-//! walks the list from its head: at a call event it tries to linearize that
-//! operation now (apply it to the model state); if the model accepts and the pair
-//! (set of linearized operations, new state) has not been explored before, it
-//! pushes the choice on an explicit stack, unlinks the operation's two events and
-//! restarts from the head. Reaching a return event means that operation should
-//! have been linearized already: the search backtracks by popping the last choice,
-//! relinking its events and trying the next call after it. The key is linearizable
-//! when every determinate operation is linearized, and not linearizable when the
-//! stack is empty at a return event.
+//! call and return events of the determinate operations are sorted by time into a
+//! doubly linked list. The search walks the list from its head: at a call event it
+//! tries to linearize that operation now (apply it to the model state); if the
+//! model accepts and the configuration (set of linearized operations, new state)
+//! has not been explored before, it pushes the choice on an explicit stack, unlinks
+//! the operation's two events and restarts from the head. Reaching a return event
+//! (the *frontier*) means that operation should have been linearized already: the
+//! search first tries the indeterminate operations called before the frontier,
+//! then backtracks by popping the last choice, relinking its events and trying the
+//! next candidate after it. The key is linearizable when every determinate
+//! operation is linearized, and not linearizable when the stack is empty at a
+//! return event.
 //!
-//! Indeterminate operations (`return_ns = None`) get a return event after every
-//! determinate one, so they may be linearized anywhere after their call; once only
-//! their returns remain, the search succeeds without them ("never took effect").
+//! Indeterminate operations (`return_ns = None`: `info`, or never completed) may
+//! take effect any time after their call, or never. They never block anything, so
+//! they are kept out of the list; once every determinate operation is linearized,
+//! the rest "never took effect".
+//!
+//! Reductions, each sound (they only skip configurations that another explored
+//! configuration covers) and each checked against a naive search in the tests:
+//! - *Dominance*: a configuration is pruned when one with the same determinate set
+//!   and state but a subset of its indeterminate operations was explored.
+//! - *Classes*: equal indeterminate operations (e.g. timed-out writes of one value)
+//!   are linearized in call order only.
+//! - *Blind operations* ([`Model::is_blind`]) are not tried right after another
+//!   indeterminate operation: the configuration without that one reaches the same
+//!   state.
+//! - *Compact keys*: a cache entry stores the frontier and which of the operations
+//!   open across it are linearized, not one bit per operation of the key.
 //!
 //! For a failing key the report gives the shortest illegal prefix: the search is
-//! exhaustive (modulo states proven equivalent by the cache), so the furthest return
-//! event at which it ever got stuck, R, is the first event of the history after which
-//! no linearization exists: the prefix ending at R is illegal and every shorter
-//! prefix is linearizable (the partial linearization that reached R proves it).
+//! exhaustive (modulo configurations proven equivalent), so the furthest return
+//! event at which it ever got stuck, R, is the first event of the history after
+//! which no linearization exists: no order of the operations called before R, with
+//! their recorded outcomes, linearizes every operation that returned by R, while
+//! every shorter prefix can be (the partial linearization that reached R proves it).
+//!
+//! Cost: the search is exponential in the worst case (checking linearizability is
+//! NP-complete). In practice its cost grows with the number of operations open at
+//! once on a key and with the timed-out operations a key accumulates (each stays a
+//! candidate at every later frontier). Measured on one core (release build) on
+//! generated linearizable register histories: 20 keys, 30 clients, 60,000
+//! operations, 10% timeouts: 0.1 s; 10 clients on one key, 2,000 operations, 10%
+//! timeouts: 0.2-0.4 s; 10 clients on one key, 10,000 operations: under 1 s with
+//! values drawn from 5, about a minute with values drawn from 1,000; 20 clients
+//! on one key for 10,000 operations: not decided in 60 s. Workloads should spread
+//! clients over keys (Jepsen's "independent keys") and keep each key's history to
+//! a few thousand operations.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
