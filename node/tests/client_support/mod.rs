@@ -1,0 +1,174 @@
+//! Helpers for the client's tests against real `cairn` processes: clusters
+//! from `jepsen-tests::cluster` (killed on drop), resources, a recorder
+//! that checks cache callbacks as they arrive, and a bounded runner for the
+//! `cairn` data commands.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cairn_client::{CacheEvent, Client, ClientOptions, ResourceKey};
+use cairn_proto::google::protobuf::Any;
+use cairn_proto::v1::{Id, Resource, Tenancy, Type};
+pub use jepsen_tests::cluster::{Cluster, ClusterOptions};
+use tokio::io::AsyncWriteExt;
+
+pub const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn options(nodes: usize) -> ClusterOptions {
+    ClusterOptions::new(env!("CARGO_BIN_EXE_cairn"), nodes)
+}
+
+pub fn client_options() -> ClientOptions {
+    ClientOptions {
+        request_timeout: Duration::from_secs(15),
+        connect_timeout: Duration::from_millis(500),
+        ..ClientOptions::default()
+    }
+}
+
+pub async fn client_for(endpoints: &[String]) -> Client {
+    Client::connect_with(endpoints, client_options())
+        .await
+        .expect("valid endpoints")
+}
+
+pub fn type_of(kind: &str) -> Type {
+    Type {
+        group: "demo".into(),
+        group_version: "v1".into(),
+        kind: kind.into(),
+    }
+}
+
+pub fn default_tenancy() -> Tenancy {
+    Tenancy {
+        partition: "default".into(),
+        namespace: "default".into(),
+    }
+}
+
+pub fn id(kind: &str, name: &str) -> Id {
+    Id {
+        uid: String::new(),
+        name: name.into(),
+        r#type: Some(type_of(kind)),
+        tenancy: Some(default_tenancy()),
+    }
+}
+
+/// A `demo.v1.KIND` resource with JSON data, to be created (no uid, no version).
+pub fn thing(kind: &str, name: &str, json: &str) -> Resource {
+    Resource {
+        id: Some(id(kind, name)),
+        data: Some(Any {
+            type_url: format!("type.googleapis.com/demo.v1.{kind}"),
+            value: bytes::Bytes::copy_from_slice(json.as_bytes()),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Waits until `condition` holds, polling every 20 ms, at most `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Records cache events and checks, as they arrive, that no key's version
+/// ever goes back or repeats and that every Delete removes what was there.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    inner: Arc<Mutex<RecorderState>>,
+}
+
+#[derive(Default)]
+struct RecorderState {
+    events: usize,
+    last: HashMap<ResourceKey, (u64, bool)>,
+    violations: Vec<String>,
+}
+
+impl Recorder {
+    pub fn callback(&self) -> Box<dyn FnMut(&CacheEvent) + Send> {
+        let inner = self.inner.clone();
+        Box::new(move |event: &CacheEvent| {
+            let mut s = inner.lock().expect("recorder lock");
+            let r = event.resource();
+            let key = ResourceKey::of(r);
+            let version: u64 = r.version.parse().unwrap_or(0);
+            match (event, s.last.get(&key).copied()) {
+                (CacheEvent::Upsert(_), Some((v, _))) if version <= v => {
+                    s.violations.push(format!("{key:?}: upsert of version {version} after {v}"));
+                }
+                (CacheEvent::Delete(_), None) | (CacheEvent::Delete(_), Some((_, true))) => {
+                    s.violations.push(format!("{key:?}: delete of a key not cached"));
+                }
+                (CacheEvent::Delete(_), Some((v, false))) if v != version => {
+                    s.violations.push(format!("{key:?}: delete of version {version}, cached {v}"));
+                }
+                _ => {}
+            }
+            let deleted = matches!(event, CacheEvent::Delete(_));
+            s.last.insert(key, (version, deleted));
+            s.events += 1;
+        })
+    }
+
+    pub fn count(&self) -> usize {
+        self.inner.lock().expect("recorder lock").events
+    }
+
+    pub fn violations(&self) -> Vec<String> {
+        self.inner.lock().expect("recorder lock").violations.clone()
+    }
+}
+
+/// What a `cairn` command did.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `cairn ARGS` with `stdin`, killed if it takes longer than 60 s.
+pub async fn cairn(args: &[&str], stdin: Option<&str>) -> Run {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(args)
+        .env_remove("CAIRN_ENDPOINTS")
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("cairn starts");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin piped");
+        pipe.write_all(text.as_bytes()).await.expect("write stdin");
+        drop(pipe);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("cairn {args:?} did not finish within 60 s"))
+        .expect("cairn output");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
