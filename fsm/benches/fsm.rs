@@ -172,8 +172,8 @@ fn bench_apply(c: &mut Criterion) {
 
     // A CAS update of a 256-byte resource in a 10k table (borrowed command:
     // the store copies the resource once). Only the applies are timed.
-    let (store, mut u) = updates(Limits::default());
     group.bench_function("update_256B_borrowed", |b| {
+        let (store, mut u) = updates(Limits::default());
         b.iter_custom(|iters| {
             let (first, commands) = u.batch(iters);
             let mark = clock.start();
@@ -186,8 +186,8 @@ fn bench_apply(c: &mut Criterion) {
 
     // The same updates applied 64 entries per `Store::batch` (one publish per
     // batch), as the node does with the entries of one Raft apply call.
-    let (store, mut u) = updates(Limits::default());
     group.bench_function("update_256B_batches_of_64", |b| {
+        let (store, mut u) = updates(Limits::default());
         b.iter_custom(|iters| {
             let (first, commands) = u.batch(iters);
             let mark = clock.start();
@@ -203,8 +203,8 @@ fn bench_apply(c: &mut Criterion) {
     });
 
     // The whole path of a log entry: decode the payload, apply it by value.
-    let (store, mut u) = updates(Limits::default());
     group.bench_function("decode_and_apply_owned_256B", |b| {
+        let (store, mut u) = updates(Limits::default());
         b.iter_custom(|iters| {
             let (first, commands) = u.batch(iters);
             let payloads: Vec<Bytes> = commands.iter().map(Command::encode).collect();
@@ -228,13 +228,13 @@ fn bench_apply(c: &mut Criterion) {
 }
 
 fn bench_read(c: &mut Criterion) {
-    let (store, _, _) = populated(Limits::default());
-    let ids: Vec<Id> = (0..TABLE_LEN).map(|i| id("Service", i)).collect();
     let clock = Clock::from_env();
     let mut group = c.benchmark_group("read");
     group.throughput(Throughput::Elements(1));
-    let mut i = 0usize;
+    let ids: Vec<Id> = (0..TABLE_LEN).map(|i| id("Service", i)).collect();
     group.bench_function("point_read_latest_view_10k", |b| {
+        let (store, _, _) = populated(Limits::default());
+        let mut i = 0usize;
         b.iter_custom(|iters| {
             clock.time(iters, || {
                 i = (i + 7919) % ids.len();
@@ -242,8 +242,10 @@ fn bench_read(c: &mut Criterion) {
             })
         })
     });
-    let view = store.view();
     group.bench_function("point_read_held_view_10k", |b| {
+        let (store, _, _) = populated(Limits::default());
+        let view = store.view();
+        let mut i = 0usize;
         b.iter_custom(|iters| {
             clock.time(iters, || {
                 i = (i + 7919) % ids.len();
@@ -254,38 +256,77 @@ fn bench_read(c: &mut Criterion) {
     group.finish();
 }
 
-fn bench_list(c: &mut Criterion) {
-    let (store, _, _) = populated(Limits::default());
-    let t = Type {
+fn services() -> Type {
+    Type {
         group: "catalog".into(),
         group_version: String::new(),
         kind: "Service".into(),
-    };
+    }
+}
+
+fn tenancy(partition: &str, namespace: &str) -> Tenancy {
+    Tenancy {
+        partition: partition.into(),
+        namespace: namespace.into(),
+    }
+}
+
+fn bench_list(c: &mut Criterion) {
     let clock = Clock::from_env();
     let mut group = c.benchmark_group("list");
     group.throughput(Throughput::Elements(TABLE_LEN));
-    let exact = Tenancy {
-        partition: "default".into(),
-        namespace: "default".into(),
-    };
     group.bench_function("list_10k_of_10k", |b| {
+        let (store, _, _) = populated(Limits::default());
+        let exact = tenancy("default", "default");
         b.iter_custom(|iters| {
             clock.time(iters, || {
-                let listed = store.view().list(&t, &exact, "");
+                let listed = store.view().list(&services(), &exact, "");
                 assert_eq!(listed.len() as u64, TABLE_LEN);
                 listed
             })
         })
     });
-    let any = Tenancy {
-        partition: "*".into(),
-        namespace: "*".into(),
-    };
     group.bench_function("list_10k_of_10k_wildcard_tenancy", |b| {
-        b.iter_custom(|iters| clock.time(iters, || store.view().list(&t, &any, "")))
+        let (store, _, _) = populated(Limits::default());
+        let any = tenancy("*", "*");
+        b.iter_custom(|iters| {
+            clock.time(iters, || {
+                let listed = store.view().list(&services(), &any, "");
+                assert_eq!(listed.len() as u64, TABLE_LEN);
+                listed
+            })
+        })
     });
     group.bench_function("snapshot_iterate_10k", |b| {
+        let (store, _, _) = populated(Limits::default());
         b.iter_custom(|iters| clock.time(iters, || store.snapshot().count()))
+    });
+    // Opening a watch and reading its 10k-resource snapshot to EndOfSnapshot.
+    group.bench_function("watch_snapshot_10k", |b| {
+        let (store, _, _) = populated(Limits::default());
+        b.iter_custom(|iters| {
+            clock.time(iters, || {
+                let mut watch = store
+                    .watch(
+                        WatchFilter {
+                            type_: services(),
+                            tenancy: tenancy("default", "*"),
+                            name_prefix: String::new(),
+                        },
+                        0,
+                    )
+                    .expect("watch");
+                let mut n = 0u64;
+                while let Ok(Some(e)) = watch.try_next() {
+                    n += 1;
+                    if e.resource.is_none() {
+                        break;
+                    }
+                }
+                assert_eq!(n, TABLE_LEN + 1);
+                n
+            })
+        })
     });
     group.finish();
 }
@@ -301,32 +342,25 @@ fn bench_fan_out(c: &mut Criterion) {
     let clock = Clock::from_env();
     let mut group = c.benchmark_group("fan_out");
     group.throughput(Throughput::Elements(1));
-    let (store, mut u) = updates(Limits::default());
-    let mut watches: Vec<Watch> = (0..WATCHERS)
-        .map(|_| {
-            store
-                .watch(
-                    WatchFilter {
-                        type_: Type {
-                            group: "catalog".into(),
-                            group_version: String::new(),
-                            kind: "Service".into(),
-                        },
-                        tenancy: Tenancy {
-                            partition: "default".into(),
-                            namespace: "*".into(),
-                        },
-                        name_prefix: "service-".into(),
-                    },
-                    0,
-                )
-                .expect("watch")
-        })
-        .collect();
-    drain(&mut watches);
-    // One write delivered to 1,000 matching watchers. Only the applies are
-    // timed; the watchers are drained between chunks (untimed) so none lags.
+    // One write delivered to 1,000 matching watchers (started from the
+    // current revision: no snapshot). Only the applies are timed; the
+    // watchers are drained between chunks (untimed) so none lags.
     group.bench_function("one_write_to_1000_watchers", |b| {
+        let (store, mut u) = updates(Limits::default());
+        let mut watches: Vec<Watch> = (0..WATCHERS)
+            .map(|_| {
+                store
+                    .watch(
+                        WatchFilter {
+                            type_: services(),
+                            tenancy: tenancy("default", "*"),
+                            name_prefix: "service-".into(),
+                        },
+                        store.applied_index(),
+                    )
+                    .expect("watch")
+            })
+            .collect();
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             let mut left = iters;
@@ -342,9 +376,9 @@ fn bench_fan_out(c: &mut Criterion) {
                 drain(&mut watches);
             }
             total
-        })
+        });
+        assert_eq!(store.watch_count(), WATCHERS, "no watcher lagged");
     });
-    assert_eq!(store.watch_count(), WATCHERS, "no watcher lagged");
     group.finish();
 }
 

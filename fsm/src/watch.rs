@@ -1,7 +1,7 @@
 //! Watches: a lazily iterated snapshot (or a history replay), then live
 //! events through a bounded per-watch buffer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -76,6 +76,9 @@ impl Event {
         }
     }
 }
+
+/// How many snapshot resources a watch fetches per seek into the tree.
+const SNAPSHOT_CHUNK_RESOURCES: usize = 64;
 
 /// Why a watch was closed; set once by the writer before it drops the sender.
 type CloseReason = Arc<OnceLock<String>>;
@@ -177,10 +180,16 @@ impl Registry {
 /// Where a watch is in its stream.
 enum Phase {
     /// Yielding the matching resources of `state` after `cursor`, then
-    /// EndOfSnapshot. Iterated lazily: nothing is copied into the buffer.
+    /// EndOfSnapshot. Iterated lazily, [`SNAPSHOT_CHUNK_RESOURCES`] at a time
+    /// (one tree seek per chunk): nothing is copied into the event buffer.
     Snapshot {
         state: Arc<State>,
+        /// The last key fetched into `ready` (None = start of the scan).
         cursor: Option<Key>,
+        /// Fetched and not yet returned, in key order.
+        ready: VecDeque<Arc<Resource>>,
+        /// Whether the scan reached its end.
+        scanned: bool,
     },
     /// Replaying the matching changes of `history` from sequence `position`.
     Replay { history: History, position: u64 },
@@ -253,6 +262,8 @@ pub(crate) fn register(
         Phase::Snapshot {
             state,
             cursor: None,
+            ready: VecDeque::new(),
+            scanned: false,
         }
     } else {
         let position = history.first_after(start_revision);
@@ -353,29 +364,44 @@ impl Watch {
     /// Advances the snapshot or replay phase; `Ok(None)` once live.
     fn next_local(&mut self) -> Result<Option<Event>, FsmError> {
         match &mut self.phase {
-            Phase::Snapshot { state, cursor } => {
-                let scan_prefix = self.matcher.scan_prefix();
-                let lower = match cursor {
-                    None => Bound::Included(scan_prefix),
-                    Some(k) => Bound::Excluded(&**k),
-                };
-                let found = state
-                    .resources
-                    .range::<_, str>((lower, Bound::Unbounded))
-                    .take_while(|(k, _)| k.starts_with(scan_prefix))
-                    .find(|(k, _)| self.matcher.matches_key(k))
-                    .map(|(k, r)| (k.clone(), r.clone()));
-                let revision = state.revision;
-                match found {
-                    Some((k, r)) => {
-                        *cursor = Some(k);
-                        Ok(Some(Event {
-                            kind: WatchEventKind::Upsert,
-                            resource: Some(r),
-                            revision,
-                        }))
+            Phase::Snapshot {
+                state,
+                cursor,
+                ready,
+                scanned,
+            } => {
+                if ready.is_empty() && !*scanned {
+                    let scan_prefix = self.matcher.scan_prefix();
+                    let lower = match cursor {
+                        None => Bound::Included(scan_prefix),
+                        Some(k) => Bound::Excluded(&**k),
+                    };
+                    let mut last = None;
+                    let mut scan = state
+                        .resources
+                        .range::<_, str>((lower, Bound::Unbounded))
+                        .take_while(|(k, _)| k.starts_with(scan_prefix))
+                        .filter(|(k, _)| self.matcher.matches_key(k));
+                    for (k, r) in scan.by_ref().take(SNAPSHOT_CHUNK_RESOURCES) {
+                        ready.push_back(r.clone());
+                        last = Some(k);
                     }
+                    match last {
+                        Some(k) if ready.len() == SNAPSHOT_CHUNK_RESOURCES => {
+                            *cursor = Some(k.clone())
+                        }
+                        _ => *scanned = true,
+                    }
+                }
+                let revision = state.revision;
+                match ready.pop_front() {
+                    Some(r) => Ok(Some(Event {
+                        kind: WatchEventKind::Upsert,
+                        resource: Some(r),
+                        revision,
+                    })),
                     None => {
+                        assert!(*scanned, "an empty chunk ends the scan");
                         self.phase = Phase::Live;
                         Ok(Some(Event {
                             kind: WatchEventKind::EndOfSnapshot,

@@ -1257,3 +1257,61 @@ fn a_batch_is_invisible_until_it_ends_and_then_sends_its_events_in_order() {
     );
     assert_eq!(store.view_at(1).unwrap().read(&id("u", "a")).unwrap(), a);
 }
+
+#[test]
+fn a_snapshot_larger_than_one_fetch_is_delivered_completely_in_order() {
+    // Snapshots are fetched in chunks; every matching resource comes exactly once.
+    let mut log = Log::new();
+    for i in 0..300 {
+        let tenancy_name = if i % 3 == 0 { "other" } else { "default" };
+        log.put(resource(
+            full_id(
+                "u",
+                &format!("n{i:03}"),
+                services(),
+                tenancy("default", tenancy_name),
+            ),
+            "",
+        ));
+    }
+    for exact in [true, false] {
+        let ten = if exact {
+            tenancy("default", "default")
+        } else {
+            tenancy("*", "default")
+        };
+        let mut watch = log.store.watch(filter(services(), ten, "n"), 0).unwrap();
+        let (events, closed) = drain(&mut watch);
+        assert!(closed.is_none());
+        let names: Vec<String> = events[..events.len() - 1]
+            .iter()
+            .map(|e| {
+                e.resource
+                    .as_ref()
+                    .unwrap()
+                    .id
+                    .as_ref()
+                    .unwrap()
+                    .name
+                    .clone()
+            })
+            .collect();
+        let expected: Vec<String> = (0..300)
+            .filter(|i| i % 3 != 0)
+            .map(|i| format!("n{i:03}"))
+            .collect();
+        assert_eq!(names, expected);
+        assert_eq!(events.last().unwrap().kind, WatchEventKind::EndOfSnapshot);
+    }
+    // Exactly a multiple of the chunk: 128 matches.
+    let mut log = Log::new();
+    for i in 0..128 {
+        log.put(resource(id("u", &format!("m{i:03}")), ""));
+    }
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    let (events, _) = drain(&mut watch);
+    assert_eq!(events.len(), 129);
+}
