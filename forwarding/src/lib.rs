@@ -1,1 +1,85 @@
-//! (being built; see docs/architecture.md)
+//! # cairn-forwarding — followers forward to the leader
+//!
+//! **Purpose.** Everything between a request arriving on any node and the
+//! node that can answer it:
+//! - [`Handle`]: the narrow interface to the host's Raft (apply a command and
+//!   wait for its result, am I the leader, ensure strong consistency, the
+//!   leader hint, the local [`cairn_fsm::Store`]). The node implements it over
+//!   openraft; the tests implement it with an in-process leader and follower.
+//! - [`Executor`]: the ONE place where requests are validated and executed on
+//!   this node (reads, lists, writes, deletes, ListByOwner, watches). The
+//!   node's `ResourceService`, the leader's local path and the
+//!   [`ForwardingServer`] all go through it.
+//! - [`LeaderChannel`]: one cached tonic channel to the leader's peer address.
+//! - [`ForwardingServer`]: the `ForwardingService` on the peer port.
+//! - [`Forwarder`]: the client-facing router: eventual reads, eventual lists,
+//!   ListByOwner and watches are local; writes, deletes, strong reads and
+//!   strong lists run locally on the leader and are forwarded to it from a
+//!   follower, with retries across leader changes inside the request deadline.
+//!
+//! **What it must not do.** Hold any rule of the contract (they live in
+//! `cairn-fsm`); know openraft; map an error to a gRPC code anywhere but
+//! through `cairn_proto::error::ApiError`; forward twice (a forwarded request
+//! is served by the receiver or refused with NotLeader); retry a write or
+//! delete unless that attempt certainly did not apply; answer a client with a
+//! raw transport error.
+//!
+//! **Concurrency model.** Everything is `Send + Sync` and shared behind `Arc`s
+//! by the tonic servers' tasks. [`LeaderChannel`] keeps its target and cached
+//! channel under a short `parking_lot` mutex that is never held across an
+//! `.await`; dialling is serialised by one `tokio` mutex so that concurrent
+//! callers share one dial. The host calls [`LeaderChannel::leader_changed`]
+//! from its own task whenever its Raft metrics name a new leader; that call
+//! never blocks on a dial in progress (a dial that finishes for a leader that
+//! is no longer the target is discarded).
+//!
+//! ## Error kinds on the forwarding path
+//!
+//! | what happened                                         | kind the client gets |
+//! |-------------------------------------------------------|----------------------|
+//! | the leader answered (any kind)                        | that kind, intact    |
+//! | no leader known / leader unreachable until the deadline (nothing sent) | Unavailable |
+//! | request sent, connection lost or no answer in time    | Inconsistent (a write's outcome is unknown) |
+//!
+//! Unavailable therefore always means "certainly not applied, retry here or
+//! elsewhere", and Inconsistent on a write means "may have applied" — the
+//! rules `cairn-client` relies on (see the `cairn-proto` error table).
+//!
+//! ## Invariants
+//! - A [`LeaderChannel`] never targets this node: a hint naming this node's id
+//!   or peer address is "no leader" (checked when the target is set and
+//!   asserted again just before every dial).
+//! - At most one dial is in flight per [`LeaderChannel`]; the cached channel
+//!   always belongs to the current target, or is absent.
+//! - A forwarded write or delete is sent again only after an attempt that
+//!   certainly did not apply (nothing was sent, or the receiver refused with
+//!   NotLeader/Unavailable, which by the [`Handle`] contract it does only
+//!   before proposing). Every other failure of a sent write ends the request.
+//! - [`ForwardingServer`] never forwards: it executes on its own node or
+//!   answers NotLeader with its current hint.
+//! - A strong read or list is served only after
+//!   [`Handle::ensure_strong_consistency`] succeeded on the serving node, and
+//!   then from a view at least as new as the index it returned (asserted).
+//! - Every request is validated on the node that receives it and again on
+//!   the node that executes it.
+
+#![forbid(unsafe_code)]
+
+mod channel;
+mod error;
+mod executor;
+mod forwarder;
+mod handle;
+pub mod metrics;
+mod server;
+
+pub use channel::{LeaderChannel, LeaderChannelOptions, Target};
+pub use error::ForwardError;
+pub use executor::{Executor, WatchStream};
+pub use forwarder::{Forwarder, ForwarderOptions};
+pub use handle::Handle;
+pub use server::{bounded_timeout, caller_timeout, ForwardingServer};
+
+/// Largest forwarded message, sent or received (a strong list can be large;
+/// the node's client port accepts the same).
+pub const FORWARD_MESSAGE_BYTES_MAX: usize = 32 * 1024 * 1024;

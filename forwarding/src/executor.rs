@@ -1,0 +1,300 @@
+//! [`Executor`]: the one place where a request is validated and executed on
+//! this node. It never forwards: the [`crate::Forwarder`] decides where a
+//! request runs, the [`crate::ForwardingServer`] runs what a follower sent.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cairn_fsm::{Applied, Command, View, WatchFilter};
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::{self as pb, Consistency};
+use futures::Stream;
+
+use crate::handle::Handle;
+
+/// The watch stream served to clients: events, then at most one error
+/// (WatchClosed, Compacted), after which the stream ends.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, tonic::Status>> + Send>>;
+
+/// Validates and executes requests against this node's [`Handle`].
+pub struct Executor<H> {
+    handle: Arc<H>,
+}
+
+impl<H> Clone for Executor<H> {
+    fn clone(&self) -> Self {
+        Executor {
+            handle: self.handle.clone(),
+        }
+    }
+}
+
+/// The consistency a request asked for; an unknown value is InvalidArgument
+/// naming the field.
+fn consistency(value: i32) -> Result<Consistency, ApiError> {
+    Consistency::try_from(value).map_err(|_| {
+        ApiError::invalid(
+            "consistency",
+            format!("unknown consistency value {value} (0 = eventual, 1 = strong)"),
+        )
+    })
+}
+
+impl<H: Handle> Executor<H> {
+    pub fn new(handle: Arc<H>) -> Executor<H> {
+        Executor { handle }
+    }
+
+    pub fn handle(&self) -> &Arc<H> {
+        &self.handle
+    }
+
+    fn limits(&self) -> &cairn_fsm::Limits {
+        self.handle.store().limits()
+    }
+
+    // ---- validation: pure, run on the receiving node and again on the executing one.
+
+    /// Validates a read; returns the consistency it asks for.
+    pub fn check_read(&self, r: &pb::ReadRequest) -> Result<Consistency, ApiError> {
+        let consistency = consistency(r.consistency)?;
+        let id =
+            r.id.as_ref()
+                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        cairn_fsm::validate_id("id", id, self.limits())?;
+        Ok(consistency)
+    }
+
+    /// Validates a write (the resource as the store will check it).
+    pub fn check_write(&self, r: &pb::WriteRequest) -> Result<(), ApiError> {
+        let resource = r
+            .resource
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
+        cairn_fsm::validate_write(resource, self.limits())?;
+        Ok(())
+    }
+
+    /// Validates a delete.
+    pub fn check_delete(&self, r: &pb::DeleteRequest) -> Result<(), ApiError> {
+        let id =
+            r.id.as_ref()
+                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        cairn_fsm::validate_id("id", id, self.limits())?;
+        if r.version.len() > self.limits().name_bytes_max {
+            return Err(ApiError::invalid(
+                "version",
+                format!(
+                    "is {} bytes, more than the limit of {}",
+                    r.version.len(),
+                    self.limits().name_bytes_max
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validates a list; returns the consistency it asks for.
+    pub fn check_list(&self, r: &pb::ListRequest) -> Result<Consistency, ApiError> {
+        let consistency = consistency(r.consistency)?;
+        let type_ = r
+            .r#type
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+        let tenancy = r.tenancy.clone().unwrap_or_default();
+        cairn_fsm::validate_list(type_, &tenancy, &r.name_prefix, self.limits())?;
+        Ok(consistency)
+    }
+
+    // ---- execution on this node.
+
+    /// Validates, then reads here: a strong read first ensures strong
+    /// consistency on this node (NotLeader on a follower).
+    pub async fn read(&self, r: pb::ReadRequest) -> Result<pb::ReadResponse, ApiError> {
+        let consistency = self.check_read(&r)?;
+        self.read_checked(r, consistency).await
+    }
+
+    /// Validates, then writes through this node's Raft; NotLeader on a follower.
+    pub async fn write(&self, r: pb::WriteRequest) -> Result<pb::WriteResponse, ApiError> {
+        self.check_write(&r)?;
+        self.write_checked(r).await
+    }
+
+    /// Validates, then deletes through this node's Raft; NotLeader on a follower.
+    pub async fn delete(&self, r: pb::DeleteRequest) -> Result<pb::DeleteResponse, ApiError> {
+        self.check_delete(&r)?;
+        self.delete_checked(r).await
+    }
+
+    /// Validates, then lists here: a strong list first ensures strong
+    /// consistency on this node (NotLeader on a follower).
+    pub async fn list(&self, r: pb::ListRequest) -> Result<pb::ListResponse, ApiError> {
+        let consistency = self.check_list(&r)?;
+        self.list_checked(r, consistency).await
+    }
+
+    /// The view a request reads: for a strong request, after this node
+    /// confirmed its leadership and caught up.
+    async fn view_for(&self, consistency: Consistency, revision: u64) -> Result<View, ApiError> {
+        let confirmed_index = match consistency {
+            Consistency::Strong => Some(self.handle.ensure_strong_consistency().await?),
+            Consistency::Eventual => None,
+        };
+        let view = self.handle.store().view_at(revision)?;
+        if let (Some(index), 0) = (confirmed_index, revision) {
+            // The Handle contract: the store has applied at least the index
+            // returned, so the latest view reflects every acknowledged write.
+            assert!(
+                view.revision() >= index,
+                "strong read at revision {} below the confirmed index {index}",
+                view.revision()
+            );
+        }
+        Ok(view)
+    }
+
+    pub(crate) async fn read_checked(
+        &self,
+        r: pb::ReadRequest,
+        consistency: Consistency,
+    ) -> Result<pb::ReadResponse, ApiError> {
+        let view = self.view_for(consistency, r.revision).await?;
+        let id =
+            r.id.as_ref()
+                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        let resource = view.read(id)?;
+        Ok(pb::ReadResponse {
+            resource: Some((*resource).clone()),
+            revision: view.revision(),
+        })
+    }
+
+    pub(crate) async fn list_checked(
+        &self,
+        r: pb::ListRequest,
+        consistency: Consistency,
+    ) -> Result<pb::ListResponse, ApiError> {
+        let view = self.view_for(consistency, r.revision).await?;
+        let type_ = r
+            .r#type
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+        let tenancy = r.tenancy.unwrap_or_default();
+        let resources = view
+            .list(type_, &tenancy, &r.name_prefix)
+            .into_iter()
+            .map(|r| (*r).clone())
+            .collect();
+        Ok(pb::ListResponse {
+            resources,
+            revision: view.revision(),
+        })
+    }
+
+    /// Refuses, before proposing anything, on a node that does not lead: the
+    /// answer a follower's forwarder may safely retry elsewhere.
+    fn require_leader(&self) -> Result<(), ApiError> {
+        if self.handle.is_leader() {
+            Ok(())
+        } else {
+            Err(ApiError::NotLeader {
+                hint: self.handle.leader(),
+            })
+        }
+    }
+
+    pub(crate) async fn write_checked(
+        &self,
+        r: pb::WriteRequest,
+    ) -> Result<pb::WriteResponse, ApiError> {
+        self.require_leader()?;
+        let resource = r
+            .resource
+            .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
+        match self.handle.apply(Command::Write { resource }).await? {
+            (index, Applied::Written(resource)) => {
+                assert_eq!(
+                    resource.version,
+                    index.to_string(),
+                    "a written resource's version is its entry's index"
+                );
+                Ok(pb::WriteResponse {
+                    resource: Some((*resource).clone()),
+                })
+            }
+            (index, other) => Err(ApiError::Internal(format!(
+                "write at index {index} applied as {other:?}"
+            ))),
+        }
+    }
+
+    pub(crate) async fn delete_checked(
+        &self,
+        r: pb::DeleteRequest,
+    ) -> Result<pb::DeleteResponse, ApiError> {
+        self.require_leader()?;
+        let id = r.id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        match self
+            .handle
+            .apply(Command::Delete {
+                id,
+                version: r.version,
+            })
+            .await?
+        {
+            (index, Applied::Deleted { .. }) => {
+                assert!(index > 0, "a delete entry has a log index");
+                Ok(pb::DeleteResponse { revision: index })
+            }
+            (index, other) => Err(ApiError::Internal(format!(
+                "delete at index {index} applied as {other:?}"
+            ))),
+        }
+    }
+
+    /// ListByOwner: always local (contract section 3).
+    pub fn list_by_owner(
+        &self,
+        r: pb::ListByOwnerRequest,
+    ) -> Result<pb::ListByOwnerResponse, ApiError> {
+        let owner = r
+            .owner
+            .ok_or_else(|| ApiError::invalid("owner", "is required"))?;
+        cairn_fsm::validate_id("owner", &owner, self.limits())?;
+        let view = self.handle.store().view();
+        let resources = view
+            .list_by_owner(&owner)
+            .into_iter()
+            .map(|r| (*r).clone())
+            .collect();
+        Ok(pb::ListByOwnerResponse {
+            resources,
+            revision: view.revision(),
+        })
+    }
+
+    /// WatchList: always local. The stream yields the fsm's events and ends
+    /// after the first error (WatchClosed, Compacted).
+    pub fn watch(&self, r: pb::WatchListRequest) -> Result<WatchStream, ApiError> {
+        let type_ = r
+            .r#type
+            .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+        let tenancy = r.tenancy.unwrap_or_default();
+        cairn_fsm::validate_list(&type_, &tenancy, &r.name_prefix, self.limits())?;
+        let filter = WatchFilter {
+            type_,
+            tenancy,
+            name_prefix: r.name_prefix,
+        };
+        let watch = self.handle.store().watch(filter, r.start_revision)?;
+        let stream = futures::stream::unfold(Some(watch), |state| async move {
+            let mut watch = state?;
+            match watch.next().await {
+                Ok(event) => Some((Ok(event.to_proto()), Some(watch))),
+                Err(e) => Some((Err(tonic::Status::from(ApiError::from(e))), None)),
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}

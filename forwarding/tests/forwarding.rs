@@ -1,0 +1,792 @@
+//! Forwarding over real tonic on loopback, with an in-process leader and
+//! lagging followers (see `support`): what is forwarded and what stays local,
+//! error kinds crossing the hop, the lagging-follower rules of the contract,
+//! the retry rules, and the cached leader channel.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use cairn_forwarding::metrics as names;
+use cairn_forwarding::Target;
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
+use cairn_proto::v1::*;
+use support::*;
+use tokio::time::Instant;
+
+fn short_deadline(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+/// Asserts two outcomes are the same error, and that the error survives
+/// the follower's own hop to its client (ApiError -> Status -> ApiError).
+fn assert_same_error<T: std::fmt::Debug>(
+    via_follower: Result<T, ApiError>,
+    via_leader: Result<T, ApiError>,
+) -> ApiError {
+    let follower = via_follower.expect_err("the follower's answer is an error");
+    let leader = via_leader.expect_err("the leader's answer is an error");
+    assert_eq!(
+        follower, leader,
+        "the kind and details cross the hop intact"
+    );
+    let status = tonic::Status::from(follower.clone());
+    assert_eq!(ApiError::from_status(&status), follower);
+    follower
+}
+
+async fn raw_client(address: &str) -> ForwardingServiceClient<tonic::transport::Channel> {
+    ForwardingServiceClient::connect(format!("http://{address}"))
+        .await
+        .expect("connect to a harness node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_forwards_writes_deletes_strong_reads_and_strong_lists() {
+    // Every mutating or strong request sent to a follower runs on the leader;
+    // the follower never proposes anything itself.
+    let h = Harness::start(2).await;
+    let f = &h.node(2).forwarder;
+    let written = f
+        .write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap()
+        .resource
+        .unwrap();
+    assert_eq!(written.version, "1");
+    let read = f
+        .read(read_request(id("a", ""), Consistency::Strong), deadline())
+        .await
+        .unwrap();
+    assert_eq!(read.resource.unwrap().version, "1");
+    assert!(read.revision >= 1);
+    let listed = f
+        .list(list_request(Consistency::Strong), deadline())
+        .await
+        .unwrap();
+    assert_eq!(listed.resources.len(), 1);
+    let deleted = f
+        .delete(
+            DeleteRequest {
+                id: Some(id("a", "u1")),
+                version: "1".into(),
+            },
+            deadline(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.revision, 2);
+    let gone = f
+        .read(read_request(id("a", ""), Consistency::Strong), deadline())
+        .await;
+    assert_eq!(gone.unwrap_err(), ApiError::NotFound);
+    assert_eq!(h.apply_calls(2), 0, "the follower never applied locally");
+    assert_eq!(h.proposed(), 2);
+    assert_eq!(h.node(2).channel.dial_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_serves_its_own_requests_without_dialling() {
+    // On the leader every request runs locally: no channel, no dial.
+    let h = Harness::start(2).await;
+    let f = &h.node(1).forwarder;
+    f.write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    f.read(read_request(id("a", ""), Consistency::Strong), deadline())
+        .await
+        .unwrap();
+    f.list(list_request(Consistency::Strong), deadline())
+        .await
+        .unwrap();
+    assert_eq!(h.node(1).channel.dial_count(), 0);
+    assert_eq!(h.node(1).channel.target(), None, "never points at itself");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventual_requests_stay_local_even_without_a_reachable_leader() {
+    // Eventual reads and lists, ListByOwner and watches are served by the
+    // follower from its own replica, with the leader's server gone.
+    let mut h = Harness::start(2).await;
+    h.node(1)
+        .forwarder
+        .write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    h.stop_server(1).await;
+    let f = &h.node(2).forwarder;
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        match f
+            .read(read_request(id("a", ""), Consistency::Eventual), deadline())
+            .await
+        {
+            Ok(r) => {
+                assert_eq!(r.resource.unwrap().version, "1");
+                break;
+            }
+            Err(ApiError::NotFound) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("eventual read: {e}"),
+        }
+    }
+    let listed = f
+        .list(list_request(Consistency::Eventual), deadline())
+        .await
+        .unwrap();
+    assert_eq!(listed.resources.len(), 1);
+    let owned = f
+        .list_by_owner(ListByOwnerRequest {
+            owner: Some(id("owner", "u9")),
+        })
+        .unwrap();
+    assert!(owned.resources.is_empty());
+    let _watch = f
+        .watch(WatchListRequest {
+            r#type: Some(thing_type()),
+            tenancy: Some(tenancy()),
+            name_prefix: String::new(),
+            start_revision: 0,
+        })
+        .unwrap();
+    assert_eq!(h.node(2).channel.dial_count(), 0, "nothing was forwarded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_kind_crosses_the_hop_intact() {
+    // Each contract kind the leader answers reaches the follower's caller
+    // with its kind and details, equal to the leader's own answer.
+    let limits = cairn_fsm::Limits {
+        history_changes_max: 2,
+        ..Default::default()
+    };
+    let h = Harness::start_with(2, limits).await;
+    let leader = &h.node(1).forwarder;
+    let follower = &h.node(2).forwarder;
+    let stored = leader
+        .write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap()
+        .resource
+        .unwrap();
+
+    // NotFound.
+    let missing = read_request(id("nope", ""), Consistency::Strong);
+    let e = assert_same_error(
+        follower.read(missing.clone(), deadline()).await,
+        leader.read(missing, deadline()).await,
+    );
+    assert_eq!(e, ApiError::NotFound);
+
+    // CasFailure (the follower's attempt is refused, so the leader's is too).
+    let stale = write_request(thing("a", "u1", "999", b"2"));
+    let e = assert_same_error(
+        follower.write(stale.clone(), deadline()).await,
+        leader.write(stale, deadline()).await,
+    );
+    assert!(matches!(e, ApiError::CasFailure(_)), "{e:?}");
+
+    // WrongUid.
+    let other_life = write_request(thing("a", "u2", &stored.version, b"2"));
+    let e = assert_same_error(
+        follower.write(other_life.clone(), deadline()).await,
+        leader.write(other_life, deadline()).await,
+    );
+    assert!(matches!(e, ApiError::WrongUid(_)), "{e:?}");
+
+    // GroupVersionMismatch with the requested type and the stored resource.
+    let mut v2 = id("a", "");
+    v2.r#type.as_mut().unwrap().group_version = "v2".into();
+    let e = assert_same_error(
+        follower
+            .read(read_request(v2.clone(), Consistency::Strong), deadline())
+            .await,
+        leader
+            .read(read_request(v2, Consistency::Strong), deadline())
+            .await,
+    );
+    match e {
+        ApiError::GroupVersionMismatch {
+            requested,
+            stored: s,
+        } => {
+            assert_eq!(requested.group_version, "v2");
+            assert_eq!(*s, stored);
+        }
+        other => panic!("expected GroupVersionMismatch, got {other:?}"),
+    }
+
+    // Compacted, with the oldest retained revision.
+    for i in 0..4 {
+        leader
+            .write(
+                write_request(thing(&format!("c{i}"), "u1", "", b"x")),
+                deadline(),
+            )
+            .await
+            .unwrap();
+    }
+    let mut old = read_request(id("a", ""), Consistency::Strong);
+    old.revision = 1;
+    let e = assert_same_error(
+        follower.read(old.clone(), deadline()).await,
+        leader.read(old, deadline()).await,
+    );
+    assert!(
+        matches!(e, ApiError::Compacted { oldest_retained_revision } if oldest_retained_revision > 1),
+        "{e:?}"
+    );
+
+    // Inconsistent from the leader's consistency check (a verdict, not retried).
+    let inconsistent = ApiError::Inconsistent("leadership not confirmed by a quorum".into());
+    h.faults(1, |f| f.consistency_error = Some(inconsistent.clone()));
+    let via = follower
+        .read(read_request(id("a", ""), Consistency::Strong), deadline())
+        .await;
+    h.faults(1, |f| f.consistency_error = Some(inconsistent.clone()));
+    let direct = leader
+        .read(read_request(id("a", ""), Consistency::Strong), deadline())
+        .await;
+    assert_eq!(assert_same_error(via, direct), inconsistent);
+
+    // InvalidArgument naming its field, and Internal, answered by the leader's apply.
+    for injected in [
+        ApiError::invalid("resource.data", "rejected by the leader"),
+        ApiError::Internal("a bug".into()),
+        ApiError::Inconsistent("lost leadership after proposing".into()),
+    ] {
+        let calls = h.apply_calls(1);
+        h.faults(1, |f| f.apply_error = Some(injected.clone()));
+        let via = follower
+            .write(write_request(thing("z", "u1", "", b"z")), deadline())
+            .await;
+        assert_eq!(h.apply_calls(1), calls + 1, "not retried: {injected:?}");
+        h.faults(1, |f| f.apply_error = Some(injected.clone()));
+        let direct = leader
+            .write(write_request(thing("z", "u1", "", b"z")), deadline())
+            .await;
+        assert_eq!(assert_same_error(via, direct), injected);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_forwarding_server_never_forwards_and_refuses_with_its_hint() {
+    // A follower's ForwardingService answers NotLeader naming the leader,
+    // proposes nothing, and validates what it receives.
+    let h = Harness::start(2).await;
+    let mut c = raw_client(&h.node(2).peer_address).await;
+    let status = c
+        .write(write_request(thing("a", "u1", "", b"1")))
+        .await
+        .unwrap_err();
+    match ApiError::from_status(&status) {
+        ApiError::NotLeader { hint } => {
+            assert_eq!(hint.leader_id, Some(1));
+            assert_eq!(
+                hint.peer_address.as_deref(),
+                Some(h.node(1).peer_address.as_str())
+            );
+        }
+        other => panic!("expected NotLeader, got {other:?}"),
+    }
+    let status = c
+        .read(read_request(id("a", ""), Consistency::Strong))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        ApiError::from_status(&status),
+        ApiError::NotLeader { .. }
+    ));
+    assert_eq!(h.proposed(), 0);
+    assert_eq!(
+        h.node(2).channel.dial_count(),
+        0,
+        "the server never forwards"
+    );
+
+    // The leader's server validates again: a malformed request names its field.
+    let mut l = raw_client(&h.node(1).peer_address).await;
+    let status = l
+        .write(write_request(thing("", "u1", "", b"1")))
+        .await
+        .unwrap_err();
+    match ApiError::from_status(&status) {
+        ApiError::InvalidArgument { field, .. } => assert_eq!(field, "resource.id.name"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    let status = l
+        .read(ReadRequest {
+            id: Some(id("a", "")),
+            consistency: 7,
+            revision: 0,
+        })
+        .await
+        .unwrap_err();
+    match ApiError::from_status(&status) {
+        ApiError::InvalidArgument { field, .. } => assert_eq!(field, "consistency"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert_eq!(h.proposed(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_follower_serves_strong_reads_of_every_acknowledged_write() {
+    // Writes acknowledged by the leader are visible at once to strong reads
+    // and strong lists on a follower whose replica lags 0-50 ms; its eventual
+    // reads may lag (counted) but catch up.
+    let h = Harness::start(2).await;
+    let leader = &h.node(1).forwarder;
+    let follower = &h.node(2).forwarder;
+    let mut lagged = 0;
+    for i in 0..60 {
+        let name = format!("r{i:02}");
+        let written = leader
+            .write(write_request(thing(&name, "u1", "", b"x")), deadline())
+            .await
+            .unwrap()
+            .resource
+            .unwrap();
+        if follower
+            .read(
+                read_request(id(&name, ""), Consistency::Eventual),
+                deadline(),
+            )
+            .await
+            .is_err()
+        {
+            lagged += 1;
+        }
+        let strong = follower
+            .read(read_request(id(&name, ""), Consistency::Strong), deadline())
+            .await
+            .unwrap();
+        assert_eq!(strong.resource.unwrap().version, written.version);
+        let listed = follower
+            .list(list_request(Consistency::Strong), deadline())
+            .await
+            .unwrap();
+        assert_eq!(listed.resources.len(), i + 1);
+    }
+    println!("eventual reads on the follower that lagged: {lagged}/60");
+    assert!(
+        lagged > 0,
+        "the follower never lagged: the harness is not lagging"
+    );
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let eventual = follower
+            .list(list_request(Consistency::Eventual), deadline())
+            .await
+            .unwrap();
+        if eventual.resources.len() == 60 {
+            break;
+        }
+        assert!(Instant::now() < until, "the follower never caught up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventual_reads_on_a_follower_never_go_backwards() {
+    // While one key is updated 80 times, a follower's eventual reads see
+    // versions that never decrease, and end at the last one.
+    let h = Harness::start(2).await;
+    let leader = h.node(1).forwarder.clone();
+    let follower = h.node(2).forwarder.clone();
+    let writer = tokio::spawn(async move {
+        let mut version = String::new();
+        for i in 0..80u32 {
+            let r = leader
+                .write(
+                    write_request(thing("k", "u1", &version, &i.to_be_bytes())),
+                    deadline(),
+                )
+                .await
+                .unwrap()
+                .resource
+                .unwrap();
+            version = r.version;
+        }
+        version
+    });
+    let mut seen = 0u64;
+    let mut reads = 0;
+    while !writer.is_finished() {
+        if let Ok(r) = follower
+            .read(read_request(id("k", ""), Consistency::Eventual), deadline())
+            .await
+        {
+            let v: u64 = r.resource.unwrap().version.parse().unwrap();
+            assert!(v >= seen, "version went back from {seen} to {v}");
+            seen = v;
+            reads += 1;
+        }
+        tokio::task::yield_now().await;
+    }
+    let last: u64 = writer.await.unwrap().parse().unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    while seen < last {
+        assert!(
+            Instant::now() < until,
+            "the follower stopped at {seen} < {last}"
+        );
+        let r = follower
+            .read(read_request(id("k", ""), Consistency::Eventual), deadline())
+            .await
+            .unwrap();
+        let v: u64 = r.resource.unwrap().version.parse().unwrap();
+        assert!(v >= seen);
+        seen = v;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(reads > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_watch_sends_only_state_the_follower_already_holds() {
+    // A watch on a lagging follower: one snapshot and one EndOfSnapshot, then
+    // live events; together every write exactly once, and after each event
+    // an eventual read on the follower returns that event's resource.
+    let h = Harness::start(2).await;
+    let leader = &h.node(1).forwarder;
+    let follower = &h.node(2).forwarder;
+    for i in 0..10 {
+        leader
+            .write(
+                write_request(thing(&format!("w{i:02}"), "u1", "", b"x")),
+                deadline(),
+            )
+            .await
+            .unwrap();
+    }
+    // Opened while the follower may still be applying the first ten.
+    let mut watch = follower
+        .watch(WatchListRequest {
+            r#type: Some(thing_type()),
+            tenancy: Some(tenancy()),
+            name_prefix: "w".into(),
+            start_revision: 0,
+        })
+        .unwrap();
+    for i in 10..20 {
+        leader
+            .write(
+                write_request(thing(&format!("w{i:02}"), "u1", "", b"x")),
+                deadline(),
+            )
+            .await
+            .unwrap();
+    }
+    use futures::StreamExt;
+    let mut names = BTreeSet::new();
+    let mut in_snapshot = true;
+    let mut snapshot_len = 0;
+    while names.len() < 20 {
+        let event = tokio::time::timeout(Duration::from_secs(2), watch.next())
+            .await
+            .expect("an event within 2 s")
+            .expect("the stream stays open")
+            .expect("no watch error");
+        match event.event.unwrap() {
+            watch_event::Event::Upsert(u) => {
+                let r = u.resource.unwrap();
+                let name = r.id.clone().unwrap().name;
+                assert!(names.insert(name.clone()), "{name} delivered twice");
+                if in_snapshot {
+                    snapshot_len += 1;
+                }
+                let local = follower
+                    .read(
+                        read_request(id(&name, ""), Consistency::Eventual),
+                        deadline(),
+                    )
+                    .await
+                    .expect("the follower holds what it announced");
+                assert_eq!(local.resource.unwrap().version, r.version);
+            }
+            watch_event::Event::EndOfSnapshot(_) => {
+                assert!(in_snapshot, "exactly one EndOfSnapshot");
+                in_snapshot = false;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert!(!in_snapshot, "EndOfSnapshot came");
+    println!("follower watch: {snapshot_len} of 20 in the snapshot");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_forwarded_calls_share_one_dial() {
+    // 64 concurrent forwarded writes dial the leader once and reuse that channel.
+    let h = Harness::start(2).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let f = h.node(2).forwarder.clone();
+        tasks.spawn(async move {
+            f.write(
+                write_request(thing(&format!("c{i}"), "u1", "", b"x")),
+                deadline(),
+            )
+            .await
+            .unwrap();
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let channel = &h.node(2).channel;
+    assert_eq!(channel.dial_count(), 1);
+    assert_eq!(channel.cached_target().unwrap().leader_id, 1);
+    assert_eq!(h.proposed(), 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_drops_the_channel_and_the_next_call_dials_the_new_leader() {
+    // The host's leader-change hook resets the cached channel; the next call
+    // dials the new leader once, and later calls reuse it.
+    let h = Harness::start(3).await;
+    let f = &h.node(2).forwarder;
+    let channel = &h.node(2).channel;
+    f.write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    assert_eq!(channel.cached_target().unwrap().leader_id, 1);
+    h.elect(3);
+    assert_eq!(channel.cached_target(), None, "reset by the hook");
+    assert_eq!(channel.target().unwrap().leader_id, 3);
+    for i in 0..5 {
+        f.write(
+            write_request(thing(&format!("b{i}"), "u1", "", b"1")),
+            deadline(),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(channel.dial_count(), 2, "one dial per leader");
+    assert_eq!(channel.cached_target().unwrap().leader_id, 3);
+    // The new leader itself never points at itself and serves locally.
+    assert_eq!(h.node(3).channel.target(), None);
+    h.node(3)
+        .forwarder
+        .write(write_request(thing("c", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    assert_eq!(h.node(3).channel.dial_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_leader_answer_with_a_newer_hint_redials_the_named_leader() {
+    // The follower's own view is stale (it still names node 1); node 1
+    // refuses with a hint naming node 3, and the call goes there at once.
+    let h = Harness::start(3).await;
+    let f = &h.node(2).forwarder;
+    f.write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    h.set_view(2, Some(h.leader_hint()));
+    h.elect_silently(3);
+    let before = h.proposed();
+    let started = Instant::now();
+    f.write(write_request(thing("b", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(h.proposed(), before + 1, "applied once, by the new leader");
+    let channel = &h.node(2).channel;
+    assert_eq!(channel.dial_count(), 2);
+    assert_eq!(
+        channel.cached_target(),
+        Some(Target {
+            leader_id: 3,
+            peer_address: h.node(3).peer_address.clone()
+        })
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_certainly_did_not_apply_is_retried_across_a_leader_change() {
+    // The leader's port refuses connections (nothing is sent); when node 3 is
+    // elected 300 ms later the same write goes there and applies once.
+    let mut h = Harness::start(3).await;
+    h.stop_server(1).await;
+    let sim_leader_change = {
+        let f = h.node(2).forwarder.clone();
+        tokio::spawn(async move {
+            f.write(write_request(thing("a", "u1", "", b"1")), deadline())
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(h.proposed(), 0);
+    h.elect(3);
+    let written = sim_leader_change.await.unwrap().unwrap().resource.unwrap();
+    assert_eq!(written.version, "1");
+    assert_eq!(h.proposed(), 1);
+    assert!(h.node(2).channel.dial_count() >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_answer_is_retried_and_the_write_applies_once() {
+    // Unavailable means "refused before proposing": the follower sends again.
+    let h = Harness::start(2).await;
+    h.faults(1, |f| {
+        f.apply_error = Some(ApiError::Unavailable("raft is stopping".into()))
+    });
+    let written = h
+        .node(2)
+        .forwarder
+        .write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    assert_eq!(written.resource.unwrap().version, "1");
+    assert_eq!(h.apply_calls(1), 2);
+    assert_eq!(h.proposed(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_is_lost_is_not_retried() {
+    // The leader applies the write but answers after the deadline: the
+    // follower reports Inconsistent (outcome unknown) and sends nothing more.
+    let h = Harness::start(2).await;
+    h.faults(1, |f| f.apply_stall = Some(Duration::from_secs(2)));
+    let result = h
+        .node(2)
+        .forwarder
+        .write(
+            write_request(thing("a", "u1", "", b"1")),
+            short_deadline(400),
+        )
+        .await;
+    assert!(
+        matches!(result, Err(ApiError::Inconsistent(_))),
+        "{result:?}"
+    );
+    assert_eq!(h.apply_calls(1), 1, "sent once");
+    assert_eq!(h.proposed(), 1);
+    let stored = h
+        .node(1)
+        .forwarder
+        .read(read_request(id("a", ""), Consistency::Strong), deadline())
+        .await
+        .unwrap();
+    assert_eq!(stored.resource.unwrap().version, "1", "it did apply, once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_reachable_leader_the_caller_gets_unavailable_at_its_deadline() {
+    // No leader known, then a known leader whose port is closed: every call
+    // ends at its deadline with Unavailable (nothing applied), never a
+    // transport error.
+    let mut h = Harness::start(2).await;
+    h.elect(None);
+    let f = h.node(2).forwarder.clone();
+    let started = Instant::now();
+    let w = f
+        .write(
+            write_request(thing("a", "u1", "", b"1")),
+            short_deadline(300),
+        )
+        .await;
+    assert!(matches!(w, Err(ApiError::Unavailable(_))), "{w:?}");
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(290) && elapsed < Duration::from_secs(1),
+        "{elapsed:?}"
+    );
+    let r = f
+        .read(
+            read_request(id("a", ""), Consistency::Strong),
+            short_deadline(300),
+        )
+        .await;
+    assert!(matches!(r, Err(ApiError::Unavailable(_))), "{r:?}");
+
+    h.elect(1);
+    h.stop_server(1).await;
+    for _ in 0..2 {
+        let w = f
+            .write(
+                write_request(thing("a", "u1", "", b"1")),
+                short_deadline(300),
+            )
+            .await;
+        assert!(matches!(w, Err(ApiError::Unavailable(_))), "{w:?}");
+        let l = f
+            .list(list_request(Consistency::Strong), short_deadline(300))
+            .await;
+        assert!(matches!(l, Err(ApiError::Unavailable(_))), "{l:?}");
+    }
+    assert_eq!(h.proposed(), 0);
+    assert_eq!(h.node(2).channel.cached_target(), None);
+}
+
+#[test]
+fn forwarded_calls_dials_and_latency_are_measured() {
+    // With a recorder installed, one forwarded write counts one call (write,
+    // ok), one dial, and one latency sample; a forwarded CasFailure counts
+    // under its kind.
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let h = Harness::start(2).await;
+            let f = &h.node(2).forwarder;
+            f.write(write_request(thing("a", "u1", "", b"1")), deadline())
+                .await
+                .unwrap();
+            let cas = f
+                .write(write_request(thing("a", "u1", "", b"1")), deadline())
+                .await;
+            assert!(matches!(cas, Err(ApiError::CasFailure(_))));
+        });
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let find = |name: &str, labels: &[(&str, &str)]| {
+        snapshot
+            .iter()
+            .find(|(key, _, _, _)| {
+                key.key().name() == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| key.key().labels().any(|l| l.key() == *k && l.value() == *v))
+            })
+            .map(|(_, _, _, value)| value)
+    };
+    assert_eq!(
+        find(
+            names::CALLS_TOTAL,
+            &[("method", "write"), ("outcome", "ok")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        find(
+            names::CALLS_TOTAL,
+            &[("method", "write"), ("outcome", "cas_failure")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        find(names::DIALS_TOTAL, &[("outcome", "ok")]),
+        Some(&DebugValue::Counter(1))
+    );
+    match find(names::LATENCY_SECONDS, &[("method", "write")]) {
+        Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 2),
+        other => panic!("no latency histogram: {other:?}"),
+    }
+    assert_eq!(
+        find(
+            names::SERVED_TOTAL,
+            &[("method", "write"), ("outcome", "ok")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+}
