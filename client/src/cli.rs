@@ -574,7 +574,19 @@ async fn write(client: &Client, c: &CommonArgs, a: WriteArgs) -> Result<Resource
         return upsert(client, resource).await;
     }
     if resource.version.is_empty() {
-        return client.create(resource).await;
+        let name = resource
+            .id
+            .as_ref()
+            .map(|i| i.name.clone())
+            .unwrap_or_default();
+        return match client.create(resource).await {
+            // With an empty expected version the store answers WrongUid (a
+            // new uid met the stored one) or CasFailure: either way, taken.
+            Err(e) if e.is_cas_conflict() => Err(ClientError::CasFailure(format!(
+                "{name:?} already exists ({e}); use --upsert, or --version to replace a known version"
+            ))),
+            other => other,
+        };
     }
     // A CAS replace: the version pins the state, so taking the stored uid
     // when none is given cannot replace anything but that version.
@@ -737,8 +749,7 @@ fn print_event(
         OutputFormat::Table => {
             let row = resource.map(row_of).unwrap_or_default();
             let cell = |i: usize| row.get(i).map(String::as_str).unwrap_or("");
-            writeln!(
-                out,
+            let line = format!(
                 "{:<16} {:>9}  {:<28} {:<24} {:<20} {:>9}  {}",
                 name,
                 event.revision,
@@ -747,7 +758,8 @@ fn print_event(
                 cell(2),
                 cell(3),
                 cell(6)
-            )?;
+            );
+            writeln!(out, "{}", line.trim_end())?;
         }
     }
     out.flush()

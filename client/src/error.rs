@@ -43,10 +43,10 @@ pub enum ClientError {
     #[error("not found")]
     NotFound,
     /// The expected version is not the stored one.
-    #[error("CAS failure: {0}")]
+    #[error("{}", prefixed("CAS failure", .0))]
     CasFailure(String),
     /// A write whose uid differs from the stored uid (an empty uid included).
-    #[error("wrong uid: {0}")]
+    #[error("{}", prefixed("wrong uid", .0))]
     WrongUid(String),
     /// A read asked for another group version; carries the stored resource.
     #[error(
@@ -60,10 +60,10 @@ pub enum ClientError {
     },
     /// The consistency asked for cannot be met now (no quorum, leadership not
     /// confirmed, or the node's own commit deadline passed on a write).
-    #[error("inconsistent: {message}")]
+    #[error("{}", prefixed("inconsistent", message))]
     Inconsistent { message: String, outcome: Outcome },
     /// The server ended a watch (restore, lagging consumer, shutdown): re-list.
-    #[error("watch closed: {0}")]
+    #[error("{}", prefixed("watch closed", .0))]
     WatchClosed(String),
     /// A read or watch asked for a revision older than the retained history.
     #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
@@ -153,6 +153,20 @@ impl ClientError {
                 outcome: outcome_if_unsure,
             },
         }
+    }
+}
+
+/// `"{kind}: {message}"`, without repeating the kind when the node's
+/// message already starts with it (display only: errors are never
+/// classified by their text).
+fn prefixed(kind: &str, message: &str) -> String {
+    let starts_with_kind = message
+        .get(..kind.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(kind));
+    match (message.is_empty(), starts_with_kind) {
+        (true, _) => kind.to_string(),
+        (false, true) => message.to_string(),
+        (false, false) => format!("{kind}: {message}"),
     }
 }
 
@@ -256,6 +270,23 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn messages_do_not_repeat_the_kind() {
+        // The node's message often starts with the kind already; it is shown once.
+        assert_eq!(
+            ClientError::CasFailure("CAS failure: expected 1".into()).to_string(),
+            "CAS failure: expected 1"
+        );
+        assert_eq!(
+            ClientError::WrongUid("given u1".into()).to_string(),
+            "wrong uid: given u1"
+        );
+        assert_eq!(
+            ClientError::WatchClosed(String::new()).to_string(),
+            "watch closed"
+        );
     }
 
     #[test]
