@@ -182,12 +182,23 @@ pub(crate) fn list_prefix_is_exact(tenancy: &Tenancy) -> bool {
     tenancy.partition != "*" && tenancy.namespace != "*"
 }
 
+/// Whether the fields after the scan prefix are unconstrained: the first
+/// wildcard is followed only by wildcards and an empty name prefix, which
+/// comes down to a `*` namespace and no name prefix.
+fn scan_prefix_is_the_rule(tenancy: &Tenancy, name_prefix: &str) -> bool {
+    tenancy.namespace == "*" && name_prefix.is_empty()
+}
+
+/// Splits `s` at its first separator.
+fn split_field(s: &str) -> Option<(&str, &str)> {
+    let at = s.as_bytes().iter().position(|b| *b == SEPARATOR as u8)?;
+    Some((&s[..at], &s[at + 1..]))
+}
+
 /// The list rule applied to storage keys (which are already in cache while
 /// scanning, unlike the resources they point to).
 #[derive(Debug, Clone)]
 pub(crate) struct Matcher {
-    group: String,
-    kind: String,
     tenancy: Tenancy,
     name_prefix: String,
     /// Every matching key starts with it (see [`list_prefix`]).
@@ -210,12 +221,10 @@ impl Matcher {
         .iter()
         .any(|f| f.contains(SEPARATOR));
         Matcher {
-            group: type_.group.clone(),
-            kind: type_.kind.clone(),
             tenancy: tenancy.clone(),
             name_prefix: name_prefix.to_string(),
             scan_prefix: list_prefix(type_, tenancy, name_prefix),
-            exact: list_prefix_is_exact(tenancy),
+            exact: list_prefix_is_exact(tenancy) || scan_prefix_is_the_rule(tenancy, name_prefix),
             impossible,
         }
     }
@@ -234,21 +243,22 @@ impl Matcher {
         if self.exact {
             return true;
         }
-        let mut fields = key.split(SEPARATOR);
-        let (Some(group), Some(kind), Some(partition), Some(namespace), Some(name), None) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
-            unreachable!("a storage key has five fields")
+        // Not exact, so the scan prefix ends right after the separator that
+        // follows kind (partition is `*`) or partition (namespace is `*`):
+        // the fields it covers are equal, the rest are parsed here.
+        let rest = &key[self.scan_prefix.len()..];
+        let rest = if self.tenancy.partition == "*" {
+            match split_field(rest) {
+                Some((_partition, rest)) => rest,
+                None => return false,
+            }
+        } else {
+            rest
         };
-        group == self.group
-            && kind == self.kind
-            && (self.tenancy.partition == "*" || self.tenancy.partition == partition)
-            && (self.tenancy.namespace == "*" || self.tenancy.namespace == namespace)
+        let Some((namespace, name)) = split_field(rest) else {
+            return false;
+        };
+        (self.tenancy.namespace == "*" || self.tenancy.namespace == namespace)
             && name.starts_with(self.name_prefix.as_str())
     }
 }
