@@ -29,7 +29,9 @@
 //! One deadline ([`ClientOptions::request_timeout`]) covers a whole call:
 //! connecting, every failover and backoff. Each attempt carries the time left
 //! as its gRPC deadline, so the node stops working on it when the caller
-//! stops waiting.
+//! stops waiting. A read, list or watch opening waits at most
+//! [`ClientOptions::read_attempt_timeout`] for one node before asking the
+//! next, so a paused or partitioned node cannot use up the whole deadline.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -64,6 +66,11 @@ pub struct ClientOptions {
     /// machine, partition) is noticed and a watch on it fails over.
     pub keep_alive_interval: Duration,
     pub keep_alive_timeout: Duration,
+    /// Longest wait for one node's answer to a read, list or watch opening
+    /// before asking the next node (a paused or partitioned node must not
+    /// eat the whole deadline). Writes and deletes wait up to the deadline:
+    /// giving up on a sent write leaves its outcome unknown.
+    pub read_attempt_timeout: Duration,
     /// How many CAS conflicts the helpers ([`Client::read_modify_write`],
     /// [`Client::delete_current`], [`Client::create_if_absent`]) retry.
     pub cas_attempts_max: u32,
@@ -78,6 +85,7 @@ impl Default for ClientOptions {
             backoff_max: Duration::from_millis(500),
             keep_alive_interval: Duration::from_secs(5),
             keep_alive_timeout: Duration::from_secs(5),
+            read_attempt_timeout: Duration::from_secs(3),
             cas_attempts_max: 32,
         }
     }
@@ -447,6 +455,10 @@ impl Client {
                 });
             }
             let remaining = deadline - now;
+            let attempt_limit = match effect {
+                Effect::ReadOnly => remaining.min(options.read_attempt_timeout),
+                Effect::Mutating => remaining,
+            };
             let channel = match self.channel(&target, deadline).await {
                 Ok(channel) => channel,
                 Err(message) => {
@@ -460,8 +472,8 @@ impl Client {
                 }
             };
             let answer = tokio::time::timeout(
-                remaining,
-                attempt(ResourceServiceClient::new(channel), remaining),
+                attempt_limit,
+                attempt(ResourceServiceClient::new(channel), attempt_limit),
             )
             .await;
             let status = match answer {
@@ -470,6 +482,18 @@ impl Client {
                     return Ok((response, target));
                 }
                 Ok(Err(status)) => status,
+                Err(_elapsed) if effect == Effect::ReadOnly && Instant::now() < deadline => {
+                    // A slow or silent node: ask another one.
+                    last = format!(
+                        "no answer from {target} within {} ms",
+                        attempt_limit.as_millis()
+                    );
+                    target = route.next();
+                    if route.failed() {
+                        pause(&mut backoff, options.backoff_max, deadline).await;
+                    }
+                    continue;
+                }
                 Err(_elapsed) => {
                     // The request was sent and no answer came: a write may
                     // still apply.

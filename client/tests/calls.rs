@@ -253,6 +253,35 @@ async fn a_connection_dropped_after_sending_a_write_is_unknown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_moves_on_from_a_node_that_never_answers() {
+    // The first node accepts the read and stays silent; after the per-attempt
+    // limit the client asks the second node, well before the call's deadline.
+    let backing = Backing::new(Limits::default());
+    backing.put(resource("g", "A", "x", "ux", "{}"));
+    let silent = TestNode::start(backing.clone()).await;
+    let healthy = TestNode::start(backing.clone()).await;
+    silent.control.hang_reads.store(true, Ordering::SeqCst);
+    let options = ClientOptions {
+        read_attempt_timeout: Duration::from_millis(200),
+        ..options(5_000)
+    };
+    let client = Client::connect_with(&[&silent.address, &healthy.address], options)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let read = client
+        .read(id("g", "A", "x", ""), Consistency::Eventual)
+        .await
+        .unwrap();
+    assert_eq!(read.version, "1");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_endpoint_dead_fails_definitely_within_the_deadline() {
     // Nothing can connect: the write certainly did not apply, and the call
     // ends at its deadline.

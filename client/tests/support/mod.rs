@@ -130,6 +130,8 @@ pub struct Control {
     pub unavailable_writes: AtomicU32,
     /// Apply writes, then never answer.
     pub hang_after_apply: AtomicBool,
+    /// Never answer reads.
+    pub hang_reads: AtomicBool,
     /// Delay before each watch event, per kind.
     pub event_delay: Mutex<HashMap<String, Duration>>,
     /// Answer every watch that starts from a revision with Compacted.
@@ -196,6 +198,9 @@ impl ResourceService for Service {
         r: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let r = r.into_inner();
+        if self.control.hang_reads.load(Ordering::SeqCst) {
+            futures::future::pending::<()>().await;
+        }
         if r.consistency == pb::Consistency::Strong as i32 {
             if let Some(s) = self.not_leader() {
                 return Err(s);
