@@ -297,6 +297,19 @@ fn bench_list(c: &mut Criterion) {
             })
         })
     });
+    // A wildcard partition with a literal namespace and a name prefix: the
+    // scan covers the type and every key is filtered.
+    group.bench_function("list_10k_of_10k_filtered", |b| {
+        let (store, _, _) = populated(Limits::default());
+        let any_partition = tenancy("*", "default");
+        b.iter_custom(|iters| {
+            clock.time(iters, || {
+                let listed = store.view().list(&services(), &any_partition, "service-");
+                assert_eq!(listed.len() as u64, TABLE_LEN);
+                listed
+            })
+        })
+    });
     group.bench_function("snapshot_iterate_10k", |b| {
         let (store, _, _) = populated(Limits::default());
         b.iter_custom(|iters| clock.time(iters, || store.snapshot().count()))
