@@ -17,26 +17,34 @@
 //!
 //! **Concurrency model.** One writer at a time applies entries under a
 //! writer mutex; `apply` is O(log n). The latest state lives in persistent
-//! maps (`imbl`), published after each entry, or after each [`Batch`] of
-//! entries, as an `Arc` behind a `RwLock` that readers hold only long enough
-//! to clone the `Arc`. (Publishing makes the next write copy the tree path it
-//! touches; a batch pays that once for all its entries.) The history is an
-//! append-only log of write-once slots, so publishing it copies nothing. So [`Store::view`] is O(1),
-//! a [`View`] is a consistent point in time that never blocks the writer, and
-//! views taken later are never older. Watch registration takes the view and
-//! registers the subscriber under the writer mutex, so the snapshot and the
-//! live events neither overlap nor leave a gap. Live events are sent after the
-//! new state is published (at the end of the entry or batch), still under the
-//! writer mutex (so in commit order),
-//! through a bounded per-watch buffer (`tokio::sync::mpsc::try_send`, which
-//! needs no runtime); a full buffer closes that watch as lagging. Subscribers
-//! are indexed by (group, kind). [`Watch::next`] is `async` for the node; the
-//! crate itself never awaits a runtime or spawns.
+//! maps (`imbl`) and is published after each entry, or after each [`Batch`]
+//! of entries, as an `Arc` behind a `RwLock` that readers hold only long
+//! enough to clone the `Arc`. So [`Store::view`] is O(1), a [`View`] is a
+//! consistent point in time that never blocks the writer, and a view taken
+//! later is never older. (Publishing makes the next write copy the tree path
+//! it touches; a batch pays that once per node for all its entries.) The
+//! history is an append-only log of write-once slots, so publishing it
+//! copies no change.
 //!
-//! **Revisions.** The revision of a view is the applied index it reflects.
-//! A resource's version is the decimal index of the entry that wrote it.
-//! [`Store::view_at`] rebuilds a past revision from the retained history
-//! (the last [`Limits::history_changes_max`] changes) by undoing newer changes.
+//! Watch registration takes the view and registers the subscriber under the
+//! writer mutex, so the snapshot and the live events neither overlap nor
+//! leave a gap. Live events are sent after the new state is published (at
+//! the end of the entry or batch), still under the writer mutex, so in commit
+//! order, through a bounded per-watch buffer (`tokio::sync::mpsc::try_send`,
+//! which needs no runtime); a full buffer closes that watch as lagging.
+//! Subscribers are indexed by (group, kind). A watch's snapshot is read lazily
+//! from its view, a few dozen resources at a time, never copied into the
+//! buffer. [`Watch::next`] is `async` for the node; the crate itself never
+//! awaits a runtime or spawns.
+//!
+//! **Revisions.** The revision of a view is the applied index it reflects;
+//! a resource's version is the decimal index of the entry that wrote it.
+//! [`Store::view_at`] rebuilds a past revision (0 = the latest) from the
+//! retained history (the last [`Limits::history_changes_max`] changes) by
+//! undoing newer changes: older than the retained history is
+//! [`FsmError::Compacted`], beyond the applied index is
+//! [`FsmError::InvalidArgument`] on field `revision`. A restore committed at
+//! index `I` resets the history: `I` becomes the oldest retained revision.
 //!
 //! ## Invariants
 //! - The applied index strictly increases with every applied entry; applying
