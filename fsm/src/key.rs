@@ -133,6 +133,15 @@ pub(crate) fn type_key_of_storage_key(key: &str) -> &str {
     }
 }
 
+/// Whether any key field of `id` holds the separator (never true of a stored
+/// id: validation forbids control characters).
+pub(crate) fn holds_separator(id: &Id) -> bool {
+    let p = parts(Some(id));
+    [p.group, p.kind, p.partition, p.namespace, p.name, p.uid]
+        .iter()
+        .any(|f| f.contains(SEPARATOR))
+}
+
 /// The prefix shared by every owner-index entry of one owner: (group, kind,
 /// partition, namespace, name, uid) with a trailing separator. The owner's
 /// group version is not part of it.

@@ -127,6 +127,11 @@ impl View {
     /// Every resource whose owner equals `owner` on group, kind, partition,
     /// namespace, name and uid (the group version is ignored).
     pub fn list_by_owner(&self, owner: &Id) -> Vec<Arc<Resource>> {
+        if key::holds_separator(owner) {
+            // No stored field holds one; and a separator inside a field would
+            // shift the prefix onto other owners' entries.
+            return Vec::new();
+        }
         let prefix = key::owner_prefix(owner);
         self.state
             .owned

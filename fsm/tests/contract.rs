@@ -1315,3 +1315,23 @@ fn a_snapshot_larger_than_one_fetch_is_delivered_completely_in_order() {
     let (events, _) = drain(&mut watch);
     assert_eq!(events.len(), 129);
 }
+
+#[test]
+fn an_owner_id_with_a_separator_inside_a_field_matches_nothing() {
+    // Malformed ids from the network cannot shift the owner-index prefix onto other owners.
+    let mut log = Log::new();
+    let mut child = resource(
+        full_id(
+            "u",
+            "child",
+            ty("c", "v1", "Kind"),
+            tenancy("default", "default"),
+        ),
+        "",
+    );
+    child.owner = Some(id("b", "a"));
+    log.put(child);
+    assert_eq!(log.store.view().list_by_owner(&id("b", "a")).len(), 1);
+    // Owner name "a\0b" with uid "c" would otherwise prefix-match owner (a, b) + group "c".
+    assert!(log.store.view().list_by_owner(&id("c", "a\0b")).is_empty());
+}
