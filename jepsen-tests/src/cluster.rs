@@ -5,14 +5,53 @@
 //!
 //! Every process is killed when the [`Cluster`] is dropped, and every wait is
 //! bounded, so a failing test never leaves a node behind or hangs.
+//!
+//! Optional, for the fault-injection runner:
+//! - [`ClusterOptions::network`]: each node runs in its own network namespace
+//!   of a [`NetworkLab`] (address `10.147.x.(10+id)`, ports 7000/8000), so the
+//!   lab can partition them;
+//! - [`ClusterOptions::powercut`]: each node's data dir sits on its own
+//!   power-cut FUSE filesystem ([`Cluster::cut_power`]);
+//! - [`NodeProcess::faketime`]: the node starts under libfaketime
+//!   (`LD_PRELOAD` + `FAKETIME`), for clock skew and rate changes;
+//! - [`ClusterOptions::die_with_parent`]: nodes get `PR_SET_PDEATHSIG`, so they
+//!   die with the runner even if it is killed (the signal fires when the
+//!   *thread* that spawned them exits: spawn only from a long-lived thread).
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cairn_powercut_fs::{PowerCutFs, PowerCutHandle};
 use cairn_proto::v1::admin_service_client::AdminServiceClient;
-use cairn_proto::v1::{StatusRequest, StatusResponse};
+use cairn_proto::v1::{
+    MembershipResponse, RemoveMemberRequest, StatusRequest, StatusResponse, TransferLeaderRequest,
+};
+
+use crate::net::NetworkLab;
+
+/// Client and peer ports of a node inside its own network namespace.
+pub const NAMESPACE_CLIENT_PORT: u16 = 7000;
+pub const NAMESPACE_PEER_PORT: u16 = 8000;
+
+/// The libfaketime preload library, if the `faketime` package is installed.
+pub fn faketime_library() -> Option<PathBuf> {
+    let mut candidates = vec![
+        PathBuf::from("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
+        PathBuf::from("/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"),
+        PathBuf::from("/usr/lib/faketime/libfaketime.so.1"),
+        PathBuf::from("/usr/local/lib/faketime/libfaketime.so.1"),
+    ];
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        for e in entries.flatten() {
+            candidates.push(e.path().join("faketime/libfaketime.so.1"));
+        }
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}
 
 /// How to start the cluster's nodes.
 #[derive(Debug, Clone)]
@@ -27,6 +66,12 @@ pub struct ClusterOptions {
     /// Where data dirs go (default: a fresh temporary directory).
     pub root: Option<PathBuf>,
     pub log_level: String,
+    /// Run every node in its own namespace of this lab (partitions possible).
+    pub network: Option<Arc<NetworkLab>>,
+    /// Put every node's data dir on its own power-cut filesystem.
+    pub powercut: bool,
+    /// Kill the nodes when the thread that spawned them exits.
+    pub die_with_parent: bool,
 }
 
 impl ClusterOptions {
@@ -39,6 +84,9 @@ impl ClusterOptions {
             extra_args: vec![],
             root: None,
             log_level: "info".into(),
+            network: None,
+            powercut: false,
+            die_with_parent: false,
         }
     }
 }
@@ -52,6 +100,12 @@ pub struct NodeProcess {
     pub log_path: PathBuf,
     /// `--members` for a bootstrap member, `--join` for a node added later.
     pub bootstrap: Vec<String>,
+    /// libfaketime's `FAKETIME` for the next start (`+5s`, `-3s`, `+0 x1.5`...).
+    pub faketime: Option<String>,
+    /// The network namespace the node runs in (with [`ClusterOptions::network`]).
+    pub namespace: Option<String>,
+    /// The power-cut filesystem under the data dir (with [`ClusterOptions::powercut`]).
+    disk: Option<PowerCutHandle>,
     child: Option<Child>,
 }
 
@@ -75,6 +129,46 @@ pub struct Cluster {
     _temp: Option<tempfile::TempDir>,
 }
 
+/// A new node's addresses, namespace and data dir (and its mounted disk).
+fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProcess, String> {
+    let (client_address, peer_address, namespace) = match &options.network {
+        Some(lab) => {
+            let node = lab.add_node(id)?;
+            (
+                format!("{}:{NAMESPACE_CLIENT_PORT}", node.ip),
+                format!("{}:{NAMESPACE_PEER_PORT}", node.ip),
+                Some(node.namespace),
+            )
+        }
+        None => (
+            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", free_port()),
+            None,
+        ),
+    };
+    let (data_dir, disk) = if options.powercut {
+        let mountpoint = root.join(format!("node-{id}-disk"));
+        std::fs::create_dir_all(&mountpoint)
+            .map_err(|e| format!("cannot create {}: {e}", mountpoint.display()))?;
+        let disk = PowerCutFs::mount(&mountpoint).map_err(|e| e.to_string())?;
+        (mountpoint.join("data"), Some(disk))
+    } else {
+        (root.join(format!("node-{id}")), None)
+    };
+    Ok(NodeProcess {
+        id,
+        client_address,
+        peer_address,
+        data_dir,
+        log_path: root.join(format!("node-{id}.log")),
+        bootstrap: vec![],
+        faketime: None,
+        namespace,
+        disk,
+        child: None,
+    })
+}
+
 /// A free loopback port (bound, then released, so the node can take it).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
@@ -90,25 +184,29 @@ fn signal(pid: u32, sig: i32) {
 
 impl Cluster {
     /// Starts `options.nodes` bootstrap members and returns at once (see [`Cluster::wait_for_leader`]).
+    /// Panics when the nodes cannot be placed (see [`Cluster::try_start`]).
     pub fn start(options: ClusterOptions) -> Cluster {
+        Cluster::try_start(options).unwrap_or_else(|e| panic!("cannot start the cluster: {e}"))
+    }
+
+    /// As [`Cluster::start`], but a namespace or filesystem that cannot be set
+    /// up is an error.
+    pub fn try_start(options: ClusterOptions) -> Result<Cluster, String> {
         let (root, temp) = match &options.root {
-            Some(r) => (r.clone(), None),
+            Some(r) => {
+                std::fs::create_dir_all(r)
+                    .map_err(|e| format!("cannot create {}: {e}", r.display()))?;
+                (r.clone(), None)
+            }
             None => {
-                let t = tempfile::tempdir().expect("temp dir");
+                let t = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
                 (t.path().to_path_buf(), Some(t))
             }
         };
-        let mut nodes: Vec<NodeProcess> = (1..=options.nodes as u64)
-            .map(|id| NodeProcess {
-                id,
-                client_address: format!("127.0.0.1:{}", free_port()),
-                peer_address: format!("127.0.0.1:{}", free_port()),
-                data_dir: root.join(format!("node-{id}")),
-                log_path: root.join(format!("node-{id}.log")),
-                bootstrap: vec![],
-                child: None,
-            })
-            .collect();
+        let mut nodes = Vec::with_capacity(options.nodes);
+        for id in 1..=options.nodes as u64 {
+            nodes.push(place_node(&options, &root, id)?);
+        }
         let members = nodes
             .iter()
             .map(|n| format!("{}={}/{}", n.id, n.peer_address, n.client_address))
@@ -126,7 +224,7 @@ impl Cluster {
         for id in 1..=cluster.nodes.len() as u64 {
             cluster.spawn(id);
         }
-        cluster
+        Ok(cluster)
     }
 
     pub fn root(&self) -> &Path {
@@ -172,7 +270,33 @@ impl Cluster {
             .append(true)
             .open(&node.log_path)
             .expect("node log");
-        let child = Command::new(&options.binary)
+        let mut command = match &node.namespace {
+            Some(namespace) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", namespace]).arg(&options.binary);
+                c
+            }
+            None => Command::new(&options.binary),
+        };
+        if let Some(spec) = &node.faketime {
+            let library = faketime_library().unwrap_or_else(|| {
+                panic!("libfaketime is not installed (Debian package `faketime`)")
+            });
+            command
+                .env("LD_PRELOAD", library)
+                .env("FAKETIME", spec)
+                .env("FAKETIME_DONT_RESET", "1");
+        }
+        if options.die_with_parent {
+            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .arg("agent")
             .args(["--node-id", &id.to_string()])
             .arg("--data-dir")
@@ -205,18 +329,50 @@ impl Cluster {
     /// Adds a new node that joins through `via` (a member's client address);
     /// returns its id once its process is started.
     pub fn add_joining_node(&mut self, via: &str) -> u64 {
+        self.try_add_joining_node(via)
+            .unwrap_or_else(|e| panic!("cannot add a node: {e}"))
+    }
+
+    /// As [`Cluster::add_joining_node`], with placement errors returned.
+    pub fn try_add_joining_node(&mut self, via: &str) -> Result<u64, String> {
         let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
-        self.nodes.push(NodeProcess {
-            id,
-            client_address: format!("127.0.0.1:{}", free_port()),
-            peer_address: format!("127.0.0.1:{}", free_port()),
-            data_dir: self.root.join(format!("node-{id}")),
-            log_path: self.root.join(format!("node-{id}.log")),
-            bootstrap: vec!["--join".into(), via.to_string()],
-            child: None,
-        });
+        let mut node = place_node(&self.options, &self.root, id)?;
+        node.bootstrap = vec!["--join".into(), via.to_string()];
+        self.nodes.push(node);
         self.spawn(id);
-        id
+        Ok(id)
+    }
+
+    /// Forgets node `id` after it left the cluster: kills it, unmounts its
+    /// disk and removes its namespace. Its log stays.
+    pub fn forget(&mut self, id: u64) {
+        self.kill(id);
+        if let Some(position) = self.nodes.iter().position(|n| n.id == id) {
+            let node = self.nodes.remove(position);
+            if let Some(disk) = node.disk {
+                let _ = disk.unmount();
+            }
+        }
+        if let Some(lab) = &self.options.network {
+            lab.remove_node(id);
+        }
+    }
+
+    /// Power cut: `kill -9` the node, then drop everything its disk had not
+    /// made durable. Panics without [`ClusterOptions::powercut`].
+    pub fn cut_power(&mut self, id: u64) {
+        self.kill(id);
+        let node = self.node(id);
+        let disk = node
+            .disk
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {id} has no power-cut disk"));
+        disk.cut_power();
+    }
+
+    /// Sets (or clears) node `id`'s libfaketime spec for its next start.
+    pub fn set_faketime(&mut self, id: u64, spec: Option<String>) {
+        self.node_mut(id).faketime = spec;
     }
 
     /// `kill -9`: the process dies at once, with whatever it had not persisted.
@@ -307,6 +463,80 @@ impl Cluster {
         );
     }
 
+    /// The node that calls itself leader and whom a majority of the nodes
+    /// name as leader, if any (each status asked with a 1 s bound).
+    pub async fn leader(&self) -> Option<u64> {
+        let mut votes: std::collections::BTreeMap<u64, usize> = Default::default();
+        let mut claims = Vec::new();
+        for id in self.ids() {
+            if let Some(s) = self.status(id).await {
+                if s.leader_id != 0 {
+                    *votes.entry(s.leader_id).or_default() += 1;
+                }
+                if s.state == "leader" && s.leader_id == id {
+                    claims.push(id);
+                }
+            }
+        }
+        let majority = self.nodes.len() / 2 + 1;
+        claims
+            .into_iter()
+            .find(|id| votes.get(id).copied().unwrap_or(0) >= majority)
+    }
+
+    /// Calls `RemoveMember(id)` at the leader (bounded by `timeout`).
+    pub async fn remove_member(
+        &self,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<MembershipResponse, String> {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::from("no leader found");
+        while Instant::now() < deadline {
+            if let Some(leader) = self.leader().await {
+                let address = format!("http://{}", self.node(leader).client_address);
+                let call = async {
+                    let mut c = AdminServiceClient::connect(address)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    c.remove_member(RemoveMemberRequest { id })
+                        .await
+                        .map(|r| r.into_inner())
+                        .map_err(|e| e.to_string())
+                };
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, call).await {
+                    Ok(Ok(r)) => return Ok(r),
+                    Ok(Err(e)) => last = e,
+                    Err(_) => last = "timed out".into(),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(format!("removing node {id}: {last}"))
+    }
+
+    /// Asks the leader to hand leadership to `to` (0 = the most up-to-date
+    /// voter); returns the former leader.
+    pub async fn transfer_leader(&self, to: u64, timeout: Duration) -> Result<u64, String> {
+        let leader = self.leader().await.ok_or("no leader to transfer from")?;
+        let address = format!("http://{}", self.node(leader).client_address);
+        let call = async {
+            let mut c = AdminServiceClient::connect(address)
+                .await
+                .map_err(|e| e.to_string())?;
+            c.transfer_leader(TransferLeaderRequest { to })
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(())) => Ok(leader),
+            Ok(Err(e)) => Err(format!("transfer from {leader} to {to}: {e}")),
+            Err(_) => Err(format!("transfer from {leader} to {to}: timed out")),
+        }
+    }
+
     pub async fn wait_for_leader(&self, timeout: Duration) -> u64 {
         let ids = self.ids();
         self.wait_for_leader_among(&ids, timeout).await
@@ -336,6 +566,17 @@ impl Drop for Cluster {
             if let Some(mut c) = n.child.take() {
                 let _ = c.kill();
                 let _ = c.wait();
+            }
+        }
+        // Processes are gone: the disks can be unmounted.
+        for n in &mut self.nodes {
+            if let Some(disk) = n.disk.take() {
+                let _ = disk.unmount();
+            }
+        }
+        if let Some(lab) = &self.options.network {
+            for n in &self.nodes {
+                lab.remove_node(n.id);
             }
         }
     }

@@ -19,6 +19,22 @@
 //!
 //! The binary (`src/main.rs`) exposes them as `jepsen-tests check`.
 //!
+//! The *fault-injection* half drives real `cairn` processes:
+//!
+//! - [`cluster`]: start, kill (`SIGKILL`), pause (`SIGSTOP`/`SIGCONT`), stop and
+//!   restart nodes; optionally each in its own network namespace, on its own
+//!   power-cut filesystem, under libfaketime; membership and leader transfer
+//!   through the admin API.
+//! - [`net`]: network namespaces on a bridge and nftables partitions (isolate
+//!   one, halves, one-way, ring, bridge); root only, otherwise a stated skip.
+//! - [`nemesis`]: the faults a scenario injects and the healing afterwards.
+//! - [`workload`]: register, set, append and watch workloads through
+//!   `cairn-client`, each logical process against a random node.
+//! - [`watch_check`]: exactly-once, in-order, no-rewind delivery of watch
+//!   events, checked against the acknowledged writes and the final state.
+//! - [`runner`]: scenarios, the `ci` suite, `soak` and `prove-broken`, and the
+//!   results folder (histories, node logs, nemesis logs, summary with seed).
+//!
 //! ## What this crate must not do
 //! - Report a history as correct (or incorrect) without having decided it: running
 //!   out of time or memory is [`Verdict::Unknown`], never a guess.
@@ -36,8 +52,18 @@
 //! found non-linearizable cancels the searches still running. Each search owns all
 //! of its state; the only shared data are the immutable history, an atomic work
 //! index, an atomic cancel flag and the result slots.
+//! Fault runs: one single-threaded Tokio runtime on the main thread runs the
+//! workload processes and watchers (tasks), the nemesis and the runner; nodes
+//! are child processes spawned from that thread (their parent-death signal is
+//! tied to it); the power-cut filesystems are served by their own FUSE threads,
+//! so a node's disk I/O never waits for the runtime.
 //!
 //! ## Invariants
+//! - A scenario whose fault cannot be injected here is reported as skipped,
+//!   never as passed; every scenario heals all faults before its final reads.
+//! - Every node process, namespace and mount a run creates is removed when the
+//!   run ends (drop, Ctrl-C, SIGTERM), and what a dead run left is removed at
+//!   the next start.
 //! - Every operation has `complete_ns >= invoke_ns` when it has a completion; `ok`
 //!   and `fail` operations always have one (checked when a history is built).
 //! - An indeterminate operation (`info`, or never completed) may take effect at any
@@ -58,7 +84,12 @@ pub mod error;
 pub mod history;
 pub mod linearizability;
 pub mod models;
+pub mod nemesis;
+pub mod net;
+pub mod runner;
 pub mod set;
+pub mod watch_check;
+pub mod workload;
 
 pub use error::Error;
 pub use history::{History, OpHandle, OpKind, Operation, Outcome, Recorder, Value};

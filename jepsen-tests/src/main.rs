@@ -4,13 +4,26 @@
 //! history (project JSONL or Jepsen log, detected automatically) and exits with
 //! 0 = valid (linearizable), 1 = invalid, 2 = unknown within the time budget,
 //! 3 = the command or the file could not be used.
+//!
+//! `jepsen-tests ci` runs the short fault suite (3 nodes, at least six
+//! scenarios, bounded to 10 minutes) and ends with the line `N passed, N
+//! failed`; `jepsen-tests soak --minutes M --seed S` runs 5-node scenarios with
+//! every nemesis until the time is up or the first failure; `jepsen-tests
+//! prove-broken` shows that the register workload under partitions catches a
+//! node started with `--unsafe-local-strong-reads`. Each writes its results
+//! (histories, node logs, nemesis logs, checker reports, `summary.txt` with
+//! the seed) to `--results` (default `./jepsen-results/<timestamp>`).
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+use jepsen_tests::nemesis::NemesisKind;
+use jepsen_tests::runner;
+use jepsen_tests::workload::WorkloadKind;
 
 use jepsen_tests::append::{self, AppendAnomaly};
 use jepsen_tests::history::Format;
@@ -47,6 +60,47 @@ struct Cli {
 enum Command {
     /// Check a recorded history: exit 0 valid, 1 invalid, 2 unknown, 3 unusable input.
     Check(CheckArgs),
+    /// Run the short fault suite on 3-node clusters (exit 1 on any failure).
+    Ci(RunArgs),
+    /// Run 5-node scenarios with every nemesis until the time is up or one fails.
+    Soak(SoakArgs),
+    /// Show that the suite catches a node serving strong reads locally
+    /// (exit 0 caught, 1 not caught, 2 skipped).
+    ProveBroken(ProveArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct RunArgs {
+    /// Seed of every random choice (default: from the clock); printed for replay.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Results folder (default: ./jepsen-results/<timestamp>).
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// The cairn binary (default: built with cargo next to this program).
+    #[arg(long)]
+    cairn_binary: Option<PathBuf>,
+    /// Run only the scenarios whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct SoakArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// How long to soak.
+    #[arg(long, default_value_t = 10)]
+    minutes: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct ProveArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Attempts (20 s each) before giving up.
+    #[arg(long, default_value_t = 3)]
+    attempts: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -105,6 +159,9 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Ci(args) => fault_run(FaultCommand::Ci(args)),
+        Command::Soak(args) => fault_run(FaultCommand::Soak(args)),
+        Command::ProveBroken(args) => fault_run(FaultCommand::ProveBroken(args)),
         Command::Check(args) => {
             let mut out = String::new();
             let result = run_check(&args, &mut out);
@@ -364,5 +421,283 @@ fn describe_append_anomaly(anomaly: &AppendAnomaly) -> String {
         AppendAnomaly::OrderViolation { first_append, second_append } => format!(
             "order: #{first_append} was acknowledged before #{second_append} was invoked, but comes after it"
         ),
+    }
+}
+
+enum FaultCommand {
+    Ci(RunArgs),
+    Soak(SoakArgs),
+    ProveBroken(ProveArgs),
+}
+
+/// Runs a fault-injection command on a single-threaded runtime: nodes are
+/// spawned from this (main) thread, so their parent-death signal fires only
+/// when the whole program goes away. Ctrl-C and SIGTERM drop the run, which
+/// kills the nodes, unmounts the disks and removes the namespaces.
+fn fault_run(command: FaultCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    runtime.block_on(async move {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: cannot handle SIGTERM: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+        tokio::select! {
+            code = fault_command(command) => code,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("interrupted: cleaning up");
+                ExitCode::from(130)
+            }
+            _ = terminate.recv() => {
+                eprintln!("terminated: cleaning up");
+                ExitCode::from(143)
+            }
+        }
+    })
+}
+
+struct Prepared {
+    env: runner::RunEnvironment,
+    seed: u64,
+}
+
+fn prepare(args: &RunArgs) -> Result<Prepared, String> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64 % 1_000_000_007)
+            .unwrap_or(1)
+    });
+    let binary = match &args.cairn_binary {
+        Some(b) => b.clone(),
+        None => runner::cairn_binary()?,
+    };
+    let results = args
+        .results
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("jepsen-results").join(runner::timestamp()));
+    std::fs::create_dir_all(&results)
+        .map_err(|e| format!("cannot create {}: {e}", results.display()))?;
+    let results = results.canonicalize().unwrap_or(results);
+    let stale = jepsen_tests::net::cleanup_stale();
+    if !stale.is_empty() {
+        println!(
+            "removed what an earlier run left behind: {}",
+            stale.join(", ")
+        );
+    }
+    Ok(Prepared {
+        env: runner::RunEnvironment {
+            binary,
+            results,
+            check_budget: Duration::from_secs(60),
+        },
+        seed,
+    })
+}
+
+async fn fault_command(command: FaultCommand) -> ExitCode {
+    let args = match &command {
+        FaultCommand::Ci(a) => a.clone(),
+        FaultCommand::Soak(a) => a.run.clone(),
+        FaultCommand::ProveBroken(a) => a.run.clone(),
+    };
+    let prepared = match prepare(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            println!("0 passed, 1 failed");
+            return ExitCode::from(1);
+        }
+    };
+    let env = prepared.env;
+    let seed = prepared.seed;
+    let started = Instant::now();
+    println!("results in {} (seed {seed})", env.results.display());
+    match command {
+        FaultCommand::Ci(_) => {
+            let scenarios: Vec<runner::Scenario> = runner::ci_scenarios(seed)
+                .into_iter()
+                .filter(|s| {
+                    args.only
+                        .as_ref()
+                        .is_none_or(|o| s.name.contains(o.as_str()))
+                })
+                .collect();
+            let suite_deadline = started + Duration::from_secs(600);
+            let mut results = Vec::new();
+            for scenario in &scenarios {
+                let left = suite_deadline.saturating_duration_since(Instant::now());
+                let bound = left.min(Duration::from_secs(150));
+                let result = match tokio::time::timeout(bound, runner::run_scenario(scenario, &env))
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => runner::ScenarioResult {
+                        scenario: scenario.clone(),
+                        status: runner::Status::Failed(format!("did not finish within {bound:?}")),
+                        verdict: None,
+                        elapsed: bound,
+                        operations: 0,
+                        faults: 0,
+                        folder: env.results.join(&scenario.name),
+                    },
+                };
+                runner::print_result(&result);
+                results.push(result);
+            }
+            finish("ci", seed, &env, &results, started)
+        }
+        FaultCommand::Soak(soak) => {
+            let deadline = started + Duration::from_secs(soak.minutes * 60);
+            let mut results = Vec::new();
+            let mut i = 0;
+            while Instant::now() + Duration::from_secs(20) < deadline {
+                let mut scenario = runner::soak_scenario(i, seed);
+                i += 1;
+                if args
+                    .only
+                    .as_ref()
+                    .is_some_and(|o| !scenario.name.contains(o.as_str()))
+                {
+                    continue;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                scenario.duration = scenario
+                    .duration
+                    .min(left.saturating_sub(Duration::from_secs(15)));
+                let bound = scenario.duration + Duration::from_secs(150);
+                let result = match tokio::time::timeout(
+                    bound,
+                    runner::run_scenario(&scenario, &env),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => runner::ScenarioResult {
+                        scenario: scenario.clone(),
+                        status: runner::Status::Failed(format!("did not finish within {bound:?}")),
+                        verdict: None,
+                        elapsed: bound,
+                        operations: 0,
+                        faults: 0,
+                        folder: env.results.join(&scenario.name),
+                    },
+                };
+                runner::print_result(&result);
+                let failed = matches!(result.status, runner::Status::Failed(_));
+                results.push(result);
+                if failed {
+                    break;
+                }
+                if i > 10_000 {
+                    break;
+                }
+            }
+            finish("soak", seed, &env, &results, started)
+        }
+        FaultCommand::ProveBroken(prove) => {
+            let mut results = Vec::new();
+            let mut caught = false;
+            for attempt in 0..prove.attempts.max(1) {
+                let scenario = runner::Scenario {
+                    name: format!("broken-{:02}-register-partition", attempt + 1),
+                    workload: WorkloadKind::Register,
+                    nemesis: NemesisKind::Partition,
+                    nodes: 3,
+                    duration: Duration::from_secs(20),
+                    seed: seed.wrapping_add(attempt as u64),
+                    broken_reads: true,
+                };
+                let result = match tokio::time::timeout(
+                    Duration::from_secs(180),
+                    runner::run_scenario(&scenario, &env),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => {
+                        println!("attempt {} did not finish in time", attempt + 1);
+                        continue;
+                    }
+                };
+                if let runner::Status::Skipped(why) = &result.status {
+                    println!("SKIP prove-broken: {why}");
+                    return ExitCode::from(2);
+                }
+                let verdict = result.verdict;
+                println!(
+                    "attempt {}: checker verdict {:?} ({} ops, {} faults; {})",
+                    attempt + 1,
+                    verdict,
+                    result.operations,
+                    result.faults,
+                    result.folder.join("check.txt").display()
+                );
+                results.push(result);
+                if verdict == Some(Verdict::Invalid) {
+                    caught = true;
+                    break;
+                }
+            }
+            runner::write_summary(
+                &env.results,
+                "prove-broken",
+                seed,
+                &results,
+                started.elapsed(),
+            );
+            if caught {
+                println!("CAUGHT: the register checker found the node with --unsafe-local-strong-reads not linearizable");
+                ExitCode::SUCCESS
+            } else {
+                println!("NOT CAUGHT: the broken node passed every attempt");
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+fn finish(
+    command: &str,
+    seed: u64,
+    env: &runner::RunEnvironment,
+    results: &[runner::ScenarioResult],
+    started: Instant,
+) -> ExitCode {
+    runner::write_summary(&env.results, command, seed, results, started.elapsed());
+    let passed = results
+        .iter()
+        .filter(|r| r.status == runner::Status::Passed)
+        .count();
+    let failed = results
+        .iter()
+        .filter(|r| matches!(r.status, runner::Status::Failed(_)))
+        .count();
+    println!(
+        "{command}: {:.1}s, summary in {}",
+        started.elapsed().as_secs_f64(),
+        env.results.join("summary.txt").display()
+    );
+    if failed > 0 {
+        println!("replay with: cargo run -p jepsen-tests --release -- {command} --seed {seed}");
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }

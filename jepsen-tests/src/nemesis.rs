@@ -1,0 +1,436 @@
+//! Nemeses: the faults a scenario injects while its workload runs, and the
+//! healing afterwards.
+//!
+//! A nemesis alternates quiet periods and faults until its time is up: it
+//! picks one variant of its kind (seeded), applies it, holds it, heals it,
+//! and notes each step in its log. [`heal_all`] then removes every fault that
+//! could remain (paused processes, partitions, stopped nodes, skewed clocks)
+//! and [`converge`] waits until a leader is elected and every node has
+//! applied what it committed.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom as _, SliceRandom as _};
+use rand::Rng;
+
+use crate::cluster::Cluster;
+use crate::net::{shapes, NetworkLab};
+
+/// The kind of fault a scenario injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NemesisKind {
+    /// `kill -9` of a random node, of the leader, or of a majority; restarts.
+    Kill,
+    /// `SIGSTOP` then `SIGCONT` of a random node or of the leader.
+    Pause,
+    /// Network partitions: isolate one, majority/minority, one-way, ring, bridge.
+    Partition,
+    /// Clock skew and clock rate changes (libfaketime; a node restart each).
+    Clock,
+    /// Power cuts of a minority, or of every node at once.
+    PowerCut,
+    /// Add a node (`--join`), remove one (`RemoveMember`), under load.
+    Membership,
+    /// `TransferLeader` drills.
+    LeaderTransfer,
+}
+
+impl NemesisKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NemesisKind::Kill => "kill",
+            NemesisKind::Pause => "pause",
+            NemesisKind::Partition => "partition",
+            NemesisKind::Clock => "clock",
+            NemesisKind::PowerCut => "power-cut",
+            NemesisKind::Membership => "membership",
+            NemesisKind::LeaderTransfer => "leader-transfer",
+        }
+    }
+
+    pub const ALL: [NemesisKind; 7] = [
+        NemesisKind::Kill,
+        NemesisKind::Pause,
+        NemesisKind::Partition,
+        NemesisKind::Clock,
+        NemesisKind::PowerCut,
+        NemesisKind::Membership,
+        NemesisKind::LeaderTransfer,
+    ];
+
+    /// Why this nemesis cannot run here, if it cannot.
+    pub fn unavailable_reason(self) -> Option<String> {
+        match self {
+            NemesisKind::Partition => crate::net::unavailable_reason(),
+            NemesisKind::PowerCut => cairn_powercut_fs::fuse_unavailable_reason(),
+            NemesisKind::Clock => match crate::cluster::faketime_library() {
+                Some(_) => None,
+                None => Some("libfaketime is not installed (Debian package `faketime`)".into()),
+            },
+            _ => None,
+        }
+    }
+}
+
+/// Timestamped notes of what the nemesis did.
+#[derive(Debug)]
+pub struct NemesisLog {
+    started: Instant,
+    pub lines: Vec<String>,
+    /// Faults injected.
+    pub faults: usize,
+}
+
+impl NemesisLog {
+    pub fn new(started: Instant) -> NemesisLog {
+        NemesisLog {
+            started,
+            lines: Vec::new(),
+            faults: 0,
+        }
+    }
+
+    pub fn note(&mut self, text: impl AsRef<str>) {
+        let at = self.started.elapsed().as_secs_f64();
+        self.lines.push(format!("{at:8.3}s {}", text.as_ref()));
+    }
+}
+
+/// What a running nemesis needs.
+pub struct NemesisContext<'a> {
+    pub cluster: &'a mut Cluster,
+    pub lab: Option<Arc<NetworkLab>>,
+    pub rng: StdRng,
+    pub log: NemesisLog,
+    /// Nodes this nemesis paused or skewed (healed by [`heal_all`]).
+    pub paused: BTreeSet<u64>,
+    pub skewed: BTreeSet<u64>,
+    /// Members at the start (membership changes keep this many voters).
+    pub voters: usize,
+}
+
+fn millis(rng: &mut StdRng, range: (u64, u64)) -> Duration {
+    Duration::from_millis(rng.random_range(range.0..=range.1))
+}
+
+/// A random leader, or a random node when no leader is known.
+async fn leader_or_random(cx: &mut NemesisContext<'_>) -> u64 {
+    match cx.cluster.leader().await {
+        Some(l) => l,
+        None => *cx
+            .cluster
+            .ids()
+            .choose(&mut cx.rng)
+            .expect("a cluster has nodes"),
+    }
+}
+
+/// Runs `kind` until `duration` has passed; faults are healed as they end.
+pub async fn run(
+    kind: NemesisKind,
+    cx: &mut NemesisContext<'_>,
+    duration: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + duration;
+    // Let the workload warm up first.
+    tokio::time::sleep(millis(&mut cx.rng, (1000, 2000))).await;
+    let mut round = 0usize;
+    while Instant::now() + Duration::from_secs(2) < deadline {
+        round += 1;
+        match kind {
+            NemesisKind::Kill => kill_round(cx).await,
+            NemesisKind::Pause => pause_round(cx).await,
+            NemesisKind::Partition => partition_round(cx).await?,
+            NemesisKind::Clock => clock_round(cx).await,
+            NemesisKind::PowerCut => power_cut_round(cx, round).await,
+            NemesisKind::Membership => membership_round(cx).await?,
+            NemesisKind::LeaderTransfer => transfer_round(cx).await,
+        }
+        let quiet = millis(&mut cx.rng, (1000, 2500));
+        tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+    Ok(())
+}
+
+async fn kill_round(cx: &mut NemesisContext<'_>) {
+    let ids = cx.cluster.ids();
+    let variant = cx.rng.random_range(0..3);
+    let targets: Vec<u64> = match variant {
+        0 => vec![*ids.choose(&mut cx.rng).expect("nodes")],
+        1 => vec![leader_or_random(cx).await],
+        _ => {
+            let mut shuffled = ids.clone();
+            shuffled.shuffle(&mut cx.rng);
+            shuffled.truncate(ids.len() / 2 + 1);
+            shuffled
+        }
+    };
+    let what = ["a random node", "the leader", "a majority"][variant];
+    for id in &targets {
+        cx.cluster.kill(*id);
+    }
+    cx.log.faults += 1;
+    cx.log.note(format!("kill -9 {what}: {targets:?}"));
+    tokio::time::sleep(millis(&mut cx.rng, (1500, 4000))).await;
+    for id in &targets {
+        cx.cluster.spawn(*id);
+    }
+    cx.log.note(format!("restarted {targets:?}"));
+}
+
+async fn pause_round(cx: &mut NemesisContext<'_>) {
+    let target = if cx.rng.random_bool(0.5) {
+        leader_or_random(cx).await
+    } else {
+        *cx.cluster.ids().choose(&mut cx.rng).expect("nodes")
+    };
+    cx.cluster.pause(target);
+    cx.paused.insert(target);
+    cx.log.faults += 1;
+    cx.log.note(format!("SIGSTOP node {target}"));
+    tokio::time::sleep(millis(&mut cx.rng, (1500, 4000))).await;
+    cx.cluster.resume(target);
+    cx.paused.remove(&target);
+    cx.log.note(format!("SIGCONT node {target}"));
+}
+
+async fn partition_round(cx: &mut NemesisContext<'_>) -> Result<(), String> {
+    let lab = cx
+        .lab
+        .clone()
+        .ok_or("the partition nemesis needs a network lab")?;
+    let mut ids = cx.cluster.ids();
+    let variants: &[&str] = if ids.len() >= 5 {
+        &[
+            "isolate-random",
+            "isolate-leader",
+            "halves",
+            "one-way",
+            "ring",
+            "bridge",
+        ]
+    } else {
+        &[
+            "isolate-random",
+            "isolate-leader",
+            "halves",
+            "one-way",
+            "bridge",
+        ]
+    };
+    let variant = *variants.choose(&mut cx.rng).expect("variants");
+    ids.shuffle(&mut cx.rng);
+    let leader = leader_or_random(cx).await;
+    let grudge = match variant {
+        "isolate-random" => shapes::isolate(ids[0], &ids),
+        "isolate-leader" => shapes::isolate(leader, &ids),
+        "halves" => {
+            let minority = (ids.len() - 1) / 2;
+            shapes::split(&ids[..minority], &ids[minority..])
+        }
+        // The leader (usually) stops hearing the others; they still hear it.
+        "one-way" => shapes::deaf(leader, &ids),
+        "ring" => shapes::ring(&ids),
+        _ => shapes::bridge(ids[0], &ids),
+    };
+    lab.partition(&grudge)?;
+    cx.log.faults += 1;
+    cx.log.note(format!(
+        "partition {variant} (leader was {leader}): drops {grudge:?}"
+    ));
+    tokio::time::sleep(millis(&mut cx.rng, (2500, 5000))).await;
+    lab.heal()?;
+    cx.log.note("healed the network");
+    Ok(())
+}
+
+async fn clock_round(cx: &mut NemesisContext<'_>) {
+    const SPECS: [&str; 6] = ["+9s", "-9s", "+120s", "+0 x2", "+0 x0.5", "-3s x1.5"];
+    let ids = cx.cluster.ids();
+    let count = cx.rng.random_range(1..=ids.len());
+    let mut targets = ids.clone();
+    targets.shuffle(&mut cx.rng);
+    targets.truncate(count);
+    let mut applied = Vec::new();
+    for id in &targets {
+        let spec = SPECS.choose(&mut cx.rng).expect("specs").to_string();
+        cx.cluster.stop(*id);
+        cx.cluster.set_faketime(*id, Some(spec.clone()));
+        cx.cluster.spawn(*id);
+        cx.skewed.insert(*id);
+        applied.push(format!("{id}: {spec:?}"));
+    }
+    cx.log.faults += 1;
+    cx.log
+        .note(format!("restarted under faketime: {}", applied.join(", ")));
+    tokio::time::sleep(millis(&mut cx.rng, (3000, 6000))).await;
+    for id in &targets {
+        cx.cluster.stop(*id);
+        cx.cluster.set_faketime(*id, None);
+        cx.cluster.spawn(*id);
+        cx.skewed.remove(id);
+    }
+    cx.log
+        .note(format!("restarted {targets:?} on the real clock"));
+}
+
+async fn power_cut_round(cx: &mut NemesisContext<'_>, round: usize) {
+    let mut ids = cx.cluster.ids();
+    ids.shuffle(&mut cx.rng);
+    // Every other round cuts every node; the others a minority.
+    let all = round % 2 == 0;
+    let targets: Vec<u64> = if all {
+        ids.clone()
+    } else {
+        ids[..(ids.len() - 1) / 2].to_vec()
+    };
+    for id in &targets {
+        cx.cluster.cut_power(*id);
+    }
+    cx.log.faults += 1;
+    cx.log.note(format!(
+        "power cut ({}): {targets:?}",
+        if all { "all nodes" } else { "a minority" }
+    ));
+    tokio::time::sleep(millis(&mut cx.rng, (500, 1500))).await;
+    for id in &targets {
+        cx.cluster.spawn(*id);
+    }
+    cx.log.note(format!("powered on {targets:?}"));
+    tokio::time::sleep(millis(&mut cx.rng, (1500, 3000))).await;
+}
+
+async fn membership_round(cx: &mut NemesisContext<'_>) -> Result<(), String> {
+    let leader = cx.cluster.leader().await;
+    if cx.cluster.ids().len() <= cx.voters {
+        let Some(leader) = leader else {
+            cx.log.note("membership: no leader, nothing changed");
+            return Ok(());
+        };
+        let via = cx.cluster.node(leader).client_address.clone();
+        let id = cx.cluster.try_add_joining_node(&via)?;
+        cx.log.faults += 1;
+        cx.log.note(format!("started node {id} with --join {via}"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let voter = match cx.cluster.leader().await {
+                Some(l) => cx
+                    .cluster
+                    .status(l)
+                    .await
+                    .is_some_and(|s| s.members.iter().any(|m| m.id == id && m.voter)),
+                None => false,
+            };
+            if voter {
+                cx.log.note(format!("node {id} is a voter"));
+                break;
+            }
+            if Instant::now() > deadline {
+                cx.log
+                    .note(format!("node {id} did not become a voter within 20 s"));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        let candidates: Vec<u64> = cx
+            .cluster
+            .ids()
+            .into_iter()
+            .filter(|id| Some(*id) != leader)
+            .collect();
+        let Some(&target) = candidates.choose(&mut cx.rng) else {
+            return Ok(());
+        };
+        match cx
+            .cluster
+            .remove_member(target, Duration::from_secs(15))
+            .await
+        {
+            Ok(_) => {
+                cx.cluster.forget(target);
+                cx.log.faults += 1;
+                cx.log.note(format!(
+                    "removed node {target} (RemoveMember) and stopped it"
+                ));
+            }
+            Err(e) => cx.log.note(format!("removing node {target} failed: {e}")),
+        }
+    }
+    Ok(())
+}
+
+async fn transfer_round(cx: &mut NemesisContext<'_>) {
+    let ids = cx.cluster.ids();
+    let leader = cx.cluster.leader().await;
+    let others: Vec<u64> = ids.into_iter().filter(|id| Some(*id) != leader).collect();
+    let to = if cx.rng.random_bool(0.2) {
+        0
+    } else {
+        *others.choose(&mut cx.rng).unwrap_or(&0)
+    };
+    match cx.cluster.transfer_leader(to, Duration::from_secs(5)).await {
+        Ok(from) => {
+            cx.log.faults += 1;
+            cx.log.note(format!("TransferLeader from {from} to {to}"));
+        }
+        Err(e) => cx.log.note(format!("TransferLeader to {to} failed: {e}")),
+    }
+    tokio::time::sleep(millis(&mut cx.rng, (500, 1500))).await;
+}
+
+/// Removes every fault that can remain: resumes paused nodes, heals the
+/// network, restarts skewed nodes on the real clock and starts stopped ones.
+pub fn heal_all(cx: &mut NemesisContext<'_>) -> Result<(), String> {
+    for id in cx.cluster.ids() {
+        cx.cluster.resume(id);
+    }
+    cx.paused.clear();
+    if let Some(lab) = &cx.lab {
+        lab.heal()?;
+    }
+    for id in std::mem::take(&mut cx.skewed) {
+        cx.cluster.stop(id);
+        cx.cluster.set_faketime(id, None);
+        cx.cluster.spawn(id);
+    }
+    for id in cx.cluster.ids() {
+        if !cx.cluster.is_running(id) {
+            cx.cluster.spawn(id);
+        }
+    }
+    cx.log.note("healed everything");
+    Ok(())
+}
+
+/// Waits until a leader is elected and every node has applied the leader's
+/// commit index. Returns a description of what did not converge.
+pub async fn converge(cluster: &Cluster, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let leader = loop {
+        if let Some(l) = cluster.leader().await {
+            break l;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no leader within {timeout:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let commit = cluster
+        .status(leader)
+        .await
+        .map(|s| s.commit_index)
+        .ok_or_else(|| format!("leader {leader} stopped answering"))?;
+    for id in cluster.ids() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !cluster.wait_applied(id, commit, left).await {
+            return Err(format!(
+                "node {id} did not apply index {commit} within {timeout:?}"
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,604 @@
+//! The runner: scenarios (a workload plus a nemesis on a fresh cluster), the
+//! `ci` suite, the `soak` loop and the broken-node proof, with everything
+//! each run leaves in its results folder.
+//!
+//! One scenario: start the cluster (in network namespaces when it needs
+//! partitions, on power-cut disks when it needs power cuts), wait for a
+//! leader, run the workload while the nemesis injects faults, heal every
+//! fault, stop the workload, wait for convergence, do the final reads, check
+//! the history, and write `history.jsonl` (plus `watch.jsonl`), `nemesis.log`,
+//! `check.txt` and the node logs into the scenario's folder. A scenario whose
+//! nemesis cannot run here (not root, no FUSE, no libfaketime) is *skipped*
+//! with its reason printed — never counted as passed.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_client::v1::{Consistency, Tenancy};
+use cairn_client::{Client, ClientOptions};
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom as _;
+use rand::{Rng, SeedableRng};
+
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::linearizability::{CheckOptions, KeyOutcome};
+use crate::models::{self, ModelKind};
+use crate::nemesis::{self, NemesisContext, NemesisKind, NemesisLog};
+use crate::net::NetworkLab;
+use crate::watch_check::{self, Stored};
+use crate::workload::{self, Workload, WorkloadKind, WorkloadOptions};
+use crate::{append, set, Verdict};
+
+/// One scenario of a run.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub workload: WorkloadKind,
+    pub nemesis: NemesisKind,
+    pub nodes: usize,
+    /// How long the workload runs under the nemesis.
+    pub duration: Duration,
+    pub seed: u64,
+    /// Start the nodes with `--unsafe-local-strong-reads` (the broken node).
+    pub broken_reads: bool,
+}
+
+/// How a scenario ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    Passed,
+    Failed(String),
+    Skipped(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct ScenarioResult {
+    pub scenario: Scenario,
+    pub status: Status,
+    /// The checker's verdict (`None` when the run failed before checking).
+    pub verdict: Option<Verdict>,
+    pub elapsed: Duration,
+    pub operations: usize,
+    pub faults: usize,
+    pub folder: PathBuf,
+}
+
+/// What every scenario of a run shares.
+pub struct RunEnvironment {
+    pub binary: PathBuf,
+    pub results: PathBuf,
+    /// Budget of the linearizability search per scenario.
+    pub check_budget: Duration,
+}
+
+/// The short suite: at least six scenarios on 3 nodes.
+pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
+    let plan: [(WorkloadKind, NemesisKind); 8] = [
+        (WorkloadKind::Register, NemesisKind::Partition),
+        (WorkloadKind::Register, NemesisKind::Kill),
+        (WorkloadKind::Append, NemesisKind::Pause),
+        (WorkloadKind::Set, NemesisKind::PowerCut),
+        (WorkloadKind::Watch, NemesisKind::Partition),
+        (WorkloadKind::Register, NemesisKind::Clock),
+        (WorkloadKind::Append, NemesisKind::Membership),
+        (WorkloadKind::Set, NemesisKind::LeaderTransfer),
+    ];
+    plan.iter()
+        .enumerate()
+        .map(|(i, (w, n))| Scenario {
+            name: format!("{:02}-{}-{}", i + 1, w.name(), n.name()),
+            workload: *w,
+            nemesis: *n,
+            nodes: 3,
+            duration: Duration::from_secs(18),
+            seed: seed.wrapping_add(i as u64 * 7919),
+            broken_reads: false,
+        })
+        .collect()
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DDTHH-MM-SSZ` (UTC).
+pub fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Locates (building it if needed) the `cairn` binary next to this program:
+/// `cargo build -p cairn-node --bin cairn` in the same profile, so that a
+/// stale node is never tested.
+pub fn cairn_binary() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
+    let dir = exe
+        .parent()
+        .ok_or("the current exe has no directory")?
+        .to_path_buf();
+    let release = dir.file_name().is_some_and(|n| n == "release");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("no workspace directory")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command
+        .current_dir(workspace)
+        .args(["build", "--quiet", "-p", "cairn-node", "--bin", "cairn"]);
+    if release {
+        command.arg("--release");
+    }
+    match command.status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => return Err(format!("building cairn failed ({s})")),
+        Err(e) => {
+            eprintln!("jepsen: cannot run cargo ({e}); using the cairn binary next to this one")
+        }
+    }
+    let binary = dir.join("cairn");
+    if binary.is_file() {
+        Ok(binary)
+    } else {
+        Err(format!("no cairn binary at {}", binary.display()))
+    }
+}
+
+fn write_file(path: &Path, text: &str) {
+    if let Err(e) = std::fs::write(path, text) {
+        eprintln!("jepsen: cannot write {}: {e}", path.display());
+    }
+}
+
+/// Runs one scenario; never panics on a cluster that misbehaves.
+pub async fn run_scenario(scenario: &Scenario, env: &RunEnvironment) -> ScenarioResult {
+    let started = Instant::now();
+    let folder = env.results.join(&scenario.name);
+    let mut result = ScenarioResult {
+        scenario: scenario.clone(),
+        status: Status::Passed,
+        verdict: None,
+        elapsed: Duration::ZERO,
+        operations: 0,
+        faults: 0,
+        folder: folder.clone(),
+    };
+    if let Some(reason) = scenario.nemesis.unavailable_reason() {
+        result.status = Status::Skipped(reason);
+        return result;
+    }
+    if let Err(e) = std::fs::create_dir_all(&folder) {
+        result.status = Status::Failed(format!("cannot create {}: {e}", folder.display()));
+        return result;
+    }
+    let outcome = run_scenario_inner(scenario, env, &folder, &mut result).await;
+    result.elapsed = started.elapsed();
+    if let Err(e) = outcome {
+        result.status = Status::Failed(e);
+    }
+    if result.status == Status::Passed {
+        // Keep the logs and histories, not the data dirs.
+        if let Ok(entries) = std::fs::read_dir(&folder) {
+            for e in entries.flatten() {
+                if e.path().is_dir() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+    result
+}
+
+async fn run_scenario_inner(
+    scenario: &Scenario,
+    env: &RunEnvironment,
+    folder: &Path,
+    result: &mut ScenarioResult,
+) -> Result<(), String> {
+    let mut rng = StdRng::seed_from_u64(scenario.seed);
+    let lab = if scenario.nemesis == NemesisKind::Partition {
+        Some(Arc::new(NetworkLab::new()?))
+    } else {
+        None
+    };
+    let mut options = ClusterOptions::new(&env.binary, scenario.nodes);
+    options.root = Some(folder.to_path_buf());
+    options.election_timeout_ms = 800;
+    options.snapshot_log_entries = 500;
+    options.network = lab.clone();
+    options.powercut = scenario.nemesis == NemesisKind::PowerCut;
+    options.die_with_parent = true;
+    options.log_level = "info".into();
+    if scenario.broken_reads {
+        options
+            .extra_args
+            .push("--unsafe-local-strong-reads".into());
+    }
+    let mut cluster = Cluster::try_start(options)?;
+    let endpoints = cluster.endpoints();
+    let first_leader = wait_leader(&cluster, Duration::from_secs(20)).await?;
+
+    let mut workload_options = WorkloadOptions::new(scenario.workload, rng.random());
+    if scenario.nodes >= 5 {
+        workload_options.processes = 10;
+    }
+    let mut workload = Workload::start(workload_options, &endpoints);
+    let mut cx = NemesisContext {
+        cluster: &mut cluster,
+        lab: lab.clone(),
+        rng: StdRng::seed_from_u64(rng.random()),
+        log: NemesisLog::new(Instant::now()),
+        paused: Default::default(),
+        skewed: Default::default(),
+        voters: scenario.nodes,
+    };
+    cx.log.note(format!(
+        "cluster of {} up, leader {first_leader}",
+        scenario.nodes
+    ));
+    let nemesis_result = nemesis::run(scenario.nemesis, &mut cx, scenario.duration).await;
+    let heal_result = nemesis::heal_all(&mut cx);
+    let NemesisContext {
+        log: mut nemesis_log,
+        ..
+    } = cx;
+    workload.stop_processes().await;
+    nemesis_log.note("workload stopped");
+    result.faults = nemesis_log.faults;
+    let mut failure: Option<String> = None;
+    if let Err(e) = nemesis_result.and(heal_result) {
+        failure = Some(format!("nemesis: {e}"));
+    }
+    if let Err(e) = nemesis::converge(&cluster, Duration::from_secs(40)).await {
+        failure.get_or_insert(format!("the cluster did not converge after healing: {e}"));
+    }
+    nemesis_log.note("converged");
+
+    // Final reads, through every node in turn.
+    let all_endpoints = cluster.endpoints();
+    let final_client = Client::new(
+        &all_endpoints,
+        ClientOptions {
+            request_timeout: Duration::from_secs(5),
+            ..ClientOptions::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    if !workload
+        .final_reads(&final_client, Duration::from_secs(30))
+        .await
+    {
+        failure.get_or_insert("the final reads did not succeed within 30 s".into());
+    }
+    let mut report = String::new();
+    let mut watch_final = None;
+    if scenario.workload == WorkloadKind::Watch {
+        match final_list(&final_client).await {
+            Ok((state, revision)) => {
+                // Let every watcher reach the final revision.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while workload.watchers_revision(endpoints.len()) < revision
+                    && Instant::now() < deadline
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                watch_final = Some((state, revision));
+            }
+            Err(e) => {
+                failure.get_or_insert(format!("final list failed: {e}"));
+            }
+        }
+        workload.stop_watchers().await;
+    }
+    nemesis_log.note("final reads done");
+    write_file(
+        &folder.join("nemesis.log"),
+        &(nemesis_log.lines.join("\n") + "\n"),
+    );
+
+    let history = workload.recorder.history();
+    result.operations = history.len();
+    let mut jsonl = Vec::new();
+    if history.write_jsonl(&mut jsonl).is_ok() {
+        let _ = std::fs::write(folder.join("history.jsonl"), &jsonl);
+    }
+    let verdict = match scenario.workload {
+        WorkloadKind::Register => {
+            let options = CheckOptions {
+                time_budget: env.check_budget,
+                ..CheckOptions::default()
+            };
+            let r = models::check(&history, ModelKind::Register, &options)
+                .map_err(|e| e.to_string())?;
+            let _ = writeln!(
+                report,
+                "register checker: {:?} ({} keys, {:?})",
+                r.verdict,
+                r.keys.len(),
+                r.elapsed
+            );
+            for key in &r.keys {
+                let _ = writeln!(
+                    report,
+                    "  key {}: {} ops, {:?}",
+                    key.key,
+                    key.operation_count,
+                    short_outcome(&key.outcome)
+                );
+                if let KeyOutcome::NotLinearizable(prefix) = &key.outcome {
+                    let ops = history.operations();
+                    let _ = writeln!(
+                        report,
+                        "    cannot linearize #{}: {}",
+                        prefix.failing_operation, ops[prefix.failing_operation]
+                    );
+                    for i in prefix.prefix_operations.iter().rev().take(12).rev() {
+                        let _ = writeln!(report, "      #{i} {}", ops[*i]);
+                    }
+                }
+            }
+            r.verdict
+        }
+        WorkloadKind::Set => {
+            let r = set::check(&history).map_err(|e| e.to_string())?;
+            let _ = writeln!(report, "set checker: {:?}", r.verdict);
+            for key in &r.keys {
+                let _ = writeln!(
+                    report,
+                    "  key {}: {:?}, {} acknowledged, {} indeterminate ({} present), {} failed, anomalies {:?}",
+                    key.key,
+                    key.verdict,
+                    key.acknowledged_elements,
+                    key.indeterminate_elements,
+                    key.indeterminate_elements_present,
+                    key.failed_elements,
+                    key.anomalies.iter().take(10).collect::<Vec<_>>()
+                );
+            }
+            r.verdict
+        }
+        WorkloadKind::Append => {
+            let r = append::check(&history).map_err(|e| e.to_string())?;
+            let _ = writeln!(report, "append checker: {:?}", r.verdict);
+            for key in &r.keys {
+                let _ = writeln!(
+                    report,
+                    "  key {}: {:?}, longest list {}, {} reads, {} acknowledged, {} indeterminate, anomalies {:?}",
+                    key.key,
+                    key.verdict,
+                    key.longest_len,
+                    key.reads,
+                    key.acknowledged_appends,
+                    key.indeterminate_appends,
+                    key.anomalies.iter().take(10).collect::<Vec<_>>()
+                );
+            }
+            r.verdict
+        }
+        WorkloadKind::Watch => {
+            let log = workload.watch_log.lock().clone();
+            let mut text = String::new();
+            for record in &log {
+                if let Ok(line) = serde_json::to_string(record) {
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+            }
+            write_file(&folder.join("watch.jsonl"), &text);
+            match &watch_final {
+                Some((state, revision)) => {
+                    let r = watch_check::check(&log, &history, state, *revision, endpoints.len());
+                    let _ = writeln!(report, "watch checker: {:?}", r.verdict);
+                    for line in r.summary.iter().chain(r.anomalies.iter().take(40)) {
+                        let _ = writeln!(report, "  {line}");
+                    }
+                    r.verdict
+                }
+                None => Verdict::Unknown,
+            }
+        }
+    };
+    let counts = outcome_counts(&history);
+    let _ = writeln!(report, "operations: {counts}");
+    write_file(&folder.join("check.txt"), &report);
+    result.verdict = Some(verdict);
+    drop(cluster);
+    drop(lab);
+    match (verdict, failure) {
+        (Verdict::Invalid, _) => Err(format!(
+            "checker: INVALID (see {}/check.txt)",
+            folder.display()
+        )),
+        (_, Some(f)) => Err(f),
+        (Verdict::Unknown, None) => Err(format!(
+            "checker: UNKNOWN (see {}/check.txt)",
+            folder.display()
+        )),
+        (Verdict::Valid, None) => Ok(()),
+    }
+}
+
+fn short_outcome(outcome: &KeyOutcome) -> String {
+    match outcome {
+        KeyOutcome::Linearizable => "linearizable".into(),
+        KeyOutcome::NotLinearizable(_) => "NOT linearizable".into(),
+        KeyOutcome::Unknown(reason) => format!("unknown ({reason:?})"),
+    }
+}
+
+fn outcome_counts(history: &crate::History) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for op in history.operations() {
+        *counts
+            .entry(format!("{} {}", op.op, op.outcome))
+            .or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn wait_leader(cluster: &Cluster, timeout: Duration) -> Result<u64, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(l) = cluster.leader().await {
+            return Ok(l);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "no leader within {timeout:?} (logs in the scenario folder)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The watch workload's final state: a strong list of its type.
+async fn final_list(client: &Client) -> Result<(BTreeMap<String, Stored>, u64), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client
+            .list(
+                workload::resource_type(WorkloadKind::Watch),
+                Tenancy {
+                    partition: "*".into(),
+                    namespace: "*".into(),
+                },
+                "",
+                Consistency::Strong,
+            )
+            .await
+        {
+            Ok(list) => {
+                let state = list
+                    .resources
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.id.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
+                            Stored {
+                                version: r.version.clone(),
+                                value: workload::decode(r),
+                            },
+                        )
+                    })
+                    .collect();
+                return Ok((state, list.revision));
+            }
+            Err(e) if Instant::now() > deadline => return Err(e.to_string()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Prints a scenario's result line.
+pub fn print_result(r: &ScenarioResult) {
+    match &r.status {
+        Status::Passed => println!(
+            "PASS {} ({:.1}s, {} ops, {} faults)",
+            r.scenario.name,
+            r.elapsed.as_secs_f64(),
+            r.operations,
+            r.faults
+        ),
+        Status::Failed(why) => println!(
+            "FAIL {} ({:.1}s, {} ops, {} faults): {why}",
+            r.scenario.name,
+            r.elapsed.as_secs_f64(),
+            r.operations,
+            r.faults
+        ),
+        Status::Skipped(why) => println!("SKIP {}: {why}", r.scenario.name),
+    }
+}
+
+/// Writes `summary.txt` of a run.
+pub fn write_summary(
+    results_dir: &Path,
+    command: &str,
+    seed: u64,
+    results: &[ScenarioResult],
+    elapsed: Duration,
+) {
+    let mut text = String::new();
+    let _ = writeln!(text, "command: {command}");
+    let _ = writeln!(text, "seed: {seed}");
+    let _ = writeln!(text, "elapsed: {:.1}s", elapsed.as_secs_f64());
+    for r in results {
+        let status = match &r.status {
+            Status::Passed => "PASS".to_string(),
+            Status::Failed(why) => format!("FAIL: {why}"),
+            Status::Skipped(why) => format!("SKIP: {why}"),
+        };
+        let _ = writeln!(
+            text,
+            "{} workload={} nemesis={} nodes={} seed={} ops={} faults={} elapsed={:.1}s verdict={:?} {status}",
+            r.scenario.name,
+            r.scenario.workload.name(),
+            r.scenario.nemesis.name(),
+            r.scenario.nodes,
+            r.scenario.seed,
+            r.operations,
+            r.faults,
+            r.elapsed.as_secs_f64(),
+            r.verdict
+        );
+    }
+    let passed = results
+        .iter()
+        .filter(|r| r.status == Status::Passed)
+        .count();
+    let failed = results
+        .iter()
+        .filter(|r| matches!(r.status, Status::Failed(_)))
+        .count();
+    let skipped = results
+        .iter()
+        .filter(|r| matches!(r.status, Status::Skipped(_)))
+        .count();
+    let _ = writeln!(text, "{passed} passed, {failed} failed, {skipped} skipped");
+    if failed > 0 {
+        let _ = writeln!(
+            text,
+            "replay with: cargo run -p jepsen-tests --release -- {command} --seed {seed}"
+        );
+    }
+    write_file(&results_dir.join("summary.txt"), &text);
+}
+
+/// The soak plan: scenario `i` of a 5-node soak (every nemesis in turn, a
+/// random workload each).
+pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
+    let mut rng = StdRng::seed_from_u64(seed.wrapping_add(i as u64 * 104_729));
+    let nemesis = NemesisKind::ALL[i % NemesisKind::ALL.len()];
+    let workload = *WorkloadKind::ALL.choose(&mut rng).expect("workloads");
+    Scenario {
+        name: format!("{:03}-{}-{}", i + 1, workload.name(), nemesis.name()),
+        workload,
+        nemesis,
+        nodes: 5,
+        duration: Duration::from_secs(30),
+        seed: rng.random(),
+        broken_reads: false,
+    }
+}

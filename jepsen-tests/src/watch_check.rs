@@ -1,0 +1,491 @@
+//! The watch checker: did every watcher see every committed change of its
+//! filter exactly once, in commit order, without rewinding, and end at the
+//! final state?
+//!
+//! Input: the watchers' logs ([`WatchRecord`]s, one stream per node, in the
+//! order received), the writers' history (`write` ok = output is the version
+//! it stored; `delete` ok = output is the revision of the delete, `"0"` when
+//! nothing was stored), and the final state read strongly after healing.
+//!
+//! Per node, the log is replayed:
+//! - an `open` at 0 starts a snapshot: its upserts rebuild the state, and its
+//!   `end_of_snapshot` revision must not be below the last revision already
+//!   seen (no rewind); an `open` at `r > 0` resumes after `r`;
+//! - live upserts and deletes must have strictly increasing revisions (no
+//!   duplicate, commit order), an upsert's version must be its revision, a
+//!   delete must remove something the state holds, and every upserted value
+//!   must come from a write that was attempted and did not certainly fail;
+//! - the node *covers* the revisions from its first snapshot to the last
+//!   revision it reached, except the gaps before a `resync` snapshot.
+//!
+//! Then: every acknowledged write whose revision a node covers must be among
+//! that node's events, with the same name and value (an acknowledged delete
+//! may have been a no-op, so its revision must hold that delete or nothing);
+//! any two
+//! nodes covering a revision must agree on the event there (or both have
+//! none); and every node's final state must equal the final read.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::history::{History, OpKind, Outcome, Value};
+use crate::workload::WatchRecord;
+use crate::Verdict;
+
+/// A resource as the final read or a watcher's state holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub version: String,
+    pub value: Value,
+}
+
+/// One change event: kind, name, version, value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Change {
+    delete: bool,
+    name: String,
+    version: String,
+    value: Value,
+}
+
+#[derive(Debug, Default)]
+struct NodeReplay {
+    state: BTreeMap<String, Stored>,
+    /// Live changes by revision.
+    changes: BTreeMap<u64, Change>,
+    /// Covered revision ranges `(from, to]`.
+    covered: Vec<(u64, u64)>,
+    last_revision: u64,
+    snapshots: usize,
+    errors: usize,
+}
+
+impl NodeReplay {
+    fn covers(&self, revision: u64) -> bool {
+        self.covered
+            .iter()
+            .any(|(from, to)| revision > *from && revision <= *to)
+    }
+}
+
+/// The result of a watch check.
+#[derive(Debug)]
+pub struct WatchReport {
+    pub verdict: Verdict,
+    /// Human-readable findings, anomalies first.
+    pub anomalies: Vec<String>,
+    pub summary: Vec<String>,
+}
+
+/// Checks the watchers of `nodes` nodes.
+pub fn check(
+    log: &[WatchRecord],
+    history: &History,
+    final_state: &BTreeMap<String, Stored>,
+    final_revision: u64,
+    nodes: usize,
+) -> WatchReport {
+    let mut anomalies = Vec::new();
+    let mut summary = Vec::new();
+    // Values attempted by writes that did not certainly fail.
+    let mut attempted: HashMap<(&str, &Value), Outcome> = HashMap::new();
+    for op in history.operations() {
+        if op.op == OpKind::Write && op.outcome != Outcome::Fail {
+            attempted.insert((op.key.as_str(), &op.input), op.outcome);
+        }
+    }
+    let mut replays = Vec::with_capacity(nodes);
+    for node in 0..nodes {
+        let mut r = NodeReplay::default();
+        let mut snapshot: Option<BTreeMap<String, Stored>> = None;
+        // The start of the current covered range, once the node is live.
+        let mut range_from: Option<u64> = None;
+        for rec in log.iter().filter(|rec| rec.node == node) {
+            match rec.event.as_str() {
+                "open" => {
+                    if rec.revision == 0 {
+                        if let Some(from) = range_from.take() {
+                            r.covered.push((from, r.last_revision));
+                        }
+                        snapshot = Some(BTreeMap::new());
+                    }
+                }
+                "resync" | "error" => r.errors += 1,
+                "end_of_snapshot" => {
+                    let Some(state) = snapshot.take() else {
+                        anomalies.push(format!(
+                            "node {node}: EndOfSnapshot at {} without a snapshot in progress",
+                            rec.revision
+                        ));
+                        continue;
+                    };
+                    if rec.revision < r.last_revision {
+                        anomalies.push(format!(
+                            "node {node}: rewind: a snapshot at revision {} after revision {} was seen",
+                            rec.revision, r.last_revision
+                        ));
+                    }
+                    r.snapshots += 1;
+                    r.state = state;
+                    r.last_revision = r.last_revision.max(rec.revision);
+                    range_from = Some(rec.revision);
+                }
+                "upsert" | "delete" if snapshot.is_some() => {
+                    let state = snapshot.as_mut().expect("checked");
+                    if rec.event == "delete" {
+                        anomalies.push(format!(
+                            "node {node}: a Delete inside a snapshot ({})",
+                            rec.name
+                        ));
+                    } else {
+                        state.insert(
+                            rec.name.clone(),
+                            Stored {
+                                version: rec.version.clone(),
+                                value: rec.value.clone(),
+                            },
+                        );
+                    }
+                }
+                "upsert" | "delete" => {
+                    if rec.revision <= r.last_revision {
+                        anomalies.push(format!(
+                            "node {node}: {} of {} at revision {} after revision {} (duplicate or out of order)",
+                            rec.event, rec.name, rec.revision, r.last_revision
+                        ));
+                        continue;
+                    }
+                    r.last_revision = rec.revision;
+                    if rec.event == "upsert" {
+                        if rec.version != rec.revision.to_string() {
+                            anomalies.push(format!(
+                                "node {node}: upsert of {} at revision {} carries version {:?}",
+                                rec.name, rec.revision, rec.version
+                            ));
+                        }
+                        if !attempted.contains_key(&(rec.name.as_str(), &rec.value)) {
+                            anomalies.push(format!(
+                                "node {node}: upsert of {} = {} at revision {}: no such write was attempted (or it failed)",
+                                rec.name, rec.value, rec.revision
+                            ));
+                        }
+                        r.state.insert(
+                            rec.name.clone(),
+                            Stored {
+                                version: rec.version.clone(),
+                                value: rec.value.clone(),
+                            },
+                        );
+                    } else if r.state.remove(&rec.name).is_none() {
+                        anomalies.push(format!(
+                            "node {node}: delete of {} at revision {} which the watch did not hold",
+                            rec.name, rec.revision
+                        ));
+                    }
+                    r.changes.insert(
+                        rec.revision,
+                        Change {
+                            delete: rec.event == "delete",
+                            name: rec.name.clone(),
+                            version: rec.version.clone(),
+                            value: rec.value.clone(),
+                        },
+                    );
+                }
+                "progress" => {
+                    r.last_revision = r.last_revision.max(rec.revision);
+                }
+                other => anomalies.push(format!("node {node}: unknown record {other:?}")),
+            }
+        }
+        if let Some(from) = range_from {
+            r.covered.push((from, r.last_revision));
+        }
+        summary.push(format!(
+            "node {node}: {} live changes, {} snapshots, {} breaks, reached revision {}",
+            r.changes.len(),
+            r.snapshots,
+            r.errors,
+            r.last_revision
+        ));
+        replays.push(r);
+    }
+
+    // Acknowledged changes must be seen where covered.
+    let mut acknowledged = 0usize;
+    for op in history.operations() {
+        if op.outcome != Outcome::Ok {
+            continue;
+        }
+        let revision = match (&op.op, &op.output) {
+            (OpKind::Write | OpKind::Delete, Value::Str(s)) => s.parse::<u64>().unwrap_or(0),
+            _ => 0,
+        };
+        if revision == 0 {
+            continue;
+        }
+        acknowledged += 1;
+        for (node, r) in replays.iter().enumerate() {
+            if !r.covers(revision) {
+                continue;
+            }
+            match r.changes.get(&revision) {
+                Some(c) if c.name == op.key && (c.delete == (op.op == OpKind::Delete)) => {
+                    if op.op == OpKind::Write && c.value != op.input {
+                        anomalies.push(format!(
+                            "node {node}: revision {revision} of {} shows {} but the acknowledged write stored {}",
+                            op.key, c.value, op.input
+                        ));
+                    }
+                }
+                Some(c) => anomalies.push(format!(
+                    "node {node}: revision {revision} is {} of {}, but the acknowledged {} of {} was applied there",
+                    if c.delete { "a delete" } else { "an upsert" },
+                    c.name,
+                    op.op,
+                    op.key
+                )),
+                // A delete of a lifetime that was already gone is acknowledged
+                // with its log index but changes nothing: no event is due.
+                None if op.op == OpKind::Delete => {}
+                None => anomalies.push(format!(
+                    "node {node}: missed the acknowledged {} of {} at revision {revision}",
+                    op.op, op.key
+                )),
+            }
+        }
+    }
+
+    // Nodes agree wherever both cover a revision.
+    for (a, ra) in replays.iter().enumerate() {
+        for (b, rb) in replays.iter().enumerate().skip(a + 1) {
+            for (revision, change) in &ra.changes {
+                if rb.covers(*revision) {
+                    match rb.changes.get(revision) {
+                        Some(other) if other == change => {}
+                        Some(other) => anomalies.push(format!(
+                            "nodes {a} and {b} disagree at revision {revision}: {change:?} vs {other:?}"
+                        )),
+                        None => anomalies.push(format!(
+                            "node {b} covers revision {revision} but lacks node {a}'s change there: {change:?}"
+                        )),
+                    }
+                }
+            }
+            for (revision, change) in &rb.changes {
+                if ra.covers(*revision) && !ra.changes.contains_key(revision) {
+                    anomalies.push(format!(
+                        "node {a} covers revision {revision} but lacks node {b}'s change there: {change:?}"
+                    ));
+                }
+            }
+        }
+    }
+
+    // Final state.
+    for (node, r) in replays.iter().enumerate() {
+        if r.snapshots == 0 {
+            anomalies.push(format!("node {node}: the watch never delivered a snapshot"));
+            continue;
+        }
+        if r.last_revision < final_revision {
+            anomalies.push(format!(
+                "node {node}: the watch reached only revision {} of the final {final_revision}",
+                r.last_revision
+            ));
+            continue;
+        }
+        if &r.state != final_state {
+            let missing: Vec<&String> = final_state
+                .keys()
+                .filter(|k| r.state.get(*k) != final_state.get(*k))
+                .collect();
+            let extra: Vec<&String> = r
+                .state
+                .keys()
+                .filter(|k| !final_state.contains_key(*k))
+                .collect();
+            anomalies.push(format!(
+                "node {node}: the watch's final state differs from the final read (differing: {missing:?}, extra: {extra:?})"
+            ));
+        }
+    }
+    summary.push(format!(
+        "{acknowledged} acknowledged changes checked; final state {} resources at revision {final_revision}",
+        final_state.len()
+    ));
+    WatchReport {
+        verdict: if anomalies.is_empty() {
+            Verdict::Valid
+        } else {
+            Verdict::Invalid
+        },
+        anomalies,
+        summary,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Operation;
+
+    fn rec(node: usize, event: &str, revision: u64, name: &str, value: i64) -> WatchRecord {
+        WatchRecord {
+            node,
+            event: event.into(),
+            revision,
+            name: name.into(),
+            version: if name.is_empty() {
+                String::new()
+            } else {
+                revision.to_string()
+            },
+            value: if name.is_empty() {
+                Value::Null
+            } else {
+                Value::Int(value)
+            },
+            at_ns: 0,
+        }
+    }
+
+    fn write(key: &str, value: i64, version: u64) -> Operation {
+        Operation {
+            process: 0,
+            op: OpKind::Write,
+            key: key.into(),
+            input: Value::Int(value),
+            output: Value::Str(version.to_string()),
+            outcome: Outcome::Ok,
+            invoke_ns: 0,
+            complete_ns: Some(1),
+        }
+    }
+
+    fn final_state(entries: &[(&str, u64, i64)]) -> BTreeMap<String, Stored> {
+        entries
+            .iter()
+            .map(|(n, v, x)| {
+                (
+                    n.to_string(),
+                    Stored {
+                        version: v.to_string(),
+                        value: Value::Int(*x),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn stream(node: usize, skip: Option<u64>) -> Vec<WatchRecord> {
+        let mut v = vec![
+            rec(node, "open", 0, "", 0),
+            rec(node, "end_of_snapshot", 1, "", 0),
+        ];
+        for (revision, value) in [(2u64, 10i64), (3, 11), (4, 12)] {
+            if Some(revision) != skip {
+                v.push(rec(node, "upsert", revision, "a", value));
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn watchers_that_saw_every_change_pass() {
+        // Two nodes see the same three writes after an empty snapshot and end at the final state.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let mut log = stream(0, None);
+        log.extend(stream(1, None));
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 2);
+        assert_eq!(report.verdict, Verdict::Valid, "{:?}", report.anomalies);
+    }
+
+    #[test]
+    fn a_missed_acknowledged_write_is_reported() {
+        // Node 1 skips revision 3: the acknowledged write there is missing from it.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let mut log = stream(0, None);
+        log.extend(stream(1, Some(3)));
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 2);
+        assert_eq!(report.verdict, Verdict::Invalid);
+        assert!(
+            report.anomalies.iter().any(|a| a.contains("missed")),
+            "{:?}",
+            report.anomalies
+        );
+    }
+
+    #[test]
+    fn a_duplicated_event_is_reported() {
+        // Revision 3 delivered twice is a duplicate.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let mut log = stream(0, None);
+        log.insert(4, rec(0, "upsert", 3, "a", 11));
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 1);
+        assert!(
+            report.anomalies.iter().any(|a| a.contains("duplicate")),
+            "{:?}",
+            report.anomalies
+        );
+    }
+
+    #[test]
+    fn a_snapshot_behind_what_was_seen_is_a_rewind() {
+        // After reaching revision 4, a new snapshot at revision 2 is a rewind.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let mut log = stream(0, None);
+        log.push(rec(0, "open", 0, "", 0));
+        log.push(rec(0, "upsert", 2, "a", 10));
+        log.push(rec(0, "end_of_snapshot", 2, "", 0));
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 1);
+        assert!(
+            report.anomalies.iter().any(|a| a.contains("rewind")),
+            "{:?}",
+            report.anomalies
+        );
+    }
+
+    #[test]
+    fn a_watch_ending_away_from_the_final_state_is_reported() {
+        // The final read holds another value than the watch ended with.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let log = stream(0, None);
+        let report = check(
+            &log,
+            &history,
+            &final_state(&[("a", 4, 12), ("b", 1, 5)]),
+            4,
+            1,
+        );
+        assert!(
+            report.anomalies.iter().any(|a| a.contains("final state")),
+            "{:?}",
+            report.anomalies
+        );
+    }
+}

@@ -1,0 +1,884 @@
+//! Workloads: logical client processes that drive a cluster through
+//! `cairn-client` and record what they saw in a [`Recorder`].
+//!
+//! Every process has a *home* node, picked at random: its client lists the
+//! home node first and the others after it, and before every operation the
+//! home node is made the preferred endpoint again, so each operation starts at
+//! the home node (a NotLeader hint or a dead node still moves it on). Strong
+//! reads are therefore served, or refused, by many different nodes.
+//!
+//! - **register** ([`WorkloadKind::Register`]): one resource per key, its data
+//!   a value unique to the write that stored it. `read` = strong read; `write v`
+//!   = strong read for the version, then a CAS write (retried after a definite
+//!   CAS failure: the write takes effect at its successful attempt); `cas
+//!   [from to]` = a CAS write whose expected version is the one observed with
+//!   `from` (values are unique, so "the stored version is the one that came with
+//!   `from`" is "the key holds `from`"). Outcomes: `ok`; `fail` only when the
+//!   store answered CasFailure/WrongUid (the compare was evaluated) or, for a
+//!   write, when every attempt certainly did not apply; `info` when the outcome
+//!   is unknown or the CAS was refused before the compare (no leader).
+//! - **set**: one resource per element (`set<k>-<element>`), `add` = create,
+//!   `read` = strong list of the key's prefix.
+//! - **append**: a list in a resource's data, `append` = strong read then CAS
+//!   write of the list plus the element (retried after CAS failures), `read` =
+//!   strong read.
+//! - **watch**: writers write and delete resources (register-style, unique
+//!   values); one watcher per node keeps a watch open on that node (reopening
+//!   from its last revision after a break) and logs every event. Checked by
+//!   [`crate::watch_check`] against the acknowledged writes and the final state.
+//!
+//! Every value is unique: `process * 1_000_000 + counter`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_client::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
+use cairn_client::{Client, ClientError, ClientOptions, Outcome as ClientOutcome};
+use cairn_proto::google::protobuf::Any;
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::history::{OpKind, Recorder, Value};
+
+/// Group of every resource the workloads write.
+pub const GROUP: &str = "jepsen";
+const TYPE_URL: &str = "jepsen/value";
+
+/// Which workload a scenario runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorkloadKind {
+    Register,
+    Set,
+    Append,
+    Watch,
+}
+
+impl WorkloadKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadKind::Register => "register",
+            WorkloadKind::Set => "set",
+            WorkloadKind::Append => "append",
+            WorkloadKind::Watch => "watch",
+        }
+    }
+
+    pub const ALL: [WorkloadKind; 4] = [
+        WorkloadKind::Register,
+        WorkloadKind::Set,
+        WorkloadKind::Append,
+        WorkloadKind::Watch,
+    ];
+
+    fn kind_name(self) -> &'static str {
+        match self {
+            WorkloadKind::Register => "Register",
+            WorkloadKind::Set => "SetElement",
+            WorkloadKind::Append => "List",
+            WorkloadKind::Watch => "Watched",
+        }
+    }
+}
+
+/// Sizes and pacing of a workload.
+#[derive(Clone, Debug)]
+pub struct WorkloadOptions {
+    pub kind: WorkloadKind,
+    pub processes: usize,
+    pub keys: usize,
+    /// Pause between two operations of one process, drawn uniformly.
+    pub pause_ms: (u64, u64),
+    pub client: ClientOptions,
+    pub seed: u64,
+}
+
+impl WorkloadOptions {
+    pub fn new(kind: WorkloadKind, seed: u64) -> WorkloadOptions {
+        let client = ClientOptions {
+            request_timeout: Duration::from_secs(3),
+            connect_timeout: Duration::from_millis(500),
+            ..ClientOptions::default()
+        };
+        WorkloadOptions {
+            kind,
+            processes: 6,
+            keys: match kind {
+                WorkloadKind::Register => 4,
+                WorkloadKind::Set => 2,
+                WorkloadKind::Append => 3,
+                WorkloadKind::Watch => 6,
+            },
+            pause_ms: (20, 60),
+            client,
+            seed,
+        }
+    }
+}
+
+/// The type of the workload's resources.
+pub fn resource_type(kind: WorkloadKind) -> Type {
+    Type {
+        group: GROUP.into(),
+        group_version: "v1".into(),
+        kind: kind.kind_name().into(),
+    }
+}
+
+fn tenancy() -> Tenancy {
+    Tenancy {
+        partition: "default".into(),
+        namespace: "default".into(),
+    }
+}
+
+/// The id of `name` (any lifetime when `uid` is empty).
+pub fn resource_id(kind: WorkloadKind, name: &str, uid: &str) -> Id {
+    Id {
+        uid: uid.into(),
+        name: name.into(),
+        r#type: Some(resource_type(kind)),
+        tenancy: Some(tenancy()),
+    }
+}
+
+/// The resource name of a key.
+pub fn key_name(kind: WorkloadKind, key: usize) -> String {
+    match kind {
+        WorkloadKind::Register => format!("reg{key:02}"),
+        WorkloadKind::Set => format!("set{key:02}-"),
+        WorkloadKind::Append => format!("list{key:02}"),
+        WorkloadKind::Watch => format!("w{key:02}"),
+    }
+}
+
+fn encode(value: &Value) -> Option<Any> {
+    // Serializing a Value cannot fail (no maps with non-string keys, no floats).
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    Some(Any {
+        type_url: TYPE_URL.into(),
+        value: Bytes::from(bytes),
+    })
+}
+
+/// The value a resource carries; something undecodable is reported as a
+/// string value that no write produced (the checkers then flag it).
+pub fn decode(resource: &Resource) -> Value {
+    match &resource.data {
+        Some(any) if any.type_url == TYPE_URL => serde_json::from_slice(&any.value)
+            .unwrap_or_else(|e| Value::Str(format!("<undecodable data: {e}>"))),
+        Some(any) => Value::Str(format!("<foreign data type {}>", any.type_url)),
+        None => Value::Str("<no data>".into()),
+    }
+}
+
+fn new_resource(
+    kind: WorkloadKind,
+    name: &str,
+    uid: &str,
+    version: &str,
+    value: &Value,
+) -> Resource {
+    Resource {
+        id: Some(resource_id(kind, name, uid)),
+        version: version.into(),
+        data: encode(value),
+        ..Resource::default()
+    }
+}
+
+/// A client whose first endpoint is `home`.
+fn process_client(endpoints: &[String], home: usize, options: &ClientOptions) -> Option<Client> {
+    let n = endpoints.len();
+    let rotated: Vec<String> = (0..n).map(|i| endpoints[(home + i) % n].clone()).collect();
+    Client::new(&rotated, options.clone()).ok()
+}
+
+/// Makes the client's home node (its first endpoint) the preferred one again.
+fn pin_home(client: &Client) {
+    // `avoid(e)` prefers the endpoint after `e`; after the last one comes the first.
+    if let Some(last) = client.endpoints().last() {
+        client.avoid(&last.clone());
+    }
+}
+
+/// What the current state of a key looks like to a process.
+struct Observed {
+    uid: String,
+    version: String,
+    value: Value,
+}
+
+/// A strong read: `Ok(None)` = nothing stored.
+async fn read_key(
+    client: &Client,
+    kind: WorkloadKind,
+    name: &str,
+) -> Result<Option<Observed>, ClientError> {
+    match client
+        .read(resource_id(kind, name, ""), Consistency::Strong)
+        .await
+    {
+        Ok(resource) => Ok(Some(Observed {
+            uid: resource
+                .id
+                .as_ref()
+                .map(|i| i.uid.clone())
+                .unwrap_or_default(),
+            version: resource.version.clone(),
+            value: decode(&resource),
+        })),
+        Err(ClientError::NotFound) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How a blind write (read for the version, then CAS) ended.
+enum WriteResult {
+    /// Stored at this version.
+    Written(String),
+    /// Certainly not applied.
+    NotApplied,
+    /// May have applied.
+    Unknown,
+}
+
+/// Writes `value` whatever is stored: read the version, CAS, and start over
+/// after a CAS conflict (up to 8 attempts). Stops at the first attempt whose
+/// outcome is unknown.
+async fn blind_write(
+    client: &Client,
+    kind: WorkloadKind,
+    name: &str,
+    value: &Value,
+) -> WriteResult {
+    for _ in 0..8 {
+        let (uid, version) = match read_key(client, kind, name).await {
+            Ok(Some(o)) => (o.uid, o.version),
+            Ok(None) => (cairn_client::new_uid(), String::new()),
+            Err(_) => return WriteResult::NotApplied,
+        };
+        match client
+            .write(new_resource(kind, name, &uid, &version, value))
+            .await
+        {
+            Ok(stored) => return WriteResult::Written(stored.version),
+            Err(e) if e.is_cas_conflict() => continue,
+            Err(e) if e.outcome() == ClientOutcome::Unknown => return WriteResult::Unknown,
+            Err(_) => return WriteResult::NotApplied,
+        }
+    }
+    WriteResult::NotApplied
+}
+
+/// One event a watcher received (or a marker of a reopened watch).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WatchRecord {
+    /// The node watched (index into the endpoints).
+    pub node: usize,
+    /// "open" (revision = where it starts, 0 = with a snapshot), "upsert",
+    /// "delete", "end_of_snapshot", "progress", "resync" (history compacted:
+    /// the next open is a fresh snapshot) or "error" (version = the message).
+    pub event: String,
+    pub revision: u64,
+    pub name: String,
+    pub version: String,
+    pub value: Value,
+    /// Nanoseconds since the workload started.
+    pub at_ns: u64,
+}
+
+/// What a running workload shares with its tasks.
+pub struct Workload {
+    pub options: WorkloadOptions,
+    pub recorder: Recorder,
+    pub watch_log: Arc<Mutex<Vec<WatchRecord>>>,
+    stop: Arc<AtomicBool>,
+    stop_watchers: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    watchers: Vec<tokio::task::JoinHandle<()>>,
+    started: std::time::Instant,
+}
+
+impl Workload {
+    /// Starts the processes (and, for the watch workload, one watcher per node).
+    pub fn start(options: WorkloadOptions, endpoints: &[String]) -> Workload {
+        assert!(!endpoints.is_empty(), "a workload needs at least one node");
+        let recorder = Recorder::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_watchers = Arc::new(AtomicBool::new(false));
+        let watch_log = Arc::new(Mutex::new(Vec::new()));
+        let started = std::time::Instant::now();
+        let mut rng = StdRng::seed_from_u64(options.seed);
+        let mut tasks = Vec::new();
+        for process in 0..options.processes as u64 {
+            let home = rng.random_range(0..endpoints.len());
+            let Some(client) = process_client(endpoints, home, &options.client) else {
+                continue;
+            };
+            let process_rng = StdRng::seed_from_u64(rng.random());
+            let p = Process {
+                id: process,
+                client,
+                recorder: recorder.clone(),
+                kind: options.kind,
+                keys: options.keys,
+                pause_ms: options.pause_ms,
+                rng: process_rng,
+                counter: 0,
+                seen: BTreeMap::new(),
+            };
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(p.run(stop)));
+        }
+        let mut watchers = Vec::new();
+        if options.kind == WorkloadKind::Watch {
+            for node in 0..endpoints.len() {
+                let Ok(client) = Client::new(&[endpoints[node].clone()], options.client.clone())
+                else {
+                    continue;
+                };
+                watchers.push(tokio::spawn(watcher(
+                    node,
+                    client,
+                    watch_log.clone(),
+                    stop_watchers.clone(),
+                    started,
+                )));
+            }
+        }
+        Workload {
+            options,
+            recorder,
+            watch_log,
+            stop,
+            stop_watchers,
+            tasks,
+            watchers,
+            started,
+        }
+    }
+
+    /// Stops the processes and waits for their operations in flight (bounded
+    /// by the request timeout plus a margin; stragglers are aborted and their
+    /// operations recorded as never completed).
+    pub async fn stop_processes(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let limit = self.options.client.request_timeout * 10 + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + limit;
+        for task in self.tasks.drain(..) {
+            let abort = task.abort_handle();
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+
+    /// Stops the watchers.
+    pub async fn stop_watchers(&mut self) {
+        self.stop_watchers.store(true, Ordering::SeqCst);
+        for task in self.watchers.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Nanoseconds since the workload started (the watch log's clock).
+    pub fn elapsed_ns(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The final reads after the faults are healed, recorded in the history:
+    /// one strong read (or list) per key through `client`, retried until it
+    /// succeeds or `timeout` passes. Returns false if some key could not be read.
+    pub async fn final_reads(&self, client: &Client, timeout: Duration) -> bool {
+        let kind = self.options.kind;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut all = true;
+        for key in 0..self.options.keys {
+            let name = key_name(kind, key);
+            let mut done = false;
+            while !done && tokio::time::Instant::now() < deadline {
+                done = match kind {
+                    WorkloadKind::Set => set_read(client, &self.recorder, u64::MAX, &name).await,
+                    WorkloadKind::Register | WorkloadKind::Append | WorkloadKind::Watch => {
+                        value_read(client, &self.recorder, u64::MAX, kind, &name).await
+                    }
+                };
+                if !done {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            all &= done;
+        }
+        all
+    }
+
+    /// The latest revision every watcher has reached (0 if one has seen nothing).
+    pub fn watchers_revision(&self, nodes: usize) -> u64 {
+        let log = self.watch_log.lock();
+        (0..nodes)
+            .map(|node| {
+                log.iter()
+                    .filter(|r| r.node == node)
+                    .map(|r| r.revision)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.stop_watchers.store(true, Ordering::SeqCst);
+        for t in self.tasks.iter().chain(self.watchers.iter()) {
+            t.abort();
+        }
+    }
+}
+
+/// A strong read of a register/list key, recorded; true when it succeeded.
+async fn value_read(
+    client: &Client,
+    recorder: &Recorder,
+    process: u64,
+    kind: WorkloadKind,
+    name: &str,
+) -> bool {
+    let op = recorder.invoke(process, OpKind::Read, name, Value::Null);
+    match read_key(client, kind, name).await {
+        Ok(Some(o)) => {
+            op.ok(o.value);
+            true
+        }
+        Ok(None) => {
+            // An absent list is the empty list; an absent register is nil.
+            op.ok(if kind == WorkloadKind::Append {
+                Value::List(vec![])
+            } else {
+                Value::Null
+            });
+            true
+        }
+        Err(e) if e.outcome().is_definite() => {
+            op.fail();
+            false
+        }
+        Err(_) => {
+            op.info();
+            false
+        }
+    }
+}
+
+/// A strong list of a set key's prefix, recorded as a read of the set.
+async fn set_read(client: &Client, recorder: &Recorder, process: u64, prefix: &str) -> bool {
+    let op = recorder.invoke(process, OpKind::Read, prefix, Value::Null);
+    match client
+        .list(
+            resource_type(WorkloadKind::Set),
+            tenancy(),
+            prefix,
+            Consistency::Strong,
+        )
+        .await
+    {
+        Ok(list) => {
+            let mut elements: Vec<Value> = list.resources.iter().map(decode).collect();
+            elements.sort();
+            op.ok(Value::List(elements));
+            true
+        }
+        Err(_) => {
+            op.fail();
+            false
+        }
+    }
+}
+
+/// One logical client process.
+struct Process {
+    id: u64,
+    client: Client,
+    recorder: Recorder,
+    kind: WorkloadKind,
+    keys: usize,
+    pause_ms: (u64, u64),
+    rng: StdRng,
+    counter: i64,
+    /// Per key: (value, uid, version) pairs this process has observed, newest last.
+    seen: BTreeMap<String, Vec<(Value, String, String)>>,
+}
+
+impl Process {
+    fn next_value(&mut self) -> Value {
+        self.counter += 1;
+        Value::Int(i64::try_from(self.id).unwrap_or(0) * 1_000_000 + self.counter)
+    }
+
+    async fn run(mut self, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::SeqCst) {
+            pin_home(&self.client);
+            let key = self.rng.random_range(0..self.keys);
+            let name = key_name(self.kind, key);
+            match self.kind {
+                WorkloadKind::Register => self.register_op(&name).await,
+                WorkloadKind::Set => self.set_op(&name).await,
+                WorkloadKind::Append => self.append_op(&name).await,
+                WorkloadKind::Watch => self.watch_writer_op(&name).await,
+            }
+            let pause = self.rng.random_range(self.pause_ms.0..=self.pause_ms.1);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    }
+
+    fn remember(&mut self, name: &str, observed: &Observed) {
+        let seen = self.seen.entry(name.to_owned()).or_default();
+        if seen.last().is_none_or(|(_, _, v)| *v != observed.version) {
+            seen.push((
+                observed.value.clone(),
+                observed.uid.clone(),
+                observed.version.clone(),
+            ));
+            if seen.len() > 16 {
+                seen.remove(0);
+            }
+        }
+    }
+
+    async fn register_op(&mut self, name: &str) {
+        let choice = self.rng.random_range(0..100);
+        if choice < 50 {
+            // Read.
+            let op = self
+                .recorder
+                .invoke(self.id, OpKind::Read, name, Value::Null);
+            match read_key(&self.client, WorkloadKind::Register, name).await {
+                Ok(Some(o)) => {
+                    op.ok(o.value.clone());
+                    self.remember(name, &o);
+                }
+                Ok(None) => op.ok(Value::Null),
+                Err(e) if e.outcome().is_definite() => op.fail(),
+                Err(_) => op.info(),
+            }
+        } else if choice < 75 {
+            // Blind write.
+            let value = self.next_value();
+            let op = self
+                .recorder
+                .invoke(self.id, OpKind::Write, name, value.clone());
+            match blind_write(&self.client, WorkloadKind::Register, name, &value).await {
+                WriteResult::Written(_) => op.ok(Value::Null),
+                WriteResult::NotApplied => op.fail(),
+                WriteResult::Unknown => op.info(),
+            }
+        } else {
+            // CAS from a value this process observed (the latest, or an older
+            // one, which makes a definite failure likely), or from nil.
+            let seen = self.seen.get(name).cloned().unwrap_or_default();
+            let (from, uid, version) = if seen.is_empty() {
+                (Value::Null, cairn_client::new_uid(), String::new())
+            } else if self.rng.random_bool(0.7) {
+                seen[seen.len() - 1].clone()
+            } else {
+                seen[self.rng.random_range(0..seen.len())].clone()
+            };
+            let to = self.next_value();
+            let op = self.recorder.invoke(
+                self.id,
+                OpKind::Cas,
+                name,
+                Value::List(vec![from, to.clone()]),
+            );
+            match self
+                .client
+                .write(new_resource(
+                    WorkloadKind::Register,
+                    name,
+                    &uid,
+                    &version,
+                    &to,
+                ))
+                .await
+            {
+                Ok(stored) => {
+                    op.ok(Value::Null);
+                    let observed = Observed {
+                        uid,
+                        version: stored.version,
+                        value: to,
+                    };
+                    self.remember(name, &observed);
+                }
+                // The store compared and refused: the key did not hold `from`.
+                Err(e) if e.is_cas_conflict() => op.fail(),
+                // Refused before the compare, or unknown: the weaker `info`.
+                Err(_) => op.info(),
+            }
+        }
+    }
+
+    async fn set_op(&mut self, prefix: &str) {
+        if self.rng.random_range(0..100) < 80 {
+            let element = self.next_value();
+            let name = format!("{prefix}{element}");
+            let op = self
+                .recorder
+                .invoke(self.id, OpKind::Add, prefix, element.clone());
+            let resource = new_resource(
+                WorkloadKind::Set,
+                &name,
+                &cairn_client::new_uid(),
+                "",
+                &element,
+            );
+            match self.client.write(resource).await {
+                Ok(_) => op.ok(Value::Null),
+                // Nobody else creates this name: a conflict would mean an
+                // earlier attempt applied, which never happens (no retries); unknown.
+                Err(e) if e.is_cas_conflict() => op.info(),
+                Err(e) if e.outcome().is_definite() => op.fail(),
+                Err(_) => op.info(),
+            }
+        } else {
+            set_read(&self.client, &self.recorder, self.id, prefix).await;
+        }
+    }
+
+    async fn append_op(&mut self, name: &str) {
+        if self.rng.random_range(0..100) < 60 {
+            let element = self.next_value();
+            let op = self
+                .recorder
+                .invoke(self.id, OpKind::Append, name, element.clone());
+            for _ in 0..8 {
+                let (uid, version, mut list) =
+                    match read_key(&self.client, WorkloadKind::Append, name).await {
+                        Ok(Some(o)) => (
+                            o.uid,
+                            o.version,
+                            o.value.as_list().map(<[Value]>::to_vec).unwrap_or_default(),
+                        ),
+                        Ok(None) => (cairn_client::new_uid(), String::new(), vec![]),
+                        // Every earlier attempt certainly failed.
+                        Err(_) => return op.fail(),
+                    };
+                list.push(element.clone());
+                match self
+                    .client
+                    .write(new_resource(
+                        WorkloadKind::Append,
+                        name,
+                        &uid,
+                        &version,
+                        &Value::List(list),
+                    ))
+                    .await
+                {
+                    Ok(_) => return op.ok(Value::Null),
+                    Err(e) if e.is_cas_conflict() => continue,
+                    Err(e) if e.outcome() == ClientOutcome::Unknown => return op.info(),
+                    Err(_) => return op.fail(),
+                }
+            }
+            op.fail();
+        } else {
+            value_read(
+                &self.client,
+                &self.recorder,
+                self.id,
+                WorkloadKind::Append,
+                name,
+            )
+            .await;
+        }
+    }
+
+    async fn watch_writer_op(&mut self, name: &str) {
+        if self.rng.random_range(0..100) < 90 {
+            let value = self.next_value();
+            let op = self
+                .recorder
+                .invoke(self.id, OpKind::Write, name, value.clone());
+            match blind_write(&self.client, WorkloadKind::Watch, name, &value).await {
+                // The version (the revision of the change) is kept for the watch check.
+                WriteResult::Written(version) => op.ok(Value::Str(version)),
+                WriteResult::NotApplied => op.fail(),
+                WriteResult::Unknown => op.info(),
+            }
+        } else {
+            // Delete whatever is current (read, then delete by version).
+            let op = self
+                .recorder
+                .invoke(self.id, OpKind::Delete, name, Value::Null);
+            let current = match read_key(&self.client, WorkloadKind::Watch, name).await {
+                Ok(Some(o)) => o,
+                Ok(None) => return op.ok(Value::Null),
+                Err(_) => return op.fail(),
+            };
+            match self
+                .client
+                .delete(
+                    resource_id(WorkloadKind::Watch, name, &current.uid),
+                    current.version,
+                )
+                .await
+            {
+                Ok(revision) => op.ok(Value::Str(revision.to_string())),
+                Err(e) if e.outcome().is_definite() => op.fail(),
+                Err(_) => op.info(),
+            }
+        }
+    }
+}
+
+/// One watcher: keeps a watch open on its node, reopening from the last
+/// revision it saw (or with a fresh snapshot when that history is compacted).
+async fn watcher(
+    node: usize,
+    client: Client,
+    log: Arc<Mutex<Vec<WatchRecord>>>,
+    stop: Arc<AtomicBool>,
+    started: std::time::Instant,
+) {
+    let now = || u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let push = |event: &str, revision: u64, name: String, version: String, value: Value| {
+        log.lock().push(WatchRecord {
+            node,
+            event: event.into(),
+            revision,
+            name,
+            version,
+            value,
+            at_ns: now(),
+        });
+    };
+    let mut last_revision = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let request = WatchListRequest {
+            r#type: Some(resource_type(WorkloadKind::Watch)),
+            tenancy: Some(Tenancy {
+                partition: "*".into(),
+                namespace: "*".into(),
+            }),
+            name_prefix: String::new(),
+            start_revision: last_revision,
+        };
+        let mut stream = match client.watch_list(request).await {
+            Ok(s) => s,
+            Err(ClientError::Compacted { .. }) => {
+                push(
+                    "resync",
+                    last_revision,
+                    String::new(),
+                    String::new(),
+                    Value::Null,
+                );
+                last_revision = 0;
+                continue;
+            }
+            Err(e) => {
+                push(
+                    "error",
+                    last_revision,
+                    String::new(),
+                    e.to_string(),
+                    Value::Null,
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            }
+        };
+        // "open" at 0 = a snapshot follows; at r > 0 = changes after r follow.
+        push(
+            "open",
+            last_revision,
+            String::new(),
+            String::new(),
+            Value::Null,
+        );
+        // Until EndOfSnapshot, events are the snapshot: a break then means
+        // starting over with a new snapshot, not resuming from their revisions.
+        let mut in_snapshot = last_revision == 0;
+        loop {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let next = tokio::time::timeout(Duration::from_millis(500), stream.next()).await;
+            let item = match next {
+                Err(_) => continue,
+                Ok(None) => break,
+                Ok(Some(item)) => item,
+            };
+            match item {
+                Ok(event) => {
+                    let revision = event.revision;
+                    match event.event {
+                        Some(watch_event::Event::Upsert(u)) => {
+                            let r = u.resource.unwrap_or_default();
+                            let name = r.id.as_ref().map(|i| i.name.clone()).unwrap_or_default();
+                            push("upsert", revision, name, r.version.clone(), decode(&r));
+                        }
+                        Some(watch_event::Event::Delete(d)) => {
+                            let r = d.resource.unwrap_or_default();
+                            let name = r.id.as_ref().map(|i| i.name.clone()).unwrap_or_default();
+                            push("delete", revision, name, r.version.clone(), decode(&r));
+                        }
+                        Some(watch_event::Event::EndOfSnapshot(_)) => {
+                            push(
+                                "end_of_snapshot",
+                                revision,
+                                String::new(),
+                                String::new(),
+                                Value::Null,
+                            );
+                            in_snapshot = false;
+                        }
+                        Some(watch_event::Event::Progress(_)) => {
+                            push(
+                                "progress",
+                                revision,
+                                String::new(),
+                                String::new(),
+                                Value::Null,
+                            );
+                        }
+                        None => {}
+                    }
+                    if !in_snapshot {
+                        last_revision = last_revision.max(revision);
+                    }
+                }
+                Err(ClientError::Compacted { .. }) => {
+                    push(
+                        "resync",
+                        last_revision,
+                        String::new(),
+                        String::new(),
+                        Value::Null,
+                    );
+                    last_revision = 0;
+                    break;
+                }
+                Err(e) => {
+                    push(
+                        "error",
+                        last_revision,
+                        String::new(),
+                        e.to_string(),
+                        Value::Null,
+                    );
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
