@@ -61,6 +61,13 @@ pub struct Config {
     /// Serve Prometheus metrics on this address (`/metrics`); off when absent.
     #[serde(default)]
     pub metrics_address: Option<String>,
+    /// DANGEROUS, for testing the test suite only: serve strong reads and
+    /// strong lists from the local state without `ensure_linearizable`, so a
+    /// follower or a deposed leader answers them with stale data. The jepsen
+    /// suite's `prove-broken` command starts nodes with it to show that its
+    /// register workload catches the violation. Never set it in production.
+    #[serde(default)]
+    pub unsafe_local_strong_reads: bool,
 }
 
 impl Default for Config {
@@ -83,6 +90,7 @@ impl Default for Config {
             log_level: "warn".into(),
             log_format: LogFormat::Text,
             metrics_address: None,
+            unsafe_local_strong_reads: false,
         }
     }
 }
