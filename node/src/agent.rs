@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
-use crate::service::{LocalBackend, ResourceApi, ResourceGrpc};
+use crate::service::{ResourceApi, ResourceGrpc};
 
 /// Largest client message accepted (a resource is bounded far below this).
 pub const CLIENT_MESSAGE_BYTES_MAX: usize = 32 * 1024 * 1024;
@@ -89,21 +89,27 @@ impl Agent {
         let (stop, stopped) = watch::channel(false);
         let mut servers = Vec::new();
 
+        // Forwarding: the client port's forwarder, the peer port's service,
+        // and the task feeding leader changes to the cached leader channel.
+        let request_timeout = Duration::from_millis(config.request_timeout_ms);
+        let forwarding = crate::forward::start(&raft, &config.peer_address, request_timeout);
+
         // Peer port.
         let peer_router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(Duration::from_secs(5)))
-            .add_service(raft.rpc_service());
+            .add_service(raft.rpc_service())
+            .add_service(forwarding.service);
         servers.push(serve(peer_router, peer_listener, stopped.clone(), "peer"));
 
         // Client port.
-        let request_timeout = Duration::from_millis(config.request_timeout_ms);
-        let api = Arc::new(ResourceApi::new(
-            raft.store.clone(),
-            limits.clone(),
-            Arc::new(LocalBackend { raft: raft.clone() }),
-            request_timeout,
-        ));
+        let api = Arc::new(
+            ResourceApi::new(forwarding.forwarder, request_timeout)
+                .with_unsafe_local_strong_reads(config.unsafe_local_strong_reads),
+        );
+        if config.unsafe_local_strong_reads {
+            tracing::warn!("--unsafe-local-strong-reads: strong reads are served locally and may be stale");
+        }
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter
             .set_not_serving::<ResourceServiceServer<ResourceGrpc>>()
