@@ -36,6 +36,8 @@ enum Command {
     Member(MemberCommand),
     /// Hand leadership to another voter (the most up-to-date one by default).
     TransferLeader(TransferArgs),
+    /// Load generator: measure a running cluster (write, read, list, mixed, watch).
+    Bench(crate::bench::BenchArgs),
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
     Snapshot(crate::snapshot_cmd::SnapshotCommand),
@@ -201,6 +203,7 @@ pub fn main() -> ExitCode {
         Command::Member(m) => runtime().block_on(member(m)),
         Command::Snapshot(s) => crate::snapshot_cmd::run(s),
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
+        Command::Bench(args) => crate::bench::run(args),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;
             report(first_endpoint(&t.endpoints), |address| async move {

@@ -27,6 +27,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod dev;

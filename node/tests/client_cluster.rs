@@ -28,14 +28,20 @@ fn unversioned(kind: &str) -> Type {
 
 /// Every call of the contract and every helper, each required to succeed.
 async fn every_call_succeeds(client: &Client, tag: &str) {
-    let owner = client.create(thing("Owner", &format!("owner-{tag}"), "{}")).await.expect("create owner");
+    let owner = client
+        .create(thing("Owner", &format!("owner-{tag}"), "{}"))
+        .await
+        .expect("create owner");
     let owner_id = owner.id.clone().expect("owner id");
     let mut child = thing("Thing", &format!("child-{tag}"), "{\"n\":0}");
     child.owner = Some(owner_id.clone());
     let created = client.create(child).await.expect("create child");
     let child_id = id("Thing", &format!("child-{tag}"));
 
-    let strong = client.read(child_id.clone(), Consistency::Strong).await.expect("strong read");
+    let strong = client
+        .read(child_id.clone(), Consistency::Strong)
+        .await
+        .expect("strong read");
     assert_eq!(strong, created);
     // An eventual read may be served by a node that has not applied it yet.
     assert!(
@@ -60,7 +66,10 @@ async fn every_call_succeeds(client: &Client, tag: &str) {
         })
         .await
         .expect("read_modify_write");
-    assert_eq!(modified.metadata.get("touched").map(String::as_str), Some("yes"));
+    assert_eq!(
+        modified.metadata.get("touched").map(String::as_str),
+        Some("yes")
+    );
 
     let (existing, created_now) = client
         .create_if_absent(thing("Owner", &format!("owner-{tag}"), "{\"other\":1}"))
@@ -70,12 +79,22 @@ async fn every_call_succeeds(client: &Client, tag: &str) {
     assert_eq!(existing.id, owner.id);
 
     let listed = client
-        .list(unversioned("Thing"), any_tenancy(), format!("child-{tag}"), Consistency::Strong)
+        .list(
+            unversioned("Thing"),
+            any_tenancy(),
+            format!("child-{tag}"),
+            Consistency::Strong,
+        )
         .await
         .expect("strong list");
     assert_eq!(listed.resources, vec![modified.clone()]);
     client
-        .list(unversioned("Thing"), any_tenancy(), "", Consistency::Eventual)
+        .list(
+            unversioned("Thing"),
+            any_tenancy(),
+            "",
+            Consistency::Eventual,
+        )
         .await
         .expect("eventual list");
     assert!(
@@ -104,7 +123,9 @@ async fn every_call_succeeds(client: &Client, tag: &str) {
         .expect("watch opens");
     let end = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(event) = watch.next().await {
-            if let watch_event::Event::EndOfSnapshot(_) = event.expect("watch event").event.expect("event body") {
+            if let watch_event::Event::EndOfSnapshot(_) =
+                event.expect("watch event").event.expect("event body")
+            {
                 return true;
             }
         }
@@ -114,7 +135,10 @@ async fn every_call_succeeds(client: &Client, tag: &str) {
     .expect("snapshot within 10 s");
     assert!(end, "the watch delivered its EndOfSnapshot");
 
-    let deleted = client.delete_current(child_id.clone()).await.expect("delete_current");
+    let deleted = client
+        .delete_current(child_id.clone())
+        .await
+        .expect("delete_current");
     assert_eq!(deleted.map(|r| r.version), Some(modified.version));
     assert!(matches!(
         client.read(child_id, Consistency::Strong).await,
@@ -134,11 +158,21 @@ async fn every_client_call_succeeds_with_one_of_three_nodes_dead() {
     tokio::time::timeout(Duration::from_secs(180), async {
         let mut cluster = Cluster::start(options(3));
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
-        let follower = cluster.ids().into_iter().find(|id| *id != leader).expect("a follower");
+        let follower = cluster
+            .ids()
+            .into_iter()
+            .find(|id| *id != leader)
+            .expect("a follower");
 
         cluster.kill(follower);
         let mut endpoints = vec![cluster.node(follower).client_address.clone()];
-        endpoints.extend(cluster.ids().into_iter().filter(|id| *id != follower).map(|id| cluster.node(id).client_address.clone()));
+        endpoints.extend(
+            cluster
+                .ids()
+                .into_iter()
+                .filter(|id| *id != follower)
+                .map(|id| cluster.node(id).client_address.clone()),
+        );
         let client = client_for(&endpoints).await;
         every_call_succeeds(&client, "follower-dead").await;
 
@@ -153,7 +187,13 @@ async fn every_client_call_succeeds_with_one_of_three_nodes_dead() {
         );
         cluster.kill(leader);
         let mut endpoints = vec![cluster.node(leader).client_address.clone()];
-        endpoints.extend(cluster.ids().into_iter().filter(|id| *id != leader).map(|id| cluster.node(id).client_address.clone()));
+        endpoints.extend(
+            cluster
+                .ids()
+                .into_iter()
+                .filter(|id| *id != leader)
+                .map(|id| cluster.node(id).client_address.clone()),
+        );
         let client = client_for(&endpoints).await;
         every_call_succeeds(&client, "leader-dead").await;
     })
@@ -221,7 +261,10 @@ async fn the_watch_cache_is_primed_only_after_every_type_ended_its_snapshot() {
         let recorder = Recorder::default();
         let cache = WatchCache::start_with(
             client.clone(),
-            vec![WatchSpec::new("demo", "Alpha"), WatchSpec::new("demo", "Beta")],
+            vec![
+                WatchSpec::new("demo", "Alpha"),
+                WatchSpec::new("demo", "Beta"),
+            ],
             WatchCacheOptions::default(),
             vec![recorder.callback()],
         )
@@ -234,7 +277,10 @@ async fn the_watch_cache_is_primed_only_after_every_type_ended_its_snapshot() {
         assert_eq!(recorder.count(), 600);
 
         for i in 0..10 {
-            client.delete_current(id("Alpha", &format!("a-{i:05}"))).await.expect("delete");
+            client
+                .delete_current(id("Alpha", &format!("a-{i:05}")))
+                .await
+                .expect("delete");
             client
                 .read_modify_write(id("Beta", &format!("b-{i:05}")), |r| {
                     let mut r = r.clone();
@@ -275,7 +321,11 @@ async fn the_watch_cache_resyncs_behind_a_killed_node_that_restores_a_snapshot()
         opts.snapshot_log_entries = 500;
         let mut cluster = Cluster::start(opts);
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
-        let follower = cluster.ids().into_iter().find(|id| *id != leader).expect("a follower");
+        let follower = cluster
+            .ids()
+            .into_iter()
+            .find(|id| *id != leader)
+            .expect("a follower");
         let client = client_for(&cluster.endpoints()).await;
         create_many(&client, "Gamma", "g-", 50).await;
 
@@ -311,7 +361,10 @@ async fn the_watch_cache_resyncs_behind_a_killed_node_that_restores_a_snapshot()
             "the cache notices its node is gone"
         );
         for i in 0..20 {
-            client.delete_current(id("Gamma", &format!("g-{i:05}"))).await.expect("delete");
+            client
+                .delete_current(id("Gamma", &format!("g-{i:05}")))
+                .await
+                .expect("delete");
         }
         for i in 20..30 {
             client
@@ -326,14 +379,18 @@ async fn the_watch_cache_resyncs_behind_a_killed_node_that_restores_a_snapshot()
         create_many(&client, "Gamma", "new-", 5).await;
         create_many(&client, "Filler", "f-", 2500).await;
         let status = cluster.status(leader).await.expect("leader status");
-        assert!(status.purged_index > 0, "the leader compacted its log: {status:?}");
+        assert!(
+            status.purged_index > 0,
+            "the leader compacted its log: {status:?}"
+        );
 
         cluster.spawn(follower);
         let expected = cluster_state(&client, "Gamma").await;
         assert_eq!(expected.len(), 35);
         assert!(
             eventually(Duration::from_secs(120), || {
-                let same = cache_state(&cache, "Gamma") == expected && cache.status() == CacheStatus::InSync;
+                let same = cache_state(&cache, "Gamma") == expected
+                    && cache.status() == CacheStatus::InSync;
                 async move { same }
             })
             .await,
@@ -343,9 +400,15 @@ async fn the_watch_cache_resyncs_behind_a_killed_node_that_restores_a_snapshot()
             cache.stats()
         );
         let node_status = cluster.status(follower).await.expect("follower status");
-        assert!(node_status.snapshot_index > 0, "the follower installed a snapshot: {node_status:?}");
+        assert!(
+            node_status.snapshot_index > 0,
+            "the follower installed a snapshot: {node_status:?}"
+        );
         let stats = cache.stats();
-        assert!(stats.compacted >= 1 && stats.snapshots_applied >= 2, "a fresh snapshot was taken: {stats:?}");
+        assert!(
+            stats.compacted >= 1 && stats.snapshots_applied >= 2,
+            "a fresh snapshot was taken: {stats:?}"
+        );
         assert_eq!(recorder.violations(), Vec::<String>::new());
     })
     .await

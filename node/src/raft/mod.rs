@@ -4,6 +4,7 @@
 //! [`RaftHandle`] only, so a move to another openraft version is contained here.
 
 mod network;
+pub mod read_batch;
 mod state_machine;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,7 +17,7 @@ use bytes::Bytes;
 use cairn_fsm::{Applied, Command, Store};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::{self as pb, raft_service_server::RaftServiceServer};
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 
@@ -186,6 +187,8 @@ pub struct RaftStatus {
 #[derive(Clone)]
 pub struct RaftHandle {
     pub raft: Raft,
+    /// Shares one leadership confirmation among concurrent strong reads.
+    read_batch: read_batch::ReadBatcher,
     state_machine: StateMachine,
     pub node_id: NodeId,
     pub store: Store,
@@ -248,6 +251,7 @@ impl RaftHandle {
         .await?;
         Ok(RaftHandle {
             raft,
+            read_batch: read_batch::ReadBatcher::new(),
             state_machine,
             node_id,
             store,
@@ -275,39 +279,69 @@ impl RaftHandle {
     }
 
     /// Proposes a command and waits until it is committed and applied here.
+    ///
+    /// Outcomes a client can rely on: `NotLeader` only when this node was not
+    /// the leader when the write was submitted (openraft refuses it before
+    /// appending: certainly not applied). A leader that loses leadership, or a
+    /// node that shuts down, while the entry is in flight may still see it
+    /// committed by the next leader: that is reported as `Inconsistent`
+    /// (outcome unknown), never as a definite failure.
     pub async fn propose(&self, command: &Command) -> Result<(u64, Applied), ApiError> {
+        let was_leader = self.is_leader();
         match self.raft.client_write(LogPayload(command.encode())).await {
             Ok(response) => response
                 .data
                 .0
                 .map(|applied| (response.log_id.index, applied)),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) if !was_leader => {
                 Err(ApiError::NotLeader {
                     hint: leader_hint(f.leader_id, f.leader_node),
                 })
             }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ApiError::Inconsistent(
+                "leadership was lost while the write was in flight; it may or may not be applied".into(),
+            )),
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
                 ApiError::Internal(format!("unexpected membership error on a data write: {e}")),
             ),
-            Err(RaftError::Fatal(e)) => Err(fatal(e)),
+            Err(RaftError::Fatal(e)) => Err(ApiError::Inconsistent(format!(
+                "raft stopped while the write was in flight; it may or may not be applied: {e}"
+            ))),
         }
     }
 
     /// Confirms leadership with a quorum and waits until this node has applied
     /// everything committed before the call: a read after this is linearizable.
+    /// Concurrent callers share one confirmation that started after each of
+    /// them arrived (see [`read_batch`]).
     pub async fn ensure_linearizable(&self) -> Result<u64, ApiError> {
-        match self.raft.ensure_linearizable().await {
-            Ok(log_id) => Ok(log_id.map(|l| l.index).unwrap_or(0)),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(ApiError::NotLeader {
-                    hint: leader_hint(f.leader_id, f.leader_node),
-                })
-            }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(
-                ApiError::Inconsistent(format!("leadership not confirmed by a quorum: {e}")),
-            ),
-            Err(RaftError::Fatal(e)) => Err(fatal(e)),
+        let raft = self.raft.clone();
+        let (read_index, applied_index) = self
+            .read_batch
+            .confirm(move || read_batch::confirm_with_raft(raft.clone()))
+            .await?;
+        if read_index > applied_index && self.applied_index() < read_index {
+            self.raft
+                .wait(None)
+                .applied_index_at_least(Some(read_index), "ensure_linearizable")
+                .await
+                .map_err(fatal)?;
         }
+        assert!(
+            self.applied_index() >= read_index,
+            "a linearizable read waits until the read index is applied"
+        );
+        Ok(read_index)
+    }
+
+    /// The index this node's state machine has applied, from its metrics.
+    fn applied_index(&self) -> u64 {
+        self.raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index)
+            .unwrap_or(0)
     }
 
     /// The current leader hint, from this node's metrics.

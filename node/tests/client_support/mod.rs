@@ -113,13 +113,16 @@ impl Recorder {
             let version: u64 = r.version.parse().unwrap_or(0);
             match (event, s.last.get(&key).copied()) {
                 (CacheEvent::Upsert(_), Some((v, _))) if version <= v => {
-                    s.violations.push(format!("{key:?}: upsert of version {version} after {v}"));
+                    s.violations
+                        .push(format!("{key:?}: upsert of version {version} after {v}"));
                 }
                 (CacheEvent::Delete(_), None) | (CacheEvent::Delete(_), Some((_, true))) => {
-                    s.violations.push(format!("{key:?}: delete of a key not cached"));
+                    s.violations
+                        .push(format!("{key:?}: delete of a key not cached"));
                 }
                 (CacheEvent::Delete(_), Some((v, false))) if v != version => {
-                    s.violations.push(format!("{key:?}: delete of version {version}, cached {v}"));
+                    s.violations
+                        .push(format!("{key:?}: delete of version {version}, cached {v}"));
                 }
                 _ => {}
             }
@@ -151,7 +154,11 @@ pub async fn cairn(args: &[&str], stdin: Option<&str>) -> Run {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(args)
         .env_remove("CAIRN_ENDPOINTS")
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# compare.sh -- Cairn's side of docs/benchmarks.md: the workloads of the etcd baseline
+# (shared/tools/etcd-baseline/run.sh), run with `cairn bench` against a fresh release
+# `cairn dev` cluster on loopback. Prints one JSON report per line into $OUT/results.jsonl.
+#
+# usage: node/src/bench/compare.sh [--duration SECS] [--repeats N] [--failover-trials N]
+#                                 [--memory-keys N] [--idle-secs N] [--skip-failover] [--skip-memory]
+#                                 [--out DIR]
+# --idle-secs N (default 0 = skip): at the end, leave the cluster idle N s and report whether the
+#      term moved (a spurious election).
+# env: CAIRN (the binary; default: built with cargo --release into $CARGO_TARGET_DIR),
+#      QUIET_MAX (0.3) / QUIET_WAIT (45): before each run wait up to QUIET_WAIT s for the rest
+#      of the machine to use < QUIET_MAX cores, as the etcd script does.
+# Everything is bounded: each run has a duration and an op cap; every process started here is
+# stopped by its pid on exit.
+set -euo pipefail
+
+DURATION=10 REPEATS=3 TRIALS=3 MEM_KEYS=100000 IDLE=0 SKIP_FO=0 SKIP_MEM=0 OUT=""
+QUIET_MAX=${QUIET_MAX:-0.3} QUIET_WAIT=${QUIET_WAIT:-45}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --duration) DURATION=$2; shift 2 ;;
+    --repeats) REPEATS=$2; shift 2 ;;
+    --failover-trials) TRIALS=$2; shift 2 ;;
+    --memory-keys) MEM_KEYS=$2; shift 2 ;;
+    --idle-secs) IDLE=$2; shift 2 ;;
+    --skip-failover) SKIP_FO=1; shift ;;
+    --skip-memory) SKIP_MEM=1; shift ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "unknown arg: $1" >&2; exit 2 ;;
+  esac
+done
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../../.." && pwd)
+log() { echo "[$(date +%T)] $*" >&2; }
+if [ -z "${CAIRN:-}" ]; then
+  log "building cairn (cargo --release)"
+  (cd "$ROOT" && cargo build --release --quiet -p cairn-node --bin cairn)
+  CAIRN="${CARGO_TARGET_DIR:-$ROOT/target}/release/cairn"
+fi
+[ -n "$OUT" ] || OUT="/tmp/cairn-bench-results.$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$OUT"; RES="$OUT/results.jsonl"; : >"$RES"
+DATA=$(mktemp -d /tmp/cairn-bench-dev.XXXXXX)
+EPS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
+export CAIRN_ENDPOINTS=$EPS
+DEV_PID=""
+
+stop_dev() {
+  [ -n "$DEV_PID" ] || return 0
+  kill -TERM "$DEV_PID" 2>/dev/null || true
+  for _ in $(seq 1 200); do kill -0 "$DEV_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$DEV_PID" 2>/dev/null && kill -KILL "$DEV_PID" 2>/dev/null || true
+  wait "$DEV_PID" 2>/dev/null || true
+  DEV_PID=""
+}
+cleanup() { stop_dev; rm -rf "$DATA"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+DEV_STARTS=0
+start_dev() {  # start_dev [--fresh] : a 3-node cluster in $DATA, waits for a leader
+  DEV_STARTS=$((DEV_STARTS + 1))
+  local dlog="$OUT/dev.$DEV_STARTS.log" t=0
+  "$CAIRN" dev --data-dir "$DATA" --log-level warn "$@" >"$dlog" 2>&1 &
+  DEV_PID=$!
+  until grep -q "leader is node" "$dlog" 2>/dev/null; do
+    t=$((t + 1)); [ $t -le 200 ] || { log "no cluster after 40 s"; tail -20 "$dlog" >&2; exit 1; }
+    kill -0 "$DEV_PID" 2>/dev/null || { log "cairn dev exited"; tail -20 "$dlog" >&2; exit 1; }
+    sleep 0.2
+  done
+}
+busy_cores() {  # system-wide busy cores over 1 s, from /proc/stat
+  python3 -c 'import os,time
+def rd():
+    v=[float(x) for x in open("/proc/stat").readline().split()[1:9]]
+    return v[0]+v[1]+v[2]+v[5]+v[6]+v[7]
+a=rd(); time.sleep(1); print("%.2f" % ((rd()-a)/os.sysconf("SC_CLK_TCK")))'
+}
+wait_quiet() {
+  local t=0 b
+  while :; do
+    b=$(busy_cores)
+    if awk -v b="$b" -v m="$QUIET_MAX" 'BEGIN{exit !(b<m)}'; then return 0; fi
+    t=$((t + 1))
+    if [ $t -ge "$QUIET_WAIT" ]; then log "  box busy ($b cores) for ${QUIET_WAIT}s; measuring anyway"; return 0; fi
+  done
+}
+bench() {  # bench LABEL WORKLOAD [args...]
+  local label=$1; shift
+  wait_quiet
+  log "  $label  (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  timeout 900 "$CAIRN" bench "$@" --label "$label" -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >>"$RES"
+}
+
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "cairn: $("$CAIRN" --version)"
+  echo "kernel: $(uname -r)  cpus: $(nproc)  model: $(lscpu | sed -n 's/^Model name: *//p')"
+  echo "tmp mount: $(findmnt -no SOURCE,FSTYPE,OPTIONS -T /tmp)"
+  echo "load: $(cat /proc/loadavg)"
+} >"$OUT/env.txt"
+cat "$OUT/env.txt" >&2
+
+log "starting cairn dev in $DATA"
+start_dev --fresh
+
+for r in $(seq 1 "$REPEATS"); do
+  bench "put c=1 run$r" write --clients 1 --connections 1 --duration "$DURATION" --max-ops 200000
+  bench "put c=64 conns=1 run$r" write --clients 64 --connections 1 --duration "$DURATION" --max-ops 1000000
+  bench "put c=64 conns=64 run$r" write --clients 64 --connections 64 --duration "$DURATION" --max-ops 1000000
+done
+bench "get strong c=16 conns=1" read --consistency strong --clients 16 --connections 1 --duration "$DURATION" --max-ops 2000000
+bench "get eventual c=16 conns=1" read --consistency eventual --clients 16 --connections 1 --duration "$DURATION" --max-ops 2000000
+bench "watch 1 writer -> 1000 watchers" watch --watchers 1000 --clients 1 --write-interval-ms 20 --duration "$DURATION"
+
+if [ "$SKIP_MEM" = 0 ]; then
+  bench "memory: $MEM_KEYS creates of 256 B" write --namespace "mem$(date +%s)" --sequential-keys \
+    --key-space "$MEM_KEYS" --max-ops "$MEM_KEYS" --clients 64 --connections 1 --warmup 0 --duration 600
+fi
+
+if [ "$SKIP_FO" = 0 ]; then
+  for t in $(seq 1 "$TRIALS"); do
+    wait_quiet
+    sleep 3
+    log "  failover trial $t"
+    line=$(timeout 60 "$CAIRN" bench failover --label "failover trial $t" -o json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))') || line='{"label":"failover trial '"$t"'","failover":null}'
+    echo "$line" >>"$RES"
+    stop_dev; start_dev   # the killed node comes back with its data; the others restart too
+  done
+fi
+if [ "$IDLE" -gt 0 ]; then
+  term() { "$CAIRN" status -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["term"])'; }
+  sleep 5; t0=$(term); log "  idle for $IDLE s from term $t0"
+  sleep "$IDLE"; t1=$(term)
+  echo "{\"label\":\"idle $IDLE s\",\"workload\":\"idle\",\"term_before\":$t0,\"term_after\":$t1}" >>"$RES"
+fi
+stop_dev
+log "results: $RES"

@@ -1,0 +1,547 @@
+//! `cairn bench`: a load generator against a running cluster.
+//!
+//! Workloads: `write` (compare-and-set creates and updates), `read` (strong or
+//! eventual), `list`, `mixed` (reads and writes in a ratio), `watch` (N
+//! watchers on random nodes, writers at the leader, delivery latency from the
+//! acknowledged write to every watcher) and `failover` (kill -9 of the leader,
+//! time to the first successful write through a surviving node). Each reports
+//! ops/s and latency percentiles from HDR histograms, errors counted by
+//! [`cairn_proto::error::ApiError`] kind, the generator's own CPU per op
+//! (getrusage) and, for nodes running on this machine, their CPU and resident
+//! memory, as a table or as JSON (`-o json`).
+//!
+//! What it must not do: change the cluster beyond its own keys (everything it
+//! writes lives under its own type `bench/Item` and one namespace), retry an
+//! operation behind the measurement's back (a failed op is counted, never
+//! hidden), or add work to the hot path that a real client would not do (raw
+//! tonic clients, no JSON, no per-op allocation beyond the request itself).
+//!
+//! ## Concurrency model
+//! One multi-threaded tokio runtime. `--connections` HTTP/2 channels are shared
+//! round-robin by `--clients` tasks, each running one operation at a time
+//! (closed loop). A coordinating task opens and closes the measurement window
+//! (flags in [`load::Shared`]) and drives the progress bar; workers keep their
+//! own histograms and error counts and hand them back when they end, so there is
+//! no shared lock on the hot path (the per-key version slots are only touched by
+//! the client owning the key).
+//!
+//! ## Invariants
+//! - Only operations started inside the measurement window and finished before
+//!   it closed are counted, and each is counted exactly once: as a latency sample
+//!   or as an error.
+//! - The op cap is honoured exactly: at most `--max-ops` operations are started
+//!   inside the window.
+//! - Writes, strong reads and lists go to the leader (found with
+//!   `AdminService.Status`) unless `--target all` is given.
+
+mod failover;
+mod load;
+mod procfs;
+mod report;
+mod watch;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_proto::error::ApiError;
+use cairn_proto::google::protobuf::Any;
+use cairn_proto::v1::{self as pb, resource_service_client::ResourceServiceClient};
+use clap::{Args, Subcommand, ValueEnum};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cli::{exit, Output};
+
+/// The largest answer the generator accepts (a list of 100,000 resources of
+/// 256 bytes is about 35 MiB).
+const DECODE_BYTES_MAX: usize = 1 << 30;
+/// Watch streams per HTTP/2 connection.
+const WATCHERS_PER_CONNECTION: usize = 100;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    workload: Workload,
+}
+
+#[derive(Subcommand)]
+enum Workload {
+    /// Compare-and-set writes: creates of new keys, then updates of known ones.
+    Write(WriteArgs),
+    /// Reads of random keys (the key space is created first if missing).
+    Read(ReadArgs),
+    /// Lists of the whole bench namespace (size it with --key-space).
+    List(ReadArgs),
+    /// Reads and writes of random keys, in a ratio.
+    Mixed(MixedArgs),
+    /// N watchers on random nodes; writers at the leader; delivery latency.
+    Watch(WatchArgs),
+    /// kill -9 the leader, then time the first successful write through a survivor.
+    Failover(FailoverArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub(crate) enum Target {
+    /// Every connection to the current leader.
+    Leader,
+    /// Connections spread round-robin over every endpoint.
+    All,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+pub(crate) enum ConsistencyArg {
+    Strong,
+    Eventual,
+}
+
+impl ConsistencyArg {
+    fn proto(self) -> pb::Consistency {
+        match self {
+            ConsistencyArg::Strong => pb::Consistency::Strong,
+            ConsistencyArg::Eventual => pb::Consistency::Eventual,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ConsistencyArg::Strong => "strong",
+            ConsistencyArg::Eventual => "eventual",
+        }
+    }
+}
+
+/// Options every load workload shares.
+#[derive(Args, Clone)]
+pub(crate) struct LoadOptions {
+    /// Client addresses of cluster nodes, comma-separated.
+    #[arg(
+        long,
+        env = "CAIRN_ENDPOINTS",
+        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+        value_delimiter = ','
+    )]
+    endpoints: Vec<String>,
+    /// Concurrent client tasks, each with one operation in flight.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// HTTP/2 connections the clients share (round-robin).
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Length of the measurement window, in seconds.
+    #[arg(long = "duration", default_value_t = 10.0)]
+    duration_s: f64,
+    /// Unmeasured load before the window opens, in seconds.
+    #[arg(long = "warmup", default_value_t = 1.0)]
+    warmup_s: f64,
+    /// Stop after this many operations started in the window.
+    #[arg(long, default_value_t = 10_000_000)]
+    max_ops: u64,
+    /// Number of distinct keys.
+    #[arg(long, default_value_t = 10_000)]
+    key_space: u64,
+    /// Size of each resource's data payload, in bytes.
+    #[arg(long = "value-size", default_value_t = 256)]
+    value_bytes: usize,
+    /// Walk the key space in order (each op the next key) instead of at random.
+    #[arg(long)]
+    sequential_keys: bool,
+    /// Namespace holding the bench's resources (type bench/Item).
+    #[arg(long, default_value = "bench")]
+    namespace: String,
+    /// Where requests go.
+    #[arg(long, value_enum, default_value = "leader")]
+    target: Target,
+    /// Per-operation timeout, in milliseconds (counted as ClientTimeout).
+    #[arg(long = "op-timeout-ms", default_value_t = 5_000)]
+    op_timeout_ms: u64,
+    /// Node processes to watch for CPU and memory (default: the local
+    /// processes listening on the endpoints, when there are any).
+    #[arg(long, value_delimiter = ',')]
+    server_pids: Vec<i32>,
+    /// A free-form label carried into the report.
+    #[arg(long)]
+    label: Option<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: Output,
+}
+
+#[derive(Args)]
+struct WriteArgs {
+    #[command(flatten)]
+    load: LoadOptions,
+}
+
+#[derive(Args)]
+struct ReadArgs {
+    #[command(flatten)]
+    load: LoadOptions,
+    #[arg(long, value_enum, default_value = "strong")]
+    consistency: ConsistencyArg,
+}
+
+#[derive(Args)]
+struct MixedArgs {
+    #[command(flatten)]
+    load: LoadOptions,
+    #[arg(long, value_enum, default_value = "strong")]
+    consistency: ConsistencyArg,
+    /// Fraction of operations that are reads (the rest are writes).
+    #[arg(long, default_value_t = 0.9)]
+    read_fraction: f64,
+}
+
+#[derive(Args)]
+struct WatchArgs {
+    #[command(flatten)]
+    load: LoadOptions,
+    /// Watch streams, each on a node picked at random.
+    #[arg(long, default_value_t = 1_000)]
+    watchers: usize,
+    /// Pause between two writes of one writer (--clients is the writer count), in ms.
+    #[arg(long = "write-interval-ms", default_value_t = 20)]
+    write_interval_ms: u64,
+}
+
+#[derive(Args)]
+struct FailoverArgs {
+    /// Client addresses of cluster nodes, comma-separated.
+    #[arg(
+        long,
+        env = "CAIRN_ENDPOINTS",
+        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+        value_delimiter = ','
+    )]
+    endpoints: Vec<String>,
+    /// The leader's process id (default: the local process listening on the
+    /// leader's client address).
+    #[arg(long)]
+    kill_pid: Option<i32>,
+    /// Pause between two probe writes, in milliseconds.
+    #[arg(long = "probe-interval-ms", default_value_t = 10)]
+    probe_interval_ms: u64,
+    /// Timeout of one probe write, in milliseconds.
+    #[arg(long = "probe-timeout-ms", default_value_t = 1_000)]
+    probe_timeout_ms: u64,
+    /// Give up after this many seconds without a successful write.
+    #[arg(long = "max-wait", default_value_t = 20.0)]
+    max_wait_s: f64,
+    #[arg(long, default_value = "bench")]
+    namespace: String,
+    #[arg(long)]
+    label: Option<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: Output,
+}
+
+/// The bench's own errors: set-up failures. Failed operations are not errors
+/// of the bench; they are counted in the report.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BenchError {
+    #[error("cannot connect to {address}: {source}")]
+    Connect {
+        address: String,
+        source: tonic::transport::Error,
+    },
+    #[error("bad endpoint {address:?}: {source}")]
+    Endpoint {
+        address: String,
+        source: tonic::transport::Error,
+    },
+    #[error("no leader known to any of {0:?}")]
+    NoLeader(Vec<String>),
+    #[error("{0}")]
+    Api(#[from] ApiError),
+    #[error("invalid option {option}: {reason}")]
+    Option {
+        option: &'static str,
+        reason: String,
+    },
+    #[error("{0}")]
+    Setup(String),
+}
+
+impl BenchError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            BenchError::Option { .. } => exit::USAGE,
+            BenchError::Api(e) => crate::cli::exit_code_of(e),
+            BenchError::Connect { .. } | BenchError::NoLeader(_) => exit::UNAVAILABLE,
+            BenchError::Endpoint { .. } | BenchError::Setup(_) => exit::ERROR,
+        }
+    }
+}
+
+pub fn run(args: BenchArgs) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cairn bench: cannot start the tokio runtime: {e}");
+            return exit::ERROR;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match args.workload {
+            Workload::Write(a) => load::run(a.load, load::Mix::Write).await,
+            Workload::Read(a) => load::run(a.load, load::Mix::Read(a.consistency)).await,
+            Workload::List(a) => load::run(a.load, load::Mix::List(a.consistency)).await,
+            Workload::Mixed(a) => {
+                if !(0.0..=1.0).contains(&a.read_fraction) {
+                    return Err(BenchError::Option {
+                        option: "--read-fraction",
+                        reason: "must be between 0 and 1".into(),
+                    });
+                }
+                load::run(
+                    a.load,
+                    load::Mix::Mixed {
+                        consistency: a.consistency,
+                        read_fraction: a.read_fraction,
+                    },
+                )
+                .await
+            }
+            Workload::Watch(a) => watch::run(a.load, a.watchers, a.write_interval_ms).await,
+            Workload::Failover(a) => failover::run(a).await,
+        }
+    });
+    match result {
+        Ok(()) => exit::OK,
+        Err(e) => {
+            eprintln!("cairn bench: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+impl LoadOptions {
+    fn validate(&self) -> Result<(), BenchError> {
+        let option = |option: &'static str, reason: &str| {
+            Err(BenchError::Option {
+                option,
+                reason: reason.into(),
+            })
+        };
+        if self.endpoints.is_empty() {
+            return option("--endpoints", "at least one endpoint is needed");
+        }
+        if self.clients == 0 {
+            return option("--clients", "must be at least 1");
+        }
+        if self.connections == 0 {
+            return option("--connections", "must be at least 1");
+        }
+        if self.key_space == 0 || self.key_space > 100_000_000 {
+            return option("--key-space", "must be between 1 and 100,000,000");
+        }
+        if !(self.duration_s > 0.0 && self.duration_s <= 24.0 * 3600.0) {
+            return option("--duration", "must be between 0 and 86400 seconds");
+        }
+        if !(0.0..=3600.0).contains(&self.warmup_s) {
+            return option("--warmup", "must be between 0 and 3600 seconds");
+        }
+        if self.value_bytes > 16 << 20 {
+            return option("--value-size", "must be at most 16 MiB");
+        }
+        Ok(())
+    }
+}
+
+/// The bench's resource type.
+fn bench_type() -> pb::Type {
+    pb::Type {
+        group: "bench".into(),
+        group_version: "v1".into(),
+        kind: "Item".into(),
+    }
+}
+
+fn bench_tenancy(namespace: &str) -> pb::Tenancy {
+    pb::Tenancy {
+        partition: "default".into(),
+        namespace: namespace.into(),
+    }
+}
+
+fn bench_id(namespace: &str, name: String) -> pb::Id {
+    pb::Id {
+        uid: "bench".into(),
+        name,
+        r#type: Some(bench_type()),
+        tenancy: Some(bench_tenancy(namespace)),
+    }
+}
+
+/// A resource to write: `expected_version` is the CAS token ("" = create).
+fn bench_resource(
+    namespace: &str,
+    name: String,
+    expected_version: String,
+    value: Bytes,
+) -> pb::Resource {
+    pb::Resource {
+        id: Some(bench_id(namespace, name)),
+        version: expected_version,
+        data: Some(Any {
+            type_url: "type.googleapis.com/cairn.bench.Value".into(),
+            value,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The name of key `k` (fixed width, so names sort as numbers).
+fn key_name(k: u64) -> String {
+    format!("k{k:09}")
+}
+
+/// The key index of a bench name, if it is one.
+fn key_of(name: &str) -> Option<u64> {
+    name.strip_prefix('k')
+        .filter(|d| d.len() == 9)?
+        .parse()
+        .ok()
+}
+
+/// Opens one HTTP/2 connection to `address` (`host:port`).
+async fn connect(address: &str) -> Result<Channel, BenchError> {
+    Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|source| BenchError::Endpoint {
+            address: address.into(),
+            source,
+        })?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .map_err(|source| BenchError::Connect {
+            address: address.into(),
+            source,
+        })
+}
+
+fn resource_client(channel: Channel) -> ResourceServiceClient<Channel> {
+    ResourceServiceClient::new(channel).max_decoding_message_size(DECODE_BYTES_MAX)
+}
+
+/// The cluster as the endpoints see it: the leader's client address and the
+/// status each reachable endpoint gave.
+pub(crate) struct ClusterView {
+    pub leader_id: u64,
+    pub leader_address: String,
+    pub statuses: Vec<(String, pb::StatusResponse)>,
+}
+
+/// Asks every endpoint for its status and finds the leader's client address.
+async fn discover(endpoints: &[String]) -> Result<ClusterView, BenchError> {
+    let mut statuses = Vec::new();
+    for endpoint in endpoints {
+        if let Ok(s) = crate::cli::fetch_status(endpoint).await {
+            statuses.push((endpoint.clone(), s));
+        }
+    }
+    for (_, s) in &statuses {
+        if s.leader_id == 0 {
+            continue;
+        }
+        if let Some(m) = s.members.iter().find(|m| m.id == s.leader_id) {
+            return Ok(ClusterView {
+                leader_id: s.leader_id,
+                leader_address: m.client_address.clone(),
+                statuses,
+            });
+        }
+    }
+    Err(BenchError::NoLeader(endpoints.to_vec()))
+}
+
+/// The addresses requests go to, per `--target`.
+async fn targets(options: &LoadOptions) -> Result<Vec<String>, BenchError> {
+    match options.target {
+        Target::All => Ok(options.endpoints.clone()),
+        Target::Leader => Ok(vec![discover(&options.endpoints).await?.leader_address]),
+    }
+}
+
+/// A small, fast, seeded generator (xorshift64*): the bench needs spread, not
+/// quality, and must not spend its CPU here.
+#[derive(Clone)]
+struct FastRng(u64);
+
+impl FastRng {
+    fn new(seed: u64) -> FastRng {
+        FastRng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "below(0)");
+        let k = self.next_u64() % n;
+        assert!(k < n);
+        k
+    }
+}
+
+/// A run id: tells apart the keys and names of successive runs.
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}", (nanos as u64) ^ (std::process::id() as u64) << 40)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_names_round_trip_and_sort_as_numbers() {
+        // A key's name maps back to its index, and names order as indices do.
+        for k in [0u64, 7, 999, 123_456_789] {
+            assert_eq!(key_of(&key_name(k)), Some(k));
+        }
+        assert!(key_name(9) < key_name(10));
+        assert_eq!(key_of("x000000001"), None);
+        assert_eq!(key_of("k1"), None);
+        assert_eq!(key_of("k00000000x"), None);
+    }
+
+    #[test]
+    fn fast_rng_stays_below_its_bound_and_spreads() {
+        // Every draw is below the bound, and every value of a small range is hit.
+        let mut rng = FastRng::new(3);
+        let mut seen = [false; 16];
+        for _ in 0..10_000 {
+            let k = rng.below(16);
+            seen[k as usize] = true;
+            let f = rng.next_f64();
+            assert!((0.0..1.0).contains(&f));
+        }
+        assert!(seen.iter().all(|s| *s));
+    }
+
+    #[test]
+    fn bench_resources_pass_the_node_validation() {
+        // What the bench writes is a valid write for the node.
+        let r = bench_resource(
+            "bench",
+            key_name(1),
+            String::new(),
+            Bytes::from(vec![b'v'; 256]),
+        );
+        cairn_fsm::validate_write(&r, &cairn_fsm::Limits::default()).expect("valid");
+    }
+}

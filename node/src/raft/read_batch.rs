@@ -1,0 +1,234 @@
+//! Read-index batching: many concurrent strong reads share one leadership
+//! confirmation.
+//!
+//! openraft's `get_read_log_id` confirms leadership by sending a heartbeat to
+//! every voter and waiting for a quorum; doing that once per strong read costs
+//! one round of peer RPCs (and a pass through every follower's Raft core) per
+//! read. Here a read joins the *next* confirmation: requests queue while one is
+//! in flight, and when it ends a single new confirmation serves every request
+//! that queued meanwhile.
+//!
+//! Why this is still linearizable: a request is answered only from a
+//! confirmation that *started after the request arrived* (the queue is taken
+//! before the confirmation is sent, and a request never joins one already in
+//! flight). That confirmation proves this node was leader at some moment after
+//! the request began, and its read index is at least every index committed
+//! before that moment; the caller then waits until it has applied that index.
+//! This is the read-index protocol of the Raft thesis (§6.4) with the
+//! heartbeat round shared, as etcd does for its ReadIndex requests.
+//!
+//! Must not: answer a request from a confirmation that began before it, or
+//! drop a request silently (every queued sender gets the batch's outcome; a
+//! request whose caller went away is simply not listened to).
+//!
+//! Concurrency: one mutex-guarded queue; at most one driver task, spawned by
+//! the request that finds no driver running, loops until the queue is empty.
+//!
+//! ## Invariants
+//! - `driving` is true exactly while a driver task is alive; at most one runs.
+//! - Every request pushed while `driving` is true is served by a later loop of
+//!   that driver (the driver re-checks the queue under the lock before leaving).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cairn_proto::error::ApiError;
+use tokio::sync::oneshot;
+
+use super::Raft;
+
+/// The outcome of one confirmation: the read index and the applied index at
+/// the time of the check, or why leadership could not be confirmed.
+pub type Confirmation = Result<(u64, u64), ApiError>;
+
+type Waiter = oneshot::Sender<Confirmation>;
+
+#[derive(Default)]
+struct Queue {
+    driving: bool,
+    waiting: Vec<Waiter>,
+}
+
+/// Shares leadership confirmations among concurrent strong reads.
+#[derive(Clone)]
+pub struct ReadBatcher {
+    queue: Arc<Mutex<Queue>>,
+}
+
+impl Default for ReadBatcher {
+    fn default() -> Self {
+        ReadBatcher::new()
+    }
+}
+
+impl ReadBatcher {
+    pub fn new() -> ReadBatcher {
+        ReadBatcher {
+            queue: Arc::new(Mutex::new(Queue::default())),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // The queue holds only senders and a flag, both valid after a panic.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a leadership confirmation that started after this call, and
+    /// returns its outcome. `confirm` runs one confirmation (in production,
+    /// openraft's `get_read_log_id` mapped to Cairn's errors).
+    pub async fn confirm<F, Fut>(&self, confirm: F) -> Confirmation
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Confirmation> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let start_driver = {
+            let mut queue = self.lock();
+            queue.waiting.push(tx);
+            !std::mem::replace(&mut queue.driving, true)
+        };
+        if start_driver {
+            let me = self.clone();
+            tokio::spawn(async move { me.drive(confirm).await });
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(ApiError::Unavailable(
+                "the read confirmation was abandoned (shutting down)".into(),
+            ))
+        })
+    }
+
+    /// The driver: takes the queue, runs one confirmation for all of it, hands
+    /// out the result; stops when the queue is empty.
+    async fn drive<F, Fut>(&self, confirm: F)
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Confirmation>,
+    {
+        loop {
+            let batch = {
+                let mut queue = self.lock();
+                assert!(queue.driving, "a driver runs only while `driving` is set");
+                if queue.waiting.is_empty() {
+                    queue.driving = false;
+                    return;
+                }
+                std::mem::take(&mut queue.waiting)
+            };
+            assert!(!batch.is_empty());
+            // Taken before it starts: every request in `batch` arrived before
+            // this confirmation began.
+            let outcome = confirm().await;
+            for waiter in batch {
+                let _ = waiter.send(outcome.clone());
+            }
+        }
+    }
+}
+
+/// One confirmation through openraft, with errors mapped as the node maps them.
+pub async fn confirm_with_raft(raft: Raft) -> Confirmation {
+    use openraft::error::{CheckIsLeaderError, RaftError};
+    match raft.get_read_log_id().await {
+        Ok((read, applied)) => Ok((
+            read.map(|l| l.index).unwrap_or(0),
+            applied.map(|l| l.index).unwrap_or(0),
+        )),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+            Err(ApiError::NotLeader {
+                hint: super::leader_hint(f.leader_id, f.leader_node),
+            })
+        }
+        Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(
+            ApiError::Inconsistent(format!("leadership not confirmed by a quorum: {e}")),
+        ),
+        Err(RaftError::Fatal(e)) => Err(super::fatal(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    /// A fake confirmation: counts rounds, takes `delay`, answers with the
+    /// round number as the read index.
+    fn counting(
+        rounds: Arc<AtomicU64>,
+        delay: Duration,
+    ) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Confirmation> + Send>>
+           + Send
+           + Sync
+           + 'static {
+        move || {
+            let rounds = rounds.clone();
+            Box::pin(async move {
+                let round = rounds.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(delay).await;
+                Ok((round, 0))
+            })
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_concurrent_reads_share_few_confirmations() {
+        // 200 reads at once are served by far fewer than 200 quorum rounds.
+        let batcher = ReadBatcher::new();
+        let rounds = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..200 {
+            let (b, r) = (batcher.clone(), rounds.clone());
+            tasks.push(tokio::spawn(async move {
+                b.confirm(counting(r, Duration::from_millis(5))).await
+            }));
+        }
+        for t in tasks {
+            assert!(t.await.expect("task").is_ok());
+        }
+        let n = rounds.load(Ordering::SeqCst);
+        assert!((1..=20).contains(&n), "{n} rounds for 200 reads");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_never_joins_a_confirmation_already_in_flight() {
+        // A read that arrives while round 1 is in flight is answered by round 2.
+        let batcher = ReadBatcher::new();
+        let rounds = Arc::new(AtomicU64::new(0));
+        let first = {
+            let (b, r) = (batcher.clone(), rounds.clone());
+            tokio::spawn(async move { b.confirm(counting(r, Duration::from_millis(100))).await })
+        };
+        while rounds.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let second = batcher
+            .confirm(counting(rounds.clone(), Duration::from_millis(100)))
+            .await;
+        assert_eq!(first.await.expect("task"), Ok((1, 0)));
+        assert_eq!(second, Ok((2, 0)));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_confirmation_fails_every_read_of_its_batch_and_the_next_batch_retries() {
+        // An error reaches every waiter of its round; a later read starts a new round.
+        let batcher = ReadBatcher::new();
+        let failing = || async { Err(ApiError::Inconsistent("no quorum".into())) };
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let b = batcher.clone();
+            tasks.push(tokio::spawn(async move { b.confirm(failing).await }));
+        }
+        for t in tasks {
+            assert!(matches!(
+                t.await.expect("task"),
+                Err(ApiError::Inconsistent(_))
+            ));
+        }
+        let ok = batcher.confirm(|| async { Ok((7, 7)) }).await;
+        assert_eq!(ok, Ok((7, 7)));
+        assert!(
+            !batcher.lock().driving,
+            "the driver stops when the queue is empty"
+        );
+    }
+}
