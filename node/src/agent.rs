@@ -3,6 +3,8 @@
 //! - openraft's core, log writer and state-machine tasks (inside `raft`);
 //! - the peer gRPC server (Raft RPCs, forwarding) and the client gRPC server
 //!   (resources, admin, health, reflection);
+//! - the leader watcher (`forward::start`): calls the forwarding channel's
+//!   leader-change hook on every leader change seen in Raft's metrics;
 //! - the bootstrap or join task (once, at start);
 //! - the health task: flips the gRPC health status to SERVING once a leader is
 //!   known and this node has applied everything committed when it started;
