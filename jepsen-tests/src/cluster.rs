@@ -127,6 +127,8 @@ pub struct Cluster {
     pub nodes: Vec<NodeProcess>,
     root: PathBuf,
     _temp: Option<tempfile::TempDir>,
+    /// The highest node id ever used here: ids of removed nodes are never reused.
+    highest_id: u64,
 }
 
 /// A new node's addresses, namespace and data dir (and its mounted disk).
@@ -215,11 +217,13 @@ impl Cluster {
         for n in &mut nodes {
             n.bootstrap = vec!["--members".into(), members.clone()];
         }
+        let highest_id = nodes.len() as u64;
         let mut cluster = Cluster {
             options,
             nodes,
             root,
             _temp: temp,
+            highest_id,
         };
         for id in 1..=cluster.nodes.len() as u64 {
             cluster.spawn(id);
@@ -335,7 +339,11 @@ impl Cluster {
 
     /// As [`Cluster::add_joining_node`], with placement errors returned.
     pub fn try_add_joining_node(&mut self, via: &str) -> Result<u64, String> {
-        let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let id = self
+            .highest_id
+            .max(self.nodes.iter().map(|n| n.id).max().unwrap_or(0))
+            + 1;
+        self.highest_id = id;
         let mut node = place_node(&self.options, &self.root, id)?;
         node.bootstrap = vec!["--join".into(), via.to_string()];
         self.nodes.push(node);

@@ -522,7 +522,7 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let env = prepared.env;
+    let env = std::sync::Arc::new(prepared.env);
     let seed = prepared.seed;
     let started = Instant::now();
     println!("results in {} (seed {seed})", env.results.display());
@@ -541,20 +541,7 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
             for scenario in &scenarios {
                 let left = suite_deadline.saturating_duration_since(Instant::now());
                 let bound = left.min(Duration::from_secs(150));
-                let result = match tokio::time::timeout(bound, runner::run_scenario(scenario, &env))
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(_) => runner::ScenarioResult {
-                        scenario: scenario.clone(),
-                        status: runner::Status::Failed(format!("did not finish within {bound:?}")),
-                        verdict: None,
-                        elapsed: bound,
-                        operations: 0,
-                        faults: 0,
-                        folder: env.results.join(&scenario.name),
-                    },
-                };
+                let result = runner::run_bounded(scenario.clone(), env.clone(), bound).await;
                 runner::print_result(&result);
                 results.push(result);
             }
@@ -579,23 +566,7 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
                     .duration
                     .min(left.saturating_sub(Duration::from_secs(15)));
                 let bound = scenario.duration + Duration::from_secs(150);
-                let result = match tokio::time::timeout(
-                    bound,
-                    runner::run_scenario(&scenario, &env),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => runner::ScenarioResult {
-                        scenario: scenario.clone(),
-                        status: runner::Status::Failed(format!("did not finish within {bound:?}")),
-                        verdict: None,
-                        elapsed: bound,
-                        operations: 0,
-                        faults: 0,
-                        folder: env.results.join(&scenario.name),
-                    },
-                };
+                let result = runner::run_bounded(scenario.clone(), env.clone(), bound).await;
                 runner::print_result(&result);
                 let failed = matches!(result.status, runner::Status::Failed(_));
                 results.push(result);
@@ -621,18 +592,8 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
                     seed: seed.wrapping_add(attempt as u64),
                     broken_reads: true,
                 };
-                let result = match tokio::time::timeout(
-                    Duration::from_secs(180),
-                    runner::run_scenario(&scenario, &env),
-                )
-                .await
-                {
-                    Ok(r) => r,
-                    Err(_) => {
-                        println!("attempt {} did not finish in time", attempt + 1);
-                        continue;
-                    }
-                };
+                let result =
+                    runner::run_bounded(scenario, env.clone(), Duration::from_secs(180)).await;
                 if let runner::Status::Skipped(why) = &result.status {
                     println!("SKIP prove-broken: {why}");
                     return ExitCode::from(2);

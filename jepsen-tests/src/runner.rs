@@ -290,12 +290,16 @@ async fn run_scenario_inner(
     }
     let mut report = String::new();
     let mut watch_final = None;
+    // Watchers whose node is still in the cluster (membership changes remove some).
+    let members_at_end: Vec<usize> = (0..endpoints.len())
+        .filter(|i| all_endpoints.contains(&endpoints[*i]))
+        .collect();
     if scenario.workload == WorkloadKind::Watch {
         match final_list(&final_client).await {
             Ok((state, revision)) => {
                 // Let every watcher reach the final revision.
                 let deadline = Instant::now() + Duration::from_secs(20);
-                while workload.watchers_revision(endpoints.len()) < revision
+                while workload.watchers_revision(&members_at_end) < revision
                     && Instant::now() < deadline
                 {
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -405,7 +409,14 @@ async fn run_scenario_inner(
             write_file(&folder.join("watch.jsonl"), &text);
             match &watch_final {
                 Some((state, revision)) => {
-                    let r = watch_check::check(&log, &history, state, *revision, endpoints.len());
+                    let r = watch_check::check(
+                        &log,
+                        &history,
+                        state,
+                        *revision,
+                        endpoints.len(),
+                        &members_at_end,
+                    );
                     let _ = writeln!(report, "watch checker: {:?}", r.verdict);
                     for line in r.summary.iter().chain(r.anomalies.iter().take(40)) {
                         let _ = writeln!(report, "  {line}");
@@ -508,6 +519,47 @@ async fn final_list(client: &Client) -> Result<(BTreeMap<String, Stored>, u64), 
             Err(e) if Instant::now() > deadline => return Err(e.to_string()),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
+    }
+}
+
+/// Runs a scenario as its own task, bounded by `bound`: a panic or a timeout
+/// is a failure of that scenario (the task is dropped, which kills its nodes
+/// and removes its namespaces and mounts), never of the whole run.
+pub async fn run_bounded(
+    scenario: Scenario,
+    env: Arc<RunEnvironment>,
+    bound: Duration,
+) -> ScenarioResult {
+    let folder = env.results.join(&scenario.name);
+    let started = Instant::now();
+    let task_scenario = scenario.clone();
+    let mut task = tokio::spawn(async move { run_scenario(&task_scenario, &env).await });
+    let status = match tokio::time::timeout(bound, &mut task).await {
+        Ok(Ok(result)) => return result,
+        Ok(Err(e)) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".into());
+            Status::Failed(format!("panicked: {message}"))
+        }
+        Ok(Err(e)) => Status::Failed(format!("the scenario task failed: {e}")),
+        Err(_) => {
+            task.abort();
+            let _ = task.await;
+            Status::Failed(format!("did not finish within {bound:?}"))
+        }
+    };
+    ScenarioResult {
+        scenario,
+        status,
+        verdict: None,
+        elapsed: started.elapsed(),
+        operations: 0,
+        faults: 0,
+        folder,
     }
 }
 

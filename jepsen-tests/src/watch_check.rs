@@ -76,13 +76,16 @@ pub struct WatchReport {
     pub summary: Vec<String>,
 }
 
-/// Checks the watchers of `nodes` nodes.
+/// Checks the watchers of `nodes` nodes. Only the nodes in `members_at_end`
+/// (still in the cluster when the final state was read) must reach it; a
+/// removed node's watch just stops.
 pub fn check(
     log: &[WatchRecord],
     history: &History,
     final_state: &BTreeMap<String, Stored>,
     final_revision: u64,
     nodes: usize,
+    members_at_end: &[usize],
 ) -> WatchReport {
     let mut anomalies = Vec::new();
     let mut summary = Vec::new();
@@ -283,6 +286,9 @@ pub fn check(
 
     // Final state.
     for (node, r) in replays.iter().enumerate() {
+        if !members_at_end.contains(&node) {
+            continue;
+        }
         if r.snapshots == 0 {
             anomalies.push(format!("node {node}: the watch never delivered a snapshot"));
             continue;
@@ -401,7 +407,7 @@ mod tests {
         .unwrap();
         let mut log = stream(0, None);
         log.extend(stream(1, None));
-        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 2);
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 2, &[0, 1]);
         assert_eq!(report.verdict, Verdict::Valid, "{:?}", report.anomalies);
     }
 
@@ -416,7 +422,7 @@ mod tests {
         .unwrap();
         let mut log = stream(0, None);
         log.extend(stream(1, Some(3)));
-        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 2);
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 2, &[0, 1]);
         assert_eq!(report.verdict, Verdict::Invalid);
         assert!(
             report.anomalies.iter().any(|a| a.contains("missed")),
@@ -436,7 +442,7 @@ mod tests {
         .unwrap();
         let mut log = stream(0, None);
         log.insert(4, rec(0, "upsert", 3, "a", 11));
-        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 1);
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 1, &[0]);
         assert!(
             report.anomalies.iter().any(|a| a.contains("duplicate")),
             "{:?}",
@@ -457,7 +463,7 @@ mod tests {
         log.push(rec(0, "open", 0, "", 0));
         log.push(rec(0, "upsert", 2, "a", 10));
         log.push(rec(0, "end_of_snapshot", 2, "", 0));
-        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 1);
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 1, &[0]);
         assert!(
             report.anomalies.iter().any(|a| a.contains("rewind")),
             "{:?}",

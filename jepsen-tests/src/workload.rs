@@ -417,11 +417,13 @@ impl Workload {
         all
     }
 
-    /// The latest revision every watcher has reached (0 if one has seen nothing).
-    pub fn watchers_revision(&self, nodes: usize) -> u64 {
+    /// The latest revision every watcher of `nodes` has reached (0 if one has
+    /// seen nothing).
+    pub fn watchers_revision(&self, nodes: &[usize]) -> u64 {
         let log = self.watch_log.lock();
-        (0..nodes)
-            .map(|node| {
+        nodes
+            .iter()
+            .map(|&node| {
                 log.iter()
                     .filter(|r| r.node == node)
                     .map(|r| r.revision)
