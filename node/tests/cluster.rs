@@ -356,11 +356,16 @@ async fn a_wiped_node_is_refused_until_it_is_re_added_explicitly() {
     cluster.spawn(wiped);
     let expected: Vec<String> = (0..5).map(|i| format!("p-{i}")).collect();
     wait_converged(&cluster, &[wiped], &expected, Duration::from_secs(30)).await;
-    let s = cluster.status(leader).await.unwrap();
-    assert!(
-        s.members.iter().any(|m| m.id == wiped && m.voter),
-        "not a voter again: {s:?}"
-    );
+    // Promotion follows the catch-up: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = cluster.status(leader).await.unwrap();
+        if s.members.iter().any(|m| m.id == wiped && m.voter) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not a voter again: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -128,9 +128,17 @@ impl ReadBatcher {
 /// One confirmation through openraft, with errors mapped as the node maps them.
 pub async fn confirm_with_raft(raft: Raft) -> Confirmation {
     use openraft::error::{CheckIsLeaderError, RaftError};
+    // openraft 0.9 restores a leader's role on restart in the same term, with
+    // the committed index it last persisted, which can lag the entries it had
+    // acknowledged before the crash (regression test:
+    // `restarting_the_whole_cluster_after_kill_loses_nothing`). So the read
+    // index is at least this leader's last log index when the confirmation
+    // starts: every acknowledged write is in a leader's log, and waiting until
+    // it is applied makes the read reflect it.
+    let last_log_index = raft.metrics().borrow().last_log_index.unwrap_or(0);
     match raft.get_read_log_id().await {
         Ok((read, applied)) => Ok((
-            read.map(|l| l.index).unwrap_or(0),
+            read.map(|l| l.index).unwrap_or(0).max(last_log_index),
             applied.map(|l| l.index).unwrap_or(0),
         )),
         Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
