@@ -487,6 +487,7 @@ mod tests {
             &final_state(&[("a", 4, 12), ("b", 1, 5)]),
             4,
             1,
+            &[0],
         );
         assert!(
             report.anomalies.iter().any(|a| a.contains("final state")),
