@@ -234,6 +234,11 @@ mod tests {
         }
         let ok = batcher.confirm(|| async { Ok((7, 7)) }).await;
         assert_eq!(ok, Ok((7, 7)));
+        // The driver clears `driving` just after answering the last waiter: give it a moment.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while batcher.lock().driving && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         assert!(
             !batcher.lock().driving,
             "the driver stops when the queue is empty"
