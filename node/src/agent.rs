@@ -110,7 +110,9 @@ impl Agent {
                 .with_unsafe_local_strong_reads(config.unsafe_local_strong_reads),
         );
         if config.unsafe_local_strong_reads {
-            tracing::warn!("--unsafe-local-strong-reads: strong reads are served locally and may be stale");
+            tracing::warn!(
+                "--unsafe-local-strong-reads: strong reads are served locally and may be stale"
+            );
         }
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         health_reporter

@@ -85,7 +85,10 @@ impl ResourceService for ResourceGrpc {
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let d = self.0.deadline(&r);
         Ok(Response::new(
-            self.0.forwarder.read(self.0.served(r.into_inner()), d).await?,
+            self.0
+                .forwarder
+                .read(self.0.served(r.into_inner()), d)
+                .await?,
         ))
     }
 
@@ -115,7 +118,10 @@ impl ResourceService for ResourceGrpc {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let d = self.0.deadline(&r);
         Ok(Response::new(
-            self.0.forwarder.list(self.0.served_list(r.into_inner()), d).await?,
+            self.0
+                .forwarder
+                .list(self.0.served_list(r.into_inner()), d)
+                .await?,
         ))
     }
 
