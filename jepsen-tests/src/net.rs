@@ -8,8 +8,9 @@
 //! nodes whose packets it drops, enforced by an nftables `input` chain inside
 //! that node's namespace. Healing deletes those tables.
 //!
-//! Names carry the runner's pid (`cj<pid>n<id>` namespaces, `cj<pid>v<id>`
-//! veths, `cj<pid>b` bridge), so concurrent runs do not collide; on start, what
+//! Names carry the runner's pid and a letter per lab (`cj<pid>n<l><id>`
+//! namespaces, `cj<pid>v<l><id>` veths, `cj<pid>b<l>` bridge), so concurrent
+//! runs and labs do not collide; on start, what
 //! dead runs left behind is removed ([`cleanup_stale`]); on drop, everything
 //! this lab created is removed.
 //!
@@ -173,6 +174,8 @@ pub struct NodeNetwork {
 /// Network namespaces on one bridge, and the partitions between them.
 pub struct NetworkLab {
     prefix: String,
+    /// Tells apart the labs of one process.
+    letter: char,
     subnet_prefix: String,
     bridge: String,
     nodes: Mutex<BTreeMap<u64, NodeNetwork>>,
@@ -196,10 +199,14 @@ impl NetworkLab {
         }
         cleanup_stale();
         let pid = std::process::id();
+        // Several labs of one process (tests run in parallel) differ by a letter.
+        static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let instance = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let letter = char::from(b'a' + (instance % 26) as u8);
         let prefix = format!("cj{pid}");
         let used = run("ip", &["-o", "addr", "show"]).unwrap_or_default();
         // A /24 of 10.147.0.0/16 that no interface here uses yet.
-        let mut octet = 20 + pid % 200;
+        let mut octet = 20 + (pid + instance * 37) % 200;
         for _ in 0..200 {
             if !used.contains(&format!("10.147.{octet}.")) {
                 break;
@@ -207,9 +214,10 @@ impl NetworkLab {
             octet = 20 + (octet - 19) % 200;
         }
         let subnet_prefix = format!("10.147.{octet}.");
-        let bridge = format!("{prefix}b");
+        let bridge = format!("{prefix}b{letter}");
         let lab = NetworkLab {
             prefix,
+            letter,
             subnet_prefix,
             bridge,
             nodes: Mutex::new(BTreeMap::new()),
@@ -230,6 +238,11 @@ impl NetworkLab {
         Ok(lab)
     }
 
+    /// The bridge's interface name.
+    pub fn bridge(&self) -> &str {
+        &self.bridge
+    }
+
     /// The address node `id` has inside its namespace.
     pub fn ip_of(&self, id: u64) -> String {
         assert!(
@@ -244,9 +257,9 @@ impl NetworkLab {
         if let Some(existing) = self.nodes.lock().get(&id) {
             return Ok(existing.clone());
         }
-        let namespace = format!("{}n{id}", self.prefix);
-        let veth = format!("{}v{id}", self.prefix);
-        let peer = format!("{}p{id}", self.prefix);
+        let namespace = format!("{}n{}{id}", self.prefix, self.letter);
+        let veth = format!("{}v{}{id}", self.prefix, self.letter);
+        let peer = format!("{}p{}{id}", self.prefix, self.letter);
         let ip = self.ip_of(id);
         run("ip", &["netns", "add", &namespace])?;
         run(
@@ -347,7 +360,14 @@ impl NetworkLab {
         if let Some(node) = self.nodes.lock().remove(&id) {
             kill_namespace_processes(&node.namespace);
             let _ = run("ip", &["netns", "delete", &node.namespace]);
-            let _ = run("ip", &["link", "delete", &format!("{}v{id}", self.prefix)]);
+            let _ = run(
+                "ip",
+                &[
+                    "link",
+                    "delete",
+                    &format!("{}v{}{id}", self.prefix, self.letter),
+                ],
+            );
         }
     }
 }
@@ -447,8 +467,8 @@ mod tests {
     #[test]
     fn stale_names_are_recognised_by_their_pid() {
         // Only names of the form cj<pid>{n,v,b}<...> belong to a run.
-        assert_eq!(owner_pid("cj1234n1"), Some(1234));
-        assert_eq!(owner_pid("cj77b"), Some(77));
+        assert_eq!(owner_pid("cj1234na1"), Some(1234));
+        assert_eq!(owner_pid("cj77ba"), Some(77));
         assert_eq!(owner_pid("cj77"), None);
         assert_eq!(owner_pid("eth0"), None);
         assert_eq!(owner_pid("cjxn1"), None);

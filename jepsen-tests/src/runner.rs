@@ -147,6 +147,10 @@ pub fn cairn_binary() -> Result<PathBuf, String> {
     if release {
         command.arg("--release");
     }
+    println!(
+        "building the node: cargo build -p cairn-node --bin cairn{}",
+        if release { " --release" } else { "" }
+    );
     match command.status() {
         Ok(s) if s.success() => {}
         Ok(s) => return Err(format!("building cairn failed ({s})")),
