@@ -13,7 +13,9 @@
 //! - [`ClusterOptions::powercut`]: each node's data dir sits on its own
 //!   power-cut FUSE filesystem ([`Cluster::cut_power`]);
 //! - [`NodeProcess::faketime`]: the node starts under libfaketime
-//!   (`LD_PRELOAD` + `FAKETIME`), for clock skew and rate changes;
+//!   (`LD_PRELOAD` + `FAKETIME`), for clock skew and rate changes — set
+//!   directly rather than through the `faketime` wrapper, which forks and
+//!   waits, so that the pid we signal is the node's own;
 //! - [`ClusterOptions::die_with_parent`]: nodes get `PR_SET_PDEATHSIG`, so they
 //!   die with the runner even if it is killed (the signal fires when the
 //!   *thread* that spawned them exits: spawn only from a long-lived thread).
