@@ -128,7 +128,7 @@ pub struct Cluster {
     pub options: ClusterOptions,
     pub nodes: Vec<NodeProcess>,
     root: PathBuf,
-    _temp: Option<tempfile::TempDir>,
+    _temp: Option<ScratchDir>,
     /// The highest node id ever used here: ids of removed nodes are never reused.
     highest_id: u64,
 }
@@ -203,7 +203,7 @@ impl Cluster {
                 (r.clone(), None)
             }
             None => {
-                let t = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+                let t = ScratchDir::new()?;
                 (t.path().to_path_buf(), Some(t))
             }
         };
@@ -564,6 +564,55 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         false
+    }
+}
+
+/// A temporary directory for a test's nodes. Removed when the test passes;
+/// when it panics, the directory is kept and the tail of every `*.log` in it
+/// is printed, so a failure on a CI machine that is gone afterwards still
+/// shows what the nodes said.
+pub struct ScratchDir {
+    dir: Option<tempfile::TempDir>,
+}
+
+/// Lines of each node log printed when a test fails.
+const LOG_TAIL_LINES: usize = 60;
+
+impl ScratchDir {
+    pub fn new() -> Result<ScratchDir, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+        Ok(ScratchDir { dir: Some(dir) })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().expect("present until drop").path()
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let dir = self.dir.take().expect("present until drop").keep();
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        logs.sort();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+            eprintln!("----- last {} lines of {} -----", tail.len(), log.display());
+            for l in tail {
+                eprintln!("{l}");
+            }
+        }
+        eprintln!("----- test dir kept: {} -----", dir.display());
     }
 }
 

@@ -64,7 +64,7 @@ impl Agent {
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
             .with_context(|| format!("data dir {}", config.data_dir.display()))?;
-        let fresh = !config.data_dir.join("raft-log").exists();
+        let fresh = !crate::raft::holds_node_state(&config.data_dir);
         if fresh && config.join.is_none() {
             refuse_if_already_a_member(&config).await?;
         }

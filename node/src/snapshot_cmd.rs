@@ -350,7 +350,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     if args.bump_index == 0 {
         return Err(CommandError::Usage("--bump-index must be positive".into()));
     }
-    if data_dir.join("raft-log").exists() || data_dir.join("snapshots").exists() {
+    if crate::raft::holds_node_state(data_dir) {
         return Err(CommandError::Usage(format!(
             "{} already holds a node's data; offline restore only seeds an empty data dir",
             data_dir.display()
@@ -415,7 +415,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
     };
-    let snapshots = data_dir.join("snapshots");
+    let snapshots = crate::raft::snapshot_dir(data_dir);
     std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;
     let target = snapshots.join(format!("snap-{index:020}-{term}.snap"));
     let progress = bar(Some(size), "seeding");

@@ -108,7 +108,7 @@ async fn a_backup_taken_under_load_restores_offline_into_a_new_cluster() {
     assert!(stale.version.parse::<u64>().unwrap() > header.last_log_index);
 
     // Seed a new 3-node cluster's data dirs, then start it.
-    let root = tempfile::tempdir().unwrap();
+    let root = jepsen_tests::cluster::ScratchDir::new().unwrap();
     let ports: Vec<(u16, u16)> = (0..3)
         .map(|_| {
             (
@@ -161,6 +161,16 @@ async fn a_backup_taken_under_load_restores_offline_into_a_new_cluster() {
                 .spawn()
                 .unwrap(),
         );
+        if i == 0 {
+            // Node 1 answers before 2 and 3 start: a restored data dir must
+            // not be mistaken for a wiped one when a member is already up.
+            let first = format!("127.0.0.1:{client_port}");
+            let deadline = Instant::now() + LEADER_TIMEOUT;
+            while cairn_node::cli::fetch_status(&first).await.is_err() {
+                assert!(Instant::now() < deadline, "node 1 never answered");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
     let new_endpoints: Vec<String> = ports
         .iter()

@@ -9,7 +9,7 @@ mod state_machine;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -207,6 +207,22 @@ fn fatal<E: fmt::Display>(e: E) -> ApiError {
     ApiError::Unavailable(format!("raft is shutting down: {e}"))
 }
 
+/// Where a node keeps its Raft log inside its data dir.
+pub fn log_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("raft-log")
+}
+
+/// Where a node keeps its state-machine snapshots inside its data dir.
+pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("snapshots")
+}
+
+/// Whether `data_dir` holds any node state: a log, or a snapshot (which is
+/// all an offline restore seeds). A data dir without either is a new node.
+pub fn holds_node_state(data_dir: &Path) -> bool {
+    log_dir(data_dir).exists() || snapshot_dir(data_dir).exists()
+}
+
 impl RaftHandle {
     /// Opens the log and state machine under `data_dir` and starts Raft.
     pub async fn start(
@@ -234,12 +250,12 @@ impl RaftHandle {
         }
         .validate()?;
         let log_store = LogStore::open(
-            &data_dir.join("raft-log"),
+            &log_dir(data_dir),
             cairn_raft_log::LogOptions::default(),
         )?;
         let store = Store::new(limits);
         let state_machine =
-            StateMachine::open(&data_dir.join("snapshots"), store.clone(), identity.clone())?;
+            StateMachine::open(&snapshot_dir(data_dir), store.clone(), identity.clone())?;
         let network = Network::new(identity.clone());
         let raft = Raft::new(
             node_id,
