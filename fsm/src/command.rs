@@ -28,6 +28,21 @@ pub enum Command {
     Write { resource: Resource },
     /// Compare-and-set delete of the lifetime `id.uid` at `version`.
     Delete { id: Id, version: String },
+    /// Starts an online restore of `resource_count` resources (see
+    /// `crate::restore` for the rules of the four restore commands).
+    RestoreBegin {
+        restore_id: String,
+        resource_count: u64,
+    },
+    /// Adds resources to the pending restore `restore_id`.
+    RestoreChunk {
+        restore_id: String,
+        resources: Vec<Resource>,
+    },
+    /// Swaps the pending restore in, at this entry's index.
+    RestoreCommit { restore_id: String },
+    /// Discards the pending restore, if it is `restore_id`.
+    RestoreAbort { restore_id: String },
 }
 
 /// Tag of `Command.write` and `Command.delete`, and of `WriteCommand.resource`.
@@ -61,18 +76,50 @@ impl Command {
                 assert_eq!(buf.len(), total_len, "command length as computed");
                 Bytes::from(buf)
             }
-            Command::Delete { id, version } => {
+            other => {
                 let message = log::Command {
-                    command: Some(LogCommand::Delete(log::DeleteCommand {
-                        id: Some(id.clone()),
-                        version: version.clone(),
-                    })),
+                    command: Some(other.to_log()),
                 };
                 let mut buf = Vec::with_capacity(1 + message.encoded_len());
                 buf.put_u8(COMMAND_FORMAT_VERSION);
                 let encoded = message.encode(&mut buf);
                 assert!(encoded.is_ok(), "encoding into a Vec cannot fail");
                 Bytes::from(buf)
+            }
+        }
+    }
+
+    /// The protobuf form of every command but a write (which is hand-framed).
+    fn to_log(&self) -> LogCommand {
+        match self {
+            Command::Write { .. } => unreachable!("writes are hand-framed"),
+            Command::Delete { id, version } => LogCommand::Delete(log::DeleteCommand {
+                id: Some(id.clone()),
+                version: version.clone(),
+            }),
+            Command::RestoreBegin {
+                restore_id,
+                resource_count,
+            } => LogCommand::RestoreBegin(log::RestoreBeginCommand {
+                restore_id: restore_id.clone(),
+                resource_count: *resource_count,
+            }),
+            Command::RestoreChunk {
+                restore_id,
+                resources,
+            } => LogCommand::RestoreChunk(log::RestoreChunkCommand {
+                restore_id: restore_id.clone(),
+                resources: resources.clone(),
+            }),
+            Command::RestoreCommit { restore_id } => {
+                LogCommand::RestoreCommit(log::RestoreCommitCommand {
+                    restore_id: restore_id.clone(),
+                })
+            }
+            Command::RestoreAbort { restore_id } => {
+                LogCommand::RestoreAbort(log::RestoreAbortCommand {
+                    restore_id: restore_id.clone(),
+                })
             }
         }
     }
@@ -104,6 +151,20 @@ impl Command {
             Some(LogCommand::Delete(log::DeleteCommand { id: None, .. })) => {
                 Err(FsmError::Decode("delete command without an id".into()))
             }
+            Some(LogCommand::RestoreBegin(c)) => Ok(Command::RestoreBegin {
+                restore_id: c.restore_id,
+                resource_count: c.resource_count,
+            }),
+            Some(LogCommand::RestoreChunk(c)) => Ok(Command::RestoreChunk {
+                restore_id: c.restore_id,
+                resources: c.resources,
+            }),
+            Some(LogCommand::RestoreCommit(c)) => Ok(Command::RestoreCommit {
+                restore_id: c.restore_id,
+            }),
+            Some(LogCommand::RestoreAbort(c)) => Ok(Command::RestoreAbort {
+                restore_id: c.restore_id,
+            }),
             None => Err(FsmError::Decode("command without a body".into())),
         }
     }
@@ -178,6 +239,20 @@ mod tests {
             Command::Delete {
                 id: resource().id.unwrap_or_default(),
                 version: "9".into(),
+            },
+            Command::RestoreBegin {
+                restore_id: "r1".into(),
+                resource_count: 2,
+            },
+            Command::RestoreChunk {
+                restore_id: "r1".into(),
+                resources: vec![resource(), resource()],
+            },
+            Command::RestoreCommit {
+                restore_id: "r1".into(),
+            },
+            Command::RestoreAbort {
+                restore_id: "r1".into(),
             },
         ];
         for c in commands {

@@ -43,6 +43,10 @@ pub enum FsmError {
     /// consumer must re-list.
     #[error("watch closed: {reason}")]
     WatchClosed { reason: String },
+    /// An online restore command that does not fit the restore in progress
+    /// (another one is pending, or none with this id is).
+    #[error("restore conflict: {0}")]
+    RestoreConflict(String),
     /// A command or snapshot record could not be decoded.
     #[error("decode: {0}")]
     Decode(String),
@@ -79,6 +83,7 @@ impl From<FsmError> for ApiError {
                 ApiError::InvalidArgument { field, reason }
             }
             FsmError::WatchClosed { reason } => ApiError::WatchClosed(reason),
+            e @ FsmError::RestoreConflict(_) => ApiError::Inconsistent(e.to_string()),
             FsmError::Decode(message) => ApiError::Internal(format!("decode: {message}")),
         }
     }

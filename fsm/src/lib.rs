@@ -72,6 +72,7 @@ mod command;
 mod error;
 mod history;
 mod key;
+mod restore;
 mod snapshot;
 mod state;
 mod store;
@@ -80,7 +81,8 @@ mod watch;
 
 pub use command::{Command, COMMAND_FORMAT_VERSION};
 pub use error::FsmError;
-pub use snapshot::{Restoration, Snapshot, SNAPSHOT_FORMAT_VERSION};
+pub use restore::{PendingRestoreStatus, RESTORE_ID_BYTES_MAX};
+pub use snapshot::{PendingSnapshot, Restoration, Snapshot, SNAPSHOT_FORMAT_VERSION};
 pub use state::View;
 pub use store::{Applied, Batch, Store};
 pub use validate::{validate_id, validate_list, validate_write, Limits};

@@ -6,12 +6,9 @@ use std::sync::Arc;
 use cairn_proto::v1::Resource;
 use imbl::ordmap;
 
-use crate::history::History;
-use crate::key::{self, Key};
-use crate::state::State;
-use crate::store::Shared;
-use crate::validate::validate_write;
-use crate::watch::REASON_RESTORE;
+use crate::key::Key;
+use crate::restore::{install, PendingRestore, RestoreTable};
+use crate::store::{Published, Shared};
 use crate::FsmError;
 
 /// The format of the resources a [`Snapshot`] yields: each is a complete
@@ -26,15 +23,26 @@ pub struct Snapshot {
     pub applied_index: u64,
     /// [`SNAPSHOT_FORMAT_VERSION`].
     pub format_version: u8,
+    /// The online restore in progress at `applied_index`, if any. Not part
+    /// of the table: iterating the snapshot does not yield its resources.
+    pub pending: Option<PendingSnapshot>,
     len: usize,
     resources: ordmap::ConsumingIter<Key, Arc<Resource>, imbl::shared_ptr::DefaultSharedPtr>,
 }
 
 impl Snapshot {
-    pub(crate) fn new(state: Arc<State>) -> Snapshot {
+    pub(crate) fn new(published: &Published) -> Snapshot {
+        let state = &published.state;
         Snapshot {
             applied_index: state.revision,
             format_version: SNAPSHOT_FORMAT_VERSION,
+            pending: published.pending.as_ref().map(|p| PendingSnapshot {
+                restore_id: p.restore_id.clone(),
+                resource_count: p.resource_count,
+                failure: p.failure.clone(),
+                len: p.table.state.resources.len(),
+                resources: p.table.state.resources.clone().into_iter(),
+            }),
             len: state.resources.len(),
             // O(1): the map is shared, and copied out element by element as
             // the iteration proceeds.
@@ -65,70 +73,105 @@ impl Iterator for Snapshot {
     }
 }
 
+/// The part of a [`Snapshot`] that is an online restore in progress (see
+/// `crate::restore`): its id, the count its begin announced, why it failed
+/// if it did, and the resources received so far.
+pub struct PendingSnapshot {
+    pub restore_id: String,
+    pub resource_count: u64,
+    pub failure: Option<String>,
+    len: usize,
+    resources: ordmap::ConsumingIter<Key, Arc<Resource>, imbl::shared_ptr::DefaultSharedPtr>,
+}
+
+impl PendingSnapshot {
+    /// How many received resources the image holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Iterator for PendingSnapshot {
+    type Item = Arc<Resource>;
+
+    fn next(&mut self) -> Option<Arc<Resource>> {
+        self.resources.next().map(|(_, r)| r)
+    }
+}
+
 /// A restore in progress: resources go into a separate table, invisible until
 /// [`Restoration::commit`]. Dropping it without committing (or calling
 /// [`Restoration::abort`]) discards the table and changes nothing; once
 /// committed, the drop does nothing either ("abort after commit does
 /// nothing" holds by construction: `commit` consumes the restoration).
+///
+/// Loading a snapshot that carries a pending online restore: call
+/// [`Restoration::begin_pending`], then [`Restoration::apply_pending`] for
+/// each of its resources; the commit installs it as the pending restore.
 pub struct Restoration {
     shared: Arc<Shared>,
-    state: State,
-    /// The highest version among the restored resources.
-    version_max: u64,
-    committed: bool,
+    table: RestoreTable,
+    pending: Option<PendingRestore>,
 }
 
 impl Restoration {
     pub(crate) fn new(shared: Arc<Shared>) -> Restoration {
         Restoration {
             shared,
-            state: State::default(),
-            version_max: 0,
-            committed: false,
+            table: RestoreTable::default(),
+            pending: None,
         }
     }
 
     /// How many resources have been added so far.
     pub fn len(&self) -> usize {
-        self.state.resources.len()
+        self.table.len() as usize
     }
 
     /// Whether no resource has been added yet.
     pub fn is_empty(&self) -> bool {
-        self.state.resources.is_empty()
+        self.table.len() == 0
     }
 
     /// Adds one resource of the image. It must pass [`validate_write`], carry
     /// a version that is a positive decimal log index, and have a storage key
     /// not seen before in this restore. Publishes no event.
+    ///
+    /// [`validate_write`]: crate::validate_write
     pub fn apply(&mut self, resource: Resource) -> Result<(), FsmError> {
-        validate_write(&resource, &self.shared.limits)?;
-        let version = resource
-            .version
-            .parse::<u64>()
-            .ok()
-            .filter(|v| *v > 0 && v.to_string() == resource.version)
-            .ok_or_else(|| {
-                FsmError::invalid(
-                    "resource.version",
-                    format!("{:?} is not a log index", resource.version),
-                )
-            })?;
-        let id = resource
-            .id
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("validated: id present"));
-        let key = Key::from(key::storage_key(id));
-        if self.state.resources.contains_key(&key) {
+        self.table.add(resource, &self.shared.limits)
+    }
+
+    /// Declares the online restore the image was taken in the middle of.
+    pub fn begin_pending(
+        &mut self,
+        restore_id: String,
+        resource_count: u64,
+        failure: Option<String>,
+    ) {
+        assert!(self.pending.is_none(), "an image holds one pending restore");
+        self.pending = Some(PendingRestore {
+            restore_id,
+            resource_count,
+            table: RestoreTable::default(),
+            failure,
+        });
+    }
+
+    /// Adds one resource received by the pending restore declared with
+    /// [`Restoration::begin_pending`] (same rules as [`Restoration::apply`]).
+    pub fn apply_pending(&mut self, resource: Resource) -> Result<(), FsmError> {
+        let Some(pending) = &mut self.pending else {
             return Err(FsmError::invalid(
-                "resource.id",
-                "appears twice in the snapshot",
+                "snapshot",
+                "a pending-restore resource without a pending restore",
             ));
-        }
-        let previous = self.state.set(&key, Some(Arc::new(resource)));
-        assert!(previous.is_none(), "checked: the key was new");
-        self.version_max = self.version_max.max(version);
-        Ok(())
+        };
+        pending.add(resource, &self.shared.limits)
     }
 
     /// Swaps the restored table in atomically at `applied_index`: the applied
@@ -139,47 +182,29 @@ impl Restoration {
     /// use indexes above `applied_index` and above every version this store
     /// issued before (asserted), so versions never go backwards.
     pub fn commit(mut self, applied_index: u64) -> Result<(), FsmError> {
-        if self.version_max > applied_index {
+        // A pending restore's resources carry the backup's versions, which
+        // the commit restamps: only the table itself is bounded here.
+        let version_max = self.table.version_max;
+        if version_max > applied_index {
             return Err(FsmError::invalid(
                 "applied_index",
-                format!(
-                    "{applied_index} is below version {} found in the snapshot",
-                    self.version_max
-                ),
+                format!("{applied_index} is below version {version_max} found in the snapshot"),
             ));
         }
-        let mut state = std::mem::take(&mut self.state);
-        state.revision = applied_index;
-        {
-            let mut w = self.shared.writer.lock();
-            assert!(
-                w.unpublished.is_empty(),
-                "no batch is open while the writer lock is free"
-            );
-            w.state = state;
-            w.history = History::default();
-            w.oldest_retained_revision = applied_index;
-            self.shared.publish(&mut w);
-            w.registry.close_all(REASON_RESTORE);
-            assert_eq!(w.registry.len(), 0, "a restore leaves no watch open");
-        }
-        self.committed = true;
+        let table = std::mem::take(&mut self.table);
+        let mut w = self.shared.writer.lock();
+        assert!(
+            w.unpublished.is_empty(),
+            "no batch is open while the writer lock is free"
+        );
+        install(&mut w, table.state, applied_index);
+        w.pending = self.pending.take();
+        self.shared.publish(&mut w);
         Ok(())
     }
 
     /// Discards the restored table; the store is unchanged.
     pub fn abort(self) {
         drop(self);
-    }
-}
-
-impl Drop for Restoration {
-    fn drop(&mut self) {
-        // Nothing was shared with the store before commit, so aborting is
-        // letting the separate table go; after commit the table was moved
-        // into the store and there is nothing left to do.
-        if !self.committed {
-            self.state = State::default();
-        }
     }
 }

@@ -8,6 +8,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::history::History;
 use crate::key::{self, Key};
+use crate::restore::{self, PendingRestore, PendingRestoreStatus};
 use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
 use crate::validate::{validate_id, validate_list, validate_write, Limits};
@@ -22,6 +23,14 @@ pub enum Applied {
     /// `existed = false` for the no-op deletes (nothing stored, or another
     /// lifetime stored): nothing changed and no event was published.
     Deleted { existed: bool },
+    /// An online restore is now pending.
+    RestoreBegun,
+    /// A chunk was added; `received` resources have arrived so far.
+    RestoreChunkAdded { received: u64 },
+    /// The pending restore was swapped in with this many resources.
+    Restored { resource_count: u64 },
+    /// `existed = false`: no such restore was pending, nothing changed.
+    RestoreAborted { existed: bool },
 }
 
 /// What readers see: the latest state and the history that leads to it.
@@ -30,6 +39,8 @@ pub(crate) struct Published {
     pub state: Arc<State>,
     pub history: History,
     pub oldest_retained_revision: u64,
+    /// The online restore in progress (a copy, O(1) to take).
+    pub pending: Option<PendingRestore>,
 }
 
 /// Everything the single writer owns.
@@ -44,6 +55,8 @@ pub(crate) struct Writer {
     /// The highest version ever assigned by this store (also before a restore).
     pub version_issued_max: u64,
     pub registry: Registry,
+    /// The online restore in progress, if any (`crate::restore`).
+    pub pending: Option<PendingRestore>,
     /// Changes applied in the current batch, not yet sent to watches. Kept
     /// here so its capacity is reused from batch to batch.
     pub unpublished: Vec<Change>,
@@ -66,6 +79,7 @@ impl Shared {
             state: Arc::new(w.state.clone()),
             history: w.history.clone(),
             oldest_retained_revision: w.oldest_retained_revision,
+            pending: w.pending.clone(),
         });
         let previous = {
             let mut guard = self.published.write();
@@ -91,6 +105,7 @@ impl Store {
             state: Arc::new(State::default()),
             history: History::default(),
             oldest_retained_revision: 0,
+            pending: None,
         };
         Store {
             shared: Arc::new(Shared {
@@ -102,6 +117,7 @@ impl Store {
                     oldest_retained_revision: 0,
                     version_issued_max: 0,
                     registry: Registry::default(),
+                    pending: None,
                     unpublished: Vec::new(),
                     dirty: false,
                 }),
@@ -268,7 +284,18 @@ impl Store {
     /// A consistent point-in-time image of the whole table, O(1) to take,
     /// iterated lazily; writes go on meanwhile.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::new(self.shared.published.read().state.clone())
+        let published = self.shared.published.read().clone();
+        Snapshot::new(&published)
+    }
+
+    /// The online restore in progress, if any.
+    pub fn pending_restore(&self) -> Option<PendingRestoreStatus> {
+        self.shared
+            .published
+            .read()
+            .pending
+            .as_ref()
+            .map(PendingRestore::status)
     }
 
     /// Starts a restore into a separate table; nothing changes until
@@ -294,6 +321,19 @@ impl Batch<'_> {
         match command {
             Command::Write { resource } => self.write(index, WriteInput::Borrowed(resource)),
             Command::Delete { id, version } => self.delete(index, id, version),
+            Command::RestoreChunk {
+                restore_id,
+                resources,
+            } => {
+                self.advance(index);
+                restore::chunk(
+                    &mut self.writer,
+                    &self.shared.limits,
+                    restore_id,
+                    resources.clone(),
+                )
+            }
+            other => self.restore(index, other),
         }
     }
 
@@ -302,6 +342,31 @@ impl Batch<'_> {
         match command {
             Command::Write { resource } => self.write(index, WriteInput::Owned(resource)),
             Command::Delete { id, version } => self.delete(index, &id, &version),
+            Command::RestoreChunk {
+                restore_id,
+                resources,
+            } => {
+                self.advance(index);
+                restore::chunk(&mut self.writer, &self.shared.limits, &restore_id, resources)
+            }
+            other => self.restore(index, &other),
+        }
+    }
+
+    /// The restore commands that carry no resources.
+    fn restore(&mut self, index: u64, command: &Command) -> Result<Applied, FsmError> {
+        self.advance(index);
+        let w = &mut *self.writer;
+        match command {
+            Command::RestoreBegin {
+                restore_id,
+                resource_count,
+            } => restore::begin(w, restore_id, *resource_count),
+            Command::RestoreCommit { restore_id } => restore::commit(w, index, restore_id),
+            Command::RestoreAbort { restore_id } => Ok(restore::abort(w, restore_id)),
+            Command::Write { .. } | Command::Delete { .. } | Command::RestoreChunk { .. } => {
+                unreachable!("handled by the caller")
+            }
         }
     }
 

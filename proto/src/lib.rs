@@ -24,7 +24,9 @@ pub mod google {
 }
 
 /// The generated packages, nested as their proto package names are, so that
-/// the generated cross-package paths resolve.
+/// the generated cross-package paths resolve. Generated code is not ours to
+/// restyle: prost's oneof enums hold their messages inline.
+#[allow(clippy::large_enum_variant)]
 pub mod cairn {
     /// The `cairn.v1` package: resources, the resource and forwarding services.
     pub mod v1 {
