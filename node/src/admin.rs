@@ -23,6 +23,7 @@ use crate::raft::{NodeInfo, RaftHandle};
 pub struct Admin {
     pub raft: RaftHandle,
     pub election_timeout: Duration,
+    pub restorer: std::sync::Arc<crate::restore::Restorer>,
 }
 
 impl Admin {
@@ -68,6 +69,16 @@ impl Admin {
             members,
             state: s.state,
             resource_count: self.raft.store.view().len() as u64,
+            pending_restore: self
+                .raft
+                .store
+                .pending_restore()
+                .map(|p| pb::PendingRestore {
+                    restore_id: p.restore_id,
+                    resource_count: p.resource_count,
+                    received: p.received,
+                    failure: p.failure.unwrap_or_default(),
+                }),
         }
     }
 
@@ -254,8 +265,12 @@ impl AdminService for Admin {
         &self,
         r: Request<tonic::Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::RestoreSnapshotResponse>, Status> {
-        let _ = r;
-        Err(ApiError::Unavailable("online restore is not in this build yet".into()).into())
+        let (log_index, resource_count) =
+            self.restorer.restore_upload(r.into_inner()).await?;
+        Ok(Response::new(pb::RestoreSnapshotResponse {
+            log_index,
+            resource_count,
+        }))
     }
 
     async fn status(

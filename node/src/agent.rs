@@ -46,6 +46,9 @@ pub fn limits(config: &Config) -> cairn_fsm::Limits {
 /// A running node; dropped or shut down by [`Agent::shutdown`].
 pub struct Agent {
     pub raft: RaftHandle,
+    restorer: Arc<crate::restore::Restorer>,
+    /// Aborts restores whose driver is gone; stopped with the agent.
+    orphan_check: tokio::task::JoinHandle<()>,
     stop: watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<()>>,
     _lock: cairn_raft_log::DirLock,
@@ -122,9 +125,16 @@ impl Agent {
             .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
+        let restorer = crate::restore::Restorer::new(raft.clone(), &config.data_dir);
+        let orphan_check = tokio::spawn(
+            restorer
+                .clone()
+                .abort_orphans(Duration::from_millis(config.election_timeout_ms)),
+        );
         let admin = Admin {
             raft: raft.clone(),
             election_timeout: Duration::from_millis(config.election_timeout_ms),
+            restorer: restorer.clone(),
         };
         let client_router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
@@ -180,6 +190,8 @@ impl Agent {
 
         Ok(Agent {
             raft,
+            restorer,
+            orphan_check,
             stop,
             servers,
             _lock: lock,
@@ -193,6 +205,7 @@ impl Agent {
             let admin = Admin {
                 raft: self.raft.clone(),
                 election_timeout,
+                restorer: self.restorer.clone(),
             };
             match tokio::time::timeout(election_timeout * 5, admin.transfer_leader(0)).await {
                 Ok(Ok(_)) => tracing::info!("handed leadership off before stopping"),
@@ -204,6 +217,7 @@ impl Agent {
         for s in self.servers {
             let _ = tokio::time::timeout(Duration::from_secs(2), s).await;
         }
+        self.orphan_check.abort();
         self.raft.shutdown().await;
     }
 }

@@ -33,6 +33,7 @@ pub mod config;
 pub mod dev;
 pub mod forward;
 pub mod raft;
+pub mod restore;
 pub mod service;
 pub mod snapshot_cmd;
 pub mod snapshot_file;

@@ -414,6 +414,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
+        // A restore in progress in the source file is not part of its table.
+        pending_restore: None,
     };
     let snapshots = crate::raft::snapshot_dir(data_dir);
     std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;
@@ -421,7 +423,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     let progress = bar(Some(size), "seeding");
     let mut reader = SnapshotReader::open(&args.file)?;
     let mut writer = SnapshotWriter::create(&target, &header)?;
-    while let Some(resource) = reader.next_resource()? {
+    while let Some(resource) = reader.next_table_resource()? {
         writer.append(&resource)?;
         progress.set_position(reader.offset());
     }

@@ -8,6 +8,8 @@
 //! header_len       u32 LE   <= HEADER_BYTES_MAX
 //! header           JSON     SnapshotHeader
 //! records          resource_count x { len: u32 LE <= RECORD_BYTES_MAX, protobuf cairn.v1.Resource }
+//! pending records  pending_restore.received_count x the same (Raft snapshots
+//!                  taken during an online restore only; backups never have them)
 //! end marker       8 bytes  "CAIRNEND"
 //! checksum         u32 LE   crc32c of every byte before it
 //! ```
@@ -48,6 +50,35 @@ pub struct SnapshotHeader {
     pub resource_count: u64,
     /// Wall-clock time the file was written, for operators only.
     pub created_at_unix_ms: u64,
+    /// The online restore in progress at `last_log_index`, whose received
+    /// resources follow the table's. Absent from backups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_restore: Option<PendingRestoreHeader>,
+}
+
+/// An online restore in progress when a Raft snapshot was taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingRestoreHeader {
+    pub restore_id: String,
+    /// How many resources the restore announced.
+    pub resource_count: u64,
+    /// How many it had received: the records after the table's.
+    pub received_count: u64,
+    /// Why it can no longer commit, if a resource was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
+impl SnapshotHeader {
+    /// Every record in the file: the table's, then the pending restore's.
+    pub fn record_count(&self) -> u64 {
+        self.resource_count
+            + self
+                .pending_restore
+                .as_ref()
+                .map(|p| p.received_count)
+                .unwrap_or(0)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +112,7 @@ impl<W: Write> SnapshotEncoder<W> {
             out,
             crc: 0,
             written_bytes: 0,
-            records_expected: header.resource_count,
+            records_expected: header.record_count(),
             records_written: 0,
         };
         let header_json = serde_json::to_vec(header).expect("a header always serializes");
@@ -241,6 +272,7 @@ impl<R: Read> SnapshotReader<R> {
                 membership: serde_json::Value::Null,
                 resource_count: 0,
                 created_at_unix_ms: 0,
+                pending_restore: None,
             },
             crc: 0,
             offset: 0,
@@ -306,10 +338,27 @@ impl<R: Read> SnapshotReader<R> {
         self.offset
     }
 
-    /// The next resource, or `None` after the last one once the trailer and
-    /// checksum have been verified.
+    /// The next resource of the table (not of a pending restore), or `None`
+    /// after the table's last record. Does not check the trailer: use it on a
+    /// file that passed [`verify`].
+    pub fn next_table_resource(&mut self) -> Result<Option<Resource>> {
+        if self.records_read >= self.header.resource_count {
+            return Ok(None);
+        }
+        self.next_resource()
+    }
+
+    /// How many records have been read: the first `header.resource_count`
+    /// are the table's, the rest the pending restore's.
+    pub fn records_read(&self) -> u64 {
+        self.records_read
+    }
+
+    /// The next record's resource (see [`SnapshotReader::records_read`] for
+    /// which section it is in), or `None` after the last one once the
+    /// trailer and checksum have been verified.
     pub fn next_resource(&mut self) -> Result<Option<Resource>> {
-        if self.records_read == self.header.resource_count {
+        if self.records_read == self.header.record_count() {
             let mut end = [0u8; 8];
             self.take(&mut end, "end marker")?;
             if &end != END_MARKER {
@@ -389,6 +438,7 @@ mod tests {
             membership: serde_json::json!({"voters": [1, 2, 3]}),
             resource_count: count,
             created_at_unix_ms: 0,
+            pending_restore: None,
         }
     }
 

@@ -69,6 +69,10 @@ pub struct Reply(pub Result<Applied, ApiError>);
 enum ReplyWire {
     Written(Vec<u8>),
     Deleted(bool),
+    RestoreBegun,
+    RestoreChunkAdded(u64),
+    Restored(u64),
+    RestoreAborted(bool),
     Error {
         code: i32,
         message: String,
@@ -83,6 +87,10 @@ impl Serialize for Reply {
                 ReplyWire::Written(prost::Message::encode_to_vec(resource.as_ref()))
             }
             Ok(Applied::Deleted { existed }) => ReplyWire::Deleted(*existed),
+            Ok(Applied::RestoreBegun) => ReplyWire::RestoreBegun,
+            Ok(Applied::RestoreChunkAdded { received }) => ReplyWire::RestoreChunkAdded(*received),
+            Ok(Applied::Restored { resource_count }) => ReplyWire::Restored(*resource_count),
+            Ok(Applied::RestoreAborted { existed }) => ReplyWire::RestoreAborted(*existed),
             Err(error) => {
                 let status = tonic::Status::from(error.clone());
                 ReplyWire::Error {
@@ -105,6 +113,10 @@ impl<'de> Deserialize<'de> for Reply {
                 Ok(Applied::Written(Arc::new(resource)))
             }
             ReplyWire::Deleted(existed) => Ok(Applied::Deleted { existed }),
+            ReplyWire::RestoreBegun => Ok(Applied::RestoreBegun),
+            ReplyWire::RestoreChunkAdded(received) => Ok(Applied::RestoreChunkAdded { received }),
+            ReplyWire::Restored(resource_count) => Ok(Applied::Restored { resource_count }),
+            ReplyWire::RestoreAborted(existed) => Ok(Applied::RestoreAborted { existed }),
             ReplyWire::Error {
                 code,
                 message,
@@ -520,12 +532,18 @@ impl RaftHandle {
     }
 
     /// The table at one point in time, with the header of a snapshot file for it.
+    /// The table for a backup: an online restore in progress is not part of
+    /// it (a backup holds committed state only).
     pub fn point_in_time_snapshot(
         &self,
     ) -> Result<(cairn_fsm::Snapshot, crate::snapshot_file::SnapshotHeader), ApiError> {
-        self.state_machine
+        let (mut snapshot, mut header) = self
+            .state_machine
             .consistent_snapshot()
-            .map_err(ApiError::Unavailable)
+            .map_err(ApiError::Unavailable)?;
+        snapshot.pending = None;
+        header.pending_restore = None;
+        Ok((snapshot, header))
     }
 
     /// Builds a snapshot now and waits for it (used before planned shutdowns and in tests).

@@ -124,7 +124,8 @@ fn log_id_of(header: &SnapshotHeader) -> Option<LogId<NodeId>> {
     ))
 }
 
-/// Restores `store` from a verified snapshot file; nothing changes on error.
+/// Restores `store` from a verified snapshot file, with the online restore
+/// it was taken in the middle of, if any; nothing changes on error.
 fn restore_from_file(store: &Store, path: &Path, index: u64) -> Result<SnapshotHeader, String> {
     snapshot_file::verify(path, |_| {}).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut reader = SnapshotReader::open(path).map_err(|e| e.to_string())?;
@@ -136,10 +137,19 @@ fn restore_from_file(store: &Store, path: &Path, index: u64) -> Result<SnapshotH
         ));
     }
     let mut restoration = store.restore();
+    if let Some(p) = &header.pending_restore {
+        restoration.begin_pending(p.restore_id.clone(), p.resource_count, p.failure.clone());
+    }
     loop {
+        let in_table = reader.records_read() < header.resource_count;
         match reader.next_resource() {
             Ok(Some(resource)) => {
-                if let Err(e) = restoration.apply(resource) {
+                let added = if in_table {
+                    restoration.apply(resource)
+                } else {
+                    restoration.apply_pending(resource)
+                };
+                if let Err(e) = added {
                     restoration.abort();
                     return Err(format!("restoring {}: {e}", path.display()));
                 }
@@ -237,7 +247,8 @@ impl StateMachine {
     }
 
     /// The table at one point in time together with the header describing it
-    /// (log id, membership, cluster id), taken while no entry is half applied.
+    /// (log id, membership, cluster id, and the online restore in progress),
+    /// taken while no entry is half applied.
     pub fn consistent_snapshot(&self) -> Result<(cairn_fsm::Snapshot, SnapshotHeader), String> {
         loop {
             let (fsm_snapshot, last_applied, membership) = {
@@ -267,6 +278,14 @@ impl StateMachine {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_millis() as u64)
                     .unwrap_or(0),
+                pending_restore: fsm_snapshot.pending.as_ref().map(|p| {
+                    snapshot_file::PendingRestoreHeader {
+                        restore_id: p.restore_id.clone(),
+                        resource_count: p.resource_count,
+                        received_count: p.len() as u64,
+                        failure: p.failure.clone(),
+                    }
+                }),
             };
             return Ok((fsm_snapshot, header));
         }
@@ -289,8 +308,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let write_path = path.clone();
         let started = std::time::Instant::now();
         let (size_bytes, crc) = tokio::task::spawn_blocking(move || {
+            let mut fsm_snapshot = fsm_snapshot;
+            let pending = fsm_snapshot.pending.take();
             let mut writer = SnapshotWriter::create(&write_path, &header)?;
             for resource in fsm_snapshot {
+                writer.append(&resource)?;
+            }
+            for resource in pending.into_iter().flatten() {
                 writer.append(&resource)?;
             }
             writer.finish()
@@ -338,10 +362,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
+        // One fsm batch per call: one publish and one writer lock for every
+        // entry openraft hands over at once. Readers see the entries when the
+        // batch ends, before the replies go out; the meta (last applied,
+        // membership) follows right after, so `consistent_snapshot` never
+        // pairs a table with the wrong log id.
         let mut replies = Vec::new();
-        let store = &self.shared.store;
+        let mut last_applied = None;
+        let mut membership = None;
+        let mut batch = self.shared.store.batch();
         for entry in entries {
             let log_id = *entry.get_log_id();
+            last_applied = Some(log_id);
             // openraft numbers the log from 0 and puts the initial membership
             // there; the fsm's revision 0 means "nothing applied", so entry 0
             // (which never carries data) leaves the table at revision 0.
@@ -350,46 +382,58 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     !matches!(entry.payload, EntryPayload::Normal(_)),
                     "data entry at log index 0"
                 );
-                if let EntryPayload::Membership(membership) = entry.payload {
-                    self.meta().membership = StoredMembership::new(Some(log_id), membership);
+                if let EntryPayload::Membership(m) = entry.payload {
+                    membership = Some(StoredMembership::new(Some(log_id), m));
                 }
-                self.meta().last_applied = Some(log_id);
                 replies.push(Reply(Ok(cairn_fsm::Applied::Deleted { existed: false })));
                 continue;
             }
             let reply = match entry.payload {
                 EntryPayload::Blank => {
-                    store.apply_noop(log_id.index);
+                    batch.apply_noop(log_id.index);
                     Reply(Ok(cairn_fsm::Applied::Deleted { existed: false }))
                 }
                 EntryPayload::Normal(payload) => match Command::decode(&payload.0) {
-                    Ok(command) => {
-                        Reply(store.apply(log_id.index, &command).map_err(ApiError::from))
-                    }
+                    Ok(command) => Reply(
+                        batch
+                            .apply_owned(log_id.index, command)
+                            .map_err(ApiError::from),
+                    ),
                     Err(e) => {
                         // Only validated commands are proposed; an undecodable one is a
                         // bug in a peer. Keep the log moving identically on every node.
                         tracing::error!(index = log_id.index, error = %e, "undecodable command in the log");
-                        store.apply_noop(log_id.index);
+                        batch.apply_noop(log_id.index);
                         Reply(Err(ApiError::Internal(format!(
                             "undecodable command at index {}: {e}",
                             log_id.index
                         ))))
                     }
                 },
-                EntryPayload::Membership(membership) => {
-                    store.apply_noop(log_id.index);
-                    self.meta().membership = StoredMembership::new(Some(log_id), membership);
+                EntryPayload::Membership(m) => {
+                    batch.apply_noop(log_id.index);
+                    membership = Some(StoredMembership::new(Some(log_id), m));
                     Reply(Ok(cairn_fsm::Applied::Deleted { existed: false }))
                 }
             };
-            self.meta().last_applied = Some(log_id);
             assert_eq!(
-                store.applied_index(),
+                batch.applied_index(),
                 log_id.index,
                 "fsm applied index diverged from raft's"
             );
             replies.push(reply);
+        }
+        batch.finish();
+        if let Some(log_id) = last_applied {
+            let mut meta = self.meta();
+            assert!(
+                meta.last_applied < Some(log_id),
+                "applied log ids strictly increase"
+            );
+            meta.last_applied = Some(log_id);
+            if let Some(m) = membership {
+                meta.membership = m;
+            }
         }
         Ok(replies)
     }

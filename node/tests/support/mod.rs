@@ -20,7 +20,8 @@ pub async fn client(address: &str) -> ResourceServiceClient<Channel> {
         .connect_timeout(Duration::from_millis(500))
         .timeout(Duration::from_secs(10))
         .connect_lazy();
-    ResourceServiceClient::new(channel)
+    // Lists of large test resources exceed tonic's 4 MiB default.
+    ResourceServiceClient::new(channel).max_decoding_message_size(64 * 1024 * 1024)
 }
 
 pub fn thing_type() -> Type {
