@@ -414,3 +414,117 @@ async fn the_watch_cache_resyncs_behind_a_killed_node_that_restores_a_snapshot()
     .await
     .expect("the test finishes within 300 s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_cache_resyncs_after_an_online_restore_through_the_cli() {
+    // A backup is taken, then resources are deleted, changed and created.
+    // `cairn snapshot restore` closes the cache's watch; the cache resyncs by
+    // mark-and-sweep, drops what the restore removed, ends InSync with the
+    // restored state, and no callback ever repeats or rewinds a version.
+    tokio::time::timeout(Duration::from_secs(180), async {
+        let cluster = Cluster::start(options(3));
+        cluster.wait_for_leader(LEADER_TIMEOUT).await;
+        let client = client_for(&cluster.endpoints()).await;
+        create_many(&client, "Delta", "d-", 100).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let backup = dir.path().join("backup.snap");
+        let endpoints = cluster.endpoints().join(",");
+        let cairn = |args: &[&str]| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+                .args(args)
+                .output()
+                .expect("run cairn");
+            assert!(
+                out.status.success(),
+                "cairn {args:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        cairn(&[
+            "snapshot",
+            "save",
+            backup.to_str().unwrap(),
+            "--endpoints",
+            &endpoints,
+        ]);
+        let backed_up: Vec<String> = cluster_state(&client, "Delta")
+            .await
+            .into_iter()
+            .map(|s| s.split('@').next().unwrap().to_string())
+            .collect();
+
+        let recorder = Recorder::default();
+        let cache = WatchCache::start_with(
+            client.clone(),
+            vec![WatchSpec::new("demo", "Delta")],
+            WatchCacheOptions::default(),
+            vec![recorder.callback()],
+        )
+        .expect("cache starts");
+        tokio::time::timeout(Duration::from_secs(60), cache.wait_primed())
+            .await
+            .expect("primed within 60 s");
+        for i in 0..20 {
+            client
+                .delete_current(id("Delta", &format!("d-{i:05}")))
+                .await
+                .expect("delete");
+        }
+        for i in 20..30 {
+            client
+                .read_modify_write(id("Delta", &format!("d-{i:05}")), |r| {
+                    let mut r = r.clone();
+                    r.metadata.insert("changed".into(), "yes".into());
+                    Some(r)
+                })
+                .await
+                .expect("update");
+        }
+        create_many(&client, "Delta", "new-", 5).await;
+        let before_restore = cluster_state(&client, "Delta").await;
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let same = cache_state(&cache, "Delta") == before_restore;
+                async move { same }
+            })
+            .await,
+            "the cache follows the changes"
+        );
+        let snapshots_before = cache.stats().snapshots_applied;
+
+        cairn(&[
+            "snapshot",
+            "restore",
+            backup.to_str().unwrap(),
+            "--endpoints",
+            &endpoints,
+        ]);
+        let restored = cluster_state(&client, "Delta").await;
+        let restored_names: Vec<String> = restored
+            .iter()
+            .map(|s| s.split('@').next().unwrap().to_string())
+            .collect();
+        assert_eq!(restored_names, backed_up, "the cluster holds the backup");
+        assert!(
+            eventually(Duration::from_secs(60), || {
+                let same = cache_state(&cache, "Delta") == restored
+                    && cache.status() == CacheStatus::InSync;
+                async move { same }
+            })
+            .await,
+            "the cache converges on the restored state: {:?} vs {:?} ({:?})",
+            cache_state(&cache, "Delta").len(),
+            restored.len(),
+            cache.stats()
+        );
+        assert!(
+            cache.stats().snapshots_applied > snapshots_before,
+            "the cache resynced from a fresh snapshot: {:?}",
+            cache.stats()
+        );
+        assert_eq!(recorder.violations(), Vec::<String>::new());
+    })
+    .await
+    .expect("the test finishes within 180 s");
+}
