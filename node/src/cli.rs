@@ -362,6 +362,19 @@ pub fn print_status(s: &pb::StatusResponse) {
         "node {}  state {}  leader {}  term {}  commit {}  applied {}  last log {}  snapshot {}  resources {}",
         s.node_id, s.state, s.leader_id, s.term, s.commit_index, s.applied_index, s.last_log_index, s.snapshot_index, s.resource_count
     );
+    if let Some(p) = &s.pending_restore {
+        println!(
+            "pending restore {}: {}/{} resources received{}",
+            p.restore_id,
+            p.received,
+            p.resource_count,
+            if p.failure.is_empty() {
+                String::new()
+            } else {
+                format!(", failed: {}", p.failure)
+            }
+        );
+    }
     println!(
         "{:<6} {:<10} {:<7} {:<22} {:<22} {:>10}",
         "ID", "ROLE", "VOTER", "CLIENT", "PEER", "MATCHED"
@@ -380,6 +393,10 @@ fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
         "term": s.term, "commit_index": s.commit_index, "applied_index": s.applied_index,
         "last_log_index": s.last_log_index, "snapshot_index": s.snapshot_index,
         "purged_index": s.purged_index, "resource_count": s.resource_count,
+        "pending_restore": s.pending_restore.as_ref().map(|p| serde_json::json!({
+            "restore_id": p.restore_id, "resource_count": p.resource_count,
+            "received": p.received, "failure": p.failure,
+        })),
         "members": s.members.iter().map(|m| serde_json::json!({
             "id": m.id, "role": m.role, "voter": m.voter, "client_address": m.client_address,
             "peer_address": m.peer_address, "matched_index": m.matched_index,
