@@ -295,6 +295,8 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
         loop {
             let n = f.read(&mut buf)?;
             if n == 0 {
+                reading_progress
+                    .set_message("uploaded; the leader verifies and replicates it".to_string());
                 return Ok(());
             }
             reading_progress.inc(n as u64);
