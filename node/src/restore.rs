@@ -18,7 +18,6 @@
 //! the restore id it began; an orphan is aborted only while this node leads
 //! and its driver is not running that id.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +27,7 @@ use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, Resource};
 use futures::StreamExt as _;
 use prost::Message as _;
+use tokio::io::AsyncWriteExt as _;
 
 use crate::raft::RaftHandle;
 use crate::snapshot_file::{self, SnapshotHeader, SnapshotReader};
@@ -82,7 +82,8 @@ impl Restorer {
             ApiError::Inconsistent("a restore is already running on this node".into())
         })?;
         let result = async {
-            let mut file = std::fs::File::create(&self.upload_path)
+            let mut file = tokio::fs::File::create(&self.upload_path)
+                .await
                 .map_err(|e| internal("creating the upload file", e))?;
             let mut received_bytes: u64 = 0;
             while let Some(chunk) = upload.next().await {
@@ -96,10 +97,13 @@ impl Restorer {
                         format!("larger than {UPLOAD_BYTES_MAX} bytes"),
                     ));
                 }
-                // A local disk write of at most one chunk (1 MiB).
                 file.write_all(&chunk.data)
+                    .await
                     .map_err(|e| internal("writing the upload file", e))?;
             }
+            file.flush()
+                .await
+                .map_err(|e| internal("writing the upload file", e))?;
             drop(file);
             let path = self.upload_path.clone();
             let header = tokio::task::spawn_blocking(move || snapshot_file::verify(&path, |_| {}))
