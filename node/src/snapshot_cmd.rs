@@ -416,6 +416,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
+        applied_initial_entry: false,
         // A restore in progress in the source file is not part of its table.
         pending_restore: None,
     };

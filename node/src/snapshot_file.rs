@@ -50,6 +50,11 @@ pub struct SnapshotHeader {
     pub resource_count: u64,
     /// Wall-clock time the file was written, for operators only.
     pub created_at_unix_ms: u64,
+    /// The state reflects log entry 0 (the initial membership, which carries
+    /// no data): tells that apart from "nothing applied", which is also index
+    /// 0, term 0. Absent (false) in every other case.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub applied_initial_entry: bool,
     /// The online restore in progress at `last_log_index`, whose received
     /// resources follow the table's. Absent from backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -272,6 +277,7 @@ impl<R: Read> SnapshotReader<R> {
                 membership: serde_json::Value::Null,
                 resource_count: 0,
                 created_at_unix_ms: 0,
+                applied_initial_entry: false,
                 pending_restore: None,
             },
             crc: 0,
@@ -438,6 +444,7 @@ mod tests {
             membership: serde_json::json!({"voters": [1, 2, 3]}),
             resource_count: count,
             created_at_unix_ms: 0,
+            applied_initial_entry: false,
             pending_restore: None,
         }
     }

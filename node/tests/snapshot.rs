@@ -231,6 +231,7 @@ fn damaged_backups_are_refused_each_with_its_own_message() {
         membership: serde_json::Value::Null,
         resource_count: 2,
         created_at_unix_ms: 0,
+        applied_initial_entry: false,
         pending_restore: None,
     };
     let mut w = cairn_node::snapshot_file::SnapshotWriter::create(&good, &header).unwrap();

@@ -6,6 +6,8 @@
 mod network;
 pub mod read_batch;
 mod state_machine;
+#[cfg(test)]
+mod suite_test;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

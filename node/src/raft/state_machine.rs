@@ -107,15 +107,12 @@ fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
     StorageIOError::write_state_machine(&io::Error::other(e.to_string())).into()
 }
 
-fn snapshot_path(dir: &Path, log_id: &LogId<NodeId>) -> PathBuf {
-    dir.join(format!(
-        "snap-{:020}-{}.snap",
-        log_id.index, log_id.leader_id.term
-    ))
+fn snapshot_path(dir: &Path, index: u64, term: u64) -> PathBuf {
+    dir.join(format!("snap-{index:020}-{term}.snap"))
 }
 
 fn log_id_of(header: &SnapshotHeader) -> Option<LogId<NodeId>> {
-    if header.last_log_index == 0 && header.last_log_term == 0 {
+    if header.last_log_index == 0 && header.last_log_term == 0 && !header.applied_initial_entry {
         return None;
     }
     Some(LogId::new(
@@ -259,19 +256,22 @@ impl StateMachine {
                     meta.membership.clone(),
                 )
             };
-            let Some(last_log_id) = last_applied else {
-                return Err("nothing applied yet: no snapshot to take".into());
-            };
+            // Nothing applied (or only the initial membership at index 0, which
+            // carries no data): an empty image at index 0, term 0.
+            let (index, term, leader) = last_applied
+                .map(|l| (l.index, l.leader_id.term, l.leader_id.node_id))
+                .unwrap_or((0, 0, 0));
             // `apply` updates the table, then the meta: retry if we fell between the two.
-            if fsm_snapshot.applied_index != last_log_id.index {
+            if fsm_snapshot.applied_index != index {
                 std::thread::yield_now();
                 continue;
             }
             let header = SnapshotHeader {
                 cluster_id: self.shared.identity.cluster_id(),
-                last_log_index: last_log_id.index,
-                last_log_term: last_log_id.leader_id.term,
-                last_log_leader_node_id: last_log_id.leader_id.node_id,
+                last_log_index: index,
+                last_log_term: term,
+                last_log_leader_node_id: leader,
+                applied_initial_entry: last_applied.is_some_and(|l| l.index == 0),
                 membership: serde_json::to_value(&membership).map_err(|e| e.to_string())?,
                 resource_count: fsm_snapshot.len() as u64,
                 created_at_unix_ms: std::time::SystemTime::now()
@@ -299,13 +299,12 @@ impl StateMachine {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let (fsm_snapshot, header) = self.consistent_snapshot().map_err(io_err)?;
-        let last_log_id = log_id_of(&header).ok_or_else(|| {
-            io_err("nothing but the initial membership applied: no snapshot to build")
-        })?;
+        let last_log_id = log_id_of(&header);
         let membership: Membership =
             serde_json::from_value(header.membership.clone()).map_err(io_err)?;
-        let path = snapshot_path(&self.shared.dir, &last_log_id);
+        let path = snapshot_path(&self.shared.dir, header.last_log_index, header.last_log_term);
         let write_path = path.clone();
+        let (header_index, header_term) = (header.last_log_index, header.last_log_term);
         let started = std::time::Instant::now();
         let (size_bytes, crc) = tokio::task::spawn_blocking(move || {
             let mut fsm_snapshot = fsm_snapshot;
@@ -323,19 +322,16 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         .map_err(io_err)?
         .map_err(io_err)?;
         tracing::info!(
-            index = last_log_id.index,
+            index = header_index,
             size_bytes,
             crc,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "snapshot built"
         );
         let meta = SnapshotMeta {
-            last_log_id: Some(last_log_id),
+            last_log_id,
             last_membership: membership,
-            snapshot_id: format!(
-                "{}-{}-{crc:08x}",
-                last_log_id.leader_id.term, last_log_id.index
-            ),
+            snapshot_id: format!("{header_term}-{header_index}-{crc:08x}"),
         };
         prune_except(&self.shared.dir, &path);
         self.meta().current_snapshot = Some((meta.clone(), path.clone()));
@@ -455,13 +451,34 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<NodeId, NodeInfo>,
         snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError<NodeId>> {
-        snapshot.sync_all().await.map_err(io_err)?;
-        drop(snapshot);
         let incoming = self.shared.dir.join("incoming.part");
+        // The data is whatever file openraft hands back: normally the
+        // `incoming.part` we opened for it, but any file is honoured, copied
+        // into place first.
+        let mut received = snapshot.into_std().await;
+        let incoming_copy = incoming.clone();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::io::Seek as _;
+            use std::os::unix::fs::MetadataExt as _;
+            let ours = std::fs::metadata(&incoming_copy).ok();
+            let theirs = received.metadata()?;
+            let same = ours.is_some_and(|m| m.dev() == theirs.dev() && m.ino() == theirs.ino());
+            if !same {
+                received.seek(std::io::SeekFrom::Start(0))?;
+                let mut copy = std::fs::File::create(&incoming_copy)?;
+                std::io::copy(&mut received, &mut copy)?;
+                received = copy;
+            }
+            received.sync_all()
+        })
+        .await
+        .map_err(io_err)?
+        .map_err(io_err)?;
         let Some(last_log_id) = meta.last_log_id else {
             return Err(io_err("received a snapshot without a log id"));
         };
-        let final_path = snapshot_path(&self.shared.dir, &last_log_id);
+        let final_path =
+            snapshot_path(&self.shared.dir, last_log_id.index, last_log_id.leader_id.term);
         let store = self.shared.store.clone();
         let identity = self.shared.identity.clone();
         let install_path = final_path.clone();
