@@ -43,17 +43,57 @@ pub enum Command {
     RestoreCommit { restore_id: String },
     /// Discards the pending restore, if it is `restore_id`.
     RestoreAbort { restore_id: String },
+    /// Writes and deletes proposed together in one entry: applied in order at
+    /// the entry's index, each with its own outcome ([`crate::Applied::Batch`]).
+    /// Holds only `Write` and `Delete`.
+    Batch { commands: Vec<Command> },
 }
 
 /// Tag of `Command.write` and `Command.delete`, and of `WriteCommand.resource`.
 const TAG_WRITE: u32 = 1;
 const TAG_WRITE_RESOURCE: u32 = 1;
+/// Tags of `Command.batch` and `BatchCommand.commands`.
+const TAG_BATCH: u32 = 7;
+const TAG_BATCH_COMMANDS: u32 = 1;
 
 impl Command {
     /// Encodes the command: one version byte, then the protobuf message.
     /// Deterministic: equal commands give equal bytes.
     pub fn encode(&self) -> Bytes {
         match self {
+            Command::Batch { commands } => {
+                // Hand-framed `Command { batch: BatchCommand { commands } }`
+                // around each command's own body, so no resource is cloned.
+                let bodies: Vec<Bytes> = commands
+                    .iter()
+                    .map(|c| {
+                        assert!(
+                            matches!(c, Command::Write { .. } | Command::Delete { .. }),
+                            "a batch holds only writes and deletes"
+                        );
+                        c.encode().slice(1..)
+                    })
+                    .collect();
+                let batch_len: usize = bodies
+                    .iter()
+                    .map(|b| {
+                        key_len(TAG_BATCH_COMMANDS) + encoded_len_varint(b.len() as u64) + b.len()
+                    })
+                    .sum();
+                let total_len =
+                    1 + key_len(TAG_BATCH) + encoded_len_varint(batch_len as u64) + batch_len;
+                let mut buf = Vec::with_capacity(total_len);
+                buf.put_u8(COMMAND_FORMAT_VERSION);
+                encode_key(TAG_BATCH, WireType::LengthDelimited, &mut buf);
+                encode_varint(batch_len as u64, &mut buf);
+                for body in &bodies {
+                    encode_key(TAG_BATCH_COMMANDS, WireType::LengthDelimited, &mut buf);
+                    encode_varint(body.len() as u64, &mut buf);
+                    buf.extend_from_slice(body);
+                }
+                assert_eq!(buf.len(), total_len, "batch length as computed");
+                Bytes::from(buf)
+            }
             Command::Write { resource } => {
                 // Hand-framed `Command { write: WriteCommand { resource } }` so the
                 // resource is not cloned into a wrapper message; a test checks the
@@ -92,7 +132,9 @@ impl Command {
     /// The protobuf form of every command but a write (which is hand-framed).
     fn to_log(&self) -> LogCommand {
         match self {
-            Command::Write { .. } => unreachable!("writes are hand-framed"),
+            Command::Write { .. } | Command::Batch { .. } => {
+                unreachable!("writes and batches are hand-framed")
+            }
             Command::Delete { id, version } => LogCommand::Delete(log::DeleteCommand {
                 id: Some(id.clone()),
                 version: version.clone(),
@@ -138,6 +180,27 @@ impl Command {
         let message =
             log::Command::decode(body).map_err(|e| FsmError::Decode(format!("command: {e}")))?;
         match message.command {
+            Some(LogCommand::Batch(batch)) => {
+                let commands = batch
+                    .commands
+                    .into_iter()
+                    .map(|c| match Command::from_log(c.command)? {
+                        c @ (Command::Write { .. } | Command::Delete { .. }) => Ok(c),
+                        _ => Err(FsmError::Decode(
+                            "a batch holds only writes and deletes".into(),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Command::Batch { commands })
+            }
+            other => Command::from_log(other),
+        }
+    }
+
+    /// One command (not a batch) from its protobuf form.
+    fn from_log(command: Option<LogCommand>) -> Result<Command, FsmError> {
+        match command {
+            Some(LogCommand::Batch(_)) => Err(FsmError::Decode("a batch inside a batch".into())),
             Some(LogCommand::Write(log::WriteCommand {
                 resource: Some(resource),
             })) => Ok(Command::Write { resource }),
@@ -221,6 +284,54 @@ mod tests {
     }
 
     #[test]
+    fn batch_encoding_equals_prost_encoding_of_the_wrapper() {
+        // The hand-framed batch must be byte-identical to prost's encoding.
+        let r = resource();
+        let write = log::Command {
+            command: Some(LogCommand::Write(log::WriteCommand {
+                resource: Some(r.clone()),
+            })),
+        };
+        let wrapper = log::Command {
+            command: Some(LogCommand::Batch(log::BatchCommand {
+                commands: vec![write.clone(), write],
+            })),
+        };
+        let mut expected = vec![COMMAND_FORMAT_VERSION];
+        expected.extend_from_slice(&wrapper.encode_to_vec());
+        let batch = Command::Batch {
+            commands: vec![
+                Command::Write {
+                    resource: r.clone(),
+                },
+                Command::Write { resource: r },
+            ],
+        };
+        assert_eq!(batch.encode().as_ref(), &expected[..]);
+    }
+
+    #[test]
+    fn a_batch_inside_a_batch_or_a_restore_in_a_batch_does_not_decode() {
+        for inner in [
+            LogCommand::Batch(log::BatchCommand { commands: vec![] }),
+            LogCommand::RestoreAbort(log::RestoreAbortCommand {
+                restore_id: "r".into(),
+            }),
+        ] {
+            let wrapper = log::Command {
+                command: Some(LogCommand::Batch(log::BatchCommand {
+                    commands: vec![log::Command {
+                        command: Some(inner),
+                    }],
+                })),
+            };
+            let mut b = vec![COMMAND_FORMAT_VERSION];
+            b.extend(wrapper.encode_to_vec());
+            assert!(matches!(Command::decode(&b), Err(FsmError::Decode(_))));
+        }
+    }
+
+    #[test]
     fn an_empty_resource_round_trips() {
         // Even a default resource is framed as a present (empty) message.
         let c = Command::Write {
@@ -253,6 +364,17 @@ mod tests {
             },
             Command::RestoreAbort {
                 restore_id: "r1".into(),
+            },
+            Command::Batch {
+                commands: vec![
+                    Command::Write {
+                        resource: resource(),
+                    },
+                    Command::Delete {
+                        id: resource().id.unwrap_or_default(),
+                        version: "9".into(),
+                    },
+                ],
             },
         ];
         for c in commands {

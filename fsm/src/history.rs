@@ -100,8 +100,8 @@ impl History {
     pub fn push(&mut self, change: Change) {
         if let Some(last) = self.last() {
             assert!(
-                last.revision < change.revision,
-                "history revisions increase"
+                last.revision <= change.revision,
+                "history revisions never decrease (a batch's changes share one)"
             );
         }
         let offset = (self.end % CHUNK_CHANGES as u64) as usize;

@@ -58,7 +58,8 @@
 //!   in the same persistent snapshot as the table (views agree with it).
 //! - `oldest_retained_revision <= applied_index`; the history holds exactly
 //!   the changes after `oldest_retained_revision`, at most
-//!   `history_changes_max` of them, with strictly increasing revisions.
+//!   `history_changes_max` of them, with non-decreasing revisions (the commands
+//!   of a batch share their entry's revision).
 //! - A watch delivers every matching change after its start point exactly
 //!   once, in commit order, or is closed with `WatchClosed` after delivering
 //!   what it buffered; it is never silently skipped. Events are sent only

@@ -31,6 +31,8 @@ pub enum Applied {
     Restored { resource_count: u64 },
     /// `existed = false`: no such restore was pending, nothing changed.
     RestoreAborted { existed: bool },
+    /// The outcome of each command of a [`Command::Batch`], in order.
+    Batch(Vec<Result<Applied, FsmError>>),
 }
 
 /// What readers see: the latest state and the history that leads to it.
@@ -319,8 +321,28 @@ impl Batch<'_> {
     /// As [`Store::apply`], within the batch.
     pub fn apply(&mut self, index: u64, command: &Command) -> Result<Applied, FsmError> {
         match command {
-            Command::Write { resource } => self.write(index, WriteInput::Borrowed(resource)),
-            Command::Delete { id, version } => self.delete(index, id, version),
+            Command::Write { resource } => {
+                self.advance(index);
+                self.write(index, WriteInput::Borrowed(resource))
+            }
+            Command::Delete { id, version } => {
+                self.advance(index);
+                self.delete(index, id, version)
+            }
+            Command::Batch { commands } => {
+                self.advance(index);
+                let results = commands
+                    .iter()
+                    .map(|c| match c {
+                        Command::Write { resource } => {
+                            self.write(index, WriteInput::Borrowed(resource))
+                        }
+                        Command::Delete { id, version } => self.delete(index, id, version),
+                        _ => unreachable!("a batch holds only writes and deletes"),
+                    })
+                    .collect();
+                Ok(Applied::Batch(results))
+            }
             Command::RestoreChunk {
                 restore_id,
                 resources,
@@ -340,8 +362,28 @@ impl Batch<'_> {
     /// As [`Store::apply_owned`], within the batch.
     pub fn apply_owned(&mut self, index: u64, command: Command) -> Result<Applied, FsmError> {
         match command {
-            Command::Write { resource } => self.write(index, WriteInput::Owned(resource)),
-            Command::Delete { id, version } => self.delete(index, &id, &version),
+            Command::Write { resource } => {
+                self.advance(index);
+                self.write(index, WriteInput::Owned(resource))
+            }
+            Command::Delete { id, version } => {
+                self.advance(index);
+                self.delete(index, &id, &version)
+            }
+            Command::Batch { commands } => {
+                self.advance(index);
+                let results = commands
+                    .into_iter()
+                    .map(|c| match c {
+                        Command::Write { resource } => {
+                            self.write(index, WriteInput::Owned(resource))
+                        }
+                        Command::Delete { id, version } => self.delete(index, &id, &version),
+                        _ => unreachable!("a batch holds only writes and deletes"),
+                    })
+                    .collect();
+                Ok(Applied::Batch(results))
+            }
             Command::RestoreChunk {
                 restore_id,
                 resources,
@@ -364,9 +406,10 @@ impl Batch<'_> {
             } => restore::begin(w, restore_id, *resource_count),
             Command::RestoreCommit { restore_id } => restore::commit(w, index, restore_id),
             Command::RestoreAbort { restore_id } => Ok(restore::abort(w, restore_id)),
-            Command::Write { .. } | Command::Delete { .. } | Command::RestoreChunk { .. } => {
-                unreachable!("handled by the caller")
-            }
+            Command::Write { .. }
+            | Command::Delete { .. }
+            | Command::RestoreChunk { .. }
+            | Command::Batch { .. } => unreachable!("handled by the caller"),
         }
     }
 
@@ -385,8 +428,9 @@ impl Batch<'_> {
         drop(self);
     }
 
+    /// A write at `index`, which the caller has advanced to (once per entry:
+    /// the commands of a batch share it).
     fn write(&mut self, index: u64, input: WriteInput<'_>) -> Result<Applied, FsmError> {
-        self.advance(index);
         let change = write(&mut self.writer, &self.shared.limits, index, input)?;
         let Some(after) = change.after.clone() else {
             unreachable!("a write has an after-image")
@@ -395,8 +439,8 @@ impl Batch<'_> {
         Ok(Applied::Written(after))
     }
 
+    /// A delete at `index`, which the caller has advanced to.
     fn delete(&mut self, index: u64, id: &Id, version: &str) -> Result<Applied, FsmError> {
-        self.advance(index);
         match delete(&mut self.writer, &self.shared.limits, index, id, version)? {
             Some(change) => {
                 self.remember(change);
