@@ -653,10 +653,15 @@ async fn watch(
         name_prefix: a.prefix.clone(),
         start_revision: a.from_revision,
     };
-    // The revision from which a re-opened watch continues without gap or
-    // repeat: known once the snapshot ended (or from the start when
-    // replaying from a revision).
+    // The revision from which a re-opened watch continues without gap: the
+    // last one whose changes were all printed. Known once the snapshot ended
+    // (or from the start when replaying from a revision). Several changes can
+    // share a revision (writes batched into one entry) and a stream can break
+    // between them, so the last revision seen is complete only once a later
+    // one (or a progress event) arrives; after a resume, the changes of that
+    // revision that were already printed are skipped by key.
     let mut resume_from = (a.from_revision > 0).then_some(a.from_revision);
+    let mut open_revision: Option<(u64, std::collections::BTreeSet<crate::ResourceKey>)> = None;
     let mut printed: u64 = 0;
     if c.output == OutputFormat::Table
         && writeln!(
@@ -680,15 +685,33 @@ async fn watch(
         match next {
             Some(Ok(event)) => {
                 match &event.event {
-                    Some(watch_event::Event::EndOfSnapshot(_)) => {
-                        resume_from = Some(event.revision)
+                    Some(watch_event::Event::EndOfSnapshot(_))
+                    | Some(watch_event::Event::Progress(_)) => {
+                        if resume_from.is_some()
+                            || matches!(event.event, Some(watch_event::Event::EndOfSnapshot(_)))
+                        {
+                            resume_from = Some(event.revision);
+                            open_revision = None;
+                        }
                     }
-                    Some(watch_event::Event::Upsert(_))
-                    | Some(watch_event::Event::Delete(_))
-                    | Some(watch_event::Event::Progress(_))
+                    Some(watch_event::Event::Upsert(watch_event::Upsert { resource }))
+                    | Some(watch_event::Event::Delete(watch_event::Delete { resource }))
                         if resume_from.is_some() =>
                     {
-                        resume_from = Some(event.revision)
+                        let key = crate::ResourceKey::of(&resource.clone().unwrap_or_default());
+                        match &mut open_revision {
+                            Some((r, keys)) if *r == event.revision => {
+                                if !keys.insert(key) {
+                                    continue; // printed before the stream broke
+                                }
+                            }
+                            _ => {
+                                if let Some((r, _)) = &open_revision {
+                                    resume_from = Some(*r);
+                                }
+                                open_revision = Some((event.revision, [key].into()));
+                            }
+                        }
                     }
                     _ => {}
                 }

@@ -494,8 +494,12 @@ impl TypeWatcher {
         let mut fresh = true;
         let mut backoff = self.options.retry_backoff_initial;
         loop {
+            // Several changes can share a revision (writes batched into one
+            // log entry), and a stream can break between them: resume just
+            // before the last revision seen, so its changes come again whole;
+            // the ones already applied are dropped by key and version.
             let start_revision = match (fresh, revision) {
-                (false, Some(r)) if r > 0 => r,
+                (false, Some(r)) if r > 1 => r - 1,
                 _ => 0,
             };
             let request = WatchListRequest {
@@ -566,7 +570,10 @@ impl TypeWatcher {
                         self.mark_primed();
                     }
                     (Some(watch_event::Event::Upsert(u)), None) => {
-                        if revision.is_some_and(|r| event_revision <= r) {
+                        // Older than what the map shows: a replay overlap.
+                        // (Equal: another change of the same entry, or a
+                        // replayed one, which `apply_live` drops.)
+                        if revision.is_some_and(|r| event_revision < r) {
                             self.count_dropped();
                             continue;
                         }
@@ -576,7 +583,10 @@ impl TypeWatcher {
                         revision = Some(event_revision);
                     }
                     (Some(watch_event::Event::Delete(d)), None) => {
-                        if revision.is_some_and(|r| event_revision <= r) {
+                        // Older than what the map shows: a replay overlap.
+                        // (Equal: another change of the same entry, or a
+                        // replayed one, which `apply_live` drops.)
+                        if revision.is_some_and(|r| event_revision < r) {
                             self.count_dropped();
                             continue;
                         }

@@ -50,8 +50,9 @@ struct Change {
 #[derive(Debug, Default)]
 struct NodeReplay {
     state: BTreeMap<String, Stored>,
-    /// Live changes by revision.
-    changes: BTreeMap<u64, Change>,
+    /// Live changes by (revision, name): the writes of one log entry share
+    /// its revision, each on its own name.
+    changes: BTreeMap<(u64, String), Change>,
     /// Covered revision ranges `(from, to]`.
     covered: Vec<(u64, u64)>,
     last_revision: u64,
@@ -102,6 +103,12 @@ pub fn check(
         let mut snapshot: Option<BTreeMap<String, Stored>> = None;
         // The start of the current covered range, once the node is live.
         let mut range_from: Option<u64> = None;
+        // Within the current stream: the revision of its last change, the
+        // revision it was opened after, and the highest revision seen before
+        // it was opened (its changes up to there are a replay).
+        let mut stream_last = 0u64;
+        let mut open_from = 0u64;
+        let mut replay_through = 0u64;
         for rec in log.iter().filter(|rec| rec.node == node) {
             match rec.event.as_str() {
                 "open" => {
@@ -111,6 +118,11 @@ pub fn check(
                         }
                         snapshot = Some(BTreeMap::new());
                     }
+                    // Changes after `rec.revision` follow; those up to what
+                    // was already seen are a replay of them.
+                    stream_last = rec.revision;
+                    open_from = rec.revision;
+                    replay_through = r.last_revision;
                 }
                 "resync" | "error" => r.errors += 1,
                 "end_of_snapshot" => {
@@ -150,14 +162,35 @@ pub fn check(
                     }
                 }
                 "upsert" | "delete" => {
-                    if rec.revision <= r.last_revision {
+                    if rec.revision < stream_last || rec.revision <= open_from {
                         anomalies.push(format!(
-                            "node {node}: {} of {} at revision {} after revision {} (duplicate or out of order)",
-                            rec.event, rec.name, rec.revision, r.last_revision
+                            "node {node}: {} of {} at revision {} after revision {} (out of order)",
+                            rec.event, rec.name, rec.revision, stream_last.max(open_from)
                         ));
                         continue;
                     }
-                    r.last_revision = rec.revision;
+                    stream_last = rec.revision;
+                    let change = Change {
+                        delete: rec.event == "delete",
+                        name: rec.name.clone(),
+                        version: rec.version.clone(),
+                        value: rec.value.clone(),
+                    };
+                    if let Some(seen) = r.changes.get(&(rec.revision, rec.name.clone())) {
+                        if rec.revision > replay_through {
+                            anomalies.push(format!(
+                                "node {node}: {} of {} at revision {} delivered twice (duplicate)",
+                                rec.event, rec.name, rec.revision
+                            ));
+                        } else if seen != &change {
+                            anomalies.push(format!(
+                                "node {node}: the replay of revision {} differs: {seen:?} then {change:?}",
+                                rec.revision
+                            ));
+                        }
+                        continue;
+                    }
+                    r.last_revision = r.last_revision.max(rec.revision);
                     if rec.event == "upsert" {
                         if rec.version != rec.revision.to_string() {
                             anomalies.push(format!(
@@ -184,15 +217,7 @@ pub fn check(
                             rec.name, rec.revision
                         ));
                     }
-                    r.changes.insert(
-                        rec.revision,
-                        Change {
-                            delete: rec.event == "delete",
-                            name: rec.name.clone(),
-                            version: rec.version.clone(),
-                            value: rec.value.clone(),
-                        },
-                    );
+                    r.changes.insert((rec.revision, rec.name.clone()), change);
                 }
                 "progress" => {
                     r.last_revision = r.last_revision.max(rec.revision);
@@ -231,8 +256,8 @@ pub fn check(
             if !r.covers(revision) {
                 continue;
             }
-            match r.changes.get(&revision) {
-                Some(c) if c.name == op.key && (c.delete == (op.op == OpKind::Delete)) => {
+            match r.changes.get(&(revision, op.key.clone())) {
+                Some(c) if c.delete == (op.op == OpKind::Delete) => {
                     if op.op == OpKind::Write && c.value != op.input {
                         anomalies.push(format!(
                             "node {node}: revision {revision} of {} shows {} but the acknowledged write stored {}",
@@ -261,9 +286,9 @@ pub fn check(
     // Nodes agree wherever both cover a revision.
     for (a, ra) in replays.iter().enumerate() {
         for (b, rb) in replays.iter().enumerate().skip(a + 1) {
-            for (revision, change) in &ra.changes {
+            for ((revision, name), change) in &ra.changes {
                 if rb.covers(*revision) {
-                    match rb.changes.get(revision) {
+                    match rb.changes.get(&(*revision, name.clone())) {
                         Some(other) if other == change => {}
                         Some(other) => anomalies.push(format!(
                             "nodes {a} and {b} disagree at revision {revision}: {change:?} vs {other:?}"
@@ -274,8 +299,8 @@ pub fn check(
                     }
                 }
             }
-            for (revision, change) in &rb.changes {
-                if ra.covers(*revision) && !ra.changes.contains_key(revision) {
+            for ((revision, name), change) in &rb.changes {
+                if ra.covers(*revision) && !ra.changes.contains_key(&(*revision, name.clone())) {
                     anomalies.push(format!(
                         "node {a} covers revision {revision} but lacks node {b}'s change there: {change:?}"
                     ));

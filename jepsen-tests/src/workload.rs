@@ -764,6 +764,14 @@ async fn watcher(
     };
     let mut last_revision = 0u64;
     while !stop.load(Ordering::SeqCst) {
+        // Resume just before the last revision seen: the writes of one entry
+        // share a revision and the stream may have broken between them, so
+        // that revision comes again whole (the checker knows a replay).
+        let start_revision = if last_revision > 1 {
+            last_revision - 1
+        } else {
+            0
+        };
         let request = WatchListRequest {
             r#type: Some(resource_type(WorkloadKind::Watch)),
             tenancy: Some(Tenancy {
@@ -771,7 +779,7 @@ async fn watcher(
                 namespace: "*".into(),
             }),
             name_prefix: String::new(),
-            start_revision: last_revision,
+            start_revision,
         };
         let mut stream = match client.watch_list(request).await {
             Ok(s) => s,
@@ -801,14 +809,17 @@ async fn watcher(
         // "open" at 0 = a snapshot follows; at r > 0 = changes after r follow.
         push(
             "open",
-            last_revision,
+            start_revision,
             String::new(),
             String::new(),
             Value::Null,
         );
+        if start_revision == 0 {
+            last_revision = 0;
+        }
         // Until EndOfSnapshot, events are the snapshot: a break then means
         // starting over with a new snapshot, not resuming from their revisions.
-        let mut in_snapshot = last_revision == 0;
+        let mut in_snapshot = start_revision == 0;
         loop {
             if stop.load(Ordering::SeqCst) {
                 return;

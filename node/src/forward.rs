@@ -40,7 +40,13 @@ impl Handle for NodeHandle {
                 hint: self.raft.leader(),
             });
         }
-        match self.raft.propose(&command).await {
+        let proposed = match command {
+            Command::Write { .. } | Command::Delete { .. } => {
+                self.raft.propose_write(command).await
+            }
+            other => self.raft.propose(&other).await,
+        };
+        match proposed {
             // openraft answers ForwardToLeader both when it refuses an entry
             // and when an entry it had appended was truncated by a new leader
             // (in clusters of five or more another node may still hold and

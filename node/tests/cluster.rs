@@ -122,25 +122,35 @@ async fn a_node_restarted_after_compaction_catches_up_through_a_snapshot() {
     let lagging = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
     cluster.stop(lagging);
     let leader_address = cluster.node(leader).client_address.clone();
-    let total = 10_000usize;
-    let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..32usize {
-        let address = leader_address.clone();
-        tasks.spawn(async move {
-            let c = client(&address).await;
-            for i in (worker..total).step_by(32) {
-                let mut c = c.clone();
-                let name = format!("r-{i:05}");
-                c.write(cairn_proto::v1::WriteRequest {
-                    resource: Some(thing(&name, "u1", "", &[7u8; 64])),
-                })
-                .await
-                .unwrap_or_else(|e| panic!("write {name}: {e}"));
-            }
-        });
-    }
-    while let Some(r) = tasks.join_next().await {
-        r.unwrap();
+    // Writes in rounds until the leader has snapshotted and purged its log
+    // (how many writes that takes depends on how many share an entry).
+    let round_writes = 2_000usize;
+    let mut total = 0usize;
+    for round in 0..20usize {
+        total += round_writes;
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..32usize {
+            let address = leader_address.clone();
+            tasks.spawn(async move {
+                let c = client(&address).await;
+                for i in (worker..round_writes).step_by(32) {
+                    let mut c = c.clone();
+                    let name = format!("r-{round:02}-{i:05}");
+                    c.write(cairn_proto::v1::WriteRequest {
+                        resource: Some(thing(&name, "u1", "", &[7u8; 64])),
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("write {name}: {e}"));
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+        let status = cluster.status(leader).await.unwrap();
+        if status.purged_index > 0 {
+            break;
+        }
     }
     let status = cluster.status(leader).await.unwrap();
     assert!(

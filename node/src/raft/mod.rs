@@ -8,6 +8,7 @@ pub mod read_batch;
 mod state_machine;
 #[cfg(test)]
 mod suite_test;
+pub mod write_batch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -75,6 +76,8 @@ enum ReplyWire {
     RestoreChunkAdded(u64),
     Restored(u64),
     RestoreAborted(bool),
+    /// Serialized for completeness; never read back (see `Deserialize`).
+    Batch(Vec<ReplyWire>),
     Error {
         code: i32,
         message: String,
@@ -82,9 +85,9 @@ enum ReplyWire {
     },
 }
 
-impl Serialize for Reply {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let wire = match &self.0 {
+impl ReplyWire {
+    fn of(reply: &Result<Applied, ApiError>) -> ReplyWire {
+        match reply {
             Ok(Applied::Written(resource)) => {
                 ReplyWire::Written(prost::Message::encode_to_vec(resource.as_ref()))
             }
@@ -93,6 +96,12 @@ impl Serialize for Reply {
             Ok(Applied::RestoreChunkAdded { received }) => ReplyWire::RestoreChunkAdded(*received),
             Ok(Applied::Restored { resource_count }) => ReplyWire::Restored(*resource_count),
             Ok(Applied::RestoreAborted { existed }) => ReplyWire::RestoreAborted(*existed),
+            Ok(Applied::Batch(results)) => ReplyWire::Batch(
+                results
+                    .iter()
+                    .map(|r| ReplyWire::of(&r.clone().map_err(ApiError::from)))
+                    .collect(),
+            ),
             Err(error) => {
                 let status = tonic::Status::from(error.clone());
                 ReplyWire::Error {
@@ -101,8 +110,13 @@ impl Serialize for Reply {
                     details: status.details().to_vec(),
                 }
             }
-        };
-        wire.serialize(s)
+        }
+    }
+}
+
+impl Serialize for Reply {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ReplyWire::of(&self.0).serialize(s)
     }
 }
 
@@ -119,6 +133,14 @@ impl<'de> Deserialize<'de> for Reply {
             ReplyWire::RestoreChunkAdded(received) => Ok(Applied::RestoreChunkAdded { received }),
             ReplyWire::Restored(resource_count) => Ok(Applied::Restored { resource_count }),
             ReplyWire::RestoreAborted(existed) => Ok(Applied::RestoreAborted { existed }),
+            // A reply only ever goes to the proposer on the node that applied
+            // the entry (openraft never sends it); a batch's per-command fsm
+            // errors have no lossless way back from the wire form.
+            ReplyWire::Batch(_) => {
+                return Err(serde::de::Error::custom(
+                    "a batch reply is never read back from its serialized form",
+                ))
+            }
             ReplyWire::Error {
                 code,
                 message,
@@ -203,6 +225,8 @@ pub struct RaftHandle {
     pub raft: Raft,
     /// Shares one leadership confirmation among concurrent strong reads.
     read_batch: read_batch::ReadBatcher,
+    /// Gathers concurrent writes into batch entries.
+    write_batch: Arc<write_batch::WriteBatcher>,
     state_machine: StateMachine,
     pub node_id: NodeId,
     pub store: Store,
@@ -235,6 +259,41 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
 /// all an offline restore seeds). A data dir without either is a new node.
 pub fn holds_node_state(data_dir: &Path) -> bool {
     log_dir(data_dir).exists() || snapshot_dir(data_dir).exists()
+}
+
+/// Proposes one entry and waits until it is committed and applied here (the
+/// outcomes are those of [`RaftHandle::propose`]).
+async fn propose_entry(
+    raft: &Raft,
+    node_id: NodeId,
+    command: &Command,
+) -> Result<(u64, Applied), ApiError> {
+    let was_leader = is_leader(raft, node_id);
+    match raft.client_write(LogPayload(command.encode())).await {
+        Ok(response) => response
+            .data
+            .0
+            .map(|applied| (response.log_id.index, applied)),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) if !was_leader => {
+            Err(ApiError::NotLeader {
+                hint: leader_hint(f.leader_id, f.leader_node),
+            })
+        }
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ApiError::Inconsistent(
+            "leadership was lost while the write was in flight; it may or may not be applied".into(),
+        )),
+        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
+            ApiError::Internal(format!("unexpected membership error on a data write: {e}")),
+        ),
+        Err(RaftError::Fatal(e)) => Err(ApiError::Inconsistent(format!(
+            "raft stopped while the write was in flight; it may or may not be applied: {e}"
+        ))),
+    }
+}
+
+fn is_leader(raft: &Raft, node_id: NodeId) -> bool {
+    let metrics = raft.metrics().borrow().clone();
+    metrics.current_leader == Some(node_id) && metrics.state == ServerState::Leader
 }
 
 impl RaftHandle {
@@ -279,9 +338,11 @@ impl RaftHandle {
             state_machine.clone(),
         )
         .await?;
+        let write_batch = Arc::new(write_batch::WriteBatcher::start(raft.clone(), node_id));
         Ok(RaftHandle {
             raft,
             read_batch: read_batch::ReadBatcher::new(),
+            write_batch,
             state_machine,
             node_id,
             store,
@@ -317,27 +378,13 @@ impl RaftHandle {
     /// committed by the next leader: that is reported as `Inconsistent`
     /// (outcome unknown), never as a definite failure.
     pub async fn propose(&self, command: &Command) -> Result<(u64, Applied), ApiError> {
-        let was_leader = self.is_leader();
-        match self.raft.client_write(LogPayload(command.encode())).await {
-            Ok(response) => response
-                .data
-                .0
-                .map(|applied| (response.log_id.index, applied)),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) if !was_leader => {
-                Err(ApiError::NotLeader {
-                    hint: leader_hint(f.leader_id, f.leader_node),
-                })
-            }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ApiError::Inconsistent(
-                "leadership was lost while the write was in flight; it may or may not be applied".into(),
-            )),
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
-                ApiError::Internal(format!("unexpected membership error on a data write: {e}")),
-            ),
-            Err(RaftError::Fatal(e)) => Err(ApiError::Inconsistent(format!(
-                "raft stopped while the write was in flight; it may or may not be applied: {e}"
-            ))),
-        }
+        propose_entry(&self.raft, self.node_id, command).await
+    }
+
+    /// As [`RaftHandle::propose`] for a write or delete, which may share its
+    /// entry with other writes (see [`write_batch`]).
+    pub async fn propose_write(&self, command: Command) -> Result<(u64, Applied), ApiError> {
+        self.write_batch.propose(command).await
     }
 
     /// Confirms leadership with a quorum and waits until this node has applied
@@ -407,8 +454,7 @@ impl RaftHandle {
     }
 
     pub fn is_leader(&self) -> bool {
-        let metrics = self.raft.metrics().borrow().clone();
-        metrics.current_leader == Some(self.node_id) && metrics.state == ServerState::Leader
+        is_leader(&self.raft, self.node_id)
     }
 
     pub fn status(&self) -> RaftStatus {

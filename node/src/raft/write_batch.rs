@@ -1,0 +1,135 @@
+//! Write batching: several client writes and deletes in one Raft entry.
+//!
+//! openraft 0.9 appends each `client_write` as its own entry, and its core
+//! runs the commands that follow an append only once the leader's log is
+//! flushed, so entries proposed one by one pay one durability point each, in
+//! sequence. Here at most [`IN_FLIGHT_MAX`] proposals are in flight; writes
+//! that arrive while they are all in flight wait and then go together as one
+//! `Command::Batch` entry (up to [`BATCH_COMMANDS_MAX`] commands or
+//! [`BATCH_BYTES_MAX`] encoded bytes). A lone write is proposed at once, as
+//! itself: batching adds no latency when there is nothing to batch.
+//!
+//! Semantics are unchanged: the fsm applies a batch's commands in order, each
+//! with its own outcome, all at the entry's index (their version and their
+//! events' revision). An error of the proposal as a whole (not leader,
+//! leadership lost, Raft stopped) is every command's error.
+
+use std::sync::Arc;
+
+use cairn_fsm::{Applied, Command};
+use cairn_proto::error::ApiError;
+use prost::Message as _;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::{propose_entry, NodeId, Raft};
+
+/// Proposals in flight at once before writes start to gather into batches.
+pub const IN_FLIGHT_MAX: usize = 4;
+/// At most this many commands per batch entry.
+pub const BATCH_COMMANDS_MAX: usize = 256;
+/// A batch stops growing once its commands' encoded size reaches this.
+pub const BATCH_BYTES_MAX: usize = 1024 * 1024;
+/// Writes waiting to be proposed; callers wait for room beyond this.
+const QUEUE_MAX: usize = 8192;
+
+type Outcome = Result<(u64, Applied), ApiError>;
+
+struct Pending {
+    command: Command,
+    size_bytes: usize,
+    reply: oneshot::Sender<Outcome>,
+}
+
+/// Submits writes and deletes; a background task proposes them.
+pub struct WriteBatcher {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl WriteBatcher {
+    pub fn start(raft: Raft, node_id: NodeId) -> WriteBatcher {
+        let (queue, receiver) = mpsc::channel(QUEUE_MAX);
+        tokio::spawn(run(raft, node_id, receiver));
+        WriteBatcher { queue }
+    }
+
+    /// Proposes a write or delete, alone or in a batch, and waits for its outcome.
+    pub async fn propose(&self, command: Command) -> Outcome {
+        assert!(
+            matches!(command, Command::Write { .. } | Command::Delete { .. }),
+            "only writes and deletes are batched"
+        );
+        let size_bytes = match &command {
+            Command::Write { resource } => resource.encoded_len(),
+            _ => 64,
+        };
+        let (reply, outcome) = oneshot::channel();
+        let stopped = || ApiError::Unavailable("this node is shutting down".into());
+        self.queue
+            .send(Pending {
+                command,
+                size_bytes,
+                reply,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        outcome.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(raft: Raft, node_id: NodeId, mut queue: mpsc::Receiver<Pending>) {
+    let permits = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
+    while let Some(first) = queue.recv().await {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        // Whatever queued while every permit was taken goes together.
+        let mut size_bytes = first.size_bytes;
+        let mut batch = vec![first];
+        while batch.len() < BATCH_COMMANDS_MAX && size_bytes < BATCH_BYTES_MAX {
+            match queue.try_recv() {
+                Ok(p) => {
+                    size_bytes += p.size_bytes;
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            propose_batch(&raft, node_id, batch).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) {
+    if batch.len() == 1 {
+        let p = batch.pop().expect("one");
+        let outcome = propose_entry(raft, node_id, &p.command).await;
+        let _ = p.reply.send(outcome);
+        return;
+    }
+    let (commands, replies): (Vec<Command>, Vec<oneshot::Sender<Outcome>>) =
+        batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+    let count = commands.len();
+    match propose_entry(raft, node_id, &Command::Batch { commands }).await {
+        Ok((index, Applied::Batch(results))) => {
+            assert_eq!(results.len(), count, "one outcome per batched command");
+            for (result, reply) in results.into_iter().zip(replies) {
+                let _ = reply.send(result.map(|a| (index, a)).map_err(ApiError::from));
+            }
+        }
+        Ok((index, other)) => {
+            for reply in replies {
+                let _ = reply.send(Err(ApiError::Internal(format!(
+                    "batch at index {index} applied as {other:?}"
+                ))));
+            }
+        }
+        Err(error) => {
+            for reply in replies {
+                let _ = reply.send(Err(error.clone()));
+            }
+        }
+    }
+}
