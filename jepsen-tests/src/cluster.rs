@@ -174,9 +174,25 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
 }
 
 /// A free loopback port (bound, then released, so the node can take it).
+/// A loopback port no other node of this process was given, free when
+/// checked. Taken below Linux's ephemeral range (32768 and up), so an
+/// outgoing connection can never grab it between this check and the node's
+/// bind (port 0 handed out ephemeral ports, and a node then found its port
+/// taken now and then); each process starts at its own offset.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("cannot bind a loopback port");
-    listener.local_addr().expect("local addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id().wrapping_mul(7_919) % SPAN;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free loopback port left below 32000");
+        let port = (LOW + (offset + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn signal(pid: u32, sig: i32) {
