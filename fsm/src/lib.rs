@@ -39,6 +39,8 @@
 //!
 //! **Revisions.** The revision of a view is the applied index it reflects;
 //! a resource's version is the decimal index of the entry that wrote it.
+//! One entry can carry several writes and deletes ([`Command::Batch`]): their
+//! changes then share its revision, each on its own key.
 //! [`Store::view_at`] rebuilds a past revision (0 = the latest) from the
 //! retained history (the last [`Limits::history_changes_max`] changes) by
 //! undoing newer changes: older than the retained history is
