@@ -389,7 +389,12 @@ impl Batch<'_> {
                 resources,
             } => {
                 self.advance(index);
-                restore::chunk(&mut self.writer, &self.shared.limits, &restore_id, resources)
+                restore::chunk(
+                    &mut self.writer,
+                    &self.shared.limits,
+                    &restore_id,
+                    resources,
+                )
             }
             other => self.restore(index, &other),
         }

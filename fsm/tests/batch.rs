@@ -54,8 +54,14 @@ fn a_batch_applies_in_order_with_one_outcome_each_at_one_revision() {
     assert!(matches!(results[2], Err(FsmError::CasFailure { .. })));
     assert_eq!(results[3], Ok(Applied::Deleted { existed: true }));
 
-    assert_eq!(names(&log.store.view().iter().cloned().collect::<Vec<_>>()), vec!["a", "b"]);
-    assert_eq!(names(&before.iter().cloned().collect::<Vec<_>>()), vec!["d"]);
+    assert_eq!(
+        names(&log.store.view().iter().cloned().collect::<Vec<_>>()),
+        vec!["a", "b"]
+    );
+    assert_eq!(
+        names(&before.iter().cloned().collect::<Vec<_>>()),
+        vec!["d"]
+    );
     let past = log.store.view_at(index - 1).unwrap();
     assert_eq!(names(&past.iter().cloned().collect::<Vec<_>>()), vec!["d"]);
     let (events, closed) = drain(&mut watch);

@@ -223,9 +223,16 @@ fn a_snapshot_taken_mid_restore_carries_it_and_a_replica_loaded_from_it_commits_
     full.apply(chunk("r", backup(3)[..2].to_vec())).unwrap();
 
     let mut image = full.store.snapshot();
-    let pending = image.pending.take().expect("the snapshot carries the restore");
+    let pending = image
+        .pending
+        .take()
+        .expect("the snapshot carries the restore");
     assert_eq!(
-        (pending.restore_id.as_str(), pending.resource_count, pending.len()),
+        (
+            pending.restore_id.as_str(),
+            pending.resource_count,
+            pending.len()
+        ),
         ("r", 3, 2)
     );
     let loaded = Store::new(Default::default());
@@ -243,7 +250,10 @@ fn a_snapshot_taken_mid_restore_carries_it_and_a_replica_loaded_from_it_commits_
         store: loaded,
         index: at,
     };
-    assert_eq!(replica.store.pending_restore(), full.store.pending_restore());
+    assert_eq!(
+        replica.store.pending_restore(),
+        full.store.pending_restore()
+    );
 
     for log in [&mut full, &mut replica] {
         log.apply(chunk("r", backup(3)[2..].to_vec())).unwrap();

@@ -165,7 +165,10 @@ pub fn check(
                     if rec.revision < stream_last || rec.revision <= open_from {
                         anomalies.push(format!(
                             "node {node}: {} of {} at revision {} after revision {} (out of order)",
-                            rec.event, rec.name, rec.revision, stream_last.max(open_from)
+                            rec.event,
+                            rec.name,
+                            rec.revision,
+                            stream_last.max(open_from)
                         ));
                         continue;
                     }

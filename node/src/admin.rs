@@ -265,8 +265,7 @@ impl AdminService for Admin {
         &self,
         r: Request<tonic::Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::RestoreSnapshotResponse>, Status> {
-        let (log_index, resource_count) =
-            self.restorer.restore_upload(r.into_inner()).await?;
+        let (log_index, resource_count) = self.restorer.restore_upload(r.into_inner()).await?;
         Ok(Response::new(pb::RestoreSnapshotResponse {
             log_index,
             resource_count,

@@ -69,9 +69,7 @@ impl Restorer {
     /// commit's log index and the number of resources restored.
     pub async fn restore_upload(
         self: &Arc<Self>,
-        mut upload: impl futures::Stream<Item = Result<pb::SnapshotChunk, tonic::Status>>
-            + Unpin
-            + Send,
+        mut upload: impl futures::Stream<Item = Result<pb::SnapshotChunk, tonic::Status>> + Unpin + Send,
     ) -> Result<(u64, u64), ApiError> {
         if !self.raft.is_leader() {
             return Err(ApiError::NotLeader {
@@ -141,7 +139,11 @@ impl Restorer {
     }
 
     /// Proposes the begin, the chunks and the commit of a verified file.
-    async fn drive(&self, restore_id: &str, header: &SnapshotHeader) -> Result<(u64, u64), ApiError> {
+    async fn drive(
+        &self,
+        restore_id: &str,
+        header: &SnapshotHeader,
+    ) -> Result<(u64, u64), ApiError> {
         tracing::info!(
             restore_id,
             resources = header.resource_count,
@@ -205,7 +207,9 @@ impl Restorer {
                 .await?;
             tracing::debug!(restore_id, sent, "online restore: chunk committed");
         }
-        reader.await.map_err(|e| internal("reading the upload", e))?;
+        reader
+            .await
+            .map_err(|e| internal("reading the upload", e))?;
         let (index, applied) = self
             .raft
             .propose(&Command::RestoreCommit {
@@ -214,7 +218,12 @@ impl Restorer {
             .await?;
         match applied {
             Applied::Restored { resource_count } => {
-                tracing::info!(restore_id, index, resource_count, "online restore: committed");
+                tracing::info!(
+                    restore_id,
+                    index,
+                    resource_count,
+                    "online restore: committed"
+                );
                 Ok((index, resource_count))
             }
             other => Err(ApiError::Internal(format!(

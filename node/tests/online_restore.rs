@@ -38,9 +38,12 @@ fn text(o: &std::process::Output) -> String {
 async fn fill(address: &str, prefix: &str, count: usize, payload_bytes: usize) {
     let payload = vec![b'x'; payload_bytes];
     for i in 0..count {
-        write(address, thing(&format!("{prefix}-{i:05}"), "u1", "", &payload))
-            .await
-            .unwrap();
+        write(
+            address,
+            thing(&format!("{prefix}-{i:05}"), "u1", "", &payload),
+        )
+        .await
+        .unwrap();
     }
 }
 
@@ -216,7 +219,12 @@ async fn a_backup_restores_online_into_the_same_cluster_and_closes_every_watch()
         assert_eq!(r.version, restored_version.to_string(), "{name}");
     }
     // A version from before the restore matches nothing; a fresh one works.
-    match write(&leader_address, thing("a-00000", "u1", &changed.version, b"stale")).await {
+    match write(
+        &leader_address,
+        thing("a-00000", "u1", &changed.version, b"stale"),
+    )
+    .await
+    {
         Err(ApiError::CasFailure(_)) => {}
         other => panic!("a version from before the restore was accepted: {other:?}"),
     }
@@ -354,7 +362,9 @@ async fn a_restore_whose_leader_is_killed_midway_leaves_every_node_fully_old_or_
     cluster.kill(leader);
     let outcome = restore.await.unwrap();
     let survivors: Vec<u64> = cluster.ids().into_iter().filter(|i| *i != leader).collect();
-    let new_leader = cluster.wait_for_leader_among(&survivors, LEADER_TIMEOUT).await;
+    let new_leader = cluster
+        .wait_for_leader_among(&survivors, LEADER_TIMEOUT)
+        .await;
     match outcome {
         // The commit made it before the kill: fully new everywhere.
         Ok(_) => {
@@ -367,7 +377,10 @@ async fn a_restore_whose_leader_is_killed_midway_leaves_every_node_fully_old_or_
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     for id in &survivors {
         while pending_on(&cluster, *id).await.is_some() {
-            assert!(Instant::now() < deadline, "node {id} still holds the restore");
+            assert!(
+                Instant::now() < deadline,
+                "node {id} still holds the restore"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -375,9 +388,12 @@ async fn a_restore_whose_leader_is_killed_midway_leaves_every_node_fully_old_or_
     cluster.restart(leader);
     assert_eq!(converge(&cluster, &cluster.ids(), &old).await, old);
     // And the backup restores completely afterwards.
-    let (_, count) = upload(&cluster.node(new_leader).client_address, std::fs::read(&backup).unwrap())
-        .await
-        .unwrap();
+    let (_, count) = upload(
+        &cluster.node(new_leader).client_address,
+        std::fs::read(&backup).unwrap(),
+    )
+    .await
+    .unwrap();
     assert_eq!(count, 400);
     converge(&cluster, &cluster.ids(), &in_backup).await;
 }

@@ -279,9 +279,12 @@ async fn propose_entry(
                 hint: leader_hint(f.leader_id, f.leader_node),
             })
         }
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ApiError::Inconsistent(
-            "leadership was lost while the write was in flight; it may or may not be applied".into(),
-        )),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+            Err(ApiError::Inconsistent(
+                "leadership was lost while the write was in flight; it may or may not be applied"
+                    .into(),
+            ))
+        }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
             ApiError::Internal(format!("unexpected membership error on a data write: {e}")),
         ),
@@ -322,10 +325,7 @@ impl RaftHandle {
             ..Default::default()
         }
         .validate()?;
-        let log_store = LogStore::open(
-            &log_dir(data_dir),
-            cairn_raft_log::LogOptions::default(),
-        )?;
+        let log_store = LogStore::open(&log_dir(data_dir), cairn_raft_log::LogOptions::default())?;
         let store = Store::new(limits);
         let state_machine =
             StateMachine::open(&snapshot_dir(data_dir), store.clone(), identity.clone())?;

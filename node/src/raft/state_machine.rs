@@ -302,7 +302,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let last_log_id = log_id_of(&header);
         let membership: Membership =
             serde_json::from_value(header.membership.clone()).map_err(io_err)?;
-        let path = snapshot_path(&self.shared.dir, header.last_log_index, header.last_log_term);
+        let path = snapshot_path(
+            &self.shared.dir,
+            header.last_log_index,
+            header.last_log_term,
+        );
         let write_path = path.clone();
         let (header_index, header_term) = (header.last_log_index, header.last_log_term);
         let started = std::time::Instant::now();
@@ -477,8 +481,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let Some(last_log_id) = meta.last_log_id else {
             return Err(io_err("received a snapshot without a log id"));
         };
-        let final_path =
-            snapshot_path(&self.shared.dir, last_log_id.index, last_log_id.leader_id.term);
+        let final_path = snapshot_path(
+            &self.shared.dir,
+            last_log_id.index,
+            last_log_id.leader_id.term,
+        );
         let store = self.shared.store.clone();
         let identity = self.shared.identity.clone();
         let install_path = final_path.clone();
