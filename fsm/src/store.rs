@@ -329,31 +329,9 @@ impl Batch<'_> {
                 self.advance(index);
                 self.delete(index, id, version)
             }
-            Command::Batch { commands } => {
-                self.advance(index);
-                let results = commands
-                    .iter()
-                    .map(|c| match c {
-                        Command::Write { resource } => {
-                            self.write(index, WriteInput::Borrowed(resource))
-                        }
-                        Command::Delete { id, version } => self.delete(index, id, version),
-                        _ => unreachable!("a batch holds only writes and deletes"),
-                    })
-                    .collect();
-                Ok(Applied::Batch(results))
-            }
-            Command::RestoreChunk {
-                restore_id,
-                resources,
-            } => {
-                self.advance(index);
-                restore::chunk(
-                    &mut self.writer,
-                    &self.shared.limits,
-                    restore_id,
-                    resources.clone(),
-                )
+            // Rare or resource-carrying: one implementation, in `apply_owned`.
+            Command::Batch { .. } | Command::RestoreChunk { .. } => {
+                self.apply_owned(index, command.clone())
             }
             other => self.restore(index, other),
         }
