@@ -7,7 +7,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cairn_proto::error::ApiError;
@@ -18,21 +17,6 @@ use support::*;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(20);
-
-fn cairn(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(args)
-        .output()
-        .expect("run cairn")
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Writes `count` Things named `{prefix}-NNNNN` with `payload_bytes` of data.
 async fn fill(address: &str, prefix: &str, count: usize, payload_bytes: usize) {

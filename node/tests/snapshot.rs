@@ -13,21 +13,6 @@ use support::*;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
-fn cairn(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(args)
-        .output()
-        .expect("run cairn")
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// Every resource in a snapshot file, by name.
 fn resources_in(file: &Path) -> std::collections::BTreeMap<String, cairn_proto::v1::Resource> {
     let mut out = std::collections::BTreeMap::new();

@@ -186,3 +186,20 @@ pub async fn wait_converged(
         cluster.root().display()
     );
 }
+
+/// Runs the `cairn` binary under test with `args`.
+pub fn cairn(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(args)
+        .output()
+        .expect("run cairn")
+}
+
+/// A command's stdout and stderr, for assertions and failure messages.
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
