@@ -24,6 +24,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .btree_map(".")
         // Payload bytes (google.protobuf.Any.value) are shared, not copied.
         .bytes(".")
+        // A resource's owner is usually absent: boxed, an absent owner takes
+        // 8 bytes of every stored resource instead of an inline Id's 160.
+        .boxed(".cairn.v1.Resource.owner")
         .compile_well_known_types(true)
         .compile_fds(descriptors)?;
     Ok(())

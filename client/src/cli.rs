@@ -556,7 +556,7 @@ fn resource_of(c: &CommonArgs, a: &WriteArgs) -> Result<Resource, ClientError> {
             r#type: Some(type_),
             tenancy: Some(c.tenancy.clone()),
         }),
-        owner,
+        owner: owner.map(Box::new),
         version: String::new(),
         generation: String::new(),
         metadata: a.metadata.iter().cloned().collect::<BTreeMap<_, _>>(),

@@ -267,7 +267,7 @@ pub fn resource_from_json(v: &Value) -> Result<Resource, JsonError> {
         .transpose()?;
     Ok(Resource {
         id: Some(id),
-        owner,
+        owner: owner.map(Box::new),
         version: o.string("version")?,
         generation: o.string("generation")?,
         metadata,
@@ -641,12 +641,12 @@ mod tests {
                 r#type: Some(t.clone()),
                 tenancy: Some(ten.clone()),
             }),
-            owner: Some(Id {
+            owner: Some(Box::new(Id {
                 uid: "u0".into(),
                 name: "parent".into(),
                 r#type: Some(t.clone()),
                 tenancy: Some(ten.clone()),
-            }),
+            })),
             version: "12".into(),
             generation: "g7".into(),
             metadata: BTreeMap::from([("team".into(), "a".into()), ("z".into(), "".into())]),

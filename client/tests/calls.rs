@@ -63,7 +63,7 @@ async fn every_call_succeeds_with_one_of_three_endpoints_dead() {
         .unwrap();
     let owner_id = owner.id.clone().unwrap();
     let mut child = resource("g", "A", "c", "", "{\"n\":1}");
-    child.owner = Some(owner_id.clone());
+    child.owner = Some(Box::new(owner_id.clone()));
     let created = client.create(child).await.unwrap();
     assert_eq!(created.version, "2");
     for consistency in [Consistency::Strong, Consistency::Eventual] {

@@ -219,7 +219,7 @@ mod tests {
         let limits = Limits::default();
         let mut r = Resource {
             id: Some(id()),
-            owner: Some(id()),
+            owner: Some(Box::new(id())),
             ..Default::default()
         };
         assert_eq!(validate_write(&r, &limits), Ok(()));
@@ -299,7 +299,7 @@ mod tests {
             "resource.id.name"
         );
         assert_eq!(
-            with(&|r| r.owner = Some(Id::default())),
+            with(&|r| r.owner = Some(Box::default())),
             "resource.owner.name"
         );
         assert_eq!(with(&|r| r.version = "\u{7f}".into()), "resource.version");

@@ -21,7 +21,7 @@ fn a_create_is_stored_with_the_log_index_as_version_and_every_field_verbatim() {
     let mut log = Log::new();
     log.noop();
     let mut r = resource(id("u1", "web"), "");
-    r.owner = Some(id("u0", "parent"));
+    r.owner = Some(Box::new(id("u0", "parent")));
     r.generation = "g-17".into();
     r.metadata = BTreeMap::from([("team".into(), "a".into())]);
     r.status = BTreeMap::from([(
@@ -466,10 +466,10 @@ fn list_by_owner_matches_the_owner_uid_and_ignores_its_group_version() {
     let mut log = Log::new();
     let owner = id("o1", "parent");
     let mut child = resource(id("c1", "child"), "");
-    child.owner = Some(owner.clone());
+    child.owner = Some(Box::new(owner.clone()));
     log.put(child);
     let mut other_lifetime = resource(id("c2", "child2"), "");
-    other_lifetime.owner = Some(id("o0", "parent"));
+    other_lifetime.owner = Some(Box::new(id("o0", "parent")));
     log.put(other_lifetime);
     let view = log.store.view();
     assert_eq!(names(&view.list_by_owner(&owner)), vec!["child"]);
@@ -487,10 +487,10 @@ fn deleting_the_owner_leaves_owned_resources_and_deleting_an_owned_one_removes_i
     let owner = log.put(resource(id("o1", "parent"), ""));
     let owner_id = id("o1", "parent");
     let mut a = resource(id("a", "a"), "");
-    a.owner = Some(owner_id.clone());
+    a.owner = Some(Box::new(owner_id.clone()));
     let a = log.put(a);
     let mut b = resource(id("b", "b"), "");
-    b.owner = Some(owner_id.clone());
+    b.owner = Some(Box::new(owner_id.clone()));
     let b = log.put(b);
     log.delete(owner_id.clone(), &owner.version).unwrap();
     let view = log.store.view();
@@ -500,7 +500,7 @@ fn deleting_the_owner_leaves_owned_resources_and_deleting_an_owned_one_removes_i
     assert_eq!(names(&log.store.view().list_by_owner(&owner_id)), vec!["a"]);
     // Re-parenting a to another owner moves it in the index.
     let mut a2 = (*a).clone();
-    a2.owner = Some(id("o9", "other"));
+    a2.owner = Some(Box::new(id("o9", "other")));
     log.put(a2);
     assert!(log.store.view().list_by_owner(&owner_id).is_empty());
     assert_eq!(
@@ -886,7 +886,7 @@ fn reads_and_lists_at_a_past_revision_see_that_revision() {
     let mut log = Log::new();
     let a1 = log.put(resource(id("u", "a"), ""));
     let mut b = resource(id("u", "b"), "");
-    b.owner = Some(id("o", "owner"));
+    b.owner = Some(Box::new(id("o", "owner")));
     let b1 = log.put(b);
     let a2 = log.put(resource(id("u", "a"), &a1.version));
     log.delete(id("u", "b"), &b1.version).unwrap();
@@ -1329,7 +1329,7 @@ fn an_owner_id_with_a_separator_inside_a_field_matches_nothing() {
         ),
         "",
     );
-    child.owner = Some(id("b", "a"));
+    child.owner = Some(Box::new(id("b", "a")));
     log.put(child);
     assert_eq!(log.store.view().list_by_owner(&id("b", "a")).len(), 1);
     // Owner name "a\0b" with uid "c" would otherwise prefix-match owner (a, b) + group "c".

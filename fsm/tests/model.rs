@@ -604,7 +604,8 @@ fn mutate(op: Op, model: &mut Model, target: &mut Target<'_, '_>) -> Result<(), 
             let version = resolve_version(model, &k, version);
             let mut r = resource(make_id(key, &uid, GROUP_VERSIONS[group_version]), &version);
             r.generation = payload.to_string();
-            r.owner = owner.map(|(o, u)| make_id(o, UIDS[u], GROUP_VERSIONS[payload as usize % 2]));
+            r.owner = owner
+                .map(|(o, u)| Box::new(make_id(o, UIDS[u], GROUP_VERSIONS[payload as usize % 2])));
             let expected = model.write(r.clone());
             let actual = target.apply(model.applied, Command::Write { resource: r });
             prop_assert_eq!(actual, expected);

@@ -76,6 +76,7 @@ impl Agent {
             election_timeout_ms: config.election_timeout_ms,
             heartbeat_interval_ms: config.heartbeat_interval_ms,
             snapshot_log_entries: config.snapshot_log_entries,
+            snapshot_log_bytes: config.snapshot_log_bytes,
             snapshot_chunk_bytes: config.snapshot_chunk_bytes,
             max_payload_entries: 64,
         };

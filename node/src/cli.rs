@@ -71,6 +71,8 @@ struct AgentArgs {
     #[arg(long)]
     snapshot_log_entries: Option<u64>,
     #[arg(long)]
+    snapshot_log_bytes: Option<u64>,
+    #[arg(long)]
     history_changes_max: Option<usize>,
     #[arg(long)]
     log_level: Option<String>,
@@ -281,6 +283,9 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     }
     if let Some(v) = a.snapshot_log_entries {
         put("snapshot_log_entries", v.into())
+    }
+    if let Some(v) = a.snapshot_log_bytes {
+        put("snapshot_log_bytes", v.into())
     }
     if let Some(v) = a.history_changes_max {
         put("history_changes_max", v.into())

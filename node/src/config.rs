@@ -48,6 +48,9 @@ pub struct Config {
     pub heartbeat_interval_ms: u64,
     /// Build a snapshot (and purge the log behind it) after this many entries.
     pub snapshot_log_entries: u64,
+    /// ... or once the log since the last snapshot holds this many bytes of
+    /// commands (or as many as the last snapshot, if that is larger).
+    pub snapshot_log_bytes: u64,
     pub snapshot_chunk_bytes: u64,
     /// MVCC history retained for reads at past revisions and watches from a revision.
     pub history_changes_max: usize,
@@ -82,6 +85,7 @@ impl Default for Config {
             election_timeout_ms: 1000,
             heartbeat_interval_ms: 100,
             snapshot_log_entries: 20_000,
+            snapshot_log_bytes: 64 * 1024 * 1024,
             snapshot_chunk_bytes: 4 * 1024 * 1024,
             history_changes_max: 10_000,
             resource_bytes_max: 1024 * 1024,
@@ -218,6 +222,12 @@ impl Config {
         }
         if self.snapshot_log_entries < 100 {
             return Err(invalid("snapshot_log_entries", "must be at least 100"));
+        }
+        if !(1024 * 1024..=1024 * 1024 * 1024 * 1024).contains(&self.snapshot_log_bytes) {
+            return Err(invalid(
+                "snapshot_log_bytes",
+                "must be between 1 MiB and 1 TiB",
+            ));
         }
         if !(64 * 1024..=64 * 1024 * 1024).contains(&self.snapshot_chunk_bytes) {
             return Err(invalid(

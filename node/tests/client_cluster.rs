@@ -34,7 +34,7 @@ async fn every_call_succeeds(client: &Client, tag: &str) {
         .expect("create owner");
     let owner_id = owner.id.clone().expect("owner id");
     let mut child = thing("Thing", &format!("child-{tag}"), "{\"n\":0}");
-    child.owner = Some(owner_id.clone());
+    child.owner = Some(Box::new(owner_id.clone()));
     let created = client.create(child).await.expect("create child");
     let child_id = id("Thing", &format!("child-{tag}"));
 

@@ -378,7 +378,7 @@ async fn write_rules(t: &Target) {
     let owner = t.id("Owner", "o", "u-owner");
     let rich = Resource {
         id: Some(t.id("Write", "w", "u1")),
-        owner: Some(owner),
+        owner: Some(Box::new(owner)),
         version: String::new(),
         generation: "gen-1".into(),
         metadata: BTreeMap::from([
@@ -616,7 +616,7 @@ async fn list_by_owner_rules(t: &Target) {
     let owner_id = owner.id.clone().unwrap();
     let owned = |name: &str, owner: Id| {
         let mut r = t.res("Owned", name, "u1", "", b"x");
-        r.owner = Some(owner);
+        r.owner = Some(Box::new(owner));
         t.put(r)
     };
     let a = owned("a", owner_id.clone()).await;

@@ -43,6 +43,9 @@ pub trait LogEngine: Send + Sync + 'static {
     fn sync(&self) -> Result<(), LogError>;
 }
 
+/// sled's page cache size.
+const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+
 /// Name of the sled tree holding the entries.
 const ENTRIES_TREE: &str = "entries";
 /// Name of the sled tree holding the vote, purged and committed log ids.
@@ -92,6 +95,10 @@ impl SledEngine {
             // Durability is ours: no periodic background flush (which would also fsync at
             // random moments and blur what the power-cut test sees).
             .flush_every_ms(None)
+            // sled's default page cache is 1 GiB. The log is read back only to
+            // replicate recent entries and is purged behind every snapshot, so
+            // a small cache serves it; the memory belongs to the state machine.
+            .cache_capacity(CACHE_CAPACITY_BYTES)
             .open()?;
         let entries = db.open_tree(ENTRIES_TREE)?;
         let meta = db.open_tree(META_TREE)?;

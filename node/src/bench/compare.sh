@@ -114,8 +114,38 @@ bench "get eventual c=16 conns=1" read --consistency eventual --clients 16 --con
 bench "watch 1 writer -> 1000 watchers" watch --watchers 1000 --clients 1 --write-interval-ms 20 --duration "$DURATION"
 
 if [ "$SKIP_MEM" = 0 ]; then
-  bench "memory: $MEM_KEYS creates of 256 B" write --namespace "mem$(date +%s)" --sequential-keys \
+  MEM_NS="mem$(date +%s)"
+  bench "memory: $MEM_KEYS creates of 256 B" write --namespace "$MEM_NS" --sequential-keys \
     --key-space "$MEM_KEYS" --max-ops "$MEM_KEYS" --clients 64 --connections 1 --warmup 0 --duration 600
+fi
+
+# Snapshot save and restore of the memory phase's resources (the etcd script's phase d: save
+# through the leader, restore offline into a new data dir, then serve it and count).
+if [ "$SKIP_MEM" = 0 ]; then
+  SNAP="$OUT/snap.cairn"; RESTORED=$(mktemp -d /tmp/cairn-bench-restored.XXXXXX)
+  source_count=$("$CAIRN" status -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["resource_count"])')
+  wait_quiet; log "  snapshot save"
+  t0=$(date +%s.%N); timeout 300 "$CAIRN" snapshot save "$SNAP" >"$OUT/snapshot-save.txt" 2>&1; t1=$(date +%s.%N)
+  log "  snapshot restore --offline"
+  t2=$(date +%s.%N)
+  timeout 300 "$CAIRN" snapshot restore --offline "$SNAP" --data-dir "$RESTORED/n1" \
+    --members 1=127.0.0.1:18101/127.0.0.1:18100 >"$OUT/snapshot-restore.txt" 2>&1
+  t3=$(date +%s.%N)
+  "$CAIRN" agent --node-id 1 --data-dir "$RESTORED/n1" --client-address 127.0.0.1:18100 \
+    --peer-address 127.0.0.1:18101 --members 1=127.0.0.1:18101/127.0.0.1:18100 --log-level warn \
+    >"$OUT/restored.log" 2>&1 &
+  RPID=$!
+  count="null"
+  for _ in $(seq 1 120); do
+    count=$("$CAIRN" status --endpoints 127.0.0.1:18100 -o json 2>/dev/null \
+      | python3 -c 'import json,sys; print(json.load(sys.stdin)["resource_count"])' 2>/dev/null) && break
+    count="null"; sleep 0.25
+  done
+  t4=$(date +%s.%N)
+  kill -TERM "$RPID" 2>/dev/null || true; wait "$RPID" 2>/dev/null || true; rm -rf "$RESTORED"
+  python3 -c "import json,os,sys; a=[float(x) for x in sys.argv[1:6]]; print(json.dumps({'label':'snapshot','workload':'snapshot','resources':int(sys.argv[6]),'file_bytes':os.path.getsize(sys.argv[7]),'save_s':a[1]-a[0],'restore_offline_s':a[3]-a[2],'restored_serving_s':a[4]-a[3],'restored_count':None if sys.argv[8]=='null' else int(sys.argv[8])}))" \
+    "$t0" "$t1" "$t2" "$t3" "$t4" "$source_count" "$SNAP" "$count" >>"$RES"
+  rm -f "$SNAP"
 fi
 
 if [ "$SKIP_FO" = 0 ]; then

@@ -3,6 +3,7 @@
 //! conversion of openraft's errors into Cairn's. The rest of the node talks to
 //! [`RaftHandle`] only, so a move to another openraft version is contained here.
 
+mod log_growth;
 mod network;
 pub mod read_batch;
 mod state_machine;
@@ -197,6 +198,9 @@ pub struct RaftSettings {
     pub election_timeout_ms: u64,
     pub heartbeat_interval_ms: u64,
     pub snapshot_log_entries: u64,
+    /// Also build a snapshot once the log since the last one holds this many
+    /// payload bytes (or the last snapshot's size, if larger).
+    pub snapshot_log_bytes: u64,
     pub snapshot_chunk_bytes: u64,
     pub max_payload_entries: u64,
 }
@@ -319,7 +323,10 @@ impl RaftHandle {
             heartbeat_interval: settings.heartbeat_interval_ms,
             install_snapshot_timeout: 10_000,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_log_entries),
-            max_in_snapshot_log_to_keep: 1_000,
+            // Entries kept behind a snapshot for followers that lag a little.
+            // One entry can hold a batch of 256 writes, so keep few: a follower
+            // further behind is sent the snapshot.
+            max_in_snapshot_log_to_keep: 256,
             snapshot_max_chunk_size: settings.snapshot_chunk_bytes,
             max_payload_entries: settings.max_payload_entries,
             ..Default::default()
@@ -327,8 +334,13 @@ impl RaftHandle {
         .validate()?;
         let log_store = LogStore::open(&log_dir(data_dir), cairn_raft_log::LogOptions::default())?;
         let store = Store::new(limits);
-        let state_machine =
-            StateMachine::open(&snapshot_dir(data_dir), store.clone(), identity.clone())?;
+        let growth = log_growth::LogGrowth::new(settings.snapshot_log_bytes);
+        let state_machine = StateMachine::open(
+            &snapshot_dir(data_dir),
+            store.clone(),
+            identity.clone(),
+            growth.clone(),
+        )?;
         let network = Network::new(identity.clone());
         let raft = Raft::new(
             node_id,
@@ -338,6 +350,7 @@ impl RaftHandle {
             state_machine.clone(),
         )
         .await?;
+        tokio::spawn(growth.run(raft.clone()));
         let write_batch = Arc::new(write_batch::WriteBatcher::start(raft.clone(), node_id));
         Ok(RaftHandle {
             raft,

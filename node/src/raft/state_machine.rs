@@ -17,6 +17,7 @@ use cairn_proto::error::ApiError;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, LogId, RaftLogId, StorageError, StorageIOError, StoredMembership};
 
+use super::log_growth::LogGrowth;
 use super::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
 use crate::snapshot_file::{self, SnapshotHeader, SnapshotReader, SnapshotWriter};
 
@@ -93,6 +94,8 @@ struct Meta {
 struct Shared {
     store: Store,
     dir: PathBuf,
+    /// Log bytes applied since the last snapshot, for compaction by size.
+    growth: Arc<LogGrowth>,
     identity: Arc<ClusterIdentity>,
     meta: Mutex<Meta>,
 }
@@ -183,6 +186,7 @@ impl StateMachine {
         dir: &Path,
         store: Store,
         identity: Arc<ClusterIdentity>,
+        growth: Arc<LogGrowth>,
     ) -> anyhow::Result<StateMachine> {
         std::fs::create_dir_all(dir)?;
         let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)?
@@ -226,6 +230,8 @@ impl StateMachine {
                     ));
                     meta.last_applied = last_log_id;
                     meta.membership = membership;
+                    growth
+                        .snapshot_installed(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
                     break;
                 }
                 Err(e) => {
@@ -237,6 +243,7 @@ impl StateMachine {
             shared: Arc::new(Shared {
                 store,
                 dir: dir.to_path_buf(),
+                growth,
                 identity,
                 meta: Mutex::new(meta),
             }),
@@ -298,6 +305,7 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let covered_bytes = self.shared.growth.since_snapshot_bytes();
         let (fsm_snapshot, header) = self.consistent_snapshot().map_err(io_err)?;
         let last_log_id = log_id_of(&header);
         let membership: Membership =
@@ -338,6 +346,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             snapshot_id: format!("{header_term}-{header_index}-{crc:08x}"),
         };
         prune_except(&self.shared.dir, &path);
+        self.shared.growth.snapshot_built(covered_bytes, size_bytes);
         self.meta().current_snapshot = Some((meta.clone(), path.clone()));
         let file = tokio::fs::File::open(&path).await.map_err(io_err)?;
         Ok(Snapshot {
@@ -368,6 +377,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // membership) follows right after, so `consistent_snapshot` never
         // pairs a table with the wrong log id.
         let mut replies = Vec::new();
+        let mut applied_bytes = 0u64;
         let mut last_applied = None;
         let mut membership = None;
         let mut batch = self.shared.store.batch();
@@ -387,6 +397,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
                 replies.push(Reply(Ok(cairn_fsm::Applied::Deleted { existed: false })));
                 continue;
+            }
+            if let EntryPayload::Normal(payload) = &entry.payload {
+                applied_bytes += payload.0.len() as u64;
             }
             let reply = match entry.payload {
                 EntryPayload::Blank => {
@@ -435,6 +448,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 meta.membership = m;
             }
         }
+        self.shared.growth.applied(applied_bytes);
         Ok(replies)
     }
 
@@ -500,6 +514,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await
         .map_err(io_err)?
         .map_err(io_err)?;
+        let installed_bytes = std::fs::metadata(&final_path).map(|m| m.len()).unwrap_or(0);
+        self.shared.growth.snapshot_installed(installed_bytes);
         prune_except(&self.shared.dir, &final_path);
         let mut m = self.meta();
         m.last_applied = Some(last_log_id);

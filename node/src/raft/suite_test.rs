@@ -23,8 +23,9 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
         let log = LogStore::open(&log_dir(dir.path()), Default::default()).map_err(setup_error)?;
         let identity = Arc::new(ClusterIdentity::open(dir.path()).map_err(setup_error)?);
         let store = cairn_fsm::Store::new(Default::default());
-        let state_machine =
-            StateMachine::open(&snapshot_dir(dir.path()), store, identity).map_err(setup_error)?;
+        let growth = super::log_growth::LogGrowth::new(64 * 1024 * 1024);
+        let state_machine = StateMachine::open(&snapshot_dir(dir.path()), store, identity, growth)
+            .map_err(setup_error)?;
         Ok((dir, log, state_machine))
     }
 }
