@@ -173,6 +173,43 @@ async fn a_node_restarted_after_compaction_catches_up_through_a_snapshot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_compacted_by_size_long_before_the_entry_count() {
+    // 48 writes of 64 KiB are 3 MiB of log in 48 entries: far below the
+    // 20,000-entry count, three times the 1 MiB byte budget. The leader must
+    // snapshot on size, and every node still serves every write.
+    let mut options = options(3);
+    options.snapshot_log_entries = 20_000;
+    options.extra_args = vec!["--snapshot-log-bytes".into(), "1048576".into()];
+    let cluster = Cluster::start(options);
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let leader_address = cluster.node(leader).client_address.clone();
+    let mut c = client(&leader_address).await;
+    for i in 0..48usize {
+        let name = format!("big-{i:02}");
+        c.write(cairn_proto::v1::WriteRequest {
+            resource: Some(thing(&name, "u1", "", &[7u8; 64 * 1024])),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("write {name}: {e}"));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let status = cluster.status(leader).await.unwrap();
+        if status.snapshot_index > 0 || tokio::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        status.snapshot_index > 0 && status.snapshot_index < 20_000,
+        "no snapshot after 3 MiB of log with a 1 MiB budget: {status:?}"
+    );
+    let expected = names_on(&leader_address).await.unwrap();
+    assert_eq!(expected.len(), 48);
+    wait_converged(&cluster, &cluster.ids(), &expected, Duration::from_secs(30)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_survive_two_failures_and_both_catch_up() {
     // With two of five nodes killed the cluster keeps accepting writes; the two
     // come back and converge on the same data.
