@@ -304,23 +304,24 @@ async fn damaged_or_cut_uploads_change_nothing() {
 
 use futures::StreamExt as _;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restore_whose_leader_is_killed_midway_leaves_every_node_fully_old_or_fully_new() {
-    // The leader dies between the restore's begin and its commit: the next
-    // leader aborts the orphaned restore, every node keeps the old state, and
-    // the same backup then restores completely.
-    let mut cluster = Cluster::start(options(3));
-    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
-    let leader_address = cluster.node(leader).client_address.clone();
-    // ~8 MiB of resources: several 1 MiB chunks, so the restore takes a while.
-    fill(&leader_address, "a", 400, 20 * 1024).await;
+/// A backup of 400 resources of 20 KiB (~8 MiB: several 1 MiB chunks, so a
+/// restore takes a while), and a cluster that then holds another state, `old`.
+struct RestoreScenario {
+    _dir: tempfile::TempDir,
+    backup: std::path::PathBuf,
+    in_backup: BTreeMap<String, Resource>,
+    old: BTreeMap<String, Resource>,
+}
+
+async fn restore_scenario(cluster: &Cluster, leader_address: &str) -> RestoreScenario {
+    fill(leader_address, "a", 400, 20 * 1024).await;
     let dir = tempfile::tempdir().unwrap();
     let backup = dir.path().join("backup.snap");
-    let in_backup = save(&cluster, &backup);
+    let in_backup = save(cluster, &backup);
     // The state the cluster holds when the restore starts: different names.
     for (name, r) in &in_backup {
         if name.as_str() < "a-00200" {
-            let deleted = client(&leader_address)
+            let deleted = client(leader_address)
                 .await
                 .delete(cairn_proto::v1::DeleteRequest {
                     id: r.id.clone(),
@@ -330,9 +331,31 @@ async fn a_restore_whose_leader_is_killed_midway_leaves_every_node_fully_old_or_
             deleted.unwrap();
         }
     }
-    fill(&leader_address, "c", 10, 10).await;
-    let old = things_on(&leader_address).await.unwrap();
+    fill(leader_address, "c", 10, 10).await;
+    let old = things_on(leader_address).await.unwrap();
     assert_eq!(old.len(), 210);
+    RestoreScenario {
+        _dir: dir,
+        backup,
+        in_backup,
+        old,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_whose_leader_is_killed_midway_leaves_every_node_fully_old_or_fully_new() {
+    // The leader dies between the restore's begin and its commit: the next
+    // leader aborts the orphaned restore, every node keeps the old state, and
+    // the same backup then restores completely.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let leader_address = cluster.node(leader).client_address.clone();
+    let RestoreScenario {
+        _dir,
+        backup,
+        in_backup,
+        old,
+    } = restore_scenario(&cluster, &leader_address).await;
 
     let bytes = std::fs::read(&backup).unwrap();
     let address = leader_address.clone();
@@ -380,4 +403,44 @@ async fn a_restore_whose_leader_is_killed_midway_leaves_every_node_fully_old_or_
     .unwrap();
     assert_eq!(count, 400);
     converge(&cluster, &cluster.ids(), &in_backup).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_killed_midway_through_a_restore_comes_back_fully_new() {
+    // A follower dies while it holds the pending restore; the leader and the
+    // other follower are still a quorum, so the restore commits. Restarted,
+    // the follower finishes what its log holds, catches up on the rest, and
+    // ends with exactly the backup: no pending restore, nothing old left.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let leader_address = cluster.node(leader).client_address.clone();
+    let scenario = restore_scenario(&cluster, &leader_address).await;
+    let follower = cluster.ids().into_iter().find(|i| *i != leader).unwrap();
+
+    let bytes = std::fs::read(&scenario.backup).unwrap();
+    let address = leader_address.clone();
+    let restore = tokio::spawn(async move { upload(&address, bytes).await });
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    while pending_on(&cluster, follower).await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the restore never began on node {follower}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.kill(follower);
+    let (_, count) = restore
+        .await
+        .unwrap()
+        .expect("two of three nodes commit the restore");
+    assert_eq!(count, 400);
+    let others: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|i| *i != follower)
+        .collect();
+    converge(&cluster, &others, &scenario.in_backup).await;
+    cluster.restart(follower);
+    converge(&cluster, &cluster.ids(), &scenario.in_backup).await;
+    assert_eq!(pending_on(&cluster, follower).await, None);
 }
