@@ -685,20 +685,23 @@ async fn watch(
         match next {
             Some(Ok(event)) => {
                 match &event.event {
-                    Some(watch_event::Event::EndOfSnapshot(_))
-                    | Some(watch_event::Event::Progress(_)) => {
-                        if resume_from.is_some()
-                            || matches!(event.event, Some(watch_event::Event::EndOfSnapshot(_)))
-                        {
-                            resume_from = Some(event.revision);
-                            open_revision = None;
-                        }
+                    // Everything up to its revision is printed: the snapshot
+                    // ended, or (once live) nothing more matches up to there.
+                    Some(watch_event::Event::EndOfSnapshot(_)) => {
+                        resume_from = Some(event.revision);
+                        open_revision = None;
+                    }
+                    Some(watch_event::Event::Progress(_)) if resume_from.is_some() => {
+                        resume_from = Some(event.revision);
+                        open_revision = None;
                     }
                     Some(watch_event::Event::Upsert(watch_event::Upsert { resource }))
                     | Some(watch_event::Event::Delete(watch_event::Delete { resource }))
                         if resume_from.is_some() =>
                     {
-                        let key = crate::ResourceKey::of(&resource.clone().unwrap_or_default());
+                        let key = crate::ResourceKey::of(
+                            resource.as_ref().unwrap_or(&Default::default()),
+                        );
                         match &mut open_revision {
                             Some((r, keys)) if *r == event.revision => {
                                 if !keys.insert(key) {

@@ -182,6 +182,16 @@ impl Route {
     }
 }
 
+/// The `start_revision` that resumes a watch whose last delivered change was
+/// at `last_seen`: the revision just before it. Several changes can share a
+/// revision (writes batched into one log entry) and a stream can break
+/// between them, so that revision must come again whole; the consumer drops
+/// the changes of it that it already holds. 0 (a new snapshot) when there is
+/// no revision before it.
+pub fn watch_resume_revision(last_seen: u64) -> u64 {
+    last_seen.saturating_sub(1)
+}
+
 /// A server stream of watch events from one node.
 pub struct WatchStream {
     endpoint: String,

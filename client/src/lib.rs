@@ -56,7 +56,7 @@ mod helpers;
 pub mod json;
 pub mod watch_cache;
 
-pub use client::{Client, ClientOptions, WatchStream};
+pub use client::{watch_resume_revision, Client, ClientOptions, WatchStream};
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;
 pub use watch_cache::{

@@ -494,12 +494,10 @@ impl TypeWatcher {
         let mut fresh = true;
         let mut backoff = self.options.retry_backoff_initial;
         loop {
-            // Several changes can share a revision (writes batched into one
-            // log entry), and a stream can break between them: resume just
-            // before the last revision seen, so its changes come again whole;
-            // the ones already applied are dropped by key and version.
+            // Resumed just before the last revision seen; the changes of it
+            // already applied are dropped by key and version (`apply_live`).
             let start_revision = match (fresh, revision) {
-                (false, Some(r)) if r > 1 => r - 1,
+                (false, Some(r)) => crate::watch_resume_revision(r),
                 _ => 0,
             };
             let request = WatchListRequest {

@@ -173,7 +173,6 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
     })
 }
 
-/// A free loopback port (bound, then released, so the node can take it).
 /// A loopback port no other node of this process was given, free when
 /// checked. Taken below Linux's ephemeral range (32768 and up), so an
 /// outgoing connection can never grab it between this check and the node's

@@ -764,14 +764,8 @@ async fn watcher(
     };
     let mut last_revision = 0u64;
     while !stop.load(Ordering::SeqCst) {
-        // Resume just before the last revision seen: the writes of one entry
-        // share a revision and the stream may have broken between them, so
-        // that revision comes again whole (the checker knows a replay).
-        let start_revision = if last_revision > 1 {
-            last_revision - 1
-        } else {
-            0
-        };
+        // That revision comes again whole; the checker knows a replay.
+        let start_revision = cairn_client::watch_resume_revision(last_revision);
         let request = WatchListRequest {
             r#type: Some(resource_type(WorkloadKind::Watch)),
             tenancy: Some(Tenancy {
