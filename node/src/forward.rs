@@ -40,13 +40,7 @@ impl Handle for NodeHandle {
                 hint: self.raft.leader(),
             });
         }
-        let proposed = match command {
-            Command::Write { .. } | Command::Delete { .. } => {
-                self.raft.propose_write(command).await
-            }
-            other => self.raft.propose(&other).await,
-        };
-        match proposed {
+        match self.raft.propose(command).await {
             // openraft answers ForwardToLeader both when it refuses an entry
             // and when an entry it had appended was truncated by a new leader
             // (in clusters of five or more another node may still hold and

@@ -121,7 +121,7 @@ impl Restorer {
                 // node's orphan check) aborts it.
                 let _ = self
                     .raft
-                    .propose(&Command::RestoreAbort {
+                    .propose(Command::RestoreAbort {
                         restore_id: restore_id.clone(),
                     })
                     .await;
@@ -151,7 +151,7 @@ impl Restorer {
             "online restore: begin"
         );
         self.raft
-            .propose(&Command::RestoreBegin {
+            .propose(Command::RestoreBegin {
                 restore_id: restore_id.to_string(),
                 resource_count: header.resource_count,
             })
@@ -200,7 +200,7 @@ impl Restorer {
             let chunk = chunk?;
             sent += chunk.len() as u64;
             self.raft
-                .propose(&Command::RestoreChunk {
+                .propose(Command::RestoreChunk {
                     restore_id: restore_id.to_string(),
                     resources: chunk,
                 })
@@ -212,7 +212,7 @@ impl Restorer {
             .map_err(|e| internal("reading the upload", e))?;
         let (index, applied) = self
             .raft
-            .propose(&Command::RestoreCommit {
+            .propose(Command::RestoreCommit {
                 restore_id: restore_id.to_string(),
             })
             .await?;
@@ -260,7 +260,7 @@ impl Restorer {
             );
             match self
                 .raft
-                .propose(&Command::RestoreAbort {
+                .propose(Command::RestoreAbort {
                     restore_id: pending.restore_id.clone(),
                 })
                 .await

@@ -230,7 +230,7 @@ pub struct RaftHandle {
     /// Shares one leadership confirmation among concurrent strong reads.
     read_batch: read_batch::ReadBatcher,
     /// Gathers concurrent writes into batch entries.
-    write_batch: Arc<write_batch::WriteBatcher>,
+    write_batch: write_batch::WriteBatcher,
     state_machine: StateMachine,
     pub node_id: NodeId,
     pub store: Store,
@@ -351,7 +351,7 @@ impl RaftHandle {
         )
         .await?;
         tokio::spawn(growth.run(raft.clone()));
-        let write_batch = Arc::new(write_batch::WriteBatcher::start(raft.clone(), node_id));
+        let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id);
         Ok(RaftHandle {
             raft,
             read_batch: read_batch::ReadBatcher::new(),
@@ -390,14 +390,16 @@ impl RaftHandle {
     /// node that shuts down, while the entry is in flight may still see it
     /// committed by the next leader: that is reported as `Inconsistent`
     /// (outcome unknown), never as a definite failure.
-    pub async fn propose(&self, command: &Command) -> Result<(u64, Applied), ApiError> {
-        propose_entry(&self.raft, self.node_id, command).await
-    }
-
-    /// As [`RaftHandle::propose`] for a write or delete, which may share its
-    /// entry with other writes (see [`write_batch`]).
-    pub async fn propose_write(&self, command: Command) -> Result<(u64, Applied), ApiError> {
-        self.write_batch.propose(command).await
+    ///
+    /// A write or delete may share its entry with other writes (see
+    /// [`write_batch`]); every other command is an entry of its own.
+    pub async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
+        match command {
+            Command::Write { .. } | Command::Delete { .. } => {
+                self.write_batch.propose(command).await
+            }
+            other => propose_entry(&self.raft, self.node_id, &other).await,
+        }
     }
 
     /// Confirms leadership with a quorum and waits until this node has applied

@@ -475,7 +475,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // into place first.
         let mut received = snapshot.into_std().await;
         let incoming_copy = incoming.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let received_bytes = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
             use std::io::Seek as _;
             use std::os::unix::fs::MetadataExt as _;
             let ours = std::fs::metadata(&incoming_copy).ok();
@@ -487,7 +487,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 std::io::copy(&mut received, &mut copy)?;
                 received = copy;
             }
-            received.sync_all()
+            received.sync_all()?;
+            Ok(received.metadata()?.len())
         })
         .await
         .map_err(io_err)?
@@ -514,8 +515,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await
         .map_err(io_err)?
         .map_err(io_err)?;
-        let installed_bytes = std::fs::metadata(&final_path).map(|m| m.len()).unwrap_or(0);
-        self.shared.growth.snapshot_installed(installed_bytes);
+        self.shared.growth.snapshot_installed(received_bytes);
         prune_except(&self.shared.dir, &final_path);
         let mut m = self.meta();
         m.last_applied = Some(last_log_id);

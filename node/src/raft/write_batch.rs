@@ -2,35 +2,30 @@
 //!
 //! openraft 0.9 appends each `client_write` as its own entry, so writes
 //! proposed one by one each pay for their own log append and durability
-//! point, replication message, follower fsync and apply. Here at most [`IN_FLIGHT_MAX`] proposal is in flight; writes
+//! point, replication message, follower fsync and apply. Here one proposal is
+//! in flight at a time, as etcd's raft does with its `Ready` batches: writes
 //! that arrive while it is in flight wait and then go together as one
 //! `Command::Batch` entry (up to [`BATCH_COMMANDS_MAX`] commands or
 //! [`BATCH_BYTES_MAX`] encoded bytes). A lone write is proposed at once, as
 //! itself: batching adds no latency when there is nothing to batch.
+//!
+//! One in flight was measured against more (an idle 2-core machine, 64
+//! clients on one connection; `docs/benchmarks.md`, "Session 3 changes"): 1
+//! gave 11,700 writes/s at p99 8.0 ms, 2 gave 10,100 at 9.4 ms, 4 gave 9,200
+//! at 10.2 ms; one client's latency was the same for all three.
 //!
 //! Semantics are unchanged: the fsm applies a batch's commands in order, each
 //! with its own outcome, all at the entry's index (their version and their
 //! events' revision). An error of the proposal as a whole (not leader,
 //! leadership lost, Raft stopped) is every command's error.
 
-use std::sync::Arc;
-
 use cairn_fsm::{Applied, Command};
 use cairn_proto::error::ApiError;
 use prost::Message as _;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{propose_entry, NodeId, Raft};
 
-/// Proposals in flight at once before writes start to gather into batches.
-///
-/// One, as etcd's raft does with its `Ready` batches: while a proposal is in
-/// flight the next batch gathers, so each round carries everything that came
-/// in during the previous one. Measured on an idle 2-core machine (64 clients,
-/// one connection, `docs/benchmarks.md`, "Writes, session 3"): 1 in flight gave
-/// 11,700 writes/s at p99 8.0 ms, 2 gave 10,100 at 9.4 ms, 4 gave 9,200 at
-/// 10.2 ms; one client's latency is the same for all three.
-pub const IN_FLIGHT_MAX: usize = 1;
 /// At most this many commands per batch entry.
 pub const BATCH_COMMANDS_MAX: usize = 256;
 /// A batch stops growing once its commands' encoded size reaches this.
@@ -46,7 +41,9 @@ struct Pending {
     reply: oneshot::Sender<Outcome>,
 }
 
-/// Submits writes and deletes; a background task proposes them.
+/// Submits writes and deletes; a background task proposes them. Cheap to
+/// clone (a channel sender).
+#[derive(Clone)]
 pub struct WriteBatcher {
     queue: mpsc::Sender<Pending>,
 }
@@ -82,13 +79,10 @@ impl WriteBatcher {
     }
 }
 
+/// Proposes what queued, one proposal at a time, until every sender is gone.
 async fn run(raft: Raft, node_id: NodeId, mut queue: mpsc::Receiver<Pending>) {
-    let permits = Arc::new(Semaphore::new(IN_FLIGHT_MAX));
     while let Some(first) = queue.recv().await {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
-        // Whatever queued while every permit was taken goes together.
+        // Whatever queued while the previous proposal was in flight goes together.
         let mut size_bytes = first.size_bytes;
         let mut batch = vec![first];
         while batch.len() < BATCH_COMMANDS_MAX && size_bytes < BATCH_BYTES_MAX {
@@ -100,11 +94,7 @@ async fn run(raft: Raft, node_id: NodeId, mut queue: mpsc::Receiver<Pending>) {
                 Err(_) => break,
             }
         }
-        let raft = raft.clone();
-        tokio::spawn(async move {
-            propose_batch(&raft, node_id, batch).await;
-            drop(permit);
-        });
+        propose_batch(&raft, node_id, batch).await;
     }
 }
 
