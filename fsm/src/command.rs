@@ -62,37 +62,17 @@ impl Command {
     pub fn encode(&self) -> Bytes {
         match self {
             Command::Batch { commands } => {
-                // Hand-framed `Command { batch: BatchCommand { commands } }`
-                // around each command's own body, so no resource is cloned.
-                let bodies: Vec<Bytes> = commands
+                let encoded: Vec<Bytes> = commands
                     .iter()
                     .map(|c| {
                         assert!(
                             matches!(c, Command::Write { .. } | Command::Delete { .. }),
                             "a batch holds only writes and deletes"
                         );
-                        c.encode().slice(1..)
+                        c.encode()
                     })
                     .collect();
-                let batch_len: usize = bodies
-                    .iter()
-                    .map(|b| {
-                        key_len(TAG_BATCH_COMMANDS) + encoded_len_varint(b.len() as u64) + b.len()
-                    })
-                    .sum();
-                let total_len =
-                    1 + key_len(TAG_BATCH) + encoded_len_varint(batch_len as u64) + batch_len;
-                let mut buf = Vec::with_capacity(total_len);
-                buf.put_u8(COMMAND_FORMAT_VERSION);
-                encode_key(TAG_BATCH, WireType::LengthDelimited, &mut buf);
-                encode_varint(batch_len as u64, &mut buf);
-                for body in &bodies {
-                    encode_key(TAG_BATCH_COMMANDS, WireType::LengthDelimited, &mut buf);
-                    encode_varint(body.len() as u64, &mut buf);
-                    buf.extend_from_slice(body);
-                }
-                assert_eq!(buf.len(), total_len, "batch length as computed");
-                Bytes::from(buf)
+                Command::encode_batch(&encoded)
             }
             Command::Write { resource } => {
                 // Hand-framed `Command { write: WriteCommand { resource } }` so the
@@ -164,6 +144,40 @@ impl Command {
                 })
             }
         }
+    }
+
+    /// Encodes `Command::Batch` around commands already encoded with
+    /// [`Command::encode`] (each a write or a delete), without decoding or
+    /// re-encoding them: the write batcher encodes each command once, when it
+    /// is submitted, and hands those bytes on. Equal to encoding the batch of
+    /// the decoded commands (a test checks it).
+    pub fn encode_batch(encoded: &[Bytes]) -> Bytes {
+        // Hand-framed `Command { batch: BatchCommand { commands } }` around each
+        // command's own body (its bytes after the version byte).
+        let bodies = encoded.iter().map(|e| {
+            assert_eq!(
+                e.first(),
+                Some(&COMMAND_FORMAT_VERSION),
+                "a batched command is an encoded command"
+            );
+            &e[1..]
+        });
+        let batch_len: usize = bodies
+            .clone()
+            .map(|b| key_len(TAG_BATCH_COMMANDS) + encoded_len_varint(b.len() as u64) + b.len())
+            .sum();
+        let total_len = 1 + key_len(TAG_BATCH) + encoded_len_varint(batch_len as u64) + batch_len;
+        let mut buf = Vec::with_capacity(total_len);
+        buf.put_u8(COMMAND_FORMAT_VERSION);
+        encode_key(TAG_BATCH, WireType::LengthDelimited, &mut buf);
+        encode_varint(batch_len as u64, &mut buf);
+        for body in bodies {
+            encode_key(TAG_BATCH_COMMANDS, WireType::LengthDelimited, &mut buf);
+            encode_varint(body.len() as u64, &mut buf);
+            buf.extend_from_slice(body);
+        }
+        assert_eq!(buf.len(), total_len, "batch length as computed");
+        Bytes::from(buf)
     }
 
     /// Decodes an entry payload. Any unknown version, truncated or garbage

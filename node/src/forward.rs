@@ -33,31 +33,9 @@ impl NodeHandle {
 
 impl Handle for NodeHandle {
     async fn apply(&self, command: Command) -> Result<(u64, Applied), ApiError> {
-        // Refused before proposing: certainly not in the log, safe to retry
-        // at the leader (the Handle contract).
-        if !self.raft.is_leader() {
-            return Err(ApiError::NotLeader {
-                hint: self.raft.leader(),
-            });
-        }
-        match self.raft.propose(command).await {
-            // openraft answers ForwardToLeader both when it refuses an entry
-            // and when an entry it had appended was truncated by a new leader
-            // (in clusters of five or more another node may still hold and
-            // commit that entry). The two cannot be told apart, so after
-            // proposing, a lost leadership is an unknown outcome.
-            Err(ApiError::NotLeader { hint }) => Err(ApiError::Inconsistent(format!(
-                "leadership was lost while the command was proposed (leader now {:?}); \
-                 it may still commit",
-                hint.leader_id
-            ))),
-            // Raft stopping while the command was in flight: it may have been
-            // appended and may commit under the next leader.
-            Err(ApiError::Unavailable(message)) => Err(ApiError::Inconsistent(format!(
-                "{message}; the command may still commit"
-            ))),
-            other => other,
-        }
+        // `RaftHandle::propose` keeps the Handle contract itself: NotLeader or
+        // Unavailable only before proposing, Inconsistent after.
+        self.raft.propose(command).await
     }
 
     fn is_leader(&self) -> bool {

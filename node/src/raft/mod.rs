@@ -267,40 +267,63 @@ pub fn holds_node_state(data_dir: &Path) -> bool {
 
 /// Proposes one entry and waits until it is committed and applied here (the
 /// outcomes are those of [`RaftHandle::propose`]).
+///
+/// This is the one leadership check of a proposal, and the one place that
+/// decides what a lost leadership means: a node that does not lead answers
+/// `NotLeader` without proposing (the command certainly is not in the log, so
+/// the caller may redirect it); once `client_write` was called, openraft's
+/// `ForwardToLeader` is ambiguous — it answers so both when its core refuses
+/// the entry and when an entry it had appended was truncated by a new leader
+/// (in clusters of five or more another node may still hold and commit it) —
+/// so it is `Inconsistent`, an unknown outcome.
 async fn propose_entry(
     raft: &Raft,
     node_id: NodeId,
-    command: &Command,
+    payload: Bytes,
 ) -> Result<(u64, Applied), ApiError> {
-    let was_leader = is_leader(raft, node_id);
-    match raft.client_write(LogPayload(command.encode())).await {
+    if let Some(hint) = not_leader_hint(raft, node_id) {
+        return Err(ApiError::NotLeader { hint });
+    }
+    match raft.client_write(LogPayload(payload)).await {
         Ok(response) => response
             .data
             .0
             .map(|applied| (response.log_id.index, applied)),
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) if !was_leader => {
-            Err(ApiError::NotLeader {
-                hint: leader_hint(f.leader_id, f.leader_node),
-            })
-        }
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
-            Err(ApiError::Inconsistent(
-                "leadership was lost while the write was in flight; it may or may not be applied"
-                    .into(),
-            ))
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+            Err(ApiError::Inconsistent(format!(
+                "leadership was lost while the command was proposed (leader now {:?}); \
+                 it may still commit",
+                f.leader_id
+            )))
         }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
             ApiError::Internal(format!("unexpected membership error on a data write: {e}")),
         ),
         Err(RaftError::Fatal(e)) => Err(ApiError::Inconsistent(format!(
-            "raft stopped while the write was in flight; it may or may not be applied: {e}"
+            "raft stopped while the command was in flight; it may still commit: {e}"
         ))),
     }
 }
 
+/// `None` when this node leads; else the leader as it knows it. Reads
+/// openraft's metrics in place (under their read lock), cloning only the
+/// leader's addresses when it is another node.
+fn not_leader_hint(raft: &Raft, node_id: NodeId) -> Option<LeaderHint> {
+    let metrics = raft.metrics();
+    let m = metrics.borrow();
+    if m.current_leader == Some(node_id) && m.state == ServerState::Leader {
+        return None;
+    }
+    let node = m
+        .current_leader
+        .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
+    Some(leader_hint(m.current_leader, node))
+}
+
 fn is_leader(raft: &Raft, node_id: NodeId) -> bool {
-    let metrics = raft.metrics().borrow().clone();
-    metrics.current_leader == Some(node_id) && metrics.state == ServerState::Leader
+    let metrics = raft.metrics();
+    let m = metrics.borrow();
+    m.current_leader == Some(node_id) && m.state == ServerState::Leader
 }
 
 impl RaftHandle {
@@ -384,12 +407,12 @@ impl RaftHandle {
 
     /// Proposes a command and waits until it is committed and applied here.
     ///
-    /// Outcomes a client can rely on: `NotLeader` only when this node was not
-    /// the leader when the write was submitted (openraft refuses it before
-    /// appending: certainly not applied). A leader that loses leadership, or a
-    /// node that shuts down, while the entry is in flight may still see it
-    /// committed by the next leader: that is reported as `Inconsistent`
-    /// (outcome unknown), never as a definite failure.
+    /// Outcomes a client can rely on (the `cairn_forwarding::Handle`
+    /// contract): `NotLeader` or `Unavailable` only when the command was
+    /// refused before it was proposed (certainly not applied). A leader that
+    /// loses leadership, or a node that shuts down, while the entry is in
+    /// flight may still see it committed by the next leader: that is reported
+    /// as `Inconsistent` (outcome unknown), never as a definite failure.
     ///
     /// A write or delete may share its entry with other writes (see
     /// [`write_batch`]); every other command is an entry of its own.
@@ -398,7 +421,7 @@ impl RaftHandle {
             Command::Write { .. } | Command::Delete { .. } => {
                 self.write_batch.propose(command).await
             }
-            other => propose_entry(&self.raft, self.node_id, &other).await,
+            other => propose_entry(&self.raft, self.node_id, other.encode()).await,
         }
     }
 
@@ -438,15 +461,12 @@ impl RaftHandle {
 
     /// The current leader hint, from this node's metrics.
     pub fn leader(&self) -> LeaderHint {
-        let metrics = self.raft.metrics().borrow().clone();
-        let node = metrics.current_leader.and_then(|id| {
-            metrics
-                .membership_config
-                .membership()
-                .get_node(&id)
-                .cloned()
-        });
-        leader_hint(metrics.current_leader, node)
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let node = m
+            .current_leader
+            .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
+        leader_hint(m.current_leader, node)
     }
 
     /// Waits until the leader hint in this node's metrics differs from

@@ -18,10 +18,14 @@
 //! with its own outcome, all at the entry's index (their version and their
 //! events' revision). An error of the proposal as a whole (not leader,
 //! leadership lost, Raft stopped) is every command's error.
+//!
+//! Each command is encoded once, by [`WriteBatcher::propose`] on the caller's
+//! task; the batch entry is framed around those bytes
+//! (`Command::encode_batch`), and a lone command's bytes are the entry.
 
+use bytes::Bytes;
 use cairn_fsm::{Applied, Command};
 use cairn_proto::error::ApiError;
-use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{propose_entry, NodeId, Raft};
@@ -36,8 +40,8 @@ const QUEUE_MAX: usize = 8192;
 type Outcome = Result<(u64, Applied), ApiError>;
 
 struct Pending {
-    command: Command,
-    size_bytes: usize,
+    /// The command, encoded (`Command::encode`).
+    encoded: Bytes,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -56,26 +60,28 @@ impl WriteBatcher {
     }
 
     /// Proposes a write or delete, alone or in a batch, and waits for its outcome.
+    ///
+    /// A node that is shutting down answers `Unavailable` when the command was
+    /// never queued (certainly not proposed) and `Inconsistent` when it was
+    /// queued and its outcome is lost (it may have been proposed).
     pub async fn propose(&self, command: Command) -> Outcome {
         assert!(
             matches!(command, Command::Write { .. } | Command::Delete { .. }),
             "only writes and deletes are batched"
         );
-        let size_bytes = match &command {
-            Command::Write { resource } => resource.encoded_len(),
-            _ => 64,
-        };
         let (reply, outcome) = oneshot::channel();
-        let stopped = || ApiError::Unavailable("this node is shutting down".into());
-        self.queue
-            .send(Pending {
-                command,
-                size_bytes,
-                reply,
-            })
-            .await
-            .map_err(|_| stopped())?;
-        outcome.await.map_err(|_| stopped())?
+        let pending = Pending {
+            encoded: command.encode(),
+            reply,
+        };
+        if self.queue.send(pending).await.is_err() {
+            return Err(ApiError::Unavailable("this node is shutting down".into()));
+        }
+        outcome.await.unwrap_or_else(|_| {
+            Err(ApiError::Inconsistent(
+                "this node shut down while the command was queued; it may still commit".into(),
+            ))
+        })
     }
 }
 
@@ -83,12 +89,12 @@ impl WriteBatcher {
 async fn run(raft: Raft, node_id: NodeId, mut queue: mpsc::Receiver<Pending>) {
     while let Some(first) = queue.recv().await {
         // Whatever queued while the previous proposal was in flight goes together.
-        let mut size_bytes = first.size_bytes;
+        let mut size_bytes = first.encoded.len();
         let mut batch = vec![first];
         while batch.len() < BATCH_COMMANDS_MAX && size_bytes < BATCH_BYTES_MAX {
             match queue.try_recv() {
                 Ok(p) => {
-                    size_bytes += p.size_bytes;
+                    size_bytes += p.encoded.len();
                     batch.push(p);
                 }
                 Err(_) => break,
@@ -101,14 +107,14 @@ async fn run(raft: Raft, node_id: NodeId, mut queue: mpsc::Receiver<Pending>) {
 async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) {
     if batch.len() == 1 {
         let p = batch.pop().expect("one");
-        let outcome = propose_entry(raft, node_id, &p.command).await;
+        let outcome = propose_entry(raft, node_id, p.encoded).await;
         let _ = p.reply.send(outcome);
         return;
     }
-    let (commands, replies): (Vec<Command>, Vec<oneshot::Sender<Outcome>>) =
-        batch.into_iter().map(|p| (p.command, p.reply)).unzip();
-    let count = commands.len();
-    match propose_entry(raft, node_id, &Command::Batch { commands }).await {
+    let (encoded, replies): (Vec<Bytes>, Vec<oneshot::Sender<Outcome>>) =
+        batch.into_iter().map(|p| (p.encoded, p.reply)).unzip();
+    let count = encoded.len();
+    match propose_entry(raft, node_id, Command::encode_batch(&encoded)).await {
         Ok((index, Applied::Batch(results))) => {
             assert_eq!(results.len(), count, "one outcome per batched command");
             for (result, reply) in results.into_iter().zip(replies) {
