@@ -74,6 +74,9 @@ pub struct ClusterOptions {
     pub powercut: bool,
     /// Kill the nodes when the thread that spawned them exits.
     pub die_with_parent: bool,
+    /// Serve each node's Prometheus metrics on a port of its own
+    /// ([`NodeProcess::metrics_address`]).
+    pub metrics: bool,
 }
 
 impl ClusterOptions {
@@ -89,6 +92,7 @@ impl ClusterOptions {
             network: None,
             powercut: false,
             die_with_parent: false,
+            metrics: false,
         }
     }
 }
@@ -106,6 +110,8 @@ pub struct NodeProcess {
     pub faketime: Option<String>,
     /// The network namespace the node runs in (with [`ClusterOptions::network`]).
     pub namespace: Option<String>,
+    /// Where the node serves Prometheus metrics (with [`ClusterOptions::metrics`]).
+    pub metrics_address: Option<String>,
     /// The power-cut filesystem under the data dir (with [`ClusterOptions::powercut`]).
     disk: Option<PowerCutHandle>,
     child: Option<Child>,
@@ -167,6 +173,8 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
         log_path: root.join(format!("node-{id}.log")),
         bootstrap: vec![],
         faketime: None,
+        metrics_address: (options.metrics && options.network.is_none())
+            .then(|| format!("127.0.0.1:{}", free_port())),
         namespace,
         disk,
         child: None,
@@ -338,6 +346,11 @@ impl Cluster {
                 &options.snapshot_log_entries.to_string(),
             ])
             .args(["--log-level", &options.log_level])
+            .args(
+                node.metrics_address
+                    .iter()
+                    .flat_map(|a| ["--metrics-address", a.as_str()]),
+            )
             .args(&options.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))

@@ -80,6 +80,10 @@ struct AgentArgs {
     log_format: Option<LogFormatArg>,
     #[arg(long)]
     metrics_address: Option<String>,
+    /// Time every stage of each write on the leader into the histogram
+    /// cairn_write_stage_seconds on the metrics port.
+    #[arg(long)]
+    write_stage_timing: bool,
     /// DANGEROUS, test-only: serve strong reads and lists locally without
     /// confirming leadership (stale reads). Used to prove the jepsen suite can fail.
     #[arg(long)]
@@ -308,6 +312,9 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     }
     if let Some(v) = &a.metrics_address {
         put("metrics_address", v.clone().into())
+    }
+    if a.write_stage_timing {
+        put("write_stage_timing", true.into())
     }
     if a.unsafe_local_strong_reads {
         put("unsafe_local_strong_reads", true.into())

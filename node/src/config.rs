@@ -64,6 +64,12 @@ pub struct Config {
     /// Serve Prometheus metrics on this address (`/metrics`); off when absent.
     #[serde(default)]
     pub metrics_address: Option<String>,
+    /// Time every stage of each write on the leader (received, batched,
+    /// proposed, replicated, committed, applied, answered) into the histogram
+    /// `cairn_write_stage_seconds` on the metrics port. Off by default; when
+    /// off it costs one atomic load per stage.
+    #[serde(default)]
+    pub write_stage_timing: bool,
     /// DANGEROUS, for testing the test suite only: serve strong reads and
     /// strong lists from the local state without `ensure_linearizable`, so a
     /// follower or a deposed leader answers them with stale data. The jepsen
@@ -94,6 +100,7 @@ impl Default for Config {
             log_level: "warn".into(),
             log_format: LogFormat::Text,
             metrics_address: None,
+            write_stage_timing: false,
             unsafe_local_strong_reads: false,
         }
     }

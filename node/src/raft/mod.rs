@@ -6,6 +6,7 @@
 mod log_growth;
 mod network;
 pub mod read_batch;
+pub mod stages;
 mod state_machine;
 #[cfg(test)]
 mod suite_test;
@@ -203,6 +204,8 @@ pub struct RaftSettings {
     pub snapshot_log_bytes: u64,
     pub snapshot_chunk_bytes: u64,
     pub max_payload_entries: u64,
+    /// See [`stages`].
+    pub write_stage_timing: bool,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -358,13 +361,16 @@ impl RaftHandle {
         let log_store = LogStore::open(&log_dir(data_dir), cairn_raft_log::LogOptions::default())?;
         let store = Store::new(limits);
         let growth = log_growth::LogGrowth::new(settings.snapshot_log_bytes);
+        let stages = Arc::new(stages::WriteStages::new(settings.write_stage_timing));
         let state_machine = StateMachine::open(
             &snapshot_dir(data_dir),
             store.clone(),
             identity.clone(),
             growth.clone(),
         )?;
-        let network = Network::new(identity.clone());
+        state_machine.set_write_stages(stages.clone());
+        let mut network = Network::new(identity.clone());
+        network.set_write_stages(stages.clone());
         let raft = Raft::new(
             node_id,
             Arc::new(config),
@@ -374,7 +380,7 @@ impl RaftHandle {
         )
         .await?;
         tokio::spawn(growth.run(raft.clone()));
-        let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id);
+        let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id, stages);
         Ok(RaftHandle {
             raft,
             read_batch: read_batch::ReadBatcher::new(),

@@ -25,6 +25,7 @@ use serde::Serialize;
 use std::sync::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
+use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
@@ -47,6 +48,9 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::Decode
 pub struct Network {
     identity: Arc<ClusterIdentity>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The write-stage clock: a follower's acknowledgement of entries is
+    /// their `replicated` time.
+    stages: Arc<WriteStages>,
 }
 
 impl Network {
@@ -54,7 +58,13 @@ impl Network {
         Network {
             identity,
             channels: Arc::new(Mutex::new(HashMap::new())),
+            stages: Arc::new(WriteStages::new(false)),
         }
+    }
+
+    /// Records replication times into `stages`.
+    pub fn set_write_stages(&mut self, stages: Arc<WriteStages>) {
+        self.stages = stages;
     }
 
     fn channel(&self, peer_address: &str) -> Result<Channel, String> {
@@ -151,7 +161,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        self.call(&rpc, &option, Method::AppendEntries).await
+        let sent = rpc.entries.first().zip(rpc.entries.last());
+        let sent = sent.map(|(first, last)| (first.log_id.index, last.log_id.index));
+        let response: AppendEntriesResponse<NodeId> =
+            self.call(&rpc, &option, Method::AppendEntries).await?;
+        if let (Some((first, last)), AppendEntriesResponse::Success) = (sent, &response) {
+            self.network
+                .stages
+                .record_indexes(IndexStage::Replicated, first, last);
+        }
+        Ok(response)
     }
 
     async fn install_snapshot(

@@ -98,6 +98,8 @@ struct Shared {
     growth: Arc<LogGrowth>,
     identity: Arc<ClusterIdentity>,
     meta: Mutex<Meta>,
+    /// The write-stage clock (set once at start; see `super::stages`).
+    stages: std::sync::OnceLock<Arc<super::stages::WriteStages>>,
 }
 
 /// The state machine openraft drives. Cheap to clone (the builder is a clone).
@@ -246,8 +248,21 @@ impl StateMachine {
                 growth,
                 identity,
                 meta: Mutex::new(meta),
+                stages: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Records apply times into `stages` from now on (set once, at start).
+    pub fn set_write_stages(&self, stages: Arc<super::stages::WriteStages>) {
+        let set = self.shared.stages.set(stages);
+        assert!(set.is_ok(), "the write-stage clock is set once");
+    }
+
+    fn record_stage(&self, stage: super::stages::IndexStage, first: u64, last: u64) {
+        if let Some(stages) = self.shared.stages.get() {
+            stages.record_indexes(stage, first, last);
+        }
     }
 
     /// The table at one point in time together with the header describing it
@@ -381,8 +396,17 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut last_applied = None;
         let mut membership = None;
         let mut batch = self.shared.store.batch();
+        let mut first_index = None;
         for entry in entries {
             let log_id = *entry.get_log_id();
+            if first_index.is_none() {
+                first_index = Some(log_id.index);
+                self.record_stage(
+                    super::stages::IndexStage::ApplyStarted,
+                    log_id.index,
+                    log_id.index,
+                );
+            }
             last_applied = Some(log_id);
             // openraft numbers the log from 0 and puts the initial membership
             // there; the fsm's revision 0 means "nothing applied", so entry 0
@@ -437,6 +461,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             replies.push(reply);
         }
         batch.finish();
+        if let (Some(first), Some(last)) = (first_index, last_applied) {
+            // Every entry of the call started applying with the first one.
+            self.record_stage(super::stages::IndexStage::ApplyStarted, first, last.index);
+            self.record_stage(super::stages::IndexStage::Applied, first, last.index);
+        }
         if let Some(log_id) = last_applied {
             let mut meta = self.meta();
             assert!(

@@ -23,11 +23,14 @@
 //! task; the batch entry is framed around those bytes
 //! (`Command::encode_batch`), and a lone command's bytes are the entry.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use cairn_fsm::{Applied, Command};
 use cairn_proto::error::ApiError;
 use tokio::sync::{mpsc, oneshot};
 
+use super::stages::{WriteStages, WriteTimes};
 use super::{propose_entry, NodeId, Raft};
 
 /// At most this many commands per batch entry.
@@ -43,6 +46,8 @@ struct Pending {
     /// The command, encoded (`Command::encode`).
     encoded: Bytes,
     reply: oneshot::Sender<Outcome>,
+    /// When the batcher received it (only with stage timing on).
+    received: Option<std::time::Instant>,
 }
 
 /// Submits writes and deletes; a background task proposes them. Cheap to
@@ -50,13 +55,18 @@ struct Pending {
 #[derive(Clone)]
 pub struct WriteBatcher {
     queue: mpsc::Sender<Pending>,
+    stages: Arc<WriteStages>,
 }
 
 impl WriteBatcher {
-    pub fn start(raft: Raft, node_id: NodeId) -> WriteBatcher {
+    pub fn start(raft: Raft, node_id: NodeId, stages: Arc<WriteStages>) -> WriteBatcher {
         let (queue, receiver) = mpsc::channel(QUEUE_MAX);
-        tokio::spawn(run(raft, node_id, receiver));
-        WriteBatcher { queue }
+        let received_clock = stages.clone();
+        tokio::spawn(run(raft, node_id, receiver, stages));
+        WriteBatcher {
+            queue,
+            stages: received_clock,
+        }
     }
 
     /// Proposes a write or delete, alone or in a batch, and waits for its outcome.
@@ -71,6 +81,7 @@ impl WriteBatcher {
         );
         let (reply, outcome) = oneshot::channel();
         let pending = Pending {
+            received: self.stages.now(),
             encoded: command.encode(),
             reply,
         };
@@ -86,8 +97,14 @@ impl WriteBatcher {
 }
 
 /// Proposes what queued, one proposal at a time, until every sender is gone.
-async fn run(raft: Raft, node_id: NodeId, mut queue: mpsc::Receiver<Pending>) {
+async fn run(
+    raft: Raft,
+    node_id: NodeId,
+    mut queue: mpsc::Receiver<Pending>,
+    stages: Arc<WriteStages>,
+) {
     while let Some(first) = queue.recv().await {
+        let batched = stages.now();
         // Whatever queued while the previous proposal was in flight goes together.
         let mut size_bytes = first.encoded.len();
         let mut batch = vec![first];
@@ -100,16 +117,34 @@ async fn run(raft: Raft, node_id: NodeId, mut queue: mpsc::Receiver<Pending>) {
                 Err(_) => break,
             }
         }
-        propose_batch(&raft, node_id, batch).await;
+        let times: Vec<Option<WriteTimes>> = batch
+            .iter()
+            .map(|p| {
+                p.received.map(|received| WriteTimes {
+                    received,
+                    batched,
+                    proposed: None,
+                })
+            })
+            .collect();
+        let proposed = stages.now();
+        let index = propose_batch(&raft, node_id, batch).await;
+        for mut t in times.into_iter().flatten() {
+            t.proposed = proposed;
+            stages.record_answered(&t, index, 1);
+        }
     }
 }
 
-async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) {
+/// Proposes `batch` as one entry and sends every command its outcome;
+/// returns the entry's index when it was applied.
+async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) -> Option<u64> {
     if batch.len() == 1 {
         let p = batch.pop().expect("one");
         let outcome = propose_entry(raft, node_id, p.encoded).await;
+        let index = outcome.as_ref().ok().map(|(index, _)| *index);
         let _ = p.reply.send(outcome);
-        return;
+        return index;
     }
     let (encoded, replies): (Vec<Bytes>, Vec<oneshot::Sender<Outcome>>) =
         batch.into_iter().map(|p| (p.encoded, p.reply)).unzip();
@@ -120,6 +155,7 @@ async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) {
             for (result, reply) in results.into_iter().zip(replies) {
                 let _ = reply.send(result.map(|a| (index, a)).map_err(ApiError::from));
             }
+            Some(index)
         }
         Ok((index, other)) => {
             for reply in replies {
@@ -127,11 +163,13 @@ async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) {
                     "batch at index {index} applied as {other:?}"
                 ))));
             }
+            None
         }
         Err(error) => {
             for reply in replies {
                 let _ = reply.send(Err(error.clone()));
             }
+            None
         }
     }
 }
