@@ -337,12 +337,15 @@ where
         if end.is_some_and(|end| end <= start) {
             return Ok(Vec::new());
         }
-        let engine = match &self.inner.backend {
+        let (engine, counters) = match &self.inner.backend {
             Backend::Wal(wal) => return wal.read(start, end).await,
-            Backend::Sled(sled) => Arc::clone(&sled.engine),
+            Backend::Sled(sled) => (Arc::clone(&sled.engine), Arc::clone(&sled.counters)),
         };
         run_blocking(move || {
             let raw = engine.read_entries(start, end)?;
+            counters
+                .entries_read_from_disk
+                .fetch_add(raw.len() as u64, std::sync::atomic::Ordering::Relaxed);
             decode_run::<C>(raw)
         })
         .await

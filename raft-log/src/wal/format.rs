@@ -520,7 +520,7 @@ mod tests {
         assert!(scan.uncommitted.is_empty());
         let indexes: Vec<u64> = scan.committed.iter().map(|f| f.index).collect();
         assert_eq!(indexes, (1..=12).collect::<Vec<_>>());
-        assert_eq!(scan.end_offset, scan.nonzero_end);
+        assert!(scan.nonzero_end <= scan.end_offset, "nothing after the last commit");
     }
 
     #[test]

@@ -409,6 +409,10 @@ where
         if from_disk.is_empty() {
             return Ok(from_memory);
         }
+        self.shared
+            .counters
+            .entries_read_from_disk
+            .fetch_add(from_disk.len() as u64, Ordering::Relaxed);
         let check_crc = self.shared.check_crc;
         let mut entries = crate::store::run_blocking(move || read_frames::<C>(&from_disk, check_crc)).await?;
         entries.extend(from_memory);

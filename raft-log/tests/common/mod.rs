@@ -26,6 +26,60 @@ openraft::declare_raft_types!(
 
 pub type Store = cairn_raft_log::LogStore<TestConfig>;
 
+pub use cairn_raft_log::LogEngineKind;
+pub use cairn_raft_log::LogOptions;
+
+/// Both engines: every log-store behaviour test runs against each.
+pub const ENGINES: [LogEngineKind; 2] = [LogEngineKind::Wal, LogEngineKind::Sled];
+
+/// Default options for `engine`.
+pub fn options(engine: LogEngineKind) -> LogOptions {
+    LogOptions::with_engine(engine)
+}
+
+/// WAL options with small segments (so tests rotate often) and a tail of `tail_bytes_max`.
+pub fn small_wal(segment_size_bytes: u64, tail_bytes_max: u64) -> LogOptions {
+    LogOptions {
+        segment_size_bytes,
+        tail_bytes_max,
+        ..LogOptions::with_engine(LogEngineKind::Wal)
+    }
+}
+
+/// The WAL's segment files in `dir`, sorted by name (base index, then id).
+pub fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("segments"))
+        .map(|listing| {
+            listing
+                .filter_map(|item| item.ok().map(|item| item.path()))
+                .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// Generates one `#[test]` per engine for each listed `fn name(engine: LogEngineKind)`:
+/// `name::wal` and `name::sled`.
+#[macro_export]
+macro_rules! for_each_engine {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn wal() {
+                    super::$name(cairn_raft_log::LogEngineKind::Wal)
+                }
+                #[test]
+                fn sled() {
+                    super::$name(cairn_raft_log::LogEngineKind::Sled)
+                }
+            }
+        )*
+    };
+}
+
 /// A log id of term 1 written by node 0.
 pub fn log_id(index: u64) -> LogId<u64> {
     LogId::new(CommittedLeaderId::new(1, 0), index)
