@@ -21,9 +21,11 @@
 //!
 //! Two harsher modes, chosen with [`PowerCutOptions`] (or the binary's flags):
 //! - **torn writes**: a power cut keeps a random prefix of each file's unsynced writes (in the
-//!   order they were made), and the first write not kept whole is *torn*: each of its 512-byte
-//!   sectors independently reached the disk or not (atomic sector writes are not assumed,
-//!   powersafe overwrite is: sectors not written keep their old content);
+//!   order they were made), and the first write not kept whole is *torn*: a random number of
+//!   its 512-byte sectors, chosen at random, reached the disk (the disk writes sectors in an
+//!   order of its own; powersafe overwrite is assumed: sectors not written keep their old
+//!   content, and a sector is written whole or not at all); a sync takes
+//!   [`TORN_MODE_SYNC_LATENCY`], so a cut can come while one is in flight;
 //! - **strict directories**: a file's `fsync` makes its data durable but never its name; a new,
 //!   renamed or deleted name survives only an `fsync` of its directory (and a new directory
 //!   only an `fsync` of its parent).
@@ -145,6 +147,11 @@ pub struct PowerCutOptions {
 
 /// The unit of a torn write.
 pub const SECTOR_BYTES: u64 = 512;
+
+/// Torn-writes mode: how long a sync takes (the filesystem's lock is free meanwhile), like a
+/// disk flushing its cache, so that a power cut can land while a sync is in flight and find
+/// the writes before it still unsynced. A sync overtaken by a cut fails with `EIO`.
+pub const TORN_MODE_SYNC_LATENCY: Duration = Duration::from_micros(200);
 
 /// An unsynced change to a file's content, remembered for torn writes.
 #[derive(Clone, Debug)]
@@ -295,6 +302,10 @@ pub struct PowerCutStats {
     pub directory_syncs: u64,
     /// `write` calls.
     pub writes: u64,
+    /// Torn-writes mode: writes torn by power cuts (some of their sectors lost).
+    pub torn_writes: u64,
+    /// Torn-writes mode: unsynced writes dropped whole by power cuts.
+    pub lost_writes: u64,
 }
 
 struct State {
@@ -313,6 +324,7 @@ struct State {
 }
 
 impl State {
+    #[cfg(test)]
     fn new(uid: u32, gid: u32) -> State {
         State::with_options(uid, gid, PowerCutOptions::default())
     }
@@ -359,9 +371,22 @@ impl State {
             let kept_whole = (self.random() % changes.len() as u64) as usize;
             let torn_sectors: Vec<bool> = match &changes[kept_whole] {
                 PendingWrite::Write { offset, data } => {
+                    // The disk wrote the sectors in an order of its own and stopped after a
+                    // random number of them: a random count of randomly chosen sectors survive.
                     let first = offset / SECTOR_BYTES;
                     let last = (offset + data.len() as u64).div_ceil(SECTOR_BYTES);
-                    (first..last).map(|_| self.random() % 2 == 0).collect()
+                    let sectors = (last - first) as usize;
+                    let survivors = (self.random() % (sectors as u64 + 1)) as usize;
+                    let mut order: Vec<usize> = (0..sectors).collect();
+                    for i in (1..sectors).rev() {
+                        let j = (self.random() % (i as u64 + 1)) as usize;
+                        order.swap(i, j);
+                    }
+                    let mut kept = vec![false; sectors];
+                    for &sector in &order[..survivors] {
+                        kept[sector] = true;
+                    }
+                    kept
                 }
                 PendingWrite::SetLen(_) => Vec::new(),
             };
@@ -380,7 +405,9 @@ impl State {
                     PendingWrite::SetLen(len) => data.resize(*len as usize, 0),
                 }
             }
+            self.stats.lost_writes += (changes.len() - kept_whole - 1) as u64;
             if let PendingWrite::Write { offset, data: bytes } = &changes[kept_whole] {
+                self.stats.torn_writes += 1;
                 let first_sector = offset / SECTOR_BYTES;
                 for (position, keep) in torn_sectors.iter().enumerate() {
                     if !keep {
@@ -635,6 +662,16 @@ fn time_of(time: TimeOrNow) -> SystemTime {
 /// The [`fuser::Filesystem`] implementation; shared state with [`PowerCutHandle`].
 struct PowerCutFilesystem {
     state: Arc<Mutex<State>>,
+}
+
+impl PowerCutFilesystem {
+    /// Torn-writes mode: waits like a disk flush, without holding the state lock.
+    fn sync_latency(&self) {
+        let torn = self.state.lock().options.torn_writes_seed.is_some();
+        if torn {
+            std::thread::sleep(TORN_MODE_SYNC_LATENCY);
+        }
+    }
 }
 
 impl Filesystem for PowerCutFilesystem {
@@ -1035,6 +1072,7 @@ impl Filesystem for PowerCutFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.sync_latency();
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_file(ino.0)) {
             Ok(()) => reply.ok(),
@@ -1118,6 +1156,7 @@ impl Filesystem for PowerCutFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.sync_latency();
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_dir(ino.0)) {
             Ok(()) => reply.ok(),

@@ -87,7 +87,12 @@ pub fn log_id(index: u64) -> LogId<u64> {
 
 /// The payload stored at `index`, a pure function of the index so any process can check it.
 pub fn payload_for(index: u64) -> Vec<u8> {
-    let len = 16 + (index % 240) as usize;
+    payload_scaled(index, 1)
+}
+
+/// [`payload_for`] with `scale` times the length (16 + scale × (index % 240) bytes).
+pub fn payload_scaled(index: u64, scale: usize) -> Vec<u8> {
+    let len = 16 + scale * (index % 240) as usize;
     let mut state = index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
     (0..len)
         .map(|_| {
@@ -101,19 +106,29 @@ pub fn payload_for(index: u64) -> Vec<u8> {
 
 /// A normal entry at `index` carrying `payload_for(index)`.
 pub fn entry(index: u64) -> Entry<TestConfig> {
+    entry_scaled(index, 1)
+}
+
+/// A normal entry at `index` carrying `payload_scaled(index, scale)`.
+pub fn entry_scaled(index: u64, scale: usize) -> Entry<TestConfig> {
     Entry {
         log_id: log_id(index),
-        payload: EntryPayload::Normal(Command(payload_for(index))),
+        payload: EntryPayload::Normal(Command(payload_scaled(index, scale))),
     }
 }
 
 /// Checks that `got` is exactly the entry the tests write at `index`.
 pub fn check_entry(index: u64, got: &Entry<TestConfig>) -> Result<(), String> {
+    check_entry_scaled(index, got, 1)
+}
+
+/// Checks that `got` is exactly `entry_scaled(index, scale)`.
+pub fn check_entry_scaled(index: u64, got: &Entry<TestConfig>, scale: usize) -> Result<(), String> {
     if got.log_id != log_id(index) {
         return Err(format!("entry {index} has log id {}", got.log_id));
     }
     match &got.payload {
-        EntryPayload::Normal(Command(bytes)) if *bytes == payload_for(index) => Ok(()),
+        EntryPayload::Normal(Command(bytes)) if *bytes == payload_scaled(index, scale) => Ok(()),
         other => Err(format!("entry {index} has the wrong payload: {other:?}")),
     }
 }
