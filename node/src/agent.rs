@@ -79,6 +79,7 @@ impl Agent {
             snapshot_log_bytes: config.snapshot_log_bytes,
             snapshot_chunk_bytes: config.snapshot_chunk_bytes,
             max_payload_entries: 64,
+            log_engine: config.log_engine,
         };
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(

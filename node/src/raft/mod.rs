@@ -203,6 +203,8 @@ pub struct RaftSettings {
     pub snapshot_log_bytes: u64,
     pub snapshot_chunk_bytes: u64,
     pub max_payload_entries: u64,
+    /// The Raft log's storage engine (`log_engine` in the configuration).
+    pub log_engine: cairn_raft_log::LogEngineKind,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -332,7 +334,10 @@ impl RaftHandle {
             ..Default::default()
         }
         .validate()?;
-        let log_store = LogStore::open(&log_dir(data_dir), cairn_raft_log::LogOptions::default())?;
+        let log_store = LogStore::open(
+            &log_dir(data_dir),
+            cairn_raft_log::LogOptions::with_engine(settings.log_engine),
+        )?;
         let store = Store::new(limits);
         let growth = log_growth::LogGrowth::new(settings.snapshot_log_bytes);
         let state_machine = StateMachine::open(
