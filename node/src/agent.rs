@@ -80,6 +80,7 @@ impl Agent {
             snapshot_chunk_bytes: config.snapshot_chunk_bytes,
             max_payload_entries: 64,
             write_stage_timing: config.write_stage_timing,
+            log_engine: config.log_engine,
         };
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(

@@ -70,6 +70,11 @@ pub struct Config {
     /// off it costs one atomic load per stage.
     #[serde(default)]
     pub write_stage_timing: bool,
+    /// The Raft log's storage engine: `wal` (the segmented write-ahead log, default) or
+    /// `sled`. A data dir records the engine that wrote it; starting it with the other one
+    /// is refused with a message saying what to do.
+    #[serde(default)]
+    pub log_engine: cairn_raft_log::LogEngineKind,
     /// DANGEROUS, for testing the test suite only: serve strong reads and
     /// strong lists from the local state without `ensure_linearizable`, so a
     /// follower or a deposed leader answers them with stale data. The jepsen
@@ -101,6 +106,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             metrics_address: None,
             write_stage_timing: false,
+            log_engine: cairn_raft_log::LogEngineKind::Wal,
             unsafe_local_strong_reads: false,
         }
     }
@@ -290,6 +296,25 @@ mod tests {
         assert!(e.to_string().contains("peer_address"), "{e}");
         let e = Config::load(Some(&file), flags(serde_json::json!({"node_id": 7}))).unwrap_err();
         assert!(e.to_string().contains("members"), "{e}");
+    }
+
+    #[test]
+    fn log_engine_defaults_to_wal_and_a_bad_name_is_refused_naming_the_field() {
+        // No setting: the WAL. `sled` is accepted; a typo fails naming `log_engine`.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
+        assert_eq!(c.log_engine, cairn_raft_log::LogEngineKind::Wal);
+        let c = Config::load(Some(&file), flags(serde_json::json!({"log_engine": "sled"}))).unwrap();
+        assert_eq!(c.log_engine, cairn_raft_log::LogEngineKind::Sled);
+        let e = Config::load(Some(&file), flags(serde_json::json!({"log_engine": "rocks"})))
+            .unwrap_err();
+        assert!(e.to_string().contains("log_engine"), "{e}");
     }
 
     #[test]

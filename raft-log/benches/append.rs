@@ -1,19 +1,23 @@
-//! Durable appends per second on sled (one durability point per append) for batches of 1, 16
-//! and 256 entries of 256 bytes, side by side with the physical limit measured in the same run
-//! on the same disk: a raw `write` of the same number of bytes followed by `fdatasync`.
-//! Also: batch-1 appends with 8 in flight (as openraft pipelines them), to show group commit.
+//! Durable appends of 512-byte entries, one append call and its durability point per
+//! iteration, for batches of 1 and 256 entries: the WAL and sled through `LogStore`, side by
+//! side with the physical limit measured in the same run on the same disk — one `write` of
+//! the same number of bytes plus `fdatasync`, three ways: appending to a growing file,
+//! writing into a freshly `fallocate`d file (what the WAL does), and overwriting blocks that
+//! were already written. Also: batch-1 appends with 8 in flight (as openraft pipelines them),
+//! to show group commit.
 //!
-//! Run: `CARGO_TARGET_DIR=/work/target-raftlog cargo bench -p cairn-raft-log --bench append`
+//! Run: `cargo bench -p cairn-raft-log --bench append` (add `-- --quick` for a short run).
 //! The files live in `CAIRN_BENCH_DIR` (default: the system temp dir).
 
 use std::fs::OpenOptions;
-use std::io::Cursor;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
 
+use cairn_raft_log::LogEngineKind;
 use cairn_raft_log::LogOptions;
 use cairn_raft_log::LogStore;
 use criterion::criterion_group;
@@ -39,10 +43,15 @@ openraft::declare_raft_types!(
         R = (),
 );
 
-const ENTRY_PAYLOAD_BYTES: usize = 256;
-const BATCH_SIZES: [u64; 3] = [1, 16, 256];
+const ENTRY_PAYLOAD_BYTES: usize = 512;
+/// A WAL frame's bytes beyond the payload: 24-byte header, the entry's log id and enum tags
+/// (about 8 bytes), padding.
+const FRAME_OVERHEAD_BYTES: usize = 32;
+/// The commit frame closing every batch.
+const COMMIT_FRAME_BYTES: usize = 40;
+const BATCH_SIZES: [u64; 2] = [1, 256];
 const PIPELINE_DEPTH: usize = 8;
-/// Size of the preallocated file of the in-place baseline.
+/// Size of the preallocated files of the raw baselines.
 const PREALLOCATED_BYTES: u64 = 64 * 1024 * 1024;
 
 fn bench_dir() -> tempfile::TempDir {
@@ -59,13 +68,19 @@ fn entry(index: u64) -> Entry<BenchConfig> {
     }
 }
 
+fn fallocate(file: &std::fs::File, len_bytes: u64) {
+    // SAFETY: fallocate on a file descriptor we own.
+    let ret = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len_bytes as libc::off_t) };
+    assert_eq!(ret, 0, "fallocate: {}", std::io::Error::last_os_error());
+}
+
 fn appends(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
-    let mut group = c.benchmark_group("durable_append");
+    let mut group = c.benchmark_group("durable_append_512b");
     group.sample_size(20);
     group.warm_up_time(Duration::from_secs(2));
     group.measurement_time(Duration::from_secs(6));
@@ -73,38 +88,41 @@ fn appends(c: &mut Criterion) {
     for batch in BATCH_SIZES {
         group.throughput(Throughput::Elements(batch));
 
-        // sled through LogStore: one append call = one batch + one durability point.
-        let dir = bench_dir();
-        let store =
-            LogStore::<BenchConfig>::open(dir.path(), LogOptions::default()).expect("open store");
-        let mut next_index = 1u64;
-        group.bench_with_input(
-            BenchmarkId::new("sled_logstore", batch),
-            &batch,
-            |b, &batch| {
-                b.iter(|| {
-                    let entries: Vec<_> = (next_index..next_index + batch).map(entry).collect();
-                    next_index += batch;
-                    runtime
-                        .block_on(store.append_durable(entries))
-                        .expect("append");
-                })
-            },
-        );
-        drop(store);
+        for engine in [LogEngineKind::Wal, LogEngineKind::Sled] {
+            // One append call = one batch + one durability point.
+            let dir = bench_dir();
+            let store = LogStore::<BenchConfig>::open(dir.path(), LogOptions::with_engine(engine))
+                .expect("open store");
+            let mut next_index = 1u64;
+            group.bench_with_input(
+                BenchmarkId::new(format!("{engine}_logstore"), batch),
+                &batch,
+                |b, &batch| {
+                    b.iter(|| {
+                        let entries: Vec<_> = (next_index..next_index + batch).map(entry).collect();
+                        next_index += batch;
+                        runtime
+                            .block_on(store.append_durable(entries))
+                            .expect("append");
+                    })
+                },
+            );
+            drop(store);
+        }
 
-        // The physical limit, same bytes, same disk: one write + fdatasync per append. Two
-        // flavours: appending to a growing file (each fdatasync also commits the new size in
-        // the ext4 journal), and overwriting a preallocated file in place (data only).
+        // The physical limit, same bytes (the WAL's frames and commit), same disk.
         let raw_dir = bench_dir();
-        let bytes = vec![0x5Au8; batch as usize * (ENTRY_PAYLOAD_BYTES + 32)];
+        let bytes = vec![
+            0x5Au8;
+            batch as usize * (ENTRY_PAYLOAD_BYTES + FRAME_OVERHEAD_BYTES) + COMMIT_FRAME_BYTES
+        ];
         let mut growing = OpenOptions::new()
             .create(true)
             .append(true)
             .open(raw_dir.path().join("growing.log"))
             .expect("open raw file");
         group.bench_with_input(
-            BenchmarkId::new("raw_append_fdatasync", batch),
+            BenchmarkId::new("raw_append_growing_file_fdatasync", batch),
             &batch,
             |b, _| {
                 b.iter(|| {
@@ -113,29 +131,58 @@ fn appends(c: &mut Criterion) {
                 })
             },
         );
-        let preallocated_path = raw_dir.path().join("preallocated.log");
-        let preallocated = OpenOptions::new()
+        let fallocated = OpenOptions::new()
             .create(true)
             .truncate(true)
             .read(true)
             .write(true)
-            .open(&preallocated_path)
-            .expect("open preallocated file");
-        let slots = (PREALLOCATED_BYTES / bytes.len() as u64).max(1);
-        preallocated
-            .write_all_at(&vec![0u8; (slots * bytes.len() as u64) as usize], 0)
-            .expect("preallocate");
-        preallocated.sync_all().expect("fsync preallocated");
-        let mut slot = 0u64;
+            .open(raw_dir.path().join("fallocated.log"))
+            .expect("open fallocated file");
+        fallocate(&fallocated, PREALLOCATED_BYTES);
+        fallocated.sync_all().expect("fsync fallocated");
+        let mut fallocated_offset = 0u64;
         group.bench_with_input(
-            BenchmarkId::new("raw_overwrite_fdatasync", batch),
+            BenchmarkId::new("raw_write_fallocated_file_fdatasync", batch),
             &batch,
             |b, _| {
                 b.iter(|| {
-                    preallocated
+                    if fallocated_offset + bytes.len() as u64 > PREALLOCATED_BYTES {
+                        // Start over in a new preallocated file, as the WAL rotates.
+                        fallocated.set_len(0).expect("truncate");
+                        fallocate(&fallocated, PREALLOCATED_BYTES);
+                        fallocated.sync_all().expect("fsync");
+                        fallocated_offset = 0;
+                    }
+                    fallocated
+                        .write_all_at(&bytes, fallocated_offset)
+                        .expect("write");
+                    fallocated.sync_data().expect("fdatasync");
+                    fallocated_offset += bytes.len() as u64;
+                })
+            },
+        );
+        let written = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(raw_dir.path().join("written.log"))
+            .expect("open written file");
+        let slots = (PREALLOCATED_BYTES / bytes.len() as u64).max(1);
+        written
+            .write_all_at(&vec![0u8; (slots * bytes.len() as u64) as usize], 0)
+            .expect("prewrite");
+        written.sync_all().expect("fsync prewritten");
+        let mut slot = 0u64;
+        group.bench_with_input(
+            BenchmarkId::new("raw_overwrite_written_blocks_fdatasync", batch),
+            &batch,
+            |b, _| {
+                b.iter(|| {
+                    written
                         .write_all_at(&bytes, (slot % slots) * bytes.len() as u64)
                         .expect("write");
-                    preallocated.sync_data().expect("fdatasync");
+                    written.sync_data().expect("fdatasync");
                     slot += 1;
                 })
             },
@@ -144,49 +191,48 @@ fn appends(c: &mut Criterion) {
 
     // Group commit: batch-1 appends with several in flight share durability points.
     group.throughput(Throughput::Elements(1));
-    let dir = bench_dir();
-    let store =
-        LogStore::<BenchConfig>::open(dir.path(), LogOptions::default()).expect("open store");
-    let mut next_index = 1u64;
-    group.bench_function(
-        BenchmarkId::new("sled_logstore_pipelined_8_in_flight", 1),
-        |b| {
-            b.iter_custom(|iterations| {
-                runtime.block_on(async {
-                    let slots = Arc::new(tokio::sync::Semaphore::new(PIPELINE_DEPTH));
-                    let started = Instant::now();
-                    for _ in 0..iterations {
-                        let permit = Arc::clone(&slots).acquire_owned().await.expect("semaphore");
-                        let entries = vec![entry(next_index)];
-                        next_index += 1;
-                        store
-                            .append_with_callback(
-                                entries,
-                                Box::new(move |result| {
-                                    result.expect("durable");
-                                    drop(permit);
-                                }),
-                            )
+    for engine in [LogEngineKind::Wal, LogEngineKind::Sled] {
+        let dir = bench_dir();
+        let store = LogStore::<BenchConfig>::open(dir.path(), LogOptions::with_engine(engine))
+            .expect("open store");
+        let mut next_index = 1u64;
+        group.bench_function(
+            BenchmarkId::new(format!("{engine}_logstore_pipelined_8_in_flight"), 1),
+            |b| {
+                b.iter_custom(|iterations| {
+                    runtime.block_on(async {
+                        let slots = Arc::new(tokio::sync::Semaphore::new(PIPELINE_DEPTH));
+                        let started = Instant::now();
+                        for _ in 0..iterations {
+                            let permit =
+                                Arc::clone(&slots).acquire_owned().await.expect("semaphore");
+                            let entries = vec![entry(next_index)];
+                            next_index += 1;
+                            store
+                                .append_with_callback(
+                                    entries,
+                                    Box::new(move |result| {
+                                        result.expect("durable");
+                                        drop(permit);
+                                    }),
+                                )
+                                .await
+                                .expect("append");
+                        }
+                        // Wait for the last appends to become durable.
+                        let _all = slots
+                            .acquire_many(PIPELINE_DEPTH as u32)
                             .await
-                            .expect("append");
-                    }
-                    // Wait for the last appends to become durable.
-                    let _all = slots
-                        .acquire_many(PIPELINE_DEPTH as u32)
-                        .await
-                        .expect("drain");
-                    started.elapsed()
+                            .expect("drain");
+                        started.elapsed()
+                    })
                 })
-            })
-        },
-    );
-    drop(store);
+            },
+        );
+        drop(store);
+    }
     group.finish();
 }
-
-/// Keeps `Cursor` (used by `declare_raft_types!`) referenced.
-#[allow(dead_code)]
-type SnapshotData = Cursor<Vec<u8>>;
 
 criterion_group!(benches, appends);
 criterion_main!(benches);

@@ -66,6 +66,14 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::error:
     bincode::serde::encode_to_vec(value, bincode_config())
 }
 
+/// Encodes a value with bincode 2 (serde) at the end of `out`; returns the bytes written.
+pub(crate) fn encode_into<T: Serialize>(
+    value: &T,
+    out: &mut Vec<u8>,
+) -> Result<usize, bincode::error::EncodeError> {
+    bincode::serde::encode_into_std_write(value, out, bincode_config())
+}
+
 /// Decodes a value with bincode 2 (serde); trailing bytes are an error.
 pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
     let (value, read_len_bytes): (T, usize) =

@@ -44,7 +44,7 @@ pub trait LogEngine: Send + Sync + 'static {
 }
 
 /// sled's page cache size.
-const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+pub(crate) const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Name of the sled tree holding the entries.
 const ENTRIES_TREE: &str = "entries";
@@ -66,6 +66,8 @@ pub struct SledEngine {
     path: PathBuf,
     /// `false` only in tests that prove the power-cut test catches a missing fsync.
     fsync: bool,
+    /// `false` only in tests that prove the power-cut test catches a missing directory fsync.
+    fsync_directories: bool,
     sync_state: Mutex<SyncState>,
 }
 
@@ -90,6 +92,17 @@ impl SledEngine {
     /// Opens (creating if needed) a sled database at `path`. With `fsync = false` the engine
     /// skips its fsyncs (sled still writes its buffers): only for tests.
     pub fn open(path: &Path, fsync: bool) -> Result<SledEngine, LogError> {
+        Self::open_with(path, fsync, fsync, CACHE_CAPACITY_BYTES)
+    }
+
+    /// [`SledEngine::open`] with each kind of fsync switchable (tests only) and a page cache of
+    /// `cache_capacity_bytes`.
+    pub fn open_with(
+        path: &Path,
+        fsync: bool,
+        fsync_directories: bool,
+        cache_capacity_bytes: u64,
+    ) -> Result<SledEngine, LogError> {
         let db = sled::Config::new()
             .path(path)
             // Durability is ours: no periodic background flush (which would also fsync at
@@ -98,7 +111,7 @@ impl SledEngine {
             // sled's default page cache is 1 GiB. The log is read back only to
             // replicate recent entries and is purged behind every snapshot, so
             // a small cache serves it; the memory belongs to the state machine.
-            .cache_capacity(CACHE_CAPACITY_BYTES)
+            .cache_capacity(cache_capacity_bytes)
             .open()?;
         let entries = db.open_tree(ENTRIES_TREE)?;
         let meta = db.open_tree(META_TREE)?;
@@ -108,12 +121,13 @@ impl SledEngine {
             meta,
             path: path.to_path_buf(),
             fsync,
+            fsync_directories,
             sync_state: Mutex::new(SyncState::default()),
         };
         // Make the freshly created files and directories durable before anyone relies on them,
         // including sled's own directory entry in its parent.
         engine.sync()?;
-        if let Some(parent) = path.parent() {
+        if let Some(parent) = path.parent().filter(|_| fsync_directories) {
             crate::lock::fsync_directory(parent)?;
         }
         Ok(engine)
@@ -197,7 +211,7 @@ impl SledEngine {
                 }
             }
             let names_changed = before.map(|b| !b.keys().eq(now.keys())).unwrap_or(true);
-            if names_changed {
+            if names_changed && self.fsync_directories {
                 let handle = File::open(&dir)
                     .map_err(|e| LogError::io(format!("open directory {}", dir.display()), e))?;
                 handle

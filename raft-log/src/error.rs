@@ -10,6 +10,32 @@ pub enum LogError {
     #[error("raft log entry at index {index} is corrupt: {reason}")]
     Corrupt { index: u64, reason: String },
 
+    /// A WAL segment is damaged before its tail, or missing: `segment` is its file name and
+    /// `index` the first log index that cannot be read back.
+    #[error("raft log segment {segment} is corrupt at entry index {index} (byte offset {offset_bytes}): {reason}")]
+    CorruptSegment {
+        segment: String,
+        index: u64,
+        offset_bytes: u64,
+        reason: String,
+    },
+
+    /// The data directory was written by another log engine than the one requested.
+    #[error(
+        "the raft log in {dir} was written by the `{found}` log engine, but this node is set to use `{requested}`: \
+         set `log_engine = \"{found}\"` (or CAIRN_LOG_ENGINE={found}) to keep using this data dir; \
+         to switch engines, stop the node, move its data dir aside and let it rejoin the cluster (or restore a snapshot)"
+    )]
+    EngineMismatch {
+        dir: PathBuf,
+        found: crate::LogEngineKind,
+        requested: crate::LogEngineKind,
+    },
+
+    /// An option of [`crate::LogOptions`] is out of range.
+    #[error("raft log option `{option}`: {reason}")]
+    InvalidOption { option: &'static str, reason: String },
+
     /// A stored metadata value (vote, purged or committed log id) is corrupt.
     #[error("raft log metadata `{key}` is corrupt: {reason}")]
     CorruptMeta { key: &'static str, reason: String },
@@ -74,7 +100,9 @@ impl LogError {
     /// The index named by a corruption error, if this is one.
     pub fn corrupt_index(&self) -> Option<u64> {
         match self {
-            LogError::Corrupt { index, .. } => Some(*index),
+            LogError::Corrupt { index, .. } | LogError::CorruptSegment { index, .. } => {
+                Some(*index)
+            }
             _ => None,
         }
     }

@@ -1,7 +1,6 @@
 //! [`LogStore`]: the openraft-facing handle.
 
 use std::fmt::Debug;
-use std::marker::PhantomData;
 use std::ops::Bound;
 use std::ops::RangeBounds;
 use std::path::Path;
@@ -34,6 +33,9 @@ use crate::writer::Counters;
 use crate::writer::LogStats;
 use crate::writer::Request;
 use crate::writer::Writer;
+use crate::wal::Wal;
+use crate::LogEngineKind;
+use crate::LogOptions;
 use crate::writer::META_COMMITTED;
 use crate::writer::META_PURGED;
 use crate::writer::META_VOTE;
@@ -41,33 +43,22 @@ use crate::DirLock;
 use crate::DurableCallback;
 use crate::LogError;
 
-/// Name of the sled directory inside a log store's directory.
-pub const SLED_SUBDIR: &str = "sled";
+/// Name of the sled directory inside a log store's directory (sled engine).
+pub const SLED_SUBDIR: &str = crate::marker::SLED_SUBDIR;
 
 /// How many entries the open-time verification reads at a time.
 const VERIFY_CHUNK_ENTRIES: u64 = 4096;
 
-/// Options of [`LogStore::open`].
-#[derive(Clone, Debug, Default)]
-pub struct LogOptions {
-    /// **Dangerous, tests only.** Skip the fsyncs after sled's flush: appends are acknowledged
-    /// once written to the page cache, so a power cut loses acknowledged entries. Exists so the
-    /// power-cut test can prove it detects exactly that. Default `false`.
-    pub unsafe_skip_fsync_for_tests: bool,
-}
-
 /// A durable Raft log for the type config `C`: a cheap `Clone` handle implementing openraft's
 /// `RaftLogReader` and `RaftLogStorage`. See the crate documentation for the concurrency model.
 pub struct LogStore<C: RaftTypeConfig> {
-    inner: Arc<Inner>,
-    _types: PhantomData<fn() -> C>,
+    inner: Arc<Inner<C>>,
 }
 
 impl<C: RaftTypeConfig> Clone for LogStore<C> {
     fn clone(&self) -> Self {
         LogStore {
             inner: Arc::clone(&self.inner),
-            _types: PhantomData,
         }
     }
 }
@@ -76,21 +67,42 @@ impl<C: RaftTypeConfig> Debug for LogStore<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogStore")
             .field("dir", &self.inner.dir)
+            .field("engine", &self.inner.engine_kind())
             .finish()
     }
 }
 
-struct Inner {
+struct Inner<C: RaftTypeConfig> {
+    /// Dropped first: stops the engine's threads.
+    backend: Backend<C>,
+    dir: PathBuf,
+    /// Released last, after the threads have stopped.
+    _lock: DirLock,
+}
+
+impl<C: RaftTypeConfig> Inner<C> {
+    fn engine_kind(&self) -> LogEngineKind {
+        match self.backend {
+            Backend::Sled(_) => LogEngineKind::Sled,
+            Backend::Wal(_) => LogEngineKind::Wal,
+        }
+    }
+}
+
+enum Backend<C: RaftTypeConfig> {
+    Sled(SledBackend),
+    Wal(Wal<C>),
+}
+
+/// A [`LogEngine`] driven by the writer and syncer threads (`writer.rs`).
+struct SledBackend {
     engine: Arc<dyn LogEngine>,
     counters: Arc<Counters>,
     requests: Option<mpsc::Sender<Request>>,
     writer: Option<JoinHandle<()>>,
-    dir: PathBuf,
-    /// Released last, after the writer thread has stopped.
-    _lock: DirLock,
 }
 
-impl Drop for Inner {
+impl Drop for SledBackend {
     fn drop(&mut self) {
         // Closing the channel stops the writer after its current group; wait for it so that the
         // engine is quiet before the directory lock is released.
@@ -112,6 +124,22 @@ impl Drop for Inner {
     }
 }
 
+impl SledBackend {
+    fn send(&self, request: Request) -> Result<(), LogError> {
+        let requests = self.requests.as_ref().ok_or(LogError::WriterStopped)?;
+        requests.send(request).map_err(|_| LogError::WriterStopped)
+    }
+
+    async fn request(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<(), LogError>>) -> Request,
+    ) -> Result<(), LogError> {
+        let (done, reply) = oneshot::channel();
+        self.send(make(done))?;
+        reply.await.map_err(|_| LogError::WriterStopped)?
+    }
+}
+
 /// What the open-time verification found.
 struct Verified {
     last_index: Option<u64>,
@@ -121,31 +149,62 @@ struct Verified {
 impl<C> LogStore<C>
 where
     C: RaftTypeConfig,
-    C::Entry: Serialize + DeserializeOwned,
+    C::Entry: Serialize + DeserializeOwned + Clone,
 {
-    /// Opens (creating if needed) the log store in `dir`: takes the directory lock, opens sled
-    /// in `dir/sled`, verifies every stored entry (checksum, index, contiguity) and the metadata,
-    /// and starts the writer and syncer threads. Blocking: call it at start-up or on a blocking
-    /// thread. `dir` must be the store's own directory (e.g. `<data dir>/raft-log`), not a
-    /// directory that the caller already holds a [`DirLock`] on: that would be refused as
-    /// [`LogError::Locked`] naming our own pid.
+    /// Opens (creating if needed) the log store in `dir` with the engine `options.engine`:
+    /// takes the directory lock, checks that the directory was written by that engine (or
+    /// records it, for a new directory), recovers and verifies what is stored, and starts the
+    /// engine's threads. Blocking: call it at start-up or on a blocking thread. `dir` must be
+    /// the store's own directory (e.g. `<data dir>/raft-log`), not a directory that the caller
+    /// already holds a [`DirLock`] on: that would be refused as [`LogError::Locked`] naming our
+    /// own pid.
     ///
-    /// Dropping the last handle stops the threads and waits for the syncer's current group.
+    /// Dropping the last handle stops the threads after their current group.
     pub fn open(dir: &Path, options: LogOptions) -> Result<LogStore<C>, LogError> {
         let lock = DirLock::acquire(dir)?;
-        let engine =
-            SledEngine::open(&dir.join(SLED_SUBDIR), !options.unsafe_skip_fsync_for_tests)?;
-        if options.unsafe_skip_fsync_for_tests {
-            tracing::warn!(dir = %dir.display(), "raft log opened with unsafe_skip_fsync_for_tests: acknowledged entries can be lost");
+        crate::marker::check_or_record(
+            dir,
+            options.engine,
+            !options.unsafe_skip_directory_fsync_for_tests,
+        )?;
+        match options.engine {
+            LogEngineKind::Sled => {
+                let engine = SledEngine::open_with(
+                    &dir.join(SLED_SUBDIR),
+                    !options.unsafe_skip_fsync_for_tests,
+                    !options.unsafe_skip_directory_fsync_for_tests,
+                    crate::engine::CACHE_CAPACITY_BYTES,
+                )?;
+                if options.is_unsafe() {
+                    tracing::warn!(dir = %dir.display(), ?options, "raft log opened with unsafe test switches: acknowledged entries can be lost");
+                }
+                Self::open_sled(lock, Arc::new(engine))
+            }
+            LogEngineKind::Wal => {
+                let wal = Wal::open(dir, &options)?;
+                Ok(LogStore {
+                    inner: Arc::new(Inner {
+                        backend: Backend::Wal(wal),
+                        dir: lock.dir().to_path_buf(),
+                        _lock: lock,
+                    }),
+                })
+            }
         }
-        Self::open_with_engine(lock, Arc::new(engine))
     }
 
-    /// Opens a log store on any [`LogEngine`], under an already-held directory lock.
+    /// Opens a log store on any key-value [`LogEngine`] (the sled engine's seam, also used by
+    /// tests that wrap [`SledEngine`]), under an already-held directory lock. The directory is
+    /// recorded as written by the sled engine.
     pub fn open_with_engine(
         lock: DirLock,
         engine: Arc<dyn LogEngine>,
     ) -> Result<LogStore<C>, LogError> {
+        crate::marker::check_or_record(lock.dir(), LogEngineKind::Sled, true)?;
+        Self::open_sled(lock, engine)
+    }
+
+    fn open_sled(lock: DirLock, engine: Arc<dyn LogEngine>) -> Result<LogStore<C>, LogError> {
         let (watermark, watermark_index) = Watermark::open(lock.dir())?;
         finish_interrupted_purge::<C>(engine.as_ref())?;
         let verified = verify::<C>(engine.as_ref(), watermark_index)?;
@@ -164,14 +223,15 @@ where
             .map_err(|e| LogError::io("spawn raft-log writer thread", e))?;
         Ok(LogStore {
             inner: Arc::new(Inner {
-                engine,
-                counters,
-                requests: Some(requests),
-                writer: Some(writer),
+                backend: Backend::Sled(SledBackend {
+                    engine,
+                    counters,
+                    requests: Some(requests),
+                    writer: Some(writer),
+                }),
                 dir: lock.dir().to_path_buf(),
                 _lock: lock,
             }),
-            _types: PhantomData,
         })
     }
 
@@ -180,38 +240,34 @@ where
         &self.inner.dir
     }
 
+    /// The engine this store runs on.
+    pub fn engine(&self) -> LogEngineKind {
+        self.inner.engine_kind()
+    }
+
     /// What the store has done since it was opened.
     pub fn stats(&self) -> LogStats {
-        self.inner.counters.snapshot()
-    }
-
-    fn send(&self, request: Request) -> Result<(), LogError> {
-        let requests = self
-            .inner
-            .requests
-            .as_ref()
-            .ok_or(LogError::WriterStopped)?;
-        requests.send(request).map_err(|_| LogError::WriterStopped)
-    }
-
-    async fn request(
-        &self,
-        make: impl FnOnce(oneshot::Sender<Result<(), LogError>>) -> Request,
-    ) -> Result<(), LogError> {
-        let (done, reply) = oneshot::channel();
-        self.send(make(done))?;
-        reply.await.map_err(|_| LogError::WriterStopped)?
+        match &self.inner.backend {
+            Backend::Sled(sled) => sled.counters.snapshot(),
+            Backend::Wal(wal) => wal.counters().snapshot(),
+        }
     }
 
     /// Appends `entries` (contiguous; starting at most one past the last stored or purged index:
     /// entries at or below the purge point are dropped, and an append starting at or below the
-    /// last index replaces the tail from its first index). Returns once they are readable; `on_durable` is called (on the writer thread) once they
-    /// are durable. One engine batch and at most one durability point per call.
+    /// last index replaces the tail from its first index). Returns once they are readable;
+    /// `on_durable` is called once they are durable, on the thread that made them durable
+    /// (WAL: the I/O thread right after its `fdatasync`; sled: the syncer thread). At most one
+    /// durability point per call, shared with concurrent appends.
     pub async fn append_with_callback(
         &self,
         entries: Vec<C::Entry>,
         on_durable: DurableCallback,
     ) -> Result<(), LogError> {
+        let sled = match &self.inner.backend {
+            Backend::Wal(wal) => return wal.append(entries, on_durable),
+            Backend::Sled(sled) => sled,
+        };
         let mut sealed = Vec::with_capacity(entries.len());
         for entry in &entries {
             let index = entry.get_log_id().index;
@@ -235,7 +291,7 @@ where
             );
             sealed.push((index, stored));
         }
-        self.request(|applied| Request::Append {
+        sled.request(|applied| Request::Append {
             entries: sealed,
             applied,
             on_durable,
@@ -281,9 +337,15 @@ where
         if end.is_some_and(|end| end <= start) {
             return Ok(Vec::new());
         }
-        let engine = Arc::clone(&self.inner.engine);
+        let (engine, counters) = match &self.inner.backend {
+            Backend::Wal(wal) => return wal.read(start, end).await,
+            Backend::Sled(sled) => (Arc::clone(&sled.engine), Arc::clone(&sled.counters)),
+        };
         run_blocking(move || {
             let raw = engine.read_entries(start, end)?;
+            counters
+                .entries_read_from_disk
+                .fetch_add(raw.len() as u64, std::sync::atomic::Ordering::Relaxed);
             decode_run::<C>(raw)
         })
         .await
@@ -293,7 +355,10 @@ where
     pub async fn log_state(
         &self,
     ) -> Result<(Option<LogId<C::NodeId>>, Option<LogId<C::NodeId>>), LogError> {
-        let engine = Arc::clone(&self.inner.engine);
+        let engine = match &self.inner.backend {
+            Backend::Wal(wal) => return Ok(wal.log_state()),
+            Backend::Sled(sled) => Arc::clone(&sled.engine),
+        };
         run_blocking(move || {
             let purged: Option<LogId<C::NodeId>> = read_meta(engine.as_ref(), META_PURGED)?;
             let last = match engine.last_entry()? {
@@ -309,14 +374,21 @@ where
 
     /// The stored vote.
     pub async fn vote(&self) -> Result<Option<Vote<C::NodeId>>, LogError> {
-        let engine = Arc::clone(&self.inner.engine);
+        let engine = match &self.inner.backend {
+            Backend::Wal(wal) => return Ok(wal.vote()),
+            Backend::Sled(sled) => Arc::clone(&sled.engine),
+        };
         run_blocking(move || read_meta(engine.as_ref(), META_VOTE)).await
     }
 
     /// Stores the vote; durable when this returns.
     pub async fn store_vote(&self, vote: &Vote<C::NodeId>) -> Result<(), LogError> {
+        let sled = match &self.inner.backend {
+            Backend::Wal(wal) => return wal.store_vote(vote).await,
+            Backend::Sled(sled) => sled,
+        };
         let sealed = seal_meta(META_VOTE, vote)?;
-        self.request(|done| Request::PutMeta {
+        sled.request(|done| Request::PutMeta {
             key: META_VOTE,
             sealed,
             durable: true,
@@ -327,21 +399,29 @@ where
 
     /// The stored committed log id.
     pub async fn committed(&self) -> Result<Option<LogId<C::NodeId>>, LogError> {
-        let engine = Arc::clone(&self.inner.engine);
+        let engine = match &self.inner.backend {
+            Backend::Wal(wal) => return Ok(wal.committed()),
+            Backend::Sled(sled) => Arc::clone(&sled.engine),
+        };
         run_blocking(move || {
             Ok(read_meta::<Option<LogId<C::NodeId>>>(engine.as_ref(), META_COMMITTED)?.flatten())
         })
         .await
     }
 
-    /// Stores the committed log id; ordered after every earlier append, durable with the next
-    /// durability point (openraft does not need it durable at once).
+    /// Stores the committed log id; ordered after every earlier append, durable later, never
+    /// ahead of the entries it covers (openraft does not need it durable at once). The WAL
+    /// writes it with its next metadata update; sled with its next durability point.
     pub async fn store_committed(
         &self,
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), LogError> {
+        let sled = match &self.inner.backend {
+            Backend::Wal(wal) => return wal.store_committed(committed),
+            Backend::Sled(sled) => sled,
+        };
         let sealed = seal_meta(META_COMMITTED, &committed)?;
-        self.request(|done| Request::PutMeta {
+        sled.request(|done| Request::PutMeta {
             key: META_COMMITTED,
             sealed,
             durable: false,
@@ -353,16 +433,24 @@ where
     /// Deletes every entry with index `>= log_id.index`; durable when this returns.
     pub async fn truncate_from(&self, log_id: &LogId<C::NodeId>) -> Result<(), LogError> {
         let from_index = log_id.index;
-        self.request(|done| Request::Truncate { from_index, done })
+        let sled = match &self.inner.backend {
+            Backend::Wal(wal) => return wal.truncate_from(from_index).await,
+            Backend::Sled(sled) => sled,
+        };
+        sled.request(|done| Request::Truncate { from_index, done })
             .await
     }
 
     /// Records `log_id` as purged (durably) and then deletes every entry with index
-    /// `<= log_id.index`.
+    /// `<= log_id.index` (WAL: the segments holding only such entries).
     pub async fn purge_through(&self, log_id: &LogId<C::NodeId>) -> Result<(), LogError> {
+        let sled = match &self.inner.backend {
+            Backend::Wal(wal) => return wal.purge_through(log_id).await,
+            Backend::Sled(sled) => sled,
+        };
         let sealed_purged = seal_meta(META_PURGED, log_id)?;
         let through_index = log_id.index;
-        self.request(|done| Request::Purge {
+        sled.request(|done| Request::Purge {
             through_index,
             sealed_purged,
             done,
@@ -372,7 +460,7 @@ where
 }
 
 /// Runs blocking engine work off the async executor's threads when a tokio runtime is present.
-async fn run_blocking<R, F>(work: F) -> Result<R, LogError>
+pub(crate) async fn run_blocking<R, F>(work: F) -> Result<R, LogError>
 where
     F: FnOnce() -> Result<R, LogError> + Send + 'static,
     R: Send + 'static,
@@ -388,7 +476,7 @@ where
     }
 }
 
-fn seal_meta<T: Serialize>(key: &'static str, value: &T) -> Result<Vec<u8>, LogError> {
+pub(crate) fn seal_meta<T: Serialize>(key: &'static str, value: &T) -> Result<Vec<u8>, LogError> {
     let payload = codec::encode(value).map_err(|source| LogError::Encode {
         what: format!("metadata `{key}`"),
         source,
@@ -396,7 +484,7 @@ fn seal_meta<T: Serialize>(key: &'static str, value: &T) -> Result<Vec<u8>, LogE
     Ok(codec::seal_meta(key, &payload))
 }
 
-fn read_meta<T: DeserializeOwned>(
+pub(crate) fn read_meta<T: DeserializeOwned>(
     engine: &dyn LogEngine,
     key: &'static str,
 ) -> Result<Option<T>, LogError> {
@@ -568,7 +656,9 @@ where
 fn storage_error<NID: openraft::NodeId>(error: LogError, write: bool) -> StorageError<NID> {
     let source = AnyError::new(&error);
     let io = match (&error, write) {
-        (LogError::Corrupt { index, .. }, _) => StorageIOError::read_log_at_index(*index, source),
+        (LogError::Corrupt { index, .. } | LogError::CorruptSegment { index, .. }, _) => {
+            StorageIOError::read_log_at_index(*index, source)
+        }
         (_, true) => StorageIOError::write_logs(source),
         (_, false) => StorageIOError::read_logs(source),
     };
@@ -588,7 +678,7 @@ fn vote_error<NID: openraft::NodeId>(error: LogError, write: bool) -> StorageErr
 impl<C> RaftLogReader<C> for LogStore<C>
 where
     C: RaftTypeConfig,
-    C::Entry: Serialize + DeserializeOwned,
+    C::Entry: Serialize + DeserializeOwned + Clone,
 {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -603,7 +693,7 @@ where
 impl<C> RaftLogStorage<C> for LogStore<C>
 where
     C: RaftTypeConfig,
-    C::Entry: Serialize + DeserializeOwned,
+    C::Entry: Serialize + DeserializeOwned + Clone,
 {
     type LogReader = LogStore<C>;
 

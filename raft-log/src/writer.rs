@@ -119,6 +119,7 @@ pub(crate) struct Counters {
     pub(crate) appends: AtomicU64,
     pub(crate) entries_appended: AtomicU64,
     pub(crate) durability_points: AtomicU64,
+    pub(crate) entries_read_from_disk: AtomicU64,
 }
 
 /// A snapshot of the store's counters.
@@ -128,9 +129,11 @@ pub struct LogStats {
     pub appends: u64,
     /// Entries stored by those appends.
     pub entries_appended: u64,
-    /// Successful durability points (flush + fsync); fewer than `appends` when group commit
-    /// shared them.
+    /// Successful durability points (WAL: `fdatasync` of a batch; sled: flush + fsync); fewer
+    /// than `appends` when group commit shared them.
     pub durability_points: u64,
+    /// Entries read back from disk (not from the WAL's in-memory tail) by reads.
+    pub entries_read_from_disk: u64,
 }
 
 impl Counters {
@@ -139,6 +142,7 @@ impl Counters {
             appends: self.appends.load(Ordering::Relaxed),
             entries_appended: self.entries_appended.load(Ordering::Relaxed),
             durability_points: self.durability_points.load(Ordering::Relaxed),
+            entries_read_from_disk: self.entries_read_from_disk.load(Ordering::Relaxed),
         }
     }
 }

@@ -1,5 +1,8 @@
-//! Behaviour of the store beyond openraft's suite: group commit, holes refused, truncation and
-//! vote across a reopen, and recovery from a purge interrupted by a crash.
+//! Behaviour of the store beyond openraft's suite, on both engines: group commit, holes
+//! refused, truncation and vote across a reopen, and recovery from a purge interrupted by a
+//! crash. Then the WAL's own: segments rotate and are deleted behind purges, truncation across
+//! segments, the in-memory tail, no fsync without new entries, and flush callbacks that fire
+//! in order and are never stranded.
 
 mod common;
 
@@ -10,21 +13,26 @@ use std::sync::Arc;
 use cairn_raft_log::DirLock;
 use cairn_raft_log::LogEngine;
 use cairn_raft_log::LogError;
-use cairn_raft_log::LogOptions;
 use cairn_raft_log::SledEngine;
+use common::LogEngineKind;
 use common::Store;
+
+for_each_engine!(
+    pipelined_appends_share_durability_points,
+    append_that_would_leave_a_hole_is_refused_and_nothing_is_written,
+    vote_truncation_and_committed_survive_reopen,
+);
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("runtime")
 }
 
-#[test]
-fn pipelined_appends_share_durability_points() {
+fn pipelined_appends_share_durability_points(engine: LogEngineKind) {
     // 64 single-entry appends issued back to back without waiting for durability: all become
     // durable, in order, with fewer fsyncs than appends (group commit).
     let dir = tempfile::tempdir().expect("tempdir");
     runtime().block_on(async {
-        let store = Store::open(dir.path(), LogOptions::default()).expect("open");
+        let store = Store::open(dir.path(), common::options(engine)).expect("open");
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
         for index in 1..=64u64 {
             let done_tx = done_tx.clone();
@@ -61,12 +69,11 @@ fn pipelined_appends_share_durability_points() {
     });
 }
 
-#[test]
-fn append_that_would_leave_a_hole_is_refused_and_nothing_is_written() {
+fn append_that_would_leave_a_hole_is_refused_and_nothing_is_written(engine: LogEngineKind) {
     // Entries 1..=5, then an append starting at 7: refused, naming 6 and 7; the log is unchanged.
     let dir = tempfile::tempdir().expect("tempdir");
     runtime().block_on(async {
-        let store = Store::open(dir.path(), LogOptions::default()).expect("open");
+        let store = Store::open(dir.path(), common::options(engine)).expect("open");
         store
             .append_durable((1..=5).map(common::entry).collect())
             .await
@@ -83,14 +90,13 @@ fn append_that_would_leave_a_hole_is_refused_and_nothing_is_written() {
     });
 }
 
-#[test]
-fn vote_truncation_and_committed_survive_reopen() {
+fn vote_truncation_and_committed_survive_reopen(engine: LogEngineKind) {
     // Save a vote, append 1..=20, truncate from 15, commit 10: all of it is there after reopen
     // (and the lowered watermark does not make the shorter log look damaged).
     let dir = tempfile::tempdir().expect("tempdir");
     let vote = openraft::Vote::new(7, 3);
     runtime().block_on(async {
-        let store = Store::open(dir.path(), LogOptions::default()).expect("open");
+        let store = Store::open(dir.path(), common::options(engine)).expect("open");
         store.store_vote(&vote).await.expect("vote");
         store
             .append_durable((1..=20).map(common::entry).collect())
@@ -110,7 +116,7 @@ fn vote_truncation_and_committed_survive_reopen() {
             .expect("append after truncate");
     });
     runtime().block_on(async {
-        let store = Store::open(dir.path(), LogOptions::default()).expect("reopen");
+        let store = Store::open(dir.path(), common::options(engine)).expect("reopen");
         assert_eq!(store.vote().await.expect("vote"), Some(vote));
         assert_eq!(
             store.committed().await.expect("committed"),
@@ -165,7 +171,7 @@ impl LogEngine for NoDeleteEngine {
 }
 
 #[test]
-fn purge_interrupted_before_deletion_is_finished_on_reopen() {
+fn sled_purge_interrupted_before_deletion_is_finished_on_reopen() {
     // Purge through 10 but "crash" before the entries are deleted: reopening finishes the
     // purge instead of reporting corruption or serving entries below the purge point.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -194,12 +200,235 @@ fn purge_interrupted_before_deletion_is_finished_on_reopen() {
     }
     runtime().block_on(async {
         let store =
-            Store::open(dir.path(), LogOptions::default()).expect("reopen finishes the purge");
+            Store::open(dir.path(), common::options(LogEngineKind::Sled))
+                .expect("reopen finishes the purge");
         let (purged, last) = store.log_state().await.expect("state");
         assert_eq!(purged, Some(common::log_id(10)));
         assert_eq!(last, Some(common::log_id(20)));
         let entries = store.read_entries(..).await.expect("read");
         assert_eq!(entries.first().map(|e| e.log_id.index), Some(11));
         assert_eq!(entries.len(), 10);
+    });
+}
+
+/// Appends `indexes` in chunks of `chunk` entries, each chunk durable before the next.
+async fn append_chunks(store: &Store, indexes: std::ops::RangeInclusive<u64>, chunk: u64) {
+    let (first, last) = (*indexes.start(), *indexes.end());
+    let mut start = first;
+    while start <= last {
+        let end = (start + chunk - 1).min(last);
+        store
+            .append_durable((start..=end).map(common::entry).collect())
+            .await
+            .expect("append");
+        start = end + 1;
+    }
+}
+
+/// Reads `first..=last` and checks every entry.
+async fn check_range(store: &Store, first: u64, last: u64) {
+    let entries = store.read_entries(first..=last).await.expect("read");
+    assert_eq!(entries.len() as u64, last + 1 - first, "entries {first}..={last}");
+    for (offset, entry) in entries.iter().enumerate() {
+        common::check_entry(first + offset as u64, entry).expect("intact");
+    }
+}
+
+#[test]
+fn wal_segments_rotate_and_purge_deletes_the_ones_wholly_below_the_purge_point() {
+    // 8 KiB segments: 600 entries fill many of them. A purge through 400 deletes the segments
+    // holding only entries <= 400, keeps the rest, and the log reads back intact after reopen.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = common::small_wal(8 * 1024, 0);
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("open");
+        append_chunks(&store, 1..=600, 7).await;
+        let before = common::segment_files(dir.path()).len();
+        assert!(before >= 8, "600 entries rotated through {before} segments");
+        store.purge_through(&common::log_id(400)).await.expect("purge");
+        let after = common::segment_files(dir.path()).len();
+        println!("segments: {before} before the purge, {after} after");
+        assert!(after < before - 3, "the purge deleted segments: {before} -> {after}");
+        check_range(&store, 401, 600).await;
+    });
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("reopen");
+        let (purged, last) = store.log_state().await.expect("state");
+        assert_eq!((purged, last), (Some(common::log_id(400)), Some(common::log_id(600))));
+        check_range(&store, 401, 600).await;
+        append_chunks(&store, 601..=700, 9).await;
+        check_range(&store, 401, 700).await;
+    });
+}
+
+#[test]
+fn wal_segments_left_by_a_crash_between_purge_point_and_deletion_are_removed_on_reopen() {
+    // A purge's segment deletion is lost (as if the process died after the purge point was
+    // durable): the files come back, the metadata no longer lists them, reopening deletes them
+    // and serves the purged log.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = common::small_wal(8 * 1024, 0);
+    let saved = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("open");
+        append_chunks(&store, 1..=300, 5).await;
+        for file in common::segment_files(dir.path()) {
+            std::fs::copy(&file, saved.path().join(file.file_name().expect("name"))).expect("copy");
+        }
+        store.purge_through(&common::log_id(250)).await.expect("purge");
+    });
+    let after_purge = common::segment_files(dir.path()).len();
+    for item in std::fs::read_dir(saved.path()).expect("list") {
+        let path = item.expect("entry").path();
+        let target = dir.path().join("segments").join(path.file_name().expect("name"));
+        if !target.exists() {
+            std::fs::copy(&path, &target).expect("restore");
+        }
+    }
+    assert!(common::segment_files(dir.path()).len() > after_purge);
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("reopen");
+        assert_eq!(common::segment_files(dir.path()).len(), after_purge);
+        let (purged, last) = store.log_state().await.expect("state");
+        assert_eq!((purged, last), (Some(common::log_id(250)), Some(common::log_id(300))));
+        check_range(&store, 251, 300).await;
+    });
+}
+
+#[test]
+fn wal_truncation_back_across_segments_survives_reopen() {
+    // Entries 1..=300 over several segments; truncate from 120 (an earlier segment), append a
+    // new 120..=150 in term 2: after reopen the log is 1..=119 (term 1) then 120..=150 (term 2).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = common::small_wal(8 * 1024, 0);
+    let term2 = |index: u64| openraft::Entry::<common::TestConfig> {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(2, 0), index),
+        payload: openraft::EntryPayload::Blank,
+    };
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("open");
+        append_chunks(&store, 1..=300, 10).await;
+        store.truncate_from(&common::log_id(120)).await.expect("truncate");
+        store
+            .append_durable((120..=150).map(term2).collect())
+            .await
+            .expect("append after truncate");
+    });
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("reopen");
+        let (_, last) = store.log_state().await.expect("state");
+        assert_eq!(last.map(|id| (id.leader_id.term, id.index)), Some((2, 150)));
+        check_range(&store, 1, 119).await;
+        let rewritten = store.read_entries(120..).await.expect("read");
+        assert_eq!(rewritten.len(), 31);
+        assert!(rewritten.iter().all(|e| e.log_id.leader_id.term == 2));
+    });
+}
+
+#[test]
+fn wal_overlapping_append_replaces_the_tail_like_a_truncation() {
+    // openraft may append entries that overlap the end of the log: they replace it, on disk
+    // too (checked after a reopen).
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), common::options(LogEngineKind::Wal)).expect("open");
+        append_chunks(&store, 1..=20, 20).await;
+        let blank = |index: u64| openraft::Entry::<common::TestConfig> {
+            log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), index),
+            payload: openraft::EntryPayload::Blank,
+        };
+        store
+            .append_durable((15..=17).map(blank).collect())
+            .await
+            .expect("overlapping append");
+        let (_, last) = store.log_state().await.expect("state");
+        assert_eq!(last.map(|id| id.index), Some(17));
+    });
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), common::options(LogEngineKind::Wal)).expect("reopen");
+        check_range(&store, 1, 14).await;
+        let replaced = store.read_entries(15..).await.expect("read");
+        assert_eq!(replaced.len(), 3);
+        assert!(replaced.iter().all(|e| e.log_id.leader_id.term == 3));
+    });
+}
+
+#[test]
+fn wal_recent_entries_are_read_from_memory_and_older_ones_from_disk() {
+    // With a 64 KiB tail, reading the last 50 entries touches no disk; reading from entry 1
+    // (evicted long ago) reads from the segments. Both return the right entries.
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), common::small_wal(1024 * 1024, 64 * 1024)).expect("open");
+        append_chunks(&store, 1..=2000, 16).await;
+        check_range(&store, 1951, 2000).await;
+        assert_eq!(store.stats().entries_read_from_disk, 0, "recent entries come from the tail");
+        check_range(&store, 1, 2000).await;
+        let stats = store.stats();
+        println!("{stats:?}");
+        assert!(stats.entries_read_from_disk > 0 && stats.entries_read_from_disk < 2000, "{stats:?}");
+    });
+}
+
+#[test]
+fn wal_makes_no_fsync_when_nothing_new_was_written() {
+    // A vote, a committed log id, and an append of entries already purged write no WAL
+    // batch: the count of fdatasyncs does not move.
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), common::options(LogEngineKind::Wal)).expect("open");
+        append_chunks(&store, 1..=10, 5).await;
+        store.purge_through(&common::log_id(5)).await.expect("purge");
+        let before = store.stats().durability_points;
+        assert_eq!(before, 2);
+        store.store_vote(&openraft::Vote::new(3, 1)).await.expect("vote");
+        store.store_committed(Some(common::log_id(10))).await.expect("committed");
+        store.append_durable((1..=5).map(common::entry).collect()).await.expect("append of purged entries");
+        assert_eq!(store.stats().durability_points, before);
+    });
+}
+
+#[test]
+fn wal_flush_callbacks_fire_once_each_in_order_across_rotations_and_truncations() {
+    // 400 single-entry appends without waiting, over 4 KiB segments (many rotations), with a
+    // truncation and a purge in the middle: every callback fires exactly once, in append order,
+    // and none is left waiting.
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), common::small_wal(4096, 0)).expect("open");
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut next = 1u64;
+        let mut call = 0u64;
+        for round in 0..400u64 {
+            if round == 200 {
+                store.truncate_from(&common::log_id(next - 10)).await.expect("truncate");
+                next -= 10;
+            }
+            if round == 300 {
+                store.purge_through(&common::log_id(next - 50)).await.expect("purge");
+            }
+            let done_tx = done_tx.clone();
+            let this_call = call;
+            store
+                .append_with_callback(
+                    vec![common::entry(next)],
+                    Box::new(move |result| {
+                        let _ = done_tx.send((this_call, result.is_ok()));
+                    }),
+                )
+                .await
+                .expect("append");
+            next += 1;
+            call += 1;
+        }
+        drop(done_tx);
+        let mut fired = Vec::new();
+        while let Some((call, ok)) = done_rx.recv().await {
+            assert!(ok, "callback {call} reports success");
+            fired.push(call);
+        }
+        assert_eq!(fired, (0..400).collect::<Vec<_>>(), "each callback once, in order");
+        let (_, last) = store.log_state().await.expect("state");
+        assert_eq!(last.map(|id| id.index), Some(next - 1));
     });
 }

@@ -1,5 +1,7 @@
 //! Corruption tests: damaged stored data is reported with the index it concerns — on reopen, on
-//! read through openraft's reader, and when raw bytes of sled's files are flipped.
+//! read through openraft's reader, and when raw bytes of the engine's files are flipped. The
+//! WAL's tests (`wal_*`) also check that a torn tail is cut back to its last commit, keeping
+//! every acknowledged entry. The sled tests damage sled's tree through `test_hooks`.
 
 mod common;
 
@@ -28,7 +30,7 @@ fn runtime() -> tokio::runtime::Runtime {
 /// closes it.
 fn write_entries(dir: &Path) {
     runtime().block_on(async {
-        let store = Store::open(dir, LogOptions::default()).expect("open");
+        let store = Store::open(dir, LogOptions::with_engine(common::LogEngineKind::Sled)).expect("open");
         for chunk_start in (1..=LAST_INDEX).step_by(8) {
             let entries = (chunk_start..chunk_start + 8).map(common::entry).collect();
             store.append_durable(entries).await.expect("append");
@@ -55,7 +57,7 @@ fn flipped_byte_in_a_stored_entry_is_reported_with_its_index_on_reopen() {
     })
     .expect("rewrite");
     assert!(found, "entry 7 exists");
-    match Store::open(dir.path(), LogOptions::default()) {
+    match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
         Err(error @ LogError::Corrupt { index: 7, .. }) => {
             let message = error.to_string();
             println!("reopen reports: {message}");
@@ -75,7 +77,7 @@ fn missing_entry_in_the_middle_is_reported_with_its_index_on_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path());
     assert!(test_hooks::delete_stored_entry(dir.path(), 12).expect("delete"));
-    match Store::open(dir.path(), LogOptions::default()) {
+    match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
         Err(error @ LogError::Corrupt { index: 12, .. }) => println!("reopen reports: {error}"),
         other => panic!("expected Corrupt {{ index: 12 }}, got {other:?}"),
     }
@@ -90,7 +92,7 @@ fn truncated_stored_value_is_reported_with_its_index_on_reopen() {
         test_hooks::rewrite_stored_entry(dir.path(), 3, |bytes| bytes.truncate(2))
             .expect("rewrite")
     );
-    match Store::open(dir.path(), LogOptions::default()) {
+    match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
         Err(error @ LogError::Corrupt { index: 3, .. }) => println!("reopen reports: {error}"),
         other => panic!("expected Corrupt {{ index: 3 }}, got {other:?}"),
     }
@@ -236,7 +238,7 @@ fn flipped_bytes_in_sled_files_are_reported_not_ignored() {
         flipped > 0,
         "entry 30's payload was not found in sled's files (is compression on?)"
     );
-    let outcome = match Store::open(dir.path(), LogOptions::default()) {
+    let outcome = match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
         Err(error) => format!("reopen failed: {error}"),
         Ok(store) => runtime().block_on(async {
             match store.read_entries(1..=LAST_INDEX).await {
@@ -250,4 +252,160 @@ fn flipped_bytes_in_sled_files_are_reported_not_ignored() {
         outcome.contains("index") || outcome.contains("storage engine"),
         "the error names the index or the engine's corruption: {outcome}"
     );
+}
+
+/// Entries written by the WAL tests: enough to fill many 4 KiB segments.
+const WAL_LAST_INDEX: u64 = 200;
+
+/// Creates a WAL store in `dir` with 4 KiB segments and no tail, holding entries
+/// 1..=WAL_LAST_INDEX appended in durable batches of 4, and closes it.
+fn write_wal_entries(dir: &Path) -> LogOptions {
+    let options = common::small_wal(4096, 0);
+    runtime().block_on(async {
+        let store = Store::open(dir, options.clone()).expect("open");
+        for chunk_start in (1..=WAL_LAST_INDEX).step_by(4) {
+            let entries = (chunk_start..chunk_start + 4).map(common::entry).collect();
+            store.append_durable(entries).await.expect("append");
+        }
+    });
+    options
+}
+
+/// Flips one byte in the middle of entry `index`'s payload in whichever segment holds it;
+/// returns that segment's file name.
+fn flip_payload_byte(dir: &Path, index: u64) -> String {
+    let payload = common::payload_for(index);
+    for path in common::segment_files(dir) {
+        let mut bytes = std::fs::read(&path).expect("read segment");
+        if let Some(&offset) = occurrences(&bytes, &payload).first() {
+            bytes[offset + payload.len() / 2] ^= 0x10;
+            std::fs::write(&path, &bytes).expect("write segment");
+            return path.file_name().expect("name").to_string_lossy().into_owned();
+        }
+    }
+    panic!("entry {index}'s payload is in no segment");
+}
+
+#[test]
+fn wal_flipped_byte_in_a_middle_segment_names_the_segment_and_the_index() {
+    // Entries 1..=200 spread over many 4 KiB segments; a byte of entry 100 (in a sealed segment
+    // in the middle) is flipped: reopening fails with CorruptSegment naming that file and index.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = write_wal_entries(dir.path());
+    let segments = common::segment_files(dir.path());
+    assert!(segments.len() >= 4, "entries span {} segments", segments.len());
+    let damaged = flip_payload_byte(dir.path(), 100);
+    assert_ne!(Some(&damaged), segments.last().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).as_ref(), "a middle segment");
+    match Store::open(dir.path(), options) {
+        Err(error @ LogError::CorruptSegment { index: 100, .. }) => {
+            let message = error.to_string();
+            println!("reopen reports: {message}");
+            assert!(message.contains(&damaged), "names the segment: {message}");
+            assert!(message.contains("index 100"), "names the index: {message}");
+            assert!(message.contains("crc32c"), "says why: {message}");
+        }
+        other => panic!("expected CorruptSegment at index 100, got {other:?}"),
+    }
+}
+
+#[test]
+fn wal_flipped_byte_in_an_acknowledged_batch_of_the_active_segment_is_not_taken_for_a_torn_tail() {
+    // The damaged entry is in the last segment, but later batches were committed after it:
+    // it was durable, so this is corruption (named), not a torn tail to cut.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = LogOptions {
+        tail_bytes_max: 0,
+        ..LogOptions::with_engine(common::LogEngineKind::Wal)
+    };
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("open");
+        for chunk_start in (1..=LAST_INDEX).step_by(4) {
+            let entries = (chunk_start..chunk_start + 4).map(common::entry).collect();
+            store.append_durable(entries).await.expect("append");
+        }
+    });
+    assert_eq!(common::segment_files(dir.path()).len(), 1);
+    flip_payload_byte(dir.path(), 9);
+    match Store::open(dir.path(), options) {
+        Err(error @ LogError::CorruptSegment { index: 9, .. }) => println!("reopen reports: {error}"),
+        other => panic!("expected CorruptSegment at index 9, got {other:?}"),
+    }
+}
+
+#[test]
+fn wal_torn_tail_is_cut_back_to_the_last_commit_keeping_every_acknowledged_entry() {
+    // The last batch (entries 197..=200) is torn: a byte of entry 199 is flipped and its commit
+    // frame zeroed, as if the power went during its write. Reopening keeps 1..=196 (every batch
+    // acknowledged before it), cuts the torn batch, accepts new appends after it, and a second
+    // reopen sees the new entries and no trace of the torn ones.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = write_wal_entries(dir.path());
+    let active = common::segment_files(dir.path()).pop().expect("a segment");
+    let mut bytes = std::fs::read(&active).expect("read");
+    let end = bytes.iter().rposition(|b| *b != 0).expect("data") + 1;
+    let commit_start = (end - 40) / 8 * 8;
+    bytes[commit_start..end].fill(0);
+    let payload = common::payload_for(199);
+    let offset = occurrences(&bytes, &payload)[0];
+    bytes[offset + 3] ^= 0x01;
+    std::fs::write(&active, &bytes).expect("write");
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("a torn tail is not an error");
+        let (_, last) = store.log_state().await.expect("state");
+        assert_eq!(last, Some(common::log_id(196)), "cut back to the last commit");
+        let entries = store.read_entries(1..=196).await.expect("read");
+        assert_eq!(entries.len(), 196);
+        for (offset, entry) in entries.iter().enumerate() {
+            common::check_entry(1 + offset as u64, entry).expect("acknowledged entries intact");
+        }
+        store.append_durable((197..=198).map(common::entry).collect()).await.expect("append after the cut");
+    });
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("reopen");
+        let entries = store.read_entries(..).await.expect("read");
+        assert_eq!(entries.len(), 198);
+        for (offset, entry) in entries.iter().enumerate() {
+            common::check_entry(1 + offset as u64, entry).expect("intact");
+        }
+    });
+}
+
+#[test]
+fn wal_missing_segment_is_reported_by_name() {
+    // A segment listed in the metadata is deleted behind the store's back: reopening names it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = write_wal_entries(dir.path());
+    let segments = common::segment_files(dir.path());
+    let victim = &segments[segments.len() / 2];
+    let name = victim.file_name().expect("name").to_string_lossy().into_owned();
+    std::fs::remove_file(victim).expect("delete");
+    match Store::open(dir.path(), options) {
+        Err(error @ LogError::CorruptSegment { .. }) => {
+            let message = error.to_string();
+            println!("reopen reports: {message}");
+            assert!(message.contains(&name) && message.contains("missing"), "{message}");
+        }
+        other => panic!("expected CorruptSegment naming {name}, got {other:?}"),
+    }
+}
+
+#[test]
+fn wal_entry_damaged_after_open_fails_openraft_reads_naming_its_index() {
+    // With no tail, reads go to the segments: a byte flipped in entry 21 while the store is
+    // open makes openraft's reader fail for LogIndex(21); reads below it still work.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = write_wal_entries(dir.path());
+    let mut store = Store::open(dir.path(), options).expect("clean open");
+    flip_payload_byte(dir.path(), 21);
+    runtime().block_on(async {
+        let error = store
+            .try_get_log_entries(1..=LAST_INDEX)
+            .await
+            .expect_err("damaged read fails");
+        let message = error.to_string();
+        println!("openraft sees: {message}");
+        assert!(message.contains("LogIndex(21)"), "{message}");
+        let fine = store.try_get_log_entries(1..21).await.expect("entries below 21");
+        assert_eq!(fine.len(), 20);
+    });
 }

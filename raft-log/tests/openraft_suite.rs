@@ -137,22 +137,46 @@ impl RaftStateMachine<TestConfig> for TestStateMachine {
     }
 }
 
-/// Builds a fresh store in a new temporary directory for each suite case.
-struct Builder;
+/// Builds a fresh store with `options` in a new temporary directory for each suite case.
+struct Builder {
+    options: cairn_raft_log::LogOptions,
+}
 
 impl StoreBuilder<TestConfig, common::Store, TestStateMachine, tempfile::TempDir> for Builder {
     async fn build(
         &self,
     ) -> Result<(tempfile::TempDir, common::Store, TestStateMachine), StorageError<u64>> {
         let dir = tempfile::tempdir().map_err(|e| sm_error(format!("tempdir: {e}")))?;
-        let store = common::Store::open(dir.path(), cairn_raft_log::LogOptions::default())
+        let store = common::Store::open(dir.path(), self.options.clone())
             .map_err(|e| sm_error(format!("open log store: {e}")))?;
         Ok((dir, store, TestStateMachine::default()))
     }
 }
 
 #[test]
-fn openraft_storage_suite_passes() {
-    // Runs every case of openraft::testing::Suite against a fresh LogStore each time.
-    Suite::test_all(Builder).expect("openraft storage suite");
+fn openraft_storage_suite_passes_on_the_wal() {
+    // Runs every case of openraft::testing::Suite against a fresh WAL-backed LogStore.
+    Suite::test_all(Builder {
+        options: common::options(common::LogEngineKind::Wal),
+    })
+    .expect("openraft storage suite on the WAL");
+}
+
+#[test]
+fn openraft_storage_suite_passes_on_the_wal_with_tiny_segments_and_no_tail() {
+    // The same suite with 4 KiB segments (rotation on nearly every append) and no in-memory
+    // tail (every read goes to the segments).
+    Suite::test_all(Builder {
+        options: common::small_wal(4096, 0),
+    })
+    .expect("openraft storage suite on the WAL, tiny segments, no tail");
+}
+
+#[test]
+fn openraft_storage_suite_passes_on_sled() {
+    // Runs every case of openraft::testing::Suite against a fresh sled-backed LogStore.
+    Suite::test_all(Builder {
+        options: common::options(common::LogEngineKind::Sled),
+    })
+    .expect("openraft storage suite on sled");
 }

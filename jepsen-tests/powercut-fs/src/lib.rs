@@ -19,6 +19,17 @@
 //! - nothing else is ever durable: not `write`, `close`, `rename`, `unlink`, `truncate`, nor
 //!   `sync_file_range` (which never reaches a FUSE filesystem as a sync).
 //!
+//! Two harsher modes, chosen with [`PowerCutOptions`] (or the binary's flags):
+//! - **torn writes**: a power cut keeps a random prefix of each file's unsynced writes (in the
+//!   order they were made), and the first write not kept whole is *torn*: a random number of
+//!   its 512-byte sectors, chosen at random, reached the disk (the disk writes sectors in an
+//!   order of its own; powersafe overwrite is assumed: sectors not written keep their old
+//!   content, and a sector is written whole or not at all); a sync takes
+//!   [`TORN_MODE_SYNC_LATENCY`], so a cut can come while one is in flight;
+//! - **strict directories**: a file's `fsync` makes its data durable but never its name; a new,
+//!   renamed or deleted name survives only an `fsync` of its directory (and a new directory
+//!   only an `fsync` of its parent).
+//!
 //! It is reusable: the library API is [`PowerCutFs::mount`] → [`PowerCutHandle`] with
 //! [`PowerCutHandle::cut_power`] and [`PowerCutHandle::unmount`]; the `cairn-powercut-fs` binary
 //! mounts one filesystem and cuts the power on `SIGUSR1` (see `src/main.rs`), so the jepsen
@@ -123,6 +134,30 @@ pub fn fuse_unavailable_reason() -> Option<String> {
         );
     }
     None
+}
+
+/// The harsher behaviours of a power-cut filesystem (both off by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PowerCutOptions {
+    /// Torn writes, with this seed for the random prefixes and sectors (print it, replay it).
+    pub torn_writes_seed: Option<u64>,
+    /// Names survive only an `fsync` of their directory.
+    pub strict_directories: bool,
+}
+
+/// The unit of a torn write.
+pub const SECTOR_BYTES: u64 = 512;
+
+/// Torn-writes mode: how long a sync takes (the filesystem's lock is free meanwhile), like a
+/// disk flushing its cache, so that a power cut can land while a sync is in flight and find
+/// the writes before it still unsynced. A sync overtaken by a cut fails with `EIO`.
+pub const TORN_MODE_SYNC_LATENCY: Duration = Duration::from_micros(200);
+
+/// An unsynced change to a file's content, remembered for torn writes.
+#[derive(Clone, Debug)]
+enum PendingWrite {
+    Write { offset: u64, data: Vec<u8> },
+    SetLen(u64),
 }
 
 /// Size reported by `statfs`, so that programs checking free space are content.
@@ -267,6 +302,10 @@ pub struct PowerCutStats {
     pub directory_syncs: u64,
     /// `write` calls.
     pub writes: u64,
+    /// Torn-writes mode: writes torn by power cuts (some of their sectors lost).
+    pub torn_writes: u64,
+    /// Torn-writes mode: unsynced writes dropped whole by power cuts.
+    pub lost_writes: u64,
 }
 
 struct State {
@@ -277,10 +316,20 @@ struct State {
     epoch: u64,
     open_handles: HashMap<u64, u32>,
     stats: PowerCutStats,
+    options: PowerCutOptions,
+    /// Torn-writes mode: per inode, the content changes since its last sync.
+    pending: HashMap<u64, Vec<PendingWrite>>,
+    /// Torn-writes mode: xorshift state.
+    rng: u64,
 }
 
 impl State {
+    #[cfg(test)]
     fn new(uid: u32, gid: u32) -> State {
+        State::with_options(uid, gid, PowerCutOptions::default())
+    }
+
+    fn with_options(uid: u32, gid: u32, options: PowerCutOptions) -> State {
         let tree = Tree::new_with_root(uid, gid);
         State {
             current: tree.clone(),
@@ -289,6 +338,88 @@ impl State {
             epoch: 1,
             open_handles: HashMap::new(),
             stats: PowerCutStats::default(),
+            options,
+            pending: HashMap::new(),
+            // xorshift must not start at zero.
+            rng: options.torn_writes_seed.unwrap_or(0) | 1,
+        }
+    }
+
+    fn random(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Torn-writes mode: remembers an unsynced content change.
+    fn remember(&mut self, ino: u64, change: PendingWrite) {
+        if self.options.torn_writes_seed.is_some() {
+            self.pending.entry(ino).or_default().push(change);
+        }
+    }
+
+    /// Torn-writes mode, at a cut: every durable file gets a random prefix of its unsynced
+    /// changes, the first change not kept whole torn sector by sector.
+    fn apply_torn_writes(&mut self) {
+        let mut pending: Vec<(u64, Vec<PendingWrite>)> = self.pending.drain().collect();
+        pending.sort_by_key(|(ino, _)| *ino);
+        for (ino, changes) in pending {
+            if changes.is_empty() {
+                continue;
+            }
+            let kept_whole = (self.random() % changes.len() as u64) as usize;
+            let torn_sectors: Vec<bool> = match &changes[kept_whole] {
+                PendingWrite::Write { offset, data } => {
+                    // The disk wrote the sectors in an order of its own and stopped after a
+                    // random number of them: a random count of randomly chosen sectors survive.
+                    let first = offset / SECTOR_BYTES;
+                    let last = (offset + data.len() as u64).div_ceil(SECTOR_BYTES);
+                    let sectors = (last - first) as usize;
+                    let survivors = (self.random() % (sectors as u64 + 1)) as usize;
+                    let mut order: Vec<usize> = (0..sectors).collect();
+                    for i in (1..sectors).rev() {
+                        let j = (self.random() % (i as u64 + 1)) as usize;
+                        order.swap(i, j);
+                    }
+                    let mut kept = vec![false; sectors];
+                    for &sector in &order[..survivors] {
+                        kept[sector] = true;
+                    }
+                    kept
+                }
+                PendingWrite::SetLen(_) => Vec::new(),
+            };
+            let Some(Inode {
+                content: Content::File(data),
+                ..
+            }) = self.durable.inodes.get_mut(&ino)
+            else {
+                continue;
+            };
+            for change in &changes[..kept_whole] {
+                match change {
+                    PendingWrite::Write { offset, data: bytes } => {
+                        write_at(data, *offset, bytes);
+                    }
+                    PendingWrite::SetLen(len) => data.resize(*len as usize, 0),
+                }
+            }
+            self.stats.lost_writes += (changes.len() - kept_whole - 1) as u64;
+            if let PendingWrite::Write { offset, data: bytes } = &changes[kept_whole] {
+                self.stats.torn_writes += 1;
+                let first_sector = offset / SECTOR_BYTES;
+                for (position, keep) in torn_sectors.iter().enumerate() {
+                    if !keep {
+                        continue;
+                    }
+                    let sector = first_sector + position as u64;
+                    let from = (sector * SECTOR_BYTES).max(*offset);
+                    let to = ((sector + 1) * SECTOR_BYTES).min(offset + bytes.len() as u64);
+                    let slice = &bytes[(from - offset) as usize..(to - offset) as usize];
+                    write_at(data, from, slice);
+                }
+            }
         }
     }
 
@@ -435,6 +566,12 @@ impl State {
             return self.sync_dir(ino);
         }
         self.durable.inodes.insert(ino, inode);
+        self.pending.remove(&ino);
+        if self.options.strict_directories {
+            // The data only: names wait for an fsync of their directory.
+            self.stats.file_syncs += 1;
+            return Ok(());
+        }
         let links = self.current.links_to(ino);
         for (parent, name) in &links {
             self.ensure_durable_dir(*parent);
@@ -464,7 +601,9 @@ impl State {
         let Content::Directory(entries) = &inode.content else {
             return Err(Errno::ENOTDIR);
         };
-        self.ensure_durable_dir(dir);
+        if !self.options.strict_directories {
+            self.ensure_durable_dir(dir);
+        }
         for child in entries.values() {
             if !self.durable.inodes.contains_key(child) {
                 if let Some(child_inode) = self.current.inodes.get(child) {
@@ -481,6 +620,7 @@ impl State {
     }
 
     fn cut_power(&mut self) {
+        self.apply_torn_writes();
         self.durable.collect_garbage();
         assert!(
             self.durable.inodes.contains_key(&ROOT),
@@ -492,6 +632,16 @@ impl State {
         self.stats.power_cuts += 1;
         assert!(self.current.entries(ROOT).is_ok());
     }
+}
+
+/// Writes `bytes` into `data` at `offset`, growing it with zeros if needed.
+fn write_at(data: &mut Vec<u8>, offset: u64, bytes: &[u8]) {
+    let start = offset as usize;
+    let end = start + bytes.len();
+    if data.len() < end {
+        data.resize(end, 0);
+    }
+    data[start..end].copy_from_slice(bytes);
 }
 
 fn touch_dir(tree: &mut Tree, dir: u64) {
@@ -512,6 +662,16 @@ fn time_of(time: TimeOrNow) -> SystemTime {
 /// The [`fuser::Filesystem`] implementation; shared state with [`PowerCutHandle`].
 struct PowerCutFilesystem {
     state: Arc<Mutex<State>>,
+}
+
+impl PowerCutFilesystem {
+    /// Torn-writes mode: waits like a disk flush, without holding the state lock.
+    fn sync_latency(&self) {
+        let torn = self.state.lock().options.torn_writes_seed.is_some();
+        if torn {
+            std::thread::sleep(TORN_MODE_SYNC_LATENCY);
+        }
+    }
 }
 
 impl Filesystem for PowerCutFilesystem {
@@ -560,6 +720,7 @@ impl Filesystem for PowerCutFilesystem {
                 return;
             }
         }
+        let mut resized = None;
         let Some(inode) = state.current.inodes.get_mut(&ino.0) else {
             reply.error(Errno::ENOENT);
             return;
@@ -567,7 +728,10 @@ impl Filesystem for PowerCutFilesystem {
         if let Some(size) = size {
             match &mut inode.content {
                 Content::File(data) => match usize::try_from(size) {
-                    Ok(size) if (size as u64) <= CAPACITY_BYTES => data.resize(size, 0),
+                    Ok(size) if (size as u64) <= CAPACITY_BYTES => {
+                        data.resize(size, 0);
+                        resized = Some(size as u64);
+                    }
                     _ => {
                         reply.error(Errno::EFBIG);
                         return;
@@ -596,6 +760,9 @@ impl Filesystem for PowerCutFilesystem {
             inode.mtime = time_of(mtime);
         }
         inode.ctime = SystemTime::now();
+        if let Some(len) = resized {
+            state.remember(ino.0, PendingWrite::SetLen(len));
+        }
         match state.attr(ino.0) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
@@ -857,6 +1024,13 @@ impl Filesystem for PowerCutFilesystem {
                 let now = SystemTime::now();
                 *mtime = now;
                 *ctime = now;
+                state.remember(
+                    ino.0,
+                    PendingWrite::Write {
+                        offset,
+                        data: data.to_vec(),
+                    },
+                );
                 reply.written(data.len() as u32);
             }
             Some(_) => reply.error(Errno::EISDIR),
@@ -898,6 +1072,7 @@ impl Filesystem for PowerCutFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.sync_latency();
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_file(ino.0)) {
             Ok(()) => reply.ok(),
@@ -981,6 +1156,7 @@ impl Filesystem for PowerCutFilesystem {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.sync_latency();
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_dir(ino.0)) {
             Ok(()) => reply.ok(),
@@ -1076,6 +1252,7 @@ impl Filesystem for PowerCutFilesystem {
                 Some(end) => {
                     if (data.len() as u64) < end {
                         data.resize(end as usize, 0);
+                        state.remember(ino.0, PendingWrite::SetLen(end));
                     }
                     reply.ok();
                 }
@@ -1097,12 +1274,20 @@ impl PowerCutFs {
     /// As root this mounts with `mount(2)` directly. If the process dies without unmounting,
     /// a dead mount ("Transport endpoint is not connected") stays behind: `umount -l` it.
     pub fn mount(mountpoint: &Path) -> Result<PowerCutHandle, PowerCutError> {
+        Self::mount_with(mountpoint, PowerCutOptions::default())
+    }
+
+    /// [`PowerCutFs::mount`] with the harsher modes of `options`.
+    pub fn mount_with(
+        mountpoint: &Path,
+        options: PowerCutOptions,
+    ) -> Result<PowerCutHandle, PowerCutError> {
         if let Some(reason) = fuse_unavailable_reason() {
             return Err(PowerCutError::Unavailable(reason));
         }
         // SAFETY: getuid/getgid have no preconditions.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let state = Arc::new(Mutex::new(State::new(uid, gid)));
+        let state = Arc::new(Mutex::new(State::with_options(uid, gid, options)));
         let filesystem = PowerCutFilesystem {
             state: Arc::clone(&state),
         };
@@ -1290,5 +1475,85 @@ mod tests {
         assert!(state.check_handle(fh).is_ok());
         state.cut_power();
         assert_eq!(state.check_handle(fh), Err(Errno::EIO));
+    }
+
+    fn torn(seed: u64) -> State {
+        State::with_options(
+            0,
+            0,
+            PowerCutOptions {
+                torn_writes_seed: Some(seed),
+                strict_directories: false,
+            },
+        )
+    }
+
+    /// Writes `data` at `offset` of file `ino` as the write handler does.
+    fn write(state: &mut State, ino: u64, offset: u64, data: &[u8]) {
+        if let Some(Inode {
+            content: Content::File(bytes),
+            ..
+        }) = state.current.inodes.get_mut(&ino)
+        {
+            write_at(bytes, offset, data);
+        }
+        state.remember(
+            ino,
+            PendingWrite::Write {
+                offset,
+                data: data.to_vec(),
+            },
+        );
+    }
+
+    #[test]
+    fn torn_writes_keep_a_prefix_of_unsynced_writes_and_tear_the_next_by_sector() {
+        // A synced file gets three unsynced 1 KiB writes of 0xAA, 0xBB, 0xCC one after the
+        // other. After a cut, every write before the torn one is whole, the torn one holds
+        // whole sectors only, and nothing after it survives. Over many seeds, every outcome
+        // from "nothing" to "two whole writes plus part of the third" shows up.
+        let mut outcomes = std::collections::BTreeSet::new();
+        for seed in 1..200u64 {
+            let mut state = torn(seed);
+            let ino = file(&mut state, ROOT, "f", &[]);
+            state.sync_file(ino).expect("sync");
+            for (position, byte) in [0xAAu8, 0xBB, 0xCC].iter().enumerate() {
+                write(&mut state, ino, position as u64 * 1024, &[*byte; 1024]);
+            }
+            state.cut_power();
+            let data = data_at(&state, ROOT, "f").expect("file survives");
+            let sectors: Vec<u8> = data
+                .chunks(SECTOR_BYTES as usize)
+                .map(|sector| {
+                    assert!(sector.iter().all(|b| *b == sector[0]), "sectors are whole");
+                    sector[0]
+                })
+                .collect();
+            // Whole writes first, then part of one, then nothing.
+            let whole = sectors.chunks(2).take_while(|w| w.len() == 2 && w[0] != 0 && w[1] != 0).count();
+            assert!(sectors.iter().skip((whole + 1) * 2).all(|b| *b == 0), "{sectors:?}");
+            outcomes.insert(sectors);
+        }
+        assert!(outcomes.len() >= 5, "varied outcomes: {outcomes:?}");
+    }
+
+    #[test]
+    fn strict_directories_lose_a_synced_file_whose_directory_was_not_synced() {
+        // Strict mode: fsync of a new file keeps its data but not its name; only an fsync of
+        // the directory makes the name durable.
+        let options = PowerCutOptions {
+            torn_writes_seed: None,
+            strict_directories: true,
+        };
+        let mut state = State::with_options(0, 0, options);
+        let a = file(&mut state, ROOT, "a", b"A");
+        state.sync_file(a).expect("sync a");
+        state.cut_power();
+        assert_eq!(data_at(&state, ROOT, "a"), None, "the name was never made durable");
+        let b = file(&mut state, ROOT, "b", b"B");
+        state.sync_file(b).expect("sync b");
+        state.sync_dir(ROOT).expect("sync root");
+        state.cut_power();
+        assert_eq!(data_at(&state, ROOT, "b"), Some(b"B".to_vec()));
     }
 }

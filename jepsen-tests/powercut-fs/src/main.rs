@@ -1,5 +1,6 @@
-//! `cairn-powercut-fs MOUNTPOINT`: mounts a power-cut filesystem (see the library docs) at
-//! MOUNTPOINT and serves it until told to stop.
+//! `cairn-powercut-fs [--torn-writes SEED] [--strict-directories] MOUNTPOINT`: mounts a
+//! power-cut filesystem (see the library docs, also for the two modes) at MOUNTPOINT and
+//! serves it until told to stop.
 //!
 //! Control, by signal to this process (its pid is printed at start):
 //! - `SIGUSR1`: cut the power. Kill the processes that use the filesystem first; files they
@@ -15,14 +16,37 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use cairn_powercut_fs::PowerCutFs;
+use cairn_powercut_fs::PowerCutOptions;
+
+const USAGE: &str = "usage: cairn-powercut-fs [--torn-writes SEED] [--strict-directories] MOUNTPOINT\n  SIGUSR1 = cut power, SIGUSR2 = print stats, SIGTERM/SIGINT = unmount and exit";
+
+fn usage_error(problem: &str) -> ! {
+    eprintln!("cairn-powercut-fs: {problem}\n{USAGE}");
+    std::process::exit(2);
+}
 
 fn main() {
+    let mut options = PowerCutOptions::default();
+    let mut mountpoint = None;
     let mut args = std::env::args_os().skip(1);
-    let (Some(mountpoint), None) = (args.next(), args.next()) else {
-        eprintln!("usage: cairn-powercut-fs MOUNTPOINT\n  SIGUSR1 = cut power, SIGUSR2 = print stats, SIGTERM/SIGINT = unmount and exit");
-        std::process::exit(2);
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--torn-writes") => {
+                let seed = args
+                    .next()
+                    .and_then(|seed| seed.to_str().and_then(|s| s.parse::<u64>().ok()))
+                    .unwrap_or_else(|| usage_error("--torn-writes needs a numeric SEED"));
+                options.torn_writes_seed = Some(seed);
+            }
+            Some("--strict-directories") => options.strict_directories = true,
+            Some(flag) if flag.starts_with("--") => usage_error(&format!("unknown flag {flag}")),
+            _ if mountpoint.is_none() => mountpoint = Some(PathBuf::from(arg)),
+            _ => usage_error("only one MOUNTPOINT"),
+        }
+    }
+    let Some(mountpoint) = mountpoint else {
+        usage_error("MOUNTPOINT is missing");
     };
-    let mountpoint = PathBuf::from(mountpoint);
 
     // Block the control signals in every thread (the fuser thread inherits the mask), then
     // take them synchronously with sigwait on this thread.
@@ -41,7 +65,7 @@ fn main() {
         set
     };
 
-    let handle = match PowerCutFs::mount(&mountpoint) {
+    let handle = match PowerCutFs::mount_with(&mountpoint, options) {
         Ok(handle) => handle,
         Err(error) => {
             eprintln!("cairn-powercut-fs: {error}");

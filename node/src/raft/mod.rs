@@ -206,6 +206,8 @@ pub struct RaftSettings {
     pub max_payload_entries: u64,
     /// See [`stages`].
     pub write_stage_timing: bool,
+    /// The Raft log's storage engine (`log_engine` in the configuration).
+    pub log_engine: cairn_raft_log::LogEngineKind,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -358,7 +360,10 @@ impl RaftHandle {
             ..Default::default()
         }
         .validate()?;
-        let log_store = LogStore::open(&log_dir(data_dir), cairn_raft_log::LogOptions::default())?;
+        let log_store = LogStore::open(
+            &log_dir(data_dir),
+            cairn_raft_log::LogOptions::with_engine(settings.log_engine),
+        )?;
         let store = Store::new(limits);
         let growth = log_growth::LogGrowth::new(settings.snapshot_log_bytes);
         let stages = Arc::new(stages::WriteStages::new(settings.write_stage_timing));

@@ -26,6 +26,60 @@ openraft::declare_raft_types!(
 
 pub type Store = cairn_raft_log::LogStore<TestConfig>;
 
+pub use cairn_raft_log::LogEngineKind;
+pub use cairn_raft_log::LogOptions;
+
+/// Both engines: every log-store behaviour test runs against each.
+pub const ENGINES: [LogEngineKind; 2] = [LogEngineKind::Wal, LogEngineKind::Sled];
+
+/// Default options for `engine`.
+pub fn options(engine: LogEngineKind) -> LogOptions {
+    LogOptions::with_engine(engine)
+}
+
+/// WAL options with small segments (so tests rotate often) and a tail of `tail_bytes_max`.
+pub fn small_wal(segment_size_bytes: u64, tail_bytes_max: u64) -> LogOptions {
+    LogOptions {
+        segment_size_bytes,
+        tail_bytes_max,
+        ..LogOptions::with_engine(LogEngineKind::Wal)
+    }
+}
+
+/// The WAL's segment files in `dir`, sorted by name (base index, then id).
+pub fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("segments"))
+        .map(|listing| {
+            listing
+                .filter_map(|item| item.ok().map(|item| item.path()))
+                .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// Generates one `#[test]` per engine for each listed `fn name(engine: LogEngineKind)`:
+/// `name::wal` and `name::sled`.
+#[macro_export]
+macro_rules! for_each_engine {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn wal() {
+                    super::$name(cairn_raft_log::LogEngineKind::Wal)
+                }
+                #[test]
+                fn sled() {
+                    super::$name(cairn_raft_log::LogEngineKind::Sled)
+                }
+            }
+        )*
+    };
+}
+
 /// A log id of term 1 written by node 0.
 pub fn log_id(index: u64) -> LogId<u64> {
     LogId::new(CommittedLeaderId::new(1, 0), index)
@@ -33,7 +87,12 @@ pub fn log_id(index: u64) -> LogId<u64> {
 
 /// The payload stored at `index`, a pure function of the index so any process can check it.
 pub fn payload_for(index: u64) -> Vec<u8> {
-    let len = 16 + (index % 240) as usize;
+    payload_scaled(index, 1)
+}
+
+/// [`payload_for`] with `scale` times the length (16 + scale × (index % 240) bytes).
+pub fn payload_scaled(index: u64, scale: usize) -> Vec<u8> {
+    let len = 16 + scale * (index % 240) as usize;
     let mut state = index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
     (0..len)
         .map(|_| {
@@ -47,19 +106,29 @@ pub fn payload_for(index: u64) -> Vec<u8> {
 
 /// A normal entry at `index` carrying `payload_for(index)`.
 pub fn entry(index: u64) -> Entry<TestConfig> {
+    entry_scaled(index, 1)
+}
+
+/// A normal entry at `index` carrying `payload_scaled(index, scale)`.
+pub fn entry_scaled(index: u64, scale: usize) -> Entry<TestConfig> {
     Entry {
         log_id: log_id(index),
-        payload: EntryPayload::Normal(Command(payload_for(index))),
+        payload: EntryPayload::Normal(Command(payload_scaled(index, scale))),
     }
 }
 
 /// Checks that `got` is exactly the entry the tests write at `index`.
 pub fn check_entry(index: u64, got: &Entry<TestConfig>) -> Result<(), String> {
+    check_entry_scaled(index, got, 1)
+}
+
+/// Checks that `got` is exactly `entry_scaled(index, scale)`.
+pub fn check_entry_scaled(index: u64, got: &Entry<TestConfig>, scale: usize) -> Result<(), String> {
     if got.log_id != log_id(index) {
         return Err(format!("entry {index} has log id {}", got.log_id));
     }
     match &got.payload {
-        EntryPayload::Normal(Command(bytes)) if *bytes == payload_for(index) => Ok(()),
+        EntryPayload::Normal(Command(bytes)) if *bytes == payload_scaled(index, scale) => Ok(()),
         other => Err(format!("entry {index} has the wrong payload: {other:?}")),
     }
 }
