@@ -32,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod forward;
+pub mod limits;
 pub mod raft;
 pub mod restore;
 pub mod service;

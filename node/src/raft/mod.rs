@@ -5,6 +5,7 @@
 
 mod log_growth;
 mod network;
+pub mod peer_gate;
 pub mod read_batch;
 mod state_machine;
 #[cfg(test)]
@@ -25,7 +26,8 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 
-pub use network::{Network, RaftRpcService};
+pub use network::{decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits};
+pub use peer_gate::PeerGate;
 pub use state_machine::{ClusterIdentity, StateMachine};
 
 /// A member's addresses, as stored in the Raft membership.
@@ -203,6 +205,11 @@ pub struct RaftSettings {
     pub snapshot_log_bytes: u64,
     pub snapshot_chunk_bytes: u64,
     pub max_payload_entries: u64,
+    /// Largest Raft message sent or received (`peer_message_bytes_max`).
+    pub peer_message_bytes_max: usize,
+    /// The nodes this node may hear from before it holds a membership (the
+    /// bootstrap member list; a joining node learns them from the cluster).
+    pub bootstrap_members: BTreeSet<NodeId>,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -235,6 +242,9 @@ pub struct RaftHandle {
     pub node_id: NodeId,
     pub store: Store,
     pub identity: Arc<ClusterIdentity>,
+    /// Checks every message arriving on the peer port.
+    pub gate: Arc<PeerGate>,
+    peer_message_bytes_max: usize,
 }
 
 fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint {
@@ -298,6 +308,27 @@ async fn propose_entry(
     }
 }
 
+/// Refuses to start on a vote or log whose term no node can reach: openraft
+/// would overflow the term at the next election, and panic again after every
+/// restart. The vote is validated here, where it comes out of the store,
+/// before openraft reads it.
+async fn check_stored_state(log_store: &mut LogStore) -> anyhow::Result<()> {
+    use openraft::storage::RaftLogStorage;
+    if let Some(vote) = log_store.read_vote().await? {
+        peer_gate::check_stored_term("vote", vote.leader_id.term).map_err(anyhow::Error::msg)?;
+    }
+    let state = log_store.get_log_state().await?;
+    for (what, log_id) in [
+        ("last log entry", state.last_log_id),
+        ("purge point", state.last_purged_log_id),
+    ] {
+        if let Some(l) = log_id {
+            peer_gate::check_stored_term(what, l.leader_id.term).map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(())
+}
+
 fn is_leader(raft: &Raft, node_id: NodeId) -> bool {
     let metrics = raft.metrics().borrow().clone();
     metrics.current_leader == Some(node_id) && metrics.state == ServerState::Leader
@@ -332,7 +363,9 @@ impl RaftHandle {
             ..Default::default()
         }
         .validate()?;
-        let log_store = LogStore::open(&log_dir(data_dir), cairn_raft_log::LogOptions::default())?;
+        let mut log_store =
+            LogStore::open(&log_dir(data_dir), cairn_raft_log::LogOptions::default())?;
+        check_stored_state(&mut log_store).await?;
         let store = Store::new(limits);
         let growth = log_growth::LogGrowth::new(settings.snapshot_log_bytes);
         let state_machine = StateMachine::open(
@@ -341,7 +374,7 @@ impl RaftHandle {
             identity.clone(),
             growth.clone(),
         )?;
-        let network = Network::new(identity.clone());
+        let network = Network::new(identity.clone(), node_id, settings.peer_message_bytes_max);
         let raft = Raft::new(
             node_id,
             Arc::new(config),
@@ -350,6 +383,21 @@ impl RaftHandle {
             state_machine.clone(),
         )
         .await?;
+        let metrics = raft.metrics();
+        let gate = Arc::new(PeerGate::new(
+            identity.clone(),
+            move || {
+                let m = metrics.borrow();
+                let ids: BTreeSet<NodeId> = m
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .collect();
+                (!ids.is_empty()).then_some(ids)
+            },
+            settings.bootstrap_members.clone(),
+        ));
         tokio::spawn(growth.run(raft.clone()));
         let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id);
         Ok(RaftHandle {
@@ -360,12 +408,20 @@ impl RaftHandle {
             node_id,
             store,
             identity,
+            gate,
+            peer_message_bytes_max: settings.peer_message_bytes_max,
         })
     }
 
     /// The gRPC service answering Raft RPCs from peers.
     pub fn rpc_service(&self) -> RaftServiceServer<RaftRpcService> {
-        RaftRpcService::new(self.raft.clone(), self.identity.clone()).into_server()
+        let limits = RaftServerLimits {
+            message_bytes_max: self.peer_message_bytes_max,
+            entries_max: peer_gate::ENTRIES_MAX,
+            snapshot_chunk_bytes_max: peer_gate::SNAPSHOT_CHUNK_BYTES_MAX,
+        };
+        RaftRpcService::new(self.raft.clone(), self.node_id, self.gate.clone(), limits)
+            .into_server()
     }
 
     /// Initializes a new cluster with `members` as voters. Only called on a node
