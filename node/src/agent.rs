@@ -158,7 +158,10 @@ impl Agent {
             restorer: restorer.clone(),
         };
         // Every client service counts against `requests_per_connection_max`.
-        let limited = crate::limits::RequestLimitLayer::new(connection_limits);
+        let limited = crate::limits::RequestLimitLayer::new(
+            connection_limits,
+            config.client_message_bytes_max,
+        );
         let client_router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(

@@ -192,16 +192,46 @@ pub fn connection_of<B>(request: &http::Request<B>) -> Option<SocketAddr> {
         .and_then(|info| info.remote_addr())
 }
 
-/// Applies `requests_per_connection_max` to every call of a server.
+/// Applies `requests_per_connection_max` to every call of a server, and
+/// names `client_message_bytes_max` when gRPC refuses a message over it.
 #[derive(Clone)]
 pub struct RequestLimitLayer {
     limits: Arc<ConnectionLimits>,
+    message_bytes_max: usize,
 }
 
 impl RequestLimitLayer {
-    pub fn new(limits: Arc<ConnectionLimits>) -> RequestLimitLayer {
-        RequestLimitLayer { limits }
+    pub fn new(limits: Arc<ConnectionLimits>, message_bytes_max: usize) -> RequestLimitLayer {
+        RequestLimitLayer {
+            limits,
+            message_bytes_max,
+        }
     }
+}
+
+/// tonic refuses a request message over the decoding limit with
+/// OUT_OF_RANGE and its own words, before the handler runs; this turns that
+/// refusal into the node's: ResourceExhausted naming the limit's config key.
+fn name_the_message_limit(
+    response: http::Response<tonic::body::Body>,
+    message_bytes_max: usize,
+) -> http::Response<tonic::body::Body> {
+    let Some(status) = tonic::Status::from_header_map(response.headers()) else {
+        return response;
+    };
+    if status.code() != tonic::Code::OutOfRange
+        || !status
+            .message()
+            .starts_with("Error, decoded message length too large")
+    {
+        return response;
+    }
+    tonic::Status::from(ApiError::exhausted(
+        "client_message_bytes_max",
+        message_bytes_max as u64,
+        "the request message is too large",
+    ))
+    .into_http()
 }
 
 impl RequestLimitLayer {
@@ -210,6 +240,7 @@ impl RequestLimitLayer {
         RequestLimit {
             inner,
             limits: self.limits.clone(),
+            message_bytes_max: self.message_bytes_max,
         }
     }
 }
@@ -224,6 +255,7 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for RequestLimi
 pub struct RequestLimit<S> {
     inner: S,
     limits: Arc<ConnectionLimits>,
+    message_bytes_max: usize,
 }
 
 impl<S, B> tonic::codegen::Service<http::Request<B>> for RequestLimit<S>
@@ -245,10 +277,11 @@ where
         match self.limits.request(connection_of(&request)) {
             Ok(permit) => {
                 let answer = self.inner.call(request);
+                let message_bytes_max = self.message_bytes_max;
                 Box::pin(async move {
                     let response = answer.await;
                     drop(permit);
-                    response
+                    response.map(|r| name_the_message_limit(r, message_bytes_max))
                 })
             }
             Err(refusal) => {
