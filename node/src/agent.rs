@@ -388,12 +388,20 @@ async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<
     // The peer port admits only this cluster's members: learn who they are
     // (and the cluster id) from the node we join through, before asking to
     // be added, so that the leader's first message is admitted.
-    let status = crate::cli::fetch_status(address).await?;
-    if status.cluster_id.is_empty() {
-        return Err(ApiError::Unavailable(format!(
-            "{address} does not know its cluster id yet"
-        )));
-    }
+    let mut attempt = 0;
+    let status = loop {
+        attempt += 1;
+        match crate::cli::fetch_status(address).await {
+            Ok(s) if !s.cluster_id.is_empty() => break s,
+            Ok(_) if attempt >= 20 => {
+                return Err(ApiError::Unavailable(format!(
+                    "{address} does not know its cluster id yet"
+                )))
+            }
+            Err(e) if attempt >= 20 => return Err(e),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
     raft.gate
         .joining(
             &status.cluster_id,
