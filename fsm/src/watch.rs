@@ -240,16 +240,20 @@ impl Registry {
                 event: event.clone(),
                 size_bytes,
             };
+            // Charged before it is sent: the consumer may take it out (and
+            // give the bytes back) as soon as it is in the buffer.
+            s.unread.add(size_bytes);
             match s.sender.try_send(buffered) {
-                Ok(()) => {
-                    s.unread.add(size_bytes);
-                    true
-                }
+                Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
+                    s.unread.take(size_bytes);
                     let _first = s.close_reason.set(REASON_LAGGING.to_string());
                     false
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    s.unread.take(size_bytes);
+                    false
+                }
             }
         });
         self.count -= before - subscribers.len();

@@ -341,7 +341,7 @@ impl Config {
         check_range(
             "watches_per_connection_max",
             self.watches_per_connection_max,
-            1..=self.watches_max.max(1),
+            1..=10_000_000,
         )?;
         check_range("watches_max", self.watches_max, 1..=10_000_000)?;
         check_range(
