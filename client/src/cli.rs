@@ -88,6 +88,7 @@ pub fn exit_code(e: &ClientError) -> u8 {
         | ClientError::DeadlineExceeded { .. } => exit::UNAVAILABLE,
         ClientError::InvalidArgument { .. } => exit::USAGE,
         ClientError::GroupVersionMismatch { .. }
+        | ClientError::ResourceExhausted { .. }
         | ClientError::WatchClosed(_)
         | ClientError::Compacted { .. }
         | ClientError::Internal { .. } => exit::ERROR,

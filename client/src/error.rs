@@ -72,6 +72,15 @@ pub enum ClientError {
     /// client setting at fault (`endpoints`).
     #[error("invalid argument {field}: {reason}")]
     InvalidArgument { field: String, reason: String },
+    /// A node's configured limit refused the call before doing any work
+    /// (certainly not applied): `limit` is the limit's configuration key,
+    /// `value` its value on that node.
+    #[error("resource exhausted: {reason}")]
+    ResourceExhausted {
+        limit: String,
+        value: u64,
+        reason: String,
+    },
     /// No endpoint could serve the call: every one was unreachable, or no
     /// leader was known, or the connection dropped.
     #[error("unavailable: {message}")]
@@ -148,6 +157,15 @@ impl ClientError {
             ApiError::InvalidArgument { field, reason } => {
                 ClientError::InvalidArgument { field, reason }
             }
+            ApiError::ResourceExhausted {
+                limit,
+                value,
+                reason,
+            } => ClientError::ResourceExhausted {
+                limit,
+                value,
+                reason,
+            },
             ApiError::Internal(message) => ClientError::Internal {
                 message,
                 outcome: outcome_if_unsure,

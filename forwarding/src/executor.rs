@@ -12,6 +12,15 @@ use futures::Stream;
 
 use crate::handle::Handle;
 
+/// The refusal of a list that matches more than `list_results_max` resources.
+fn too_many_results(results_max: usize) -> ApiError {
+    ApiError::exhausted(
+        "list_results_max",
+        results_max as u64,
+        format!("the list matches more than {results_max} resources; narrow its filter"),
+    )
+}
+
 /// The watch stream served to clients: events, then at most one error
 /// (WatchClosed, Compacted), after which the stream ends.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, tonic::Status>> + Send>>;
@@ -181,8 +190,10 @@ impl<H: Handle> Executor<H> {
             .as_ref()
             .ok_or_else(|| ApiError::invalid("type", "is required"))?;
         let tenancy = r.tenancy.unwrap_or_default();
+        let results_max = self.limits().list_results_max;
         let resources = view
-            .list(type_, &tenancy, &r.name_prefix)
+            .list_at_most(type_, &tenancy, &r.name_prefix, results_max)
+            .ok_or_else(|| too_many_results(results_max))?
             .into_iter()
             .map(|r| (*r).clone())
             .collect();
@@ -263,8 +274,10 @@ impl<H: Handle> Executor<H> {
             .ok_or_else(|| ApiError::invalid("owner", "is required"))?;
         cairn_fsm::validate_id("owner", &owner, self.limits())?;
         let view = self.handle.store().view();
+        let results_max = self.limits().list_results_max;
         let resources = view
-            .list_by_owner(&owner)
+            .list_by_owner_at_most(&owner, results_max)
+            .ok_or_else(|| too_many_results(results_max))?
             .into_iter()
             .map(|r| (*r).clone())
             .collect();

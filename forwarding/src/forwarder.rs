@@ -78,11 +78,16 @@ impl Default for ForwarderOptions {
     }
 }
 
+/// Adds the sender's credentials (the host's cluster id and node id) to
+/// every forwarded request; the leader's peer port refuses requests without them.
+pub type RequestStamp = Arc<dyn Fn(&mut tonic::metadata::MetadataMap) + Send + Sync>;
+
 /// Routes client requests to this node or to the leader.
 pub struct Forwarder<H> {
     executor: Executor<H>,
     channel: Arc<LeaderChannel>,
     options: ForwarderOptions,
+    stamp: Option<RequestStamp>,
 }
 
 impl<H: Handle> Forwarder<H> {
@@ -97,7 +102,14 @@ impl<H: Handle> Forwarder<H> {
             executor,
             channel,
             options,
+            stamp: None,
         }
+    }
+
+    /// Stamps every forwarded request with `stamp` (see [`RequestStamp`]).
+    pub fn with_request_stamp(mut self, stamp: RequestStamp) -> Forwarder<H> {
+        self.stamp = Some(stamp);
+        self
     }
 
     pub fn executor(&self) -> &Executor<H> {
@@ -283,6 +295,9 @@ impl<H: Handle> Forwarder<H> {
             .max_decoding_message_size(self.options.message_bytes_max)
             .max_encoding_message_size(self.options.message_bytes_max);
         let mut call = Request::new(request.clone());
+        if let Some(stamp) = &self.stamp {
+            stamp(call.metadata_mut());
+        }
         // The leader stops working on it when we stop waiting.
         call.set_timeout(remaining);
         match tokio::time::timeout(remaining, R::remote(&mut client, call)).await {

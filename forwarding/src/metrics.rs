@@ -85,6 +85,7 @@ pub(crate) fn kind_label(error: &ApiError) -> &'static str {
         ApiError::WatchClosed(_) => "watch_closed",
         ApiError::Compacted { .. } => "compacted",
         ApiError::InvalidArgument { .. } => "invalid_argument",
+        ApiError::ResourceExhausted { .. } => "resource_exhausted",
         ApiError::Internal(_) => "internal",
     }
 }

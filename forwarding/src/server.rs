@@ -32,11 +32,20 @@ impl<H: Handle> ForwardingServer<H> {
         }
     }
 
-    /// The tonic service, with the forwarding message size limits.
+    /// The tonic service, with the default forwarding message size limit.
     pub fn into_service(self) -> ForwardingServiceServer<ForwardingServer<H>> {
+        self.into_service_with_limit(crate::FORWARD_MESSAGE_BYTES_MAX)
+    }
+
+    /// The tonic service, refusing (and never sending) a message larger than
+    /// `message_bytes_max`.
+    pub fn into_service_with_limit(
+        self,
+        message_bytes_max: usize,
+    ) -> ForwardingServiceServer<ForwardingServer<H>> {
         ForwardingServiceServer::new(self)
-            .max_decoding_message_size(crate::FORWARD_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(crate::FORWARD_MESSAGE_BYTES_MAX)
+            .max_decoding_message_size(message_bytes_max)
+            .max_encoding_message_size(message_bytes_max)
     }
 
     /// Runs one forwarded request within its deadline (the caller's

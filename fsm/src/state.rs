@@ -113,32 +113,62 @@ impl View {
     /// version is ignored) whose tenancy matches field by field (`*` = any)
     /// and whose name starts with `name_prefix`, in storage-key order.
     pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<Arc<Resource>> {
+        self.list_at_most(type_, tenancy, name_prefix, usize::MAX)
+            .unwrap_or_default()
+    }
+
+    /// As [`View::list`], but `None` as soon as more than `results_max`
+    /// resources match (the scan stops there).
+    pub fn list_at_most(
+        &self,
+        type_: &Type,
+        tenancy: &Tenancy,
+        name_prefix: &str,
+        results_max: usize,
+    ) -> Option<Vec<Arc<Resource>>> {
         let matcher = key::Matcher::new(type_, tenancy, name_prefix);
         let prefix = matcher.scan_prefix();
-        self.state
+        let found: Vec<Arc<Resource>> = self
+            .state
             .resources
             .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .filter(|(k, _)| matcher.matches_key(k))
             .map(|(_, r)| r.clone())
-            .collect()
+            .take(results_max.saturating_add(1))
+            .collect();
+        (found.len() <= results_max).then_some(found)
     }
 
     /// Every resource whose owner equals `owner` on group, kind, partition,
     /// namespace, name and uid (the group version is ignored).
     pub fn list_by_owner(&self, owner: &Id) -> Vec<Arc<Resource>> {
+        self.list_by_owner_at_most(owner, usize::MAX)
+            .unwrap_or_default()
+    }
+
+    /// As [`View::list_by_owner`], but `None` as soon as more than
+    /// `results_max` resources match.
+    pub fn list_by_owner_at_most(
+        &self,
+        owner: &Id,
+        results_max: usize,
+    ) -> Option<Vec<Arc<Resource>>> {
         if key::holds_separator(owner) {
             // No stored field holds one; and a separator inside a field would
             // shift the prefix onto other owners' entries.
-            return Vec::new();
+            return Some(Vec::new());
         }
         let prefix = key::owner_prefix(owner);
-        self.state
+        let found: Vec<Arc<Resource>> = self
+            .state
             .owned
             .range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix.as_str()))
             .map(|(_, r)| r.clone())
-            .collect()
+            .take(results_max.saturating_add(1))
+            .collect();
+        (found.len() <= results_max).then_some(found)
     }
 
     /// How many resources the view holds.

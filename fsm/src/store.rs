@@ -192,6 +192,12 @@ impl Store {
         self.shared.writer.lock().registry.len()
     }
 
+    /// Bytes of live watch events buffered and not yet read, over every
+    /// watch (bounded by [`Limits::watch_buffers_bytes_max`]).
+    pub fn watch_unread_bytes(&self) -> usize {
+        self.shared.writer.lock().registry.unread_bytes()
+    }
+
     /// The latest state, O(1).
     pub fn view(&self) -> View {
         View {
@@ -489,7 +495,7 @@ impl Drop for Batch<'_> {
         }
         let mut changes = std::mem::take(&mut w.unpublished);
         for change in changes.drain(..) {
-            w.registry.publish(&change);
+            w.registry.publish(&change, &self.shared.limits);
         }
         w.unpublished = changes;
     }

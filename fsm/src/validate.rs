@@ -24,6 +24,19 @@ pub struct Limits {
     /// Capacity of each watch's buffer of live events; a watch whose buffer
     /// is full when an event arrives is closed as lagging.
     pub watch_buffer_events: usize,
+    /// Most metadata entries on one resource.
+    pub metadata_entries_max: usize,
+    /// Most resources one list or owner lookup answers (enforced by the
+    /// node's executor with [`crate::View::list_at_most`]).
+    pub list_results_max: usize,
+    /// Most status conditions on one resource, over all its status entries.
+    pub status_conditions_max: usize,
+    /// Bytes of live events one watch may hold unread; a watch that would go
+    /// over is closed as lagging.
+    pub watch_buffer_bytes_max: usize,
+    /// Bytes of live events all watches together may hold unread; the watch
+    /// whose event would go over is closed as lagging.
+    pub watch_buffers_bytes_max: usize,
 }
 
 impl Default for Limits {
@@ -33,6 +46,11 @@ impl Default for Limits {
             name_bytes_max: 256,
             history_changes_max: 10_000,
             watch_buffer_events: 4096,
+            metadata_entries_max: 64,
+            list_results_max: 100_000,
+            status_conditions_max: 64,
+            watch_buffer_bytes_max: 8 * 1024 * 1024,
+            watch_buffers_bytes_max: 512 * 1024 * 1024,
         }
     }
 }
@@ -54,7 +72,7 @@ fn check_text(
         return Err(FsmError::invalid(
             field,
             format!(
-                "is {} bytes, more than the limit of {}",
+                "is {} bytes, more than the limit name_bytes_max = {}",
                 value.len(),
                 limits.name_bytes_max
             ),
@@ -156,15 +174,70 @@ pub fn validate_write(resource: &Resource, limits: &Limits) -> Result<(), FsmErr
         validate_id("resource.owner", owner, limits)?;
     }
     check_text("resource.version", &resource.version, false, false, limits)?;
+    // The size first: every later check walks the resource.
     let size_bytes = resource.encoded_len();
     if size_bytes > limits.resource_bytes_max {
         return Err(FsmError::invalid(
             "resource",
             format!(
-                "encodes to {size_bytes} bytes, more than the limit of {}",
+                "encodes to {size_bytes} bytes, more than the limit resource_bytes_max = {}",
                 limits.resource_bytes_max
             ),
         ));
+    }
+    check_text(
+        "resource.generation",
+        &resource.generation,
+        false,
+        true,
+        limits,
+    )?;
+    if resource.metadata.len() > limits.metadata_entries_max {
+        return Err(FsmError::invalid(
+            "resource.metadata",
+            format!(
+                "has {} entries, more than the limit metadata_entries_max = {}",
+                resource.metadata.len(),
+                limits.metadata_entries_max
+            ),
+        ));
+    }
+    for key in resource.metadata.keys() {
+        check_text("resource.metadata key", key, false, true, limits)?;
+    }
+    let conditions: usize = resource.status.values().map(|s| s.conditions.len()).sum();
+    if conditions > limits.status_conditions_max {
+        return Err(FsmError::invalid(
+            "resource.status",
+            format!(
+                "holds {conditions} conditions, more than the limit status_conditions_max = {}",
+                limits.status_conditions_max
+            ),
+        ));
+    }
+    // A status entry without conditions still counts as one, so that the
+    // map itself is bounded too.
+    if resource.status.len() > limits.status_conditions_max.max(1) {
+        return Err(FsmError::invalid(
+            "resource.status",
+            format!(
+                "has {} entries, more than the limit status_conditions_max = {}",
+                resource.status.len(),
+                limits.status_conditions_max
+            ),
+        ));
+    }
+    for (key, status) in &resource.status {
+        check_text("resource.status key", key, false, true, limits)?;
+        for condition in &status.conditions {
+            check_text(
+                &format!("resource.status[{key}].conditions.type"),
+                &condition.r#type,
+                false,
+                true,
+                limits,
+            )?;
+        }
     }
     Ok(())
 }

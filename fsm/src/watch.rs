@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use cairn_proto::v1::{watch_event, Resource, Tenancy, Type, WatchEvent};
@@ -12,7 +13,7 @@ use crate::history::History;
 use crate::key::{self, Key};
 use crate::state::{Change, State};
 use crate::store::Shared;
-use crate::FsmError;
+use crate::{FsmError, Limits};
 
 /// What a watch selects: the list rule (group + kind, tenancy with `*`,
 /// name prefix).
@@ -80,6 +81,9 @@ impl Event {
 /// How many snapshot resources a watch fetches per seek into the tree.
 const SNAPSHOT_CHUNK_RESOURCES: usize = 64;
 
+/// What a buffered event costs beyond its resource (the event, its slot).
+const EVENT_OVERHEAD_BYTES: usize = 64;
+
 /// Why a watch was closed; set once by the writer before it drops the sender.
 type CloseReason = Arc<OnceLock<String>>;
 
@@ -88,13 +92,59 @@ pub(crate) const REASON_RESTORE: &str = "restore";
 /// The store itself was dropped.
 pub(crate) const REASON_SHUTDOWN: &str = "shutdown";
 
+/// A live event in a watch's buffer, with the bytes it is charged for.
+struct Buffered {
+    event: Event,
+    size_bytes: usize,
+}
+
+/// Bytes of live events buffered and not yet read: one counter per watch,
+/// one for the whole store. The writer adds when it buffers an event; the
+/// consumer subtracts when it takes one out or drops the watch.
+#[derive(Clone, Default)]
+struct Unread {
+    watch_bytes: Arc<AtomicUsize>,
+    store_bytes: Arc<AtomicUsize>,
+}
+
+impl Unread {
+    fn add(&self, size_bytes: usize) {
+        self.watch_bytes.fetch_add(size_bytes, Ordering::SeqCst);
+        self.store_bytes.fetch_add(size_bytes, Ordering::SeqCst);
+    }
+
+    fn take(&self, size_bytes: usize) {
+        let before = self.watch_bytes.fetch_sub(size_bytes, Ordering::SeqCst);
+        assert!(
+            before >= size_bytes,
+            "a watch never reads more than it buffered"
+        );
+        let before = self.store_bytes.fetch_sub(size_bytes, Ordering::SeqCst);
+        assert!(
+            before >= size_bytes,
+            "the store's unread bytes cover every watch's"
+        );
+    }
+
+    /// Releases everything still charged to this watch (it is gone).
+    fn release(&self) {
+        let left = self.watch_bytes.swap(0, Ordering::SeqCst);
+        let before = self.store_bytes.fetch_sub(left, Ordering::SeqCst);
+        assert!(
+            before >= left,
+            "the store's unread bytes cover every watch's"
+        );
+    }
+}
+
 /// The writer's handle on one watch.
 struct Subscriber {
     id: u64,
     tenancy: Tenancy,
     name_prefix: String,
-    sender: mpsc::Sender<Event>,
+    sender: mpsc::Sender<Buffered>,
     close_reason: CloseReason,
+    unread: Unread,
 }
 
 /// Open watches, indexed by (group, kind) so a change only visits the
@@ -104,11 +154,18 @@ pub(crate) struct Registry {
     by_type: HashMap<Box<str>, Vec<Subscriber>>,
     count: usize,
     next_id: u64,
+    /// Unread bytes of every watch of this store.
+    unread_bytes: Arc<AtomicUsize>,
 }
 
 impl Registry {
     pub fn len(&self) -> usize {
         self.count
+    }
+
+    /// Bytes of live events buffered in every watch and not yet read.
+    pub fn unread_bytes(&self) -> usize {
+        self.unread_bytes.load(Ordering::SeqCst)
     }
 
     fn add(&mut self, type_key: &str, subscriber: Subscriber) {
@@ -135,28 +192,68 @@ impl Registry {
     }
 
     /// Sends the event of a committed change to every matching watch. A
-    /// watch whose buffer is full is closed as lagging (it keeps what it
+    /// watch whose buffer is full, or whose unread bytes would go over
+    /// `watch_buffer_bytes_max` (or the store's over
+    /// `watch_buffers_bytes_max`), is closed as lagging (it keeps what it
     /// buffered); a watch whose consumer is gone is dropped. One Arc clone per
     /// matching watch, no other allocation.
-    pub fn publish(&mut self, change: &Change) {
+    pub fn publish(&mut self, change: &Change, limits: &Limits) {
         let type_key = key::type_key_of_storage_key(&change.key);
         let Some(subscribers) = self.by_type.get_mut(type_key) else {
             return;
         };
         let event = Event::of_change(change);
+        // What a buffered event costs: the resource it holds alive (the
+        // table may move on to a newer version) in its encoded size.
+        let size_bytes = event
+            .resource
+            .as_ref()
+            .map(|r| prost::Message::encoded_len(r.as_ref()))
+            .unwrap_or(0)
+            + EVENT_OVERHEAD_BYTES;
         let parts = key::resource_parts(change.subject());
         let before = subscribers.len();
+        let store_bytes = &self.unread_bytes;
         subscribers.retain(|s| {
             if !key::tenancy_matches(&parts, &s.tenancy, &s.name_prefix) {
                 return true;
             }
-            match s.sender.try_send(event.clone()) {
+            let watch_unread = s.unread.watch_bytes.load(Ordering::SeqCst);
+            if watch_unread + size_bytes > limits.watch_buffer_bytes_max {
+                let _first = s.close_reason.set(format!(
+                    "{REASON_LAGGING}: {} unread bytes would exceed watch_buffer_bytes_max = {}",
+                    watch_unread + size_bytes,
+                    limits.watch_buffer_bytes_max
+                ));
+                return false;
+            }
+            let store_unread = store_bytes.load(Ordering::SeqCst);
+            if store_unread + size_bytes > limits.watch_buffers_bytes_max {
+                let _first = s.close_reason.set(format!(
+                    "{REASON_LAGGING}: the node's unread watch events would exceed \
+                     watch_buffers_bytes_max = {}",
+                    limits.watch_buffers_bytes_max
+                ));
+                return false;
+            }
+            let buffered = Buffered {
+                event: event.clone(),
+                size_bytes,
+            };
+            // Charged before it is sent: the consumer may take it out (and
+            // give the bytes back) as soon as it is in the buffer.
+            s.unread.add(size_bytes);
+            match s.sender.try_send(buffered) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
+                    s.unread.take(size_bytes);
                     let _first = s.close_reason.set(REASON_LAGGING.to_string());
                     false
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    s.unread.take(size_bytes);
+                    false
+                }
             }
         });
         self.count -= before - subscribers.len();
@@ -199,11 +296,13 @@ enum Phase {
     Closed(String),
 }
 
-/// Removes the watch from the registry when the Watch is dropped.
+/// Removes the watch from the registry when the Watch is dropped, then
+/// releases the unread bytes still charged to it.
 struct Registration {
     shared: Weak<Shared>,
     type_key: Box<str>,
     id: u64,
+    unread: Unread,
 }
 
 impl Drop for Registration {
@@ -215,6 +314,8 @@ impl Drop for Registration {
                 .registry
                 .remove(&self.type_key, self.id);
         }
+        // No writer sends to this watch any more: what it still holds is freed.
+        self.unread.release();
     }
 }
 
@@ -223,7 +324,7 @@ pub struct Watch {
     filter: WatchFilter,
     matcher: key::Matcher,
     phase: Phase,
-    receiver: mpsc::Receiver<Event>,
+    receiver: mpsc::Receiver<Buffered>,
     close_reason: CloseReason,
     /// Live events at or below this revision are skipped (a watch that
     /// starts from a revision the node has not applied yet).
@@ -248,6 +349,10 @@ pub(crate) fn register(
     let type_key = key::type_key(&filter.type_.group, &filter.type_.kind);
     let id = registry.next_id;
     registry.next_id += 1;
+    let unread = Unread {
+        watch_bytes: Arc::default(),
+        store_bytes: registry.unread_bytes.clone(),
+    };
     registry.add(
         &type_key,
         Subscriber {
@@ -256,6 +361,7 @@ pub(crate) fn register(
             name_prefix: filter.name_prefix.clone(),
             sender,
             close_reason: close_reason.clone(),
+            unread: unread.clone(),
         },
     );
     let phase = if start_revision == 0 {
@@ -280,6 +386,7 @@ pub(crate) fn register(
             shared: Arc::downgrade(shared),
             type_key: type_key.into(),
             id,
+            unread,
         },
     }
 }
@@ -346,7 +453,9 @@ impl Watch {
         }
     }
 
-    fn accept_live(&self, event: Event) -> Option<Event> {
+    fn accept_live(&self, buffered: Buffered) -> Option<Event> {
+        self._registration.unread.take(buffered.size_bytes);
+        let event = buffered.event;
         (event.revision > self.skip_through_revision).then_some(event)
     }
 

@@ -169,6 +169,8 @@ fn views_are_consistent_points_in_time_and_watches_see_exactly_the_committed_seq
     // Concurrent readers, listers and watchers against one writer; every observation is checked.
     let store = Store::new(Limits {
         watch_buffer_events: 1 << 20,
+        watch_buffer_bytes_max: 1 << 30,
+        watch_buffers_bytes_max: 1 << 32,
         history_changes_max: 10_000,
         ..Limits::default()
     });

@@ -733,6 +733,113 @@ fn a_lagging_watch_is_closed_after_delivering_everything_it_buffered() {
 }
 
 #[test]
+fn a_watch_over_its_unread_byte_budget_is_closed_after_what_it_buffered() {
+    // A watch that does not read holds at most watch_buffer_bytes_max of
+    // events (a resource's encoded size + 64 each): the event that would go
+    // over closes it as lagging, naming the limit, after delivering the two
+    // it holds. A watch that keeps up, on the same store, stays open and sees
+    // every event; reading or dropping gives every byte back.
+    let mut probe = Log::new();
+    let mut big = resource(id("u", "n0"), "");
+    big.metadata.insert("pad".into(), "x".repeat(1000));
+    let event_bytes = prost::Message::encoded_len(probe.put(big.clone()).as_ref()) + 64;
+    let mut log = Log::with_limits(Limits {
+        watch_buffer_bytes_max: 2 * event_bytes + event_bytes / 2,
+        ..Limits::default()
+    });
+    let mut idle = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    let mut reader = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    let mut read_live = 0;
+    for i in 0..3 {
+        let mut r = big.clone();
+        r.id.as_mut().unwrap().name = format!("n{i}");
+        log.put(r);
+        let (events, closed) = drain(&mut reader);
+        assert_eq!(closed, None, "the watch that keeps up stays open");
+        read_live += events.iter().filter(|e| e.revision > 0).count();
+    }
+    assert_eq!(read_live, 3);
+    assert_eq!(
+        log.store.watch_count(),
+        1,
+        "the idle watch left the registry"
+    );
+    let (events, closed) = drain(&mut idle);
+    let live: Vec<u64> = events
+        .iter()
+        .map(|e| e.revision)
+        .filter(|r| *r > 0)
+        .collect();
+    assert_eq!(live, vec![1, 2]);
+    match closed {
+        Some(FsmError::WatchClosed { reason }) => {
+            assert!(reason.starts_with("lagging"), "{reason}");
+            assert!(reason.contains("watch_buffer_bytes_max"), "{reason}");
+        }
+        other => panic!("expected WatchClosed, got {other:?}"),
+    }
+    assert_eq!(log.store.watch_unread_bytes(), 0);
+}
+
+#[test]
+fn the_unread_bytes_of_all_watches_are_bounded_on_the_store() {
+    // watch_buffers_bytes_max bounds the unread events of every watch
+    // together: with room for three events, the fourth watch's event closes
+    // that watch (naming the limit); the three others keep theirs. Dropping
+    // watches gives their bytes back, and a new watch is served again.
+    let mut probe = Log::new();
+    let r0 = resource(id("u", "n0"), "");
+    let event_bytes = prost::Message::encoded_len(probe.put(r0.clone()).as_ref()) + 64;
+    let mut log = Log::with_limits(Limits {
+        watch_buffers_bytes_max: 3 * event_bytes + event_bytes / 2,
+        ..Limits::default()
+    });
+    let mut watches: Vec<_> = (0..4)
+        .map(|_| {
+            let mut w = log
+                .store
+                .watch(filter(services(), tenancy("*", "*"), ""), 0)
+                .unwrap();
+            drain(&mut w); // the snapshot and its end: nothing buffered
+            w
+        })
+        .collect();
+    log.put(r0.clone());
+    assert_eq!(log.store.watch_count(), 3);
+    assert_eq!(log.store.watch_unread_bytes(), 3 * event_bytes);
+    let (events, closed) = drain(&mut watches[3]);
+    assert!(events.is_empty());
+    match closed {
+        Some(FsmError::WatchClosed { reason }) => {
+            assert!(reason.contains("watch_buffers_bytes_max"), "{reason}")
+        }
+        other => panic!("expected WatchClosed, got {other:?}"),
+    }
+    for w in &mut watches[..3] {
+        let (events, closed) = drain(w);
+        assert_eq!((events.len(), closed), (1, None));
+    }
+    drop(watches);
+    assert_eq!(log.store.watch_unread_bytes(), 0);
+    let mut again = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    drain(&mut again);
+    let mut r1 = r0.clone();
+    r1.id.as_mut().unwrap().name = "n1".into();
+    log.put(r1);
+    let (events, closed) = drain(&mut again);
+    assert_eq!((events.len(), closed), (1, None));
+}
+
+#[test]
 fn dropping_a_watch_releases_its_registration() {
     // The registry count goes back to 0 when every watch is dropped.
     let mut log = Log::new();

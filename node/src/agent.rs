@@ -31,15 +31,17 @@ use crate::config::Config;
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
 
-/// Largest client message accepted (a resource is bounded far below this).
-pub const CLIENT_MESSAGE_BYTES_MAX: usize = 32 * 1024 * 1024;
-
 pub fn limits(config: &Config) -> cairn_fsm::Limits {
     cairn_fsm::Limits {
         resource_bytes_max: config.resource_bytes_max,
+        name_bytes_max: config.name_bytes_max,
         history_changes_max: config.history_changes_max,
         watch_buffer_events: config.watch_buffer_events,
-        ..Default::default()
+        metadata_entries_max: config.metadata_entries_max,
+        list_results_max: config.list_results_max,
+        status_conditions_max: config.status_conditions_max,
+        watch_buffer_bytes_max: config.watch_buffer_bytes_max,
+        watch_buffers_bytes_max: config.watch_buffers_bytes_max,
     }
 }
 
@@ -81,6 +83,8 @@ impl Agent {
             max_payload_entries: 64,
             write_stage_timing: config.write_stage_timing,
             log_engine: config.log_engine,
+            peer_message_bytes_max: config.peer_message_bytes_max,
+            bootstrap_members: config.members.iter().map(|m| m.id).collect(),
         };
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(
@@ -100,7 +104,12 @@ impl Agent {
         // Forwarding: the client port's forwarder, the peer port's service,
         // and the task feeding leader changes to the cached leader channel.
         let request_timeout = Duration::from_millis(config.request_timeout_ms);
-        let forwarding = crate::forward::start(&raft, &config.peer_address, request_timeout);
+        let forwarding = crate::forward::start(
+            &raft,
+            &config.peer_address,
+            request_timeout,
+            config.client_message_bytes_max,
+        );
 
         // Peer port.
         let peer_router = tonic::transport::Server::builder()
@@ -111,8 +120,15 @@ impl Agent {
         servers.push(serve(peer_router, peer_listener, stopped.clone(), "peer"));
 
         // Client port.
+        let connection_limits =
+            crate::limits::ConnectionLimits::new(crate::limits::ConnectionBudget {
+                requests_per_connection_max: config.requests_per_connection_max,
+                watches_per_connection_max: config.watches_per_connection_max,
+                watches_max: config.watches_max,
+            });
         let api = Arc::new(
             ResourceApi::new(forwarding.forwarder, request_timeout)
+                .with_connection_limits(connection_limits.clone())
                 .with_unsafe_local_strong_reads(config.unsafe_local_strong_reads),
         );
         if config.unsafe_local_strong_reads {
@@ -128,7 +144,11 @@ impl Agent {
             .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let restorer = crate::restore::Restorer::new(raft.clone(), &config.data_dir);
+        let restorer = crate::restore::Restorer::new(
+            raft.clone(),
+            &config.data_dir,
+            config.restore_upload_bytes_max,
+        );
         let orphan_check = tokio::spawn(
             restorer
                 .clone()
@@ -139,16 +159,29 @@ impl Agent {
             election_timeout: Duration::from_millis(config.election_timeout_ms),
             restorer: restorer.clone(),
         };
+        // Every client service counts against `requests_per_connection_max`.
+        let limited = crate::limits::RequestLimitLayer::new(
+            connection_limits,
+            config.client_message_bytes_max,
+        );
         let client_router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(
-                ResourceServiceServer::new(ResourceGrpc(api))
-                    .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
-                    .max_encoding_message_size(CLIENT_MESSAGE_BYTES_MAX),
+                limited.wrap(
+                    ResourceServiceServer::new(ResourceGrpc(api))
+                        .max_decoding_message_size(config.client_message_bytes_max)
+                        .max_encoding_message_size(config.client_message_bytes_max),
+                ),
             )
-            .add_service(AdminServiceServer::new(admin))
-            .add_service(health_service)
-            .add_service(reflection);
+            .add_service(
+                limited.wrap(
+                    AdminServiceServer::new(admin)
+                        .max_decoding_message_size(config.client_message_bytes_max)
+                        .max_encoding_message_size(config.client_message_bytes_max),
+                ),
+            )
+            .add_service(limited.wrap(health_service))
+            .add_service(limited.wrap(reflection));
         servers.push(serve(
             client_router,
             client_listener,
@@ -354,6 +387,29 @@ async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<
     if raft.is_initialized().await {
         return Ok(()); // already a member: a restart of a joined node
     }
+    // The peer port admits only this cluster's members: learn who they are
+    // (and the cluster id) from the node we join through, before asking to
+    // be added, so that the leader's first message is admitted.
+    let mut attempt = 0;
+    let status = loop {
+        attempt += 1;
+        match crate::cli::fetch_status(address).await {
+            Ok(s) if !s.cluster_id.is_empty() => break s,
+            Ok(_) if attempt >= 20 => {
+                return Err(ApiError::Unavailable(format!(
+                    "{address} does not know its cluster id yet"
+                )))
+            }
+            Err(e) if attempt >= 20 => return Err(e),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    };
+    raft.gate
+        .joining(
+            &status.cluster_id,
+            status.members.iter().map(|m| m.id).collect(),
+        )
+        .map_err(|e| ApiError::Internal(format!("cannot persist the cluster id: {e}")))?;
     let id = raft.node_id;
     at_leader(address, |mut c| {
         let me = me.clone();

@@ -56,6 +56,33 @@ pub struct Config {
     pub history_changes_max: usize,
     pub resource_bytes_max: usize,
     pub watch_buffer_events: usize,
+    /// Largest gRPC message on the client port, and of a forwarded request
+    /// or answer on the peer port.
+    pub client_message_bytes_max: usize,
+    /// Largest Raft message between peers (an AppendEntries batch, a snapshot chunk).
+    pub peer_message_bytes_max: usize,
+    /// Longest name, uid, type field (group, group version, kind), tenancy
+    /// field (partition, namespace), version, metadata key, status key or
+    /// list prefix, in bytes.
+    pub name_bytes_max: usize,
+    /// Most metadata entries on one resource.
+    pub metadata_entries_max: usize,
+    /// Most status conditions on one resource, over all its status entries.
+    pub status_conditions_max: usize,
+    /// Most resources one List or ListByOwner answers; a larger result is
+    /// refused (narrow the filter).
+    pub list_results_max: usize,
+    /// Most open watches on one client connection, and on the node.
+    pub watches_per_connection_max: usize,
+    pub watches_max: usize,
+    /// Most requests in flight on one client connection (watches not counted).
+    pub requests_per_connection_max: usize,
+    /// Largest backup `cairn snapshot restore` may upload.
+    pub restore_upload_bytes_max: u64,
+    /// Bytes of events buffered and not yet read, per watch and on the whole
+    /// node; a watch that would go over is closed with WatchClosed.
+    pub watch_buffer_bytes_max: usize,
+    pub watch_buffers_bytes_max: usize,
     /// How long a forwarded or strong request may take before it fails.
     pub request_timeout_ms: u64,
     /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter directive.
@@ -101,6 +128,18 @@ impl Default for Config {
             history_changes_max: 10_000,
             resource_bytes_max: 1024 * 1024,
             watch_buffer_events: 4096,
+            client_message_bytes_max: 32 * 1024 * 1024,
+            peer_message_bytes_max: 128 * 1024 * 1024,
+            name_bytes_max: 256,
+            metadata_entries_max: 64,
+            status_conditions_max: 64,
+            list_results_max: 100_000,
+            watches_per_connection_max: 128,
+            watches_max: 10_000,
+            requests_per_connection_max: 256,
+            restore_upload_bytes_max: 4 * 1024 * 1024 * 1024,
+            watch_buffer_bytes_max: 8 * 1024 * 1024,
+            watch_buffers_bytes_max: 512 * 1024 * 1024,
             request_timeout_ms: 5_000,
             log_level: "warn".into(),
             log_format: LogFormat::Text,
@@ -257,9 +296,87 @@ impl Config {
         if self.watch_buffer_events == 0 {
             return Err(invalid("watch_buffer_events", "must be positive"));
         }
+        self.validate_limits()?;
         if let Some(a) = &self.metrics_address {
             check_address("metrics_address", a)?;
         }
+        Ok(())
+    }
+}
+
+/// Checks that `value` lies in `range` (the units are the field's).
+fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &'static str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<(), ConfigError> {
+    if !range.contains(&value) {
+        return Err(invalid(
+            field,
+            format!(
+                "is {value}, must be between {} and {}",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// The input limits: each within a range that keeps the node working,
+    /// and consistent with the others (a resource fits in a message).
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        const MIB: usize = 1024 * 1024;
+        check_range(
+            "client_message_bytes_max",
+            self.client_message_bytes_max,
+            self.resource_bytes_max + 64 * 1024..=1024 * MIB,
+        )?;
+        check_range(
+            "peer_message_bytes_max",
+            self.peer_message_bytes_max,
+            (self.client_message_bytes_max).max(self.snapshot_chunk_bytes as usize + 64 * 1024)
+                ..=2048 * MIB,
+        )?;
+        check_range("name_bytes_max", self.name_bytes_max, 16..=4096)?;
+        check_range(
+            "metadata_entries_max",
+            self.metadata_entries_max,
+            0..=100_000,
+        )?;
+        check_range(
+            "status_conditions_max",
+            self.status_conditions_max,
+            0..=100_000,
+        )?;
+        check_range("list_results_max", self.list_results_max, 1..=100_000_000)?;
+        check_range(
+            "watches_per_connection_max",
+            self.watches_per_connection_max,
+            1..=10_000_000,
+        )?;
+        check_range("watches_max", self.watches_max, 1..=10_000_000)?;
+        check_range(
+            "requests_per_connection_max",
+            self.requests_per_connection_max,
+            1..=100_000,
+        )?;
+        check_range(
+            "restore_upload_bytes_max",
+            self.restore_upload_bytes_max,
+            1024..=1 << 44,
+        )?;
+        check_range(
+            "watch_buffer_bytes_max",
+            self.watch_buffer_bytes_max,
+            self.resource_bytes_max..=self.watch_buffers_bytes_max.max(self.resource_bytes_max),
+        )?;
+        check_range(
+            "watch_buffers_bytes_max",
+            self.watch_buffers_bytes_max,
+            self.resource_bytes_max..=1 << 40,
+        )?;
         Ok(())
     }
 }

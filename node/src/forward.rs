@@ -17,6 +17,7 @@ use cairn_forwarding::{
 use cairn_fsm::{Applied, Command, Store};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::forwarding_service_server::ForwardingServiceServer;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::raft::RaftHandle;
 
@@ -59,27 +60,65 @@ impl Handle for NodeHandle {
 /// `ForwardingService` for the peer port.
 pub struct Forwarding {
     pub forwarder: Forwarder<NodeHandle>,
-    pub service: ForwardingServiceServer<ForwardingServer<NodeHandle>>,
+    pub service:
+        InterceptedService<ForwardingServiceServer<ForwardingServer<NodeHandle>>, PeerCheck>,
+}
+
+/// The peer gate in front of the `ForwardingService`: a forwarded request
+/// must carry this node's cluster id and come from a member.
+#[derive(Clone)]
+pub struct PeerCheck(Arc<crate::raft::PeerGate>);
+
+impl tonic::service::Interceptor for PeerCheck {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        match self.0.admit_metadata(request.metadata()) {
+            Ok(()) => Ok(request),
+            Err(refusal) => {
+                tracing::warn!(%refusal, "refused a forwarded request");
+                Err(refusal.into())
+            }
+        }
+    }
 }
 
 /// Builds the forwarding pieces of a node and spawns its leader watcher.
-/// `request_timeout` bounds every forwarded request served here.
-pub fn start(raft: &RaftHandle, peer_address: &str, request_timeout: Duration) -> Forwarding {
+/// `request_timeout` bounds every forwarded request served here;
+/// `message_bytes_max` every forwarded message, sent or received.
+pub fn start(
+    raft: &RaftHandle,
+    peer_address: &str,
+    request_timeout: Duration,
+    message_bytes_max: usize,
+) -> Forwarding {
     cairn_forwarding::metrics::describe();
     let handle = Arc::new(NodeHandle::new(raft.clone()));
     let channel = Arc::new(LeaderChannel::new(
         raft.node_id,
         peer_address,
-        LeaderChannelOptions::default(),
+        LeaderChannelOptions {
+            message_bytes_max,
+            ..LeaderChannelOptions::default()
+        },
     ));
     tokio::spawn(watch_leader(raft.clone(), channel.clone()));
+    let gate = raft.gate.clone();
+    let node_id = raft.node_id;
+    let stamp: cairn_forwarding::RequestStamp = Arc::new(move |metadata| {
+        crate::raft::peer_gate::stamp(metadata, &gate.cluster_id(), node_id)
+    });
+    let service = ForwardingServer::new(Executor::new(handle.clone()), request_timeout)
+        .into_service_with_limit(message_bytes_max);
     Forwarding {
         forwarder: Forwarder::new(
-            Executor::new(handle.clone()),
+            Executor::new(handle),
             channel,
-            ForwarderOptions::default(),
-        ),
-        service: ForwardingServer::new(Executor::new(handle), request_timeout).into_service(),
+            ForwarderOptions {
+                message_bytes_max,
+                ..ForwarderOptions::default()
+            },
+        )
+        .with_request_stamp(stamp),
+        service: InterceptedService::new(service, PeerCheck(raft.gate.clone())),
     }
 }
 

@@ -24,6 +24,13 @@
 //! - A strong read never degrades to a local read: it follows a successful
 //!   `ensure_linearizable` on the leader, or fails.
 //! - A node initializes a cluster at most once (only with an empty log).
+//! - Nothing from the peer port reaches openraft or the executor before the
+//!   peer gate (`raft::peer_gate`) admitted it: this cluster's id, a sender in
+//!   the current membership, every term and index at most 2^62. A node never
+//!   starts on a stored vote or log term above 2^63.
+//! - Every client request is counted against its connection's budget
+//!   ([`limits`]) before any work; a refusal is ResourceExhausted naming the
+//!   limit.
 
 pub mod admin;
 pub mod agent;
@@ -32,6 +39,7 @@ pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod forward;
+pub mod limits;
 pub mod raft;
 pub mod restore;
 pub mod service;

@@ -2,7 +2,7 @@
 //! through Raft, all or nothing.
 //!
 //! The leader receives the upload into a scratch file in its data dir
-//! (bounded by [`UPLOAD_BYTES_MAX`], never held in memory), verifies the
+//! (bounded by `restore_upload_bytes_max`, never held in memory), verifies the
 //! whole file, then proposes `RestoreBegin`, the resources in chunks of about
 //! [`RESTORE_CHUNK_BYTES`], and `RestoreCommit`; on any error after the begin
 //! it proposes `RestoreAbort`. The fsm (`cairn_fsm`, module `restore`) makes
@@ -32,9 +32,6 @@ use tokio::io::AsyncWriteExt as _;
 use crate::raft::RaftHandle;
 use crate::snapshot_file::{self, SnapshotHeader, SnapshotReader};
 
-/// The largest backup file a node accepts for an online restore.
-pub const UPLOAD_BYTES_MAX: u64 = 64 * 1024 * 1024 * 1024;
-
 /// Resources are proposed in chunks of about this many encoded bytes (a
 /// chunk holds at least one resource, so a larger resource makes a larger
 /// chunk).
@@ -49,6 +46,8 @@ pub struct Restorer {
     /// The restore id this node's driver is running, set before its begin
     /// is proposed and cleared after its last proposal.
     running: std::sync::Mutex<Option<String>>,
+    /// Largest upload accepted (`restore_upload_bytes_max`).
+    upload_bytes_max: u64,
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
@@ -56,12 +55,13 @@ fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
 }
 
 impl Restorer {
-    pub fn new(raft: RaftHandle, data_dir: &Path) -> Arc<Restorer> {
+    pub fn new(raft: RaftHandle, data_dir: &Path, upload_bytes_max: u64) -> Arc<Restorer> {
         Arc::new(Restorer {
             raft,
             upload_path: data_dir.join("restore-upload.part"),
             driver_slot: tokio::sync::Mutex::new(()),
             running: std::sync::Mutex::new(None),
+            upload_bytes_max,
         })
     }
 
@@ -89,10 +89,11 @@ impl Restorer {
                     ApiError::Unavailable(format!("the upload stopped: {}", s.message()))
                 })?;
                 received_bytes += chunk.data.len() as u64;
-                if received_bytes > UPLOAD_BYTES_MAX {
-                    return Err(ApiError::invalid(
-                        "snapshot",
-                        format!("larger than {UPLOAD_BYTES_MAX} bytes"),
+                if received_bytes > self.upload_bytes_max {
+                    return Err(ApiError::exhausted(
+                        "restore_upload_bytes_max",
+                        self.upload_bytes_max,
+                        format!("the upload is larger than {} bytes", self.upload_bytes_max),
                     ));
                 }
                 file.write_all(&chunk.data)

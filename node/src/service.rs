@@ -24,6 +24,8 @@ use crate::forward::NodeHandle;
 pub struct ResourceApi {
     forwarder: Forwarder<NodeHandle>,
     request_timeout: Duration,
+    /// Watches per connection and per node.
+    connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
     /// DANGEROUS, test-only (`--unsafe-local-strong-reads`): strong reads and
     /// lists are answered as eventual ones, from this node's possibly stale state.
     unsafe_local_strong_reads: bool,
@@ -34,8 +36,18 @@ impl ResourceApi {
         ResourceApi {
             forwarder,
             request_timeout,
+            connection_limits: None,
             unsafe_local_strong_reads: false,
         }
+    }
+
+    /// Bounds the watches open per connection and on the node.
+    pub fn with_connection_limits(
+        mut self,
+        limits: Arc<crate::limits::ConnectionLimits>,
+    ) -> ResourceApi {
+        self.connection_limits = Some(limits);
+        self
     }
 
     /// DANGEROUS, test-only: serve strong reads and lists locally, without
@@ -140,6 +152,16 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::WatchListRequest>,
     ) -> Result<Response<WatchStream>, Status> {
-        Ok(Response::new(self.0.forwarder.watch(r.into_inner())?))
+        // The watch's slot is taken before any work and held by the stream.
+        let permit = match &self.0.connection_limits {
+            Some(limits) => Some(limits.watch(r.remote_addr())?),
+            None => None,
+        };
+        let stream = self.0.forwarder.watch(r.into_inner())?;
+        let stream = futures::StreamExt::map(stream, move |event| {
+            let _held = &permit;
+            event
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -18,6 +18,7 @@
 //! | WatchClosed           | ABORTED              | the consumer must re-list                    |
 //! | Compacted             | OUT_OF_RANGE         | details: oldest retained revision            |
 //! | InvalidArgument       | INVALID_ARGUMENT     | details: the field named                     |
+//! | ResourceExhausted     | RESOURCE_EXHAUSTED   | details: the limit's config key and value; certainly not applied |
 //! | Internal              | INTERNAL             | a bug or an unexpected failure               |
 //!
 //! A status without Cairn details (from a proxy, a transport failure, an older
@@ -30,7 +31,7 @@ use tonic::Code;
 
 use crate::v1::{
     error_details::Detail, CompactedDetails, ErrorDetails, ErrorKind, GroupVersionMismatchDetails,
-    InvalidArgumentDetails, NotLeaderDetails, Resource, Type,
+    InvalidArgumentDetails, NotLeaderDetails, Resource, ResourceExhaustedDetails, Type,
 };
 
 /// Where the leader is, as far as the answering node knows.
@@ -73,6 +74,15 @@ pub enum ApiError {
     Compacted { oldest_retained_revision: u64 },
     #[error("invalid argument {field}: {reason}")]
     InvalidArgument { field: String, reason: String },
+    /// A configured limit refused the request before any work was done.
+    /// `limit` is the limit's configuration key, `value` its value on the
+    /// refusing node; `reason` says what exceeded it.
+    #[error("resource exhausted: {reason}")]
+    ResourceExhausted {
+        limit: String,
+        value: u64,
+        reason: String,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -82,6 +92,16 @@ impl ApiError {
         ApiError::InvalidArgument {
             field: field.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// A refusal by the limit named `limit` (its configuration key) of
+    /// `value`; the message names both after what exceeded it.
+    pub fn exhausted(limit: &str, value: u64, what: impl std::fmt::Display) -> Self {
+        ApiError::ResourceExhausted {
+            limit: limit.to_string(),
+            value,
+            reason: format!("{what}: over the limit {limit} = {value}"),
         }
     }
 
@@ -98,6 +118,7 @@ impl ApiError {
             ApiError::WatchClosed(_) => ErrorKind::WatchClosed,
             ApiError::Compacted { .. } => ErrorKind::Compacted,
             ApiError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            ApiError::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
             ApiError::Internal(_) => ErrorKind::Internal,
         }
     }
@@ -130,6 +151,12 @@ impl ApiError {
                     field: field.clone(),
                 }))
             }
+            ApiError::ResourceExhausted { limit, value, .. } => {
+                Some(Detail::ResourceExhausted(ResourceExhaustedDetails {
+                    limit: limit.clone(),
+                    value: *value,
+                }))
+            }
             _ => None,
         }
     }
@@ -143,7 +170,8 @@ impl ApiError {
             | ApiError::Unavailable(m)
             | ApiError::WatchClosed(m)
             | ApiError::Internal(m) => m.clone(),
-            ApiError::InvalidArgument { reason, .. } => reason.clone(),
+            ApiError::InvalidArgument { reason, .. }
+            | ApiError::ResourceExhausted { reason, .. } => reason.clone(),
             _ => String::new(),
         }
     }
@@ -163,6 +191,11 @@ impl ApiError {
             Code::Aborted => ApiError::CasFailure(message),
             Code::FailedPrecondition => ApiError::Inconsistent(message),
             Code::InvalidArgument => ApiError::invalid("", message),
+            Code::ResourceExhausted => ApiError::ResourceExhausted {
+                limit: String::new(),
+                value: 0,
+                reason: message,
+            },
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                 ApiError::Unavailable(format!("{:?}: {message}", status.code()))
             }
@@ -183,6 +216,7 @@ fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::WatchClosed => Code::Aborted,
         ErrorKind::Compacted => Code::OutOfRange,
         ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         ErrorKind::Internal | ErrorKind::Unspecified => Code::Internal,
     }
 }
@@ -229,6 +263,17 @@ fn from_details(details: ErrorDetails, message: &str) -> Option<ApiError> {
                 _ => String::new(),
             };
             ApiError::InvalidArgument { field, reason: m }
+        }
+        (ErrorKind::ResourceExhausted, detail) => {
+            let d = match detail {
+                Some(Detail::ResourceExhausted(d)) => d,
+                _ => ResourceExhaustedDetails::default(),
+            };
+            ApiError::ResourceExhausted {
+                limit: d.limit,
+                value: d.value,
+                reason: m,
+            }
         }
         (ErrorKind::Internal, _) => ApiError::Internal(m),
         // A kind whose required detail is missing, or an unknown kind: fall
@@ -300,6 +345,7 @@ mod tests {
                 oldest_retained_revision: 42,
             },
             ApiError::invalid("resource.id.name", "must not be empty"),
+            ApiError::exhausted("list_results_max", 100, "the list matched 101 resources"),
             ApiError::Internal("boom".into()),
         ]
     }

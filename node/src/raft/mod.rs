@@ -5,6 +5,7 @@
 
 mod log_growth;
 mod network;
+pub mod peer_gate;
 pub mod read_batch;
 pub mod stages;
 mod state_machine;
@@ -26,7 +27,8 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 
-pub use network::{Network, RaftRpcService};
+pub use network::{decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits};
+pub use peer_gate::PeerGate;
 pub use state_machine::{ClusterIdentity, StateMachine};
 
 /// A member's addresses, as stored in the Raft membership.
@@ -208,6 +210,11 @@ pub struct RaftSettings {
     pub write_stage_timing: bool,
     /// The Raft log's storage engine (`log_engine` in the configuration).
     pub log_engine: cairn_raft_log::LogEngineKind,
+    /// Largest Raft message sent or received (`peer_message_bytes_max`).
+    pub peer_message_bytes_max: usize,
+    /// The nodes this node may hear from before it holds a membership (the
+    /// bootstrap member list; a joining node learns them from the cluster).
+    pub bootstrap_members: BTreeSet<NodeId>,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -240,6 +247,9 @@ pub struct RaftHandle {
     pub node_id: NodeId,
     pub store: Store,
     pub identity: Arc<ClusterIdentity>,
+    /// Checks every message arriving on the peer port.
+    pub gate: Arc<PeerGate>,
+    peer_message_bytes_max: usize,
 }
 
 fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint {
@@ -325,6 +335,27 @@ fn not_leader_hint(raft: &Raft, node_id: NodeId) -> Option<LeaderHint> {
     Some(leader_hint(m.current_leader, node))
 }
 
+/// Refuses to start on a vote or log whose term no node can reach: openraft
+/// would overflow the term at the next election, and panic again after every
+/// restart. The vote is validated here, where it comes out of the store,
+/// before openraft reads it.
+async fn check_stored_state(log_store: &mut LogStore) -> anyhow::Result<()> {
+    use openraft::storage::RaftLogStorage;
+    if let Some(vote) = log_store.read_vote().await? {
+        peer_gate::check_stored_term("vote", vote.leader_id.term).map_err(anyhow::Error::msg)?;
+    }
+    let state = log_store.get_log_state().await?;
+    for (what, log_id) in [
+        ("last log entry", state.last_log_id),
+        ("purge point", state.last_purged_log_id),
+    ] {
+        if let Some(l) = log_id {
+            peer_gate::check_stored_term(what, l.leader_id.term).map_err(anyhow::Error::msg)?;
+        }
+    }
+    Ok(())
+}
+
 fn is_leader(raft: &Raft, node_id: NodeId) -> bool {
     let metrics = raft.metrics();
     let m = metrics.borrow();
@@ -360,10 +391,11 @@ impl RaftHandle {
             ..Default::default()
         }
         .validate()?;
-        let log_store = LogStore::open(
+        let mut log_store = LogStore::open(
             &log_dir(data_dir),
             cairn_raft_log::LogOptions::with_engine(settings.log_engine),
         )?;
+        check_stored_state(&mut log_store).await?;
         let store = Store::new(limits);
         let growth = log_growth::LogGrowth::new(settings.snapshot_log_bytes);
         let stages = Arc::new(stages::WriteStages::new(settings.write_stage_timing));
@@ -374,7 +406,7 @@ impl RaftHandle {
             growth.clone(),
         )?;
         state_machine.set_write_stages(stages.clone());
-        let mut network = Network::new(identity.clone());
+        let mut network = Network::new(identity.clone(), node_id, settings.peer_message_bytes_max);
         network.set_write_stages(stages.clone());
         let raft = Raft::new(
             node_id,
@@ -384,6 +416,21 @@ impl RaftHandle {
             state_machine.clone(),
         )
         .await?;
+        let metrics = raft.metrics();
+        let gate = Arc::new(PeerGate::new(
+            identity.clone(),
+            move || {
+                let m = metrics.borrow();
+                let ids: BTreeSet<NodeId> = m
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .collect();
+                (!ids.is_empty()).then_some(ids)
+            },
+            settings.bootstrap_members.clone(),
+        ));
         tokio::spawn(growth.run(raft.clone()));
         let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id, stages);
         Ok(RaftHandle {
@@ -394,12 +441,20 @@ impl RaftHandle {
             node_id,
             store,
             identity,
+            gate,
+            peer_message_bytes_max: settings.peer_message_bytes_max,
         })
     }
 
     /// The gRPC service answering Raft RPCs from peers.
     pub fn rpc_service(&self) -> RaftServiceServer<RaftRpcService> {
-        RaftRpcService::new(self.raft.clone(), self.identity.clone()).into_server()
+        let limits = RaftServerLimits {
+            message_bytes_max: self.peer_message_bytes_max,
+            entries_max: peer_gate::ENTRIES_MAX,
+            snapshot_chunk_bytes_max: peer_gate::SNAPSHOT_CHUNK_BYTES_MAX,
+        };
+        RaftRpcService::new(self.raft.clone(), self.node_id, self.gate.clone(), limits)
+            .into_server()
     }
 
     /// Initializes a new cluster with `members` as voters. Only called on a node

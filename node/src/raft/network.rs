@@ -1,8 +1,11 @@
 //! Raft transport over tonic: the client side ([`Network`], one cached channel
 //! per peer with HTTP/2 keepalive) and the server side ([`RaftRpcService`]).
-//! Payloads are openraft's request/response types encoded with bincode 2.
-//! Every message carries the sender's cluster id; a node of another cluster is
-//! refused, so members of an old cluster cannot rejoin a restored one.
+//! Payloads are openraft's request/response types encoded with bincode 2
+//! (with a byte limit, so a length prefix can never ask for more memory than
+//! the message holds). Every message carries the sender's cluster id and node
+//! id, and is checked by the [`PeerGate`] before openraft sees it: an empty or
+//! other cluster's id, a sender outside the membership, or a term, index or
+//! size out of bounds is refused. Replies are bounded the same way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,19 +29,22 @@ use std::sync::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
 use super::stages::{IndexStage, WriteStages};
+use super::peer_gate::{self, PeerGate, Refusal};
 use super::state_machine::ClusterIdentity;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
-/// Largest Raft message accepted or sent (AppendEntries batches are bounded by
-/// `max_payload_entries` x the 1 MiB resource limit; snapshot chunks by the chunk size).
-pub const RAFT_MESSAGE_BYTES_MAX: usize = 128 * 1024 * 1024;
+/// bincode's own bound on what one decode may claim: a message is never
+/// larger than the gRPC limit, so no length prefix can claim more.
+const DECODE_BYTES_MAX: usize = 1 << 30;
 
 fn encode<T: Serialize>(value: &T) -> Result<Bytes, bincode::error::EncodeError> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).map(Bytes::from)
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
-    let (value, _) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;
+/// Decodes a Raft message or reply; never panics, whatever the bytes.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
+    let config = bincode::config::standard().with_limit::<DECODE_BYTES_MAX>();
+    let (value, _) = bincode::serde::decode_from_slice(bytes, config)?;
     Ok(value)
 }
 
@@ -47,6 +53,8 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::Decode
 #[derive(Clone)]
 pub struct Network {
     identity: Arc<ClusterIdentity>,
+    node_id: NodeId,
+    message_bytes_max: usize,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// The write-stage clock: a follower's acknowledgement of entries is
     /// their `replicated` time.
@@ -54,9 +62,15 @@ pub struct Network {
 }
 
 impl Network {
-    pub fn new(identity: Arc<ClusterIdentity>) -> Network {
+    pub fn new(
+        identity: Arc<ClusterIdentity>,
+        node_id: NodeId,
+        message_bytes_max: usize,
+    ) -> Network {
         Network {
             identity,
+            node_id,
+            message_bytes_max,
             channels: Arc::new(Mutex::new(HashMap::new())),
             stages: Arc::new(WriteStages::new(false)),
         }
@@ -110,6 +124,7 @@ impl PeerClient {
         request: &Req,
         option: &RPCOption,
         method: Method,
+        check_reply: fn(&Resp) -> Result<(), Refusal>,
     ) -> Result<Resp, RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>>
     where
         Req: Serialize,
@@ -124,11 +139,12 @@ impl PeerClient {
             )))
         })?;
         let mut client = RaftServiceClient::new(channel)
-            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+            .max_decoding_message_size(self.network.message_bytes_max)
+            .max_encoding_message_size(self.network.message_bytes_max);
         let mut request = tonic::Request::new(RaftMessage {
             cluster_id: self.network.identity.cluster_id(),
             payload,
+            sender_node_id: self.network.node_id,
         });
         request.set_timeout(option.hard_ttl());
         let response = match method {
@@ -144,7 +160,15 @@ impl PeerClient {
         })?;
         let reply: Result<Resp, RaftError<NodeId, E>> = decode(&message.into_inner().payload)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        let reply = reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
+        // A reply's term is adopted by openraft: bounded like a request's.
+        check_reply(&reply).map_err(|refusal| {
+            RPCError::Network(NetworkError::new(&std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("reply from node {}: {refusal}", self.target),
+            )))
+        })?;
+        Ok(reply)
     }
 }
 
@@ -163,8 +187,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
         let sent = rpc.entries.first().zip(rpc.entries.last());
         let sent = sent.map(|(first, last)| (first.log_id.index, last.log_id.index));
-        let response: AppendEntriesResponse<NodeId> =
-            self.call(&rpc, &option, Method::AppendEntries).await?;
+        let response: AppendEntriesResponse<NodeId> = self
+            .call(
+                &rpc,
+                &option,
+                Method::AppendEntries,
+                peer_gate::check_append_entries_reply,
+            )
+            .await?;
         if let (Some((first, last)), AppendEntriesResponse::Success) = (sent, &response) {
             self.network
                 .stages
@@ -181,7 +211,13 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, NodeInfo, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(&rpc, &option, Method::InstallSnapshot).await
+        self.call(
+            &rpc,
+            &option,
+            Method::InstallSnapshot,
+            peer_gate::check_install_snapshot_reply,
+        )
+        .await
     }
 
     async fn vote(
@@ -189,7 +225,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
-        self.call(&rpc, &option, Method::Vote).await
+        self.call(&rpc, &option, Method::Vote, peer_gate::check_vote_reply)
+            .await
     }
 
     fn backoff(&self) -> openraft::network::Backoff {
@@ -198,30 +235,67 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// What the Raft server bounds beyond the gate's fixed limits.
+#[derive(Debug, Clone, Copy)]
+pub struct RaftServerLimits {
+    /// Largest message received or sent (`peer_message_bytes_max`).
+    pub message_bytes_max: usize,
+    /// Most entries in one AppendEntries (openraft's `max_payload_entries`).
+    pub entries_max: usize,
+    /// Largest snapshot chunk (`snapshot_chunk_bytes`).
+    pub snapshot_chunk_bytes_max: u64,
+}
+
 /// Serves Raft RPCs from peers.
 #[derive(Clone)]
 pub struct RaftRpcService {
     raft: Raft,
-    identity: Arc<ClusterIdentity>,
+    node_id: NodeId,
+    gate: Arc<PeerGate>,
+    limits: RaftServerLimits,
 }
 
 impl RaftRpcService {
-    pub fn new(raft: Raft, identity: Arc<ClusterIdentity>) -> RaftRpcService {
-        RaftRpcService { raft, identity }
+    pub fn new(
+        raft: Raft,
+        node_id: NodeId,
+        gate: Arc<PeerGate>,
+        limits: RaftServerLimits,
+    ) -> RaftRpcService {
+        RaftRpcService {
+            raft,
+            node_id,
+            gate,
+            limits,
+        }
     }
 
     pub fn into_server(self) -> RaftServiceServer<RaftRpcService> {
+        let bytes_max = self.limits.message_bytes_max;
         RaftServiceServer::new(self)
-            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+            .max_decoding_message_size(bytes_max)
+            .max_encoding_message_size(bytes_max)
     }
 
-    fn admit<T: DeserializeOwned>(&self, message: RaftMessage) -> Result<T, tonic::Status> {
-        self.identity
-            .admit(&message.cluster_id)
-            .map_err(tonic::Status::permission_denied)?;
-        decode(&message.payload)
-            .map_err(|e| tonic::Status::invalid_argument(format!("undecodable raft message: {e}")))
+    /// The envelope first (cluster id, sender), then the payload's bounds.
+    fn admit<T: DeserializeOwned>(
+        &self,
+        message: RaftMessage,
+        check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
+    ) -> Result<T, tonic::Status> {
+        let sender = message.sender_node_id;
+        let admitted = self
+            .gate
+            .admit(&message.cluster_id, sender)
+            .and_then(|()| {
+                decode(&message.payload)
+                    .map_err(|e| Refusal::Malformed(format!("undecodable raft message: {e}")))
+            })
+            .and_then(|rpc: T| check(&rpc, sender).map(|()| rpc));
+        admitted.map_err(|refusal| {
+            tracing::warn!(sender, %refusal, "refused a raft message");
+            tonic::Status::from(refusal)
+        })
     }
 
     fn reply<T: Serialize>(
@@ -231,8 +305,9 @@ impl RaftRpcService {
         let payload = encode(value)
             .map_err(|e| tonic::Status::internal(format!("encoding raft reply: {e}")))?;
         Ok(tonic::Response::new(RaftMessage {
-            cluster_id: self.identity.cluster_id(),
+            cluster_id: self.gate.cluster_id(),
             payload,
+            sender_node_id: self.node_id,
         }))
     }
 }
@@ -243,7 +318,11 @@ impl RaftService for RaftRpcService {
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> = self.admit(request.into_inner())?;
+        let entries_max = self.limits.entries_max;
+        let rpc: AppendEntriesRequest<TypeConfig> = self
+            .admit(request.into_inner(), |rpc, sender| {
+                peer_gate::check_append_entries(rpc, sender, entries_max)
+            })?;
         let result = self.raft.append_entries(rpc).await;
         self.reply(&result)
     }
@@ -252,7 +331,8 @@ impl RaftService for RaftRpcService {
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: VoteRequest<NodeId> = self.admit(request.into_inner())?;
+        let rpc: VoteRequest<NodeId> =
+            self.admit(request.into_inner(), peer_gate::check_vote_request)?;
         let result = self.raft.vote(rpc).await;
         self.reply(&result)
     }
@@ -261,7 +341,11 @@ impl RaftService for RaftRpcService {
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = self.admit(request.into_inner())?;
+        let chunk_max = self.limits.snapshot_chunk_bytes_max;
+        let rpc: InstallSnapshotRequest<TypeConfig> = self
+            .admit(request.into_inner(), |rpc, sender| {
+                peer_gate::check_install_snapshot(rpc, sender, chunk_max)
+            })?;
         let result = self.raft.install_snapshot(rpc).await;
         self.reply(&result)
     }

@@ -67,7 +67,9 @@ impl ClusterIdentity {
         Ok(())
     }
 
-    /// Checks a peer's cluster id, adopting it if this node has none yet.
+    /// Checks the cluster id of a snapshot received from the leader (whose
+    /// messages already passed the peer gate), adopting it if this node has
+    /// none yet. The refusal does not repeat either id.
     pub fn admit(&self, theirs: &str) -> Result<(), String> {
         let mine = self.cluster_id();
         if theirs.is_empty() || theirs == mine {
@@ -78,9 +80,7 @@ impl ClusterIdentity {
                 .set(theirs)
                 .map_err(|e| format!("cannot persist cluster id: {e}"));
         }
-        Err(format!(
-            "this node belongs to cluster {mine}, the caller to cluster {theirs}"
-        ))
+        Err("the snapshot belongs to another cluster".to_string())
     }
 }
 

@@ -1,0 +1,557 @@
+//! The peer port's edge: every Raft and forwarding RPC is checked here before
+//! openraft or the executor sees it.
+//!
+//! A peer message is admitted only when
+//! 1. it carries this node's cluster id (an empty or different one is refused
+//!    with the same words, which never name the right id);
+//! 2. its sender, named by node id, is a member of this node's current
+//!    membership (voter or learner) or, while this node holds no membership
+//!    yet, one of the nodes it was told about at start (the bootstrap member
+//!    list, or the members of the cluster it joins through the admin path);
+//! 3. (Raft messages) every term, index, size and count in it is within
+//!    bounds: a term at most [`PEER_TERM_MAX`], so no increment ever
+//!    overflows; entries numbered consecutively after `prev_log_id`; the
+//!    sender named in the vote is the sender named in the envelope.
+//!
+//! A node without a cluster id yet (a new bootstrap member that is not the
+//! initializer) adopts the id of the first message that passes 2.
+//!
+//! The pure checks ([`check_append_entries`], [`check_vote`], ...) take a
+//! decoded message and return what is wrong with it; [`PeerGate`] adds the
+//! node's state (cluster id, membership) and turns refusals into statuses.
+//!
+//! Invariants: nothing openraft receives from a peer carries a term above
+//! [`PEER_TERM_MAX`] or an index above [`PEER_INDEX_MAX`]; the refusal of a
+//! cluster id never contains this node's cluster id (tested).
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{EntryPayload, LogId, Vote};
+use tonic::metadata::MetadataMap;
+
+use super::state_machine::ClusterIdentity;
+use super::{Membership, NodeId, NodeInfo, TypeConfig};
+
+/// The largest term a peer may send. 2^62: a cluster electing a leader
+/// every millisecond needs a hundred million years to reach it, and a node
+/// can add 2^62 more elections on top before a term could overflow.
+pub const PEER_TERM_MAX: u64 = 1 << 62;
+/// The largest log index a peer may send (same reasoning as terms).
+pub const PEER_INDEX_MAX: u64 = 1 << 62;
+/// The largest term a node accepts when it reads its own vote and log back
+/// at start: above every term it can reach from accepted ones by its own
+/// elections, far below overflow.
+pub const STORED_TERM_MAX: u64 = 1 << 63;
+/// Bounds on membership entries and snapshot metadata sent by peers.
+pub const MEMBERS_MAX: usize = 256;
+pub const ADDRESS_BYTES_MAX: usize = 512;
+pub const SNAPSHOT_ID_BYTES_MAX: usize = 256;
+/// No snapshot file is larger than this (1 TiB); a chunk offset beyond it is refused.
+pub const SNAPSHOT_OFFSET_MAX: u64 = 1 << 40;
+/// Most entries one AppendEntries may carry (nodes send at most 64).
+pub const ENTRIES_MAX: usize = 4096;
+/// Largest snapshot chunk (the largest `snapshot_chunk_bytes` a node accepts).
+pub const SNAPSHOT_CHUNK_BYTES_MAX: u64 = 64 * 1024 * 1024;
+
+/// Metadata keys of a forwarded request: the sender's cluster id and node id.
+pub const CLUSTER_ID_HEADER: &str = "cairn-cluster-id";
+pub const NODE_ID_HEADER: &str = "cairn-node-id";
+
+/// Why a peer message was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Empty or not this node's cluster id. Deliberately says nothing more.
+    ClusterId,
+    /// The sender is not a member of this node's cluster.
+    NotMember { sender: NodeId },
+    /// A term, index, size or count out of bounds, or an inconsistent message.
+    Malformed(String),
+    /// This node could not persist the cluster id it adopted.
+    Internal(String),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::ClusterId => {
+                write!(
+                    f,
+                    "refused: the request does not carry this node's cluster id"
+                )
+            }
+            Refusal::NotMember { sender } => write!(
+                f,
+                "refused: node {sender} is not a member of this node's cluster"
+            ),
+            Refusal::Malformed(why) => write!(f, "refused: malformed peer message: {why}"),
+            Refusal::Internal(why) => write!(f, "cannot admit the peer: {why}"),
+        }
+    }
+}
+
+impl From<Refusal> for tonic::Status {
+    fn from(refusal: Refusal) -> tonic::Status {
+        // Peer-port refusals are transport-level: the Raft and forwarding
+        // callers treat any of them as "this peer did not take the message".
+        match &refusal {
+            Refusal::ClusterId | Refusal::NotMember { .. } => {
+                tonic::Status::permission_denied(refusal.to_string())
+            }
+            Refusal::Malformed(_) => tonic::Status::invalid_argument(refusal.to_string()),
+            Refusal::Internal(_) => tonic::Status::internal(refusal.to_string()),
+        }
+    }
+}
+
+fn malformed(why: impl Into<String>) -> Refusal {
+    Refusal::Malformed(why.into())
+}
+
+fn check_term(what: &str, term: u64) -> Result<(), Refusal> {
+    if term > PEER_TERM_MAX {
+        return Err(malformed(format!(
+            "{what} term {term} is above the largest accepted term {PEER_TERM_MAX}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_log_id(what: &str, log_id: &Option<LogId<NodeId>>) -> Result<(), Refusal> {
+    if let Some(l) = log_id {
+        check_term(what, l.leader_id.term)?;
+        if l.index > PEER_INDEX_MAX {
+            return Err(malformed(format!(
+                "{what} index {} is above the largest accepted index {PEER_INDEX_MAX}",
+                l.index
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The vote of a request: bounded, and naming the sender of the envelope.
+fn check_vote(what: &str, vote: &Vote<NodeId>, sender: NodeId) -> Result<(), Refusal> {
+    check_term(what, vote.leader_id.term)?;
+    if vote.leader_id.node_id != sender {
+        return Err(malformed(format!(
+            "{what} names node {} but the message comes from node {sender}",
+            vote.leader_id.node_id
+        )));
+    }
+    Ok(())
+}
+
+fn check_membership(what: &str, m: &openraft::Membership<NodeId, NodeInfo>) -> Result<(), Refusal> {
+    let configs = m.get_joint_config();
+    if configs.is_empty() || configs.len() > 2 {
+        return Err(malformed(format!(
+            "{what} has {} voter sets (1 or 2 expected)",
+            configs.len()
+        )));
+    }
+    let nodes: BTreeSet<NodeId> = m.nodes().map(|(id, _)| *id).collect();
+    if nodes.len() > MEMBERS_MAX {
+        return Err(malformed(format!(
+            "{what} has {} nodes, more than {MEMBERS_MAX}",
+            nodes.len()
+        )));
+    }
+    for config in configs {
+        if let Some(missing) = config.iter().find(|id| !nodes.contains(id)) {
+            return Err(malformed(format!(
+                "{what} names voter {missing} without its addresses"
+            )));
+        }
+    }
+    for (id, node) in m.nodes() {
+        if node.peer_address.len() > ADDRESS_BYTES_MAX
+            || node.client_address.len() > ADDRESS_BYTES_MAX
+        {
+            return Err(malformed(format!(
+                "{what} gives node {id} an address longer than {ADDRESS_BYTES_MAX} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_stored_membership(what: &str, m: &Membership) -> Result<(), Refusal> {
+    check_log_id(what, m.log_id())?;
+    check_membership(what, m.membership())
+}
+
+/// AppendEntries: bounded vote and log ids; entries numbered consecutively
+/// right after `prev_log_id`, with terms between the previous entry's and
+/// the leader's; at most `entries_max` of them.
+pub fn check_append_entries(
+    rpc: &AppendEntriesRequest<TypeConfig>,
+    sender: NodeId,
+    entries_max: usize,
+) -> Result<(), Refusal> {
+    check_vote("vote", &rpc.vote, sender)?;
+    check_log_id("prev_log_id", &rpc.prev_log_id)?;
+    check_log_id("leader_commit", &rpc.leader_commit)?;
+    if rpc.entries.len() > entries_max {
+        return Err(malformed(format!(
+            "{} entries, more than {entries_max}",
+            rpc.entries.len()
+        )));
+    }
+    let leader_term = rpc.vote.leader_id.term;
+    let mut expected_index = rpc.prev_log_id.map(|l| l.index + 1).unwrap_or(0);
+    let mut previous_term = rpc.prev_log_id.map(|l| l.leader_id.term).unwrap_or(0);
+    for entry in &rpc.entries {
+        let log_id = entry.log_id;
+        check_log_id("entry", &Some(log_id))?;
+        if log_id.index != expected_index {
+            return Err(malformed(format!(
+                "entry at index {} where {expected_index} was expected",
+                log_id.index
+            )));
+        }
+        if log_id.leader_id.term < previous_term || log_id.leader_id.term > leader_term {
+            return Err(malformed(format!(
+                "entry {} has term {}, outside [{previous_term}, {leader_term}]",
+                log_id.index, log_id.leader_id.term
+            )));
+        }
+        if let EntryPayload::Membership(m) = &entry.payload {
+            check_membership("membership entry", m)?;
+        }
+        expected_index = log_id.index + 1;
+        previous_term = log_id.leader_id.term;
+    }
+    Ok(())
+}
+
+/// Vote: a bounded candidate term naming the sender, a bounded last log id
+/// no newer than the candidacy.
+pub fn check_vote_request(rpc: &VoteRequest<NodeId>, sender: NodeId) -> Result<(), Refusal> {
+    check_vote("vote", &rpc.vote, sender)?;
+    check_log_id("last_log_id", &rpc.last_log_id)?;
+    if let Some(l) = rpc.last_log_id {
+        if l.leader_id.term > rpc.vote.leader_id.term {
+            return Err(malformed(format!(
+                "last log term {} is above the candidate's term {}",
+                l.leader_id.term, rpc.vote.leader_id.term
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// InstallSnapshot: bounded vote, snapshot log id, membership, id, offset
+/// and chunk size.
+pub fn check_install_snapshot(
+    rpc: &InstallSnapshotRequest<TypeConfig>,
+    sender: NodeId,
+    chunk_bytes_max: u64,
+) -> Result<(), Refusal> {
+    check_vote("vote", &rpc.vote, sender)?;
+    check_log_id("snapshot last_log_id", &rpc.meta.last_log_id)?;
+    check_stored_membership("snapshot membership", &rpc.meta.last_membership)?;
+    if rpc.meta.snapshot_id.len() > SNAPSHOT_ID_BYTES_MAX {
+        return Err(malformed(format!(
+            "snapshot id of {} bytes, more than {SNAPSHOT_ID_BYTES_MAX}",
+            rpc.meta.snapshot_id.len()
+        )));
+    }
+    if rpc.data.len() as u64 > chunk_bytes_max {
+        return Err(malformed(format!(
+            "snapshot chunk of {} bytes, more than {chunk_bytes_max}",
+            rpc.data.len()
+        )));
+    }
+    if rpc.offset > SNAPSHOT_OFFSET_MAX {
+        return Err(malformed(format!(
+            "snapshot offset {} is beyond {SNAPSHOT_OFFSET_MAX}",
+            rpc.offset
+        )));
+    }
+    Ok(())
+}
+
+/// The replies this node reads from the peers it calls are bounded the same
+/// way: a higher term in a reply is adopted by openraft too.
+pub fn check_append_entries_reply(reply: &AppendEntriesResponse<NodeId>) -> Result<(), Refusal> {
+    match reply {
+        AppendEntriesResponse::HigherVote(v) => check_term("reply vote", v.leader_id.term),
+        AppendEntriesResponse::PartialSuccess(l) => check_log_id("reply matching", l),
+        AppendEntriesResponse::Success | AppendEntriesResponse::Conflict => Ok(()),
+    }
+}
+
+pub fn check_vote_reply(reply: &VoteResponse<NodeId>) -> Result<(), Refusal> {
+    check_term("reply vote", reply.vote.leader_id.term)?;
+    check_log_id("reply last_log_id", &reply.last_log_id)
+}
+
+pub fn check_install_snapshot_reply(
+    reply: &InstallSnapshotResponse<NodeId>,
+) -> Result<(), Refusal> {
+    check_term("reply vote", reply.vote.leader_id.term)
+}
+
+/// A vote or log id read back from this node's own log at start. A term
+/// that no node can reach means the data dir accepted a hostile or broken
+/// peer's message (before this check existed) or was damaged: the node must
+/// not start on it, or the next election overflows the term.
+pub fn check_stored_term(what: &str, term: u64) -> Result<(), String> {
+    if term > STORED_TERM_MAX {
+        return Err(format!(
+            "the {what} stored in this node's Raft log has term {term}, above the largest \
+             term a node can reach ({STORED_TERM_MAX}); it was accepted from a hostile or \
+             broken peer, or the log is damaged. This data dir cannot be used: remove the \
+             node from the cluster (`cairn member remove`), empty its data dir and start it \
+             again with `--join`"
+        ));
+    }
+    Ok(())
+}
+
+/// The node's state a peer message is checked against.
+pub struct PeerGate {
+    identity: Arc<ClusterIdentity>,
+    /// This node's Raft metrics: the current membership lives there.
+    membership: Box<dyn Fn() -> Option<BTreeSet<NodeId>> + Send + Sync>,
+    /// The nodes this node may hear from while it holds no membership yet.
+    provisional: Mutex<BTreeSet<NodeId>>,
+}
+
+impl PeerGate {
+    /// `membership` returns the node ids of the current membership, or
+    /// `None` while this node holds none; `provisional` are the nodes it may
+    /// hear from until then (the bootstrap member list).
+    pub fn new(
+        identity: Arc<ClusterIdentity>,
+        membership: impl Fn() -> Option<BTreeSet<NodeId>> + Send + Sync + 'static,
+        provisional: BTreeSet<NodeId>,
+    ) -> PeerGate {
+        PeerGate {
+            identity,
+            membership: Box::new(membership),
+            provisional: Mutex::new(provisional),
+        }
+    }
+
+    /// A node joining through the admin path learns the cluster id and the
+    /// members from the node it joins through, before asking to be added.
+    pub fn joining(&self, cluster_id: &str, members: BTreeSet<NodeId>) -> std::io::Result<()> {
+        self.identity.set(cluster_id)?;
+        *self.provisional.lock().unwrap_or_else(|e| e.into_inner()) = members;
+        Ok(())
+    }
+
+    pub fn cluster_id(&self) -> String {
+        self.identity.cluster_id()
+    }
+
+    /// Checks the envelope of a peer message: cluster id and sender.
+    pub fn admit(&self, cluster_id: &str, sender: NodeId) -> Result<(), Refusal> {
+        if cluster_id.is_empty() {
+            return Err(Refusal::ClusterId);
+        }
+        let mine = self.identity.cluster_id();
+        if !mine.is_empty() && !same_secret(mine.as_bytes(), cluster_id.as_bytes()) {
+            return Err(Refusal::ClusterId);
+        }
+        let known = match (self.membership)() {
+            Some(members) => members.contains(&sender),
+            None => self
+                .provisional
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&sender),
+        };
+        if !known {
+            return Err(Refusal::NotMember { sender });
+        }
+        if mine.is_empty() {
+            // A new bootstrap member hears from the initializer (or another
+            // member that learned the id from it) first.
+            self.identity
+                .set(cluster_id)
+                .map_err(|e| Refusal::Internal(format!("cannot persist the cluster id: {e}")))?;
+        }
+        assert!(
+            !self.identity.cluster_id().is_empty(),
+            "an admitted peer message leaves this node with a cluster id"
+        );
+        Ok(())
+    }
+
+    /// [`PeerGate::admit`] for a forwarded request: the sender's cluster id
+    /// and node id travel in its metadata.
+    pub fn admit_metadata(&self, metadata: &MetadataMap) -> Result<(), Refusal> {
+        let cluster_id = metadata
+            .get(CLUSTER_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if cluster_id.is_empty() {
+            return Err(Refusal::ClusterId);
+        }
+        let sender = metadata
+            .get(NODE_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<NodeId>().ok())
+            .ok_or_else(|| malformed(format!("missing or bad {NODE_ID_HEADER}")))?;
+        self.admit(cluster_id, sender)
+    }
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Stamps a forwarded request with this node's cluster id and node id.
+pub fn stamp(metadata: &mut MetadataMap, cluster_id: &str, node_id: NodeId) {
+    if let Ok(v) = cluster_id.parse() {
+        metadata.insert(CLUSTER_ID_HEADER, v);
+    }
+    if let Ok(v) = node_id.to_string().parse() {
+        metadata.insert(NODE_ID_HEADER, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, Entry};
+
+    fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    fn gate(dir: &std::path::Path, members: &[NodeId]) -> PeerGate {
+        let identity = Arc::new(ClusterIdentity::open(dir).unwrap());
+        identity.set("c0ffee").unwrap();
+        let members: BTreeSet<NodeId> = members.iter().copied().collect();
+        PeerGate::new(identity, move || Some(members.clone()), BTreeSet::new())
+    }
+
+    #[test]
+    fn a_wrong_or_empty_cluster_id_is_refused_without_naming_the_right_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(dir.path(), &[1, 2, 3]);
+        assert_eq!(g.admit("c0ffee", 2), Ok(()));
+        for wrong in ["", "c0ffef", "c0ffee0", "other"] {
+            let refusal = g.admit(wrong, 2).unwrap_err();
+            assert_eq!(refusal, Refusal::ClusterId);
+            let status = tonic::Status::from(refusal);
+            assert_eq!(status.code(), tonic::Code::PermissionDenied);
+            assert!(!status.message().contains("c0ffee"), "{}", status.message());
+        }
+    }
+
+    #[test]
+    fn a_sender_outside_the_membership_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(dir.path(), &[1, 2, 3]);
+        assert_eq!(g.admit("c0ffee", 9), Err(Refusal::NotMember { sender: 9 }));
+    }
+
+    #[test]
+    fn a_new_node_adopts_a_cluster_id_only_from_a_node_it_was_told_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
+        let g = PeerGate::new(identity.clone(), || None, BTreeSet::from([1, 2, 3]));
+        assert_eq!(g.admit("abc", 9), Err(Refusal::NotMember { sender: 9 }));
+        assert_eq!(identity.cluster_id(), "");
+        assert_eq!(g.admit("abc", 1), Ok(()));
+        assert_eq!(identity.cluster_id(), "abc");
+        assert_eq!(g.admit("abd", 1), Err(Refusal::ClusterId));
+    }
+
+    #[test]
+    fn forwarded_requests_carry_the_id_in_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(dir.path(), &[1, 2]);
+        let mut m = MetadataMap::new();
+        assert_eq!(g.admit_metadata(&m), Err(Refusal::ClusterId));
+        stamp(&mut m, "c0ffee", 2);
+        assert_eq!(g.admit_metadata(&m), Ok(()));
+        stamp(&mut m, "c0ffee", 7);
+        assert_eq!(g.admit_metadata(&m), Err(Refusal::NotMember { sender: 7 }));
+    }
+
+    #[test]
+    fn a_vote_near_the_end_of_the_term_space_is_refused() {
+        let ok = VoteRequest::new(Vote::new(5, 2), Some(log_id(4, 10)));
+        assert_eq!(check_vote_request(&ok, 2), Ok(()));
+        let max = VoteRequest::new(Vote::new(u64::MAX, 2), Some(log_id(4, 10)));
+        assert!(matches!(
+            check_vote_request(&max, 2),
+            Err(Refusal::Malformed(_))
+        ));
+        let edge = VoteRequest::new(Vote::new(PEER_TERM_MAX, 2), None);
+        assert_eq!(check_vote_request(&edge, 2), Ok(()));
+        let over = VoteRequest::new(Vote::new(PEER_TERM_MAX + 1, 2), None);
+        assert!(check_vote_request(&over, 2).is_err());
+        // The vote must name the sender.
+        assert!(check_vote_request(&ok, 3).is_err());
+        // A last log newer than the candidacy is nonsense.
+        let newer = VoteRequest::new(Vote::new(5, 2), Some(log_id(6, 10)));
+        assert!(check_vote_request(&newer, 2).is_err());
+    }
+
+    #[test]
+    fn append_entries_must_be_consecutive_and_bounded() {
+        let request =
+            |prev: Option<LogId<NodeId>>, entries: Vec<Entry<TypeConfig>>| AppendEntriesRequest::<
+                TypeConfig,
+            > {
+                vote: Vote::new_committed(7, 1),
+                prev_log_id: prev,
+                leader_commit: Some(log_id(7, 3)),
+                entries,
+            };
+        let good = request(Some(log_id(6, 3)), vec![blank(6, 4), blank(7, 5)]);
+        assert_eq!(check_append_entries(&good, 1, 64), Ok(()));
+        assert_eq!(
+            check_append_entries(&request(None, vec![blank(1, 0)]), 1, 64),
+            Ok(())
+        );
+        for bad in [
+            request(Some(log_id(6, 3)), vec![blank(6, 5)]),
+            request(Some(log_id(6, 3)), vec![blank(6, 4), blank(6, 4)]),
+            request(Some(log_id(6, 3)), vec![blank(5, 4)]),
+            request(Some(log_id(6, 3)), vec![blank(8, 4)]),
+            request(Some(log_id(6, u64::MAX)), vec![]),
+            request(Some(log_id(u64::MAX, 3)), vec![]),
+        ] {
+            assert!(check_append_entries(&bad, 1, 64).is_err(), "{bad:?}");
+        }
+        assert!(
+            check_append_entries(&good, 2, 64).is_err(),
+            "sender mismatch"
+        );
+        assert!(
+            check_append_entries(&good, 1, 1).is_err(),
+            "too many entries"
+        );
+    }
+
+    #[test]
+    fn a_stored_term_beyond_reach_is_a_clear_error() {
+        assert!(check_stored_term("vote", 12).is_ok());
+        let e = check_stored_term("vote", u64::MAX).unwrap_err();
+        assert!(e.contains("--join"), "{e}");
+    }
+}
