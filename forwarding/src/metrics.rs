@@ -86,6 +86,8 @@ pub(crate) fn kind_label(error: &ApiError) -> &'static str {
         ApiError::Compacted { .. } => "compacted",
         ApiError::InvalidArgument { .. } => "invalid_argument",
         ApiError::Internal(_) => "internal",
+        ApiError::Unauthenticated(_) => "unauthenticated",
+        ApiError::PermissionDenied(_) => "permission_denied",
     }
 }
 

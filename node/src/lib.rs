@@ -24,9 +24,14 @@
 //! - A strong read never degrades to a local read: it follows a successful
 //!   `ensure_linearizable` on the leader, or fails.
 //! - A node initializes a cluster at most once (only with an empty log).
+//! - With grants configured, every client-port request is authenticated and
+//!   authorized on the node that received it before any work is done, and
+//!   list, ListByOwner and watch answers carry only resources inside the
+//!   caller's read scope (see [`auth`]).
 
 pub mod admin;
 pub mod agent;
+pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod config;

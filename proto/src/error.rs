@@ -19,6 +19,8 @@
 //! | Compacted             | OUT_OF_RANGE         | details: oldest retained revision            |
 //! | InvalidArgument       | INVALID_ARGUMENT     | details: the field named                     |
 //! | Internal              | INTERNAL             | a bug or an unexpected failure               |
+//! | Unauthenticated       | UNAUTHENTICATED      | no token, or a token the node does not know  |
+//! | PermissionDenied      | PERMISSION_DENIED    | names the missing permission                 |
 //!
 //! A status without Cairn details (from a proxy, a transport failure, an older
 //! peer) is classified by its code alone; transport-level codes become
@@ -75,6 +77,14 @@ pub enum ApiError {
     InvalidArgument { field: String, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
+    /// No credentials, or credentials no grant of the node's config holds.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// Known credentials whose grant lacks a permission; the message names it
+    /// (`write on demo.v1.Thing in default/default`) and never anything
+    /// stored.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
 }
 
 impl ApiError {
@@ -99,6 +109,8 @@ impl ApiError {
             ApiError::Compacted { .. } => ErrorKind::Compacted,
             ApiError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             ApiError::Internal(_) => ErrorKind::Internal,
+            ApiError::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            ApiError::PermissionDenied(_) => ErrorKind::PermissionDenied,
         }
     }
 
@@ -142,7 +154,9 @@ impl ApiError {
             | ApiError::Inconsistent(m)
             | ApiError::Unavailable(m)
             | ApiError::WatchClosed(m)
-            | ApiError::Internal(m) => m.clone(),
+            | ApiError::Internal(m)
+            | ApiError::Unauthenticated(m)
+            | ApiError::PermissionDenied(m) => m.clone(),
             ApiError::InvalidArgument { reason, .. } => reason.clone(),
             _ => String::new(),
         }
@@ -163,6 +177,8 @@ impl ApiError {
             Code::Aborted => ApiError::CasFailure(message),
             Code::FailedPrecondition => ApiError::Inconsistent(message),
             Code::InvalidArgument => ApiError::invalid("", message),
+            Code::Unauthenticated => ApiError::Unauthenticated(message),
+            Code::PermissionDenied => ApiError::PermissionDenied(message),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                 ApiError::Unavailable(format!("{:?}: {message}", status.code()))
             }
@@ -183,6 +199,8 @@ fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::WatchClosed => Code::Aborted,
         ErrorKind::Compacted => Code::OutOfRange,
         ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::Internal | ErrorKind::Unspecified => Code::Internal,
     }
 }
@@ -231,6 +249,8 @@ fn from_details(details: ErrorDetails, message: &str) -> Option<ApiError> {
             ApiError::InvalidArgument { field, reason: m }
         }
         (ErrorKind::Internal, _) => ApiError::Internal(m),
+        (ErrorKind::Unauthenticated, _) => ApiError::Unauthenticated(m),
+        (ErrorKind::PermissionDenied, _) => ApiError::PermissionDenied(m),
         // A kind whose required detail is missing, or an unknown kind: fall
         // back to classifying by code.
         _ => return None,
@@ -301,6 +321,8 @@ mod tests {
             },
             ApiError::invalid("resource.id.name", "must not be empty"),
             ApiError::Internal("boom".into()),
+            ApiError::Unauthenticated("no token given".into()),
+            ApiError::PermissionDenied("write on demo.v1.Thing in default/default".into()),
         ]
     }
 
@@ -338,6 +360,14 @@ mod tests {
             ApiError::from_status(&tonic::Status::failed_precondition("x")),
             ApiError::Inconsistent(_)
         ));
+        assert_eq!(
+            ApiError::from_status(&tonic::Status::unauthenticated("who?")),
+            ApiError::Unauthenticated("who?".into())
+        );
+        assert_eq!(
+            ApiError::from_status(&tonic::Status::permission_denied("read on a.K in p/n")),
+            ApiError::PermissionDenied("read on a.K in p/n".into())
+        );
         assert!(matches!(
             ApiError::from_status(&tonic::Status::data_loss("x")),
             ApiError::Internal(_)
