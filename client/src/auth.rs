@@ -97,7 +97,10 @@ impl std::fmt::Debug for Credentials {
 }
 
 impl tonic::service::Interceptor for Credentials {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(header) = &self.header {
             request
                 .metadata_mut()
@@ -126,14 +129,23 @@ mod tests {
         let header = request.metadata().get(AUTHORIZATION_HEADER).unwrap();
         assert_eq!(header.to_str().unwrap(), "Bearer cairn-abc123");
         assert!(header.is_sensitive());
-        let bare = Credentials::new(None).call(tonic::Request::new(())).unwrap();
+        let bare = Credentials::new(None)
+            .call(tonic::Request::new(()))
+            .unwrap();
         assert!(bare.metadata().get(AUTHORIZATION_HEADER).is_none());
     }
 
     #[test]
     fn malformed_tokens_are_refused_naming_the_setting() {
         // Empty, spaced, non-ASCII or huge tokens could never match a grant.
-        for bad in ["", "   ", "has space", "tab\there", "caf\u{e9}", &"x".repeat(1025)] {
+        for bad in [
+            "",
+            "   ",
+            "has space",
+            "tab\there",
+            "caf\u{e9}",
+            &"x".repeat(1025),
+        ] {
             match BearerToken::new(bad) {
                 Err(ClientError::InvalidArgument { field, .. }) => assert_eq!(field, "token"),
                 other => panic!("{bad:?}: {other:?}"),

@@ -275,7 +275,8 @@ impl AdminService for Admin {
         &self,
         r: Request<tonic::Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::RestoreSnapshotResponse>, Status> {
-        self.auth.require_admin(&r, AdminOperation::RestoreSnapshot)?;
+        self.auth
+            .require_admin(&r, AdminOperation::RestoreSnapshot)?;
         let (log_index, resource_count) = self.restorer.restore_upload(r.into_inner()).await?;
         Ok(Response::new(pb::RestoreSnapshotResponse {
             log_index,
@@ -348,7 +349,8 @@ impl AdminService for Admin {
         &self,
         r: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
-        self.auth.require_admin(&r, AdminOperation::TransferLeader)?;
+        self.auth
+            .require_admin(&r, AdminOperation::TransferLeader)?;
         Ok(Response::new(
             self.transfer_leader(r.into_inner().to).await?,
         ))
@@ -358,7 +360,8 @@ impl AdminService for Admin {
         &self,
         r: Request<pb::TriggerElectionRequest>,
     ) -> Result<Response<pb::TriggerElectionResponse>, Status> {
-        self.auth.require_admin(&r, AdminOperation::TriggerElection)?;
+        self.auth
+            .require_admin(&r, AdminOperation::TriggerElection)?;
         self.raft.trigger_election().await?;
         Ok(Response::new(pb::TriggerElectionResponse {}))
     }

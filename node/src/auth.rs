@@ -53,9 +53,7 @@ impl Part {
             "*" => Ok(Part::Any),
             "" => Err("a tenancy part is empty".into()),
             v if v.contains('*') => Err(format!("{v:?}: '*' must stand alone")),
-            v if v.chars().any(char::is_control) => {
-                Err(format!("{v:?} holds a control character"))
-            }
+            v if v.chars().any(char::is_control) => Err(format!("{v:?} holds a control character")),
             v => Ok(Part::Is(v.to_string())),
         }
     }
@@ -481,7 +479,11 @@ impl Authenticator {
     /// How many grants there are.
     pub fn grant_count(&self) -> usize {
         let mut names: HashSet<&str> = HashSet::new();
-        for g in self.by_token_sha256.values().chain(self.by_subject.values()) {
+        for g in self
+            .by_token_sha256
+            .values()
+            .chain(self.by_subject.values())
+        {
             names.insert(&g.name);
         }
         names.len()
@@ -570,9 +572,7 @@ impl Authenticator {
 }
 
 /// Reads the node's own token from `auth.node_token_file`.
-pub fn load_node_token(
-    config: &AuthConfig,
-) -> anyhow::Result<Option<cairn_client::BearerToken>> {
+pub fn load_node_token(config: &AuthConfig) -> anyhow::Result<Option<cairn_client::BearerToken>> {
     let Some(path) = &config.node_token_file else {
         return Ok(None);
     };
@@ -652,46 +652,218 @@ mod tests {
         use Action::*;
         let rows: Vec<(&Caller, Action<'_>, bool)> = vec![
             // Unrestricted: everything.
-            (&Caller::Unrestricted, Write { type_: &thing, tenancy: &dd }, true),
+            (
+                &Caller::Unrestricted,
+                Write {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                true,
+            ),
             (&Caller::Unrestricted, Admin(AdminOperation::Status), true),
             // Read scope: the type in any version, its tenancies, nothing else.
-            (&reader, Read { type_: &thing, tenancy: &dd }, true),
-            (&reader, Read { type_: &thing_v2, tenancy: &dx }, true),
-            (&reader, Read { type_: &other_kind, tenancy: &dd }, false),
-            (&reader, Read { type_: &other_group, tenancy: &dd }, false),
-            (&reader, Read { type_: &thing, tenancy: &aw }, false),
-            (&reader, Write { type_: &thing, tenancy: &dd }, false),
+            (
+                &reader,
+                Read {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                true,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &thing_v2,
+                    tenancy: &dx,
+                },
+                true,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &other_kind,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &other_group,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &thing,
+                    tenancy: &aw,
+                },
+                false,
+            ),
+            (
+                &reader,
+                Write {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                false,
+            ),
             (&reader, ListByOwner, true),
             (&reader, Admin(AdminOperation::Status), false),
             // Lists: refused only when disjoint from the scope.
-            (&reader, List { type_: &thing, tenancy: &any }, true),
-            (&reader, List { type_: &thing, tenancy: &dd }, true),
-            (&reader, List { type_: &thing, tenancy: &aw }, false),
-            (&reader, List { type_: &thing, tenancy: &a_any }, false),
-            (&reader, List { type_: &thing, tenancy: &any_web }, true),
-            (&reader, List { type_: &other_kind, tenancy: &any }, false),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &any,
+                },
+                true,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                true,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &aw,
+                },
+                false,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &a_any,
+                },
+                false,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &any_web,
+                },
+                true,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &other_kind,
+                    tenancy: &any,
+                },
+                false,
+            ),
             // Write implies read on the same scope, not beyond it.
-            (&writer, Write { type_: &thing, tenancy: &aw }, true),
-            (&writer, Write { type_: &other_kind, tenancy: &aw }, true),
-            (&writer, Read { type_: &other_kind, tenancy: &aw }, true),
-            (&writer, Write { type_: &other_group, tenancy: &aw }, false),
-            (&writer, Write { type_: &thing, tenancy: &ax }, false),
-            (&writer, Read { type_: &thing, tenancy: &ax }, false),
-            (&writer, List { type_: &thing, tenancy: &a_any }, true),
-            (&writer, List { type_: &thing, tenancy: &dd }, false),
+            (
+                &writer,
+                Write {
+                    type_: &thing,
+                    tenancy: &aw,
+                },
+                true,
+            ),
+            (
+                &writer,
+                Write {
+                    type_: &other_kind,
+                    tenancy: &aw,
+                },
+                true,
+            ),
+            (
+                &writer,
+                Read {
+                    type_: &other_kind,
+                    tenancy: &aw,
+                },
+                true,
+            ),
+            (
+                &writer,
+                Write {
+                    type_: &other_group,
+                    tenancy: &aw,
+                },
+                false,
+            ),
+            (
+                &writer,
+                Write {
+                    type_: &thing,
+                    tenancy: &ax,
+                },
+                false,
+            ),
+            (
+                &writer,
+                Read {
+                    type_: &thing,
+                    tenancy: &ax,
+                },
+                false,
+            ),
+            (
+                &writer,
+                List {
+                    type_: &thing,
+                    tenancy: &a_any,
+                },
+                true,
+            ),
+            (
+                &writer,
+                List {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                false,
+            ),
             (&writer, Admin(AdminOperation::SaveSnapshot), false),
             // Admin: every admin operation, no data.
             (&admin, Admin(AdminOperation::TransferLeader), true),
             (&admin, Admin(AdminOperation::RestoreSnapshot), true),
-            (&admin, Read { type_: &thing, tenancy: &dd }, false),
-            (&admin, List { type_: &thing, tenancy: &any }, false),
+            (
+                &admin,
+                Read {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (
+                &admin,
+                List {
+                    type_: &thing,
+                    tenancy: &any,
+                },
+                false,
+            ),
             (&admin, ListByOwner, false),
-            (&everything, Write { type_: &other_group, tenancy: &ax }, true),
+            (
+                &everything,
+                Write {
+                    type_: &other_group,
+                    tenancy: &ax,
+                },
+                true,
+            ),
             (&everything, Admin(AdminOperation::AddLearner), true),
         ];
         for (caller, action, allowed) in rows {
             let decision = authorize(caller, &action);
-            assert_eq!(decision.is_ok(), allowed, "{caller:?} {action:?}: {decision:?}");
+            assert_eq!(
+                decision.is_ok(),
+                allowed,
+                "{caller:?} {action:?}: {decision:?}"
+            );
             if let Err(e) = decision {
                 assert!(matches!(e, ApiError::PermissionDenied(_)), "{e:?}");
             }
@@ -728,7 +900,9 @@ mod tests {
             scope(&["ops.*"], &["*/web"]),
             false,
         );
-        let Caller::Granted(g) = reader else { unreachable!() };
+        let Caller::Granted(g) = reader else {
+            unreachable!()
+        };
         let within = Visibility::Within(g);
         let resource = |t: Type, tn: Tenancy| Resource {
             id: Some(cairn_proto::v1::Id {
@@ -810,28 +984,112 @@ mod tests {
         // Each mistake an operator can make in [[auth.grants]] is refused at load.
         let ok = token_grant("app", "t");
         let cases: Vec<(GrantConfig, &str)> = vec![
-            (GrantConfig { name: "".into(), ..ok.clone() }, "`name` is empty"),
-            (GrantConfig { token_sha256: None, ..ok.clone() }, "give `token_sha256`"),
-            (GrantConfig { token_sha256: Some("t".into()), ..ok.clone() }, "64 hex digits"),
-            (GrantConfig { read: None, ..ok.clone() }, "grants nothing"),
-            (GrantConfig { read: scope(&[], &["*"]), ..ok.clone() }, "`types` is empty"),
-            (GrantConfig { read: scope(&["*"], &[]), ..ok.clone() }, "`tenancies` is empty"),
-            (GrantConfig { read: scope(&["Thing"], &["*"]), ..ok.clone() }, "expected group.kind"),
-            (GrantConfig { read: scope(&["demo.v1.Thing"], &["*"]), ..ok.clone() }, "names a group version"),
-            (GrantConfig { read: scope(&["demo.Th*"], &["*"]), ..ok.clone() }, "must stand alone"),
-            (GrantConfig { read: scope(&["*"], &["default"]), ..ok.clone() }, "partition/namespace"),
-            (GrantConfig { read: scope(&["*"], &["a/b/c"]), ..ok.clone() }, "partition/namespace"),
-            (GrantConfig { read: scope(&["*"], &["de*/x"]), ..ok.clone() }, "must stand alone"),
-            (GrantConfig { read: scope(&["*"], &["/x"]), ..ok.clone() }, "empty"),
+            (
+                GrantConfig {
+                    name: "".into(),
+                    ..ok.clone()
+                },
+                "`name` is empty",
+            ),
+            (
+                GrantConfig {
+                    token_sha256: None,
+                    ..ok.clone()
+                },
+                "give `token_sha256`",
+            ),
+            (
+                GrantConfig {
+                    token_sha256: Some("t".into()),
+                    ..ok.clone()
+                },
+                "64 hex digits",
+            ),
+            (
+                GrantConfig {
+                    read: None,
+                    ..ok.clone()
+                },
+                "grants nothing",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&[], &["*"]),
+                    ..ok.clone()
+                },
+                "`types` is empty",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &[]),
+                    ..ok.clone()
+                },
+                "`tenancies` is empty",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["Thing"], &["*"]),
+                    ..ok.clone()
+                },
+                "expected group.kind",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["demo.v1.Thing"], &["*"]),
+                    ..ok.clone()
+                },
+                "names a group version",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["demo.Th*"], &["*"]),
+                    ..ok.clone()
+                },
+                "must stand alone",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["default"]),
+                    ..ok.clone()
+                },
+                "partition/namespace",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["a/b/c"]),
+                    ..ok.clone()
+                },
+                "partition/namespace",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["de*/x"]),
+                    ..ok.clone()
+                },
+                "must stand alone",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["/x"]),
+                    ..ok.clone()
+                },
+                "empty",
+            ),
         ];
         for (g, expected) in cases {
             let e = Authenticator::from_config(&config(vec![g.clone()])).unwrap_err();
             let text = e.to_string();
-            assert!(text.contains("auth.grants") && text.contains(expected), "{g:?}: {text}");
+            assert!(
+                text.contains("auth.grants") && text.contains(expected),
+                "{g:?}: {text}"
+            );
         }
         let e = Authenticator::from_config(&config(vec![ok.clone(), ok.clone()])).unwrap_err();
         assert!(e.to_string().contains("another grant has this name"), "{e}");
-        let twin = GrantConfig { name: "twin".into(), ..ok.clone() };
+        let twin = GrantConfig {
+            name: "twin".into(),
+            ..ok.clone()
+        };
         let e = Authenticator::from_config(&config(vec![ok, twin])).unwrap_err();
         assert!(e.to_string().contains("same token_sha256"), "{e}");
     }

@@ -124,8 +124,9 @@ impl Endpoints {
         self.token
             .clone()
             .map(|t| {
-                cairn_client::BearerToken::new(t)
-                    .map_err(|_| ApiError::invalid("token", "must be printable ASCII without spaces"))
+                cairn_client::BearerToken::new(t).map_err(|_| {
+                    ApiError::invalid("token", "must be printable ASCII without spaces")
+                })
             })
             .transpose()
     }

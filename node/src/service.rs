@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_forwarding::{Forwarder, WatchStream};
-use futures::StreamExt as _;
+use cairn_proto::error::ApiError;
 use cairn_proto::v1::resource_service_server::ResourceService;
 use cairn_proto::v1::{self as pb};
+use futures::StreamExt as _;
 use tokio::time::Instant;
-use cairn_proto::error::ApiError;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{authorize, Action, Authenticator, Visibility};
@@ -155,7 +155,10 @@ impl ResourceService for ResourceGrpc {
         let d = self.0.deadline(&r);
         self.0.forwarder.executor().check_write(r.get_ref())?;
         self.0.authorize(&r, |m| {
-            let id = m.resource.as_ref().and_then(|resource| resource.id.as_ref());
+            let id = m
+                .resource
+                .as_ref()
+                .and_then(|resource| resource.id.as_ref());
             let (type_, tenancy) = id_parts(id)?;
             Ok(Action::Write { type_, tenancy })
         })?;
@@ -239,9 +242,9 @@ impl ResourceService for ResourceGrpc {
         let events = self.0.forwarder.watch(r.into_inner())?;
         Ok(Response::new(match visible {
             Visibility::Everything => events,
-            within => Box::pin(events.filter(move |event| {
-                std::future::ready(event_visible(&within, event))
-            })),
+            within => Box::pin(
+                events.filter(move |event| std::future::ready(event_visible(&within, event))),
+            ),
         }))
     }
 }

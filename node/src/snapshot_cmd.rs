@@ -13,12 +13,12 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{exit, exit_code_of, Endpoints};
-use cairn_client::BearerToken;
 use crate::config::parse_members;
 use crate::raft::NodeInfo;
 use crate::snapshot_file::{
     self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
 };
+use cairn_client::BearerToken;
 
 #[derive(Subcommand)]
 pub enum SnapshotCommand {
@@ -79,9 +79,7 @@ pub fn run(command: SnapshotCommand) -> u8 {
         .build()
         .expect("runtime");
     let result = match command {
-        SnapshotCommand::Save { file, endpoints } => {
-            runtime.block_on(save(&file, &endpoints))
-        }
+        SnapshotCommand::Save { file, endpoints } => runtime.block_on(save(&file, &endpoints)),
         SnapshotCommand::Inspect { file } => inspect(&file),
         SnapshotCommand::Restore(args) if args.offline => restore_offline(&args),
         SnapshotCommand::Restore(args) => runtime.block_on(restore_online(&args)),

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use cairn_client::{BearerToken, Client, ClientError, ClientOptions};
 use cairn_proto::v1::admin_service_client::AdminServiceClient;
-use cairn_proto::v1::{self as pb, watch_event, Consistency, Id, Resource, Tenancy, WatchListRequest};
+use cairn_proto::v1::{
+    self as pb, watch_event, Consistency, Id, Resource, Tenancy, WatchListRequest,
+};
 use client_support::*;
 
 /// The tokens of the test cluster, each made by `cairn token new`.
@@ -161,7 +163,11 @@ fn unauthenticated(result: Result<impl std::fmt::Debug, ClientError>) {
     );
 }
 
-async fn list_things(c: &Client, t: Tenancy, consistency: Consistency) -> Result<BTreeSet<String>, ClientError> {
+async fn list_things(
+    c: &Client,
+    t: Tenancy,
+    consistency: Consistency,
+) -> Result<BTreeSet<String>, ClientError> {
     c.list(type_of("Thing"), t, "", consistency)
         .await
         .map(|l| names(&l.resources))
@@ -234,7 +240,11 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
         // No token, or an unknown one: UNAUTHENTICATED for data and admin calls.
         unauthenticated(anonymous.create(resource("Thing", "x", dd(), None)).await);
         unauthenticated(list_things(&anonymous, tenancy("*", "*"), Consistency::Eventual).await);
-        unauthenticated(stranger.read(at("Thing", "x", dd()), Consistency::Eventual).await);
+        unauthenticated(
+            stranger
+                .read(at("Thing", "x", dd()), Consistency::Eventual)
+                .await,
+        );
         let status = admin_call(&endpoints[0], None)
             .await
             .status(pb::StatusRequest {})
@@ -251,16 +261,24 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
         ] {
             ops.create(resource(kind, name, t, owner)).await.unwrap();
         }
-        let d1 = ops.read(at("Thing", "d1", dd()), Consistency::Strong).await.unwrap();
+        let d1 = ops
+            .read(at("Thing", "d1", dd()), Consistency::Strong)
+            .await
+            .unwrap();
         let owner = d1.id.clone();
         // Children of d1: one inside the reader's scope, two outside.
         client(&follower_only, Some(&tokens.ops))
             .create(resource("Thing", "c-in", dd(), owner.clone()))
             .await
             .unwrap();
-        ops.create(resource("Thing", "c-out", tenancy("team-b", "web"), owner.clone()))
-            .await
-            .unwrap();
+        ops.create(resource(
+            "Thing",
+            "c-out",
+            tenancy("team-b", "web"),
+            owner.clone(),
+        ))
+        .await
+        .unwrap();
         ops.create(resource("Other", "c-other", dd(), owner.clone()))
             .await
             .unwrap();
@@ -271,13 +289,23 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
         }
 
         // reader: reads inside its scope, refused outside, never writes.
-        reader.read(at("Thing", "d1", dd()), Consistency::Strong).await.unwrap();
+        reader
+            .read(at("Thing", "d1", dd()), Consistency::Strong)
+            .await
+            .unwrap();
         denied(
-            reader.read(at("Thing", "a1", tenancy("team-a", "web")), Consistency::Strong).await,
+            reader
+                .read(
+                    at("Thing", "a1", tenancy("team-a", "web")),
+                    Consistency::Strong,
+                )
+                .await,
             "read on demo.v1.Thing in team-a/web",
         );
         denied(
-            reader.read(at("Other", "o1", dd()), Consistency::Eventual).await,
+            reader
+                .read(at("Other", "o1", dd()), Consistency::Eventual)
+                .await,
             "read on demo.v1.Other in default/default",
         );
         denied(
@@ -298,14 +326,19 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
                         let c = c.clone();
                         let in_scope = in_scope.clone();
                         async move {
-                            list_things(&c, tenancy("*", "*"), consistency).await.unwrap() == in_scope
+                            list_things(&c, tenancy("*", "*"), consistency)
+                                .await
+                                .unwrap()
+                                == in_scope
                         }
                     })
                     .await,
                     "{consistency:?}"
                 );
                 assert_eq!(
-                    list_things(c, tenancy("default", "*"), consistency).await.unwrap(),
+                    list_things(c, tenancy("default", "*"), consistency)
+                        .await
+                        .unwrap(),
                     in_scope
                 );
             }
@@ -316,7 +349,14 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
             "read on demo.Thing in team-a/*",
         );
         denied(
-            reader.list(type_of("Other"), tenancy("*", "*"), "", Consistency::Eventual).await,
+            reader
+                .list(
+                    type_of("Other"),
+                    tenancy("*", "*"),
+                    "",
+                    Consistency::Eventual,
+                )
+                .await,
             "read on demo.Other in */*",
         );
         // ListByOwner: only the children inside the scope.
@@ -324,7 +364,10 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
         assert_eq!(names(&owned.resources), set(&["default/default/c-in"]));
         let owned = ops.list_by_owner(owner.clone().unwrap()).await.unwrap();
         assert_eq!(owned.resources.len(), 3);
-        denied(admin.list_by_owner(owner.clone().unwrap()).await, "read on any type");
+        denied(
+            admin.list_by_owner(owner.clone().unwrap()).await,
+            "read on any type",
+        );
 
         // team-a: writes and reads demo.* in team-a/*, through the follower too.
         let team_a_on_follower = client(&follower_only, Some(&tokens.team_a));
@@ -333,16 +376,24 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
             .await
             .unwrap();
         team_a
-            .read(at("Thing", "a1", tenancy("team-a", "web")), Consistency::Strong)
+            .read(
+                at("Thing", "a1", tenancy("team-a", "web")),
+                Consistency::Strong,
+            )
             .await
             .unwrap();
         denied(
-            team_a_on_follower.create(resource("Thing", "x", dd(), None)).await,
+            team_a_on_follower
+                .create(resource("Thing", "x", dd(), None))
+                .await,
             "write on demo.v1.Thing in default/default",
         );
         denied(
             team_a_on_follower
-                .read(at("Thing", "b1", tenancy("team-b", "web")), Consistency::Strong)
+                .read(
+                    at("Thing", "b1", tenancy("team-b", "web")),
+                    Consistency::Strong,
+                )
                 .await,
             "read on demo.v1.Thing in team-b/web",
         );
@@ -352,11 +403,16 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
                 .unwrap(),
             set(&["team-a/web/a1"])
         );
-        team_a.delete(a2.id.clone().unwrap(), a2.version.clone()).await.unwrap();
+        team_a
+            .delete(a2.id.clone().unwrap(), a2.version.clone())
+            .await
+            .unwrap();
 
         // admin: every admin call, no data.
         denied(
-            admin.read(at("Thing", "d1", dd()), Consistency::Eventual).await,
+            admin
+                .read(at("Thing", "d1", dd()), Consistency::Eventual)
+                .await,
             "read on demo.v1.Thing",
         );
         for token in [&tokens.reader, &tokens.ops, &tokens.team_a] {
@@ -364,9 +420,15 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
             let e = c.status(pb::StatusRequest {}).await.unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
             assert!(e.message().contains("admin (for Status)"), "{e:?}");
-            let e = c.trigger_election(pb::TriggerElectionRequest {}).await.unwrap_err();
+            let e = c
+                .trigger_election(pb::TriggerElectionRequest {})
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c.remove_member(pb::RemoveMemberRequest { id: follower }).await.unwrap_err();
+            let e = c
+                .remove_member(pb::RemoveMemberRequest { id: follower })
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
             let e = c
                 .add_learner(pb::AddLearnerRequest {
@@ -377,11 +439,20 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c.promote(pb::PromoteRequest { id: follower }).await.unwrap_err();
+            let e = c
+                .promote(pb::PromoteRequest { id: follower })
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c.transfer_leader(pb::TransferLeaderRequest { to: 0 }).await.unwrap_err();
+            let e = c
+                .transfer_leader(pb::TransferLeaderRequest { to: 0 })
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c.save_snapshot(pb::SaveSnapshotRequest {}).await.unwrap_err();
+            let e = c
+                .save_snapshot(pb::SaveSnapshotRequest {})
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         }
         let status = admin_call(&cluster.node(leader).client_address, Some(&tokens.admin))
@@ -402,18 +473,28 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
         // After the leader change the reader's watch (on the follower, now
         // the leader) still sees only its scope: b1's delete is filtered, d2's is not.
         let b1 = ops
-            .read(at("Thing", "b1", tenancy("team-b", "web")), Consistency::Strong)
+            .read(
+                at("Thing", "b1", tenancy("team-b", "web")),
+                Consistency::Strong,
+            )
             .await
             .unwrap();
-        ops.delete(b1.id.clone().unwrap(), b1.version.clone()).await.unwrap();
+        ops.delete(b1.id.clone().unwrap(), b1.version.clone())
+            .await
+            .unwrap();
         ops.create(resource("Thing", "b2", tenancy("team-b", "web"), None))
             .await
             .unwrap();
         let d2 = ops
-            .read(at("Thing", "d2", tenancy("default", "x")), Consistency::Strong)
+            .read(
+                at("Thing", "d2", tenancy("default", "x")),
+                Consistency::Strong,
+            )
             .await
             .unwrap();
-        ops.delete(d2.id.clone().unwrap(), d2.version.clone()).await.unwrap();
+        ops.delete(d2.id.clone().unwrap(), d2.version.clone())
+            .await
+            .unwrap();
         assert_eq!(next_change(&mut reader_watch).await, "default/x/d2");
         assert_eq!(
             list_things(&reader, tenancy("*", "*"), Consistency::Strong)
@@ -430,7 +511,10 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
 /// Runs `cairn` with `CAIRN_TOKEN` set (or removed) and the given args.
 async fn cairn_with_env_token(args: &[&str], token: Option<&str>) -> Run {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
-    command.args(args).env_remove("CAIRN_ENDPOINTS").env_remove("CAIRN_TOKEN");
+    command
+        .args(args)
+        .env_remove("CAIRN_ENDPOINTS")
+        .env_remove("CAIRN_TOKEN");
     if let Some(t) = token {
         command.env("CAIRN_TOKEN", t);
     }
@@ -467,14 +551,36 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
         // ops writes in two tenancies (flag), team-a in its own (env).
         for tenancy in ["default/default", "team-b/web"] {
             let run = cairn(
-                &["write", "--endpoints", e, "--token", &tokens.ops, "--type", t, "--name", "n1", "--tenancy", tenancy],
+                &[
+                    "write",
+                    "--endpoints",
+                    e,
+                    "--token",
+                    &tokens.ops,
+                    "--type",
+                    t,
+                    "--name",
+                    "n1",
+                    "--tenancy",
+                    tenancy,
+                ],
                 None,
             )
             .await;
             assert_eq!(run.code, 0, "{run:?}");
         }
         let run = cairn_with_env_token(
-            &["write", "--endpoints", e, "--type", t, "--name", "n2", "--tenancy", "team-a/web"],
+            &[
+                "write",
+                "--endpoints",
+                e,
+                "--type",
+                t,
+                "--name",
+                "n2",
+                "--tenancy",
+                "team-a/web",
+            ],
             Some(&tokens.team_a),
         )
         .await;
@@ -486,14 +592,25 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
         .await;
         assert_eq!(run.code, 6, "{run:?}");
         assert!(
-            run.stderr.contains("write on demo.v1.Thing in default/default"),
+            run.stderr
+                .contains("write on demo.v1.Thing in default/default"),
             "{run:?}"
         );
 
         // The reader's list and watch show only default/*.
         let reader_list = |token: String| async move {
             let run = cairn_with_env_token(
-                &["list", "--endpoints", e, "--type", t, "--tenancy", "*/*", "-o", "json"],
+                &[
+                    "list",
+                    "--endpoints",
+                    e,
+                    "--type",
+                    t,
+                    "--tenancy",
+                    "*/*",
+                    "-o",
+                    "json",
+                ],
                 Some(&token),
             )
             .await;
@@ -503,21 +620,47 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|r| format!("{}/{}", r["id"]["tenancy"]["partition"].as_str().unwrap(), r["id"]["name"].as_str().unwrap()))
+                .map(|r| {
+                    format!(
+                        "{}/{}",
+                        r["id"]["tenancy"]["partition"].as_str().unwrap(),
+                        r["id"]["name"].as_str().unwrap()
+                    )
+                })
                 .collect::<BTreeSet<_>>()
         };
-        assert_eq!(reader_list(tokens.reader.clone()).await, set(&["default/n1"]));
+        assert_eq!(
+            reader_list(tokens.reader.clone()).await,
+            set(&["default/n1"])
+        );
         assert_eq!(
             reader_list(tokens.ops.clone()).await,
             set(&["default/n1", "team-a/n2", "team-b/n1"])
         );
         let run = cairn(
-            &["watch", "--endpoints", e, "--token", &tokens.reader, "--type", t, "--tenancy", "*/*", "--max-events", "2", "-o", "json"],
+            &[
+                "watch",
+                "--endpoints",
+                e,
+                "--token",
+                &tokens.reader,
+                "--type",
+                t,
+                "--tenancy",
+                "*/*",
+                "--max-events",
+                "2",
+                "-o",
+                "json",
+            ],
             None,
         )
         .await;
         assert_eq!(run.code, 0, "{run:?}");
-        assert!(run.stdout.contains("\"n1\"") && !run.stdout.contains("team-"), "{run:?}");
+        assert!(
+            run.stdout.contains("\"n1\"") && !run.stdout.contains("team-"),
+            "{run:?}"
+        );
 
         // Admin commands: refused for the data roles, allowed for admin.
         let backup = dir.path().join("backup.snap");
@@ -525,36 +668,98 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
         for token in [&tokens.reader, &tokens.ops] {
             for args in [
                 vec!["status", "--endpoints", e, "--token", token],
-                vec!["snapshot", "save", backup, "--endpoints", e, "--token", token],
+                vec![
+                    "snapshot",
+                    "save",
+                    backup,
+                    "--endpoints",
+                    e,
+                    "--token",
+                    token,
+                ],
                 vec!["member", "remove", "3", "--endpoints", e, "--token", token],
                 vec!["transfer-leader", "--endpoints", e, "--token", token],
             ] {
                 let run = cairn(&args, None).await;
                 assert_eq!(run.code, 6, "{args:?}: {run:?}");
-                assert!(run.stderr.contains("permission denied"), "{args:?}: {run:?}");
+                assert!(
+                    run.stderr.contains("permission denied"),
+                    "{args:?}: {run:?}"
+                );
             }
         }
         assert!(!Path::new(backup).exists(), "a refused save writes no file");
-        let run = cairn(&["status", "--endpoints", e, "--token", &tokens.admin], None).await;
-        assert_eq!(run.code, 0, "{run:?}");
-        assert_eq!(run.stdout.matches("true").count(), 3, "three voters: {run:?}");
-        let run = cairn(&["snapshot", "save", backup, "--endpoints", e, "--token", &tokens.admin], None).await;
-        assert_eq!(run.code, 0, "{run:?}");
-
-        // A write after the backup, then a restore: refused for ops, done by admin.
         let run = cairn(
-            &["write", "--endpoints", e, "--token", &tokens.ops, "--type", t, "--name", "later", "--tenancy", "default/x"],
+            &["status", "--endpoints", e, "--token", &tokens.admin],
             None,
         )
         .await;
         assert_eq!(run.code, 0, "{run:?}");
-        let run = cairn(&["snapshot", "restore", backup, "--endpoints", e, "--token", &tokens.ops], None).await;
+        assert_eq!(
+            run.stdout.matches("true").count(),
+            3,
+            "three voters: {run:?}"
+        );
+        let run = cairn(
+            &[
+                "snapshot",
+                "save",
+                backup,
+                "--endpoints",
+                e,
+                "--token",
+                &tokens.admin,
+            ],
+            None,
+        )
+        .await;
+        assert_eq!(run.code, 0, "{run:?}");
+
+        // A write after the backup, then a restore: refused for ops, done by admin.
+        let run = cairn(
+            &[
+                "write",
+                "--endpoints",
+                e,
+                "--token",
+                &tokens.ops,
+                "--type",
+                t,
+                "--name",
+                "later",
+                "--tenancy",
+                "default/x",
+            ],
+            None,
+        )
+        .await;
+        assert_eq!(run.code, 0, "{run:?}");
+        let run = cairn(
+            &[
+                "snapshot",
+                "restore",
+                backup,
+                "--endpoints",
+                e,
+                "--token",
+                &tokens.ops,
+            ],
+            None,
+        )
+        .await;
         assert_eq!(run.code, 6, "{run:?}");
         assert!(run.stderr.contains("\"ops\" lacks admin"), "{run:?}");
-        let run = cairn_with_env_token(&["snapshot", "restore", backup, "--endpoints", e], Some(&tokens.admin)).await;
+        let run = cairn_with_env_token(
+            &["snapshot", "restore", backup, "--endpoints", e],
+            Some(&tokens.admin),
+        )
+        .await;
         assert_eq!(run.code, 0, "{run:?}");
         // After the restore, the reader still sees only its scope (and not `later`).
-        assert_eq!(reader_list(tokens.reader.clone()).await, set(&["default/n1"]));
+        assert_eq!(
+            reader_list(tokens.reader.clone()).await,
+            set(&["default/n1"])
+        );
         drop(cluster);
     })
     .await
