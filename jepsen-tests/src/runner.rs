@@ -77,7 +77,8 @@ pub struct RunEnvironment {
     pub check_budget: Duration,
 }
 
-/// The short suite: at least six scenarios on 3 nodes.
+/// The short suite: at least six scenarios on 3 nodes, the last one under
+/// authentication ([`auth_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     let plan: [(WorkloadKind, NemesisKind); 8] = [
         (WorkloadKind::Register, NemesisKind::Partition),
@@ -101,6 +102,10 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             broken_reads: false,
             auth: false,
         })
+        .chain(std::iter::once(Scenario {
+            name: "09-set-auth-partition-kill-transfer".into(),
+            ..auth_scenario(seed.wrapping_add(8 * 7919))
+        }))
         .collect()
 }
 
