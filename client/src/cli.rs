@@ -12,6 +12,8 @@
 //!   `watch` accept `*` for either part (`'*/*'` = every tenancy).
 //! - `--endpoints host:port,...` (or `CAIRN_ENDPOINTS`), default the three
 //!   nodes of `cairn dev`.
+//! - `--token TOKEN` (or `CAIRN_TOKEN`): the bearer token of a cluster that
+//!   requires one (see `docs/security.md`).
 //! - `--consistency strong|eventual` (default strong) applies to `read`,
 //!   `list`, and to the reads that `write` and `owned-by` make to fill in a
 //!   uid; `delete` and `write --upsert` always read strongly (their CAS needs
@@ -49,6 +51,7 @@
 //! | 3 | not found |
 //! | 4 | CAS conflict (CasFailure or WrongUid) |
 //! | 5 | unavailable or inconsistent (no node, no leader, no quorum, deadline) |
+//! | 6 | not authorized: no token or an unknown one, or a permission missing |
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write};
@@ -66,7 +69,7 @@ use serde_json::{json, Value};
 
 use crate::error::{ClientError, Outcome};
 use crate::json::{json_payload, payload_as_json, resource_from_json, resource_to_json};
-use crate::{Client, ClientOptions};
+use crate::{BearerToken, Client, ClientOptions};
 
 /// Exit codes of every `cairn` command.
 pub mod exit {
@@ -76,6 +79,7 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 3;
     pub const CAS_CONFLICT: u8 = 4;
     pub const UNAVAILABLE: u8 = 5;
+    pub const DENIED: u8 = 6;
 }
 
 /// The exit code of a client error.
@@ -87,6 +91,7 @@ pub fn exit_code(e: &ClientError) -> u8 {
         | ClientError::Inconsistent { .. }
         | ClientError::DeadlineExceeded { .. } => exit::UNAVAILABLE,
         ClientError::InvalidArgument { .. } => exit::USAGE,
+        ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_) => exit::DENIED,
         ClientError::GroupVersionMismatch { .. }
         | ClientError::ResourceExhausted { .. }
         | ClientError::WatchClosed(_)
@@ -123,6 +128,9 @@ pub struct CommonArgs {
         value_delimiter = ','
     )]
     pub endpoints: Vec<String>,
+    /// Bearer token, for a cluster that requires one.
+    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// Consistency of the reads the command makes.
     #[arg(long, value_enum, default_value = "strong")]
     pub consistency: ConsistencyArg,
@@ -404,6 +412,7 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
     let options = ClientOptions {
         request_timeout: Duration::from_millis(c.timeout_ms),
         connect_timeout: Duration::from_millis(c.timeout_ms.min(1_000)),
+        token: c.token.clone().map(BearerToken::new).transpose()?,
         ..ClientOptions::default()
     };
     let client = Client::new(&c.endpoints, options)?;

@@ -49,6 +49,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::auth::{AuthenticatedChannel, BearerToken, Credentials};
 use crate::error::{classify_status, ClientError, Failure, Outcome};
 
 /// Settings of a [`Client`].
@@ -74,6 +75,9 @@ pub struct ClientOptions {
     /// How many CAS conflicts the helpers ([`Client::read_modify_write`],
     /// [`Client::delete_current`], [`Client::create_if_absent`]) retry.
     pub cas_attempts_max: u32,
+    /// Sent as `authorization: Bearer <token>` on every call; required by a
+    /// cluster whose config holds grants. `None` sends no credentials.
+    pub token: Option<BearerToken>,
 }
 
 impl Default for ClientOptions {
@@ -87,6 +91,7 @@ impl Default for ClientOptions {
             keep_alive_timeout: Duration::from_secs(5),
             read_attempt_timeout: Duration::from_secs(3),
             cas_attempts_max: 32,
+            token: None,
         }
     }
 }
@@ -102,6 +107,8 @@ struct Inner {
     /// The configured endpoints as URIs (`http://host:port`), never empty.
     endpoints: Vec<String>,
     options: ClientOptions,
+    /// The interceptor adding `options.token` to every request.
+    credentials: Credentials,
     routing: Mutex<Routing>,
 }
 
@@ -272,6 +279,7 @@ impl Client {
         Ok(Client {
             inner: Arc::new(Inner {
                 endpoints: uris,
+                credentials: Credentials::new(options.token.as_ref()),
                 options,
                 routing: Mutex::new(Routing {
                     preferred,
@@ -428,7 +436,7 @@ impl Client {
     /// Runs one call with failover; see the module docs for the rules.
     async fn call<T, F, Fut>(&self, effect: Effect, attempt: F) -> Result<T, ClientError>
     where
-        F: FnMut(ResourceServiceClient<Channel>, Duration) -> Fut,
+        F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
         Fut: Future<Output = Answer<T>>,
     {
         self.call_at(effect, attempt)
@@ -443,7 +451,7 @@ impl Client {
         mut attempt: F,
     ) -> Result<(tonic::Response<T>, String), ClientError>
     where
-        F: FnMut(ResourceServiceClient<Channel>, Duration) -> Fut,
+        F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
         Fut: Future<Output = Answer<T>>,
     {
         let options = &self.inner.options;
@@ -483,7 +491,13 @@ impl Client {
             };
             let answer = tokio::time::timeout(
                 attempt_limit,
-                attempt(ResourceServiceClient::new(channel), attempt_limit),
+                attempt(
+                    ResourceServiceClient::with_interceptor(
+                        channel,
+                        self.inner.credentials.clone(),
+                    ),
+                    attempt_limit,
+                ),
             )
             .await;
             let status = match answer {

@@ -96,6 +96,14 @@ pub enum ClientError {
     /// Cairn node, an undecodable response).
     #[error("internal error: {message}")]
     Internal { message: String, outcome: Outcome },
+    /// No token was given, or the node knows no grant for it
+    /// ([`crate::ClientOptions::token`]).
+    #[error("{}", prefixed("unauthenticated", .0))]
+    Unauthenticated(String),
+    /// The token's grant lacks the permission the message names
+    /// (`write on demo.v1.Thing in default/default`).
+    #[error("{}", prefixed("permission denied", .0))]
+    PermissionDenied(String),
 }
 
 impl ClientError {
@@ -170,6 +178,8 @@ impl ClientError {
                 message,
                 outcome: outcome_if_unsure,
             },
+            ApiError::Unauthenticated(m) => ClientError::Unauthenticated(m),
+            ApiError::PermissionDenied(m) => ClientError::PermissionDenied(m),
         }
     }
 }
@@ -261,6 +271,8 @@ mod tests {
             ApiError::Compacted {
                 oldest_retained_revision: 3,
             },
+            ApiError::Unauthenticated("no token".into()),
+            ApiError::PermissionDenied("write on a.v1.K in p/n".into()),
         ] {
             let e = ClientError::from_api(api, Outcome::Unknown);
             assert_eq!(e.outcome(), Outcome::NotApplied, "{e:?}");

@@ -49,6 +49,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod cli;
 pub mod client;
 mod error;
@@ -56,6 +57,7 @@ mod helpers;
 pub mod json;
 pub mod watch_cache;
 
+pub use auth::{AuthenticatedChannel, BearerToken, Credentials};
 pub use client::{watch_resume_revision, Client, ClientOptions, WatchStream};
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;

@@ -87,6 +87,8 @@ pub(crate) fn kind_label(error: &ApiError) -> &'static str {
         ApiError::InvalidArgument { .. } => "invalid_argument",
         ApiError::ResourceExhausted { .. } => "resource_exhausted",
         ApiError::Internal(_) => "internal",
+        ApiError::Unauthenticated(_) => "unauthenticated",
+        ApiError::PermissionDenied(_) => "permission_denied",
     }
 }
 

@@ -77,6 +77,9 @@ pub struct ClusterOptions {
     /// Serve each node's Prometheus metrics on a port of its own
     /// ([`NodeProcess::metrics_address`]).
     pub metrics: bool,
+    /// The token sent with every admin call this harness makes (status,
+    /// membership, leader transfer), for clusters whose config holds grants.
+    pub admin_token: Option<String>,
 }
 
 impl ClusterOptions {
@@ -93,6 +96,7 @@ impl ClusterOptions {
             powercut: false,
             die_with_parent: false,
             metrics: false,
+            admin_token: None,
         }
     }
 }
@@ -465,11 +469,35 @@ impl Cluster {
         std::fs::read_to_string(&self.node(id).log_path).unwrap_or_default()
     }
 
+    /// An admin client of the node at `address` (`host:port`), carrying
+    /// [`ClusterOptions::admin_token`].
+    pub async fn admin_client(
+        &self,
+        address: &str,
+    ) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, String> {
+        let token = self
+            .options
+            .admin_token
+            .clone()
+            .map(cairn_client::BearerToken::new)
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(AdminServiceClient::with_interceptor(
+            channel,
+            cairn_client::Credentials::new(token.as_ref()),
+        ))
+    }
+
     /// The admin status of node `id`, if it answers within a second.
     pub async fn status(&self, id: u64) -> Option<StatusResponse> {
-        let address = format!("http://{}", self.node(id).client_address);
+        let address = self.node(id).client_address.clone();
         let fut = async {
-            let mut c = AdminServiceClient::connect(address).await.ok()?;
+            let mut c = self.admin_client(&address).await.ok()?;
             c.status(StatusRequest {})
                 .await
                 .ok()
@@ -532,11 +560,9 @@ impl Cluster {
         let mut last = String::from("no leader found");
         while Instant::now() < deadline {
             if let Some(leader) = self.leader().await {
-                let address = format!("http://{}", self.node(leader).client_address);
+                let address = self.node(leader).client_address.clone();
                 let call = async {
-                    let mut c = AdminServiceClient::connect(address)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let mut c = self.admin_client(&address).await?;
                     c.remove_member(RemoveMemberRequest { id })
                         .await
                         .map(|r| r.into_inner())
@@ -558,11 +584,9 @@ impl Cluster {
     /// voter); returns the former leader.
     pub async fn transfer_leader(&self, to: u64, timeout: Duration) -> Result<u64, String> {
         let leader = self.leader().await.ok_or("no leader to transfer from")?;
-        let address = format!("http://{}", self.node(leader).client_address);
+        let address = self.node(leader).client_address.clone();
         let call = async {
-            let mut c = AdminServiceClient::connect(address)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut c = self.admin_client(&address).await?;
             c.transfer_leader(TransferLeaderRequest { to })
                 .await
                 .map(|_| ())

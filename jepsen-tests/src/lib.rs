@@ -87,6 +87,7 @@ pub mod models;
 pub mod nemesis;
 pub mod net;
 pub mod runner;
+pub mod scoped;
 pub mod set;
 pub mod watch_check;
 pub mod workload;

@@ -5,6 +5,10 @@
 //! 0 = valid (linearizable), 1 = invalid, 2 = unknown within the time budget,
 //! 3 = the command or the file could not be used.
 //!
+//! `jepsen-tests auth` runs the scenario under authentication (two tokens
+//! with disjoint scopes, the set workload, partitions, kills and leader
+//! transfers; see `jepsen_tests::scoped`).
+//!
 //! `jepsen-tests ci` runs the short fault suite (3 nodes, at least six
 //! scenarios, bounded to 10 minutes) and ends with the line `N passed, N
 //! failed`; `jepsen-tests soak --minutes M --seed S` runs 5-node scenarios with
@@ -64,6 +68,9 @@ enum Command {
     Ci(RunArgs),
     /// Run 5-node scenarios with every nemesis until the time is up or one fails.
     Soak(SoakArgs),
+    /// Two tokens with disjoint scopes run the set workload through partitions,
+    /// kills and leader transfers; no token may see the other's resources.
+    Auth(RunArgs),
     /// Show that the suite catches a node serving strong reads locally
     /// (exit 0 caught, 1 not caught, 2 skipped).
     ProveBroken(ProveArgs),
@@ -160,6 +167,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Ci(args) => fault_run(FaultCommand::Ci(args)),
+        Command::Auth(args) => fault_run(FaultCommand::Auth(args)),
         Command::Soak(args) => fault_run(FaultCommand::Soak(args)),
         Command::ProveBroken(args) => fault_run(FaultCommand::ProveBroken(args)),
         Command::Check(args) => {
@@ -426,6 +434,7 @@ fn describe_append_anomaly(anomaly: &AppendAnomaly) -> String {
 
 enum FaultCommand {
     Ci(RunArgs),
+    Auth(RunArgs),
     Soak(SoakArgs),
     ProveBroken(ProveArgs),
 }
@@ -510,7 +519,7 @@ fn prepare(args: &RunArgs) -> Result<Prepared, String> {
 
 async fn fault_command(command: FaultCommand) -> ExitCode {
     let args = match &command {
-        FaultCommand::Ci(a) => a.clone(),
+        FaultCommand::Ci(a) | FaultCommand::Auth(a) => a.clone(),
         FaultCommand::Soak(a) => a.run.clone(),
         FaultCommand::ProveBroken(a) => a.run.clone(),
     };
@@ -546,6 +555,12 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
                 results.push(result);
             }
             finish("ci", seed, &env, &results, started)
+        }
+        FaultCommand::Auth(_) => {
+            let scenario = runner::auth_scenario(seed);
+            let result = runner::run_bounded(scenario, env.clone(), Duration::from_secs(150)).await;
+            runner::print_result(&result);
+            finish("auth", seed, &env, &[result], started)
         }
         FaultCommand::Soak(soak) => {
             let deadline = started + Duration::from_secs(soak.minutes * 60);
@@ -591,6 +606,7 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
                     duration: Duration::from_secs(20),
                     seed: seed.wrapping_add(attempt as u64),
                     broken_reads: true,
+                    auth: false,
                 };
                 let result =
                     runner::run_bounded(scenario, env.clone(), Duration::from_secs(180)).await;

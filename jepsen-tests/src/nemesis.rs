@@ -155,6 +155,38 @@ pub async fn run(
     Ok(())
 }
 
+/// As [`run`], taking the rounds from `kinds` in turn (a partition, then a
+/// kill, then a leader transfer...). Every kind must be able to run here.
+pub async fn run_rotating(
+    kinds: &[NemesisKind],
+    cx: &mut NemesisContext<'_>,
+    duration: Duration,
+) -> Result<(), String> {
+    assert!(
+        !kinds.is_empty(),
+        "a rotating nemesis needs at least one kind"
+    );
+    let deadline = Instant::now() + duration;
+    tokio::time::sleep(millis(&mut cx.rng, (1000, 2000))).await;
+    let mut round = 0usize;
+    while Instant::now() + Duration::from_secs(2) < deadline {
+        let kind = kinds[round % kinds.len()];
+        round += 1;
+        match kind {
+            NemesisKind::Kill => kill_round(cx).await,
+            NemesisKind::Pause => pause_round(cx).await,
+            NemesisKind::Partition => partition_round(cx).await?,
+            NemesisKind::Clock => clock_round(cx).await,
+            NemesisKind::PowerCut => power_cut_round(cx, round).await,
+            NemesisKind::Membership => membership_round(cx).await?,
+            NemesisKind::LeaderTransfer => transfer_round(cx).await,
+        }
+        let quiet = millis(&mut cx.rng, (1000, 2500));
+        tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+    Ok(())
+}
+
 async fn kill_round(cx: &mut NemesisContext<'_>) {
     let ids = cx.cluster.ids();
     let variant = cx.rng.random_range(0..3);

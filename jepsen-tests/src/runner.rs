@@ -44,6 +44,9 @@ pub struct Scenario {
     pub seed: u64,
     /// Start the nodes with `--unsafe-local-strong-reads` (the broken node).
     pub broken_reads: bool,
+    /// Run the scoped set workload on an authenticated cluster instead
+    /// ([`crate::scoped`]: two tokens with disjoint scopes).
+    pub auth: bool,
 }
 
 /// How a scenario ended.
@@ -74,7 +77,8 @@ pub struct RunEnvironment {
     pub check_budget: Duration,
 }
 
-/// The short suite: at least six scenarios on 3 nodes.
+/// The short suite: at least six scenarios on 3 nodes, the last one under
+/// authentication ([`auth_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     let plan: [(WorkloadKind, NemesisKind); 8] = [
         (WorkloadKind::Register, NemesisKind::Partition),
@@ -96,8 +100,29 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             duration: Duration::from_secs(18),
             seed: seed.wrapping_add(i as u64 * 7919),
             broken_reads: false,
+            auth: false,
         })
+        .chain(std::iter::once(Scenario {
+            name: "09-set-auth-partition-kill-transfer".into(),
+            ..auth_scenario(seed.wrapping_add(8 * 7919))
+        }))
         .collect()
+}
+
+/// The scenario under authentication: two tokens with disjoint scopes run
+/// the set workload through partitions, kills and leader transfers on 3
+/// nodes ([`crate::scoped`]).
+pub fn auth_scenario(seed: u64) -> Scenario {
+    Scenario {
+        name: "auth-set-partition-kill-transfer".into(),
+        workload: WorkloadKind::Set,
+        nemesis: NemesisKind::Partition,
+        nodes: 3,
+        duration: Duration::from_secs(18),
+        seed,
+        broken_reads: false,
+        auth: true,
+    }
 }
 
 /// Seconds since the Unix epoch as `YYYY-MM-DDTHH-MM-SSZ` (UTC).
@@ -193,7 +218,11 @@ pub async fn run_scenario(scenario: &Scenario, env: &RunEnvironment) -> Scenario
         result.status = Status::Failed(format!("cannot create {}: {e}", folder.display()));
         return result;
     }
-    let outcome = run_scenario_inner(scenario, env, &folder, &mut result).await;
+    let outcome = if scenario.auth {
+        crate::scoped::run(scenario, env, &folder, &mut result).await
+    } else {
+        run_scenario_inner(scenario, env, &folder, &mut result).await
+    };
     result.elapsed = started.elapsed();
     if let Err(e) = outcome {
         result.status = Status::Failed(e);
@@ -656,5 +685,6 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         duration: Duration::from_secs(30),
         seed: rng.random(),
         broken_reads: false,
+        auth: false,
     }
 }

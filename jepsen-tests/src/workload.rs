@@ -155,7 +155,7 @@ pub fn key_name(kind: WorkloadKind, key: usize) -> String {
     }
 }
 
-fn encode(value: &Value) -> Option<Any> {
+pub(crate) fn encode(value: &Value) -> Option<Any> {
     // Serializing a Value cannot fail (no maps with non-string keys, no floats).
     let bytes = serde_json::to_vec(value).unwrap_or_default();
     Some(Any {
@@ -191,14 +191,18 @@ fn new_resource(
 }
 
 /// A client whose first endpoint is `home`.
-fn process_client(endpoints: &[String], home: usize, options: &ClientOptions) -> Option<Client> {
+pub(crate) fn process_client(
+    endpoints: &[String],
+    home: usize,
+    options: &ClientOptions,
+) -> Option<Client> {
     let n = endpoints.len();
     let rotated: Vec<String> = (0..n).map(|i| endpoints[(home + i) % n].clone()).collect();
     Client::new(&rotated, options.clone()).ok()
 }
 
 /// Makes the client's home node (its first endpoint) the preferred one again.
-fn pin_home(client: &Client) {
+pub(crate) fn pin_home(client: &Client) {
     // `avoid(e)` prefers the endpoint after `e`; after the last one comes the first.
     if let Some(last) = client.endpoints().last() {
         client.avoid(&last.clone());

@@ -1,5 +1,8 @@
 //! `AdminService`: cluster status, membership changes and leader transfer.
 //!
+//! Every operation needs the `admin` role ([`crate::auth`]); the check runs
+//! first, before a restore upload is read or anything else is done.
+//!
 //! Membership changes must run on the leader; elsewhere they answer NotLeader
 //! with the leader's address, which `cairn` follows.
 //!
@@ -18,12 +21,18 @@ use cairn_proto::v1::admin_service_server::AdminService;
 use cairn_proto::v1::{self as pb};
 use tonic::{Request, Response, Status};
 
+use crate::auth::{AdminOperation, Authenticator};
 use crate::raft::{NodeInfo, RaftHandle};
+use cairn_client::BearerToken;
 
 pub struct Admin {
     pub raft: RaftHandle,
     pub election_timeout: Duration,
     pub restorer: std::sync::Arc<crate::restore::Restorer>,
+    pub auth: std::sync::Arc<Authenticator>,
+    /// This node's own token, presented when it asks another node to
+    /// campaign (leader transfer).
+    pub node_token: Option<BearerToken>,
 }
 
 impl Admin {
@@ -146,7 +155,7 @@ impl Admin {
         self.raft.set_heartbeats(false);
         let result = async {
             tokio::time::sleep(self.election_timeout * 6 / 10 + Duration::from_millis(50)).await;
-            let mut client = AdminServiceClient::connect(format!("http://{}", node.client_address))
+            let mut client = admin_client(&node.client_address, self.node_token.as_ref())
                 .await
                 .map_err(|e| ApiError::Unavailable(format!("cannot reach node {target}: {e}")))?;
             client
@@ -229,8 +238,9 @@ impl AdminService for Admin {
 
     async fn save_snapshot(
         &self,
-        _: Request<pb::SaveSnapshotRequest>,
+        r: Request<pb::SaveSnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
+        self.auth.require_admin(&r, AdminOperation::SaveSnapshot)?;
         // A linearizable point: leadership confirmed, everything committed applied.
         self.raft.ensure_linearizable().await?;
         let (snapshot, header) = self.raft.point_in_time_snapshot()?;
@@ -265,6 +275,8 @@ impl AdminService for Admin {
         &self,
         r: Request<tonic::Streaming<pb::SnapshotChunk>>,
     ) -> Result<Response<pb::RestoreSnapshotResponse>, Status> {
+        self.auth
+            .require_admin(&r, AdminOperation::RestoreSnapshot)?;
         let (log_index, resource_count) = self.restorer.restore_upload(r.into_inner()).await?;
         Ok(Response::new(pb::RestoreSnapshotResponse {
             log_index,
@@ -274,8 +286,9 @@ impl AdminService for Admin {
 
     async fn status(
         &self,
-        _: Request<pb::StatusRequest>,
+        r: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.auth.require_admin(&r, AdminOperation::Status)?;
         Ok(Response::new(Admin::status(self).await))
     }
 
@@ -283,6 +296,7 @@ impl AdminService for Admin {
         &self,
         r: Request<pb::AddLearnerRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
+        self.auth.require_admin(&r, AdminOperation::AddLearner)?;
         let r = r.into_inner();
         if r.id == 0 {
             return Err(ApiError::invalid("id", "must be positive").into());
@@ -313,6 +327,7 @@ impl AdminService for Admin {
         &self,
         r: Request<pb::PromoteRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
+        self.auth.require_admin(&r, AdminOperation::Promote)?;
         Ok(Response::new(
             self.membership(self.raft.promote(r.into_inner().id).await)
                 .await?,
@@ -323,6 +338,7 @@ impl AdminService for Admin {
         &self,
         r: Request<pb::RemoveMemberRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
+        self.auth.require_admin(&r, AdminOperation::RemoveMember)?;
         Ok(Response::new(
             self.membership(self.raft.remove(r.into_inner().id).await)
                 .await?,
@@ -333,6 +349,8 @@ impl AdminService for Admin {
         &self,
         r: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
+        self.auth
+            .require_admin(&r, AdminOperation::TransferLeader)?;
         Ok(Response::new(
             self.transfer_leader(r.into_inner().to).await?,
         ))
@@ -340,9 +358,26 @@ impl AdminService for Admin {
 
     async fn trigger_election(
         &self,
-        _: Request<pb::TriggerElectionRequest>,
+        r: Request<pb::TriggerElectionRequest>,
     ) -> Result<Response<pb::TriggerElectionResponse>, Status> {
+        self.auth
+            .require_admin(&r, AdminOperation::TriggerElection)?;
         self.raft.trigger_election().await?;
         Ok(Response::new(pb::TriggerElectionResponse {}))
     }
+}
+
+/// An AdminService client of the node at `address` (`host:port`), sending
+/// `token` with every call.
+pub async fn admin_client(
+    address: &str,
+    token: Option<&BearerToken>,
+) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, tonic::transport::Error> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+        .connect()
+        .await?;
+    Ok(AdminServiceClient::with_interceptor(
+        channel,
+        cairn_client::Credentials::new(token),
+    ))
 }

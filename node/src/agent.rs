@@ -49,6 +49,8 @@ pub fn limits(config: &Config) -> cairn_fsm::Limits {
 pub struct Agent {
     pub raft: RaftHandle,
     restorer: Arc<crate::restore::Restorer>,
+    auth: Arc<crate::auth::Authenticator>,
+    node_token: Option<cairn_client::BearerToken>,
     /// Aborts restores whose driver is gone; stopped with the agent.
     orphan_check: tokio::task::JoinHandle<()>,
     stop: watch::Sender<bool>,
@@ -69,9 +71,12 @@ impl Agent {
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
             .with_context(|| format!("data dir {}", config.data_dir.display()))?;
+        let auth = Arc::new(crate::auth::Authenticator::from_config(&config.auth)?);
+        let node_token = crate::auth::load_node_token(&config.auth)?;
+        log_auth_mode(&auth, node_token.as_ref());
         let fresh = !crate::raft::holds_node_state(&config.data_dir);
         if fresh && config.join.is_none() {
-            refuse_if_already_a_member(&config).await?;
+            refuse_if_already_a_member(&config, node_token.as_ref()).await?;
         }
         let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
         let settings = RaftSettings {
@@ -127,7 +132,7 @@ impl Agent {
                 watches_max: config.watches_max,
             });
         let api = Arc::new(
-            ResourceApi::new(forwarding.forwarder, request_timeout)
+            ResourceApi::new(forwarding.forwarder, auth.clone(), request_timeout)
                 .with_connection_limits(connection_limits.clone())
                 .with_unsafe_local_strong_reads(config.unsafe_local_strong_reads),
         );
@@ -158,6 +163,8 @@ impl Agent {
             raft: raft.clone(),
             election_timeout: Duration::from_millis(config.election_timeout_ms),
             restorer: restorer.clone(),
+            auth: auth.clone(),
+            node_token: node_token.clone(),
         };
         // Every client service counts against `requests_per_connection_max`.
         let limited = crate::limits::RequestLimitLayer::new(
@@ -195,8 +202,9 @@ impl Agent {
         };
         if let Some(join) = config.join.clone() {
             let raft = raft.clone();
+            let token = node_token.clone();
             tokio::spawn(async move {
-                if let Err(e) = join_cluster(&raft, &join, self_info).await {
+                if let Err(e) = join_cluster(&raft, &join, self_info, token.as_ref()).await {
                     tracing::error!(error = %e, "joining the cluster failed");
                     eprintln!("cairn: joining the cluster through {join} failed: {e}");
                 }
@@ -227,6 +235,8 @@ impl Agent {
         Ok(Agent {
             raft,
             restorer,
+            auth,
+            node_token,
             orphan_check,
             stop,
             servers,
@@ -242,6 +252,8 @@ impl Agent {
                 raft: self.raft.clone(),
                 election_timeout,
                 restorer: self.restorer.clone(),
+                auth: self.auth.clone(),
+                node_token: self.node_token.clone(),
             };
             match tokio::time::timeout(election_timeout * 5, admin.transfer_leader(0)).await {
                 Ok(Ok(_)) => tracing::info!("handed leadership off before stopping"),
@@ -287,11 +299,14 @@ fn serve(
 /// counts it as a member (and has committed data) has lost its data: letting it
 /// vote again could elect a leader without the acknowledged writes. It is
 /// refused; the operator re-adds it explicitly (remove, then start with --join).
-async fn refuse_if_already_a_member(config: &Config) -> anyhow::Result<()> {
+async fn refuse_if_already_a_member(
+    config: &Config,
+    node_token: Option<&cairn_client::BearerToken>,
+) -> anyhow::Result<()> {
     for member in config.members.iter().filter(|m| m.id != config.node_id) {
         let Ok(Ok(status)) = tokio::time::timeout(
             Duration::from_secs(1),
-            crate::cli::fetch_status(&member.client_address),
+            crate::cli::fetch_status(&member.client_address, node_token),
         )
         .await
         else {
@@ -347,16 +362,50 @@ async fn bootstrap(raft: &RaftHandle, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Calls an admin RPC at `address`, following NotLeader hints to the leader.
-pub async fn at_leader<T, F, Fut>(address: &str, mut call: F) -> Result<T, ApiError>
+/// Says in the start-up log whether the client port requires credentials.
+fn log_auth_mode(
+    auth: &crate::auth::Authenticator,
+    node_token: Option<&cairn_client::BearerToken>,
+) {
+    if !auth.is_enabled() {
+        tracing::warn!(
+            "the client port is unauthenticated: no [[auth.grants]] in the config, so any \
+             client that reaches it may read, write and administer the cluster"
+        );
+        return;
+    }
+    tracing::info!(
+        grants = auth.grant_count(),
+        "the client port requires a bearer token (or a client certificate with a grant)"
+    );
+    match node_token {
+        None => tracing::warn!(
+            "auth.node_token_file is not set: this node cannot join a cluster, hand \
+             leadership off on shutdown, or check its membership at start"
+        ),
+        Some(token) if !auth.token_is_admin(token.secret()) => tracing::warn!(
+            "the token in auth.node_token_file has no admin grant on this node: other \
+             nodes need its hash in a grant with admin = true"
+        ),
+        Some(_) => {}
+    }
+}
+
+/// Calls an admin RPC at `address` with `token`, following NotLeader hints
+/// to the leader.
+pub async fn at_leader<T, F, Fut>(
+    address: &str,
+    token: Option<&cairn_client::BearerToken>,
+    mut call: F,
+) -> Result<T, ApiError>
 where
-    F: FnMut(AdminServiceClient<tonic::transport::Channel>) -> Fut,
+    F: FnMut(AdminServiceClient<cairn_client::AuthenticatedChannel>) -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
     let mut target = address.to_string();
     let mut last = ApiError::Unavailable(format!("no answer from {address}"));
     for _ in 0..20 {
-        let client = match AdminServiceClient::connect(format!("http://{target}")).await {
+        let client = match crate::admin::admin_client(&target, token).await {
             Ok(c) => c,
             Err(e) => {
                 last = ApiError::Unavailable(format!("cannot reach {target}: {e}"));
@@ -383,7 +432,12 @@ where
     Err(last)
 }
 
-async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<(), ApiError> {
+async fn join_cluster(
+    raft: &RaftHandle,
+    address: &str,
+    me: NodeInfo,
+    token: Option<&cairn_client::BearerToken>,
+) -> Result<(), ApiError> {
     if raft.is_initialized().await {
         return Ok(()); // already a member: a restart of a joined node
     }
@@ -411,7 +465,7 @@ async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<
         )
         .map_err(|e| ApiError::Internal(format!("cannot persist the cluster id: {e}")))?;
     let id = raft.node_id;
-    at_leader(address, |mut c| {
+    at_leader(address, token, |mut c| {
         let me = me.clone();
         async move {
             c.add_learner(pb::AddLearnerRequest {
@@ -423,7 +477,7 @@ async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<
         }
     })
     .await?;
-    at_leader(address, |mut c| async move {
+    at_leader(address, token, |mut c| async move {
         c.promote(pb::PromoteRequest { id }).await
     })
     .await?;

@@ -41,8 +41,19 @@ enum Command {
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
     Snapshot(crate::snapshot_cmd::SnapshotCommand),
+    /// Make and hash bearer tokens for `[[auth.grants]]`.
+    #[command(subcommand)]
+    Token(TokenCommand),
     #[command(flatten)]
     Data(cairn_client::cli::DataCommand),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Print a new random token (line 1) and its `token_sha256` config line (line 2).
+    New,
+    /// Print the `token_sha256` config line of a token read from stdin.
+    Hash,
 }
 
 #[derive(Args, Default)]
@@ -106,6 +117,23 @@ pub struct Endpoints {
         value_delimiter = ','
     )]
     pub endpoints: Vec<String>,
+    /// Bearer token with the admin role, for a cluster that requires one.
+    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl Endpoints {
+    /// The `--token` given, checked.
+    pub fn token(&self) -> Result<Option<cairn_client::BearerToken>, ApiError> {
+        self.token
+            .clone()
+            .map(|t| {
+                cairn_client::BearerToken::new(t).map_err(|_| {
+                    ApiError::invalid("token", "must be printable ASCII without spaces")
+                })
+            })
+            .transpose()
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum, Default, PartialEq, Eq)]
@@ -167,6 +195,7 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 3;
     pub const CAS_CONFLICT: u8 = 4;
     pub const UNAVAILABLE: u8 = 5;
+    pub const DENIED: u8 = 6;
 }
 
 pub fn exit_code_of(e: &ApiError) -> u8 {
@@ -177,6 +206,7 @@ pub fn exit_code_of(e: &ApiError) -> u8 {
             exit::UNAVAILABLE
         }
         ApiError::InvalidArgument { .. } => exit::USAGE,
+        ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_) => exit::DENIED,
         _ => exit::ERROR,
     }
 }
@@ -212,11 +242,12 @@ pub fn main() -> ExitCode {
         Command::Member(m) => runtime().block_on(member(m)),
         Command::Snapshot(s) => crate::snapshot_cmd::run(s),
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
+        Command::Token(t) => token(t),
         Command::Bench(args) => crate::bench::run(args),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;
-            report(first_endpoint(&t.endpoints), |address| async move {
-                at_leader(&address, |mut c| async move {
+            report(&t.endpoints, |address, token| async move {
+                at_leader(&address, token.as_ref(), |mut c| async move {
                     c.transfer_leader(pb::TransferLeaderRequest { to }).await
                 })
                 .await
@@ -234,12 +265,59 @@ fn first_endpoint(e: &Endpoints) -> String {
         .unwrap_or_else(|| "127.0.0.1:7001".into())
 }
 
-async fn report<F, Fut>(address: String, f: F) -> u8
+/// `cairn token new | hash`.
+fn token(command: TokenCommand) -> u8 {
+    use crate::auth::{new_token, token_sha256_hex};
+    match command {
+        TokenCommand::New => match new_token() {
+            Ok(token) => {
+                println!("{token}");
+                println!("token_sha256 = \"{}\"", token_sha256_hex(&token));
+                eprintln!(
+                    "cairn: give the token (line 1) to the client; put the token_sha256 line \
+                     (line 2) in a [[auth.grants]] entry of every node's config. The node \
+                     keeps only the hash: the token cannot be shown again."
+                );
+                exit::OK
+            }
+            Err(e) => {
+                eprintln!("cairn: {e}");
+                exit::ERROR
+            }
+        },
+        TokenCommand::Hash => {
+            let mut text = String::new();
+            if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut text) {
+                eprintln!("cairn: cannot read the token from stdin: {e}");
+                return exit::ERROR;
+            }
+            match cairn_client::BearerToken::new(text) {
+                Ok(token) => {
+                    println!("token_sha256 = \"{}\"", token_sha256_hex(token.secret()));
+                    exit::OK
+                }
+                Err(e) => {
+                    eprintln!("cairn: stdin: {e}");
+                    exit::USAGE
+                }
+            }
+        }
+    }
+}
+
+async fn report<F, Fut>(endpoints: &Endpoints, f: F) -> u8
 where
-    F: FnOnce(String) -> Fut,
+    F: FnOnce(String, Option<cairn_client::BearerToken>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<pb::MembershipResponse>, ApiError>>,
 {
-    match f(address).await {
+    let token = match endpoints.token() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            return exit_code_of(&e);
+        }
+    };
+    match f(first_endpoint(endpoints), token).await {
         Ok(r) => {
             let r = r.into_inner();
             if let Some(s) = r.status {
@@ -422,13 +500,20 @@ fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
 /// Asks each endpoint in turn; the first answer wins, and the leader's view
 /// (with replication progress) is preferred when it is reachable.
 async fn status(args: StatusArgs) -> u8 {
+    let token = match args.endpoints.token() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            return exit_code_of(&e);
+        }
+    };
     let mut last_error = None;
     for endpoint in &args.endpoints.endpoints {
-        match fetch_status(endpoint).await {
+        match fetch_status(endpoint, token.as_ref()).await {
             Ok(mut s) => {
                 if s.leader_id != 0 && s.leader_id != s.node_id {
                     if let Some(leader) = s.members.iter().find(|m| m.id == s.leader_id) {
-                        if let Ok(ls) = fetch_status(&leader.client_address).await {
+                        if let Ok(ls) = fetch_status(&leader.client_address, token.as_ref()).await {
                             s = ls;
                         }
                     }
@@ -442,6 +527,11 @@ async fn status(args: StatusArgs) -> u8 {
                 }
                 return exit::OK;
             }
+            // Credentials are the same everywhere: no other node would differ.
+            Err(e @ (ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_))) => {
+                last_error = Some(e);
+                break;
+            }
             Err(e) => last_error = Some(e),
         }
     }
@@ -450,11 +540,13 @@ async fn status(args: StatusArgs) -> u8 {
     exit_code_of(&e)
 }
 
-pub async fn fetch_status(endpoint: &str) -> Result<pb::StatusResponse, ApiError> {
-    let mut client =
-        pb::admin_service_client::AdminServiceClient::connect(format!("http://{endpoint}"))
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("cannot reach {endpoint}: {e}")))?;
+pub async fn fetch_status(
+    endpoint: &str,
+    token: Option<&cairn_client::BearerToken>,
+) -> Result<pb::StatusResponse, ApiError> {
+    let mut client = crate::admin::admin_client(endpoint, token)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("cannot reach {endpoint}: {e}")))?;
     let mut request = tonic::Request::new(pb::StatusRequest {});
     request.set_timeout(Duration::from_secs(3));
     Ok(client.status(request).await?.into_inner())
@@ -468,8 +560,8 @@ async fn member(m: MemberCommand) -> u8 {
             client_address,
             endpoints,
         } => {
-            report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, |mut c| {
+            report(&endpoints, |address, token| async move {
+                at_leader(&address, token.as_ref(), |mut c| {
                     let request = pb::AddLearnerRequest {
                         id,
                         peer_address: peer_address.clone(),
@@ -482,8 +574,8 @@ async fn member(m: MemberCommand) -> u8 {
             .await
         }
         MemberCommand::Promote { id, endpoints } => {
-            report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, |mut c| async move {
+            report(&endpoints, |address, token| async move {
+                at_leader(&address, token.as_ref(), |mut c| async move {
                     c.promote(pb::PromoteRequest { id }).await
                 })
                 .await
@@ -491,8 +583,8 @@ async fn member(m: MemberCommand) -> u8 {
             .await
         }
         MemberCommand::Remove { id, endpoints } => {
-            report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, |mut c| async move {
+            report(&endpoints, |address, token| async move {
+                at_leader(&address, token.as_ref(), |mut c| async move {
                     c.remove_member(pb::RemoveMemberRequest { id }).await
                 })
                 .await

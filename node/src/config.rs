@@ -26,6 +26,54 @@ pub enum LogFormat {
     Json,
 }
 
+/// `[auth]`: the grants of the client port, and this node's own token.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `[[auth.grants]]`: who (a token's hash, or a client certificate's
+    /// subject) may do what. Authentication is on as soon as one is given.
+    #[serde(default)]
+    pub grants: Vec<GrantConfig>,
+    /// A file holding the token this node presents to other nodes' client
+    /// ports when it joins, hands leadership off, or checks at start whether
+    /// it is already a member. Its grant needs `admin = true`.
+    #[serde(default)]
+    pub node_token_file: Option<PathBuf>,
+}
+
+/// One `[[auth.grants]]` entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantConfig {
+    /// Shown in logs and in PERMISSION_DENIED messages.
+    pub name: String,
+    /// The SHA-256 of the token, 64 hex digits (`cairn token new` prints it).
+    #[serde(default)]
+    pub token_sha256: Option<String>,
+    /// A client certificate subject that stands in for a token.
+    #[serde(default)]
+    pub subject: Option<String>,
+    /// Read (Read, List, ListByOwner, WatchList) on these types and tenancies.
+    #[serde(default)]
+    pub read: Option<ScopeConfig>,
+    /// Write and Delete (and read) on these types and tenancies.
+    #[serde(default)]
+    pub write: Option<ScopeConfig>,
+    /// Membership, leader transfer, elections, snapshot save and restore, status.
+    #[serde(default)]
+    pub admin: bool,
+}
+
+/// A set of resources: every type matching one of `types` (`group.kind`,
+/// `group.*` or `*`) in every tenancy matching one of `tenancies`
+/// (`partition/namespace`, either part `*`, or `*` alone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeConfig {
+    pub types: Vec<String>,
+    pub tenancies: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -102,6 +150,10 @@ pub struct Config {
     /// is refused with a message saying what to do.
     #[serde(default)]
     pub log_engine: cairn_raft_log::LogEngineKind,
+    /// Who may do what on the client port (see `docs/security.md`). With no
+    /// grant, every caller may do everything, and the node says so at start.
+    #[serde(default)]
+    pub auth: AuthConfig,
     /// DANGEROUS, for testing the test suite only: serve strong reads and
     /// strong lists from the local state without `ensure_linearizable`, so a
     /// follower or a deposed leader answers them with stale data. The jepsen
@@ -146,6 +198,7 @@ impl Default for Config {
             metrics_address: None,
             write_stage_timing: false,
             log_engine: cairn_raft_log::LogEngineKind::Wal,
+            auth: AuthConfig::default(),
             unsafe_local_strong_reads: false,
         }
     }
@@ -159,7 +212,7 @@ pub enum ConfigError {
     Invalid { field: &'static str, reason: String },
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
         reason: reason.into(),
@@ -214,7 +267,7 @@ impl Config {
             figment = figment.merge(Toml::file(file));
         }
         let figment = figment
-            .merge(Env::prefixed("CAIRN_").ignore(&["endpoints"]))
+            .merge(Env::prefixed("CAIRN_").ignore(&["endpoints", "token"]))
             .merge(flags);
         let config: Config = figment
             .extract()
@@ -300,6 +353,7 @@ impl Config {
         if let Some(a) = &self.metrics_address {
             check_address("metrics_address", a)?;
         }
+        crate::auth::Authenticator::from_config(&self.auth)?;
         Ok(())
     }
 }

@@ -133,7 +133,7 @@ pub fn run(args: DevArgs) -> u8 {
     let leader = runtime.block_on(async {
         while started.elapsed() < Duration::from_secs(30) {
             for e in &endpoints {
-                if let Ok(s) = crate::cli::fetch_status(e).await {
+                if let Ok(s) = crate::cli::fetch_status(e, None).await {
                     if s.leader_id != 0 {
                         return Some(s);
                     }

@@ -31,9 +31,14 @@
 //! - Every client request is counted against its connection's budget
 //!   ([`limits`]) before any work; a refusal is ResourceExhausted naming the
 //!   limit.
+//! - With grants configured, every client-port request is authenticated and
+//!   authorized on the node that received it before any work is done, and
+//!   list, ListByOwner and watch answers carry only resources inside the
+//!   caller's read scope (see [`auth`]).
 
 pub mod admin;
 pub mod agent;
+pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod config;

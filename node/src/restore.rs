@@ -14,6 +14,9 @@
 //! every node: the leader aborts any pending restore its own driver is not
 //! running ([`Restorer::abort_orphans`]).
 //!
+//! Only a caller with the admin role gets here: the AdminService handler
+//! authorizes the request before a byte of the upload is read.
+//!
 //! Invariants: at most one driver runs per node; a driver only proposes for
 //! the restore id it began; an orphan is aborted only while this node leads
 //! and its driver is not running that id.

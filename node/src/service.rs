@@ -5,7 +5,15 @@
 //! lists through Raft here on the leader, forwarded to the leader from a
 //! follower. Strong requests never degrade to a plain local read.
 //!
-//! This shell only turns each call's deadline (the client's `grpc-timeout`,
+//! Before anything else, every call is authenticated and authorized here,
+//! on the node the client talks to ([`crate::auth`]): a request is validated
+//! (so that malformed input is INVALID_ARGUMENT naming its field), then
+//! checked against the caller's grant, and only then executed or forwarded.
+//! Answers of lists, ListByOwner and watches are filtered here too, after a
+//! strong list comes back from the leader, so nothing outside the caller's
+//! read scope leaves this node.
+//!
+//! Otherwise this shell only turns each call's deadline (the client's `grpc-timeout`,
 //! less a margin so that the answer beats the client's own cancellation,
 //! capped by the node's request timeout) into an instant, and errors into
 //! statuses through `ApiError`.
@@ -14,15 +22,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_forwarding::{Forwarder, WatchStream};
+use cairn_proto::error::ApiError;
 use cairn_proto::v1::resource_service_server::ResourceService;
 use cairn_proto::v1::{self as pb};
+use futures::StreamExt as _;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{authorize, Action, Authenticator, Visibility};
 use crate::forward::NodeHandle;
 
 pub struct ResourceApi {
     forwarder: Forwarder<NodeHandle>,
+    auth: Arc<Authenticator>,
     request_timeout: Duration,
     /// Watches per connection and per node.
     connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
@@ -32,9 +44,14 @@ pub struct ResourceApi {
 }
 
 impl ResourceApi {
-    pub fn new(forwarder: Forwarder<NodeHandle>, request_timeout: Duration) -> ResourceApi {
+    pub fn new(
+        forwarder: Forwarder<NodeHandle>,
+        auth: Arc<Authenticator>,
+        request_timeout: Duration,
+    ) -> ResourceApi {
         ResourceApi {
             forwarder,
+            auth,
             request_timeout,
             connection_limits: None,
             unsafe_local_strong_reads: false,
@@ -79,6 +96,23 @@ impl ResourceApi {
         &self.forwarder
     }
 
+    fn limits(&self) -> &cairn_fsm::Limits {
+        use cairn_forwarding::Handle as _;
+        self.forwarder.executor().handle().store().limits()
+    }
+
+    /// Authenticates the request, then authorizes the action `what` derives
+    /// from its (validated) message.
+    fn authorize<T>(
+        &self,
+        r: &Request<T>,
+        what: impl FnOnce(&T) -> Result<Action<'_>, ApiError>,
+    ) -> Result<Visibility, ApiError> {
+        let caller = self.auth.caller(r)?;
+        let action = what(r.get_ref())?;
+        authorize(&caller, &action)
+    }
+
     /// When a request must be answered by.
     fn deadline<T>(&self, r: &Request<T>) -> Instant {
         let caller = cairn_forwarding::caller_timeout(r);
@@ -89,6 +123,23 @@ impl ResourceApi {
 /// The tonic service: a thin shell mapping `ApiError` to statuses.
 pub struct ResourceGrpc(pub Arc<ResourceApi>);
 
+/// The type and tenancy of a validated id.
+fn id_parts(id: Option<&pb::Id>) -> Result<(&pb::Type, &pb::Tenancy), ApiError> {
+    let id = id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
+    match (id.r#type.as_ref(), id.tenancy.as_ref()) {
+        (Some(t), Some(tenancy)) => Ok((t, tenancy)),
+        _ => Err(ApiError::invalid("id", "needs a type and a tenancy")),
+    }
+}
+
+/// The tenancy a list or watch asks for, read as the executor reads it (an
+/// absent one is empty fields, which validation refuses first), so that
+/// authorization sees exactly what is executed.
+fn requested_tenancy(t: Option<&pb::Tenancy>) -> &pb::Tenancy {
+    static EMPTY: std::sync::OnceLock<pb::Tenancy> = std::sync::OnceLock::new();
+    t.unwrap_or_else(|| EMPTY.get_or_init(pb::Tenancy::default))
+}
+
 #[tonic::async_trait]
 impl ResourceService for ResourceGrpc {
     async fn read(
@@ -96,6 +147,11 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let d = self.0.deadline(&r);
+        self.0.forwarder.executor().check_read(r.get_ref())?;
+        self.0.authorize(&r, |m| {
+            let (type_, tenancy) = id_parts(m.id.as_ref())?;
+            Ok(Action::Read { type_, tenancy })
+        })?;
         Ok(Response::new(
             self.0
                 .forwarder
@@ -109,6 +165,15 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::WriteRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
         let d = self.0.deadline(&r);
+        self.0.forwarder.executor().check_write(r.get_ref())?;
+        self.0.authorize(&r, |m| {
+            let id = m
+                .resource
+                .as_ref()
+                .and_then(|resource| resource.id.as_ref());
+            let (type_, tenancy) = id_parts(id)?;
+            Ok(Action::Write { type_, tenancy })
+        })?;
         Ok(Response::new(
             self.0.forwarder.write(r.into_inner(), d).await?,
         ))
@@ -119,6 +184,11 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let d = self.0.deadline(&r);
+        self.0.forwarder.executor().check_delete(r.get_ref())?;
+        self.0.authorize(&r, |m| {
+            let (type_, tenancy) = id_parts(m.id.as_ref())?;
+            Ok(Action::Write { type_, tenancy })
+        })?;
         Ok(Response::new(
             self.0.forwarder.delete(r.into_inner(), d).await?,
         ))
@@ -129,21 +199,32 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
         let d = self.0.deadline(&r);
-        Ok(Response::new(
-            self.0
-                .forwarder
-                .list(self.0.served_list(r.into_inner()), d)
-                .await?,
-        ))
+        self.0.forwarder.executor().check_list(r.get_ref())?;
+        let visible = self.0.authorize(&r, |m| {
+            let type_ = m
+                .r#type
+                .as_ref()
+                .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+            let tenancy = requested_tenancy(m.tenancy.as_ref());
+            Ok(Action::List { type_, tenancy })
+        })?;
+        let mut answer = self
+            .0
+            .forwarder
+            .list(self.0.served_list(r.into_inner()), d)
+            .await?;
+        answer.resources.retain(|resource| visible.shows(resource));
+        Ok(Response::new(answer))
     }
 
     async fn list_by_owner(
         &self,
         r: Request<pb::ListByOwnerRequest>,
     ) -> Result<Response<pb::ListByOwnerResponse>, Status> {
-        Ok(Response::new(
-            self.0.forwarder.list_by_owner(r.into_inner())?,
-        ))
+        let visible = self.0.authorize(&r, |_| Ok(Action::ListByOwner))?;
+        let mut answer = self.0.forwarder.list_by_owner(r.into_inner())?;
+        answer.resources.retain(|resource| visible.shows(resource));
+        Ok(Response::new(answer))
     }
 
     type WatchListStream = WatchStream;
@@ -152,16 +233,55 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::WatchListRequest>,
     ) -> Result<Response<WatchStream>, Status> {
+        {
+            let m = r.get_ref();
+            let type_ = m
+                .r#type
+                .as_ref()
+                .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+            let tenancy = requested_tenancy(m.tenancy.as_ref());
+            cairn_fsm::validate_list(type_, tenancy, &m.name_prefix, self.0.limits())
+                .map_err(ApiError::from)?;
+        }
+        let visible = self.0.authorize(&r, |m| {
+            let type_ = m
+                .r#type
+                .as_ref()
+                .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+            let tenancy = requested_tenancy(m.tenancy.as_ref());
+            Ok(Action::List { type_, tenancy })
+        })?;
         // The watch's slot is taken before any work and held by the stream.
         let permit = match &self.0.connection_limits {
             Some(limits) => Some(limits.watch(r.remote_addr())?),
             None => None,
         };
-        let stream = self.0.forwarder.watch(r.into_inner())?;
-        let stream = futures::StreamExt::map(stream, move |event| {
+        let events = self.0.forwarder.watch(r.into_inner())?;
+        let events: WatchStream = match visible {
+            Visibility::Everything => events,
+            within => Box::pin(
+                events.filter(move |event| std::future::ready(event_visible(&within, event))),
+            ),
+        };
+        let events = futures::StreamExt::map(events, move |event| {
             let _held = &permit;
             event
         });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(Box::pin(events)))
+    }
+}
+
+/// Whether a watch event may reach the caller: a change to a resource
+/// outside the read scope never does; markers (end of snapshot, progress)
+/// and errors always do.
+fn event_visible(visible: &Visibility, event: &Result<pb::WatchEvent, Status>) -> bool {
+    use pb::watch_event::Event;
+    let Ok(event) = event else {
+        return true;
+    };
+    match &event.event {
+        Some(Event::Upsert(u)) => u.resource.as_ref().is_some_and(|r| visible.shows(r)),
+        Some(Event::Delete(d)) => d.resource.as_ref().is_some_and(|r| visible.shows(r)),
+        Some(Event::EndOfSnapshot(_)) | Some(Event::Progress(_)) | None => true,
     }
 }

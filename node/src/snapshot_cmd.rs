@@ -18,6 +18,7 @@ use crate::raft::NodeInfo;
 use crate::snapshot_file::{
     self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
 };
+use cairn_client::BearerToken;
 
 #[derive(Subcommand)]
 pub enum SnapshotCommand {
@@ -78,9 +79,7 @@ pub fn run(command: SnapshotCommand) -> u8 {
         .build()
         .expect("runtime");
     let result = match command {
-        SnapshotCommand::Save { file, endpoints } => {
-            runtime.block_on(save(&file, &endpoints.endpoints))
-        }
+        SnapshotCommand::Save { file, endpoints } => runtime.block_on(save(&file, &endpoints)),
         SnapshotCommand::Inspect { file } => inspect(&file),
         SnapshotCommand::Restore(args) if args.offline => restore_offline(&args),
         SnapshotCommand::Restore(args) => runtime.block_on(restore_online(&args)),
@@ -126,31 +125,41 @@ fn io_error(path: &Path, source: std::io::Error) -> CommandError {
 }
 
 /// The leader's client address, asking the endpoints in turn.
-async fn leader_address(endpoints: &[String]) -> Result<String, ApiError> {
+async fn leader_address(
+    endpoints: &[String],
+    token: Option<&BearerToken>,
+) -> Result<String, ApiError> {
     let mut last = ApiError::invalid("endpoints", "no endpoint given");
     for endpoint in endpoints {
-        match crate::cli::fetch_status(endpoint).await {
+        match crate::cli::fetch_status(endpoint, token).await {
             Ok(s) if s.leader_id == s.node_id => return Ok(endpoint.clone()),
             Ok(s) => match s.members.iter().find(|m| m.id == s.leader_id) {
                 Some(leader) => return Ok(leader.client_address.clone()),
                 None => last = ApiError::Inconsistent(format!("{endpoint} knows no leader")),
             },
+            Err(e @ (ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_))) => {
+                return Err(e)
+            }
             Err(e) => last = e,
         }
     }
     Err(last)
 }
 
-async fn admin(address: &str) -> Result<AdminServiceClient<tonic::transport::Channel>, ApiError> {
-    Ok(AdminServiceClient::connect(format!("http://{address}"))
+async fn admin(
+    address: &str,
+    token: Option<&BearerToken>,
+) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, ApiError> {
+    Ok(crate::admin::admin_client(address, token)
         .await
         .map_err(|e| ApiError::Unavailable(format!("cannot reach {address}: {e}")))?
         .max_decoding_message_size(8 * 1024 * 1024))
 }
 
-async fn save(file: &Path, endpoints: &[String]) -> Result<(), CommandError> {
-    let leader = leader_address(endpoints).await?;
-    let mut stream = admin(&leader)
+async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
+    let token = endpoints.token()?;
+    let leader = leader_address(&endpoints.endpoints, token.as_ref()).await?;
+    let mut stream = admin(&leader, token.as_ref())
         .await?
         .save_snapshot(pb::SaveSnapshotRequest {})
         .await
@@ -284,7 +293,8 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
     let header = snapshot_file::verify(file, |_| {});
     check.finish_and_clear();
     let header = header?;
-    let leader = leader_address(&args.endpoints.endpoints).await?;
+    let token = args.endpoints.token()?;
+    let leader = leader_address(&args.endpoints.endpoints, token.as_ref()).await?;
     let progress = bar(Some(size), &format!("uploading to {leader}"));
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
     let path = file.clone();
@@ -310,7 +320,7 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
             }
         }
     });
-    let response = admin(&leader)
+    let response = admin(&leader, token.as_ref())
         .await?
         .restore_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await

@@ -20,6 +20,8 @@
 //! | InvalidArgument       | INVALID_ARGUMENT     | details: the field named                     |
 //! | ResourceExhausted     | RESOURCE_EXHAUSTED   | details: the limit's config key and value; certainly not applied |
 //! | Internal              | INTERNAL             | a bug or an unexpected failure               |
+//! | Unauthenticated       | UNAUTHENTICATED      | no token, or a token the node does not know  |
+//! | PermissionDenied      | PERMISSION_DENIED    | names the missing permission                 |
 //!
 //! A status without Cairn details (from a proxy, a transport failure, an older
 //! peer) is classified by its code alone; transport-level codes become
@@ -85,6 +87,14 @@ pub enum ApiError {
     },
     #[error("internal error: {0}")]
     Internal(String),
+    /// No credentials, or credentials no grant of the node's config holds.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// Known credentials whose grant lacks a permission; the message names it
+    /// (`write on demo.v1.Thing in default/default`) and never anything
+    /// stored.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
 }
 
 impl ApiError {
@@ -120,6 +130,8 @@ impl ApiError {
             ApiError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             ApiError::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
             ApiError::Internal(_) => ErrorKind::Internal,
+            ApiError::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            ApiError::PermissionDenied(_) => ErrorKind::PermissionDenied,
         }
     }
 
@@ -172,6 +184,10 @@ impl ApiError {
             | ApiError::Internal(m) => m.clone(),
             ApiError::InvalidArgument { reason, .. }
             | ApiError::ResourceExhausted { reason, .. } => reason.clone(),
+            | ApiError::Internal(m)
+            | ApiError::Unauthenticated(m)
+            | ApiError::PermissionDenied(m) => m.clone(),
+            ApiError::InvalidArgument { reason, .. } => reason.clone(),
             _ => String::new(),
         }
     }
@@ -196,6 +212,8 @@ impl ApiError {
                 value: 0,
                 reason: message,
             },
+            Code::Unauthenticated => ApiError::Unauthenticated(message),
+            Code::PermissionDenied => ApiError::PermissionDenied(message),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                 ApiError::Unavailable(format!("{:?}: {message}", status.code()))
             }
@@ -217,6 +235,8 @@ fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::Compacted => Code::OutOfRange,
         ErrorKind::InvalidArgument => Code::InvalidArgument,
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::Internal | ErrorKind::Unspecified => Code::Internal,
     }
 }
@@ -276,6 +296,8 @@ fn from_details(details: ErrorDetails, message: &str) -> Option<ApiError> {
             }
         }
         (ErrorKind::Internal, _) => ApiError::Internal(m),
+        (ErrorKind::Unauthenticated, _) => ApiError::Unauthenticated(m),
+        (ErrorKind::PermissionDenied, _) => ApiError::PermissionDenied(m),
         // A kind whose required detail is missing, or an unknown kind: fall
         // back to classifying by code.
         _ => return None,
@@ -347,6 +369,8 @@ mod tests {
             ApiError::invalid("resource.id.name", "must not be empty"),
             ApiError::exhausted("list_results_max", 100, "the list matched 101 resources"),
             ApiError::Internal("boom".into()),
+            ApiError::Unauthenticated("no token given".into()),
+            ApiError::PermissionDenied("write on demo.v1.Thing in default/default".into()),
         ]
     }
 
@@ -384,6 +408,14 @@ mod tests {
             ApiError::from_status(&tonic::Status::failed_precondition("x")),
             ApiError::Inconsistent(_)
         ));
+        assert_eq!(
+            ApiError::from_status(&tonic::Status::unauthenticated("who?")),
+            ApiError::Unauthenticated("who?".into())
+        );
+        assert_eq!(
+            ApiError::from_status(&tonic::Status::permission_denied("read on a.K in p/n")),
+            ApiError::PermissionDenied("read on a.K in p/n".into())
+        );
         assert!(matches!(
             ApiError::from_status(&tonic::Status::data_loss("x")),
             ApiError::Internal(_)

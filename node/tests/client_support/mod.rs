@@ -154,6 +154,7 @@ pub async fn cairn(args: &[&str], stdin: Option<&str>) -> Run {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(args)
         .env_remove("CAIRN_ENDPOINTS")
+        .env_remove("CAIRN_TOKEN")
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {

@@ -1,0 +1,1112 @@
+//! Authentication and authorization on the client port.
+//!
+//! Two pure functions decide everything; the gRPC handlers (`service.rs`,
+//! `admin.rs`) are thin shells that call them on every request, before any
+//! work is done:
+//! - [`Authenticator::authenticate`]: credentials (a bearer token, or a
+//!   client certificate's subject) → a [`Caller`], or UNAUTHENTICATED;
+//! - [`authorize`]: caller × [`Action`] → a [`Visibility`] (what of the
+//!   answer the caller may see), or PERMISSION_DENIED naming the missing
+//!   permission.
+//!
+//! The check runs on the node the client talks to. A follower forwards a
+//! write or a strong read only after it was authorized here, and a strong
+//! list's answer is filtered here after it comes back from the leader; the
+//! peer port that carries forwarded requests never sees a client's token and
+//! is protected as a peer channel (cluster id, membership, mutual TLS).
+//!
+//! A token is long and random (`cairn token new`: 256 bits), so the config
+//! keeps only its SHA-256: a fast hash is enough when the input cannot be
+//! guessed, and no secret is stored on the node.
+//!
+//! ## Invariants
+//! - With no grant configured every caller is [`Caller::Unrestricted`]; with
+//!   at least one, no request is served without a known token or subject.
+//! - A caller never receives a resource outside its read scope: a Read,
+//!   Write or Delete outside it is refused before anything is read; List,
+//!   ListByOwner and WatchList answers pass through [`Visibility::shows`].
+//! - A denial depends only on the grant and the request, never on what is
+//!   stored, so the error itself leaks nothing.
+//! - Scopes ignore the group version: a grant on `demo.Thing` covers every
+//!   version, so the answers that carry a stored resource of another version
+//!   (GroupVersionMismatch) stay inside it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::{Resource, Tenancy, Type};
+use sha2::{Digest as _, Sha256};
+
+use crate::config::{invalid, AuthConfig, ConfigError, GrantConfig, ScopeConfig};
+
+/// One part of a tenancy pattern: `*` or a literal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Any,
+    Is(String),
+}
+
+impl Part {
+    fn parse(value: &str) -> Result<Part, String> {
+        match value {
+            "*" => Ok(Part::Any),
+            "" => Err("a tenancy part is empty".into()),
+            v if v.contains('*') => Err(format!("{v:?}: '*' must stand alone")),
+            v if v.chars().any(char::is_control) => Err(format!("{v:?} holds a control character")),
+            v => Ok(Part::Is(v.to_string())),
+        }
+    }
+
+    /// Whether a stored resource's `value` matches.
+    fn matches(&self, value: &str) -> bool {
+        match self {
+            Part::Any => true,
+            Part::Is(literal) => literal == value,
+        }
+    }
+
+    /// Whether some value matches both this and a request's part (which
+    /// may be `*`).
+    fn overlaps(&self, requested: &str) -> bool {
+        match self {
+            Part::Any => true,
+            Part::Is(literal) => requested == "*" || literal == requested,
+        }
+    }
+}
+
+/// A type pattern: `*`, `group.*` or `group.kind` (never a version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TypePattern {
+    Any,
+    Group(String),
+    Kind { group: String, kind: String },
+}
+
+/// Whether a segment looks like a group version (`v1`, `v2beta1`).
+fn looks_like_version(segment: &str) -> bool {
+    let mut chars = segment.chars();
+    chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
+}
+
+impl TypePattern {
+    fn parse(value: &str) -> Result<TypePattern, String> {
+        if value == "*" {
+            return Ok(TypePattern::Any);
+        }
+        let Some((group, kind)) = value.rsplit_once('.') else {
+            return Err(format!("{value:?}: expected group.kind, group.* or *"));
+        };
+        if group.is_empty() || kind.is_empty() || group.contains('*') {
+            return Err(format!("{value:?}: expected group.kind, group.* or *"));
+        }
+        if let Some((_, last)) = group.rsplit_once('.') {
+            if looks_like_version(last) {
+                return Err(format!(
+                    "{value:?} names a group version: a grant covers every version of a type, \
+                     write it as group.kind"
+                ));
+            }
+        }
+        match kind {
+            "*" => Ok(TypePattern::Group(group.to_string())),
+            k if k.contains('*') => Err(format!("{value:?}: '*' must stand alone")),
+            k => Ok(TypePattern::Kind {
+                group: group.to_string(),
+                kind: k.to_string(),
+            }),
+        }
+    }
+
+    /// Group and kind decide; the group version never does.
+    fn matches(&self, type_: &Type) -> bool {
+        match self {
+            TypePattern::Any => true,
+            TypePattern::Group(group) => *group == type_.group,
+            TypePattern::Kind { group, kind } => *group == type_.group && *kind == type_.kind,
+        }
+    }
+}
+
+/// A tenancy pattern: `partition/namespace`, each part `*` or a literal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TenancyPattern {
+    partition: Part,
+    namespace: Part,
+}
+
+impl TenancyPattern {
+    fn parse(value: &str) -> Result<TenancyPattern, String> {
+        if value == "*" {
+            return Ok(TenancyPattern {
+                partition: Part::Any,
+                namespace: Part::Any,
+            });
+        }
+        let Some((partition, namespace)) = value.split_once('/') else {
+            return Err(format!("{value:?}: expected partition/namespace or *"));
+        };
+        if namespace.contains('/') {
+            return Err(format!("{value:?}: expected partition/namespace or *"));
+        }
+        Ok(TenancyPattern {
+            partition: Part::parse(partition).map_err(|e| format!("{value:?}: {e}"))?,
+            namespace: Part::parse(namespace).map_err(|e| format!("{value:?}: {e}"))?,
+        })
+    }
+
+    fn matches(&self, tenancy: &Tenancy) -> bool {
+        self.partition.matches(&tenancy.partition) && self.namespace.matches(&tenancy.namespace)
+    }
+
+    fn overlaps(&self, requested: &Tenancy) -> bool {
+        self.partition.overlaps(&requested.partition)
+            && self.namespace.overlaps(&requested.namespace)
+    }
+}
+
+/// Every type matching one of `types` in every tenancy matching one of
+/// `tenancies`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Scope {
+    types: Vec<TypePattern>,
+    tenancies: Vec<TenancyPattern>,
+}
+
+impl Scope {
+    fn parse(config: &ScopeConfig) -> Result<Scope, String> {
+        if config.types.is_empty() {
+            return Err("`types` is empty (use [\"*\"] for every type)".into());
+        }
+        if config.tenancies.is_empty() {
+            return Err("`tenancies` is empty (use [\"*\"] for every tenancy)".into());
+        }
+        Ok(Scope {
+            types: config
+                .types
+                .iter()
+                .map(|t| TypePattern::parse(t))
+                .collect::<Result<_, _>>()?,
+            tenancies: config
+                .tenancies
+                .iter()
+                .map(|t| TenancyPattern::parse(t))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn contains(&self, type_: &Type, tenancy: &Tenancy) -> bool {
+        self.types.iter().any(|p| p.matches(type_))
+            && self.tenancies.iter().any(|p| p.matches(tenancy))
+    }
+
+    /// Whether some resource of `type_` in a tenancy matching the request's
+    /// (possibly wildcard) `tenancy` lies inside.
+    fn overlaps(&self, type_: &Type, tenancy: &Tenancy) -> bool {
+        self.types.iter().any(|p| p.matches(type_))
+            && self.tenancies.iter().any(|p| p.overlaps(tenancy))
+    }
+}
+
+/// What one grant allows: `read` and `write` scopes (write implies read on
+/// its scope) and the `admin` role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub name: String,
+    read: Option<Scope>,
+    write: Option<Scope>,
+    pub admin: bool,
+}
+
+impl Grant {
+    fn parse(config: &GrantConfig) -> Result<Grant, String> {
+        let read = config
+            .read
+            .as_ref()
+            .map(Scope::parse)
+            .transpose()
+            .map_err(|e| format!("read: {e}"))?;
+        let write = config
+            .write
+            .as_ref()
+            .map(Scope::parse)
+            .transpose()
+            .map_err(|e| format!("write: {e}"))?;
+        if read.is_none() && write.is_none() && !config.admin {
+            return Err("grants nothing: give `read`, `write` or `admin = true`".into());
+        }
+        Ok(Grant {
+            name: config.name.clone(),
+            read,
+            write,
+            admin: config.admin,
+        })
+    }
+
+    fn scopes(&self) -> impl Iterator<Item = &Scope> {
+        self.read.iter().chain(self.write.iter())
+    }
+
+    /// Whether the grant lets its holder see this resource.
+    pub fn may_read(&self, type_: &Type, tenancy: &Tenancy) -> bool {
+        self.scopes().any(|s| s.contains(type_, tenancy))
+    }
+
+    fn may_write(&self, type_: &Type, tenancy: &Tenancy) -> bool {
+        self.write.iter().any(|s| s.contains(type_, tenancy))
+    }
+}
+
+/// Who is calling, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// Authentication is off (no grant configured): everything is allowed.
+    Unrestricted,
+    Granted(Arc<Grant>),
+}
+
+/// An operation of the AdminService; each needs the `admin` role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminOperation {
+    Status,
+    AddLearner,
+    Promote,
+    RemoveMember,
+    TransferLeader,
+    TriggerElection,
+    SaveSnapshot,
+    RestoreSnapshot,
+}
+
+/// What a request asks to do, with its fields already validated.
+#[derive(Debug, Clone, Copy)]
+pub enum Action<'a> {
+    /// Read one resource.
+    Read {
+        type_: &'a Type,
+        tenancy: &'a Tenancy,
+    },
+    /// Write or delete one resource.
+    Write {
+        type_: &'a Type,
+        tenancy: &'a Tenancy,
+    },
+    /// List or watch a type in a tenancy pattern (either part may be `*`).
+    List {
+        type_: &'a Type,
+        tenancy: &'a Tenancy,
+    },
+    /// Every resource owned by one resource, whatever its type.
+    ListByOwner,
+    Admin(AdminOperation),
+}
+
+/// What of an allowed request's answer the caller may see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Visibility {
+    Everything,
+    Within(Arc<Grant>),
+}
+
+impl Visibility {
+    /// Whether `resource` may be shown to the caller. A resource without an
+    /// id, type or tenancy is never shown under a grant.
+    pub fn shows(&self, resource: &Resource) -> bool {
+        match self {
+            Visibility::Everything => true,
+            Visibility::Within(grant) => resource
+                .id
+                .as_ref()
+                .and_then(|id| Some((id.r#type.as_ref()?, id.tenancy.as_ref()?)))
+                .is_some_and(|(type_, tenancy)| grant.may_read(type_, tenancy)),
+        }
+    }
+}
+
+fn full_type(t: &Type) -> String {
+    format!("{}.{}.{}", t.group, t.group_version, t.kind)
+}
+
+fn tenancy_text(t: &Tenancy) -> String {
+    format!("{}/{}", t.partition, t.namespace)
+}
+
+/// The permission an action needs, as PERMISSION_DENIED names it.
+pub fn permission_of(action: &Action<'_>) -> String {
+    match action {
+        Action::Read { type_, tenancy } => {
+            format!("read on {} in {}", full_type(type_), tenancy_text(tenancy))
+        }
+        Action::Write { type_, tenancy } => {
+            format!("write on {} in {}", full_type(type_), tenancy_text(tenancy))
+        }
+        Action::List { type_, tenancy } => format!(
+            "read on {}.{} in {}",
+            type_.group,
+            type_.kind,
+            tenancy_text(tenancy)
+        ),
+        Action::ListByOwner => "read on any type".into(),
+        Action::Admin(operation) => format!("admin (for {operation:?})"),
+    }
+}
+
+/// The authorization decision: pure, table-tested.
+///
+/// - Read and Write need the permission on the resource's type and tenancy.
+/// - List and WatchList are refused only when no resource they could match
+///   lies in the read scope; otherwise they are allowed and their answers are
+///   filtered through the returned [`Visibility`].
+/// - ListByOwner needs some read scope; its answer is filtered.
+/// - Admin operations need the admin role.
+pub fn authorize(caller: &Caller, action: &Action<'_>) -> Result<Visibility, ApiError> {
+    let grant = match caller {
+        Caller::Unrestricted => return Ok(Visibility::Everything),
+        Caller::Granted(grant) => grant,
+    };
+    let allowed = match action {
+        Action::Read { type_, tenancy } => grant.may_read(type_, tenancy),
+        Action::Write { type_, tenancy } => grant.may_write(type_, tenancy),
+        Action::List { type_, tenancy } => grant.scopes().any(|s| s.overlaps(type_, tenancy)),
+        Action::ListByOwner => grant.scopes().next().is_some(),
+        Action::Admin(_) => grant.admin,
+    };
+    if allowed {
+        Ok(Visibility::Within(grant.clone()))
+    } else {
+        Err(ApiError::PermissionDenied(format!(
+            "grant {:?} lacks {}",
+            grant.name,
+            permission_of(action)
+        )))
+    }
+}
+
+/// The lowercase hex SHA-256 of a token, as the config keeps it.
+pub fn token_sha256_hex(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A new random token: `cairn-` and 256 bits from the operating system's
+/// generator, in hex.
+pub fn new_token() -> Result<String, String> {
+    use rand::TryRngCore as _;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut bytes)
+        .map_err(|e| format!("the operating system's random generator failed: {e}"))?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("cairn-{hex}"))
+}
+
+/// The verified client certificate subject of a request, if any. The client
+/// port of this build serves plaintext, which carries no certificate; with
+/// TLS this is the TLS layer's lookup (the only line to change).
+fn client_subject<T>(_request: &tonic::Request<T>) -> Option<String> {
+    None
+}
+
+/// The grants of the client port, looked up by token hash or subject.
+#[derive(Debug, Default)]
+pub struct Authenticator {
+    by_token_sha256: HashMap<String, Arc<Grant>>,
+    by_subject: HashMap<String, Arc<Grant>>,
+}
+
+impl Authenticator {
+    /// Builds the lookup from `[auth]`; every mistake is an error naming
+    /// the grant (by position and name) and what is wrong with it.
+    pub fn from_config(config: &AuthConfig) -> Result<Authenticator, ConfigError> {
+        let mut auth = Authenticator::default();
+        let mut names = HashSet::new();
+        for (index, g) in config.grants.iter().enumerate() {
+            let fail = |reason: String| {
+                invalid(
+                    "auth.grants",
+                    format!("grant {} ({:?}): {reason}", index + 1, g.name),
+                )
+            };
+            if g.name.trim().is_empty() {
+                return Err(fail("`name` is empty".into()));
+            }
+            if !names.insert(g.name.clone()) {
+                return Err(fail("another grant has this name".into()));
+            }
+            if g.token_sha256.is_none() && g.subject.is_none() {
+                return Err(fail(
+                    "give `token_sha256` (from `cairn token new`) or `subject`".into(),
+                ));
+            }
+            let grant = Arc::new(Grant::parse(g).map_err(fail)?);
+            if let Some(hash) = &g.token_sha256 {
+                let hash = hash.trim().to_ascii_lowercase();
+                if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(fail(
+                        "`token_sha256` must be 64 hex digits (the SHA-256 of the token, \
+                         not the token)"
+                            .into(),
+                    ));
+                }
+                if auth.by_token_sha256.insert(hash, grant.clone()).is_some() {
+                    return Err(fail("another grant has the same token_sha256".into()));
+                }
+            }
+            if let Some(subject) = &g.subject {
+                if subject.trim().is_empty() {
+                    return Err(fail("`subject` is empty".into()));
+                }
+                if auth
+                    .by_subject
+                    .insert(subject.clone(), grant.clone())
+                    .is_some()
+                {
+                    return Err(fail("another grant has the same subject".into()));
+                }
+            }
+        }
+        Ok(auth)
+    }
+
+    /// Whether callers must authenticate (at least one grant is configured).
+    pub fn is_enabled(&self) -> bool {
+        !self.by_token_sha256.is_empty() || !self.by_subject.is_empty()
+    }
+
+    /// How many grants there are.
+    pub fn grant_count(&self) -> usize {
+        let mut names: HashSet<&str> = HashSet::new();
+        for g in self
+            .by_token_sha256
+            .values()
+            .chain(self.by_subject.values())
+        {
+            names.insert(&g.name);
+        }
+        names.len()
+    }
+
+    /// Whether `token` belongs to a grant with the admin role.
+    pub fn token_is_admin(&self, token: &str) -> bool {
+        self.by_token_sha256
+            .get(&token_sha256_hex(token))
+            .is_some_and(|g| g.admin)
+    }
+
+    /// Authentication, pure: the `authorization` metadata value (if any)
+    /// and the verified client certificate subject (if any) → the caller.
+    /// A token, when given, decides alone: a bad one is never rescued by a
+    /// certificate.
+    pub fn authenticate(
+        &self,
+        authorization: Option<&str>,
+        subject: Option<&str>,
+    ) -> Result<Caller, ApiError> {
+        if !self.is_enabled() {
+            return Ok(Caller::Unrestricted);
+        }
+        if let Some(value) = authorization {
+            let token = value
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token.trim())
+                .filter(|token| !token.is_empty())
+                .ok_or_else(|| {
+                    ApiError::Unauthenticated(
+                        "the authorization metadata must be `Bearer <token>`".into(),
+                    )
+                })?;
+            return self
+                .by_token_sha256
+                .get(&token_sha256_hex(token))
+                .map(|grant| Caller::Granted(grant.clone()))
+                .ok_or_else(|| {
+                    ApiError::Unauthenticated("the token matches no grant of this node".into())
+                });
+        }
+        if let Some(subject) = subject {
+            return self
+                .by_subject
+                .get(subject)
+                .map(|grant| Caller::Granted(grant.clone()))
+                .ok_or_else(|| {
+                    ApiError::Unauthenticated(format!(
+                        "no token given, and the client certificate subject {subject:?} \
+                         matches no grant of this node"
+                    ))
+                });
+        }
+        Err(ApiError::Unauthenticated(
+            "no token given: this node requires `authorization: Bearer <token>` \
+             (cairn --token or CAIRN_TOKEN)"
+                .into(),
+        ))
+    }
+
+    /// Authenticates a gRPC request by its metadata and its connection.
+    pub fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, ApiError> {
+        if !self.is_enabled() {
+            return Ok(Caller::Unrestricted);
+        }
+        let authorization = match request.metadata().get("authorization") {
+            None => None,
+            Some(value) => Some(value.to_str().map_err(|_| {
+                ApiError::Unauthenticated("the authorization metadata is not ASCII".into())
+            })?),
+        };
+        self.authenticate(authorization, client_subject(request).as_deref())
+    }
+
+    /// Authenticates, then requires the admin role for `operation`.
+    pub fn require_admin<T>(
+        &self,
+        request: &tonic::Request<T>,
+        operation: AdminOperation,
+    ) -> Result<(), ApiError> {
+        let caller = self.caller(request)?;
+        authorize(&caller, &Action::Admin(operation)).map(|_| ())
+    }
+}
+
+/// Reads the node's own token from `auth.node_token_file`.
+pub fn load_node_token(config: &AuthConfig) -> anyhow::Result<Option<cairn_client::BearerToken>> {
+    let Some(path) = &config.node_token_file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        anyhow::anyhow!(
+            "configuration field `auth.node_token_file`: cannot read {}: {e}",
+            path.display()
+        )
+    })?;
+    let token = cairn_client::BearerToken::new(text).map_err(|e| {
+        anyhow::anyhow!(
+            "configuration field `auth.node_token_file`: {}: {e}",
+            path.display()
+        )
+    })?;
+    Ok(Some(token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ty(group: &str, version: &str, kind: &str) -> Type {
+        Type {
+            group: group.into(),
+            group_version: version.into(),
+            kind: kind.into(),
+        }
+    }
+
+    fn ten(partition: &str, namespace: &str) -> Tenancy {
+        Tenancy {
+            partition: partition.into(),
+            namespace: namespace.into(),
+        }
+    }
+
+    fn scope(types: &[&str], tenancies: &[&str]) -> Option<ScopeConfig> {
+        Some(ScopeConfig {
+            types: types.iter().map(|s| s.to_string()).collect(),
+            tenancies: tenancies.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    fn grant(read: Option<ScopeConfig>, write: Option<ScopeConfig>, admin: bool) -> Caller {
+        Caller::Granted(Arc::new(
+            Grant::parse(&GrantConfig {
+                name: "g".into(),
+                token_sha256: None,
+                subject: None,
+                read,
+                write,
+                admin,
+            })
+            .unwrap(),
+        ))
+    }
+
+    #[test]
+    fn the_decision_table() {
+        // Each row: a grant, an action, allowed or not. The grants:
+        let reader = grant(scope(&["demo.Thing"], &["default/*"]), None, false);
+        let writer = grant(None, scope(&["demo.*"], &["team-a/web"]), false);
+        let admin = grant(None, None, true);
+        let everything = grant(scope(&["*"], &["*"]), scope(&["*"], &["*"]), true);
+        let thing = ty("demo", "v1", "Thing");
+        let thing_v2 = ty("demo", "v2", "Thing");
+        let other_kind = ty("demo", "v1", "Other");
+        let other_group = ty("ops", "v1", "Thing");
+        let dd = ten("default", "default");
+        let dx = ten("default", "x");
+        let aw = ten("team-a", "web");
+        let ax = ten("team-a", "x");
+        let any = ten("*", "*");
+        let a_any = ten("team-a", "*");
+        let any_web = ten("*", "web");
+        use Action::*;
+        let rows: Vec<(&Caller, Action<'_>, bool)> = vec![
+            // Unrestricted: everything.
+            (
+                &Caller::Unrestricted,
+                Write {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                true,
+            ),
+            (&Caller::Unrestricted, Admin(AdminOperation::Status), true),
+            // Read scope: the type in any version, its tenancies, nothing else.
+            (
+                &reader,
+                Read {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                true,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &thing_v2,
+                    tenancy: &dx,
+                },
+                true,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &other_kind,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &other_group,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (
+                &reader,
+                Read {
+                    type_: &thing,
+                    tenancy: &aw,
+                },
+                false,
+            ),
+            (
+                &reader,
+                Write {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (&reader, ListByOwner, true),
+            (&reader, Admin(AdminOperation::Status), false),
+            // Lists: refused only when disjoint from the scope.
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &any,
+                },
+                true,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                true,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &aw,
+                },
+                false,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &a_any,
+                },
+                false,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &thing,
+                    tenancy: &any_web,
+                },
+                true,
+            ),
+            (
+                &reader,
+                List {
+                    type_: &other_kind,
+                    tenancy: &any,
+                },
+                false,
+            ),
+            // Write implies read on the same scope, not beyond it.
+            (
+                &writer,
+                Write {
+                    type_: &thing,
+                    tenancy: &aw,
+                },
+                true,
+            ),
+            (
+                &writer,
+                Write {
+                    type_: &other_kind,
+                    tenancy: &aw,
+                },
+                true,
+            ),
+            (
+                &writer,
+                Read {
+                    type_: &other_kind,
+                    tenancy: &aw,
+                },
+                true,
+            ),
+            (
+                &writer,
+                Write {
+                    type_: &other_group,
+                    tenancy: &aw,
+                },
+                false,
+            ),
+            (
+                &writer,
+                Write {
+                    type_: &thing,
+                    tenancy: &ax,
+                },
+                false,
+            ),
+            (
+                &writer,
+                Read {
+                    type_: &thing,
+                    tenancy: &ax,
+                },
+                false,
+            ),
+            (
+                &writer,
+                List {
+                    type_: &thing,
+                    tenancy: &a_any,
+                },
+                true,
+            ),
+            (
+                &writer,
+                List {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (&writer, Admin(AdminOperation::SaveSnapshot), false),
+            // Admin: every admin operation, no data.
+            (&admin, Admin(AdminOperation::TransferLeader), true),
+            (&admin, Admin(AdminOperation::RestoreSnapshot), true),
+            (
+                &admin,
+                Read {
+                    type_: &thing,
+                    tenancy: &dd,
+                },
+                false,
+            ),
+            (
+                &admin,
+                List {
+                    type_: &thing,
+                    tenancy: &any,
+                },
+                false,
+            ),
+            (&admin, ListByOwner, false),
+            (
+                &everything,
+                Write {
+                    type_: &other_group,
+                    tenancy: &ax,
+                },
+                true,
+            ),
+            (&everything, Admin(AdminOperation::AddLearner), true),
+        ];
+        for (caller, action, allowed) in rows {
+            let decision = authorize(caller, &action);
+            assert_eq!(
+                decision.is_ok(),
+                allowed,
+                "{caller:?} {action:?}: {decision:?}"
+            );
+            if let Err(e) = decision {
+                assert!(matches!(e, ApiError::PermissionDenied(_)), "{e:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_denial_names_the_missing_permission() {
+        // The message names what was asked, in the form operators grant it.
+        let reader = grant(scope(&["demo.Thing"], &["default/*"]), None, false);
+        let e = authorize(
+            &reader,
+            &Action::Write {
+                type_: &ty("demo", "v1", "Thing"),
+                tenancy: &ten("default", "default"),
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ApiError::PermissionDenied(
+                "grant \"g\" lacks write on demo.v1.Thing in default/default".into()
+            )
+        );
+        let e = authorize(&reader, &Action::Admin(AdminOperation::TriggerElection)).unwrap_err();
+        assert!(e.to_string().contains("admin (for TriggerElection)"), "{e}");
+    }
+
+    #[test]
+    fn visibility_shows_only_resources_inside_the_read_scope() {
+        // What a list or a watch under a grant passes through.
+        let reader = grant(
+            scope(&["demo.Thing"], &["default/*"]),
+            scope(&["ops.*"], &["*/web"]),
+            false,
+        );
+        let Caller::Granted(g) = reader else {
+            unreachable!()
+        };
+        let within = Visibility::Within(g);
+        let resource = |t: Type, tn: Tenancy| Resource {
+            id: Some(cairn_proto::v1::Id {
+                r#type: Some(t),
+                tenancy: Some(tn),
+                name: "n".into(),
+                uid: "u".into(),
+            }),
+            ..Default::default()
+        };
+        assert!(within.shows(&resource(ty("demo", "v9", "Thing"), ten("default", "x"))));
+        assert!(within.shows(&resource(ty("ops", "v1", "Any"), ten("p", "web"))));
+        assert!(!within.shows(&resource(ty("demo", "v1", "Thing"), ten("other", "x"))));
+        assert!(!within.shows(&resource(ty("ops", "v1", "Any"), ten("p", "db"))));
+        assert!(!within.shows(&Resource::default()));
+        assert!(Visibility::Everything.shows(&Resource::default()));
+    }
+
+    fn config(grants: Vec<GrantConfig>) -> AuthConfig {
+        AuthConfig {
+            grants,
+            node_token_file: None,
+        }
+    }
+
+    fn token_grant(name: &str, token: &str) -> GrantConfig {
+        GrantConfig {
+            name: name.into(),
+            token_sha256: Some(token_sha256_hex(token)),
+            read: scope(&["*"], &["*"]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn authentication_by_token_and_by_subject() {
+        // Off without grants; with grants only a known token or subject passes.
+        let off = Authenticator::from_config(&AuthConfig::default()).unwrap();
+        assert!(!off.is_enabled());
+        assert_eq!(off.authenticate(None, None), Ok(Caller::Unrestricted));
+
+        let mut by_subject = token_grant("ops", "unused");
+        by_subject.token_sha256 = None;
+        by_subject.subject = Some("CN=ops".into());
+        let auth =
+            Authenticator::from_config(&config(vec![token_grant("app", "s3cret"), by_subject]))
+                .unwrap();
+        assert!(auth.is_enabled());
+        assert_eq!(auth.grant_count(), 2);
+        let name = |c: Result<Caller, ApiError>| match c {
+            Ok(Caller::Granted(g)) => g.name.clone(),
+            other => format!("{other:?}"),
+        };
+        assert_eq!(name(auth.authenticate(Some("Bearer s3cret"), None)), "app");
+        assert_eq!(name(auth.authenticate(Some("bearer s3cret"), None)), "app");
+        assert_eq!(name(auth.authenticate(None, Some("CN=ops"))), "ops");
+        // A token decides alone, even next to a known certificate.
+        for (header, subject) in [
+            (Some("Bearer wrong"), Some("CN=ops")),
+            (Some("Basic s3cret"), None),
+            (Some("Bearer "), None),
+            (Some("s3cret"), None),
+            (None, Some("CN=nobody")),
+            (None, None),
+        ] {
+            assert!(
+                matches!(
+                    auth.authenticate(header, subject),
+                    Err(ApiError::Unauthenticated(_))
+                ),
+                "{header:?} {subject:?}"
+            );
+        }
+        assert!(auth.token_is_admin("s3cret") == false);
+    }
+
+    #[test]
+    fn config_mistakes_are_named() {
+        // Each mistake an operator can make in [[auth.grants]] is refused at load.
+        let ok = token_grant("app", "t");
+        let cases: Vec<(GrantConfig, &str)> = vec![
+            (
+                GrantConfig {
+                    name: "".into(),
+                    ..ok.clone()
+                },
+                "`name` is empty",
+            ),
+            (
+                GrantConfig {
+                    token_sha256: None,
+                    ..ok.clone()
+                },
+                "give `token_sha256`",
+            ),
+            (
+                GrantConfig {
+                    token_sha256: Some("t".into()),
+                    ..ok.clone()
+                },
+                "64 hex digits",
+            ),
+            (
+                GrantConfig {
+                    read: None,
+                    ..ok.clone()
+                },
+                "grants nothing",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&[], &["*"]),
+                    ..ok.clone()
+                },
+                "`types` is empty",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &[]),
+                    ..ok.clone()
+                },
+                "`tenancies` is empty",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["Thing"], &["*"]),
+                    ..ok.clone()
+                },
+                "expected group.kind",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["demo.v1.Thing"], &["*"]),
+                    ..ok.clone()
+                },
+                "names a group version",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["demo.Th*"], &["*"]),
+                    ..ok.clone()
+                },
+                "must stand alone",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["default"]),
+                    ..ok.clone()
+                },
+                "partition/namespace",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["a/b/c"]),
+                    ..ok.clone()
+                },
+                "partition/namespace",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["de*/x"]),
+                    ..ok.clone()
+                },
+                "must stand alone",
+            ),
+            (
+                GrantConfig {
+                    read: scope(&["*"], &["/x"]),
+                    ..ok.clone()
+                },
+                "empty",
+            ),
+        ];
+        for (g, expected) in cases {
+            let e = Authenticator::from_config(&config(vec![g.clone()])).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("auth.grants") && text.contains(expected),
+                "{g:?}: {text}"
+            );
+        }
+        let e = Authenticator::from_config(&config(vec![ok.clone(), ok.clone()])).unwrap_err();
+        assert!(e.to_string().contains("another grant has this name"), "{e}");
+        let twin = GrantConfig {
+            name: "twin".into(),
+            ..ok.clone()
+        };
+        let e = Authenticator::from_config(&config(vec![ok, twin])).unwrap_err();
+        assert!(e.to_string().contains("same token_sha256"), "{e}");
+    }
+
+    #[test]
+    fn generated_tokens_are_long_random_and_hash_to_64_hex_digits() {
+        // Two tokens never repeat; the hash is the form the config takes.
+        let a = new_token().unwrap();
+        let b = new_token().unwrap();
+        assert_ne!(a, b);
+        assert!(a.starts_with("cairn-") && a.len() == 6 + 64, "{a}");
+        assert!(cairn_client::BearerToken::new(a.clone()).is_ok());
+        let hash = token_sha256_hex(&a);
+        assert_eq!(hash.len(), 64);
+        assert_eq!(
+            token_sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
