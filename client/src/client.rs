@@ -74,6 +74,10 @@ pub struct ClientOptions {
     /// How many CAS conflicts the helpers ([`Client::read_modify_write`],
     /// [`Client::delete_current`], [`Client::create_if_absent`]) retry.
     pub cas_attempts_max: u32,
+    /// TLS: the CA to trust and an optional client certificate. `None` with
+    /// only `host:port` endpoints: plaintext; `None` with an `https://`
+    /// endpoint: TLS trusting the system's CAs.
+    pub tls: Option<crate::TlsOptions>,
 }
 
 impl Default for ClientOptions {
@@ -87,6 +91,7 @@ impl Default for ClientOptions {
             keep_alive_timeout: Duration::from_secs(5),
             read_attempt_timeout: Duration::from_secs(3),
             cas_attempts_max: 32,
+            tls: None,
         }
     }
 }
@@ -102,6 +107,8 @@ struct Inner {
     /// The configured endpoints as URIs (`http://host:port`), never empty.
     endpoints: Vec<String>,
     options: ClientOptions,
+    /// TLS or plaintext, for every endpoint.
+    access: crate::Access,
     routing: Mutex<Routing>,
 }
 
@@ -269,10 +276,18 @@ impl Client {
             }
         }
         let preferred = uris[0].clone();
+        let wants_tls = uris.iter().any(|u| u.starts_with("https://"));
+        let tls = match (&options.tls, wants_tls) {
+            (Some(tls), _) => Some(tls.clone()),
+            (None, true) => Some(crate::TlsOptions::default()),
+            (None, false) => None,
+        };
+        let access = crate::Access::from_options(tls.as_ref())?;
         Ok(Client {
             inner: Arc::new(Inner {
                 endpoints: uris,
                 options,
+                access,
                 routing: Mutex::new(Routing {
                     preferred,
                     channels: HashMap::new(),
@@ -601,8 +616,10 @@ impl Client {
             return Ok(channel.clone());
         }
         let options = &self.inner.options;
-        let endpoint = Endpoint::from_shared(uri.to_string())
-            .map_err(|e| format!("{uri}: {e}"))?
+        let endpoint = self
+            .inner
+            .access
+            .endpoint(uri)?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(options.keep_alive_interval)
@@ -611,7 +628,8 @@ impl Client {
         let limit = deadline
             .saturating_duration_since(Instant::now())
             .min(options.connect_timeout);
-        match tokio::time::timeout(limit, endpoint.connect()).await {
+        let connecting = cairn_tls::connect_channel(endpoint, self.inner.access.tls.as_ref());
+        match tokio::time::timeout(limit, connecting).await {
             Ok(Ok(channel)) => {
                 self.inner
                     .routing

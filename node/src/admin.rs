@@ -13,7 +13,6 @@
 use std::time::Duration;
 
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::admin_service_server::AdminService;
 use cairn_proto::v1::{self as pb};
 use tonic::{Request, Response, Status};
@@ -24,6 +23,8 @@ pub struct Admin {
     pub raft: RaftHandle,
     pub election_timeout: Duration,
     pub restorer: std::sync::Arc<crate::restore::Restorer>,
+    /// How this node reaches other nodes' client ports (TLS or plaintext).
+    pub access: cairn_client::Access,
 }
 
 impl Admin {
@@ -146,7 +147,9 @@ impl Admin {
         self.raft.set_heartbeats(false);
         let result = async {
             tokio::time::sleep(self.election_timeout * 6 / 10 + Duration::from_millis(50)).await;
-            let mut client = AdminServiceClient::connect(format!("http://{}", node.client_address))
+            let mut client = self
+                .access
+                .admin(&node.client_address)
                 .await
                 .map_err(|e| ApiError::Unavailable(format!("cannot reach node {target}: {e}")))?;
             client

@@ -8,7 +8,11 @@
 //! - the bootstrap or join task (once, at start);
 //! - the health task: flips the gRPC health status to SERVING once a leader is
 //!   known and this node has applied everything committed when it started;
-//! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop.
+//! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop;
+//! - the TLS reload task (`tls::spawn_reloader`): SIGHUP or changed files →
+//!   new certificates for new connections;
+//! - per port, the accept loop and one handshake task per new connection
+//!   (`connections`), handing connections to the gRPC server.
 //!
 //! Channels: the servers reach Raft only through `RaftHandle`; watch streams
 //! read from the fsm's bounded per-watch buffers.
@@ -28,6 +32,8 @@ use tokio::sync::watch;
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::connections::{ActivityLayer, PortLimits};
+use crate::tls::NodeTls;
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
 
@@ -51,6 +57,7 @@ pub struct Agent {
     orphan_check: tokio::task::JoinHandle<()>,
     stop: watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<()>>,
+    access: cairn_client::Access,
     _lock: cairn_raft_log::DirLock,
 }
 
@@ -67,9 +74,14 @@ impl Agent {
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
             .with_context(|| format!("data dir {}", config.data_dir.display()))?;
+        let (client_limits, peer_limits) = port_limits(&config);
+        let tls = NodeTls::load(&config).context("TLS")?;
+        let access = cairn_client::Access {
+            tls: tls.as_ref().map(|t| t.outgoing.clone()),
+        };
         let fresh = !crate::raft::holds_node_state(&config.data_dir);
         if fresh && config.join.is_none() {
-            refuse_if_already_a_member(&config).await?;
+            refuse_if_already_a_member(&config, &access).await?;
         }
         let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
         let settings = RaftSettings {
@@ -79,6 +91,7 @@ impl Agent {
             snapshot_log_bytes: config.snapshot_log_bytes,
             snapshot_chunk_bytes: config.snapshot_chunk_bytes,
             max_payload_entries: 64,
+            tls: access.tls.clone(),
         };
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(
@@ -94,19 +107,48 @@ impl Agent {
         let client_listener = bind(&config.client_address).await?;
         let (stop, stopped) = watch::channel(false);
         let mut servers = Vec::new();
+        match &tls {
+            Some(_) => tracing::info!(
+                client = %config.client_address,
+                peer = %config.peer_address,
+                client_certificates = ?config.tls_client_auth,
+                "serving TLS on the client port and mutual TLS on the peer port"
+            ),
+            None => tracing::warn!(
+                client = %config.client_address,
+                peer = %config.peer_address,
+                "serving PLAINTEXT on the client and peer ports: anyone who can reach them \
+                 can read and change the cluster (set tls_cert_file, tls_key_file and tls_ca_file)"
+            ),
+        }
+        servers.push(crate::tls::spawn_reloader(
+            tls.clone(),
+            (config.tls_reload_interval_ms > 0)
+                .then(|| Duration::from_millis(config.tls_reload_interval_ms)),
+            stopped.clone(),
+        )?);
 
         // Forwarding: the client port's forwarder, the peer port's service,
         // and the task feeding leader changes to the cached leader channel.
         let request_timeout = Duration::from_millis(config.request_timeout_ms);
-        let forwarding = crate::forward::start(&raft, &config.peer_address, request_timeout);
+        let forwarding = crate::forward::start(
+            &raft,
+            &config.peer_address,
+            request_timeout,
+            access.tls.clone(),
+        );
 
         // Peer port.
-        let peer_router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .http2_keepalive_interval(Some(Duration::from_secs(5)))
+        let peer_router = server_builder(&config)
             .add_service(raft.rpc_service())
             .add_service(forwarding.service);
-        servers.push(serve(peer_router, peer_listener, stopped.clone(), "peer"));
+        let peer_incoming = crate::connections::incoming(
+            peer_listener,
+            tls.as_ref().map(|t| t.peer_port.clone()),
+            peer_limits,
+            stopped.clone(),
+        );
+        servers.push(serve(peer_router, peer_incoming, stopped.clone(), "peer"));
 
         // Client port.
         let api = Arc::new(
@@ -136,9 +178,9 @@ impl Agent {
             raft: raft.clone(),
             election_timeout: Duration::from_millis(config.election_timeout_ms),
             restorer: restorer.clone(),
+            access: access.clone(),
         };
-        let client_router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        let client_router = server_builder(&config)
             .add_service(
                 ResourceServiceServer::new(ResourceGrpc(api))
                     .max_decoding_message_size(CLIENT_MESSAGE_BYTES_MAX)
@@ -147,9 +189,15 @@ impl Agent {
             .add_service(AdminServiceServer::new(admin))
             .add_service(health_service)
             .add_service(reflection);
+        let client_incoming = crate::connections::incoming(
+            client_listener,
+            tls.as_ref().map(|t| t.client_port.clone()),
+            client_limits,
+            stopped.clone(),
+        );
         servers.push(serve(
             client_router,
-            client_listener,
+            client_incoming,
             stopped.clone(),
             "client",
         ));
@@ -160,8 +208,9 @@ impl Agent {
         };
         if let Some(join) = config.join.clone() {
             let raft = raft.clone();
+            let access = access.clone();
             tokio::spawn(async move {
-                if let Err(e) = join_cluster(&raft, &join, self_info).await {
+                if let Err(e) = join_cluster(&raft, &join, &access, self_info).await {
                     tracing::error!(error = %e, "joining the cluster failed");
                     eprintln!("cairn: joining the cluster through {join} failed: {e}");
                 }
@@ -195,6 +244,7 @@ impl Agent {
             orphan_check,
             stop,
             servers,
+            access,
             _lock: lock,
         })
     }
@@ -207,6 +257,7 @@ impl Agent {
                 raft: self.raft.clone(),
                 election_timeout,
                 restorer: self.restorer.clone(),
+                access: self.access.clone(),
             };
             match tokio::time::timeout(election_timeout * 5, admin.transfer_leader(0)).await {
                 Ok(Ok(_)) => tracing::info!("handed leadership off before stopping"),
@@ -223,19 +274,74 @@ impl Agent {
     }
 }
 
+/// The limits of the client and peer ports, fitted under the process's
+/// file-descriptor limit (raised to its hard value first).
+fn port_limits(config: &Config) -> (PortLimits, PortLimits) {
+    let (client_max, peer_max) = match crate::connections::raise_fd_limit() {
+        Ok(fd_limit) => {
+            let (client, peer, reserve) = crate::connections::connection_budget(
+                fd_limit,
+                config.client_connections_max,
+                config.peer_connections_max,
+            );
+            if (client, peer) != (config.client_connections_max, config.peer_connections_max) {
+                tracing::warn!(
+                    fd_limit,
+                    reserve,
+                    client_connections_max = client,
+                    peer_connections_max = peer,
+                    "connection limits lowered to fit under the file-descriptor limit"
+                );
+            }
+            (client, peer)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the file-descriptor limit");
+            (config.client_connections_max, config.peer_connections_max)
+        }
+    };
+    let handshake_timeout = Duration::from_millis(config.handshake_timeout_ms);
+    let idle_timeout = (config.connection_idle_timeout_ms > 0)
+        .then(|| Duration::from_millis(config.connection_idle_timeout_ms));
+    (
+        PortLimits {
+            port: "client",
+            connections_max: client_max,
+            handshake_timeout,
+            idle_timeout,
+        },
+        PortLimits {
+            port: "peer",
+            connections_max: peer_max,
+            handshake_timeout,
+            idle_timeout,
+        },
+    )
+}
+
+/// A gRPC server with the node's HTTP/2 settings, counting requests in
+/// flight per connection (for the idle timeout).
+fn server_builder(
+    config: &Config,
+) -> tonic::transport::Server<tower_layer::Stack<ActivityLayer, tower_layer::Identity>> {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_millis(config.keepalive_interval_ms)))
+        .http2_keepalive_timeout(Some(Duration::from_millis(config.keepalive_timeout_ms)))
+        .layer(ActivityLayer)
+}
+
 fn serve(
-    router: tonic::transport::server::Router,
-    listener: tokio::net::TcpListener,
+    router: tonic::transport::server::Router<
+        tower_layer::Stack<ActivityLayer, tower_layer::Identity>,
+    >,
+    incoming: tokio_stream::wrappers::ReceiverStream<
+        Result<crate::connections::Connection, std::io::Error>,
+    >,
     mut stopped: watch::Receiver<bool>,
     name: &'static str,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        // TCP_NODELAY on every accepted socket: the builder's `tcp_nodelay`
-        // only reaches listeners tonic binds itself, and without it each small
-        // answer waits out Nagle's algorithm against the peer's delayed ACK
-        // (about 40 ms per request on loopback).
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
@@ -252,11 +358,14 @@ fn serve(
 /// counts it as a member (and has committed data) has lost its data: letting it
 /// vote again could elect a leader without the acknowledged writes. It is
 /// refused; the operator re-adds it explicitly (remove, then start with --join).
-async fn refuse_if_already_a_member(config: &Config) -> anyhow::Result<()> {
+async fn refuse_if_already_a_member(
+    config: &Config,
+    access: &cairn_client::Access,
+) -> anyhow::Result<()> {
     for member in config.members.iter().filter(|m| m.id != config.node_id) {
         let Ok(Ok(status)) = tokio::time::timeout(
             Duration::from_secs(1),
-            crate::cli::fetch_status(&member.client_address),
+            crate::cli::fetch_status(&member.client_address, access),
         )
         .await
         else {
@@ -313,7 +422,11 @@ async fn bootstrap(raft: &RaftHandle, config: &Config) -> anyhow::Result<()> {
 }
 
 /// Calls an admin RPC at `address`, following NotLeader hints to the leader.
-pub async fn at_leader<T, F, Fut>(address: &str, mut call: F) -> Result<T, ApiError>
+pub async fn at_leader<T, F, Fut>(
+    address: &str,
+    access: &cairn_client::Access,
+    mut call: F,
+) -> Result<T, ApiError>
 where
     F: FnMut(AdminServiceClient<tonic::transport::Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
@@ -321,10 +434,10 @@ where
     let mut target = address.to_string();
     let mut last = ApiError::Unavailable(format!("no answer from {address}"));
     for _ in 0..20 {
-        let client = match AdminServiceClient::connect(format!("http://{target}")).await {
+        let client = match access.admin(&target).await {
             Ok(c) => c,
             Err(e) => {
-                last = ApiError::Unavailable(format!("cannot reach {target}: {e}"));
+                last = ApiError::Unavailable(e);
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 target = address.to_string();
                 continue;
@@ -348,12 +461,17 @@ where
     Err(last)
 }
 
-async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<(), ApiError> {
+async fn join_cluster(
+    raft: &RaftHandle,
+    address: &str,
+    access: &cairn_client::Access,
+    me: NodeInfo,
+) -> Result<(), ApiError> {
     if raft.is_initialized().await {
         return Ok(()); // already a member: a restart of a joined node
     }
     let id = raft.node_id;
-    at_leader(address, |mut c| {
+    at_leader(address, access, |mut c| {
         let me = me.clone();
         async move {
             c.add_learner(pb::AddLearnerRequest {
@@ -365,7 +483,7 @@ async fn join_cluster(raft: &RaftHandle, address: &str, me: NodeInfo) -> Result<
         }
     })
     .await?;
-    at_leader(address, |mut c| async move {
+    at_leader(address, access, |mut c| async move {
         c.promote(pb::PromoteRequest { id }).await
     })
     .await?;

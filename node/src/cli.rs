@@ -41,6 +41,9 @@ enum Command {
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
     Snapshot(crate::snapshot_cmd::SnapshotCommand),
+    /// Development certificates: a CA, one certificate per node, one for a client.
+    #[command(subcommand)]
+    Tls(crate::tls_init::TlsCommand),
     #[command(flatten)]
     Data(cairn_client::cli::DataCommand),
 }
@@ -80,10 +83,41 @@ struct AgentArgs {
     log_format: Option<LogFormatArg>,
     #[arg(long)]
     metrics_address: Option<String>,
+    /// This node's certificate (PEM); turns TLS on (with --tls-key-file and --tls-ca-file).
+    #[arg(long)]
+    tls_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    tls_key_file: Option<PathBuf>,
+    /// The cluster CA (PEM): peers must present a certificate from it.
+    #[arg(long)]
+    tls_ca_file: Option<PathBuf>,
+    /// CA of client certificates on the client port (default: --tls-ca-file).
+    #[arg(long)]
+    tls_client_ca_file: Option<PathBuf>,
+    /// Client certificates on the client port: none, optional or required.
+    #[arg(long, value_enum)]
+    tls_client_auth: Option<ClientAuthArg>,
+    #[arg(long)]
+    tls_reload_interval_ms: Option<u64>,
+    #[arg(long)]
+    handshake_timeout_ms: Option<u64>,
+    #[arg(long)]
+    client_connections_max: Option<usize>,
+    #[arg(long)]
+    peer_connections_max: Option<usize>,
+    #[arg(long)]
+    connection_idle_timeout_ms: Option<u64>,
     /// DANGEROUS, test-only: serve strong reads and lists locally without
     /// confirming leadership (stale reads). Used to prove the jepsen suite can fail.
     #[arg(long)]
     unsafe_local_strong_reads: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ClientAuthArg {
+    None,
+    Optional,
+    Required,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -102,6 +136,17 @@ pub struct Endpoints {
         value_delimiter = ','
     )]
     pub endpoints: Vec<String>,
+    #[command(flatten)]
+    pub tls: cairn_client::cli::TlsArgs,
+}
+
+impl Endpoints {
+    /// How to reach the nodes: TLS per the flags (or an `https://` endpoint), else plaintext.
+    pub fn access(&self) -> Result<cairn_client::Access, ApiError> {
+        self.tls
+            .access(&self.endpoints)
+            .map_err(|e| ApiError::invalid("tls", e.to_string()))
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum, Default, PartialEq, Eq)]
@@ -209,10 +254,15 @@ pub fn main() -> ExitCode {
         Command::Snapshot(s) => crate::snapshot_cmd::run(s),
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
         Command::Bench(args) => crate::bench::run(args),
+        Command::Tls(t) => crate::tls_init::run(t),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;
+            let access = match t.endpoints.access() {
+                Ok(a) => a,
+                Err(e) => return usage_error(&e),
+            };
             report(first_endpoint(&t.endpoints), |address| async move {
-                at_leader(&address, |mut c| async move {
+                at_leader(&address, &access, |mut c| async move {
                     c.transfer_leader(pb::TransferLeaderRequest { to }).await
                 })
                 .await
@@ -221,6 +271,11 @@ pub fn main() -> ExitCode {
         }),
     };
     ExitCode::from(code)
+}
+
+fn usage_error(e: &ApiError) -> u8 {
+    eprintln!("cairn: {e}");
+    exit_code_of(e)
 }
 
 fn first_endpoint(e: &Endpoints) -> String {
@@ -308,6 +363,44 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     }
     if let Some(v) = &a.metrics_address {
         put("metrics_address", v.clone().into())
+    }
+    for (key, path) in [
+        ("tls_cert_file", &a.tls_cert_file),
+        ("tls_key_file", &a.tls_key_file),
+        ("tls_ca_file", &a.tls_ca_file),
+        ("tls_client_ca_file", &a.tls_client_ca_file),
+    ] {
+        if let Some(v) = path {
+            put(key, v.display().to_string().into())
+        }
+    }
+    if let Some(v) = a.tls_client_auth {
+        put(
+            "tls_client_auth",
+            match v {
+                ClientAuthArg::None => "none",
+                ClientAuthArg::Optional => "optional",
+                ClientAuthArg::Required => "required",
+            }
+            .into(),
+        )
+    }
+    for (key, value) in [
+        ("tls_reload_interval_ms", a.tls_reload_interval_ms),
+        ("handshake_timeout_ms", a.handshake_timeout_ms),
+        ("connection_idle_timeout_ms", a.connection_idle_timeout_ms),
+    ] {
+        if let Some(v) = value {
+            put(key, v.into())
+        }
+    }
+    for (key, value) in [
+        ("client_connections_max", a.client_connections_max),
+        ("peer_connections_max", a.peer_connections_max),
+    ] {
+        if let Some(v) = value {
+            put(key, v.into())
+        }
     }
     if a.unsafe_local_strong_reads {
         put("unsafe_local_strong_reads", true.into())
@@ -415,13 +508,17 @@ fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
 /// Asks each endpoint in turn; the first answer wins, and the leader's view
 /// (with replication progress) is preferred when it is reachable.
 async fn status(args: StatusArgs) -> u8 {
+    let access = match args.endpoints.access() {
+        Ok(a) => a,
+        Err(e) => return usage_error(&e),
+    };
     let mut last_error = None;
     for endpoint in &args.endpoints.endpoints {
-        match fetch_status(endpoint).await {
+        match fetch_status(endpoint, &access).await {
             Ok(mut s) => {
                 if s.leader_id != 0 && s.leader_id != s.node_id {
                     if let Some(leader) = s.members.iter().find(|m| m.id == s.leader_id) {
-                        if let Ok(ls) = fetch_status(&leader.client_address).await {
+                        if let Ok(ls) = fetch_status(&leader.client_address, &access).await {
                             s = ls;
                         }
                     }
@@ -443,17 +540,27 @@ async fn status(args: StatusArgs) -> u8 {
     exit_code_of(&e)
 }
 
-pub async fn fetch_status(endpoint: &str) -> Result<pb::StatusResponse, ApiError> {
-    let mut client =
-        pb::admin_service_client::AdminServiceClient::connect(format!("http://{endpoint}"))
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("cannot reach {endpoint}: {e}")))?;
+pub async fn fetch_status(
+    endpoint: &str,
+    access: &cairn_client::Access,
+) -> Result<pb::StatusResponse, ApiError> {
+    let mut client = access.admin(endpoint).await.map_err(ApiError::Unavailable)?;
     let mut request = tonic::Request::new(pb::StatusRequest {});
     request.set_timeout(Duration::from_secs(3));
     Ok(client.status(request).await?.into_inner())
 }
 
 async fn member(m: MemberCommand) -> u8 {
+    let endpoints = match &m {
+        MemberCommand::AddLearner { endpoints, .. }
+        | MemberCommand::Promote { endpoints, .. }
+        | MemberCommand::Remove { endpoints, .. } => endpoints,
+    };
+    let access = match endpoints.access() {
+        Ok(a) => a,
+        Err(e) => return usage_error(&e),
+    };
+    let access = &access;
     match m {
         MemberCommand::AddLearner {
             id,
@@ -462,7 +569,7 @@ async fn member(m: MemberCommand) -> u8 {
             endpoints,
         } => {
             report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, |mut c| {
+                at_leader(&address, access, |mut c| {
                     let request = pb::AddLearnerRequest {
                         id,
                         peer_address: peer_address.clone(),
@@ -476,7 +583,7 @@ async fn member(m: MemberCommand) -> u8 {
         }
         MemberCommand::Promote { id, endpoints } => {
             report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, |mut c| async move {
+                at_leader(&address, access, |mut c| async move {
                     c.promote(pb::PromoteRequest { id }).await
                 })
                 .await
@@ -485,7 +592,7 @@ async fn member(m: MemberCommand) -> u8 {
         }
         MemberCommand::Remove { id, endpoints } => {
             report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, |mut c| async move {
+                at_leader(&address, access, |mut c| async move {
                     c.remove_member(pb::RemoveMemberRequest { id }).await
                 })
                 .await

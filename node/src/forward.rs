@@ -86,14 +86,19 @@ pub struct Forwarding {
 
 /// Builds the forwarding pieces of a node and spawns its leader watcher.
 /// `request_timeout` bounds every forwarded request served here.
-pub fn start(raft: &RaftHandle, peer_address: &str, request_timeout: Duration) -> Forwarding {
+/// `tls`: dial the leader's peer port over mutual TLS with it.
+pub fn start(
+    raft: &RaftHandle,
+    peer_address: &str,
+    request_timeout: Duration,
+    tls: Option<cairn_tls::ClientTls>,
+) -> Forwarding {
     cairn_forwarding::metrics::describe();
     let handle = Arc::new(NodeHandle::new(raft.clone()));
-    let channel = Arc::new(LeaderChannel::new(
-        raft.node_id,
-        peer_address,
-        LeaderChannelOptions::default(),
-    ));
+    let channel = Arc::new(
+        LeaderChannel::new(raft.node_id, peer_address, LeaderChannelOptions::default())
+            .with_tls(tls),
+    );
     tokio::spawn(watch_leader(raft.clone(), channel.clone()));
     Forwarding {
         forwarder: Forwarder::new(

@@ -79,7 +79,7 @@ pub fn run(command: SnapshotCommand) -> u8 {
         .expect("runtime");
     let result = match command {
         SnapshotCommand::Save { file, endpoints } => {
-            runtime.block_on(save(&file, &endpoints.endpoints))
+            runtime.block_on(save(&file, &endpoints))
         }
         SnapshotCommand::Inspect { file } => inspect(&file),
         SnapshotCommand::Restore(args) if args.offline => restore_offline(&args),
@@ -126,10 +126,13 @@ fn io_error(path: &Path, source: std::io::Error) -> CommandError {
 }
 
 /// The leader's client address, asking the endpoints in turn.
-async fn leader_address(endpoints: &[String]) -> Result<String, ApiError> {
+async fn leader_address(
+    endpoints: &[String],
+    access: &cairn_client::Access,
+) -> Result<String, ApiError> {
     let mut last = ApiError::invalid("endpoints", "no endpoint given");
     for endpoint in endpoints {
-        match crate::cli::fetch_status(endpoint).await {
+        match crate::cli::fetch_status(endpoint, access).await {
             Ok(s) if s.leader_id == s.node_id => return Ok(endpoint.clone()),
             Ok(s) => match s.members.iter().find(|m| m.id == s.leader_id) {
                 Some(leader) => return Ok(leader.client_address.clone()),
@@ -141,16 +144,21 @@ async fn leader_address(endpoints: &[String]) -> Result<String, ApiError> {
     Err(last)
 }
 
-async fn admin(address: &str) -> Result<AdminServiceClient<tonic::transport::Channel>, ApiError> {
-    Ok(AdminServiceClient::connect(format!("http://{address}"))
+async fn admin(
+    address: &str,
+    access: &cairn_client::Access,
+) -> Result<AdminServiceClient<tonic::transport::Channel>, ApiError> {
+    Ok(access
+        .admin(address)
         .await
-        .map_err(|e| ApiError::Unavailable(format!("cannot reach {address}: {e}")))?
+        .map_err(ApiError::Unavailable)?
         .max_decoding_message_size(8 * 1024 * 1024))
 }
 
-async fn save(file: &Path, endpoints: &[String]) -> Result<(), CommandError> {
-    let leader = leader_address(endpoints).await?;
-    let mut stream = admin(&leader)
+async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
+    let access = endpoints.access()?;
+    let leader = leader_address(&endpoints.endpoints, &access).await?;
+    let mut stream = admin(&leader, &access)
         .await?
         .save_snapshot(pb::SaveSnapshotRequest {})
         .await
@@ -284,7 +292,8 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
     let header = snapshot_file::verify(file, |_| {});
     check.finish_and_clear();
     let header = header?;
-    let leader = leader_address(&args.endpoints.endpoints).await?;
+    let access = args.endpoints.access()?;
+    let leader = leader_address(&args.endpoints.endpoints, &access).await?;
     let progress = bar(Some(size), &format!("uploading to {leader}"));
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
     let path = file.clone();
@@ -310,7 +319,7 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
             }
         }
     });
-    let response = admin(&leader)
+    let response = admin(&leader, &access)
         .await?
         .restore_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await

@@ -203,6 +203,8 @@ pub struct RaftSettings {
     pub snapshot_log_bytes: u64,
     pub snapshot_chunk_bytes: u64,
     pub max_payload_entries: u64,
+    /// Dial peers over mutual TLS with this (`None`: plaintext).
+    pub tls: Option<cairn_tls::ClientTls>,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -341,7 +343,7 @@ impl RaftHandle {
             identity.clone(),
             growth.clone(),
         )?;
-        let network = Network::new(identity.clone());
+        let network = Network::new(identity.clone(), settings.tls.clone());
         let raft = Raft::new(
             node_id,
             Arc::new(config),

@@ -47,13 +47,16 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::Decode
 pub struct Network {
     identity: Arc<ClusterIdentity>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Dial peers over mutual TLS with this (`None`: plaintext).
+    tls: Option<cairn_tls::ClientTls>,
 }
 
 impl Network {
-    pub fn new(identity: Arc<ClusterIdentity>) -> Network {
+    pub fn new(identity: Arc<ClusterIdentity>, tls: Option<cairn_tls::ClientTls>) -> Network {
         Network {
             identity,
             channels: Arc::new(Mutex::new(HashMap::new())),
+            tls,
         }
     }
 
@@ -69,7 +72,9 @@ impl Network {
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+        // Each (re)connection dials with the TLS configuration current then,
+        // so a reloaded certificate is used from the next connection on.
+        let channel = cairn_tls::lazy_channel(endpoint, self.tls.as_ref());
         channels.insert(peer_address.to_string(), channel.clone());
         Ok(channel)
     }
