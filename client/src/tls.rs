@@ -58,13 +58,19 @@ impl Access {
     pub fn endpoint(&self, address: &str) -> Result<Endpoint, String> {
         let (uri, wants_tls) = cairn_tls::plain_uri(address);
         if wants_tls && self.tls.is_none() {
-            return Err(format!("{address} asks for TLS but no TLS settings were given"));
+            return Err(format!(
+                "{address} asks for TLS but no TLS settings were given"
+            ));
         }
         Endpoint::from_shared(uri).map_err(|e| format!("{address:?} is not an address: {e}"))
     }
 
     /// A channel connected now (bounded by `connect_timeout`).
-    pub async fn connect(&self, address: &str, connect_timeout: Duration) -> Result<Channel, String> {
+    pub async fn connect(
+        &self,
+        address: &str,
+        connect_timeout: Duration,
+    ) -> Result<Channel, String> {
         let endpoint = self.endpoint(address)?.connect_timeout(connect_timeout);
         let connecting = cairn_tls::connect_channel(endpoint, self.tls.as_ref());
         match tokio::time::timeout(connect_timeout, connecting).await {

@@ -63,8 +63,12 @@ pub struct ClusterOptions {
     pub binary: PathBuf,
     pub election_timeout_ms: u64,
     pub snapshot_log_entries: u64,
-    /// Extra `cairn agent` arguments for every node.
+    /// Extra `cairn agent` arguments for every node; `{id}` in one is
+    /// replaced by the node's id (e.g. `--tls-cert-file DIR/node-{id}.pem`).
     pub extra_args: Vec<String>,
+    /// TLS settings of the cluster's own admin calls (status, remove,
+    /// transfer); `None`: plaintext.
+    pub client_tls: Option<cairn_client::TlsOptions>,
     /// Where data dirs go (default: a fresh temporary directory).
     pub root: Option<PathBuf>,
     pub log_level: String,
@@ -84,6 +88,7 @@ impl ClusterOptions {
             election_timeout_ms: 1000,
             snapshot_log_entries: 20_000,
             extra_args: vec![],
+            client_tls: None,
             root: None,
             log_level: "info".into(),
             network: None,
@@ -338,7 +343,12 @@ impl Cluster {
                 &options.snapshot_log_entries.to_string(),
             ])
             .args(["--log-level", &options.log_level])
-            .args(&options.extra_args)
+            .args(
+                options
+                    .extra_args
+                    .iter()
+                    .map(|a| a.replace("{id}", &id.to_string())),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -452,11 +462,21 @@ impl Cluster {
         std::fs::read_to_string(&self.node(id).log_path).unwrap_or_default()
     }
 
+    /// An admin client of `address`, over TLS when the options say so.
+    pub async fn admin(
+        &self,
+        address: &str,
+    ) -> Result<AdminServiceClient<tonic::transport::Channel>, String> {
+        let access = cairn_client::Access::from_options(self.options.client_tls.as_ref())
+            .map_err(|e| e.to_string())?;
+        access.admin(address).await
+    }
+
     /// The admin status of node `id`, if it answers within a second.
     pub async fn status(&self, id: u64) -> Option<StatusResponse> {
-        let address = format!("http://{}", self.node(id).client_address);
+        let address = self.node(id).client_address.clone();
         let fut = async {
-            let mut c = AdminServiceClient::connect(address).await.ok()?;
+            let mut c = self.admin(&address).await.ok()?;
             c.status(StatusRequest {})
                 .await
                 .ok()
@@ -519,11 +539,9 @@ impl Cluster {
         let mut last = String::from("no leader found");
         while Instant::now() < deadline {
             if let Some(leader) = self.leader().await {
-                let address = format!("http://{}", self.node(leader).client_address);
+                let address = self.node(leader).client_address.clone();
                 let call = async {
-                    let mut c = AdminServiceClient::connect(address)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let mut c = self.admin(&address).await?;
                     c.remove_member(RemoveMemberRequest { id })
                         .await
                         .map(|r| r.into_inner())
@@ -545,11 +563,9 @@ impl Cluster {
     /// voter); returns the former leader.
     pub async fn transfer_leader(&self, to: u64, timeout: Duration) -> Result<u64, String> {
         let leader = self.leader().await.ok_or("no leader to transfer from")?;
-        let address = format!("http://{}", self.node(leader).client_address);
+        let address = self.node(leader).client_address.clone();
         let call = async {
-            let mut c = AdminServiceClient::connect(address)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut c = self.admin(&address).await?;
             c.transfer_leader(TransferLeaderRequest { to })
                 .await
                 .map(|_| ())

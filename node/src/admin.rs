@@ -147,11 +147,10 @@ impl Admin {
         self.raft.set_heartbeats(false);
         let result = async {
             tokio::time::sleep(self.election_timeout * 6 / 10 + Duration::from_millis(50)).await;
-            let mut client = self
-                .access
-                .admin(&node.client_address)
-                .await
-                .map_err(|e| ApiError::Unavailable(format!("cannot reach node {target}: {e}")))?;
+            let mut client =
+                self.access.admin(&node.client_address).await.map_err(|e| {
+                    ApiError::Unavailable(format!("cannot reach node {target}: {e}"))
+                })?;
             client
                 .trigger_election(pb::TriggerElectionRequest {})
                 .await

@@ -33,9 +33,9 @@ use tokio::sync::watch;
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::connections::{ActivityLayer, PortLimits};
-use crate::tls::NodeTls;
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
+use crate::tls::NodeTls;
 
 /// Largest client message accepted (a resource is bounded far below this).
 pub const CLIENT_MESSAGE_BYTES_MAX: usize = 32 * 1024 * 1024;

@@ -544,7 +544,10 @@ pub async fn fetch_status(
     endpoint: &str,
     access: &cairn_client::Access,
 ) -> Result<pb::StatusResponse, ApiError> {
-    let mut client = access.admin(endpoint).await.map_err(ApiError::Unavailable)?;
+    let mut client = access
+        .admin(endpoint)
+        .await
+        .map_err(ApiError::Unavailable)?;
     let mut request = tonic::Request::new(pb::StatusRequest {});
     request.set_timeout(Duration::from_secs(3));
     Ok(client.status(request).await?.into_inner())

@@ -328,7 +328,10 @@ impl Config {
     fn validate_tls(&self) -> Result<(), ConfigError> {
         if self.tls_enabled() {
             if self.tls_key_file.is_none() {
-                return Err(invalid("tls_key_file", "`tls_cert_file` needs its key file"));
+                return Err(invalid(
+                    "tls_key_file",
+                    "`tls_cert_file` needs its key file",
+                ));
             }
             if self.tls_ca_file.is_none() {
                 return Err(invalid(

@@ -130,7 +130,10 @@ impl Drop for RequestGuard {
         // The time first: whoever sees the count reach 0 sees it.
         self.0.idle_since_ms.store(elapsed_ms, Ordering::SeqCst);
         let before = self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        assert!(before > 0, "a request was uncounted more often than counted");
+        assert!(
+            before > 0,
+            "a request was uncounted more often than counted"
+        );
     }
 }
 
@@ -294,7 +297,11 @@ async fn handshake(
                     remote,
                     &format!(
                         "did not finish {}the HTTP/2 preface within {} ms (handshake_timeout_ms)",
-                        if with_tls { "the TLS handshake and " } else { "" },
+                        if with_tls {
+                            "the TLS handshake and "
+                        } else {
+                            ""
+                        },
                         limits.handshake_timeout.as_millis()
                     ),
                     false,
@@ -375,7 +382,14 @@ async fn read_preface(io: &mut Io) -> Result<(), String> {
 pub fn describe_garbage(bytes: &[u8]) -> String {
     assert!(!bytes.is_empty(), "garbage is at least one byte");
     const METHODS: [&[u8]; 9] = [
-        b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ",
+        b"GET ",
+        b"POST ",
+        b"PUT ",
+        b"HEAD ",
+        b"DELETE ",
+        b"OPTIONS ",
+        b"PATCH ",
+        b"CONNECT ",
         b"TRACE ",
     ];
     if bytes[0] == 0x16 {
@@ -387,10 +401,7 @@ pub fn describe_garbage(bytes: &[u8]) -> String {
     {
         "sent an HTTP/1 request (this port speaks gRPC over HTTP/2 only)".into()
     } else {
-        format!(
-            "sent {} bytes that are not an HTTP/2 preface",
-            bytes.len()
-        )
+        format!("sent {} bytes that are not an HTTP/2 preface", bytes.len())
     }
 }
 

@@ -133,7 +133,10 @@ pub fn run(args: DevArgs) -> u8 {
             force: false,
         };
         if let Err(e) = crate::tls_init::init(&init) {
-            eprintln!("cairn dev: cannot write certificates in {}: {e}", dir.display());
+            eprintln!(
+                "cairn dev: cannot write certificates in {}: {e}",
+                dir.display()
+            );
             return exit::ERROR;
         }
         let options = cairn_client::TlsOptions {

@@ -78,9 +78,7 @@ pub fn run(command: SnapshotCommand) -> u8 {
         .build()
         .expect("runtime");
     let result = match command {
-        SnapshotCommand::Save { file, endpoints } => {
-            runtime.block_on(save(&file, &endpoints))
-        }
+        SnapshotCommand::Save { file, endpoints } => runtime.block_on(save(&file, &endpoints)),
         SnapshotCommand::Inspect { file } => inspect(&file),
         SnapshotCommand::Restore(args) if args.offline => restore_offline(&args),
         SnapshotCommand::Restore(args) => runtime.block_on(restore_online(&args)),

@@ -188,7 +188,11 @@ pub fn spawn_reloader(
             };
             match tls.reload(only_if_changed) {
                 Ok(true) => tracing::warn!(
-                    cause = if only_if_changed { "files changed" } else { "SIGHUP" },
+                    cause = if only_if_changed {
+                        "files changed"
+                    } else {
+                        "SIGHUP"
+                    },
                     "TLS certificates reloaded; new connections use them"
                 ),
                 Ok(false) => {}

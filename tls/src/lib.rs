@@ -198,15 +198,13 @@ pub fn server_config(files: &ServerFiles) -> Result<ServerConfig, TlsError> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder
-        .with_single_cert(certificates, key)
-        .map_err(|e| {
-            TlsError::Config(format!(
-                "certificate {} and key {} do not make a usable pair: {e}",
-                files.cert_file.display(),
-                files.key_file.display()
-            ))
-        })?;
+    let mut config = builder.with_single_cert(certificates, key).map_err(|e| {
+        TlsError::Config(format!(
+            "certificate {} and key {} do not make a usable pair: {e}",
+            files.cert_file.display(),
+            files.key_file.display()
+        ))
+    })?;
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
     Ok(config)
 }
