@@ -143,6 +143,44 @@ pub struct CommonArgs {
     /// Deadline of each call to the cluster, failovers included.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS options of every `cairn` command that talks to a cluster. Any of
+/// them, or an `https://` endpoint, turns TLS on for every node dialled.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// CA certificate (PEM) that signed the nodes' certificates (default:
+    /// the system's CAs).
+    #[arg(long, env = "CAIRN_CACERT")]
+    pub cacert: Option<std::path::PathBuf>,
+    /// Client certificate (PEM), for nodes that ask for one.
+    #[arg(long, env = "CAIRN_CERT", requires = "key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "CAIRN_KEY", requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
+}
+
+impl TlsArgs {
+    /// The TLS options these flags and `endpoints` ask for, if any.
+    pub fn options(&self, endpoints: &[String]) -> Option<crate::TlsOptions> {
+        let wanted = self.cacert.is_some()
+            || self.cert.is_some()
+            || self.key.is_some()
+            || endpoints.iter().any(|e| e.trim().starts_with("https://"));
+        wanted.then(|| crate::TlsOptions {
+            ca_file: self.cacert.clone(),
+            cert_file: self.cert.clone(),
+            key_file: self.key.clone(),
+        })
+    }
+
+    /// How to reach the nodes (TLS files read now; a bad one is InvalidArgument).
+    pub fn access(&self, endpoints: &[String]) -> Result<crate::Access, ClientError> {
+        crate::Access::from_options(self.options(endpoints).as_ref())
+    }
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -413,6 +451,7 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
         request_timeout: Duration::from_millis(c.timeout_ms),
         connect_timeout: Duration::from_millis(c.timeout_ms.min(1_000)),
         token: c.token.clone().map(BearerToken::new).transpose()?,
+        tls: c.tls.options(&c.endpoints),
         ..ClientOptions::default()
     };
     let client = Client::new(&c.endpoints, options)?;

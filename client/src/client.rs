@@ -78,6 +78,10 @@ pub struct ClientOptions {
     /// Sent as `authorization: Bearer <token>` on every call; required by a
     /// cluster whose config holds grants. `None` sends no credentials.
     pub token: Option<BearerToken>,
+    /// TLS: the CA to trust and an optional client certificate. `None` with
+    /// only `host:port` endpoints: plaintext; `None` with an `https://`
+    /// endpoint: TLS trusting the system's CAs.
+    pub tls: Option<crate::TlsOptions>,
 }
 
 impl Default for ClientOptions {
@@ -92,6 +96,7 @@ impl Default for ClientOptions {
             read_attempt_timeout: Duration::from_secs(3),
             cas_attempts_max: 32,
             token: None,
+            tls: None,
         }
     }
 }
@@ -109,6 +114,8 @@ struct Inner {
     options: ClientOptions,
     /// The interceptor adding `options.token` to every request.
     credentials: Credentials,
+    /// TLS or plaintext, for every endpoint.
+    access: crate::Access,
     routing: Mutex<Routing>,
 }
 
@@ -276,11 +283,19 @@ impl Client {
             }
         }
         let preferred = uris[0].clone();
+        let wants_tls = uris.iter().any(|u| u.starts_with("https://"));
+        let tls = match (&options.tls, wants_tls) {
+            (Some(tls), _) => Some(tls.clone()),
+            (None, true) => Some(crate::TlsOptions::default()),
+            (None, false) => None,
+        };
+        let access = crate::Access::from_options(tls.as_ref())?;
         Ok(Client {
             inner: Arc::new(Inner {
                 endpoints: uris,
                 credentials: Credentials::new(options.token.as_ref()),
                 options,
+                access,
                 routing: Mutex::new(Routing {
                     preferred,
                     channels: HashMap::new(),
@@ -615,8 +630,10 @@ impl Client {
             return Ok(channel.clone());
         }
         let options = &self.inner.options;
-        let endpoint = Endpoint::from_shared(uri.to_string())
-            .map_err(|e| format!("{uri}: {e}"))?
+        let endpoint = self
+            .inner
+            .access
+            .endpoint(uri)?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(options.keep_alive_interval)
@@ -625,7 +642,8 @@ impl Client {
         let limit = deadline
             .saturating_duration_since(Instant::now())
             .min(options.connect_timeout);
-        match tokio::time::timeout(limit, endpoint.connect()).await {
+        let connecting = cairn_tls::connect_channel(endpoint, self.inner.access.tls.as_ref());
+        match tokio::time::timeout(limit, connecting).await {
             Ok(Ok(channel)) => {
                 self.inner
                     .routing

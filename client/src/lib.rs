@@ -55,12 +55,14 @@ pub mod client;
 mod error;
 mod helpers;
 pub mod json;
+pub mod tls;
 pub mod watch_cache;
 
 pub use auth::{AuthenticatedChannel, BearerToken, Credentials};
 pub use client::{watch_resume_revision, Client, ClientOptions, WatchStream};
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;
+pub use tls::{Access, TlsOptions};
 pub use watch_cache::{
     CacheEvent, CacheStats, CacheStatus, ResourceKey, SubscriptionId, WatchCache,
     WatchCacheOptions, WatchSpec,

@@ -99,6 +99,8 @@ pub struct LeaderChannel {
     /// Held while dialling: at most one dial in flight.
     dialing: tokio::sync::Mutex<()>,
     dials: AtomicU64,
+    /// Dial over TLS with this (the node's certificate, the cluster CA).
+    tls: Option<cairn_tls::ClientTls>,
 }
 
 impl LeaderChannel {
@@ -116,7 +118,14 @@ impl LeaderChannel {
             state: Mutex::new(State::default()),
             dialing: tokio::sync::Mutex::new(()),
             dials: AtomicU64::new(0),
+            tls: None,
         }
+    }
+
+    /// Dial the leader over TLS with `tls` (`None`: plaintext).
+    pub fn with_tls(mut self, tls: Option<cairn_tls::ClientTls>) -> LeaderChannel {
+        self.tls = tls;
+        self
     }
 
     /// The target a hint names, if it is usable: a known leader id and peer
@@ -300,7 +309,8 @@ impl LeaderChannel {
             .keep_alive_timeout(self.options.keepalive_timeout)
             .keep_alive_while_idle(true);
         let bound = deadline.min(Instant::now() + self.options.connect_timeout);
-        let result = match tokio::time::timeout_at(bound, endpoint.connect()).await {
+        let connecting = cairn_tls::connect_channel(endpoint, self.tls.as_ref());
+        let result = match tokio::time::timeout_at(bound, connecting).await {
             Ok(Ok(channel)) => Ok(channel),
             Ok(Err(e)) => Err(error_chain(&e)),
             Err(_) => Err(format!(

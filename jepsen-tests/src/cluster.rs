@@ -63,8 +63,12 @@ pub struct ClusterOptions {
     pub binary: PathBuf,
     pub election_timeout_ms: u64,
     pub snapshot_log_entries: u64,
-    /// Extra `cairn agent` arguments for every node.
+    /// Extra `cairn agent` arguments for every node; `{id}` in one is
+    /// replaced by the node's id (e.g. `--tls-cert-file DIR/node-{id}.pem`).
     pub extra_args: Vec<String>,
+    /// TLS settings of the cluster's own admin calls (status, remove,
+    /// transfer); `None`: plaintext.
+    pub client_tls: Option<cairn_client::TlsOptions>,
     /// Where data dirs go (default: a fresh temporary directory).
     pub root: Option<PathBuf>,
     pub log_level: String,
@@ -90,6 +94,7 @@ impl ClusterOptions {
             election_timeout_ms: 1000,
             snapshot_log_entries: 20_000,
             extra_args: vec![],
+            client_tls: None,
             root: None,
             log_level: "info".into(),
             network: None,
@@ -355,7 +360,12 @@ impl Cluster {
                     .iter()
                     .flat_map(|a| ["--metrics-address", a.as_str()]),
             )
-            .args(&options.extra_args)
+            .args(
+                options
+                    .extra_args
+                    .iter()
+                    .map(|a| a.replace("{id}", &id.to_string())),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -469,9 +479,9 @@ impl Cluster {
         std::fs::read_to_string(&self.node(id).log_path).unwrap_or_default()
     }
 
-    /// An admin client of the node at `address` (`host:port`), carrying
-    /// [`ClusterOptions::admin_token`].
-    pub async fn admin_client(
+    /// An admin client of `address`, over TLS when the options say so,
+    /// carrying [`ClusterOptions::admin_token`].
+    pub async fn admin(
         &self,
         address: &str,
     ) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, String> {
@@ -482,22 +492,17 @@ impl Cluster {
             .map(cairn_client::BearerToken::new)
             .transpose()
             .map_err(|e| e.to_string())?;
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        let access = cairn_client::Access::from_options(self.options.client_tls.as_ref())
             .map_err(|e| e.to_string())?
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(AdminServiceClient::with_interceptor(
-            channel,
-            cairn_client::Credentials::new(token.as_ref()),
-        ))
+            .with_token(token.as_ref());
+        access.admin(address).await
     }
 
     /// The admin status of node `id`, if it answers within a second.
     pub async fn status(&self, id: u64) -> Option<StatusResponse> {
         let address = self.node(id).client_address.clone();
         let fut = async {
-            let mut c = self.admin_client(&address).await.ok()?;
+            let mut c = self.admin(&address).await.ok()?;
             c.status(StatusRequest {})
                 .await
                 .ok()
@@ -562,7 +567,7 @@ impl Cluster {
             if let Some(leader) = self.leader().await {
                 let address = self.node(leader).client_address.clone();
                 let call = async {
-                    let mut c = self.admin_client(&address).await?;
+                    let mut c = self.admin(&address).await?;
                     c.remove_member(RemoveMemberRequest { id })
                         .await
                         .map(|r| r.into_inner())
@@ -586,7 +591,7 @@ impl Cluster {
         let leader = self.leader().await.ok_or("no leader to transfer from")?;
         let address = self.node(leader).client_address.clone();
         let call = async {
-            let mut c = self.admin_client(&address).await?;
+            let mut c = self.admin(&address).await?;
             c.transfer_leader(TransferLeaderRequest { to })
                 .await
                 .map(|_| ())

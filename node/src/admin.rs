@@ -16,23 +16,21 @@
 use std::time::Duration;
 
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::admin_service_server::AdminService;
 use cairn_proto::v1::{self as pb};
 use tonic::{Request, Response, Status};
 
 use crate::auth::{AdminOperation, Authenticator};
 use crate::raft::{NodeInfo, RaftHandle};
-use cairn_client::BearerToken;
 
 pub struct Admin {
     pub raft: RaftHandle,
     pub election_timeout: Duration,
     pub restorer: std::sync::Arc<crate::restore::Restorer>,
     pub auth: std::sync::Arc<Authenticator>,
-    /// This node's own token, presented when it asks another node to
-    /// campaign (leader transfer).
-    pub node_token: Option<BearerToken>,
+    /// How this node reaches other nodes' client ports (TLS or plaintext),
+    /// presenting this node's own token (to ask another node to campaign).
+    pub access: cairn_client::Access,
 }
 
 impl Admin {
@@ -155,9 +153,10 @@ impl Admin {
         self.raft.set_heartbeats(false);
         let result = async {
             tokio::time::sleep(self.election_timeout * 6 / 10 + Duration::from_millis(50)).await;
-            let mut client = admin_client(&node.client_address, self.node_token.as_ref())
-                .await
-                .map_err(|e| ApiError::Unavailable(format!("cannot reach node {target}: {e}")))?;
+            let mut client =
+                self.access.admin(&node.client_address).await.map_err(|e| {
+                    ApiError::Unavailable(format!("cannot reach node {target}: {e}"))
+                })?;
             client
                 .trigger_election(pb::TriggerElectionRequest {})
                 .await
@@ -365,19 +364,4 @@ impl AdminService for Admin {
         self.raft.trigger_election().await?;
         Ok(Response::new(pb::TriggerElectionResponse {}))
     }
-}
-
-/// An AdminService client of the node at `address` (`host:port`), sending
-/// `token` with every call.
-pub async fn admin_client(
-    address: &str,
-    token: Option<&BearerToken>,
-) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, tonic::transport::Error> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
-        .connect()
-        .await?;
-    Ok(AdminServiceClient::with_interceptor(
-        channel,
-        cairn_client::Credentials::new(token),
-    ))
 }

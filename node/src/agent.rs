@@ -8,7 +8,11 @@
 //! - the bootstrap or join task (once, at start);
 //! - the health task: flips the gRPC health status to SERVING once a leader is
 //!   known and this node has applied everything committed when it started;
-//! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop.
+//! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop;
+//! - the TLS reload task (`tls::spawn_reloader`): SIGHUP or changed files →
+//!   new certificates for new connections;
+//! - per port, the accept loop and one handshake task per new connection
+//!   (`connections`), handing connections to the gRPC server.
 //!
 //! Channels: the servers reach Raft only through `RaftHandle`; watch streams
 //! read from the fsm's bounded per-watch buffers.
@@ -28,8 +32,10 @@ use tokio::sync::watch;
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::connections::{ActivityLayer, PortLimits};
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
+use crate::tls::NodeTls;
 
 pub fn limits(config: &Config) -> cairn_fsm::Limits {
     cairn_fsm::Limits {
@@ -50,11 +56,11 @@ pub struct Agent {
     pub raft: RaftHandle,
     restorer: Arc<crate::restore::Restorer>,
     auth: Arc<crate::auth::Authenticator>,
-    node_token: Option<cairn_client::BearerToken>,
     /// Aborts restores whose driver is gone; stopped with the agent.
     orphan_check: tokio::task::JoinHandle<()>,
     stop: watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<()>>,
+    access: cairn_client::Access,
     _lock: cairn_raft_log::DirLock,
 }
 
@@ -74,9 +80,18 @@ impl Agent {
         let auth = Arc::new(crate::auth::Authenticator::from_config(&config.auth)?);
         let node_token = crate::auth::load_node_token(&config.auth)?;
         log_auth_mode(&auth, node_token.as_ref());
+        let (client_limits, peer_limits) = port_limits(&config);
+        let tls = NodeTls::load(&config).context("TLS")?;
+        // How this node calls other nodes' client ports: over TLS when it
+        // serves TLS, presenting its own token when auth is on.
+        let access = cairn_client::Access {
+            tls: tls.as_ref().map(|t| t.outgoing.clone()),
+            credentials: Default::default(),
+        }
+        .with_token(node_token.as_ref());
         let fresh = !crate::raft::holds_node_state(&config.data_dir);
         if fresh && config.join.is_none() {
-            refuse_if_already_a_member(&config, node_token.as_ref()).await?;
+            refuse_if_already_a_member(&config, &access).await?;
         }
         let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
         let settings = RaftSettings {
@@ -90,6 +105,7 @@ impl Agent {
             log_engine: config.log_engine,
             peer_message_bytes_max: config.peer_message_bytes_max,
             bootstrap_members: config.members.iter().map(|m| m.id).collect(),
+            tls: access.tls.clone(),
         };
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(
@@ -105,6 +121,26 @@ impl Agent {
         let client_listener = bind(&config.client_address).await?;
         let (stop, stopped) = watch::channel(false);
         let mut servers = Vec::new();
+        match &tls {
+            Some(_) => tracing::info!(
+                client = %config.client_address,
+                peer = %config.peer_address,
+                client_certificates = ?config.tls_client_auth,
+                "serving TLS on the client port and mutual TLS on the peer port"
+            ),
+            None => tracing::warn!(
+                client = %config.client_address,
+                peer = %config.peer_address,
+                "serving PLAINTEXT on the client and peer ports: anyone who can reach them \
+                 can read and change the cluster (set tls_cert_file, tls_key_file and tls_ca_file)"
+            ),
+        }
+        servers.push(crate::tls::spawn_reloader(
+            tls.clone(),
+            (config.tls_reload_interval_ms > 0)
+                .then(|| Duration::from_millis(config.tls_reload_interval_ms)),
+            stopped.clone(),
+        )?);
 
         // Forwarding: the client port's forwarder, the peer port's service,
         // and the task feeding leader changes to the cached leader channel.
@@ -114,15 +150,20 @@ impl Agent {
             &config.peer_address,
             request_timeout,
             config.client_message_bytes_max,
+            access.tls.clone(),
         );
 
         // Peer port.
-        let peer_router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .http2_keepalive_interval(Some(Duration::from_secs(5)))
+        let peer_router = server_builder(&config)
             .add_service(raft.rpc_service())
             .add_service(forwarding.service);
-        servers.push(serve(peer_router, peer_listener, stopped.clone(), "peer"));
+        let peer_incoming = crate::connections::incoming(
+            peer_listener,
+            tls.as_ref().map(|t| t.peer_port.clone()),
+            peer_limits,
+            stopped.clone(),
+        );
+        servers.push(serve(peer_router, peer_incoming, stopped.clone(), "peer"));
 
         // Client port.
         let connection_limits =
@@ -164,15 +205,14 @@ impl Agent {
             election_timeout: Duration::from_millis(config.election_timeout_ms),
             restorer: restorer.clone(),
             auth: auth.clone(),
-            node_token: node_token.clone(),
+            access: access.clone(),
         };
         // Every client service counts against `requests_per_connection_max`.
         let limited = crate::limits::RequestLimitLayer::new(
             connection_limits,
             config.client_message_bytes_max,
         );
-        let client_router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        let client_router = server_builder(&config)
             .add_service(
                 limited.wrap(
                     ResourceServiceServer::new(ResourceGrpc(api))
@@ -189,9 +229,15 @@ impl Agent {
             )
             .add_service(limited.wrap(health_service))
             .add_service(limited.wrap(reflection));
+        let client_incoming = crate::connections::incoming(
+            client_listener,
+            tls.as_ref().map(|t| t.client_port.clone()),
+            client_limits,
+            stopped.clone(),
+        );
         servers.push(serve(
             client_router,
-            client_listener,
+            client_incoming,
             stopped.clone(),
             "client",
         ));
@@ -202,9 +248,9 @@ impl Agent {
         };
         if let Some(join) = config.join.clone() {
             let raft = raft.clone();
-            let token = node_token.clone();
+            let access = access.clone();
             tokio::spawn(async move {
-                if let Err(e) = join_cluster(&raft, &join, self_info, token.as_ref()).await {
+                if let Err(e) = join_cluster(&raft, &join, &access, self_info).await {
                     tracing::error!(error = %e, "joining the cluster failed");
                     eprintln!("cairn: joining the cluster through {join} failed: {e}");
                 }
@@ -236,10 +282,10 @@ impl Agent {
             raft,
             restorer,
             auth,
-            node_token,
             orphan_check,
             stop,
             servers,
+            access,
             _lock: lock,
         })
     }
@@ -253,7 +299,7 @@ impl Agent {
                 election_timeout,
                 restorer: self.restorer.clone(),
                 auth: self.auth.clone(),
-                node_token: self.node_token.clone(),
+                access: self.access.clone(),
             };
             match tokio::time::timeout(election_timeout * 5, admin.transfer_leader(0)).await {
                 Ok(Ok(_)) => tracing::info!("handed leadership off before stopping"),
@@ -270,19 +316,74 @@ impl Agent {
     }
 }
 
+/// The limits of the client and peer ports, fitted under the process's
+/// file-descriptor limit (raised to its hard value first).
+fn port_limits(config: &Config) -> (PortLimits, PortLimits) {
+    let (client_max, peer_max) = match crate::connections::raise_fd_limit() {
+        Ok(fd_limit) => {
+            let (client, peer, reserve) = crate::connections::connection_budget(
+                fd_limit,
+                config.client_connections_max,
+                config.peer_connections_max,
+            );
+            if (client, peer) != (config.client_connections_max, config.peer_connections_max) {
+                tracing::warn!(
+                    fd_limit,
+                    reserve,
+                    client_connections_max = client,
+                    peer_connections_max = peer,
+                    "connection limits lowered to fit under the file-descriptor limit"
+                );
+            }
+            (client, peer)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the file-descriptor limit");
+            (config.client_connections_max, config.peer_connections_max)
+        }
+    };
+    let handshake_timeout = Duration::from_millis(config.handshake_timeout_ms);
+    let idle_timeout = (config.connection_idle_timeout_ms > 0)
+        .then(|| Duration::from_millis(config.connection_idle_timeout_ms));
+    (
+        PortLimits {
+            port: "client",
+            connections_max: client_max,
+            handshake_timeout,
+            idle_timeout,
+        },
+        PortLimits {
+            port: "peer",
+            connections_max: peer_max,
+            handshake_timeout,
+            idle_timeout,
+        },
+    )
+}
+
+/// A gRPC server with the node's HTTP/2 settings, counting requests in
+/// flight per connection (for the idle timeout).
+fn server_builder(
+    config: &Config,
+) -> tonic::transport::Server<tower_layer::Stack<ActivityLayer, tower_layer::Identity>> {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_millis(config.keepalive_interval_ms)))
+        .http2_keepalive_timeout(Some(Duration::from_millis(config.keepalive_timeout_ms)))
+        .layer(ActivityLayer)
+}
+
 fn serve(
-    router: tonic::transport::server::Router,
-    listener: tokio::net::TcpListener,
+    router: tonic::transport::server::Router<
+        tower_layer::Stack<ActivityLayer, tower_layer::Identity>,
+    >,
+    incoming: tokio_stream::wrappers::ReceiverStream<
+        Result<crate::connections::Connection, std::io::Error>,
+    >,
     mut stopped: watch::Receiver<bool>,
     name: &'static str,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        // TCP_NODELAY on every accepted socket: the builder's `tcp_nodelay`
-        // only reaches listeners tonic binds itself, and without it each small
-        // answer waits out Nagle's algorithm against the peer's delayed ACK
-        // (about 40 ms per request on loopback).
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
@@ -301,12 +402,12 @@ fn serve(
 /// refused; the operator re-adds it explicitly (remove, then start with --join).
 async fn refuse_if_already_a_member(
     config: &Config,
-    node_token: Option<&cairn_client::BearerToken>,
+    access: &cairn_client::Access,
 ) -> anyhow::Result<()> {
     for member in config.members.iter().filter(|m| m.id != config.node_id) {
         let Ok(Ok(status)) = tokio::time::timeout(
             Duration::from_secs(1),
-            crate::cli::fetch_status(&member.client_address, node_token),
+            crate::cli::fetch_status(&member.client_address, access),
         )
         .await
         else {
@@ -391,11 +492,10 @@ fn log_auth_mode(
     }
 }
 
-/// Calls an admin RPC at `address` with `token`, following NotLeader hints
-/// to the leader.
+/// Calls an admin RPC at `address`, following NotLeader hints to the leader.
 pub async fn at_leader<T, F, Fut>(
     address: &str,
-    token: Option<&cairn_client::BearerToken>,
+    access: &cairn_client::Access,
     mut call: F,
 ) -> Result<T, ApiError>
 where
@@ -405,10 +505,10 @@ where
     let mut target = address.to_string();
     let mut last = ApiError::Unavailable(format!("no answer from {address}"));
     for _ in 0..20 {
-        let client = match crate::admin::admin_client(&target, token).await {
+        let client = match access.admin(&target).await {
             Ok(c) => c,
             Err(e) => {
-                last = ApiError::Unavailable(format!("cannot reach {target}: {e}"));
+                last = ApiError::Unavailable(e);
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 target = address.to_string();
                 continue;
@@ -435,8 +535,8 @@ where
 async fn join_cluster(
     raft: &RaftHandle,
     address: &str,
+    access: &cairn_client::Access,
     me: NodeInfo,
-    token: Option<&cairn_client::BearerToken>,
 ) -> Result<(), ApiError> {
     if raft.is_initialized().await {
         return Ok(()); // already a member: a restart of a joined node
@@ -447,7 +547,7 @@ async fn join_cluster(
     let mut attempt = 0;
     let status = loop {
         attempt += 1;
-        match crate::cli::fetch_status(address).await {
+        match crate::cli::fetch_status(address, access).await {
             Ok(s) if !s.cluster_id.is_empty() => break s,
             Ok(_) if attempt >= 20 => {
                 return Err(ApiError::Unavailable(format!(
@@ -465,7 +565,7 @@ async fn join_cluster(
         )
         .map_err(|e| ApiError::Internal(format!("cannot persist the cluster id: {e}")))?;
     let id = raft.node_id;
-    at_leader(address, token, |mut c| {
+    at_leader(address, access, |mut c| {
         let me = me.clone();
         async move {
             c.add_learner(pb::AddLearnerRequest {
@@ -477,7 +577,7 @@ async fn join_cluster(
         }
     })
     .await?;
-    at_leader(address, token, |mut c| async move {
+    at_leader(address, access, |mut c| async move {
         c.promote(pb::PromoteRequest { id }).await
     })
     .await?;

@@ -403,11 +403,10 @@ pub fn new_token() -> Result<String, String> {
     Ok(format!("cairn-{hex}"))
 }
 
-/// The verified client certificate subject of a request, if any. The client
-/// port of this build serves plaintext, which carries no certificate; with
-/// TLS this is the TLS layer's lookup (the only line to change).
-fn client_subject<T>(_request: &tonic::Request<T>) -> Option<String> {
-    None
+/// The verified client certificate subject of a request, if any (none over
+/// plaintext, or without a client certificate).
+fn client_subject<T>(request: &tonic::Request<T>) -> Option<String> {
+    crate::tls::client_cert_subject(request)
 }
 
 /// The grants of the client port, looked up by token hash or subject.

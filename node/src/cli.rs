@@ -44,6 +44,9 @@ enum Command {
     /// Make and hash bearer tokens for `[[auth.grants]]`.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Development certificates: a CA, one certificate per node, one for a client.
+    #[command(subcommand)]
+    Tls(crate::tls_init::TlsCommand),
     #[command(flatten)]
     Data(cairn_client::cli::DataCommand),
 }
@@ -95,10 +98,41 @@ struct AgentArgs {
     /// cairn_write_stage_seconds on the metrics port.
     #[arg(long)]
     write_stage_timing: bool,
+    /// This node's certificate (PEM); turns TLS on (with --tls-key-file and --tls-ca-file).
+    #[arg(long)]
+    tls_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    tls_key_file: Option<PathBuf>,
+    /// The cluster CA (PEM): peers must present a certificate from it.
+    #[arg(long)]
+    tls_ca_file: Option<PathBuf>,
+    /// CA of client certificates on the client port (default: --tls-ca-file).
+    #[arg(long)]
+    tls_client_ca_file: Option<PathBuf>,
+    /// Client certificates on the client port: none, optional or required.
+    #[arg(long, value_enum)]
+    tls_client_auth: Option<ClientAuthArg>,
+    #[arg(long)]
+    tls_reload_interval_ms: Option<u64>,
+    #[arg(long)]
+    handshake_timeout_ms: Option<u64>,
+    #[arg(long)]
+    client_connections_max: Option<usize>,
+    #[arg(long)]
+    peer_connections_max: Option<usize>,
+    #[arg(long)]
+    connection_idle_timeout_ms: Option<u64>,
     /// DANGEROUS, test-only: serve strong reads and lists locally without
     /// confirming leadership (stale reads). Used to prove the jepsen suite can fail.
     #[arg(long)]
     unsafe_local_strong_reads: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ClientAuthArg {
+    None,
+    Optional,
+    Required,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -120,19 +154,28 @@ pub struct Endpoints {
     /// Bearer token with the admin role, for a cluster that requires one.
     #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: cairn_client::cli::TlsArgs,
 }
 
 impl Endpoints {
-    /// The `--token` given, checked.
-    pub fn token(&self) -> Result<Option<cairn_client::BearerToken>, ApiError> {
-        self.token
+    /// How to reach the nodes: TLS per the flags (or an `https://` endpoint),
+    /// else plaintext; presenting `--token`, if given.
+    pub fn access(&self) -> Result<cairn_client::Access, ApiError> {
+        let token = self
+            .token
             .clone()
             .map(|t| {
                 cairn_client::BearerToken::new(t).map_err(|_| {
                     ApiError::invalid("token", "must be printable ASCII without spaces")
                 })
             })
-            .transpose()
+            .transpose()?;
+        let access = self
+            .tls
+            .access(&self.endpoints)
+            .map_err(|e| ApiError::invalid("tls", e.to_string()))?;
+        Ok(access.with_token(token.as_ref()))
     }
 }
 
@@ -244,10 +287,15 @@ pub fn main() -> ExitCode {
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
         Command::Token(t) => token(t),
         Command::Bench(args) => crate::bench::run(args),
+        Command::Tls(t) => crate::tls_init::run(t),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;
-            report(&t.endpoints, |address, token| async move {
-                at_leader(&address, token.as_ref(), |mut c| async move {
+            let access = match t.endpoints.access() {
+                Ok(a) => a,
+                Err(e) => return usage_error(&e),
+            };
+            report(first_endpoint(&t.endpoints), |address| async move {
+                at_leader(&address, &access, |mut c| async move {
                     c.transfer_leader(pb::TransferLeaderRequest { to }).await
                 })
                 .await
@@ -256,6 +304,11 @@ pub fn main() -> ExitCode {
         }),
     };
     ExitCode::from(code)
+}
+
+fn usage_error(e: &ApiError) -> u8 {
+    eprintln!("cairn: {e}");
+    exit_code_of(e)
 }
 
 fn first_endpoint(e: &Endpoints) -> String {
@@ -305,19 +358,12 @@ fn token(command: TokenCommand) -> u8 {
     }
 }
 
-async fn report<F, Fut>(endpoints: &Endpoints, f: F) -> u8
+async fn report<F, Fut>(address: String, f: F) -> u8
 where
-    F: FnOnce(String, Option<cairn_client::BearerToken>) -> Fut,
+    F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<pb::MembershipResponse>, ApiError>>,
 {
-    let token = match endpoints.token() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("cairn: {e}");
-            return exit_code_of(&e);
-        }
-    };
-    match f(first_endpoint(endpoints), token).await {
+    match f(address).await {
         Ok(r) => {
             let r = r.into_inner();
             if let Some(s) = r.status {
@@ -393,6 +439,44 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     }
     if a.write_stage_timing {
         put("write_stage_timing", true.into())
+    }
+    for (key, path) in [
+        ("tls_cert_file", &a.tls_cert_file),
+        ("tls_key_file", &a.tls_key_file),
+        ("tls_ca_file", &a.tls_ca_file),
+        ("tls_client_ca_file", &a.tls_client_ca_file),
+    ] {
+        if let Some(v) = path {
+            put(key, v.display().to_string().into())
+        }
+    }
+    if let Some(v) = a.tls_client_auth {
+        put(
+            "tls_client_auth",
+            match v {
+                ClientAuthArg::None => "none",
+                ClientAuthArg::Optional => "optional",
+                ClientAuthArg::Required => "required",
+            }
+            .into(),
+        )
+    }
+    for (key, value) in [
+        ("tls_reload_interval_ms", a.tls_reload_interval_ms),
+        ("handshake_timeout_ms", a.handshake_timeout_ms),
+        ("connection_idle_timeout_ms", a.connection_idle_timeout_ms),
+    ] {
+        if let Some(v) = value {
+            put(key, v.into())
+        }
+    }
+    for (key, value) in [
+        ("client_connections_max", a.client_connections_max),
+        ("peer_connections_max", a.peer_connections_max),
+    ] {
+        if let Some(v) = value {
+            put(key, v.into())
+        }
     }
     if a.unsafe_local_strong_reads {
         put("unsafe_local_strong_reads", true.into())
@@ -500,20 +584,17 @@ fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
 /// Asks each endpoint in turn; the first answer wins, and the leader's view
 /// (with replication progress) is preferred when it is reachable.
 async fn status(args: StatusArgs) -> u8 {
-    let token = match args.endpoints.token() {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("cairn: {e}");
-            return exit_code_of(&e);
-        }
+    let access = match args.endpoints.access() {
+        Ok(a) => a,
+        Err(e) => return usage_error(&e),
     };
     let mut last_error = None;
     for endpoint in &args.endpoints.endpoints {
-        match fetch_status(endpoint, token.as_ref()).await {
+        match fetch_status(endpoint, &access).await {
             Ok(mut s) => {
                 if s.leader_id != 0 && s.leader_id != s.node_id {
                     if let Some(leader) = s.members.iter().find(|m| m.id == s.leader_id) {
-                        if let Ok(ls) = fetch_status(&leader.client_address, token.as_ref()).await {
+                        if let Ok(ls) = fetch_status(&leader.client_address, &access).await {
                             s = ls;
                         }
                     }
@@ -542,17 +623,28 @@ async fn status(args: StatusArgs) -> u8 {
 
 pub async fn fetch_status(
     endpoint: &str,
-    token: Option<&cairn_client::BearerToken>,
+    access: &cairn_client::Access,
 ) -> Result<pb::StatusResponse, ApiError> {
-    let mut client = crate::admin::admin_client(endpoint, token)
+    let mut client = access
+        .admin(endpoint)
         .await
-        .map_err(|e| ApiError::Unavailable(format!("cannot reach {endpoint}: {e}")))?;
+        .map_err(ApiError::Unavailable)?;
     let mut request = tonic::Request::new(pb::StatusRequest {});
     request.set_timeout(Duration::from_secs(3));
     Ok(client.status(request).await?.into_inner())
 }
 
 async fn member(m: MemberCommand) -> u8 {
+    let endpoints = match &m {
+        MemberCommand::AddLearner { endpoints, .. }
+        | MemberCommand::Promote { endpoints, .. }
+        | MemberCommand::Remove { endpoints, .. } => endpoints,
+    };
+    let access = match endpoints.access() {
+        Ok(a) => a,
+        Err(e) => return usage_error(&e),
+    };
+    let access = &access;
     match m {
         MemberCommand::AddLearner {
             id,
@@ -560,8 +652,8 @@ async fn member(m: MemberCommand) -> u8 {
             client_address,
             endpoints,
         } => {
-            report(&endpoints, |address, token| async move {
-                at_leader(&address, token.as_ref(), |mut c| {
+            report(first_endpoint(&endpoints), |address| async move {
+                at_leader(&address, access, |mut c| {
                     let request = pb::AddLearnerRequest {
                         id,
                         peer_address: peer_address.clone(),
@@ -574,8 +666,8 @@ async fn member(m: MemberCommand) -> u8 {
             .await
         }
         MemberCommand::Promote { id, endpoints } => {
-            report(&endpoints, |address, token| async move {
-                at_leader(&address, token.as_ref(), |mut c| async move {
+            report(first_endpoint(&endpoints), |address| async move {
+                at_leader(&address, access, |mut c| async move {
                     c.promote(pb::PromoteRequest { id }).await
                 })
                 .await
@@ -583,8 +675,8 @@ async fn member(m: MemberCommand) -> u8 {
             .await
         }
         MemberCommand::Remove { id, endpoints } => {
-            report(&endpoints, |address, token| async move {
-                at_leader(&address, token.as_ref(), |mut c| async move {
+            report(first_endpoint(&endpoints), |address| async move {
+                at_leader(&address, access, |mut c| async move {
                     c.remove_member(pb::RemoveMemberRequest { id }).await
                 })
                 .await

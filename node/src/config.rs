@@ -74,6 +74,26 @@ pub struct ScopeConfig {
     pub tenancies: Vec<String>,
 }
 
+/// Client certificates on the client port (`tls_client_auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuthMode {
+    None,
+    #[default]
+    Optional,
+    Required,
+}
+
+impl From<ClientAuthMode> for cairn_tls::ClientAuth {
+    fn from(mode: ClientAuthMode) -> cairn_tls::ClientAuth {
+        match mode {
+            ClientAuthMode::None => cairn_tls::ClientAuth::None,
+            ClientAuthMode::Optional => cairn_tls::ClientAuth::Optional,
+            ClientAuthMode::Required => cairn_tls::ClientAuth::Required,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -154,6 +174,42 @@ pub struct Config {
     /// grant, every caller may do everything, and the node says so at start.
     #[serde(default)]
     pub auth: AuthConfig,
+    /// This node's certificate (PEM, leaf first) for both ports and for the
+    /// connections it opens to peers. TLS is on when it is set; then
+    /// `tls_key_file` and `tls_ca_file` are required too.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key of `tls_cert_file` (PEM).
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// The cluster's CA (PEM): peers must present a certificate from it on
+    /// the peer port (mutual TLS), and this node trusts it for the peers and
+    /// client ports it dials.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// CA of client certificates on the client port (default: `tls_ca_file`).
+    #[serde(default)]
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// Client certificates on the client port: `none`, `optional` (a
+    /// certificate, if presented, must verify; its subject names the caller)
+    /// or `required`.
+    pub tls_client_auth: ClientAuthMode,
+    /// How often the certificate files are checked for changes (they are
+    /// also reloaded on SIGHUP); 0 = only on SIGHUP.
+    pub tls_reload_interval_ms: u64,
+    /// A new connection must finish its TLS handshake and send the HTTP/2
+    /// preface within this time, or it is closed (plaintext ports too).
+    pub handshake_timeout_ms: u64,
+    /// Open connections on the client port; more are closed at once.
+    pub client_connections_max: usize,
+    /// Open connections on the peer port; more are closed at once.
+    pub peer_connections_max: usize,
+    /// A connection with no request in flight for this long is closed; 0 = never.
+    pub connection_idle_timeout_ms: u64,
+    /// HTTP/2 keepalive: ping every connection this often...
+    pub keepalive_interval_ms: u64,
+    /// ... and close it when a ping is not answered within this time.
+    pub keepalive_timeout_ms: u64,
     /// DANGEROUS, for testing the test suite only: serve strong reads and
     /// strong lists from the local state without `ensure_linearizable`, so a
     /// follower or a deposed leader answers them with stale data. The jepsen
@@ -199,6 +255,18 @@ impl Default for Config {
             write_stage_timing: false,
             log_engine: cairn_raft_log::LogEngineKind::Wal,
             auth: AuthConfig::default(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_ca_file: None,
+            tls_client_ca_file: None,
+            tls_client_auth: ClientAuthMode::Optional,
+            tls_reload_interval_ms: 5_000,
+            handshake_timeout_ms: 10_000,
+            client_connections_max: 2_048,
+            peer_connections_max: 256,
+            connection_idle_timeout_ms: 300_000,
+            keepalive_interval_ms: 10_000,
+            keepalive_timeout_ms: 10_000,
             unsafe_local_strong_reads: false,
         }
     }
@@ -354,6 +422,65 @@ impl Config {
             check_address("metrics_address", a)?;
         }
         crate::auth::Authenticator::from_config(&self.auth)?;
+        self.validate_tls()?;
+        self.validate_connections()
+    }
+
+    /// TLS is on exactly when `tls_cert_file` is set; then its key and the
+    /// cluster CA are required (the peer port is always mutual TLS).
+    pub fn tls_enabled(&self) -> bool {
+        self.tls_cert_file.is_some()
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        if self.tls_enabled() {
+            if self.tls_key_file.is_none() {
+                return Err(invalid(
+                    "tls_key_file",
+                    "`tls_cert_file` needs its key file",
+                ));
+            }
+            if self.tls_ca_file.is_none() {
+                return Err(invalid(
+                    "tls_ca_file",
+                    "TLS needs the cluster CA: peers authenticate each other with it",
+                ));
+            }
+        } else {
+            for (field, set) in [
+                ("tls_key_file", self.tls_key_file.is_some()),
+                ("tls_ca_file", self.tls_ca_file.is_some()),
+                ("tls_client_ca_file", self.tls_client_ca_file.is_some()),
+            ] {
+                if set {
+                    return Err(invalid(field, "is set but `tls_cert_file` is not"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_connections(&self) -> Result<(), ConfigError> {
+        if !(100..=600_000).contains(&self.handshake_timeout_ms) {
+            return Err(invalid(
+                "handshake_timeout_ms",
+                "must be between 100 and 600000",
+            ));
+        }
+        for (field, value) in [
+            ("client_connections_max", self.client_connections_max),
+            ("peer_connections_max", self.peer_connections_max),
+        ] {
+            if !(1..=1_000_000).contains(&value) {
+                return Err(invalid(field, "must be between 1 and 1000000"));
+            }
+        }
+        if self.keepalive_interval_ms < 100 || self.keepalive_timeout_ms < 100 {
+            return Err(invalid(
+                "keepalive_interval_ms",
+                "keepalive_interval_ms and keepalive_timeout_ms must be at least 100",
+            ));
+        }
         Ok(())
     }
 }

@@ -29,6 +29,10 @@ pub struct DevArgs {
     /// Log level passed to every node (their logs go to DATA_DIR/node-N.log).
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Serve TLS (mutual TLS between nodes), with development certificates
+    /// written by `cairn tls init DATA_DIR/tls` (kept across runs).
+    #[arg(long)]
+    tls: bool,
 }
 
 struct Node {
@@ -70,13 +74,31 @@ fn prepare_dir(args: &DevArgs, nodes: &[Node]) -> std::io::Result<()> {
     std::fs::write(&marker, &wanted)
 }
 
+fn tls_dir(args: &DevArgs) -> PathBuf {
+    args.data_dir.join("tls")
+}
+
 fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Result<Child> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(args.data_dir.join(format!("node-{}.log", node.id)))?;
-    Command::new(exe)
-        .arg("agent")
+    let mut command = Command::new(exe);
+    if args.tls {
+        let dir = tls_dir(args);
+        let id = u64::from(node.id);
+        command
+            .arg("agent")
+            .arg("--tls-cert-file")
+            .arg(crate::tls_init::node_cert_file(&dir, id))
+            .arg("--tls-key-file")
+            .arg(crate::tls_init::node_key_file(&dir, id))
+            .arg("--tls-ca-file")
+            .arg(crate::tls_init::ca_file(&dir));
+    } else {
+        command.arg("agent");
+    }
+    command
         .args(["--node-id", &node.id.to_string()])
         .arg("--data-dir")
         .arg(args.data_dir.join(format!("node-{}", node.id)))
@@ -101,6 +123,37 @@ pub fn run(args: DevArgs) -> u8 {
         eprintln!("cairn dev: cannot prepare {}: {e}", args.data_dir.display());
         return exit::ERROR;
     }
+    let access = if args.tls {
+        let dir = tls_dir(&args);
+        let init = crate::tls_init::InitArgs {
+            dir: dir.clone(),
+            nodes: args.nodes,
+            hosts: vec![],
+            client_name: "cairn-dev-client".into(),
+            force: false,
+        };
+        if let Err(e) = crate::tls_init::init(&init) {
+            eprintln!(
+                "cairn dev: cannot write certificates in {}: {e}",
+                dir.display()
+            );
+            return exit::ERROR;
+        }
+        let options = cairn_client::TlsOptions {
+            ca_file: Some(crate::tls_init::ca_file(&dir)),
+            cert_file: Some(crate::tls_init::client_cert_file(&dir)),
+            key_file: Some(crate::tls_init::client_key_file(&dir)),
+        };
+        match cairn_client::Access::from_options(Some(&options)) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("cairn dev: {e}");
+                return exit::ERROR;
+            }
+        }
+    } else {
+        cairn_client::Access::plaintext()
+    };
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
@@ -133,7 +186,7 @@ pub fn run(args: DevArgs) -> u8 {
     let leader = runtime.block_on(async {
         while started.elapsed() < Duration::from_secs(30) {
             for e in &endpoints {
-                if let Ok(s) = crate::cli::fetch_status(e, None).await {
+                if let Ok(s) = crate::cli::fetch_status(e, &access).await {
                     if s.leader_id != 0 {
                         return Some(s);
                     }
@@ -151,9 +204,19 @@ pub fn run(args: DevArgs) -> u8 {
         stop_all(&mut children);
         return exit::ERROR;
     };
-    let list = endpoints.join(",");
+    let scheme = if args.tls { "https://" } else { "" };
+    let list = endpoints
+        .iter()
+        .map(|e| format!("{scheme}{e}"))
+        .collect::<Vec<_>>()
+        .join(",");
     println!(
-        "Cairn dev cluster: {} nodes, leader is node {} (term {}).",
+        "Cairn dev cluster{}: {} nodes, leader is node {} (term {}).",
+        if args.tls {
+            " (TLS; mutual TLS between nodes)"
+        } else {
+            ""
+        },
         nodes.len(),
         status.leader_id,
         status.term
@@ -170,6 +233,15 @@ pub fn run(args: DevArgs) -> u8 {
     }
     println!("\nTry, in another terminal:");
     println!("  export CAIRN_ENDPOINTS={list}");
+    if args.tls {
+        let dir = tls_dir(&args);
+        println!(
+            "  export CAIRN_CACERT={} CAIRN_CERT={} CAIRN_KEY={}",
+            crate::tls_init::ca_file(&dir).display(),
+            crate::tls_init::client_cert_file(&dir).display(),
+            crate::tls_init::client_key_file(&dir).display()
+        );
+    }
     println!("  cairn status");
     println!("  cairn write --type demo.v1.Thing --name hello --data-json '{{\"hi\": 1}}'");
     println!("  cairn watch --type demo.v1.Thing");

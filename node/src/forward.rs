@@ -84,22 +84,27 @@ impl tonic::service::Interceptor for PeerCheck {
 /// Builds the forwarding pieces of a node and spawns its leader watcher.
 /// `request_timeout` bounds every forwarded request served here;
 /// `message_bytes_max` every forwarded message, sent or received.
+/// `tls`: dial the leader's peer port over mutual TLS with it.
 pub fn start(
     raft: &RaftHandle,
     peer_address: &str,
     request_timeout: Duration,
     message_bytes_max: usize,
+    tls: Option<cairn_tls::ClientTls>,
 ) -> Forwarding {
     cairn_forwarding::metrics::describe();
     let handle = Arc::new(NodeHandle::new(raft.clone()));
-    let channel = Arc::new(LeaderChannel::new(
-        raft.node_id,
-        peer_address,
-        LeaderChannelOptions {
-            message_bytes_max,
-            ..LeaderChannelOptions::default()
-        },
-    ));
+    let channel = Arc::new(
+        LeaderChannel::new(
+            raft.node_id,
+            peer_address,
+            LeaderChannelOptions {
+                message_bytes_max,
+                ..LeaderChannelOptions::default()
+            },
+        )
+        .with_tls(tls),
+    );
     tokio::spawn(watch_leader(raft.clone(), channel.clone()));
     let gate = raft.gate.clone();
     let node_id = raft.node_id;

@@ -9,7 +9,9 @@
 //! ## Tasks and channels
 //! See [`agent`]: the Raft core and its log/state-machine tasks; the peer server
 //! (Raft RPCs, forwarding); the client server (resources, admin, health,
-//! reflection); the health task; the signal task. Servers reach Raft only
+//! reflection); the health task; the signal task; the TLS reload task. Both
+//! servers take their connections from [`connections`] (limits, handshake
+//! deadline, idle timeout) and, with TLS on, from [`tls`]'s configurations. Servers reach Raft only
 //! through [`raft::RaftHandle`]; watch streams drain the fsm's bounded buffers.
 //!
 //! ## Invariants
@@ -42,6 +44,7 @@ pub mod auth;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod dev;
 pub mod forward;
 pub mod limits;
@@ -50,3 +53,5 @@ pub mod restore;
 pub mod service;
 pub mod snapshot_cmd;
 pub mod snapshot_file;
+pub mod tls;
+pub mod tls_init;

@@ -188,8 +188,8 @@ impl ConnectionLimits {
 pub fn connection_of<B>(request: &http::Request<B>) -> Option<SocketAddr> {
     request
         .extensions()
-        .get::<tonic::transport::server::TcpConnectInfo>()
-        .and_then(|info| info.remote_addr())
+        .get::<crate::connections::ConnectionInfo>()
+        .map(|info| info.remote_address)
 }
 
 /// Applies `requests_per_connection_max` to every call of a server, and

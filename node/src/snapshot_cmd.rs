@@ -18,7 +18,6 @@ use crate::raft::NodeInfo;
 use crate::snapshot_file::{
     self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
 };
-use cairn_client::BearerToken;
 
 #[derive(Subcommand)]
 pub enum SnapshotCommand {
@@ -127,11 +126,11 @@ fn io_error(path: &Path, source: std::io::Error) -> CommandError {
 /// The leader's client address, asking the endpoints in turn.
 async fn leader_address(
     endpoints: &[String],
-    token: Option<&BearerToken>,
+    access: &cairn_client::Access,
 ) -> Result<String, ApiError> {
     let mut last = ApiError::invalid("endpoints", "no endpoint given");
     for endpoint in endpoints {
-        match crate::cli::fetch_status(endpoint, token).await {
+        match crate::cli::fetch_status(endpoint, access).await {
             Ok(s) if s.leader_id == s.node_id => return Ok(endpoint.clone()),
             Ok(s) => match s.members.iter().find(|m| m.id == s.leader_id) {
                 Some(leader) => return Ok(leader.client_address.clone()),
@@ -148,18 +147,19 @@ async fn leader_address(
 
 async fn admin(
     address: &str,
-    token: Option<&BearerToken>,
+    access: &cairn_client::Access,
 ) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, ApiError> {
-    Ok(crate::admin::admin_client(address, token)
+    Ok(access
+        .admin(address)
         .await
-        .map_err(|e| ApiError::Unavailable(format!("cannot reach {address}: {e}")))?
+        .map_err(ApiError::Unavailable)?
         .max_decoding_message_size(8 * 1024 * 1024))
 }
 
 async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
-    let token = endpoints.token()?;
-    let leader = leader_address(&endpoints.endpoints, token.as_ref()).await?;
-    let mut stream = admin(&leader, token.as_ref())
+    let access = endpoints.access()?;
+    let leader = leader_address(&endpoints.endpoints, &access).await?;
+    let mut stream = admin(&leader, &access)
         .await?
         .save_snapshot(pb::SaveSnapshotRequest {})
         .await
@@ -293,8 +293,8 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
     let header = snapshot_file::verify(file, |_| {});
     check.finish_and_clear();
     let header = header?;
-    let token = args.endpoints.token()?;
-    let leader = leader_address(&args.endpoints.endpoints, token.as_ref()).await?;
+    let access = args.endpoints.access()?;
+    let leader = leader_address(&args.endpoints.endpoints, &access).await?;
     let progress = bar(Some(size), &format!("uploading to {leader}"));
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
     let path = file.clone();
@@ -320,7 +320,7 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
             }
         }
     });
-    let response = admin(&leader, token.as_ref())
+    let response = admin(&leader, &access)
         .await?
         .restore_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await

@@ -181,13 +181,11 @@ impl ApiError {
             | ApiError::Inconsistent(m)
             | ApiError::Unavailable(m)
             | ApiError::WatchClosed(m)
-            | ApiError::Internal(m) => m.clone(),
-            ApiError::InvalidArgument { reason, .. }
-            | ApiError::ResourceExhausted { reason, .. } => reason.clone(),
             | ApiError::Internal(m)
             | ApiError::Unauthenticated(m)
             | ApiError::PermissionDenied(m) => m.clone(),
-            ApiError::InvalidArgument { reason, .. } => reason.clone(),
+            ApiError::InvalidArgument { reason, .. }
+            | ApiError::ResourceExhausted { reason, .. } => reason.clone(),
             _ => String::new(),
         }
     }

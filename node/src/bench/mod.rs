@@ -437,7 +437,8 @@ pub(crate) struct ClusterView {
 async fn discover(endpoints: &[String]) -> Result<ClusterView, BenchError> {
     let mut statuses = Vec::new();
     for endpoint in endpoints {
-        if let Ok(s) = crate::cli::fetch_status(endpoint, None).await {
+        if let Ok(s) = crate::cli::fetch_status(endpoint, &cairn_client::Access::plaintext()).await
+        {
             statuses.push((endpoint.clone(), s));
         }
     }

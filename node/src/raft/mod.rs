@@ -215,6 +215,8 @@ pub struct RaftSettings {
     /// The nodes this node may hear from before it holds a membership (the
     /// bootstrap member list; a joining node learns them from the cluster).
     pub bootstrap_members: BTreeSet<NodeId>,
+    /// Dial peers over mutual TLS with this (`None`: plaintext).
+    pub tls: Option<cairn_tls::ClientTls>,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -406,7 +408,12 @@ impl RaftHandle {
             growth.clone(),
         )?;
         state_machine.set_write_stages(stages.clone());
-        let mut network = Network::new(identity.clone(), node_id, settings.peer_message_bytes_max);
+        let mut network = Network::new(
+            identity.clone(),
+            node_id,
+            settings.peer_message_bytes_max,
+            settings.tls.clone(),
+        );
         network.set_write_stages(stages.clone());
         let raft = Raft::new(
             node_id,

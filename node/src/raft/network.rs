@@ -59,6 +59,8 @@ pub struct Network {
     /// The write-stage clock: a follower's acknowledgement of entries is
     /// their `replicated` time.
     stages: Arc<WriteStages>,
+    /// Dial peers over mutual TLS with this (`None`: plaintext).
+    tls: Option<cairn_tls::ClientTls>,
 }
 
 impl Network {
@@ -66,6 +68,7 @@ impl Network {
         identity: Arc<ClusterIdentity>,
         node_id: NodeId,
         message_bytes_max: usize,
+        tls: Option<cairn_tls::ClientTls>,
     ) -> Network {
         Network {
             identity,
@@ -73,6 +76,7 @@ impl Network {
             message_bytes_max,
             channels: Arc::new(Mutex::new(HashMap::new())),
             stages: Arc::new(WriteStages::new(false)),
+            tls,
         }
     }
 
@@ -93,7 +97,9 @@ impl Network {
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+        // Each (re)connection dials with the TLS configuration current then,
+        // so a reloaded certificate is used from the next connection on.
+        let channel = cairn_tls::lazy_channel(endpoint, self.tls.as_ref());
         channels.insert(peer_address.to_string(), channel.clone());
         Ok(channel)
     }

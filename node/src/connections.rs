@@ -1,0 +1,739 @@
+//! The connection layer of the client and peer ports: what a connection must
+//! do before tonic (and so any handler, openraft or the fsm) sees it.
+//!
+//! - **A count per port** (`client_connections_max`, `peer_connections_max`):
+//!   a connection over it is accepted and closed at once (never left in the
+//!   kernel's backlog, where it would hang its client). The counts are kept
+//!   well under the process's file-descriptor limit, whose soft value is
+//!   raised to the hard one at start ([`raise_fd_limit`], as Go's runtime
+//!   does), with a reserve ([`connection_budget`]) for the Raft log,
+//!   snapshots and the connections this node opens: running out of
+//!   descriptors never reaches the log store.
+//! - **Accept errors**: EMFILE/ENFILE/ENOBUFS/ENOMEM make the accept loop
+//!   back off and retry; no accept error ends it.
+//! - **A handshake deadline** (`handshake_timeout_ms`): a new connection
+//!   must finish its TLS handshake (TLS ports) and send the 24-byte HTTP/2
+//!   client preface within it. Random bytes, an HTTP/1 request or a TLS
+//!   handshake on a plaintext port are refused at their first wrong byte; a
+//!   truncated preface or a client sending 1 byte/s meets the deadline.
+//! - **An idle timeout** (`connection_idle_timeout_ms`): a connection with no
+//!   request in flight for that long is closed. Idle means "no request", not
+//!   "no bytes": pings and a request's headers trickled 1 byte/s do not keep
+//!   a connection open. In-flight requests are counted by [`ActivityLayer`]
+//!   (a request stays in flight until its response body ends, so an open
+//!   watch keeps its connection).
+//! - **One log line per offending connection** (refused, garbage, deadline,
+//!   idle), at most [`LOG_LINES_PER_SECOND`] a second per port; the rest are
+//!   counted and reported once a second as `suppressed=N`.
+//!
+//! The verified client certificate's subject (TLS ports) travels with each
+//! request in [`ConnectionInfo`] (see `crate::tls::client_cert_subject`).
+//!
+//! Tasks: per port, one accept loop; per new connection, one handshake task
+//! that ends when the connection is handed to tonic (through a bounded
+//! channel) or closed.
+//!
+//! ## Invariants
+//! - At most `connections_max` connections of a port are open past the
+//!   accept call: each holds a semaphore permit from before its handshake
+//!   until tonic drops it.
+//! - A request in flight is counted exactly once, and uncounted exactly once
+//!   (asserted: the count never goes below zero).
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use cairn_tls::rustls::ServerConfig;
+use cairn_tls::Reloadable;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Per port, at most this many offending connections are logged one by one
+/// each second; the rest are counted in one line.
+pub const LOG_LINES_PER_SECOND: u32 = 200;
+
+/// Pause of the accept loop after the process ran out of descriptors or memory.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The limits of one port.
+#[derive(Debug, Clone)]
+pub struct PortLimits {
+    /// `client` or `peer`: names the port (and its config keys) in log lines.
+    pub port: &'static str,
+    pub connections_max: usize,
+    pub handshake_timeout: Duration,
+    /// `None`: idle connections are never closed.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// What a request's handler may know about its connection; tonic puts it in
+/// every request's extensions.
+#[derive(Clone)]
+pub struct ConnectionInfo {
+    pub remote_address: SocketAddr,
+    /// The subject (common name, else the whole name) of the client
+    /// certificate the TLS handshake verified; `None` without TLS or without
+    /// a client certificate.
+    pub client_subject: Option<String>,
+    activity: Arc<Activity>,
+}
+
+/// Requests in flight on one connection, and since when there were none.
+struct Activity {
+    origin: Instant,
+    in_flight: AtomicUsize,
+    idle_since_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            origin: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> RequestGuard {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        RequestGuard(self.clone())
+    }
+
+    /// When the connection last had no request in flight; `None` while one is.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        Some(self.origin + Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst)))
+    }
+}
+
+/// One request in flight; dropped when its response body ends (or is dropped).
+pub struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let elapsed_ms = u64::try_from(self.0.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // The time first: whoever sees the count reach 0 sees it.
+        self.0.idle_since_ms.store(elapsed_ms, Ordering::SeqCst);
+        let before = self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        assert!(
+            before > 0,
+            "a request was uncounted more often than counted"
+        );
+    }
+}
+
+/// Rate-limited log lines about offending connections of one port.
+struct OffenceLog {
+    port: &'static str,
+    window: Mutex<(Instant, u32, u64)>,
+}
+
+impl OffenceLog {
+    fn new(port: &'static str) -> OffenceLog {
+        OffenceLog {
+            port,
+            window: Mutex::new((Instant::now(), 0, 0)),
+        }
+    }
+
+    fn offending(&self, remote: SocketAddr, reason: &str, idle: bool) {
+        let mut w = self.window.lock();
+        self.roll(&mut w);
+        if w.1 >= LOG_LINES_PER_SECOND {
+            w.2 += 1;
+            return;
+        }
+        w.1 += 1;
+        drop(w);
+        if idle {
+            tracing::info!(port = self.port, %remote, reason, "idle connection closed");
+        } else {
+            tracing::warn!(port = self.port, %remote, reason, "offending connection closed");
+        }
+    }
+
+    fn flush(&self) {
+        let mut w = self.window.lock();
+        self.roll(&mut w);
+    }
+
+    fn roll(&self, w: &mut (Instant, u32, u64)) {
+        if w.0.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        if w.2 > 0 {
+            tracing::warn!(
+                port = self.port,
+                suppressed = w.2,
+                "offending connections closed without a line each (log rate limit)"
+            );
+        }
+        *w = (Instant::now(), 0, 0);
+    }
+}
+
+/// The connections of a port that passed the handshake, for
+/// `serve_with_incoming_shutdown`. The accept loop stops with `stopped`.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Option<Reloadable<ServerConfig>>,
+    limits: PortLimits,
+    stopped: watch::Receiver<bool>,
+) -> ReceiverStream<Result<Connection, io::Error>> {
+    let (sender, receiver) = mpsc::channel(64);
+    tokio::spawn(accept_loop(listener, tls, limits, stopped, sender));
+    ReceiverStream::new(receiver)
+}
+
+/// Whether an accept error means the process (or system) is out of
+/// descriptors or memory: back off, the listener is fine.
+fn is_exhaustion(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<Reloadable<ServerConfig>>,
+    limits: PortLimits,
+    mut stopped: watch::Receiver<bool>,
+    sender: mpsc::Sender<Result<Connection, io::Error>>,
+) {
+    let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let log = Arc::new(OffenceLog::new(limits.port));
+    let mut flush = tokio::time::interval(Duration::from_secs(1));
+    let mut last_exhaustion_log: Option<Instant> = None;
+    loop {
+        let accepted = tokio::select! {
+            _ = stopped.wait_for(|s| *s) => return,
+            _ = sender.closed() => return,
+            _ = flush.tick() => {
+                log.flush();
+                continue;
+            }
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, remote)) => {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    drop(stream);
+                    log.offending(
+                        remote,
+                        &format!(
+                            "refused: the {} port already holds {} connections ({}_connections_max)",
+                            limits.port, limits.connections_max, limits.port
+                        ),
+                        false,
+                    );
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let config = tls.as_ref().map(Reloadable::current);
+                tokio::spawn(handshake(
+                    stream,
+                    remote,
+                    permit,
+                    config,
+                    limits.clone(),
+                    log.clone(),
+                    sender.clone(),
+                ));
+            }
+            Err(e) if is_exhaustion(&e) => {
+                if last_exhaustion_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    tracing::error!(
+                        port = limits.port,
+                        error = %e,
+                        "cannot accept connections (out of descriptors or memory); retrying"
+                    );
+                    last_exhaustion_log = Some(Instant::now());
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+            Err(e) => {
+                // ECONNABORTED and the like: that connection is gone, the listener is not.
+                tracing::debug!(port = limits.port, error = %e, "accept failed");
+            }
+        }
+    }
+}
+
+async fn handshake(
+    stream: TcpStream,
+    remote: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    tls: Option<Arc<ServerConfig>>,
+    limits: PortLimits,
+    log: Arc<OffenceLog>,
+    sender: mpsc::Sender<Result<Connection, io::Error>>,
+) {
+    let with_tls = tls.is_some();
+    let (io, client_subject) =
+        match tokio::time::timeout(limits.handshake_timeout, open(stream, tls)).await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(reason)) => {
+                log.offending(remote, &reason, false);
+                return;
+            }
+            Err(_) => {
+                log.offending(
+                    remote,
+                    &format!(
+                        "did not finish {}the HTTP/2 preface within {} ms (handshake_timeout_ms)",
+                        if with_tls {
+                            "the TLS handshake and "
+                        } else {
+                            ""
+                        },
+                        limits.handshake_timeout.as_millis()
+                    ),
+                    false,
+                );
+                return;
+            }
+        };
+    let info = ConnectionInfo {
+        remote_address: remote,
+        client_subject,
+        activity: Arc::new(Activity::new()),
+    };
+    let idle = limits.idle_timeout.map(|timeout| IdleTimer {
+        timeout,
+        sleep: Box::pin(tokio::time::sleep(timeout)),
+    });
+    let connection = Connection {
+        io,
+        replayed: 0,
+        idle,
+        info,
+        log,
+        _permit: permit,
+    };
+    let _ = sender.send(Ok(connection)).await;
+}
+
+/// TLS handshake (if any), then the HTTP/2 preface.
+async fn open(
+    stream: TcpStream,
+    tls: Option<Arc<ServerConfig>>,
+) -> Result<(Io, Option<String>), String> {
+    let (mut io, subject) = match tls {
+        None => (Io::Plain(stream), None),
+        Some(config) => {
+            let stream = cairn_tls::tokio_rustls::TlsAcceptor::from(config)
+                .accept(stream)
+                .await
+                .map_err(|e| format!("TLS handshake failed: {e}"))?;
+            let subject = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(cairn_tls::certificate_subject);
+            (Io::Tls(Box::new(stream)), subject)
+        }
+    };
+    read_preface(&mut io).await?;
+    Ok((io, subject))
+}
+
+/// Reads the HTTP/2 preface, refusing at the first byte that differs.
+async fn read_preface(io: &mut Io) -> Result<(), String> {
+    let mut buffer = [0u8; HTTP2_PREFACE.len()];
+    let mut filled = 0;
+    while filled < buffer.len() {
+        let n = io
+            .read(&mut buffer[filled..])
+            .await
+            .map_err(|e| format!("read failed before the HTTP/2 preface: {e}"))?;
+        if n == 0 {
+            return Err(if filled == 0 {
+                "closed without sending anything".to_string()
+            } else {
+                format!("closed after {filled} bytes of a truncated HTTP/2 preface")
+            });
+        }
+        filled += n;
+        if buffer[..filled] != HTTP2_PREFACE[..filled] {
+            return Err(describe_garbage(&buffer[..filled]));
+        }
+    }
+    Ok(())
+}
+
+/// What a connection sent instead of the HTTP/2 preface (non-empty).
+pub fn describe_garbage(bytes: &[u8]) -> String {
+    assert!(!bytes.is_empty(), "garbage is at least one byte");
+    const METHODS: [&[u8]; 9] = [
+        b"GET ",
+        b"POST ",
+        b"PUT ",
+        b"HEAD ",
+        b"DELETE ",
+        b"OPTIONS ",
+        b"PATCH ",
+        b"CONNECT ",
+        b"TRACE ",
+    ];
+    if bytes[0] == 0x16 {
+        "sent a TLS handshake to a plaintext port".into()
+    } else if METHODS
+        .iter()
+        .any(|m| bytes.starts_with(m) || m.starts_with(bytes))
+        || bytes.starts_with(b"PRI * HTTP/1")
+    {
+        "sent an HTTP/1 request (this port speaks gRPC over HTTP/2 only)".into()
+    } else {
+        format!("sent {} bytes that are not an HTTP/2 preface", bytes.len())
+    }
+}
+
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<cairn_tls::tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+struct IdleTimer {
+    timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// An accepted connection past its handshake, as tonic serves it. Replays
+/// the preface already read, then closes itself (a read error) once idle
+/// past the idle timeout.
+pub struct Connection {
+    io: Io,
+    /// Bytes of [`HTTP2_PREFACE`] handed to tonic so far.
+    replayed: usize,
+    idle: Option<IdleTimer>,
+    info: ConnectionInfo,
+    log: Arc<OffenceLog>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    /// `Err` once the connection has been idle past its timeout; arms the
+    /// timer for the next check otherwise.
+    fn check_idle(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let Some(idle) = &mut self.idle else {
+            return Ok(());
+        };
+        while idle.sleep.as_mut().poll(cx).is_ready() {
+            let next = match self.info.activity.idle_since() {
+                None => Instant::now() + idle.timeout,
+                Some(since) if since + idle.timeout <= Instant::now() => {
+                    self.log.offending(
+                        self.info.remote_address,
+                        &format!(
+                            "no request for {} ms (connection_idle_timeout_ms)",
+                            idle.timeout.as_millis()
+                        ),
+                        true,
+                    );
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "connection idle past its timeout",
+                    ));
+                }
+                Some(since) => since + idle.timeout,
+            };
+            idle.sleep.as_mut().reset(next);
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.replayed < HTTP2_PREFACE.len() {
+            let rest = &HTTP2_PREFACE[this.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        if let Err(e) = this.check_idle(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Connection {
+    type ConnectInfo = ConnectionInfo;
+
+    fn connect_info(&self) -> ConnectionInfo {
+        self.info.clone()
+    }
+}
+
+/// Counts each request in flight on its connection until its response body
+/// ends (see the idle timeout).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ActivityLayer;
+
+impl<S> tower_layer::Layer<S> for ActivityLayer {
+    type Service = ActivityService<S>;
+
+    fn layer(&self, inner: S) -> ActivityService<S> {
+        ActivityService { inner }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ActivityService<S> {
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, RequestBody, ResponseBody> tower_service::Service<http::Request<RequestBody>>
+    for ActivityService<S>
+where
+    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
+    S::Future: Send + 'static,
+    ResponseBody: Send + 'static,
+{
+    type Response = http::Response<TrackedBody<ResponseBody>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
+        let guard = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(|info| info.activity.begin());
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|inner| TrackedBody {
+                inner,
+                _guard: guard,
+            }))
+        })
+    }
+}
+
+/// A response body that keeps its request counted until it is dropped.
+pub struct TrackedBody<B> {
+    inner: B,
+    _guard: Option<RequestGuard>,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit; returns the soft limit
+/// in force afterwards.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let wanted = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } == 0 {
+            limit.rlim_cur = limit.rlim_max;
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
+/// The connection limits that fit under `fd_limit` descriptors. A quarter
+/// (at least 256) is reserved for the log store, snapshots, outgoing
+/// connections and the connections being refused; if the configured limits
+/// do not fit in the rest, both are scaled down in proportion (each at
+/// least 1). Returns (client, peer, reserve).
+pub fn connection_budget(fd_limit: u64, client: usize, peer: usize) -> (usize, usize, u64) {
+    let reserve = (fd_limit / 4).max(256);
+    let available = fd_limit.saturating_sub(reserve);
+    let wanted = (client + peer) as u64;
+    if wanted <= available {
+        return (client, peer, reserve);
+    }
+    let scale = |n: usize| ((n as u64 * available / wanted) as usize).max(1);
+    let (c, p) = (scale(client), scale(peer));
+    assert!(
+        (c + p) as u64 <= available.max(2),
+        "scaled limits {c}+{p} exceed the {available} descriptors available"
+    );
+    (c, p, reserve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_limits_leave_a_reserve_of_descriptors() {
+        // Plenty of descriptors: the configured limits stand.
+        assert_eq!(connection_budget(20_000, 2_048, 256), (2_048, 256, 5_000));
+        // A 1024 limit: 256 reserved, the rest split in proportion.
+        let (c, p, reserve) = connection_budget(1_024, 2_048, 256);
+        assert_eq!(reserve, 256);
+        assert!(c + p <= 768 && c > p && p >= 1, "{c} {p}");
+        // Absurdly low: still at least one connection per port.
+        let (c, p, _) = connection_budget(16, 10, 10);
+        assert!(c >= 1 && p >= 1);
+    }
+
+    #[test]
+    fn garbage_is_described_by_what_it_looks_like() {
+        assert!(describe_garbage(b"GET / HTTP/1.1\r\n").contains("HTTP/1"));
+        assert!(describe_garbage(b"PO").contains("HTTP/1"));
+        assert!(describe_garbage(&[0x16, 3, 1]).contains("TLS handshake"));
+        assert!(describe_garbage(&[0xde, 0xad]).contains("2 bytes"));
+    }
+
+    #[test]
+    fn a_request_guard_marks_the_connection_busy_until_dropped() {
+        let activity = Arc::new(Activity::new());
+        assert!(activity.idle_since().is_some());
+        let guard = activity.begin();
+        let second = activity.begin();
+        assert!(activity.idle_since().is_none());
+        drop(guard);
+        assert!(activity.idle_since().is_none());
+        drop(second);
+        assert!(activity.idle_since().is_some());
+    }
+}

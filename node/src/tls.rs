@@ -1,0 +1,206 @@
+//! A node's TLS: the server configurations of its two ports, the client
+//! configuration of the connections it opens, their reload, and
+//! [`client_cert_subject`] for request handlers.
+//!
+//! - Client port: this node's certificate; client certificates per
+//!   `tls_client_auth` (`none`, `optional`, `required`), verified against
+//!   `tls_client_ca_file` (default `tls_ca_file`).
+//! - Peer port: mutual TLS, always: a peer without a certificate from the
+//!   cluster CA (`tls_ca_file`) fails the handshake, so it can send no Raft
+//!   message, forwarded request or snapshot.
+//! - Outgoing (Raft, forwarding, node-to-node admin calls): this node's
+//!   certificate as client certificate, the cluster CA as trust anchor.
+//!
+//! Reload: the reload task re-reads every file on SIGHUP, and every
+//! `tls_reload_interval_ms` when a file's bytes changed. A reload that fails
+//! (a file half-written, a key that does not match) keeps the configuration
+//! in force and logs why; the next change or SIGHUP tries again. Open
+//! connections keep the configuration they started with.
+//!
+//! Tasks: one, the reload task; it ends with the agent.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_tls::rustls::ServerConfig;
+use cairn_tls::{ClientAuth, ClientFiles, ClientTls, Reloadable, ServerFiles, TlsError};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::connections::ConnectionInfo;
+
+/// The subject (common name, else the whole distinguished name) of the client
+/// certificate that the request's connection verified in its TLS handshake;
+/// `None` on a plaintext port or when the client presented no certificate.
+pub fn client_cert_subject<T>(request: &tonic::Request<T>) -> Option<String> {
+    request
+        .extensions()
+        .get::<ConnectionInfo>()
+        .and_then(|info| info.client_subject.clone())
+}
+
+/// The file paths of a node's TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeFiles {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    ca_file: PathBuf,
+    client_ca_file: PathBuf,
+    client_auth: ClientAuth,
+}
+
+impl NodeFiles {
+    fn all(&self) -> [&PathBuf; 4] {
+        [
+            &self.cert_file,
+            &self.key_file,
+            &self.ca_file,
+            &self.client_ca_file,
+        ]
+    }
+}
+
+/// Every configuration built from one reading of the files.
+struct Built {
+    client_port: ServerConfig,
+    peer_port: ServerConfig,
+    outgoing: cairn_tls::rustls::ClientConfig,
+}
+
+fn build(files: &NodeFiles) -> Result<Built, TlsError> {
+    let client_port = cairn_tls::server_config(&ServerFiles {
+        cert_file: files.cert_file.clone(),
+        key_file: files.key_file.clone(),
+        client_ca_file: Some(files.client_ca_file.clone()),
+        client_auth: files.client_auth,
+    })?;
+    let peer_port = cairn_tls::server_config(&ServerFiles {
+        cert_file: files.cert_file.clone(),
+        key_file: files.key_file.clone(),
+        client_ca_file: Some(files.ca_file.clone()),
+        client_auth: ClientAuth::Required,
+    })?;
+    let outgoing = cairn_tls::client_config(&ClientFiles {
+        ca_file: Some(files.ca_file.clone()),
+        cert_file: Some(files.cert_file.clone()),
+        key_file: Some(files.key_file.clone()),
+    })?;
+    Ok(Built {
+        client_port,
+        peer_port,
+        outgoing,
+    })
+}
+
+/// A node's TLS configurations, swapped whole on reload.
+pub struct NodeTls {
+    files: NodeFiles,
+    pub client_port: Reloadable<ServerConfig>,
+    pub peer_port: Reloadable<ServerConfig>,
+    /// What this node dials peers (and other nodes' client ports) with.
+    pub outgoing: ClientTls,
+    /// The files' bytes at the last successful load.
+    loaded: Mutex<Vec<Vec<u8>>>,
+}
+
+impl NodeTls {
+    /// `None` when the configuration has TLS off; an error names the file.
+    pub fn load(config: &Config) -> Result<Option<Arc<NodeTls>>, TlsError> {
+        let (Some(cert_file), Some(key_file), Some(ca_file)) = (
+            config.tls_cert_file.clone(),
+            config.tls_key_file.clone(),
+            config.tls_ca_file.clone(),
+        ) else {
+            return Ok(None);
+        };
+        let files = NodeFiles {
+            client_ca_file: config
+                .tls_client_ca_file
+                .clone()
+                .unwrap_or_else(|| ca_file.clone()),
+            cert_file,
+            key_file,
+            ca_file,
+            client_auth: config.tls_client_auth.into(),
+        };
+        let contents = read_all(&files);
+        let built = build(&files)?;
+        Ok(Some(Arc::new(NodeTls {
+            client_port: Reloadable::new(built.client_port),
+            peer_port: Reloadable::new(built.peer_port),
+            outgoing: ClientTls::new(built.outgoing),
+            files,
+            loaded: Mutex::new(contents),
+        })))
+    }
+
+    /// Re-reads the files (all of them, or only if one changed) and swaps
+    /// every configuration. `Ok(false)`: nothing changed.
+    pub fn reload(&self, only_if_changed: bool) -> Result<bool, TlsError> {
+        let contents = read_all(&self.files);
+        if only_if_changed && *self.loaded.lock() == contents {
+            return Ok(false);
+        }
+        let built = build(&self.files)?;
+        self.client_port.replace(built.client_port);
+        self.peer_port.replace(built.peer_port);
+        self.outgoing.replace(built.outgoing);
+        *self.loaded.lock() = contents;
+        Ok(true)
+    }
+}
+
+/// Each file's bytes (empty when unreadable: the build reports why).
+fn read_all(files: &NodeFiles) -> Vec<Vec<u8>> {
+    files
+        .all()
+        .iter()
+        .map(|p| std::fs::read(p).unwrap_or_default())
+        .collect()
+}
+
+/// Reloads on SIGHUP and, every `interval` (if any), when a file changed.
+/// Without TLS, SIGHUP is logged and ignored (it must not stop the node).
+pub fn spawn_reloader(
+    tls: Option<Arc<NodeTls>>,
+    interval: Option<Duration>,
+    mut stopped: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    Ok(tokio::spawn(async move {
+        let mut poll = interval.map(tokio::time::interval);
+        loop {
+            let only_if_changed = tokio::select! {
+                _ = stopped.wait_for(|s| *s) => return,
+                _ = hangup.recv() => false,
+                _ = async {
+                    match poll.as_mut() {
+                        Some(p) => { p.tick().await; }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => true,
+            };
+            let Some(tls) = &tls else {
+                tracing::warn!("SIGHUP: TLS is off, there are no certificates to reload");
+                continue;
+            };
+            match tls.reload(only_if_changed) {
+                Ok(true) => tracing::warn!(
+                    cause = if only_if_changed {
+                        "files changed"
+                    } else {
+                        "SIGHUP"
+                    },
+                    "TLS certificates reloaded; new connections use them"
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "TLS reload failed; the certificates in force stay"
+                ),
+            }
+        }
+    }))
+}

@@ -1,0 +1,429 @@
+//! TLS end to end, with real `cairn` processes and certificates written by
+//! `cairn tls init`: a client without the cluster's CA is refused; a peer
+//! holding a certificate from another CA cannot join, vote or forward; the
+//! cluster keeps serving while its certificates are replaced and reloaded.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cairn_client::{Client, ClientError, ClientOptions, TlsOptions};
+use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
+use cairn_proto::v1::raft_service_client::RaftServiceClient;
+use cairn_proto::v1::{Consistency, RaftMessage, ReadRequest};
+use cairn_tls::{ClientFiles, ClientTls};
+use support::*;
+use tonic::transport::Endpoint;
+
+/// `cairn tls init DIR ARGS...`, which must succeed.
+fn tls_init(dir: &Path, args: &[&str]) {
+    let mut all = vec!["tls", "init", dir.to_str().expect("utf-8 path")];
+    all.extend_from_slice(args);
+    let out = cairn(&all);
+    assert!(
+        out.status.success(),
+        "cairn tls init failed: {}",
+        text(&out)
+    );
+}
+
+fn client_tls(dir: &Path) -> TlsOptions {
+    TlsOptions {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client-key.pem")),
+    }
+}
+
+/// A cluster whose node N uses `dir/node-N.pem` and trusts `dir/ca.pem`.
+fn tls_cluster(dir: &Path, nodes: usize, extra: &[&str]) -> Cluster {
+    let mut o = options(nodes);
+    let d = dir.display();
+    o.extra_args = [
+        "--tls-cert-file".to_string(),
+        format!("{d}/node-{{id}}.pem"),
+        "--tls-key-file".to_string(),
+        format!("{d}/node-{{id}}-key.pem"),
+        "--tls-ca-file".to_string(),
+        format!("{d}/ca.pem"),
+    ]
+    .into_iter()
+    .chain(extra.iter().map(|s| s.to_string()))
+    .collect();
+    o.client_tls = Some(client_tls(dir));
+    Cluster::start(o)
+}
+
+fn tls_client(cluster: &Cluster, tls: Option<TlsOptions>, timeout: Duration) -> Client {
+    Client::new(
+        &cluster.endpoints(),
+        ClientOptions {
+            request_timeout: timeout,
+            tls,
+            ..ClientOptions::default()
+        },
+    )
+    .expect("client")
+}
+
+fn first_certificate(path: &Path) -> Vec<u8> {
+    cairn_tls::load_certificates("test", path).expect("certificate")[0].to_vec()
+}
+
+/// The leaf certificate a TLS server at `address` presents to a new connection.
+async fn served_certificate(address: &str, files: &ClientFiles) -> Vec<u8> {
+    let config = cairn_tls::client_config(files).expect("client config");
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let name = cairn_tls::rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let stream = cairn_tls::tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .expect("a certificate")[0]
+        .to_vec()
+}
+
+/// Connects to a peer port over TLS with the node certificate `cert`/`key`,
+/// trusting `ca`; `Err` = refused (in the handshake or at the first call).
+async fn peer_channel(
+    peer_address: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> Result<tonic::transport::Channel, String> {
+    let tls = ClientTls::from_files(&ClientFiles {
+        ca_file: Some(ca.to_path_buf()),
+        cert_file: Some(cert.to_path_buf()),
+        key_file: Some(key.to_path_buf()),
+    })
+    .map_err(|e| e.to_string())?;
+    let endpoint = Endpoint::from_shared(format!("http://{peer_address}"))
+        .expect("uri")
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5));
+    cairn_tls::connect_channel(endpoint, Some(&tls))
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// Whether a status is the node's own answer (a handler ran), as opposed to
+/// a connection that failed before any handler saw the request.
+fn answered_by_a_handler(status: &tonic::Status) -> bool {
+    // A refused handshake surfaces as the connection failing or closing.
+    !matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    ) && std::error::Error::source(status).is_none()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_the_cluster_ca_is_refused() {
+    // A TLS cluster; a client with the CA writes; a client that trusts only
+    // the system's CAs, and a plaintext client, are refused, and the node
+    // logs each refused handshake.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("tls");
+    tls_init(&dir, &[]);
+    let cluster = tls_cluster(&dir, 3, &[]);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+
+    let trusted = tls_client(&cluster, Some(client_tls(&dir)), Duration::from_secs(10));
+    trusted
+        .write(thing("hello", "u1", "", b"x"))
+        .await
+        .expect("a client with the CA writes");
+
+    let untrusted = tls_client(
+        &cluster,
+        Some(TlsOptions {
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+        }),
+        Duration::from_secs(2),
+    );
+    match untrusted.read(id("hello", ""), Consistency::Eventual).await {
+        Err(ClientError::DeadlineExceeded { detail, .. }) => {
+            assert!(detail.contains("certificate"), "{detail}")
+        }
+        other => panic!("a client without the CA must be refused, got {other:?}"),
+    }
+
+    let plaintext = tls_client(&cluster, None, Duration::from_secs(2));
+    let result = plaintext.read(id("hello", ""), Consistency::Eventual).await;
+    assert!(
+        result.is_err(),
+        "a plaintext client must be refused: {result:?}"
+    );
+
+    let log = cluster.log_of(1) + &cluster.log_of(2) + &cluster.log_of(3);
+    assert!(
+        log.contains("offending connection closed") && log.contains("TLS handshake failed"),
+        "the nodes log the refused handshakes; logs in {}",
+        cluster.root().display()
+    );
+    assert!(
+        !log.contains("serving PLAINTEXT"),
+        "a TLS node does not claim plaintext"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_certificate_from_another_ca_cannot_join_vote_or_forward() {
+    // Cluster CA `a`; an impostor holds node certificates from CA `b`. On
+    // the peer port the impostor is refused before any handler runs (no
+    // Vote, no forwarded read), while a holder of an `a` certificate reaches
+    // the handlers (the control that shows the test can tell). A node with a
+    // `b` certificate that tries to join never becomes a member.
+    let scratch = tempfile::tempdir().unwrap();
+    let a = scratch.path().join("a");
+    let b = scratch.path().join("b");
+    tls_init(&a, &[]);
+    tls_init(&b, &["--nodes", "4"]);
+    let cluster = tls_cluster(&a, 3, &[]);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let peer = cluster.node(leader).peer_address.clone();
+    let term_before = cluster.status(leader).await.expect("status").term;
+
+    let vote = RaftMessage {
+        cluster_id: String::new(),
+        payload: bytes::Bytes::from_static(b"not a vote"),
+    };
+    let read = ReadRequest {
+        id: Some(id("nothing-here", "")),
+        consistency: Consistency::Eventual as i32,
+        revision: 0,
+    };
+
+    // Control: a certificate from the cluster's CA reaches the handlers.
+    let member = peer_channel(
+        &peer,
+        &a.join("ca.pem"),
+        &a.join("node-2.pem"),
+        &a.join("node-2-key.pem"),
+    )
+    .await
+    .expect("a member connects");
+    let status = RaftServiceClient::new(member.clone())
+        .vote(vote.clone())
+        .await
+        .expect_err("a garbage vote is refused by the handler");
+    assert!(answered_by_a_handler(&status), "{status:?}");
+    let status = ForwardingServiceClient::new(member)
+        .read(read.clone())
+        .await
+        .expect_err("nothing is stored under that name");
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+
+    // The impostor: refused in the handshake, or at its first call.
+    let impostor = peer_channel(
+        &peer,
+        &a.join("ca.pem"),
+        &b.join("node-4.pem"),
+        &b.join("node-4-key.pem"),
+    )
+    .await;
+    if let Ok(channel) = impostor {
+        let status = RaftServiceClient::new(channel.clone())
+            .vote(vote)
+            .await
+            .expect_err("an impostor's vote must not reach the handler");
+        assert!(!answered_by_a_handler(&status), "{status:?}");
+        let status = ForwardingServiceClient::new(channel)
+            .read(read)
+            .await
+            .expect_err("an impostor's forwarded read must not reach the handler");
+        assert!(!answered_by_a_handler(&status), "{status:?}");
+    }
+
+    // A node with a `b` certificate (trusting `a`, so only its own
+    // certificate is wrong) tries to join through the leader's client port.
+    let data = scratch.path().join("impostor-data");
+    let log_path = scratch.path().join("impostor.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut impostor = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["agent", "--node-id", "4", "--data-dir"])
+        .arg(&data)
+        .args([
+            "--client-address",
+            &format!("127.0.0.1:{}", jepsen_tests::cluster::free_port()),
+            "--peer-address",
+            &format!("127.0.0.1:{}", jepsen_tests::cluster::free_port()),
+            "--join",
+            &cluster.node(leader).client_address,
+            "--tls-client-auth",
+            "required",
+            "--log-level",
+            "info",
+        ])
+        .arg("--tls-cert-file")
+        .arg(b.join("node-4.pem"))
+        .arg("--tls-key-file")
+        .arg(b.join("node-4-key.pem"))
+        .arg("--tls-ca-file")
+        .arg(a.join("ca.pem"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start the impostor");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut failed = false;
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .contains("joining the cluster through")
+        {
+            failed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = impostor.kill();
+    let _ = impostor.wait();
+    assert!(
+        failed,
+        "the impostor's join must fail: {}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    let status = cluster.status(leader).await.expect("status");
+    let ids: Vec<u64> = status.members.iter().map(|m| m.id).collect();
+    assert_eq!(ids, vec![1, 2, 3], "the impostor is no member");
+    assert_eq!(status.leader_id, leader, "the cluster keeps its leader");
+    assert_eq!(status.term, term_before, "no election was forced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_keeps_serving_through_a_certificate_reload() {
+    // Writes run all along while every node certificate is re-issued in
+    // place and each node gets SIGHUP (file polling is off, so SIGHUP alone
+    // must do it). New connections to both ports then see the new
+    // certificates, and a new client (with the new client certificate)
+    // writes. No write fails at any point.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("tls");
+    tls_init(&dir, &[]);
+    let cluster = tls_cluster(&dir, 3, &["--tls-reload-interval-ms", "0"]);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let node_files = |id: u64| ClientFiles {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(dir.join(format!("node-{id}.pem"))),
+        key_file: Some(dir.join(format!("node-{id}-key.pem"))),
+    };
+    let client_files = ClientFiles {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client-key.pem")),
+    };
+    let old: Vec<Vec<u8>> = (1..=3)
+        .map(|id| first_certificate(&dir.join(format!("node-{id}.pem"))))
+        .collect();
+    assert_eq!(
+        served_certificate(&cluster.node(1).client_address, &client_files).await,
+        old[0]
+    );
+
+    let writer_client = tls_client(&cluster, Some(client_tls(&dir)), Duration::from_secs(10));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut written = 0u32;
+            let mut failures = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match writer_client
+                    .write(thing(&format!("w{written}"), "u1", "", b"x"))
+                    .await
+                {
+                    Ok(_) => written += 1,
+                    Err(e) => failures.push(e.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (written, failures)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    tls_init(&dir, &["--force"]);
+    let new: Vec<Vec<u8>> = (1..=3)
+        .map(|id| first_certificate(&dir.join(format!("node-{id}.pem"))))
+        .collect();
+    assert_ne!(old, new, "tls init --force re-issued the node certificates");
+    for id in 1..=3u64 {
+        let pid = cluster.node(id).pid().expect("running");
+        // SAFETY: kill(2) on a child this test started.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGHUP);
+        }
+    }
+    for id in 1..=3u64 {
+        let node = cluster.node(id);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let client_port = served_certificate(&node.client_address, &client_files).await;
+            let peer_port = served_certificate(&node.peer_address, &node_files(id)).await;
+            if client_port == new[id as usize - 1] && peer_port == new[id as usize - 1] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} still serves its old certificate after SIGHUP; logs in {}",
+                cluster.root().display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (written, failures) = writer.await.unwrap();
+    assert!(
+        failures.is_empty(),
+        "writes failed during the reload: {failures:?}"
+    );
+    assert!(written > 10, "the writer kept writing ({written} writes)");
+
+    let fresh = tls_client(&cluster, Some(client_tls(&dir)), Duration::from_secs(10));
+    fresh
+        .write(thing("after-reload", "u1", "", b"y"))
+        .await
+        .expect("a new client with the new client certificate writes");
+    assert!(cluster.log_of(1).contains("TLS certificates reloaded"));
+}
+
+#[test]
+fn tls_init_keeps_the_ca_and_existing_certificates_unless_forced() {
+    // Running it again adds what is missing and keeps the rest; --force
+    // re-issues the leaves from the same CA; the CA is never replaced.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir: PathBuf = scratch.path().join("tls");
+    tls_init(&dir, &["--nodes", "1"]);
+    let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+    let node1 = std::fs::read(dir.join("node-1.pem")).unwrap();
+    tls_init(&dir, &["--nodes", "2"]);
+    assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), ca);
+    assert_eq!(std::fs::read(dir.join("node-1.pem")).unwrap(), node1);
+    assert!(dir.join("node-2.pem").exists());
+    tls_init(&dir, &["--nodes", "2", "--force"]);
+    assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), ca);
+    assert_ne!(std::fs::read(dir.join("node-1.pem")).unwrap(), node1);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(dir.join("node-1-key.pem"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(
+        mode & 0o077,
+        0,
+        "private keys are readable by their owner only"
+    );
+    let bad = cairn(&["tls", "init", dir.to_str().unwrap(), "--nodes", "0"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+}

@@ -1,0 +1,453 @@
+//! # cairn-tls — TLS for Cairn's gRPC connections
+//!
+//! **Purpose.** Turns PEM files named by path into rustls configurations,
+//! keeps them swappable ([`Reloadable`]) so that a node picks up replaced
+//! certificates without a restart, and dials tonic channels over TLS with the
+//! configuration current at each dial ([`ClientTls`], [`lazy_channel`],
+//! [`connect_channel`]). The node's accept side (handshake deadline,
+//! connection limits) lives in `cairn-node`; this crate only builds what both
+//! sides share.
+//!
+//! **What it must not do.** Read a file anywhere but in the `load_*`
+//! functions (so every file error names its path and role); pick a crypto
+//! provider implicitly: every configuration is built with ring, named here,
+//! so another crate enabling a second rustls provider cannot make the
+//! process default ambiguous; hand tonic an `https://` URI (TLS is done by
+//! this crate's connector, so tonic's own TLS features, if some crate enables
+//! them, never see our connections).
+//!
+//! **Concurrency model.** A [`Reloadable`] is an `Arc` swapped whole under a
+//! short `parking_lot` lock; a connection clones the `Arc` current when it is
+//! dialled or accepted and keeps it for its life.
+//!
+//! ## Invariants
+//! - Every configuration built here advertises ALPN `h2` (gRPC clients such
+//!   as grpc-go refuse a TLS server that does not).
+//! - A reload never changes an open connection; it only changes the
+//!   configuration the next connection uses.
+//! - A peer's certificate chain is verified by rustls during the handshake,
+//!   before a byte of HTTP/2 is read or written.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use hyper_util::rt::TokioIo;
+use parking_lot::RwLock;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+
+pub use rustls;
+pub use tokio_rustls;
+
+/// The ALPN protocol of gRPC.
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// What went wrong loading TLS material. Each names the file and its role.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read the {role} file {path}: {reason}")]
+    File {
+        role: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("the {role} file {path} holds no {expected}")]
+    Empty {
+        role: &'static str,
+        path: PathBuf,
+        expected: &'static str,
+    },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+/// The crypto provider of every configuration built here.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Every certificate of a PEM file (a chain: leaf first).
+pub fn load_certificates(
+    role: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let file_error = |reason: String| TlsError::File {
+        role,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certificates = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_error(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(e.to_string()))?;
+    if certificates.is_empty() {
+        return Err(TlsError::Empty {
+            role,
+            path: path.to_path_buf(),
+            expected: "PEM certificate",
+        });
+    }
+    Ok(certificates)
+}
+
+/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_private_key(
+    role: &'static str,
+    path: &Path,
+) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => TlsError::Empty {
+            role,
+            path: path.to_path_buf(),
+            expected: "PEM private key",
+        },
+        other => TlsError::File {
+            role,
+            path: path.to_path_buf(),
+            reason: other.to_string(),
+        },
+    })
+}
+
+/// The trust anchors of a PEM file of CA certificates.
+pub fn load_roots(role: &'static str, path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for certificate in load_certificates(role, path)? {
+        roots.add(certificate).map_err(|e| TlsError::File {
+            role,
+            path: path.to_path_buf(),
+            reason: format!("not a usable CA certificate: {e}"),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// The system's trust anchors (for `https://` endpoints without a CA file).
+pub fn native_roots() -> Result<RootCertStore, TlsError> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (_added, _ignored) = roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        return Err(TlsError::Config(format!(
+            "no CA file given and no system CA certificates found{}",
+            found
+                .errors
+                .first()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
+        )));
+    }
+    Ok(roots)
+}
+
+/// Whether a server asks its clients for a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Never asks.
+    None,
+    /// Asks; a client may present none, but one it presents must verify.
+    Optional,
+    /// A client without a certificate that verifies is refused in the handshake.
+    Required,
+}
+
+/// The files of a TLS server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// CA that client certificates must chain to (needed unless `client_auth` is `None`).
+    pub client_ca_file: Option<PathBuf>,
+    pub client_auth: ClientAuth,
+}
+
+/// Reads the files of a server and builds its configuration (ALPN h2).
+pub fn server_config(files: &ServerFiles) -> Result<ServerConfig, TlsError> {
+    let certificates = load_certificates("certificate", &files.cert_file)?;
+    let key = load_private_key("private key", &files.key_file)?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match (files.client_auth, &files.client_ca_file) {
+        (ClientAuth::None, _) => builder.with_no_client_auth(),
+        (_, None) => {
+            return Err(TlsError::Config(
+                "client certificate authentication needs a client CA file".into(),
+            ))
+        }
+        (mode, Some(ca)) => {
+            let roots = Arc::new(load_roots("client CA", ca)?);
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider());
+            let verifier = if mode == ClientAuth::Optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier
+                .build()
+                .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(certificates, key).map_err(|e| {
+        TlsError::Config(format!(
+            "certificate {} and key {} do not make a usable pair: {e}",
+            files.cert_file.display(),
+            files.key_file.display()
+        ))
+    })?;
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(config)
+}
+
+/// The files of a TLS client. With no CA file, the system's CAs are trusted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientFiles {
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key, presented to servers that ask (both or neither).
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// Reads the files of a client and builds its configuration (ALPN h2).
+pub fn client_config(files: &ClientFiles) -> Result<ClientConfig, TlsError> {
+    let roots = match &files.ca_file {
+        Some(ca) => load_roots("CA", ca)?,
+        None => native_roots()?,
+    };
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots);
+    let mut config = match (&files.cert_file, &files.key_file) {
+        (None, None) => builder.with_no_client_auth(),
+        (Some(cert), Some(key)) => {
+            let certificates = load_certificates("client certificate", cert)?;
+            let key_der = load_private_key("client key", key)?;
+            builder
+                .with_client_auth_cert(certificates, key_der)
+                .map_err(|e| {
+                    TlsError::Config(format!(
+                        "client certificate {} and key {} do not make a usable pair: {e}",
+                        cert.display(),
+                        key.display()
+                    ))
+                })?
+        }
+        (Some(_), None) => {
+            return Err(TlsError::Config(
+                "a client certificate needs its key file too".into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(TlsError::Config(
+                "a client key needs its certificate file too".into(),
+            ))
+        }
+    };
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(config)
+}
+
+/// A value swapped whole on reload; readers take the current `Arc`.
+pub struct Reloadable<T>(Arc<RwLock<Arc<T>>>);
+
+impl<T> Clone for Reloadable<T> {
+    fn clone(&self) -> Self {
+        Reloadable(self.0.clone())
+    }
+}
+
+impl<T> Reloadable<T> {
+    pub fn new(value: T) -> Reloadable<T> {
+        Reloadable(Arc::new(RwLock::new(Arc::new(value))))
+    }
+
+    /// The current value (kept by the caller for as long as it needs it).
+    pub fn current(&self) -> Arc<T> {
+        self.0.read().clone()
+    }
+
+    /// Replaces the value for every later [`Reloadable::current`].
+    pub fn replace(&self, value: T) {
+        *self.0.write() = Arc::new(value);
+    }
+}
+
+/// Outgoing TLS: the client configuration every new connection dials with.
+#[derive(Clone)]
+pub struct ClientTls {
+    config: Reloadable<ClientConfig>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientTls")
+    }
+}
+
+impl ClientTls {
+    pub fn new(config: ClientConfig) -> ClientTls {
+        ClientTls {
+            config: Reloadable::new(config),
+        }
+    }
+
+    pub fn from_files(files: &ClientFiles) -> Result<ClientTls, TlsError> {
+        Ok(ClientTls::new(client_config(files)?))
+    }
+
+    /// Later connections dial with `config`; open ones keep theirs.
+    pub fn replace(&self, config: ClientConfig) {
+        self.config.replace(config);
+    }
+
+    /// A tonic connector dialling TCP, then TLS.
+    pub fn connector(&self) -> Connector {
+        Connector { tls: self.clone() }
+    }
+}
+
+/// `host:port` or `http(s)://host:port` as the `http://` URI tonic is given
+/// (TLS is this crate's business, never tonic's), and whether the address
+/// asked for TLS (`https://`).
+pub fn plain_uri(address: &str) -> (String, bool) {
+    let address = address.trim();
+    if let Some(rest) = address.strip_prefix("https://") {
+        (format!("http://{rest}"), true)
+    } else if address.starts_with("http://") {
+        (address.to_string(), false)
+    } else {
+        (format!("http://{address}"), false)
+    }
+}
+
+/// A channel that connects on first use: over TLS with `tls`, else plaintext.
+pub fn lazy_channel(endpoint: Endpoint, tls: Option<&ClientTls>) -> Channel {
+    match tls {
+        Some(tls) => endpoint.connect_with_connector_lazy(tls.connector()),
+        None => endpoint.connect_lazy(),
+    }
+}
+
+/// A channel connected now: over TLS with `tls`, else plaintext.
+pub async fn connect_channel(
+    endpoint: Endpoint,
+    tls: Option<&ClientTls>,
+) -> Result<Channel, tonic::transport::Error> {
+    match tls {
+        Some(tls) => endpoint.connect_with_connector(tls.connector()).await,
+        None => endpoint.connect().await,
+    }
+}
+
+/// Dials `host:port` over TCP (no Nagle), then TLS with the configuration
+/// current at that moment; the server must prove the URI's host name or IP.
+#[derive(Clone)]
+pub struct Connector {
+    tls: ClientTls,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let config = self.tls.config.current();
+        Box::pin(async move {
+            let host = uri
+                .host()
+                .ok_or_else(|| format!("{uri} names no host"))?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let port = uri
+                .port_u16()
+                .ok_or_else(|| format!("{uri} names no port"))?;
+            let server_name = match host.parse::<IpAddr>() {
+                Ok(ip) => ServerName::IpAddress(ip.into()),
+                Err(_) => ServerName::try_from(host.clone())
+                    .map_err(|e| format!("{host:?} is not a valid TLS server name: {e}"))?,
+            };
+            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(server_name, tcp)
+                .await
+                .map_err(|e| format!("TLS handshake with {host}:{port} failed: {e}"))?;
+            Ok(TokioIo::new(tls))
+        })
+    }
+}
+
+/// The subject of a DER certificate as a client identity: its common name
+/// if it has one, else the whole distinguished name (`CN=..,O=..`).
+pub fn certificate_subject(certificate: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(certificate.as_ref()).ok()?;
+    let subject = parsed.subject();
+    let common_name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_string);
+    common_name.or_else(|| {
+        let whole = subject.to_string();
+        (!whole.is_empty()).then_some(whole)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_become_plain_uris_and_remember_whether_tls_was_asked() {
+        assert_eq!(
+            plain_uri("127.0.0.1:7001"),
+            ("http://127.0.0.1:7001".into(), false)
+        );
+        assert_eq!(plain_uri("https://h:1"), ("http://h:1".into(), true));
+        assert_eq!(plain_uri(" http://h:1 "), ("http://h:1".into(), false));
+    }
+
+    #[test]
+    fn a_missing_file_names_its_path_and_role() {
+        let e = load_certificates("certificate", Path::new("/nonexistent/cert.pem")).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("/nonexistent/cert.pem"), "{text}");
+        assert!(text.contains("certificate"), "{text}");
+    }
+
+    #[test]
+    fn a_file_without_pem_blocks_is_refused_as_empty() {
+        let dir = std::env::temp_dir().join(format!("cairn-tls-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("garbage.pem");
+        std::fs::write(&path, b"not a certificate\n").unwrap();
+        assert!(matches!(
+            load_certificates("CA", &path),
+            Err(TlsError::Empty { .. })
+        ));
+        assert!(matches!(
+            load_private_key("key", &path),
+            Err(TlsError::Empty { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
