@@ -195,6 +195,7 @@ async fn a_peer_with_a_certificate_from_another_ca_cannot_join_vote_or_forward()
 
     let vote = RaftMessage {
         cluster_id: String::new(),
+        sender_node_id: 2,
         payload: bytes::Bytes::from_static(b"not a vote"),
     };
     let read = ReadRequest {
