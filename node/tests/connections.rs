@@ -227,6 +227,7 @@ async fn a_100_mib_message_is_refused_on_both_ports_and_memory_stays_bounded() {
         .max_encoding_message_size(usize::MAX)
         .append_entries(RaftMessage {
             cluster_id: String::new(),
+            sender_node_id: 0,
             payload: bytes::Bytes::from(huge),
         })
         .await;
