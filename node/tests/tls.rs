@@ -221,8 +221,10 @@ async fn a_peer_with_a_certificate_from_another_ca_cannot_join_vote_or_forward()
     let status = ForwardingServiceClient::new(member)
         .read(read.clone())
         .await
-        .expect_err("nothing is stored under that name");
-    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+        .expect_err("a forwarded read without the peer gate's metadata is refused");
+    // Past TLS, the peer gate answers: the request names no cluster id.
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(answered_by_a_handler(&status), "{status:?}");
 
     // The impostor: refused in the handshake, or at its first call.
     let impostor = peer_channel(
