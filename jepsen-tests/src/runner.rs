@@ -330,9 +330,14 @@ async fn run_scenario_inner(
     if scenario.workload == WorkloadKind::Watch {
         match final_list(&final_client).await {
             Ok((state, revision)) => {
-                // Let every watcher reach the final revision.
+                // Let every watcher reach the last change they could see.
                 let deadline = Instant::now() + Duration::from_secs(20);
-                while workload.watchers_revision(&members_at_end) < revision
+                while workload.watchers_revision(&members_at_end)
+                    < watch_check::revision_to_reach(
+                        &workload.watch_log.lock(),
+                        &state,
+                        revision,
+                    )
                     && Instant::now() < deadline
                 {
                     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -77,6 +77,33 @@ pub struct WatchReport {
     pub summary: Vec<String>,
 }
 
+/// The revision every watcher must reach: the last change a watch could have
+/// delivered. Cairn sends no progress notifications yet, so an entry that
+/// changes nothing a watch matches (a new leader's blank entry, a failed
+/// compare-and-set) moves the final list's revision but no watch. This is the
+/// newest version in the final state or the newest change any watcher
+/// delivered, whichever is larger, capped at `final_revision`. A trailing
+/// delete that every watcher missed still fails the check: the watchers' final
+/// state then differs from the final read.
+pub fn revision_to_reach(
+    log: &[WatchRecord],
+    final_state: &BTreeMap<String, Stored>,
+    final_revision: u64,
+) -> u64 {
+    let newest_stored = final_state
+        .values()
+        .filter_map(|s| s.version.parse::<u64>().ok());
+    let newest_delivered = log
+        .iter()
+        .filter(|r| r.event == "upsert" || r.event == "delete")
+        .map(|r| r.revision);
+    newest_stored
+        .chain(newest_delivered)
+        .max()
+        .unwrap_or(0)
+        .min(final_revision)
+}
+
 /// Checks the watchers of `nodes` nodes. Only the nodes in `members_at_end`
 /// (still in the cluster when the final state was read) must reach it; a
 /// removed node's watch just stops.
@@ -90,6 +117,7 @@ pub fn check(
 ) -> WatchReport {
     let mut anomalies = Vec::new();
     let mut summary = Vec::new();
+    let required_revision = revision_to_reach(log, final_state, final_revision);
     // Values attempted by writes that did not certainly fail.
     let mut attempted: HashMap<(&str, &Value), Outcome> = HashMap::new();
     for op in history.operations() {
@@ -321,9 +349,9 @@ pub fn check(
             anomalies.push(format!("node {node}: the watch never delivered a snapshot"));
             continue;
         }
-        if r.last_revision < final_revision {
+        if r.last_revision < required_revision {
             anomalies.push(format!(
-                "node {node}: the watch reached only revision {} of the final {final_revision}",
+                "node {node}: the watch reached only revision {} of the last change's {required_revision} (final {final_revision})",
                 r.last_revision
             ));
             continue;
@@ -437,6 +465,48 @@ mod tests {
         log.extend(stream(1, None));
         let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 4, 2, &[0, 1]);
         assert_eq!(report.verdict, Verdict::Valid, "{:?}", report.anomalies);
+    }
+
+    #[test]
+    fn a_final_revision_past_the_last_change_is_reached_by_the_last_change() {
+        // The final list is at revision 5, a new leader's blank entry that no
+        // watch can deliver: watchers that reached the last change (4) pass.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let mut log = stream(0, None);
+        log.extend(stream(1, None));
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 5, 2, &[0, 1]);
+        assert_eq!(report.verdict, Verdict::Valid, "{:?}", report.anomalies);
+    }
+
+    #[test]
+    fn a_watcher_short_of_the_last_change_is_reported() {
+        // Node 1 stops at revision 3: it never reached the last change (4),
+        // even though the final revision (5) is past every change.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let mut log = stream(0, None);
+        let mut short = stream(1, None);
+        short.pop();
+        log.extend(short);
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 5, 2, &[0, 1]);
+        assert_eq!(report.verdict, Verdict::Invalid);
+        assert!(
+            report
+                .anomalies
+                .iter()
+                .any(|a| a.contains("node 1: the watch reached only revision 3")),
+            "{:?}",
+            report.anomalies
+        );
     }
 
     #[test]

@@ -183,7 +183,9 @@ pub fn spawn_reloader(
                 } => true,
             };
             let Some(tls) = &tls else {
-                tracing::warn!("SIGHUP: TLS is off, there are no certificates to reload");
+                if !only_if_changed {
+                    tracing::warn!("SIGHUP: TLS is off, there are no certificates to reload");
+                }
                 continue;
             };
             match tls.reload(only_if_changed) {
