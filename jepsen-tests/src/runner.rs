@@ -333,11 +333,7 @@ async fn run_scenario_inner(
                 // Let every watcher reach the last change they could see.
                 let deadline = Instant::now() + Duration::from_secs(20);
                 while workload.watchers_revision(&members_at_end)
-                    < watch_check::revision_to_reach(
-                        &workload.watch_log.lock(),
-                        &state,
-                        revision,
-                    )
+                    < watch_check::revision_to_reach(&workload.watch_log.lock(), &state, revision)
                     && Instant::now() < deadline
                 {
                     tokio::time::sleep(Duration::from_millis(100)).await;

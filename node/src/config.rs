@@ -608,10 +608,17 @@ mod tests {
         .unwrap();
         let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
         assert_eq!(c.log_engine, cairn_raft_log::LogEngineKind::Wal);
-        let c = Config::load(Some(&file), flags(serde_json::json!({"log_engine": "sled"}))).unwrap();
+        let c = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"log_engine": "sled"})),
+        )
+        .unwrap();
         assert_eq!(c.log_engine, cairn_raft_log::LogEngineKind::Sled);
-        let e = Config::load(Some(&file), flags(serde_json::json!({"log_engine": "rocks"})))
-            .unwrap_err();
+        let e = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"log_engine": "rocks"})),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("log_engine"), "{e}");
     }
 

@@ -253,11 +253,13 @@ impl ResourceService for ResourceGrpc {
         })?;
         // The watch's slot is taken before any work and held by the stream.
         let permit = match &self.0.connection_limits {
-            Some(limits) => Some(limits.watch(
-                r.extensions()
-                    .get::<crate::connections::ConnectionInfo>()
-                    .map(|info| info.remote_address),
-            )?),
+            Some(limits) => Some(
+                limits.watch(
+                    r.extensions()
+                        .get::<crate::connections::ConnectionInfo>()
+                        .map(|info| info.remote_address),
+                )?,
+            ),
             None => None,
         };
         let events = self.0.forwarder.watch(r.into_inner())?;

@@ -151,7 +151,10 @@ async fn a_backup_taken_under_load_restores_offline_into_a_new_cluster() {
             // not be mistaken for a wiped one when a member is already up.
             let first = format!("127.0.0.1:{client_port}");
             let deadline = Instant::now() + LEADER_TIMEOUT;
-            while cairn_node::cli::fetch_status(&first, &cairn_client::Access::plaintext()).await.is_err() {
+            while cairn_node::cli::fetch_status(&first, &cairn_client::Access::plaintext())
+                .await
+                .is_err()
+            {
                 assert!(Instant::now() < deadline, "node 1 never answered");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -165,7 +168,9 @@ async fn a_backup_taken_under_load_restores_offline_into_a_new_cluster() {
     let new_status = loop {
         let mut found = None;
         for e in &new_endpoints {
-            if let Ok(s) = cairn_node::cli::fetch_status(e, &cairn_client::Access::plaintext()).await {
+            if let Ok(s) =
+                cairn_node::cli::fetch_status(e, &cairn_client::Access::plaintext()).await
+            {
                 if s.leader_id != 0 && s.leader_id == s.node_id {
                     found = Some((e.clone(), s));
                 }

@@ -40,9 +40,12 @@ async fn leader_metrics_after_writes(timing: bool) -> String {
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     let node = cluster.node(leader);
     for i in 0..50 {
-        write(&node.client_address, thing(&format!("t{i}"), "", "", b"payload"))
-            .await
-            .expect("write");
+        write(
+            &node.client_address,
+            thing(&format!("t{i}"), "", "", b"payload"),
+        )
+        .await
+        .expect("write");
     }
     scrape(node.metrics_address.as_deref().expect("metrics on"))
 }

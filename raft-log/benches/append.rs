@@ -114,7 +114,8 @@ fn appends(c: &mut Criterion) {
         let raw_dir = bench_dir();
         let bytes = vec![
             0x5Au8;
-            batch as usize * (ENTRY_PAYLOAD_BYTES + FRAME_OVERHEAD_BYTES) + COMMIT_FRAME_BYTES
+            batch as usize * (ENTRY_PAYLOAD_BYTES + FRAME_OVERHEAD_BYTES)
+                + COMMIT_FRAME_BYTES
         ];
         let mut growing = OpenOptions::new()
             .create(true)

@@ -34,7 +34,10 @@ pub enum LogError {
 
     /// An option of [`crate::LogOptions`] is out of range.
     #[error("raft log option `{option}`: {reason}")]
-    InvalidOption { option: &'static str, reason: String },
+    InvalidOption {
+        option: &'static str,
+        reason: String,
+    },
 
     /// A stored metadata value (vote, purged or committed log id) is corrupt.
     #[error("raft log metadata `{key}` is corrupt: {reason}")]

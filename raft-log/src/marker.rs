@@ -26,25 +26,27 @@ pub(crate) fn check_or_record(
     fsync_directory: bool,
 ) -> Result<(), LogError> {
     let path = dir.join(ENGINE_FILE_NAME);
-    let found = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(text.trim().parse::<LogEngineKind>().map_err(|reason| {
-            LogError::CorruptMeta {
-                key: "ENGINE",
-                reason: format!("{}: {reason}", path.display()),
+    let found =
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Some(text.trim().parse::<LogEngineKind>().map_err(|reason| {
+                LogError::CorruptMeta {
+                    key: "ENGINE",
+                    reason: format!("{}: {reason}", path.display()),
+                }
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if dir.join(SLED_SUBDIR).exists() {
+                    Some(LogEngineKind::Sled)
+                } else if dir.join(WAL_META_SUBDIR).exists()
+                    || dir.join(WAL_SEGMENTS_SUBDIR).exists()
+                {
+                    Some(LogEngineKind::Wal)
+                } else {
+                    None
+                }
             }
-        })?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if dir.join(SLED_SUBDIR).exists() {
-                Some(LogEngineKind::Sled)
-            } else if dir.join(WAL_META_SUBDIR).exists() || dir.join(WAL_SEGMENTS_SUBDIR).exists()
-            {
-                Some(LogEngineKind::Wal)
-            } else {
-                None
-            }
-        }
-        Err(e) => return Err(LogError::io(format!("read {}", path.display()), e)),
-    };
+            Err(e) => return Err(LogError::io(format!("read {}", path.display()), e)),
+        };
     match found {
         Some(found) if found != requested => Err(LogError::EngineMismatch {
             dir: dir.to_path_buf(),

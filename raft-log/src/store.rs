@@ -28,20 +28,20 @@ use tokio::sync::oneshot;
 use crate::codec;
 use crate::engine::LogEngine;
 use crate::engine::SledEngine;
+use crate::wal::Wal;
 use crate::watermark::Watermark;
 use crate::writer::Counters;
 use crate::writer::LogStats;
 use crate::writer::Request;
 use crate::writer::Writer;
-use crate::wal::Wal;
-use crate::LogEngineKind;
-use crate::LogOptions;
 use crate::writer::META_COMMITTED;
 use crate::writer::META_PURGED;
 use crate::writer::META_VOTE;
 use crate::DirLock;
 use crate::DurableCallback;
+use crate::LogEngineKind;
 use crate::LogError;
+use crate::LogOptions;
 
 /// Name of the sled directory inside a log store's directory (sled engine).
 pub const SLED_SUBDIR: &str = crate::marker::SLED_SUBDIR;

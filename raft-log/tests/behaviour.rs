@@ -199,9 +199,8 @@ fn sled_purge_interrupted_before_deletion_is_finished_on_reopen() {
             .is_some_and(|(index, _)| index == 1));
     }
     runtime().block_on(async {
-        let store =
-            Store::open(dir.path(), common::options(LogEngineKind::Sled))
-                .expect("reopen finishes the purge");
+        let store = Store::open(dir.path(), common::options(LogEngineKind::Sled))
+            .expect("reopen finishes the purge");
         let (purged, last) = store.log_state().await.expect("state");
         assert_eq!(purged, Some(common::log_id(10)));
         assert_eq!(last, Some(common::log_id(20)));
@@ -228,7 +227,11 @@ async fn append_chunks(store: &Store, indexes: std::ops::RangeInclusive<u64>, ch
 /// Reads `first..=last` and checks every entry.
 async fn check_range(store: &Store, first: u64, last: u64) {
     let entries = store.read_entries(first..=last).await.expect("read");
-    assert_eq!(entries.len() as u64, last + 1 - first, "entries {first}..={last}");
+    assert_eq!(
+        entries.len() as u64,
+        last + 1 - first,
+        "entries {first}..={last}"
+    );
     for (offset, entry) in entries.iter().enumerate() {
         common::check_entry(first + offset as u64, entry).expect("intact");
     }
@@ -245,16 +248,25 @@ fn wal_segments_rotate_and_purge_deletes_the_ones_wholly_below_the_purge_point()
         append_chunks(&store, 1..=600, 7).await;
         let before = common::segment_files(dir.path()).len();
         assert!(before >= 8, "600 entries rotated through {before} segments");
-        store.purge_through(&common::log_id(400)).await.expect("purge");
+        store
+            .purge_through(&common::log_id(400))
+            .await
+            .expect("purge");
         let after = common::segment_files(dir.path()).len();
         println!("segments: {before} before the purge, {after} after");
-        assert!(after < before - 3, "the purge deleted segments: {before} -> {after}");
+        assert!(
+            after < before - 3,
+            "the purge deleted segments: {before} -> {after}"
+        );
         check_range(&store, 401, 600).await;
     });
     runtime().block_on(async {
         let store = Store::open(dir.path(), options.clone()).expect("reopen");
         let (purged, last) = store.log_state().await.expect("state");
-        assert_eq!((purged, last), (Some(common::log_id(400)), Some(common::log_id(600))));
+        assert_eq!(
+            (purged, last),
+            (Some(common::log_id(400)), Some(common::log_id(600)))
+        );
         check_range(&store, 401, 600).await;
         append_chunks(&store, 601..=700, 9).await;
         check_range(&store, 401, 700).await;
@@ -275,12 +287,18 @@ fn wal_segments_left_by_a_crash_between_purge_point_and_deletion_are_removed_on_
         for file in common::segment_files(dir.path()) {
             std::fs::copy(&file, saved.path().join(file.file_name().expect("name"))).expect("copy");
         }
-        store.purge_through(&common::log_id(250)).await.expect("purge");
+        store
+            .purge_through(&common::log_id(250))
+            .await
+            .expect("purge");
     });
     let after_purge = common::segment_files(dir.path()).len();
     for item in std::fs::read_dir(saved.path()).expect("list") {
         let path = item.expect("entry").path();
-        let target = dir.path().join("segments").join(path.file_name().expect("name"));
+        let target = dir
+            .path()
+            .join("segments")
+            .join(path.file_name().expect("name"));
         if !target.exists() {
             std::fs::copy(&path, &target).expect("restore");
         }
@@ -290,7 +308,10 @@ fn wal_segments_left_by_a_crash_between_purge_point_and_deletion_are_removed_on_
         let store = Store::open(dir.path(), options.clone()).expect("reopen");
         assert_eq!(common::segment_files(dir.path()).len(), after_purge);
         let (purged, last) = store.log_state().await.expect("state");
-        assert_eq!((purged, last), (Some(common::log_id(250)), Some(common::log_id(300))));
+        assert_eq!(
+            (purged, last),
+            (Some(common::log_id(250)), Some(common::log_id(300)))
+        );
         check_range(&store, 251, 300).await;
     });
 }
@@ -308,7 +329,10 @@ fn wal_truncation_back_across_segments_survives_reopen() {
     runtime().block_on(async {
         let store = Store::open(dir.path(), options.clone()).expect("open");
         append_chunks(&store, 1..=300, 10).await;
-        store.truncate_from(&common::log_id(120)).await.expect("truncate");
+        store
+            .truncate_from(&common::log_id(120))
+            .await
+            .expect("truncate");
         store
             .append_durable((120..=150).map(term2).collect())
             .await
@@ -359,14 +383,22 @@ fn wal_recent_entries_are_read_from_memory_and_older_ones_from_disk() {
     // (evicted long ago) reads from the segments. Both return the right entries.
     let dir = tempfile::tempdir().expect("tempdir");
     runtime().block_on(async {
-        let store = Store::open(dir.path(), common::small_wal(1024 * 1024, 64 * 1024)).expect("open");
+        let store =
+            Store::open(dir.path(), common::small_wal(1024 * 1024, 64 * 1024)).expect("open");
         append_chunks(&store, 1..=2000, 16).await;
         check_range(&store, 1951, 2000).await;
-        assert_eq!(store.stats().entries_read_from_disk, 0, "recent entries come from the tail");
+        assert_eq!(
+            store.stats().entries_read_from_disk,
+            0,
+            "recent entries come from the tail"
+        );
         check_range(&store, 1, 2000).await;
         let stats = store.stats();
         println!("{stats:?}");
-        assert!(stats.entries_read_from_disk > 0 && stats.entries_read_from_disk < 2000, "{stats:?}");
+        assert!(
+            stats.entries_read_from_disk > 0 && stats.entries_read_from_disk < 2000,
+            "{stats:?}"
+        );
     });
 }
 
@@ -378,12 +410,24 @@ fn wal_makes_no_fsync_when_nothing_new_was_written() {
     runtime().block_on(async {
         let store = Store::open(dir.path(), common::options(LogEngineKind::Wal)).expect("open");
         append_chunks(&store, 1..=10, 5).await;
-        store.purge_through(&common::log_id(5)).await.expect("purge");
+        store
+            .purge_through(&common::log_id(5))
+            .await
+            .expect("purge");
         let before = store.stats().durability_points;
         assert_eq!(before, 2);
-        store.store_vote(&openraft::Vote::new(3, 1)).await.expect("vote");
-        store.store_committed(Some(common::log_id(10))).await.expect("committed");
-        store.append_durable((1..=5).map(common::entry).collect()).await.expect("append of purged entries");
+        store
+            .store_vote(&openraft::Vote::new(3, 1))
+            .await
+            .expect("vote");
+        store
+            .store_committed(Some(common::log_id(10)))
+            .await
+            .expect("committed");
+        store
+            .append_durable((1..=5).map(common::entry).collect())
+            .await
+            .expect("append of purged entries");
         assert_eq!(store.stats().durability_points, before);
     });
 }
@@ -401,11 +445,17 @@ fn wal_flush_callbacks_fire_once_each_in_order_across_rotations_and_truncations(
         let mut call = 0u64;
         for round in 0..400u64 {
             if round == 200 {
-                store.truncate_from(&common::log_id(next - 10)).await.expect("truncate");
+                store
+                    .truncate_from(&common::log_id(next - 10))
+                    .await
+                    .expect("truncate");
                 next -= 10;
             }
             if round == 300 {
-                store.purge_through(&common::log_id(next - 50)).await.expect("purge");
+                store
+                    .purge_through(&common::log_id(next - 50))
+                    .await
+                    .expect("purge");
             }
             let done_tx = done_tx.clone();
             let this_call = call;
@@ -427,7 +477,11 @@ fn wal_flush_callbacks_fire_once_each_in_order_across_rotations_and_truncations(
             assert!(ok, "callback {call} reports success");
             fired.push(call);
         }
-        assert_eq!(fired, (0..400).collect::<Vec<_>>(), "each callback once, in order");
+        assert_eq!(
+            fired,
+            (0..400).collect::<Vec<_>>(),
+            "each callback once, in order"
+        );
         let (_, last) = store.log_state().await.expect("state");
         assert_eq!(last.map(|id| id.index), Some(next - 1));
     });

@@ -30,7 +30,8 @@ fn runtime() -> tokio::runtime::Runtime {
 /// closes it.
 fn write_entries(dir: &Path) {
     runtime().block_on(async {
-        let store = Store::open(dir, LogOptions::with_engine(common::LogEngineKind::Sled)).expect("open");
+        let store =
+            Store::open(dir, LogOptions::with_engine(common::LogEngineKind::Sled)).expect("open");
         for chunk_start in (1..=LAST_INDEX).step_by(8) {
             let entries = (chunk_start..chunk_start + 8).map(common::entry).collect();
             store.append_durable(entries).await.expect("append");
@@ -57,7 +58,10 @@ fn flipped_byte_in_a_stored_entry_is_reported_with_its_index_on_reopen() {
     })
     .expect("rewrite");
     assert!(found, "entry 7 exists");
-    match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
+    match Store::open(
+        dir.path(),
+        LogOptions::with_engine(common::LogEngineKind::Sled),
+    ) {
         Err(error @ LogError::Corrupt { index: 7, .. }) => {
             let message = error.to_string();
             println!("reopen reports: {message}");
@@ -77,7 +81,10 @@ fn missing_entry_in_the_middle_is_reported_with_its_index_on_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path());
     assert!(test_hooks::delete_stored_entry(dir.path(), 12).expect("delete"));
-    match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
+    match Store::open(
+        dir.path(),
+        LogOptions::with_engine(common::LogEngineKind::Sled),
+    ) {
         Err(error @ LogError::Corrupt { index: 12, .. }) => println!("reopen reports: {error}"),
         other => panic!("expected Corrupt {{ index: 12 }}, got {other:?}"),
     }
@@ -92,7 +99,10 @@ fn truncated_stored_value_is_reported_with_its_index_on_reopen() {
         test_hooks::rewrite_stored_entry(dir.path(), 3, |bytes| bytes.truncate(2))
             .expect("rewrite")
     );
-    match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
+    match Store::open(
+        dir.path(),
+        LogOptions::with_engine(common::LogEngineKind::Sled),
+    ) {
         Err(error @ LogError::Corrupt { index: 3, .. }) => println!("reopen reports: {error}"),
         other => panic!("expected Corrupt {{ index: 3 }}, got {other:?}"),
     }
@@ -238,7 +248,10 @@ fn flipped_bytes_in_sled_files_are_reported_not_ignored() {
         flipped > 0,
         "entry 30's payload was not found in sled's files (is compression on?)"
     );
-    let outcome = match Store::open(dir.path(), LogOptions::with_engine(common::LogEngineKind::Sled)) {
+    let outcome = match Store::open(
+        dir.path(),
+        LogOptions::with_engine(common::LogEngineKind::Sled),
+    ) {
         Err(error) => format!("reopen failed: {error}"),
         Ok(store) => runtime().block_on(async {
             match store.read_entries(1..=LAST_INDEX).await {
@@ -280,7 +293,11 @@ fn flip_payload_byte(dir: &Path, index: u64) -> String {
         if let Some(&offset) = occurrences(&bytes, &payload).first() {
             bytes[offset + payload.len() / 2] ^= 0x10;
             std::fs::write(&path, &bytes).expect("write segment");
-            return path.file_name().expect("name").to_string_lossy().into_owned();
+            return path
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
         }
     }
     panic!("entry {index}'s payload is in no segment");
@@ -293,9 +310,21 @@ fn wal_flipped_byte_in_a_middle_segment_names_the_segment_and_the_index() {
     let dir = tempfile::tempdir().expect("tempdir");
     let options = write_wal_entries(dir.path());
     let segments = common::segment_files(dir.path());
-    assert!(segments.len() >= 4, "entries span {} segments", segments.len());
+    assert!(
+        segments.len() >= 4,
+        "entries span {} segments",
+        segments.len()
+    );
     let damaged = flip_payload_byte(dir.path(), 100);
-    assert_ne!(Some(&damaged), segments.last().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).as_ref(), "a middle segment");
+    assert_ne!(
+        Some(&damaged),
+        segments
+            .last()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .as_ref(),
+        "a middle segment"
+    );
     match Store::open(dir.path(), options) {
         Err(error @ LogError::CorruptSegment { index: 100, .. }) => {
             let message = error.to_string();
@@ -327,7 +356,9 @@ fn wal_flipped_byte_in_an_acknowledged_batch_of_the_active_segment_is_not_taken_
     assert_eq!(common::segment_files(dir.path()).len(), 1);
     flip_payload_byte(dir.path(), 9);
     match Store::open(dir.path(), options) {
-        Err(error @ LogError::CorruptSegment { index: 9, .. }) => println!("reopen reports: {error}"),
+        Err(error @ LogError::CorruptSegment { index: 9, .. }) => {
+            println!("reopen reports: {error}")
+        }
         other => panic!("expected CorruptSegment at index 9, got {other:?}"),
     }
 }
@@ -352,13 +383,20 @@ fn wal_torn_tail_is_cut_back_to_the_last_commit_keeping_every_acknowledged_entry
     runtime().block_on(async {
         let store = Store::open(dir.path(), options.clone()).expect("a torn tail is not an error");
         let (_, last) = store.log_state().await.expect("state");
-        assert_eq!(last, Some(common::log_id(196)), "cut back to the last commit");
+        assert_eq!(
+            last,
+            Some(common::log_id(196)),
+            "cut back to the last commit"
+        );
         let entries = store.read_entries(1..=196).await.expect("read");
         assert_eq!(entries.len(), 196);
         for (offset, entry) in entries.iter().enumerate() {
             common::check_entry(1 + offset as u64, entry).expect("acknowledged entries intact");
         }
-        store.append_durable((197..=198).map(common::entry).collect()).await.expect("append after the cut");
+        store
+            .append_durable((197..=198).map(common::entry).collect())
+            .await
+            .expect("append after the cut");
     });
     runtime().block_on(async {
         let store = Store::open(dir.path(), options.clone()).expect("reopen");
@@ -377,13 +415,20 @@ fn wal_missing_segment_is_reported_by_name() {
     let options = write_wal_entries(dir.path());
     let segments = common::segment_files(dir.path());
     let victim = &segments[segments.len() / 2];
-    let name = victim.file_name().expect("name").to_string_lossy().into_owned();
+    let name = victim
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
     std::fs::remove_file(victim).expect("delete");
     match Store::open(dir.path(), options) {
         Err(error @ LogError::CorruptSegment { .. }) => {
             let message = error.to_string();
             println!("reopen reports: {message}");
-            assert!(message.contains(&name) && message.contains("missing"), "{message}");
+            assert!(
+                message.contains(&name) && message.contains("missing"),
+                "{message}"
+            );
         }
         other => panic!("expected CorruptSegment naming {name}, got {other:?}"),
     }
@@ -405,7 +450,10 @@ fn wal_entry_damaged_after_open_fails_openraft_reads_naming_its_index() {
         let message = error.to_string();
         println!("openraft sees: {message}");
         assert!(message.contains("LogIndex(21)"), "{message}");
-        let fine = store.try_get_log_entries(1..21).await.expect("entries below 21");
+        let fine = store
+            .try_get_log_entries(1..21)
+            .await
+            .expect("entries below 21");
         assert_eq!(fine.len(), 20);
     });
 }

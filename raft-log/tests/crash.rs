@@ -141,8 +141,8 @@ fn crash_child_process_entry() {
         .build()
         .expect("runtime");
     runtime.block_on(async move {
-        let store =
-            Store::open(Path::new(&dir), store_options(engine, skip)).expect("child opens the store");
+        let store = Store::open(Path::new(&dir), store_options(engine, skip))
+            .expect("child opens the store");
         let (purged, last) = store.log_state().await.expect("log state");
         let mut next_index = last.map(|id| id.index + 1).unwrap_or(1);
         let mut purged_index = purged.map(|id| id.index).unwrap_or(0);
@@ -286,7 +286,11 @@ fn run_child_round(
 ) -> ChildReport {
     // A WAL without crc checks is only fooled when a torn batch loses sectors holding payload
     // alone: small batches (one append of 1-2 large entries in flight) make that likely.
-    let (batch_max, in_flight) = if skip == Skip::CrcCheck { (2, 1) } else { (16, IN_FLIGHT_APPENDS_MAX) };
+    let (batch_max, in_flight) = if skip == Skip::CrcCheck {
+        (2, 1)
+    } else {
+        (16, IN_FLIGHT_APPENDS_MAX)
+    };
     let envs = vec![
         (CHILD_IN_FLIGHT_ENV, in_flight.to_string()),
         (CHILD_DIR_ENV, dir.display().to_string()),
@@ -331,15 +335,25 @@ fn verify_acknowledged(
 ) -> Result<(), String> {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let store = Store::open(dir, store_options(engine, skip)).map_err(|e| format!("reopen failed: {e}"))?;
-        let (purged, last) = store.log_state().await.map_err(|e| format!("log state: {e}"))?;
+        let store = Store::open(dir, store_options(engine, skip))
+            .map_err(|e| format!("reopen failed: {e}"))?;
+        let (purged, last) = store
+            .log_state()
+            .await
+            .map_err(|e| format!("log state: {e}"))?;
         let purged_index = purged.map(|id| id.index).unwrap_or(0);
         if purged_index > report.purge_index_max {
-            return Err(format!("purged through {purged_index}, but the child never purged beyond {}", report.purge_index_max));
+            return Err(format!(
+                "purged through {purged_index}, but the child never purged beyond {}",
+                report.purge_index_max
+            ));
         }
         let last_index = last.map(|id| id.index).unwrap_or(0);
         if last_index < report.acked_index_max {
-            return Err(format!("log ends at {last_index}, but {} was acknowledged", report.acked_index_max));
+            return Err(format!(
+                "log ends at {last_index}, but {} was acknowledged",
+                report.acked_index_max
+            ));
         }
         let entries = store
             .read_entries(purged_index + 1..=last_index)
@@ -347,14 +361,26 @@ fn verify_acknowledged(
             .map_err(|e| format!("read entries: {e}"))?;
         let expected_len = last_index.saturating_sub(purged_index);
         if entries.len() as u64 != expected_len {
-            return Err(format!("read {} entries in {}..={last_index}, expected {expected_len}", entries.len(), purged_index + 1));
+            return Err(format!(
+                "read {} entries in {}..={last_index}, expected {expected_len}",
+                entries.len(),
+                purged_index + 1
+            ));
         }
         for (offset, entry) in entries.iter().enumerate() {
             common::check_entry_scaled(purged_index + 1 + offset as u64, entry, scale)?;
         }
-        let vote_term = store.vote().await.map_err(|e| format!("vote: {e}"))?.map(|v| v.leader_id.term).unwrap_or(0);
+        let vote_term = store
+            .vote()
+            .await
+            .map_err(|e| format!("vote: {e}"))?
+            .map(|v| v.leader_id.term)
+            .unwrap_or(0);
         if vote_term < report.vote_term_max {
-            return Err(format!("vote term {vote_term} after reopen, but term {} was saved", report.vote_term_max));
+            return Err(format!(
+                "vote term {vote_term} after reopen, but term {} was saved",
+                report.vote_term_max
+            ));
         }
         Ok(())
     })
@@ -370,11 +396,21 @@ fn crash_rounds(test: &str, dir: &Path, engine: LogEngineKind, cut_at: CutAt, cu
     let started = Instant::now();
     for round in 0..rounds {
         let kill_after = Duration::from_millis(rng.random_range(5..400));
-        let report = run_child_round(dir, seed.wrapping_add(round), engine, Skip::Nothing, kill_after, cut_at, &cut);
+        let report = run_child_round(
+            dir,
+            seed.wrapping_add(round),
+            engine,
+            Skip::Nothing,
+            kill_after,
+            cut_at,
+            &cut,
+        );
         total.acked_index_max = total.acked_index_max.max(report.acked_index_max);
         total.purge_index_max = total.purge_index_max.max(report.purge_index_max);
         total.vote_term_max = total.vote_term_max.max(report.vote_term_max);
-        if let Err(problem) = verify_acknowledged(dir, engine, Skip::Nothing, entry_scale(cut_at), &total) {
+        if let Err(problem) =
+            verify_acknowledged(dir, engine, Skip::Nothing, entry_scale(cut_at), &total)
+        {
             panic!("{test}: round {round} (seed {seed}, killed after {kill_after:?}): {problem}");
         }
         println!(
@@ -393,7 +429,13 @@ fn kill_9_at_random_moments_loses_no_acknowledged_entry(engine: LogEngineKind) {
     // Append in a child, SIGKILL it at a random moment, reopen, check every ack; repeat.
     let dir = tempfile::tempdir().expect("tempdir");
     let store_dir = dir.path().join("log");
-    crash_rounds(&format!("kill_9_{engine}"), &store_dir, engine, CutAt::AfterKill, || {});
+    crash_rounds(
+        &format!("kill_9_{engine}"),
+        &store_dir,
+        engine,
+        CutAt::AfterKill,
+        || {},
+    );
 }
 
 for_each_engine!(kill_9_at_random_moments_loses_no_acknowledged_entry);
@@ -408,10 +450,19 @@ fn sled_power_cut_at_random_moments_loses_no_acknowledged_entry() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fs = PowerCutFs::mount(dir.path()).expect("mount power-cut filesystem");
     let store_dir = dir.path().join("log");
-    crash_rounds("power_cut_sled", &store_dir, LogEngineKind::Sled, CutAt::AfterKill, || fs.cut_power());
+    crash_rounds(
+        "power_cut_sled",
+        &store_dir,
+        LogEngineKind::Sled,
+        CutAt::AfterKill,
+        || fs.cut_power(),
+    );
     let stats = fs.stats();
     assert_eq!(stats.power_cuts, rounds());
-    assert!(stats.file_syncs > 0, "the store never fsynced a file: {stats:?}");
+    assert!(
+        stats.file_syncs > 0,
+        "the store never fsynced a file: {stats:?}"
+    );
     fs.unmount().expect("unmount");
 }
 
@@ -429,24 +480,42 @@ fn wal_power_cut_with_torn_writes_and_strict_directories_loses_no_acknowledged_e
     // unsynced writes survives, the next one torn by sector; strict directories: names survive
     // only a directory fsync): every round, acknowledged entries survive and no torn entry is
     // served.
-    if common::skip_without_fuse("wal_power_cut_with_torn_writes_and_strict_directories_loses_no_acknowledged_entry") {
+    if common::skip_without_fuse(
+        "wal_power_cut_with_torn_writes_and_strict_directories_loses_no_acknowledged_entry",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let fs_seed = common::test_seed();
     println!("power-cut filesystem seed {fs_seed}");
-    let fs = PowerCutFs::mount_with(dir.path(), harsh(fs_seed)).expect("mount power-cut filesystem");
+    let fs =
+        PowerCutFs::mount_with(dir.path(), harsh(fs_seed)).expect("mount power-cut filesystem");
     let store_dir = dir.path().join("log");
-    crash_rounds("power_cut_wal", &store_dir, LogEngineKind::Wal, CutAt::WhileRunning, || fs.cut_power());
+    crash_rounds(
+        "power_cut_wal",
+        &store_dir,
+        LogEngineKind::Wal,
+        CutAt::WhileRunning,
+        || fs.cut_power(),
+    );
     let stats = fs.stats();
     assert_eq!(stats.power_cuts, rounds());
-    assert!(stats.file_syncs > 0 && stats.directory_syncs > 0, "{stats:?}");
+    assert!(
+        stats.file_syncs > 0 && stats.directory_syncs > 0,
+        "{stats:?}"
+    );
     fs.unmount().expect("unmount");
 }
 
 /// Runs rounds of a store with `skip` on fresh directories until a power cut loses or damages
 /// what it acknowledged, at most `rounds_max` times. Returns the rounds that caught it.
-fn detect(test: &str, engine: LogEngineKind, skip: Skip, fs_options: PowerCutOptions, rounds_max: u64) -> Vec<u64> {
+fn detect(
+    test: &str,
+    engine: LogEngineKind,
+    skip: Skip,
+    fs_options: PowerCutOptions,
+    rounds_max: u64,
+) -> Vec<u64> {
     let dir = tempfile::tempdir().expect("tempdir");
     let fs = PowerCutFs::mount_with(dir.path(), fs_options).expect("mount power-cut filesystem");
     let seed = common::test_seed();
@@ -460,13 +529,24 @@ fn detect(test: &str, engine: LogEngineKind, skip: Skip, fs_options: PowerCutOpt
             LogEngineKind::Wal => CutAt::WhileRunning,
             LogEngineKind::Sled => CutAt::AfterKill,
         };
-        let report = run_child_round(&store_dir, seed.wrapping_add(round), engine, skip, kill_after, cut_at, || fs.cut_power());
+        let report = run_child_round(
+            &store_dir,
+            seed.wrapping_add(round),
+            engine,
+            skip,
+            kill_after,
+            cut_at,
+            || fs.cut_power(),
+        );
         if report.acked_index_max == 0 {
             println!("{test}: round {round}: nothing acknowledged before the kill");
             continue;
         }
         match verify_acknowledged(&store_dir, engine, skip, entry_scale(cut_at), &report) {
-            Ok(()) => println!("{test}: round {round}: {} acknowledged, none lost or damaged", report.acked_index_max),
+            Ok(()) => println!(
+                "{test}: round {round}: {} acknowledged, none lost or damaged",
+                report.acked_index_max
+            ),
             Err(problem) => {
                 println!("{test}: round {round}: caught: {problem}");
                 detected.push(round);
@@ -489,8 +569,18 @@ fn power_cut_test_detects_a_store_that_skips_fsync(engine: LogEngineKind) {
         LogEngineKind::Wal => harsh(common::test_seed()),
         LogEngineKind::Sled => PowerCutOptions::default(),
     };
-    let caught = detect(&format!("skip_fsync_{engine}"), engine, Skip::Fsync, fs_options, rounds());
-    assert!(!caught.is_empty(), "skipping fsync lost nothing in {} power cuts: the power-cut test does not bite", rounds());
+    let caught = detect(
+        &format!("skip_fsync_{engine}"),
+        engine,
+        Skip::Fsync,
+        fs_options,
+        rounds(),
+    );
+    assert!(
+        !caught.is_empty(),
+        "skipping fsync lost nothing in {} power cuts: the power-cut test does not bite",
+        rounds()
+    );
 }
 
 for_each_engine!(power_cut_test_detects_a_store_that_skips_fsync);
@@ -502,8 +592,18 @@ fn power_cut_test_detects_a_wal_that_skips_its_directory_fsyncs() {
     if common::skip_without_fuse("power_cut_test_detects_a_wal_that_skips_its_directory_fsyncs") {
         return;
     }
-    let caught = detect("skip_directory_fsync", LogEngineKind::Wal, Skip::DirectoryFsync, harsh(common::test_seed()), rounds());
-    assert!(!caught.is_empty(), "skipping directory fsyncs lost nothing in {} power cuts", rounds());
+    let caught = detect(
+        "skip_directory_fsync",
+        LogEngineKind::Wal,
+        Skip::DirectoryFsync,
+        harsh(common::test_seed()),
+        rounds(),
+    );
+    assert!(
+        !caught.is_empty(),
+        "skipping directory fsyncs lost nothing in {} power cuts",
+        rounds()
+    );
 }
 
 #[test]
@@ -515,6 +615,16 @@ fn power_cut_test_detects_a_wal_that_does_not_check_crcs() {
     if common::skip_without_fuse("power_cut_test_detects_a_wal_that_does_not_check_crcs") {
         return;
     }
-    let caught = detect("skip_crc_check", LogEngineKind::Wal, Skip::CrcCheck, harsh(common::test_seed()), 3 * rounds());
-    assert!(!caught.is_empty(), "a WAL without crc checks went unnoticed in {} power cuts", 3 * rounds());
+    let caught = detect(
+        "skip_crc_check",
+        LogEngineKind::Wal,
+        Skip::CrcCheck,
+        harsh(common::test_seed()),
+        3 * rounds(),
+    );
+    assert!(
+        !caught.is_empty(),
+        "a WAL without crc checks went unnoticed in {} power cuts",
+        3 * rounds()
+    );
 }

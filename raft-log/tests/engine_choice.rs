@@ -12,7 +12,10 @@ fn write_one_entry(dir: &std::path::Path, engine: LogEngineKind) {
     runtime.block_on(async {
         let store = Store::open(dir, common::options(engine)).expect("open");
         assert_eq!(store.engine(), engine);
-        store.append_durable(vec![common::entry(1)]).await.expect("append");
+        store
+            .append_durable(vec![common::entry(1)])
+            .await
+            .expect("append");
     });
 }
 
@@ -29,8 +32,14 @@ fn data_dir_written_by_one_engine_is_refused_by_the_other(written_by: LogEngineK
         Err(error @ LogError::EngineMismatch { .. }) => {
             let message = error.to_string();
             println!("{message}");
-            assert!(message.contains(&format!("`{written_by}` log engine")), "{message}");
-            assert!(message.contains(&format!("log_engine = \"{written_by}\"")), "{message}");
+            assert!(
+                message.contains(&format!("`{written_by}` log engine")),
+                "{message}"
+            );
+            assert!(
+                message.contains(&format!("log_engine = \"{written_by}\"")),
+                "{message}"
+            );
         }
         other => panic!("expected EngineMismatch, got {other:?}"),
     }

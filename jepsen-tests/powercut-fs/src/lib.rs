@@ -399,14 +399,21 @@ impl State {
             };
             for change in &changes[..kept_whole] {
                 match change {
-                    PendingWrite::Write { offset, data: bytes } => {
+                    PendingWrite::Write {
+                        offset,
+                        data: bytes,
+                    } => {
                         write_at(data, *offset, bytes);
                     }
                     PendingWrite::SetLen(len) => data.resize(*len as usize, 0),
                 }
             }
             self.stats.lost_writes += (changes.len() - kept_whole - 1) as u64;
-            if let PendingWrite::Write { offset, data: bytes } = &changes[kept_whole] {
+            if let PendingWrite::Write {
+                offset,
+                data: bytes,
+            } = &changes[kept_whole]
+            {
                 self.stats.torn_writes += 1;
                 let first_sector = offset / SECTOR_BYTES;
                 for (position, keep) in torn_sectors.iter().enumerate() {
@@ -1530,8 +1537,14 @@ mod tests {
                 })
                 .collect();
             // Whole writes first, then part of one, then nothing.
-            let whole = sectors.chunks(2).take_while(|w| w.len() == 2 && w[0] != 0 && w[1] != 0).count();
-            assert!(sectors.iter().skip((whole + 1) * 2).all(|b| *b == 0), "{sectors:?}");
+            let whole = sectors
+                .chunks(2)
+                .take_while(|w| w.len() == 2 && w[0] != 0 && w[1] != 0)
+                .count();
+            assert!(
+                sectors.iter().skip((whole + 1) * 2).all(|b| *b == 0),
+                "{sectors:?}"
+            );
             outcomes.insert(sectors);
         }
         assert!(outcomes.len() >= 5, "varied outcomes: {outcomes:?}");
@@ -1549,7 +1562,11 @@ mod tests {
         let a = file(&mut state, ROOT, "a", b"A");
         state.sync_file(a).expect("sync a");
         state.cut_power();
-        assert_eq!(data_at(&state, ROOT, "a"), None, "the name was never made durable");
+        assert_eq!(
+            data_at(&state, ROOT, "a"),
+            None,
+            "the name was never made durable"
+        );
         let b = file(&mut state, ROOT, "b", b"B");
         state.sync_file(b).expect("sync b");
         state.sync_dir(ROOT).expect("sync root");

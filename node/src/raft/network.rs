@@ -28,8 +28,8 @@ use serde::Serialize;
 use std::sync::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
-use super::stages::{IndexStage, WriteStages};
 use super::peer_gate::{self, PeerGate, Refusal};
+use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 

@@ -73,7 +73,10 @@ pub enum IndexStage {
 
 impl WriteStages {
     pub fn new(enabled: bool) -> WriteStages {
-        assert!(RING_SLOTS.is_power_of_two(), "the ring is indexed by a mask");
+        assert!(
+            RING_SLOTS.is_power_of_two(),
+            "the ring is indexed by a mask"
+        );
         WriteStages {
             enabled: AtomicBool::new(enabled),
             epoch: Instant::now(),
@@ -185,7 +188,11 @@ mod tests {
         stages.record_indexes(IndexStage::Replicated, 5, 5);
         assert_eq!(slot.replicated_ns.load(Ordering::Relaxed), first);
         // The same slot, one lap later: the old index's times are gone.
-        stages.record_indexes(IndexStage::Applied, 5 + RING_SLOTS as u64, 5 + RING_SLOTS as u64);
+        stages.record_indexes(
+            IndexStage::Applied,
+            5 + RING_SLOTS as u64,
+            5 + RING_SLOTS as u64,
+        );
         assert_eq!(slot.index.load(Ordering::Relaxed), 5 + RING_SLOTS as u64);
         assert_eq!(slot.replicated_ns.load(Ordering::Relaxed), 0);
         assert_ne!(slot.applied_ns.load(Ordering::Relaxed), 0);

@@ -210,7 +210,9 @@ pub(crate) fn check_segment_header(
         Parsed::Frame { kind, .. } => Err(format!(
             "the segment starts with a {kind:?} frame, not a segment header"
         )),
-        Parsed::End => Err("the segment header is missing (the file starts with zeros)".to_string()),
+        Parsed::End => {
+            Err("the segment header is missing (the file starts with zeros)".to_string())
+        }
         Parsed::Bad { reason } => Err(format!("the segment header is damaged: {reason}")),
     }
 }
@@ -240,7 +242,10 @@ pub(crate) fn parse_frame(bytes: &[u8], pos: usize, check_crc: bool) -> Parsed<'
             Parsed::End
         } else {
             Parsed::Bad {
-                reason: format!("{} trailing bytes are too short for a frame header", rest.len()),
+                reason: format!(
+                    "{} trailing bytes are too short for a frame header",
+                    rest.len()
+                ),
             }
         };
     }
@@ -432,7 +437,12 @@ pub(crate) fn scan_segment(bytes: &[u8], check_crc: bool) -> SegmentScan {
 /// Whether a valid commit frame closing a batch that starts after `batch_start` lies beyond
 /// `damage_pos`: proof that the damaged batch had been synced before (so it is not a torn
 /// tail). Tries every aligned position, since the damaged frame's length cannot be trusted.
-fn later_commit_exists(bytes: &[u8], damage_pos: usize, batch_start: usize, check_crc: bool) -> bool {
+fn later_commit_exists(
+    bytes: &[u8],
+    damage_pos: usize,
+    batch_start: usize,
+    check_crc: bool,
+) -> bool {
     let mut pos = damage_pos + FRAME_ALIGN_BYTES;
     while pos + COMMIT_FRAME_LEN_BYTES <= bytes.len() {
         // Cheap filter before the checksum: the kind byte and the commit payload length.
@@ -468,7 +478,12 @@ mod tests {
             let start = bytes.len();
             batch_starts.push(start);
             for _ in 0..per_batch {
-                push_frame(&mut bytes, FrameKind::Entry, index, &index.to_le_bytes().repeat(5));
+                push_frame(
+                    &mut bytes,
+                    FrameKind::Entry,
+                    index,
+                    &index.to_le_bytes().repeat(5),
+                );
                 index += 1;
             }
             let crc = crc32c::crc32c(&bytes[start..]);
@@ -484,8 +499,16 @@ mod tests {
         let mut bytes = Vec::new();
         let len = push_frame(&mut bytes, FrameKind::Entry, 42, b"hello world");
         match parse_frame(&bytes, 0, true) {
-            Parsed::Frame { kind, index, payload, len: parsed_len } => {
-                assert_eq!((kind, index, payload, parsed_len), (FrameKind::Entry, 42, &b"hello world"[..], len));
+            Parsed::Frame {
+                kind,
+                index,
+                payload,
+                len: parsed_len,
+            } => {
+                assert_eq!(
+                    (kind, index, payload, parsed_len),
+                    (FrameKind::Entry, 42, &b"hello world"[..], len)
+                );
             }
             other => panic!("expected a frame, got {other:?}"),
         }
@@ -520,7 +543,10 @@ mod tests {
         assert!(scan.uncommitted.is_empty());
         let indexes: Vec<u64> = scan.committed.iter().map(|f| f.index).collect();
         assert_eq!(indexes, (1..=12).collect::<Vec<_>>());
-        assert!(scan.nonzero_end <= scan.end_offset, "nothing after the last commit");
+        assert!(
+            scan.nonzero_end <= scan.end_offset,
+            "nothing after the last commit"
+        );
     }
 
     #[test]

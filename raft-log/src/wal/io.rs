@@ -284,7 +284,10 @@ where
                 Op::Truncate { from_index, done } => {
                     durable_waiters.push(Waiter::Reply(done));
                     if failure.is_none()
-                        && self.disk.last_index().is_some_and(|last| from_index <= last)
+                        && self
+                            .disk
+                            .last_index()
+                            .is_some_and(|last| from_index <= last)
                     {
                         self.push_truncate(from_index);
                     }
@@ -373,7 +376,10 @@ where
         format::push_commit(&mut self.buffer, start, batch_crc, self.buffer_frames);
         let file = &self.active.file;
         file.file.write_all_at(&self.buffer, start).map_err(|e| {
-            LogError::io(format!("write {} bytes to segment {}", self.buffer.len(), file.name), e)
+            LogError::io(
+                format!("write {} bytes to segment {}", self.buffer.len(), file.name),
+                e,
+            )
         })?;
         if self.fsync {
             file.file
@@ -385,7 +391,10 @@ where
             .durability_points
             .fetch_add(1, Ordering::Relaxed);
         self.active.write_offset += self.buffer.len() as u64;
-        assert_eq!(self.active.write_offset % format::FRAME_ALIGN_BYTES as u64, 0);
+        assert_eq!(
+            self.active.write_offset % format::FRAME_ALIGN_BYTES as u64,
+            0
+        );
         self.buffer.clear();
         self.buffer_frames = 0;
         Ok(())
@@ -395,7 +404,10 @@ where
     /// big enough for `needed` bytes: the new file is durable with its name, then recorded in
     /// the metadata, before anything is written to it.
     fn rotate(&mut self, base_index: u64, needed: usize) -> Result<(), LogError> {
-        assert!(self.buffer.is_empty(), "the previous batch is written first");
+        assert!(
+            self.buffer.is_empty(),
+            "the previous batch is written first"
+        );
         let id = self.active.id + 1;
         let capacity_bytes = self
             .segment_size_bytes
@@ -417,8 +429,10 @@ where
             base_index,
             sealed_end_bytes: None,
         });
-        self.meta
-            .put_meta(META_SEGMENTS, &crate::store::seal_meta(META_SEGMENTS, &records)?)?;
+        self.meta.put_meta(
+            META_SEGMENTS,
+            &crate::store::seal_meta(META_SEGMENTS, &records)?,
+        )?;
         self.put_committed()?;
         self.meta.sync()?;
         self.records = records;
@@ -479,8 +493,10 @@ where
                 .into_iter()
                 .partition(|record| record.id < keep_from_id);
             if !doomed.is_empty() {
-                self.meta
-                    .put_meta(META_SEGMENTS, &crate::store::seal_meta(META_SEGMENTS, &records)?)?;
+                self.meta.put_meta(
+                    META_SEGMENTS,
+                    &crate::store::seal_meta(META_SEGMENTS, &records)?,
+                )?;
             }
         }
         self.put_committed()?;
@@ -504,7 +520,12 @@ where
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(LogError::io(format!("delete segment {}", path.display()), e)),
+                Err(e) => {
+                    return Err(LogError::io(
+                        format!("delete segment {}", path.display()),
+                        e,
+                    ))
+                }
             }
             tracing::debug!(segment = %path.display(), "raft log segment deleted after a purge");
         }

@@ -351,7 +351,9 @@ where
         }
         assert!(state.tail.len() <= state.slots.len());
         assert_eq!(
-            state.last_index().map(|last| last + 1 - frame_lens.len() as u64),
+            state
+                .last_index()
+                .map(|last| last + 1 - frame_lens.len() as u64),
             first_index.or(state.last_index().map(|last| last + 1)),
             "appended entries end the log"
         );
@@ -372,7 +374,11 @@ where
 
     /// Reads the entries with index in `[start, end)` (`end = None`: to the last): recent ones
     /// from the tail, older ones from their segments on the blocking pool.
-    pub(crate) async fn read(&self, start: u64, end: Option<u64>) -> Result<Vec<C::Entry>, LogError> {
+    pub(crate) async fn read(
+        &self,
+        start: u64,
+        end: Option<u64>,
+    ) -> Result<Vec<C::Entry>, LogError> {
         let mut from_disk = Vec::new();
         let mut from_memory = Vec::new();
         {
@@ -414,7 +420,8 @@ where
             .entries_read_from_disk
             .fetch_add(from_disk.len() as u64, Ordering::Relaxed);
         let check_crc = self.shared.check_crc;
-        let mut entries = crate::store::run_blocking(move || read_frames::<C>(&from_disk, check_crc)).await?;
+        let mut entries =
+            crate::store::run_blocking(move || read_frames::<C>(&from_disk, check_crc)).await?;
         entries.extend(from_memory);
         Ok(entries)
     }
@@ -454,7 +461,10 @@ where
     /// Records the committed log id in memory; it is written to the metadata with its next
     /// durable update (a vote, a purge, a new segment, or closing the store), never ahead of
     /// the entries it covers.
-    pub(crate) fn store_committed(&self, committed: Option<LogId<C::NodeId>>) -> Result<(), LogError> {
+    pub(crate) fn store_committed(
+        &self,
+        committed: Option<LogId<C::NodeId>>,
+    ) -> Result<(), LogError> {
         let mut state = self.shared.state.lock();
         state.check_poisoned()?;
         state.committed = committed;
@@ -527,7 +537,8 @@ where
         let mut run_len = u64::from(first.len_bytes);
         while run_end < reads.len() {
             let next = &reads[run_end];
-            if !Arc::ptr_eq(&next.segment, &first.segment) || next.offset != first.offset + run_len {
+            if !Arc::ptr_eq(&next.segment, &first.segment) || next.offset != first.offset + run_len
+            {
                 break;
             }
             run_len += u64::from(next.len_bytes);
@@ -540,21 +551,26 @@ where
             .read_exact_at(&mut buffer, first.offset)
             .map_err(|e| {
                 LogError::io(
-                    format!("read entry {} from segment {}", first.index, first.segment.name),
+                    format!(
+                        "read entry {} from segment {}",
+                        first.index, first.segment.name
+                    ),
                     e,
                 )
             })?;
         let mut position = 0usize;
         for read in &reads[run_start..run_end] {
             let frame = &buffer[position..position + read.len_bytes as usize];
-            entries.push(decode_entry_frame::<C>(frame, read.index, check_crc).map_err(
-                |reason| LogError::CorruptSegment {
-                    segment: read.segment.name.clone(),
-                    index: read.index,
-                    offset_bytes: read.offset,
-                    reason,
-                },
-            )?);
+            entries.push(
+                decode_entry_frame::<C>(frame, read.index, check_crc).map_err(|reason| {
+                    LogError::CorruptSegment {
+                        segment: read.segment.name.clone(),
+                        index: read.index,
+                        offset_bytes: read.offset,
+                        reason,
+                    }
+                })?,
+            );
             position += read.len_bytes as usize;
         }
         run_start = run_end;
@@ -564,7 +580,11 @@ where
 
 /// Verifies one entry frame (checksum, kind, index) and decodes its entry, whose own log id
 /// must carry the same index. Never panics on bad bytes.
-pub(crate) fn decode_entry_frame<C>(frame: &[u8], index: u64, check_crc: bool) -> Result<C::Entry, String>
+pub(crate) fn decode_entry_frame<C>(
+    frame: &[u8],
+    index: u64,
+    check_crc: bool,
+) -> Result<C::Entry, String>
 where
     C: RaftTypeConfig,
     C::Entry: DeserializeOwned,
@@ -577,16 +597,22 @@ where
             ..
         } => {
             if frame_index != index {
-                return Err(format!("the frame carries index {frame_index}, expected {index}"));
+                return Err(format!(
+                    "the frame carries index {frame_index}, expected {index}"
+                ));
             }
             let entry: C::Entry = codec::decode(payload)?;
             let own_index = entry.get_log_id().index;
             if own_index != index {
-                return Err(format!("the entry in frame {index} carries log id index {own_index}"));
+                return Err(format!(
+                    "the entry in frame {index} carries log id index {own_index}"
+                ));
             }
             Ok(entry)
         }
-        Parsed::Frame { kind, .. } => Err(format!("expected an entry frame, found a {kind:?} frame")),
+        Parsed::Frame { kind, .. } => {
+            Err(format!("expected an entry frame, found a {kind:?} frame"))
+        }
         Parsed::End => Err("the frame is all zeros".to_string()),
         Parsed::Bad { reason } => Err(reason),
     }

@@ -83,9 +83,8 @@ where
 
     let segments_dir = dir.join(WAL_SEGMENTS_SUBDIR);
     if !segments_dir.exists() {
-        std::fs::create_dir(&segments_dir).map_err(|e| {
-            LogError::io(format!("create directory {}", segments_dir.display()), e)
-        })?;
+        std::fs::create_dir(&segments_dir)
+            .map_err(|e| LogError::io(format!("create directory {}", segments_dir.display()), e))?;
         if fsync_directories {
             crate::lock::fsync_directory(dir)?;
         }
@@ -143,7 +142,9 @@ where
                 return Err(corrupt(
                     next_index(&state),
                     file_len_bytes,
-                    format!("the file is {file_len_bytes} bytes long, but was sealed at {sealed_end}"),
+                    format!(
+                        "the file is {file_len_bytes} bytes long, but was sealed at {sealed_end}"
+                    ),
                 ));
             }
             bytes.truncate(sealed_end as usize);
@@ -151,7 +152,14 @@ where
         format::check_segment_header(&bytes, record.id, record.base_index, check_crc)
             .map_err(|reason| corrupt(next_index(&state), 0, reason))?;
         let scan = format::scan_segment(&bytes, check_crc);
-        apply_frames(&mut state, &scan.committed, &bytes, record.id, &name, check_crc)?;
+        apply_frames(
+            &mut state,
+            &scan.committed,
+            &bytes,
+            record.id,
+            &name,
+            check_crc,
+        )?;
         let damaged_index = next_index(&state)
             + scan
                 .uncommitted
@@ -162,7 +170,9 @@ where
             (Some(damage), _) if !is_last || damage.later_batch_committed => {
                 return Err(corrupt(damaged_index, damage.offset, damage.reason.clone()));
             }
-            (None, false) if !scan.uncommitted.is_empty() || scan.end_offset != bytes.len() as u64 => {
+            (None, false)
+                if !scan.uncommitted.is_empty() || scan.end_offset != bytes.len() as u64 =>
+            {
                 return Err(corrupt(
                     damaged_index,
                     scan.end_offset,
@@ -189,8 +199,9 @@ where
         }
         if is_last && scan.nonzero_end > scan.end_offset {
             let zeros = vec![0u8; (scan.nonzero_end - scan.end_offset) as usize];
-            file.write_all_at(&zeros, scan.end_offset)
-                .map_err(|e| LogError::io(format!("zero the torn tail of {}", path.display()), e))?;
+            file.write_all_at(&zeros, scan.end_offset).map_err(|e| {
+                LogError::io(format!("zero the torn tail of {}", path.display()), e)
+            })?;
             if fsync {
                 file.sync_data()
                     .map_err(|e| LogError::io(format!("fdatasync {}", path.display()), e))?;
@@ -251,7 +262,10 @@ where
                 base_index,
                 sealed_end_bytes: None,
             }];
-            meta.put_meta(META_SEGMENTS, &crate::store::seal_meta(META_SEGMENTS, &records)?)?;
+            meta.put_meta(
+                META_SEGMENTS,
+                &crate::store::seal_meta(META_SEGMENTS, &records)?,
+            )?;
             meta.sync()?;
             state.segments.insert(1, Arc::clone(&file));
             Active {
@@ -302,7 +316,10 @@ fn check_records(records: &[SegmentRecord]) -> Result<(), LogError> {
         if pair[0].id >= pair[1].id {
             return Err(LogError::CorruptMeta {
                 key: META_SEGMENTS,
-                reason: format!("segment ids out of order: {} then {}", pair[0].id, pair[1].id),
+                reason: format!(
+                    "segment ids out of order: {} then {}",
+                    pair[0].id, pair[1].id
+                ),
             });
         }
     }
@@ -314,7 +331,11 @@ fn check_records(records: &[SegmentRecord]) -> Result<(), LogError> {
                 reason: format!(
                     "segment {} is {} but is {} the last",
                     record.id,
-                    if record.sealed_end_bytes.is_some() { "sealed" } else { "active" },
+                    if record.sealed_end_bytes.is_some() {
+                        "sealed"
+                    } else {
+                        "active"
+                    },
                     if is_last { "" } else { "not" }
                 ),
             });
@@ -382,7 +403,10 @@ where
                     if frame.index != last + 1 {
                         return Err(corrupt(
                             last + 1,
-                            format!("entry is missing: the log jumps from index {last} to {}", frame.index),
+                            format!(
+                                "entry is missing: the log jumps from index {last} to {}",
+                                frame.index
+                            ),
                         ));
                     }
                 }
