@@ -106,13 +106,28 @@ impl<H: Handle> Executor<H> {
     /// Validates a list; returns the consistency it asks for.
     pub fn check_list(&self, r: &pb::ListRequest) -> Result<Consistency, ApiError> {
         let consistency = consistency(r.consistency)?;
-        let type_ = r
-            .r#type
-            .as_ref()
-            .ok_or_else(|| ApiError::invalid("type", "is required"))?;
-        let tenancy = r.tenancy.clone().unwrap_or_default();
-        cairn_fsm::validate_list(type_, &tenancy, &r.name_prefix, self.limits())?;
+        self.check_filter(r.r#type.as_ref(), r.tenancy.as_ref(), &r.name_prefix)?;
         Ok(consistency)
+    }
+
+    /// Validates a WatchList request (the same filter rules as a List).
+    pub fn check_watch(&self, r: &pb::WatchListRequest) -> Result<(), ApiError> {
+        self.check_filter(r.r#type.as_ref(), r.tenancy.as_ref(), &r.name_prefix)
+    }
+
+    /// The one rule for a List's or a WatchList's filter: a type is
+    /// required; the tenancy defaults to the empty (default) one.
+    fn check_filter(
+        &self,
+        type_: Option<&pb::Type>,
+        tenancy: Option<&pb::Tenancy>,
+        name_prefix: &str,
+    ) -> Result<(), ApiError> {
+        let type_ = type_.ok_or_else(|| ApiError::invalid("type", "is required"))?;
+        let default_tenancy = pb::Tenancy::default();
+        let tenancy = tenancy.unwrap_or(&default_tenancy);
+        cairn_fsm::validate_list(type_, tenancy, name_prefix, self.limits())?;
+        Ok(())
     }
 
     // ---- execution on this node.
@@ -290,11 +305,9 @@ impl<H: Handle> Executor<H> {
     /// WatchList: always local. The stream yields the fsm's events and ends
     /// after the first error (WatchClosed, Compacted).
     pub fn watch(&self, r: pb::WatchListRequest) -> Result<WatchStream, ApiError> {
-        let type_ = r
-            .r#type
-            .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+        self.check_watch(&r)?;
+        let type_ = r.r#type.expect("checked: a watch names its type");
         let tenancy = r.tenancy.unwrap_or_default();
-        cairn_fsm::validate_list(&type_, &tenancy, &r.name_prefix, self.limits())?;
         let filter = WatchFilter {
             type_,
             tenancy,

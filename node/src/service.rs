@@ -96,11 +96,6 @@ impl ResourceApi {
         &self.forwarder
     }
 
-    fn limits(&self) -> &cairn_fsm::Limits {
-        use cairn_forwarding::Handle as _;
-        self.forwarder.executor().handle().store().limits()
-    }
-
     /// Authenticates the request, then authorizes the action `what` derives
     /// from its (validated) message.
     fn authorize<T>(
@@ -135,6 +130,19 @@ fn id_parts(id: Option<&pb::Id>) -> Result<(&pb::Type, &pb::Tenancy), ApiError> 
 /// The tenancy a list or watch asks for, read as the executor reads it (an
 /// absent one is empty fields, which validation refuses first), so that
 /// authorization sees exactly what is executed.
+/// What a List or WatchList asks to read, for authorization (its filter
+/// was validated first, so the type is present).
+fn list_action<'a>(
+    type_: Option<&'a pb::Type>,
+    tenancy: Option<&'a pb::Tenancy>,
+) -> Result<Action<'a>, ApiError> {
+    let type_ = type_.ok_or_else(|| ApiError::invalid("type", "is required"))?;
+    Ok(Action::List {
+        type_,
+        tenancy: requested_tenancy(tenancy),
+    })
+}
+
 fn requested_tenancy(t: Option<&pb::Tenancy>) -> &pb::Tenancy {
     static EMPTY: std::sync::OnceLock<pb::Tenancy> = std::sync::OnceLock::new();
     t.unwrap_or_else(|| EMPTY.get_or_init(pb::Tenancy::default))
@@ -200,14 +208,9 @@ impl ResourceService for ResourceGrpc {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let d = self.0.deadline(&r);
         self.0.forwarder.executor().check_list(r.get_ref())?;
-        let visible = self.0.authorize(&r, |m| {
-            let type_ = m
-                .r#type
-                .as_ref()
-                .ok_or_else(|| ApiError::invalid("type", "is required"))?;
-            let tenancy = requested_tenancy(m.tenancy.as_ref());
-            Ok(Action::List { type_, tenancy })
-        })?;
+        let visible = self
+            .0
+            .authorize(&r, |m| list_action(m.r#type.as_ref(), m.tenancy.as_ref()))?;
         let mut answer = self
             .0
             .forwarder
@@ -233,24 +236,10 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::WatchListRequest>,
     ) -> Result<Response<WatchStream>, Status> {
-        {
-            let m = r.get_ref();
-            let type_ = m
-                .r#type
-                .as_ref()
-                .ok_or_else(|| ApiError::invalid("type", "is required"))?;
-            let tenancy = requested_tenancy(m.tenancy.as_ref());
-            cairn_fsm::validate_list(type_, tenancy, &m.name_prefix, self.0.limits())
-                .map_err(ApiError::from)?;
-        }
-        let visible = self.0.authorize(&r, |m| {
-            let type_ = m
-                .r#type
-                .as_ref()
-                .ok_or_else(|| ApiError::invalid("type", "is required"))?;
-            let tenancy = requested_tenancy(m.tenancy.as_ref());
-            Ok(Action::List { type_, tenancy })
-        })?;
+        self.0.forwarder.executor().check_watch(r.get_ref())?;
+        let visible = self
+            .0
+            .authorize(&r, |m| list_action(m.r#type.as_ref(), m.tenancy.as_ref()))?;
         // The watch's slot is taken before any work and held by the stream.
         let permit = match &self.0.connection_limits {
             Some(limits) => Some(
