@@ -10,6 +10,7 @@
 //! The files live in `CAIRN_BENCH_DIR` (default: the system temp dir).
 
 use std::fs::OpenOptions;
+use std::io::Cursor;
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
