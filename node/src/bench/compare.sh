@@ -5,9 +5,12 @@
 #
 # usage: node/src/bench/compare.sh [--duration SECS] [--repeats N] [--failover-trials N]
 #                                 [--memory-keys N] [--idle-secs N] [--skip-failover] [--skip-memory]
-#                                 [--out DIR]
+#                                 [--growth-writes N] [--out DIR]
 # --idle-secs N (default 0 = skip): at the end, leave the cluster idle N s and report whether the
 #      term moved (a spurious election).
+# --growth-writes N (default 0 = skip): after the snapshot phase, N more writes (64 clients),
+#      then the one-client put again: its p50 against the fresh cluster's first one-client run
+#      is the log-growth figure (the write-path target: within 10 % after 1,000,000 writes).
 # env: CAIRN (the binary; default: built with cargo --release into $CARGO_TARGET_DIR),
 #      QUIET_MAX (0.3) / QUIET_WAIT (45): before each run wait up to QUIET_WAIT s for the rest
 #      of the machine to use < QUIET_MAX cores, as the etcd script does.
@@ -15,7 +18,7 @@
 # stopped by its pid on exit.
 set -euo pipefail
 
-DURATION=10 REPEATS=3 TRIALS=3 MEM_KEYS=100000 IDLE=0 SKIP_FO=0 SKIP_MEM=0 OUT=""
+DURATION=10 REPEATS=3 TRIALS=3 MEM_KEYS=100000 IDLE=0 SKIP_FO=0 SKIP_MEM=0 GROWTH=0 OUT=""
 QUIET_MAX=${QUIET_MAX:-0.3} QUIET_WAIT=${QUIET_WAIT:-45}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --idle-secs) IDLE=$2; shift 2 ;;
     --skip-failover) SKIP_FO=1; shift ;;
     --skip-memory) SKIP_MEM=1; shift ;;
+    --growth-writes) GROWTH=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown arg: $1" >&2; exit 2 ;;
@@ -146,6 +150,12 @@ if [ "$SKIP_MEM" = 0 ]; then
   python3 -c "import json,os,sys; a=[float(x) for x in sys.argv[1:6]]; print(json.dumps({'label':'snapshot','workload':'snapshot','resources':int(sys.argv[6]),'file_bytes':os.path.getsize(sys.argv[7]),'save_s':a[1]-a[0],'restore_offline_s':a[3]-a[2],'restored_serving_s':a[4]-a[3],'restored_count':None if sys.argv[8]=='null' else int(sys.argv[8])}))" \
     "$t0" "$t1" "$t2" "$t3" "$t4" "$source_count" "$SNAP" "$count" >>"$RES"
   rm -f "$SNAP"
+fi
+
+if [ "$GROWTH" -gt 0 ]; then
+  bench "growth: $GROWTH writes, c=64 conns=1" write --clients 64 --connections 1 --warmup 0 \
+    --duration 7200 --max-ops "$GROWTH"
+  bench "put c=1 after $GROWTH more writes" write --clients 1 --connections 1 --duration "$DURATION" --max-ops 200000
 fi
 
 if [ "$SKIP_FO" = 0 ]; then

@@ -227,7 +227,7 @@ pub(crate) async fn run(options: LoadOptions, mix: Mix) -> Result<(), BenchError
     for (kind, h) in &histograms {
         report.latency.insert(kind.name().into(), Latency::of(h));
     }
-    report.servers = servers.finish(window);
+    report.servers = servers.finish(window, report.ops);
     report.print(options.output);
     Ok(())
 }

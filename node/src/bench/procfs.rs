@@ -42,6 +42,31 @@ pub(crate) fn process_cpu(pid: i32) -> Option<Duration> {
     Some(Duration::from_micros((utime + stime) * 1_000_000 / ticks))
 }
 
+/// Context switches (voluntary and involuntary) of every thread of process
+/// `pid` so far: each voluntary one is a thread going to sleep, to be woken
+/// again, so their count per operation is the wake-ups an operation costs.
+pub(crate) fn process_context_switches(pid: i32) -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        // A thread that ended between the listing and the read is skipped.
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        for line in status.lines() {
+            let count = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"));
+            if let Some(n) = count.and_then(|v| v.trim().parse::<u64>().ok()) {
+                total += n;
+            }
+        }
+    }
+    Some(total)
+}
+
 /// Resident memory of process `pid`, in KiB.
 pub(crate) fn process_rss_kib(pid: i32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -132,6 +157,10 @@ mod tests {
     #[test]
     fn this_process_has_cpu_and_memory_figures() {
         // /proc and getrusage answer for the test process itself.
+        let pid = std::process::id() as i32;
+        let switches = process_context_switches(pid).expect("context switches");
+        std::thread::sleep(std::time::Duration::from_millis(5)); // one voluntary switch at least
+        assert!(process_context_switches(pid).unwrap() > switches);
         let me = std::process::id() as i32;
         assert!(process_rss_kib(me).is_some_and(|k| k > 0));
         assert!(process_cpu(me).is_some());

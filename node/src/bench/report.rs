@@ -71,11 +71,24 @@ pub(crate) struct ServerProcess {
     pub rss_before_kib: Option<u64>,
     pub rss_after_kib: Option<u64>,
     pub cpu_cores: Option<f64>,
+    /// CPU of this node per operation of the window, in µs.
+    pub cpu_us_per_op: Option<f64>,
+    /// Context switches of this node's threads per operation of the window.
+    pub context_switches_per_op: Option<f64>,
 }
 
 /// Samples the watched node processes at the start and end of the window.
 pub(crate) struct ServerWatch {
-    processes: Vec<(String, i32, Option<u64>, Option<Duration>)>,
+    processes: Vec<Watched>,
+}
+
+/// One node process and its counters at the start of the window.
+struct Watched {
+    endpoint: String,
+    pid: i32,
+    rss_before_kib: Option<u64>,
+    cpu: Option<Duration>,
+    context_switches: Option<u64>,
 }
 
 impl ServerWatch {
@@ -92,35 +105,50 @@ impl ServerWatch {
         ServerWatch {
             processes: found
                 .into_iter()
-                .map(|(e, p)| (e, p, procfs::process_rss_kib(p), procfs::process_cpu(p)))
+                .map(|(endpoint, pid)| Watched {
+                    endpoint,
+                    pid,
+                    rss_before_kib: procfs::process_rss_kib(pid),
+                    cpu: procfs::process_cpu(pid),
+                    context_switches: procfs::process_context_switches(pid),
+                })
                 .collect(),
         }
     }
 
-    /// Restarts the CPU clock (keeps the first memory sample).
+    /// Restarts the CPU and context-switch counts at the start of the
+    /// window (keeps the first memory sample).
     pub fn restart_cpu(&mut self) {
         for p in &mut self.processes {
-            p.3 = procfs::process_cpu(p.1);
+            p.cpu = procfs::process_cpu(p.pid);
+            p.context_switches = procfs::process_context_switches(p.pid);
         }
     }
 
-    pub fn finish(&self, elapsed: Duration) -> Vec<ServerProcess> {
+    /// The figures of each node over a window of `elapsed` with `ops` operations.
+    pub fn finish(&self, elapsed: Duration, ops: u64) -> Vec<ServerProcess> {
         self.processes
             .iter()
-            .map(|(endpoint, pid, rss, cpu)| {
-                let cpu_now = procfs::process_cpu(*pid);
-                let cores = match (cpu, cpu_now) {
-                    (Some(a), Some(b)) if !elapsed.is_zero() => {
-                        Some(b.saturating_sub(*a).as_secs_f64() / elapsed.as_secs_f64())
-                    }
+            .map(|p| {
+                let cpu = match (p.cpu, procfs::process_cpu(p.pid)) {
+                    (Some(a), Some(b)) => Some(b.saturating_sub(a)),
                     _ => None,
                 };
+                let switches = match (p.context_switches, procfs::process_context_switches(p.pid)) {
+                    (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                    _ => None,
+                };
+                let per_op = |total: f64| (ops > 0).then(|| total / ops as f64);
                 ServerProcess {
-                    endpoint: endpoint.clone(),
-                    pid: *pid,
-                    rss_before_kib: *rss,
-                    rss_after_kib: procfs::process_rss_kib(*pid),
-                    cpu_cores: cores,
+                    endpoint: p.endpoint.clone(),
+                    pid: p.pid,
+                    rss_before_kib: p.rss_before_kib,
+                    rss_after_kib: procfs::process_rss_kib(p.pid),
+                    cpu_cores: cpu
+                        .filter(|_| !elapsed.is_zero())
+                        .map(|c| c.as_secs_f64() / elapsed.as_secs_f64()),
+                    cpu_us_per_op: cpu.and_then(|c| per_op(c.as_secs_f64() * 1e6)),
+                    context_switches_per_op: switches.and_then(|n| per_op(n as f64)),
                 }
             })
             .collect()
@@ -330,15 +358,29 @@ impl Report {
                 self.client_cpu_us_per_op, self.client_cpu_cores
             );
         }
+        let figure =
+            |v: Option<f64>, digits: usize| v.map_or("?".to_string(), |v| format!("{v:.digits$}"));
         for s in &self.servers {
             let kib = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
             println!(
-                "node pid {} {}: CPU {} cores, RSS {} -> {} KiB",
+                "node pid {} {}: CPU {} cores, {} µs/op, {} context switches/op, RSS {} -> {} KiB",
                 s.pid,
                 s.endpoint,
-                s.cpu_cores.map_or("?".to_string(), |c| format!("{c:.2}")),
+                figure(s.cpu_cores, 2),
+                figure(s.cpu_us_per_op, 1),
+                figure(s.context_switches_per_op, 2),
                 kib(s.rss_before_kib),
                 kib(s.rss_after_kib)
+            );
+        }
+        if self.servers.len() > 1 {
+            let sum = |f: fn(&ServerProcess) -> Option<f64>| -> Option<f64> {
+                self.servers.iter().map(f).sum()
+            };
+            println!(
+                "all nodes: CPU {} µs/op, {} context switches/op",
+                figure(sum(|s| s.cpu_us_per_op), 1),
+                figure(sum(|s| s.context_switches_per_op), 2)
             );
         }
     }

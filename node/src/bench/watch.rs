@@ -251,7 +251,7 @@ pub(crate) async fn run(
         missing: expected.saturating_sub(deliveries),
         before_ack,
     });
-    report.servers = servers.finish(window);
+    report.servers = servers.finish(window, report.ops);
     report.print(options.output);
     Ok(())
 }
