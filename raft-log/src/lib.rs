@@ -32,7 +32,9 @@
 //!   [`LogError::CorruptSegment`] (WAL: the segment file, the index, the byte offset) or
 //!   [`LogError::Corrupt`] (the index), surfaced to openraft as a `StorageError` that reads the
 //!   log at that index. Only a torn tail — the WAL batch being written when the process or the
-//!   power stopped, which was never acknowledged — is cut back, to the last commit frame.
+//!   power stopped, which was never acknowledged — is cut back, to the last commit frame, and
+//!   only once every other check of the open has passed: an open refused because a committed
+//!   entry is missing changes nothing on disk.
 //! - Never delete entries before the purge point that covers them is durable.
 //! - Never keep going after a failed write or sync (the page cache state is then unknown): the
 //!   store is poisoned and every later request fails with [`LogError::Poisoned`].
@@ -62,7 +64,10 @@
 //! blocking pool.
 //!
 //! **Invariants.**
-//! - Entries are contiguous: the stored indexes form one run `first..=last` with no gap, and
+//! - Entries are contiguous: the stored indexes form one run `first..=last` with no gap (a WAL
+//!   segment may jump forward over a gap only where the gap is wholly purged: after a snapshot,
+//!   openraft purges past the end of a short log and appends from the purge point; the purge is
+//!   durable before the append is written), and
 //!   each stored entry's own log id index equals its key (sled) or its frame's index (WAL).
 //! - `last_purged.index < first` when entries exist; the purge point is durable before any
 //!   entry or segment at or below it is deleted, so `last_purged` never goes backwards.

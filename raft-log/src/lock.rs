@@ -89,6 +89,30 @@ pub(crate) fn fsync_directory(dir: &Path) -> Result<(), LogError> {
         .map_err(|e| LogError::io(format!("fsync directory {}", dir.display()), e))
 }
 
+/// Writes `dir/name` so that a crash leaves either no file or the whole one: the bytes go to
+/// a temporary file, which is fsynced and renamed over `name`; then the directory is fsynced
+/// (when `fsync_directory`), so that the name is durable too.
+pub(crate) fn write_file_atomically(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    fsync_directory: bool,
+) -> Result<(), LogError> {
+    let path = dir.join(name);
+    let temporary = dir.join(format!("{name}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut file = File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, &path)
+    };
+    write().map_err(|e| LogError::io(format!("write {}", path.display()), e))?;
+    if fsync_directory {
+        self::fsync_directory(dir)?;
+    }
+    Ok(())
+}
+
 impl Drop for DirLock {
     fn drop(&mut self) {
         // Closing the file releases the lock; unlock explicitly anyway so that a leaked

@@ -2,8 +2,6 @@
 //! so that a node configured with the other engine refuses to start instead of starting with
 //! an empty log.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::Path;
 
 use crate::LogEngineKind;
@@ -56,19 +54,14 @@ pub(crate) fn check_or_record(
         Some(_) if path.exists() => Ok(()),
         _ => {
             // New directory (or one from before markers): record the engine durably before
-            // anything else is written, so a crash cannot leave files without a marker.
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .map_err(|e| LogError::io(format!("create {}", path.display()), e))?;
-            file.write_all(format!("{requested}\n").as_bytes())
-                .and_then(|()| file.sync_all())
-                .map_err(|e| LogError::io(format!("write {}", path.display()), e))?;
-            if fsync_directory {
-                crate::lock::fsync_directory(dir)?;
-            }
+            // anything else is written, so a crash cannot leave files without a marker, nor
+            // an empty marker (written to a temporary file, then renamed).
+            crate::lock::write_file_atomically(
+                dir,
+                ENGINE_FILE_NAME,
+                format!("{requested}\n").as_bytes(),
+                fsync_directory,
+            )?;
             Ok(())
         }
     }

@@ -21,6 +21,7 @@ for_each_engine!(
     pipelined_appends_share_durability_points,
     append_that_would_leave_a_hole_is_refused_and_nothing_is_written,
     vote_truncation_and_committed_survive_reopen,
+    purge_past_the_end_of_the_log_then_appends_survive_reopen,
 );
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -127,6 +128,44 @@ fn vote_truncation_and_committed_survive_reopen(engine: LogEngineKind) {
         for (offset, entry) in entries.iter().enumerate() {
             common::check_entry(1 + offset as u64, entry).expect("intact");
         }
+    });
+}
+
+fn purge_past_the_end_of_the_log_then_appends_survive_reopen(engine: LogEngineKind) {
+    // A follower that installs a snapshot while its own log is short: openraft purges through
+    // the snapshot's last index (1000) though the log ends at 120, then appends from 1001.
+    // Twice: once with each step durable before the next, once with the purge and the next
+    // append queued back to back (one group for the WAL's I/O thread). Every entry after the
+    // purge point must be there after a reopen, and nothing at or below it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), common::options(engine)).expect("open");
+        append_chunks(&store, 1..=120, 40).await;
+        store
+            .purge_through(&common::log_id(1000))
+            .await
+            .expect("purge past the end");
+        append_chunks(&store, 1001..=1100, 50).await;
+        let purge_point = common::log_id(2000);
+        let (purge, append) = tokio::join!(
+            store.purge_through(&purge_point),
+            store.append_durable((2001..=2050).map(common::entry).collect()),
+        );
+        purge.expect("second purge past the end");
+        append.expect("append right behind it");
+    });
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), common::options(engine)).expect("reopen");
+        let (purged, last) = store.log_state().await.expect("state");
+        assert_eq!(purged, Some(common::log_id(2000)));
+        assert_eq!(last, Some(common::log_id(2050)));
+        check_range(&store, 2001, 2050).await;
+        let entries = store.read_entries(..).await.expect("read");
+        assert_eq!(
+            entries.len(),
+            50,
+            "nothing at or below the purge point is served"
+        );
     });
 }
 

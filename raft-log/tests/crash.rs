@@ -192,6 +192,32 @@ fn crash_child_process_entry() {
                     .expect("purge");
                 purged_index = through;
             }
+            // Now and then install a "snapshot": purge past the end of the log, as openraft
+            // does on a follower whose log is shorter than the snapshot, and go on from there.
+            if rng.random_range(0..300) == 0 {
+                let through = next_index + rng.random_range(0..64);
+                println!("PURGE {through}");
+                store
+                    .purge_through(&common::log_id(through))
+                    .await
+                    .expect("purge past the end");
+                purged_index = through;
+                next_index = through + 1;
+            }
+            // Now and then rewrite the last few entries with an overlapping append (a truncate
+            // frame in the WAL), as a follower does when a new leader overwrites its tail. The
+            // entries' bytes depend only on their index, so acknowledged ones stay intact.
+            if rng.random_range(0..200) == 0 && next_index > purged_index + 8 {
+                let from = next_index - rng.random_range(1..=8);
+                store
+                    .append_durable(
+                        (from..next_index)
+                            .map(|index| common::entry_scaled(index, scale))
+                            .collect(),
+                    )
+                    .await
+                    .expect("overlapping append");
+            }
             if rng.random_range(0..150) == 0 {
                 term += 1;
                 store

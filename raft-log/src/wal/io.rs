@@ -118,6 +118,8 @@ pub(crate) struct IoThread<C: RaftTypeConfig> {
     pub(crate) buffer: Vec<u8>,
     /// Frames in `buffer`.
     pub(crate) buffer_frames: u32,
+    /// The last append operation taken from the queue: callers number them in queue order.
+    pub(crate) last_seq: u64,
 }
 
 /// Someone waiting on the outcome of a group.
@@ -237,9 +239,25 @@ where
                     frame_lens,
                     on_durable,
                 } => {
+                    // Paired with the numbering in `Wal::append`: callbacks are released in
+                    // the order of `durable_waiters`, which is the append order.
+                    assert!(seq > self.last_seq, "appends reach the I/O thread in order");
+                    self.last_seq = seq;
                     durable_waiters.push(Waiter::Callback(on_durable));
                     if failure.is_some() || frame_lens.is_empty() {
                         continue;
+                    }
+                    // A purge queued before this append is durable before it is written: after
+                    // a snapshot, the append may start past the end of what is on disk, and
+                    // recovery accepts that gap only inside the durable purged range.
+                    if purge.is_some() {
+                        if let Err(error) = self
+                            .write_batch()
+                            .and_then(|()| self.write_meta(vote.take(), purge.take()))
+                        {
+                            failure = Some(self.fail(error));
+                            continue;
+                        }
                     }
                     let needed = frames.len()
                         + format::TRUNCATE_FRAME_LEN_BYTES
@@ -340,12 +358,12 @@ where
         for waiter in durable_waiters {
             waiter.release(&Ok(()));
         }
-        if vote.is_none() && purge.is_none() {
-            return;
-        }
-        let result = match self.write_meta(vote, purge) {
-            Ok(()) => Ok(()),
-            Err(error) => Err(self.fail(error)),
+        // A purge or vote already written before an append of this group has no meta left.
+        let result = if vote.is_none() && purge.is_none() {
+            Ok(())
+        } else {
+            self.write_meta(vote, purge)
+                .map_err(|error| self.fail(error))
         };
         for waiter in meta_waiters {
             waiter.release(&result);

@@ -105,7 +105,9 @@ where
         tail_bytes_max: options.tail_bytes_max,
         segments: BTreeMap::new(),
     };
-    let mut active = None;
+    let mut active: Option<Active> = None;
+    // The last segment's bytes after its last commit frame, to zero once the log is accepted.
+    let mut torn_tail = None;
     for (position, record) in records.iter().enumerate() {
         let is_last = position + 1 == records.len();
         let name = format::segment_file_name(record.base_index, record.id);
@@ -122,7 +124,7 @@ where
                 .map(|last| last + 1)
                 .unwrap_or(record.base_index)
         };
-        let mut file = match OpenOptions::new().read(true).write(true).open(&path) {
+        let file = match OpenOptions::new().read(true).write(true).open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(corrupt(
@@ -134,7 +136,8 @@ where
             Err(e) => return Err(LogError::io(format!("open segment {}", path.display()), e)),
         };
         let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
+        (&file)
+            .read_to_end(&mut bytes)
             .map_err(|e| LogError::io(format!("read segment {}", path.display()), e))?;
         let file_len_bytes = bytes.len() as u64;
         if let Some(sealed_end) = record.sealed_end_bytes {
@@ -154,6 +157,7 @@ where
         let scan = format::scan_segment(&bytes, check_crc);
         apply_frames(
             &mut state,
+            purged.as_ref().map(|id| id.index),
             &scan.committed,
             &bytes,
             record.id,
@@ -198,14 +202,8 @@ where
             );
         }
         if is_last && scan.nonzero_end > scan.end_offset {
-            let zeros = vec![0u8; (scan.nonzero_end - scan.end_offset) as usize];
-            file.write_all_at(&zeros, scan.end_offset).map_err(|e| {
-                LogError::io(format!("zero the torn tail of {}", path.display()), e)
-            })?;
-            if fsync {
-                file.sync_data()
-                    .map_err(|e| LogError::io(format!("fdatasync {}", path.display()), e))?;
-            }
+            // Zeroed only once every check below has passed: a refused open changes nothing.
+            torn_tail = Some((path.clone(), scan.end_offset, scan.nonzero_end));
         }
         let segment = Arc::new(SegmentFile { file, name });
         state.segments.insert(record.id, Arc::clone(&segment));
@@ -242,6 +240,23 @@ where
                     committed.index
                 ),
             });
+        }
+    }
+    if let Some((path, from_offset, to_offset)) = torn_tail {
+        // A torn tail: the batch being written when the process stopped, never acknowledged
+        // (the committed log id above is covered). Zeroed so that no stale frame can ever
+        // line up behind a later batch.
+        let file = &active
+            .as_ref()
+            .expect("the torn segment is the active one")
+            .file
+            .file;
+        let zeros = vec![0u8; (to_offset - from_offset) as usize];
+        file.write_all_at(&zeros, from_offset)
+            .map_err(|e| LogError::io(format!("zero the torn tail of {}", path.display()), e))?;
+        if fsync {
+            file.sync_data()
+                .map_err(|e| LogError::io(format!("fdatasync {}", path.display()), e))?;
         }
     }
     let active = match active {
@@ -306,6 +321,7 @@ where
         segment_size_bytes: options.segment_size_bytes,
         buffer: Vec::new(),
         buffer_frames: 0,
+        last_seq: 0,
     };
     Ok((shared, io_thread))
 }
@@ -376,9 +392,10 @@ fn delete_unlisted_segments(
 }
 
 /// Replays committed frames onto `state`: entries must follow the log's last index (or start
-/// it), truncate frames cut it.
+/// it, or jump over a gap that lies wholly at or below `purged_index`), truncate frames cut it.
 fn apply_frames<C>(
     state: &mut State<C>,
+    purged_index: Option<u64>,
     frames: &[ScannedFrame],
     bytes: &[u8],
     segment_id: u64,
@@ -400,7 +417,16 @@ where
                     reason,
                 };
                 if let Some(last) = state.last_index() {
-                    if frame.index != last + 1 {
+                    // After a snapshot, openraft purges past the end of a short log and appends
+                    // from the purge point on: a forward jump whose gap is wholly purged loses
+                    // nothing, and the log starts again at the jump.
+                    let gap_is_purged = frame.index > last + 1
+                        && purged_index.is_some_and(|purged| frame.index - 1 <= purged);
+                    if gap_is_purged {
+                        state.slots.clear();
+                        state.tail.clear();
+                        state.tail_bytes = 0;
+                    } else if frame.index != last + 1 {
                         return Err(corrupt(
                             last + 1,
                             format!(
