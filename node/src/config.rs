@@ -402,10 +402,12 @@ impl Config {
                 "must be between 1 MiB and 1 TiB",
             ));
         }
-        if !(64 * 1024..=64 * 1024 * 1024).contains(&self.snapshot_chunk_bytes) {
+        // The peer gate refuses larger chunks from any sender: the same bound.
+        let chunk_max = crate::raft::peer_gate::SNAPSHOT_CHUNK_BYTES_MAX;
+        if !(64 * 1024..=chunk_max).contains(&self.snapshot_chunk_bytes) {
             return Err(invalid(
                 "snapshot_chunk_bytes",
-                "must be between 64 KiB and 64 MiB",
+                format!("must be between 64 KiB and {} MiB", chunk_max >> 20),
             ));
         }
         if self.resource_bytes_max == 0 || self.resource_bytes_max > 16 * 1024 * 1024 {
@@ -518,7 +520,7 @@ impl Config {
             "peer_message_bytes_max",
             self.peer_message_bytes_max,
             (self.client_message_bytes_max).max(self.snapshot_chunk_bytes as usize + 64 * 1024)
-                ..=2048 * MIB,
+                ..=crate::raft::DECODE_BYTES_MAX,
         )?;
         check_range("name_bytes_max", self.name_bytes_max, 16..=4096)?;
         check_range(

@@ -27,7 +27,9 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 
-pub use network::{decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits};
+pub use network::{
+    decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits, DECODE_BYTES_MAX,
+};
 pub use peer_gate::PeerGate;
 pub use state_machine::{ClusterIdentity, StateMachine};
 

@@ -33,9 +33,10 @@ use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
-/// bincode's own bound on what one decode may claim: a message is never
-/// larger than the gRPC limit, so no length prefix can claim more.
-const DECODE_BYTES_MAX: usize = 1 << 30;
+/// bincode's own bound on what one decode may claim, and the largest
+/// `peer_message_bytes_max` the config accepts: a message is never larger
+/// than that gRPC limit, so no length prefix inside it can claim more.
+pub const DECODE_BYTES_MAX: usize = 1 << 30;
 
 fn encode<T: Serialize>(value: &T) -> Result<Bytes, bincode::error::EncodeError> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).map(Bytes::from)
@@ -246,9 +247,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 pub struct RaftServerLimits {
     /// Largest message received or sent (`peer_message_bytes_max`).
     pub message_bytes_max: usize,
-    /// Most entries in one AppendEntries (openraft's `max_payload_entries`).
+    /// Most entries accepted in one AppendEntries: the gate's fixed
+    /// [`peer_gate::ENTRIES_MAX`], above any leader's `max_payload_entries`.
     pub entries_max: usize,
-    /// Largest snapshot chunk (`snapshot_chunk_bytes`).
+    /// Largest snapshot chunk accepted: the gate's fixed
+    /// [`peer_gate::SNAPSHOT_CHUNK_BYTES_MAX`], the upper bound of
+    /// `snapshot_chunk_bytes` on every node.
     pub snapshot_chunk_bytes_max: u64,
 }
 

@@ -406,7 +406,7 @@ impl PeerGate {
 }
 
 /// Compares two secrets in time independent of where they differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

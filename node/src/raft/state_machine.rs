@@ -67,12 +67,15 @@ impl ClusterIdentity {
         Ok(())
     }
 
-    /// Checks the cluster id of a snapshot received from the leader (whose
-    /// messages already passed the peer gate), adopting it if this node has
-    /// none yet. The refusal does not repeat either id.
+    /// Checks the cluster id of a snapshot received from the leader, before
+    /// it is installed, adopting it if this node has none yet. The leader's
+    /// message already passed the peer gate with this cluster's id; a file
+    /// that carries no id (written by a node from before ids were recorded in
+    /// snapshot files) is taken on that ground. Compared like the gate's id
+    /// ([`super::peer_gate::same_secret`]); the refusal repeats neither id.
     pub fn admit(&self, theirs: &str) -> Result<(), String> {
         let mine = self.cluster_id();
-        if theirs.is_empty() || theirs == mine {
+        if theirs.is_empty() || super::peer_gate::same_secret(mine.as_bytes(), theirs.as_bytes()) {
             return Ok(());
         }
         if mine.is_empty() {
@@ -128,7 +131,14 @@ fn log_id_of(header: &SnapshotHeader) -> Option<LogId<NodeId>> {
 
 /// Restores `store` from a verified snapshot file, with the online restore
 /// it was taken in the middle of, if any; nothing changes on error.
-fn restore_from_file(store: &Store, path: &Path, index: u64) -> Result<SnapshotHeader, String> {
+/// Restores `store` from the snapshot file at `path`, once the file is verified, is at
+/// `index`, and `admit` accepts its header: nothing is changed when any of these fails.
+fn restore_from_file(
+    store: &Store,
+    path: &Path,
+    index: u64,
+    admit: impl FnOnce(&SnapshotHeader) -> Result<(), String>,
+) -> Result<SnapshotHeader, String> {
     snapshot_file::verify(path, |_| {}).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut reader = SnapshotReader::open(path).map_err(|e| e.to_string())?;
     let header = reader.header.clone();
@@ -138,6 +148,7 @@ fn restore_from_file(store: &Store, path: &Path, index: u64) -> Result<SnapshotH
             header.last_log_index
         ));
     }
+    admit(&header)?;
     let mut restoration = store.restore();
     if let Some(p) = &header.pending_restore {
         restoration.begin_pending(p.restore_id.clone(), p.resource_count, p.failure.clone());
@@ -207,7 +218,7 @@ impl StateMachine {
                     continue;
                 }
             };
-            match restore_from_file(&store, &path, header.last_log_index) {
+            match restore_from_file(&store, &path, header.last_log_index, |_| Ok(())) {
                 Ok(header) => {
                     let membership: Membership = serde_json::from_value(header.membership.clone())?;
                     let last_log_id = log_id_of(&header);
@@ -534,10 +545,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let identity = self.shared.identity.clone();
         let install_path = final_path.clone();
         tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let header = restore_from_file(&store, &incoming, last_log_id.index)?;
-            if !header.cluster_id.is_empty() {
-                identity.admit(&header.cluster_id)?;
-            }
+            restore_from_file(&store, &incoming, last_log_id.index, |header| {
+                identity.admit(&header.cluster_id)
+            })?;
             std::fs::rename(&incoming, &install_path).map_err(|e| e.to_string())?;
             Ok(())
         })

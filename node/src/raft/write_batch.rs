@@ -10,7 +10,7 @@
 //! itself: batching adds no latency when there is nothing to batch.
 //!
 //! One in flight was measured against more (an idle 2-core machine, 64
-//! clients on one connection; `docs/benchmarks.md`, "Session 3 changes"): 1
+//! clients on one connection, 2026-11-21; `docs/benchmarks.md`): 1
 //! gave 11,700 writes/s at p99 8.0 ms, 2 gave 10,100 at 9.4 ms, 4 gave 9,200
 //! at 10.2 ms; one client's latency was the same for all three.
 //!
