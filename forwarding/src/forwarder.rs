@@ -343,10 +343,18 @@ fn classify(status: &Status, target: Target) -> ForwardError {
             .map(|d| d.kind() != ErrorKind::Unspecified)
             .unwrap_or(false);
     if from_cairn {
-        return ForwardError::Answered {
-            target,
-            error: ApiError::from_status(status),
+        let error = match ApiError::from_status(status) {
+            // The leader's peer port authenticates this node, not the client
+            // (whose grant was checked here): its refusal means the request
+            // was not taken, never that the client lacks a permission.
+            ApiError::PermissionDenied(reason) | ApiError::Unauthenticated(reason) => {
+                ApiError::Unavailable(format!(
+                    "{target} refused this node's forwarded request: {reason}"
+                ))
+            }
+            error => error,
         };
+        return ForwardError::Answered { target, error };
     }
     let reason = format!(
         "{:?}: {}",
@@ -478,5 +486,54 @@ impl Forwardable for pb::ListRequest {
         request: Request<Self>,
     ) -> impl Future<Output = Result<Response<Self::Response>, Status>> + Send {
         client.list(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        Target {
+            leader_id: 1,
+            peer_address: "127.0.0.1:8101".into(),
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_the_leaders_peer_port_reaches_the_client_as_unavailable() {
+        // The leader's peer gate refused this node (not the client): the client is told the
+        // request was not taken (UNAVAILABLE, retry), not that it lacks a permission.
+        for refusal in [
+            ApiError::PermissionDenied("refused: node 3 is not a member".into()),
+            ApiError::Unauthenticated("no cluster id".into()),
+        ] {
+            match classify(&Status::from(refusal), target()) {
+                ForwardError::Answered {
+                    error: ApiError::Unavailable(reason),
+                    ..
+                } => assert!(
+                    reason.contains("refused this node's forwarded request"),
+                    "{reason}"
+                ),
+                other => panic!("expected UNAVAILABLE, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn other_answers_of_the_leader_keep_their_kind() {
+        match classify(&Status::from(ApiError::NotFound), target()) {
+            ForwardError::Answered {
+                error: ApiError::NotFound,
+                ..
+            } => {}
+            other => panic!("expected NotFound, got {other:?}"),
+        }
+        // No Cairn details: a transport failure, whose outcome is unknown.
+        assert!(matches!(
+            classify(&Status::unavailable("connection reset"), target()),
+            ForwardError::Transport { .. }
+        ));
     }
 }

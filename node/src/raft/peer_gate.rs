@@ -95,17 +95,30 @@ impl fmt::Display for Refusal {
     }
 }
 
-impl From<Refusal> for tonic::Status {
-    fn from(refusal: Refusal) -> tonic::Status {
-        // Peer-port refusals are transport-level: the Raft and forwarding
-        // callers treat any of them as "this peer did not take the message".
+impl From<Refusal> for cairn_proto::error::ApiError {
+    /// A refused peer: PERMISSION_DENIED (no or another cluster's id, not a
+    /// member), INVALID_ARGUMENT (a malformed message) or INTERNAL. A
+    /// forwarding follower that gets one of these from the leader's peer
+    /// port tells its client UNAVAILABLE (`cairn_forwarding`'s `classify`).
+    fn from(refusal: Refusal) -> cairn_proto::error::ApiError {
+        use cairn_proto::error::ApiError;
         match &refusal {
             Refusal::ClusterId | Refusal::NotMember { .. } => {
-                tonic::Status::permission_denied(refusal.to_string())
+                ApiError::PermissionDenied(refusal.to_string())
             }
-            Refusal::Malformed(_) => tonic::Status::invalid_argument(refusal.to_string()),
-            Refusal::Internal(_) => tonic::Status::internal(refusal.to_string()),
+            Refusal::Malformed(_) => ApiError::InvalidArgument {
+                field: "message".into(),
+                reason: refusal.to_string(),
+            },
+            Refusal::Internal(_) => ApiError::Internal(refusal.to_string()),
         }
+    }
+}
+
+impl From<Refusal> for tonic::Status {
+    /// Through the one mapping of Cairn's errors to gRPC (`cairn_proto::error`).
+    fn from(refusal: Refusal) -> tonic::Status {
+        cairn_proto::error::ApiError::from(refusal).into()
     }
 }
 
