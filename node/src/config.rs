@@ -221,6 +221,8 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
+        // The state machine's limits have one set of defaults: the fsm's.
+        let fsm = cairn_fsm::Limits::default();
         Config {
             node_id: 0,
             data_dir: PathBuf::from("cairn-data"),
@@ -233,21 +235,21 @@ impl Default for Config {
             snapshot_log_entries: 20_000,
             snapshot_log_bytes: 64 * 1024 * 1024,
             snapshot_chunk_bytes: 4 * 1024 * 1024,
-            history_changes_max: 10_000,
-            resource_bytes_max: 1024 * 1024,
-            watch_buffer_events: 4096,
+            history_changes_max: fsm.history_changes_max,
+            resource_bytes_max: fsm.resource_bytes_max,
+            watch_buffer_events: fsm.watch_buffer_events,
             client_message_bytes_max: 32 * 1024 * 1024,
             peer_message_bytes_max: 128 * 1024 * 1024,
-            name_bytes_max: 256,
-            metadata_entries_max: 64,
-            status_conditions_max: 64,
-            list_results_max: 100_000,
+            name_bytes_max: fsm.name_bytes_max,
+            metadata_entries_max: fsm.metadata_entries_max,
+            status_conditions_max: fsm.status_conditions_max,
+            list_results_max: fsm.list_results_max,
             watches_per_connection_max: 128,
             watches_max: 10_000,
             requests_per_connection_max: 256,
             restore_upload_bytes_max: 4 * 1024 * 1024 * 1024,
-            watch_buffer_bytes_max: 8 * 1024 * 1024,
-            watch_buffers_bytes_max: 512 * 1024 * 1024,
+            watch_buffer_bytes_max: fsm.watch_buffer_bytes_max,
+            watch_buffers_bytes_max: fsm.watch_buffers_bytes_max,
             request_timeout_ms: 5_000,
             log_level: "warn".into(),
             log_format: LogFormat::Text,
