@@ -14,6 +14,7 @@
 # env: CAIRN (the binary; default: built with cargo --release into $CARGO_TARGET_DIR),
 #      QUIET_MAX (0.3) / QUIET_WAIT (45): before each run wait up to QUIET_WAIT s for the rest
 #      of the machine to use < QUIET_MAX cores, as the etcd script does.
+# The targets table of docs/benchmarks.md: node/src/bench/targets.py CAIRN_OUT/results.jsonl ETCD_OUT/results.jsonl.
 # Everything is bounded: each run has a duration and an op cap; every process started here is
 # stopped by its pid on exit.
 set -euo pipefail
