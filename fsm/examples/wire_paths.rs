@@ -18,7 +18,9 @@
 //! - `watch_snapshot`: one watch reads its 1,000 Upserts and EndOfSnapshot,
 //!   each encoded as a WatchEvent;
 //! - `apply`: 1,000 CAS updates applied, each with its WriteResponse encoded
-//!   (as the leader answers them).
+//!   (as the leader answers them);
+//! - `follower_apply`: the same 1,000 updates as a follower applies them:
+//!   each log payload decoded and applied by value, nothing answered.
 
 use std::hint::black_box;
 
@@ -163,6 +165,19 @@ fn measured_apply(store: &Store, commands: &[Command], first_index: u64) -> usiz
     total
 }
 
+#[inline(never)]
+fn measured_follower_apply(store: &Store, payloads: &[Bytes], first_index: u64) -> usize {
+    let mut written = 0;
+    for (i, payload) in payloads.iter().enumerate() {
+        let command = Command::decode(payload).expect("decodes");
+        match store.apply_owned(first_index + i as u64, command) {
+            Ok(Applied::Written(_)) => written += 1,
+            other => panic!("apply: {other:?}"),
+        }
+    }
+    written
+}
+
 fn watch_all(store: &Store, start_revision: u64) -> Watch {
     store
         .watch(
@@ -205,9 +220,22 @@ fn main() {
                 .collect();
             measured_apply(&store, &commands, first)
         }
+        "follower_apply" => {
+            let first = store.applied_index() + 1;
+            let payloads: Vec<Bytes> = (0..TABLE_LEN)
+                .map(|k| {
+                    Command::Write {
+                        resource: resource(k, &(k + 1).to_string()),
+                    }
+                    .encode()
+                })
+                .collect();
+            measured_follower_apply(&store, &payloads, first)
+        }
         other => {
             eprintln!(
-                "wire_paths: unknown workload {other:?} (list, read, fanout, watch_snapshot, apply)"
+                "wire_paths: unknown workload {other:?} \
+                 (list, read, fanout, watch_snapshot, apply, follower_apply)"
             );
             std::process::exit(2);
         }
