@@ -27,7 +27,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use cairn_fsm::{Applied, Command, Limits, Store, Watch, WatchFilter};
 use cairn_proto::google::protobuf::Any;
-use cairn_proto::v1::{self as pb, Id, Resource, Tenancy, Type};
+use cairn_proto::v1::{shared, Id, Resource, Tenancy, Type};
 use prost::Message as _;
 
 const TABLE_LEN: u64 = 1_000;
@@ -97,8 +97,8 @@ fn populated() -> Store {
 fn measured_list(store: &Store) -> usize {
     let view = store.view();
     let listed = view.list(&items(), &every_tenancy(), "");
-    let response = pb::ListResponse {
-        resources: listed.into_iter().map(|r| (*r).clone()).collect(),
+    let response = shared::ListResponse {
+        resources: listed.iter().map(|r| r.encoded().clone()).collect(),
         revision: view.revision(),
     };
     response.encode_to_vec().len()
@@ -110,8 +110,8 @@ fn measured_read(store: &Store, ids: &[Id]) -> usize {
     for id in ids {
         let view = store.view();
         let stored = view.read(id).expect("stored");
-        let response = pb::ReadResponse {
-            resource: Some((*stored).clone()),
+        let response = shared::ReadResponse {
+            resource: Some(stored.encoded().clone()),
             revision: view.revision(),
         };
         total += response.encode_to_vec().len();
@@ -131,7 +131,7 @@ fn measured_fanout(store: &Store, watches: &mut [Watch], index: u64) -> usize {
     let mut total = 0;
     for watch in watches {
         let event = watch.try_next().expect("open").expect("one event");
-        total += event.to_proto().encode_to_vec().len();
+        total += event.to_shared().encode_to_vec().len();
     }
     total
 }
@@ -141,7 +141,7 @@ fn measured_watch_snapshot(watch: &mut Watch) -> usize {
     let mut total = 0;
     loop {
         let event = watch.try_next().expect("open").expect("ready");
-        total += event.to_proto().encode_to_vec().len();
+        total += event.to_shared().encode_to_vec().len();
         if event.resource.is_none() {
             return total;
         }
@@ -154,8 +154,8 @@ fn measured_apply(store: &Store, commands: &[Command], first_index: u64) -> usiz
     for (i, command) in commands.iter().enumerate() {
         match store.apply(first_index + i as u64, command) {
             Ok(Applied::Written(stored)) => {
-                let response = pb::WriteResponse {
-                    resource: Some((*stored).clone()),
+                let response = shared::WriteResponse {
+                    resource: Some(stored.encoded().clone()),
                 };
                 total += response.encode_to_vec().len();
             }
