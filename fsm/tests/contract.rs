@@ -92,7 +92,7 @@ fn a_stale_or_empty_expected_version_with_something_stored_is_a_cas_failure() {
     // Step 3: stored version != expected (empty included) -> CasFailure.
     let mut log = Log::new();
     let first = log.put(resource(id("u1", "web"), ""));
-    let second = log.put(resource(id("u1", "web"), &first.version()));
+    let second = log.put(resource(id("u1", "web"), first.version()));
     assert_eq!(second.version(), "2");
     for expected in [first.version(), ""] {
         let err = log.write(resource(id("u1", "web"), expected)).unwrap_err();
@@ -134,7 +134,7 @@ fn writes_ignore_the_group_version() {
         ty("catalog", "v2", "Service"),
         tenancy("default", "default"),
     );
-    let v2 = log.put(resource(v2_id.clone(), &v1.version()));
+    let v2 = log.put(resource(v2_id.clone(), v1.version()));
     assert_eq!(log.store.view().len(), 1);
     assert_eq!(log.store.view().read(&v2_id).unwrap(), v2);
 }
@@ -217,7 +217,7 @@ fn deleting_another_lifetime_succeeds_deletes_nothing_and_emits_nothing() {
     let _ = drain(&mut watch);
     for uid in ["u2", ""] {
         assert_eq!(
-            log.delete(id(uid, "web"), &stored.version()),
+            log.delete(id(uid, "web"), stored.version()),
             Ok(Applied::Deleted { existed: false })
         );
     }
@@ -244,14 +244,14 @@ fn a_delete_removes_and_emits_the_resource_as_last_stored() {
     // The Delete event carries the last stored resource, at the delete's revision.
     let mut log = Log::new();
     let first = log.put(resource(id("u1", "web"), ""));
-    let last = log.put(resource(id("u1", "web"), &first.version()));
+    let last = log.put(resource(id("u1", "web"), first.version()));
     let mut watch = log
         .store
         .watch(filter(services(), tenancy("*", "*"), ""), 0)
         .unwrap();
     let _ = drain(&mut watch);
     assert_eq!(
-        log.delete(id("u1", "web"), &last.version()),
+        log.delete(id("u1", "web"), last.version()),
         Ok(Applied::Deleted { existed: true })
     );
     let (events, closed) = drain(&mut watch);
@@ -278,7 +278,7 @@ fn deletes_ignore_the_group_version() {
         tenancy("default", "default"),
     );
     assert_eq!(
-        log.delete(other, &stored.version()),
+        log.delete(other, stored.version()),
         Ok(Applied::Deleted { existed: true })
     );
 }
@@ -492,11 +492,11 @@ fn deleting_the_owner_leaves_owned_resources_and_deleting_an_owned_one_removes_i
     let mut b = resource(id("b", "b"), "");
     b.owner = Some(Box::new(owner_id.clone()));
     let b = log.put(b);
-    log.delete(owner_id.clone(), &owner.version()).unwrap();
+    log.delete(owner_id.clone(), owner.version()).unwrap();
     let view = log.store.view();
     assert_eq!(names(&view.list_by_owner(&owner_id)), vec!["a", "b"]);
     assert_eq!(view.read(&id("a", "a")).unwrap(), a);
-    log.delete(id("b", "b"), &b.version()).unwrap();
+    log.delete(id("b", "b"), b.version()).unwrap();
     assert_eq!(names(&log.store.view().list_by_owner(&owner_id)), vec!["a"]);
     // Re-parenting a to another owner moves it in the index.
     let mut a2 = a.resource();
@@ -587,9 +587,9 @@ fn live_events_follow_commit_order_and_skip_non_matching_and_no_op_changes() {
     ));
     let _ = log.write(resource(id("u", "web"), "999"));
     log.delete(id("u", "nothing"), "1").unwrap();
-    log.delete(id("other-uid", "web"), &w1.version()).unwrap();
-    let w2 = log.put(resource(id("u", "web"), &w1.version()));
-    log.delete(id("u", "web"), &w2.version()).unwrap();
+    log.delete(id("other-uid", "web"), w1.version()).unwrap();
+    let w2 = log.put(resource(id("u", "web"), w1.version()));
+    log.delete(id("u", "web"), w2.version()).unwrap();
     let (events, closed) = drain(&mut watch);
     assert!(closed.is_none());
     assert_eq!(
@@ -901,8 +901,8 @@ fn a_watch_from_a_revision_replays_matching_changes_then_goes_live() {
         full_id("u", "c", ty("g", "v", "k"), tenancy("default", "default")),
         "",
     ));
-    let a2 = log.put(resource(id("u", "a"), &a.version()));
-    log.delete(id("u", "a"), &a2.version()).unwrap();
+    let a2 = log.put(resource(id("u", "a"), a.version()));
+    log.delete(id("u", "a"), a2.version()).unwrap();
     let mut watch = log
         .store
         .watch(filter(services(), tenancy("*", "*"), ""), 1)
@@ -995,8 +995,8 @@ fn reads_and_lists_at_a_past_revision_see_that_revision() {
     let mut b = resource(id("u", "b"), "");
     b.owner = Some(Box::new(id("o", "owner")));
     let b1 = log.put(b);
-    let a2 = log.put(resource(id("u", "a"), &a1.version()));
-    log.delete(id("u", "b"), &b1.version()).unwrap();
+    let a2 = log.put(resource(id("u", "a"), a1.version()));
+    log.delete(id("u", "b"), b1.version()).unwrap();
     log.noop();
     let at = |r: u64| log.store.view_at(r).unwrap();
     assert_eq!(at(1).read(&id("u", "a")).unwrap(), a1);
@@ -1062,7 +1062,7 @@ fn a_snapshot_is_a_point_in_time_while_writes_go_on() {
     let a = log.put(resource(id("u", "a"), ""));
     log.put(resource(id("u", "b"), ""));
     let snapshot = log.store.snapshot();
-    log.put(resource(id("u", "a"), &a.version()));
+    log.put(resource(id("u", "a"), a.version()));
     log.put(resource(id("u", "c"), ""));
     assert_eq!(snapshot.applied_index, 2);
     assert_eq!(snapshot.format_version, cairn_fsm::SNAPSHOT_FORMAT_VERSION);

@@ -70,7 +70,7 @@ fn nothing_is_visible_until_the_commit_which_swaps_everything_at_once() {
         Ok(Applied::RestoreChunkAdded { received: 2 })
     );
     // A write during the restore is applied to the current table, as usual.
-    let during = log.put(resource(id("u", "old"), &old.version()));
+    let during = log.put(resource(id("u", "old"), old.version()));
     log.apply(chunk("r1", backup(3)[2..].to_vec())).unwrap();
     assert_eq!(all_names(&log.store), vec!["old"]);
     assert_eq!(log.store.pending_restore().unwrap().received, 3);
