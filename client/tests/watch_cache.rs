@@ -52,18 +52,8 @@ fn stored(backing: &Backing, group: &str, kind: &str) -> Vec<String> {
         .store
         .view()
         .iter()
-        .filter(|r| {
-            r.id.as_ref()
-                .and_then(|i| i.r#type.as_ref())
-                .is_some_and(|t| t.group == group && t.kind == kind)
-        })
-        .map(|r| {
-            format!(
-                "{}@{}",
-                r.id.as_ref().map(|i| i.name.as_str()).unwrap_or(""),
-                r.version
-            )
-        })
+        .filter(|r| r.head().group() == group && r.head().kind() == kind)
+        .map(|r| format!("{}@{}", r.head().name, r.version()))
         .collect();
     v.sort();
     v
@@ -186,13 +176,13 @@ async fn a_restore_closes_the_watch_and_the_cache_resyncs_and_sweeps() {
             type_url: "t".into(),
             value: bytes::Bytes::from_static(b"{\"changed\":true}"),
         }),
-        ..(*c).clone()
+        ..c.clone()
     };
     let d = Resource {
         version: (applied + 7).to_string(),
         ..resource("g", "A", "d", "ud", "{}")
     };
-    backing.restore(vec![(*a).clone(), c_changed, d], restored_at);
+    backing.restore(vec![a.clone(), c_changed, d], restored_at);
 
     assert!(
         eventually(WAIT, || cached(&cache, "g", "A")

@@ -1,5 +1,6 @@
 //! [`Executor`]: the one place where a request is validated and executed on
-//! this node. It never forwards: the [`crate::Forwarder`] decides where a
+//! this node. Answers carry each resource as its stored encoding (the
+//! `cairn.v1.shared` messages): a cheap `Bytes` clone, never a new encoding. It never forwards: the [`crate::Forwarder`] decides where a
 //! request runs, the [`crate::ForwardingServer`] runs what a follower sent.
 
 use std::pin::Pin;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 
 use cairn_fsm::{Applied, Command, View, WatchFilter};
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::{self as pb, Consistency};
+use cairn_proto::v1::{self as pb, shared, Consistency};
 use futures::Stream;
 
 use crate::handle::Handle;
@@ -21,9 +22,11 @@ fn too_many_results(results_max: usize) -> ApiError {
     )
 }
 
-/// The watch stream served to clients: events, then at most one error
-/// (WatchClosed, Compacted), after which the stream ends.
-pub type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, tonic::Status>> + Send>>;
+/// The watch stream served to clients: events (each resource as its stored
+/// bytes), then at most one error (WatchClosed, Compacted), after which the
+/// stream ends.
+pub type WatchStream =
+    Pin<Box<dyn Stream<Item = Result<shared::WatchEvent, tonic::Status>> + Send>>;
 
 /// Validates and executes requests against this node's [`Handle`].
 pub struct Executor<H> {
@@ -134,13 +137,13 @@ impl<H: Handle> Executor<H> {
 
     /// Validates, then reads here: a strong read first ensures strong
     /// consistency on this node (NotLeader on a follower).
-    pub async fn read(&self, r: pb::ReadRequest) -> Result<pb::ReadResponse, ApiError> {
+    pub async fn read(&self, r: pb::ReadRequest) -> Result<shared::ReadResponse, ApiError> {
         let consistency = self.check_read(&r)?;
         self.read_checked(r, consistency).await
     }
 
     /// Validates, then writes through this node's Raft; NotLeader on a follower.
-    pub async fn write(&self, r: pb::WriteRequest) -> Result<pb::WriteResponse, ApiError> {
+    pub async fn write(&self, r: pb::WriteRequest) -> Result<shared::WriteResponse, ApiError> {
         self.check_write(&r)?;
         self.write_checked(r).await
     }
@@ -153,7 +156,7 @@ impl<H: Handle> Executor<H> {
 
     /// Validates, then lists here: a strong list first ensures strong
     /// consistency on this node (NotLeader on a follower).
-    pub async fn list(&self, r: pb::ListRequest) -> Result<pb::ListResponse, ApiError> {
+    pub async fn list(&self, r: pb::ListRequest) -> Result<shared::ListResponse, ApiError> {
         let consistency = self.check_list(&r)?;
         self.list_checked(r, consistency).await
     }
@@ -182,14 +185,14 @@ impl<H: Handle> Executor<H> {
         &self,
         r: pb::ReadRequest,
         consistency: Consistency,
-    ) -> Result<pb::ReadResponse, ApiError> {
+    ) -> Result<shared::ReadResponse, ApiError> {
         let view = self.view_for(consistency, r.revision).await?;
         let id =
             r.id.as_ref()
                 .ok_or_else(|| ApiError::invalid("id", "is required"))?;
         let resource = view.read(id)?;
-        Ok(pb::ReadResponse {
-            resource: Some((*resource).clone()),
+        Ok(shared::ReadResponse {
+            resource: Some(resource.encoded().clone()),
             revision: view.revision(),
         })
     }
@@ -198,7 +201,7 @@ impl<H: Handle> Executor<H> {
         &self,
         r: pb::ListRequest,
         consistency: Consistency,
-    ) -> Result<pb::ListResponse, ApiError> {
+    ) -> Result<shared::ListResponse, ApiError> {
         let view = self.view_for(consistency, r.revision).await?;
         let type_ = r
             .r#type
@@ -209,10 +212,10 @@ impl<H: Handle> Executor<H> {
         let resources = view
             .list_at_most(type_, &tenancy, &r.name_prefix, results_max)
             .ok_or_else(|| too_many_results(results_max))?
-            .into_iter()
-            .map(|r| (*r).clone())
+            .iter()
+            .map(|r| r.encoded().clone())
             .collect();
-        Ok(pb::ListResponse {
+        Ok(shared::ListResponse {
             resources,
             revision: view.revision(),
         })
@@ -233,7 +236,7 @@ impl<H: Handle> Executor<H> {
     pub(crate) async fn write_checked(
         &self,
         r: pb::WriteRequest,
-    ) -> Result<pb::WriteResponse, ApiError> {
+    ) -> Result<shared::WriteResponse, ApiError> {
         self.require_leader()?;
         let resource = r
             .resource
@@ -241,12 +244,12 @@ impl<H: Handle> Executor<H> {
         match self.handle.apply(Command::Write { resource }).await? {
             (index, Applied::Written(resource)) => {
                 assert_eq!(
-                    resource.version,
+                    resource.version(),
                     index.to_string(),
                     "a written resource's version is its entry's index"
                 );
-                Ok(pb::WriteResponse {
-                    resource: Some((*resource).clone()),
+                Ok(shared::WriteResponse {
+                    resource: Some(resource.encoded().clone()),
                 })
             }
             (index, other) => Err(ApiError::Internal(format!(
@@ -283,7 +286,7 @@ impl<H: Handle> Executor<H> {
     pub fn list_by_owner(
         &self,
         r: pb::ListByOwnerRequest,
-    ) -> Result<pb::ListByOwnerResponse, ApiError> {
+    ) -> Result<shared::ListByOwnerResponse, ApiError> {
         let owner = r
             .owner
             .ok_or_else(|| ApiError::invalid("owner", "is required"))?;
@@ -293,10 +296,10 @@ impl<H: Handle> Executor<H> {
         let resources = view
             .list_by_owner_at_most(&owner, results_max)
             .ok_or_else(|| too_many_results(results_max))?
-            .into_iter()
-            .map(|r| (*r).clone())
+            .iter()
+            .map(|r| r.encoded().clone())
             .collect();
-        Ok(pb::ListByOwnerResponse {
+        Ok(shared::ListByOwnerResponse {
             resources,
             revision: view.revision(),
         })
@@ -317,7 +320,7 @@ impl<H: Handle> Executor<H> {
         let stream = futures::stream::unfold(Some(watch), |state| async move {
             let mut watch = state?;
             match watch.next().await {
-                Ok(event) => Some((Ok(event.to_proto()), Some(watch))),
+                Ok(event) => Some((Ok(event.to_shared()), Some(watch))),
                 Err(e) => Some((Err(tonic::Status::from(ApiError::from(e))), None)),
             }
         });

@@ -37,6 +37,12 @@
 //!
 //! When the deadline passes with no attempt in flight the answer is
 //! Unavailable: nothing was applied, and a retry (here or elsewhere) can help.
+//!
+//! Answers come back as the leader's stored encodings (`cairn.v1.shared`)
+//! and are handed on as they are: a follower neither decodes nor re-encodes
+//! the resources of a strong read or list, or of a write's answer. A
+//! forwarded request is re-encoded from the message the client port decoded
+//! (it had to be decoded to be validated and authorized here).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,7 +50,7 @@ use std::time::Duration;
 
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
-use cairn_proto::v1::{self as pb, Consistency, ErrorDetails, ErrorKind};
+use cairn_proto::v1::{self as pb, shared, Consistency, ErrorDetails, ErrorKind};
 use prost::Message;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -125,7 +131,7 @@ impl<H: Handle> Forwarder<H> {
         &self,
         r: pb::ReadRequest,
         deadline: Instant,
-    ) -> Result<pb::ReadResponse, ApiError> {
+    ) -> Result<shared::ReadResponse, ApiError> {
         match self.executor.check_read(&r)? {
             Consistency::Eventual => self.executor.read_checked(r, Consistency::Eventual).await,
             Consistency::Strong => self.route(r, deadline).await,
@@ -137,7 +143,7 @@ impl<H: Handle> Forwarder<H> {
         &self,
         r: pb::WriteRequest,
         deadline: Instant,
-    ) -> Result<pb::WriteResponse, ApiError> {
+    ) -> Result<shared::WriteResponse, ApiError> {
         self.executor.check_write(&r)?;
         self.route(r, deadline).await
     }
@@ -157,7 +163,7 @@ impl<H: Handle> Forwarder<H> {
         &self,
         r: pb::ListRequest,
         deadline: Instant,
-    ) -> Result<pb::ListResponse, ApiError> {
+    ) -> Result<shared::ListResponse, ApiError> {
         match self.executor.check_list(&r)? {
             Consistency::Eventual => self.executor.list_checked(r, Consistency::Eventual).await,
             Consistency::Strong => self.route(r, deadline).await,
@@ -168,7 +174,7 @@ impl<H: Handle> Forwarder<H> {
     pub fn list_by_owner(
         &self,
         r: pb::ListByOwnerRequest,
-    ) -> Result<pb::ListByOwnerResponse, ApiError> {
+    ) -> Result<shared::ListByOwnerResponse, ApiError> {
         self.executor.list_by_owner(r)
     }
 
@@ -414,7 +420,7 @@ trait Forwardable: Clone + Send + Sync + 'static {
 }
 
 impl Forwardable for pb::WriteRequest {
-    type Response = pb::WriteResponse;
+    type Response = shared::WriteResponse;
     const METHOD: Method = Method::Write;
 
     fn local<H: Handle>(
@@ -452,7 +458,7 @@ impl Forwardable for pb::DeleteRequest {
 }
 
 impl Forwardable for pb::ReadRequest {
-    type Response = pb::ReadResponse;
+    type Response = shared::ReadResponse;
     const METHOD: Method = Method::Read;
 
     fn local<H: Handle>(
@@ -471,7 +477,7 @@ impl Forwardable for pb::ReadRequest {
 }
 
 impl Forwardable for pb::ListRequest {
-    type Response = pb::ListResponse;
+    type Response = shared::ListResponse;
     const METHOD: Method = Method::List;
 
     fn local<H: Handle>(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::forwarding_service_server::{ForwardingService, ForwardingServiceServer};
-use cairn_proto::v1::{self as pb};
+use cairn_proto::v1::{self as pb, shared};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
@@ -108,7 +108,7 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
     async fn write(
         &self,
         r: Request<pb::WriteRequest>,
-    ) -> Result<Response<pb::WriteResponse>, Status> {
+    ) -> Result<Response<shared::WriteResponse>, Status> {
         let timeout = caller_timeout(&r);
         self.serve(Method::Write, timeout, self.executor.write(r.into_inner()))
             .await
@@ -130,7 +130,7 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
     async fn read(
         &self,
         r: Request<pb::ReadRequest>,
-    ) -> Result<Response<pb::ReadResponse>, Status> {
+    ) -> Result<Response<shared::ReadResponse>, Status> {
         let timeout = caller_timeout(&r);
         let request = r.into_inner();
         self.serve(Method::Read, timeout, async {
@@ -145,7 +145,7 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
     async fn list(
         &self,
         r: Request<pb::ListRequest>,
-    ) -> Result<Response<pb::ListResponse>, Status> {
+    ) -> Result<Response<shared::ListResponse>, Status> {
         let timeout = caller_timeout(&r);
         let request = r.into_inner();
         self.serve(Method::List, timeout, async {

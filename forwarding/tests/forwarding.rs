@@ -53,6 +53,7 @@ async fn a_follower_forwards_writes_deletes_strong_reads_and_strong_lists() {
         .write(write_request(thing("a", "u1", "", b"1")), deadline())
         .await
         .unwrap()
+        .public()
         .resource
         .unwrap();
     assert_eq!(written.version, "1");
@@ -60,7 +61,7 @@ async fn a_follower_forwards_writes_deletes_strong_reads_and_strong_lists() {
         .read(read_request(id("a", ""), Consistency::Strong), deadline())
         .await
         .unwrap();
-    assert_eq!(read.resource.unwrap().version, "1");
+    assert_eq!(read.public().resource.unwrap().version, "1");
     assert!(read.revision >= 1);
     let listed = f
         .list(list_request(Consistency::Strong), deadline())
@@ -124,7 +125,7 @@ async fn eventual_requests_stay_local_even_without_a_reachable_leader() {
             .await
         {
             Ok(r) => {
-                assert_eq!(r.resource.unwrap().version, "1");
+                assert_eq!(r.public().resource.unwrap().version, "1");
                 break;
             }
             Err(ApiError::NotFound) if Instant::now() < until => {
@@ -170,6 +171,7 @@ async fn every_error_kind_crosses_the_hop_intact() {
         .write(write_request(thing("a", "u1", "", b"1")), deadline())
         .await
         .unwrap()
+        .public()
         .resource
         .unwrap();
 
@@ -347,6 +349,7 @@ async fn a_lagging_follower_serves_strong_reads_of_every_acknowledged_write() {
             .write(write_request(thing(&name, "u1", "", b"x")), deadline())
             .await
             .unwrap()
+            .public()
             .resource
             .unwrap();
         if follower
@@ -363,7 +366,7 @@ async fn a_lagging_follower_serves_strong_reads_of_every_acknowledged_write() {
             .read(read_request(id(&name, ""), Consistency::Strong), deadline())
             .await
             .unwrap();
-        assert_eq!(strong.resource.unwrap().version, written.version);
+        assert_eq!(strong.public().resource.unwrap().version, written.version);
         let listed = follower
             .list(list_request(Consistency::Strong), deadline())
             .await
@@ -406,6 +409,7 @@ async fn eventual_reads_on_a_follower_never_go_backwards() {
                 )
                 .await
                 .unwrap()
+                .public()
                 .resource
                 .unwrap();
             version = r.version;
@@ -419,7 +423,7 @@ async fn eventual_reads_on_a_follower_never_go_backwards() {
             .read(read_request(id("k", ""), Consistency::Eventual), deadline())
             .await
         {
-            let v: u64 = r.resource.unwrap().version.parse().unwrap();
+            let v: u64 = r.public().resource.unwrap().version.parse().unwrap();
             assert!(v >= seen, "version went back from {seen} to {v}");
             seen = v;
             reads += 1;
@@ -437,7 +441,7 @@ async fn eventual_reads_on_a_follower_never_go_backwards() {
             .read(read_request(id("k", ""), Consistency::Eventual), deadline())
             .await
             .unwrap();
-        let v: u64 = r.resource.unwrap().version.parse().unwrap();
+        let v: u64 = r.public().resource.unwrap().version.parse().unwrap();
         assert!(v >= seen);
         seen = v;
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -490,7 +494,7 @@ async fn a_follower_watch_sends_only_state_the_follower_already_holds() {
             .expect("an event within 2 s")
             .expect("the stream stays open")
             .expect("no watch error");
-        match event.event.unwrap() {
+        match event.public().event.unwrap() {
             watch_event::Event::Upsert(u) => {
                 let r = u.resource.unwrap();
                 let name = r.id.clone().unwrap().name;
@@ -505,7 +509,7 @@ async fn a_follower_watch_sends_only_state_the_follower_already_holds() {
                     )
                     .await
                     .expect("the follower holds what it announced");
-                assert_eq!(local.resource.unwrap().version, r.version);
+                assert_eq!(local.public().resource.unwrap().version, r.version);
             }
             watch_event::Event::EndOfSnapshot(_) => {
                 assert!(in_snapshot, "exactly one EndOfSnapshot");
@@ -622,7 +626,13 @@ async fn a_write_that_certainly_did_not_apply_is_retried_across_a_leader_change(
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(h.proposed(), 0);
     h.elect(3);
-    let written = sim_leader_change.await.unwrap().unwrap().resource.unwrap();
+    let written = sim_leader_change
+        .await
+        .unwrap()
+        .unwrap()
+        .public()
+        .resource
+        .unwrap();
     assert_eq!(written.version, "1");
     assert_eq!(h.proposed(), 1);
     assert!(h.node(2).channel.dial_count() >= 2);
@@ -641,7 +651,7 @@ async fn an_unavailable_answer_is_retried_and_the_write_applies_once() {
         .write(write_request(thing("a", "u1", "", b"1")), deadline())
         .await
         .unwrap();
-    assert_eq!(written.resource.unwrap().version, "1");
+    assert_eq!(written.public().resource.unwrap().version, "1");
     assert_eq!(h.apply_calls(1), 2);
     assert_eq!(h.proposed(), 1);
 }
@@ -672,7 +682,11 @@ async fn a_write_whose_answer_is_lost_is_not_retried() {
         .read(read_request(id("a", ""), Consistency::Strong), deadline())
         .await
         .unwrap();
-    assert_eq!(stored.resource.unwrap().version, "1", "it did apply, once");
+    assert_eq!(
+        stored.public().resource.unwrap().version,
+        "1",
+        "it did apply, once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

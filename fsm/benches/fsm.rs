@@ -113,7 +113,7 @@ fn populated(limits: Limits) -> (Store, u64, Vec<String>) {
                 resource: resource("Service", i, ""),
             },
         ) {
-            Ok(Applied::Written(r)) => versions.push(r.version.clone()),
+            Ok(Applied::Written(r)) => versions.push(r.version().to_string()),
             other => panic!("populate: {other:?}"),
         }
     }

@@ -18,7 +18,6 @@ use bytes::Bytes;
 use cairn_fsm::{Command, Limits, Store};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{Id, Resource, Tenancy, Type};
-use prost::Message as _;
 
 /// The system allocator, counting the usable bytes of live allocations.
 struct Counting;
@@ -108,7 +107,7 @@ fn main() {
             .expect("a bench resource is valid");
         if k == 0 {
             let stored = store.view().iter().next().cloned().expect("one stored");
-            encoded_bytes = stored.encoded_len() as u64;
+            encoded_bytes = stored.encoded().len() as u64;
         }
     }
     let after_bytes = LIVE_BYTES.load(Ordering::Relaxed);

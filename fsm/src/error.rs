@@ -1,9 +1,9 @@
 //! The one error enum of the fsm layer, and its one conversion to the wire.
 
-use std::sync::Arc;
-
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::{Resource, Type};
+use cairn_proto::v1::Type;
+
+use crate::StoredResource;
 
 /// Every way an fsm operation can fail. Conditions, not bugs: a broken
 /// invariant panics instead.
@@ -27,11 +27,11 @@ pub enum FsmError {
     #[error(
         "group version mismatch: requested {:?}, stored {:?}",
         requested.group_version,
-        stored.id.as_ref().and_then(|id| id.r#type.as_ref()).map(|t| t.group_version.as_str()).unwrap_or("")
+        stored.group_version()
     )]
     GroupVersionMismatch {
         requested: Type,
-        stored: Arc<Resource>,
+        stored: StoredResource,
     },
     /// The revision asked for is older than the retained history.
     #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
@@ -70,8 +70,8 @@ impl From<FsmError> for ApiError {
             FsmError::GroupVersionMismatch { requested, stored } => {
                 ApiError::GroupVersionMismatch {
                     requested,
-                    // Error path only: the one place a stored resource is copied.
-                    stored: Box::new((*stored).clone()),
+                    // Error path only: the one place a stored resource is decoded.
+                    stored: Box::new(stored.resource()),
                 }
             }
             FsmError::Compacted {

@@ -144,7 +144,7 @@ mod tests {
             revision,
             key: Arc::from("k"),
             before: None,
-            after: Some(Arc::new(Default::default())),
+            after: Some(crate::StoredResource::from_resource(&Default::default())),
         }
     }
 

@@ -118,6 +118,23 @@ pub(crate) fn with_storage_key<R>(id: &Id, f: impl FnOnce(&str) -> R) -> R {
     }
 }
 
+/// The fields of a storage key: group, kind, partition, namespace, name.
+pub(crate) fn fields(key: &str) -> [&str; 5] {
+    let mut fields = [""; 5];
+    let mut rest = key;
+    for field in fields.iter_mut().take(4) {
+        match split_field(rest) {
+            Some((value, after)) => {
+                *field = value;
+                rest = after;
+            }
+            None => unreachable!("a storage key has five fields"),
+        }
+    }
+    fields[4] = rest;
+    fields
+}
+
 /// The registry key of a watch: (group, kind) joined.
 pub(crate) fn type_key(group: &str, kind: &str) -> String {
     join(&[group, kind], false)
@@ -284,14 +301,20 @@ pub(crate) fn matches(
     name_prefix: &str,
 ) -> bool {
     let p = resource_parts(resource);
-    p.group == type_.group && p.kind == type_.kind && tenancy_matches(&p, tenancy, name_prefix)
-}
-
-/// The list rule without the type (the watch registry already matched it).
-pub(crate) fn tenancy_matches(p: &IdParts<'_>, tenancy: &Tenancy, name_prefix: &str) -> bool {
-    (tenancy.partition == "*" || tenancy.partition == p.partition)
+    p.group == type_.group
+        && p.kind == type_.kind
+        && (tenancy.partition == "*" || tenancy.partition == p.partition)
         && (tenancy.namespace == "*" || tenancy.namespace == p.namespace)
         && p.name.starts_with(name_prefix)
+}
+
+/// The list rule without the type, on a storage key (the watch registry
+/// already matched the type).
+pub(crate) fn tenancy_matches(key: &str, tenancy: &Tenancy, name_prefix: &str) -> bool {
+    let [_group, _kind, partition, namespace, name] = fields(key);
+    (tenancy.partition == "*" || tenancy.partition == partition)
+        && (tenancy.namespace == "*" || tenancy.namespace == namespace)
+        && name.starts_with(name_prefix)
 }
 
 #[cfg(test)]

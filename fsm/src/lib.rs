@@ -56,6 +56,12 @@
 //!   have an index above `I` and above every version issued before (asserted).
 //! - Every stored resource passed [`validate_write`]; at most one resource
 //!   per storage key (group, kind, partition, namespace, name).
+//! - A stored resource is its encoding ([`StoredResource`]), made once when
+//!   the write is applied (or the restore committed): the bytes decode to
+//!   exactly the stored resource, with its assigned version, and its id in
+//!   the bytes is its storage key (checked when it is made: the key always,
+//!   the full decoding in debug builds). Reads, lists, events and snapshots
+//!   hand out those bytes, never a new encoding.
 //! - The owner index holds exactly the stored resources that have an owner,
 //!   in the same persistent snapshot as the table (views agree with it).
 //! - `oldest_retained_revision <= applied_index`; the history holds exactly
@@ -79,6 +85,7 @@ mod restore;
 mod snapshot;
 mod state;
 mod store;
+mod stored;
 mod validate;
 mod watch;
 
@@ -88,6 +95,7 @@ pub use restore::{PendingRestoreStatus, RESTORE_ID_BYTES_MAX};
 pub use snapshot::{PendingSnapshot, Restoration, Snapshot, SNAPSHOT_FORMAT_VERSION};
 pub use state::View;
 pub use store::{Applied, Batch, Store};
+pub use stored::{ResourceHead, StoredResource, TenancyHead, TypeHead};
 pub use validate::{validate_id, validate_list, validate_write, Limits};
 pub use watch::{Event, Watch, WatchEventKind, WatchFilter};
 

@@ -20,8 +20,6 @@
 //! - A pending restore is part of the state: snapshots carry it, so a node
 //!   that restarts from a snapshot taken mid-restore still commits the same.
 
-use std::sync::Arc;
-
 use cairn_proto::v1::Resource;
 
 use crate::history::History;
@@ -30,7 +28,7 @@ use crate::state::State;
 use crate::store::Writer;
 use crate::validate::{validate_write, Limits};
 use crate::watch::REASON_RESTORE;
-use crate::{Applied, FsmError};
+use crate::{Applied, FsmError, StoredResource};
 
 /// The longest restore id accepted.
 pub const RESTORE_ID_BYTES_MAX: usize = 128;
@@ -75,7 +73,9 @@ impl RestoreTable {
                 "appears twice in the snapshot",
             ));
         }
-        let previous = self.state.set(&key, Some(Arc::new(resource)));
+        let previous = self
+            .state
+            .set(&key, Some(StoredResource::new(&resource, &key)));
         assert!(previous.is_none(), "checked: the key was new");
         self.version_max = self.version_max.max(version);
         Ok(())
@@ -227,10 +227,11 @@ pub(crate) fn commit(w: &mut Writer, index: u64, restore_id: &str) -> Result<App
     }
     let version = index.to_string();
     let mut state = State::default();
-    for (key, resource) in pending.table.state.resources {
-        let mut resource = Arc::unwrap_or_clone(resource);
+    for (key, stored) in pending.table.state.resources {
+        // Restamped: decoded and encoded again, once per restore.
+        let mut resource = stored.resource();
         resource.version.clone_from(&version);
-        state.set(&key, Some(Arc::new(resource)));
+        state.set(&key, Some(StoredResource::new(&resource, &key)));
     }
     let resource_count = state.resources.len() as u64;
     assert_eq!(resource_count, pending.resource_count);

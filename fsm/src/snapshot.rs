@@ -9,11 +9,12 @@ use imbl::ordmap;
 use crate::key::Key;
 use crate::restore::{install, PendingRestore, RestoreTable};
 use crate::store::{Published, Shared};
-use crate::FsmError;
+use crate::{FsmError, StoredResource};
 
 /// The format of the resources a [`Snapshot`] yields: each is a complete
-/// `cairn.v1.Resource` with its assigned version. The node frames and stores
-/// them; this number goes with them so a future reader can tell.
+/// `cairn.v1.Resource` with its assigned version, as stored (its encoding is
+/// [`StoredResource::encoded`]). The node frames and stores them; this number
+/// goes with them so a future reader can tell.
 pub const SNAPSHOT_FORMAT_VERSION: u8 = 1;
 
 /// A consistent image of the table at `applied_index`, taken in O(1) without
@@ -27,7 +28,7 @@ pub struct Snapshot {
     /// of the table: iterating the snapshot does not yield its resources.
     pub pending: Option<PendingSnapshot>,
     len: usize,
-    resources: ordmap::ConsumingIter<Key, Arc<Resource>, imbl::shared_ptr::DefaultSharedPtr>,
+    resources: ordmap::ConsumingIter<Key, StoredResource, imbl::shared_ptr::DefaultSharedPtr>,
 }
 
 impl Snapshot {
@@ -62,9 +63,9 @@ impl Snapshot {
 }
 
 impl Iterator for Snapshot {
-    type Item = Arc<Resource>;
+    type Item = StoredResource;
 
-    fn next(&mut self) -> Option<Arc<Resource>> {
+    fn next(&mut self) -> Option<StoredResource> {
         self.resources.next().map(|(_, r)| r)
     }
 
@@ -81,7 +82,7 @@ pub struct PendingSnapshot {
     pub resource_count: u64,
     pub failure: Option<String>,
     len: usize,
-    resources: ordmap::ConsumingIter<Key, Arc<Resource>, imbl::shared_ptr::DefaultSharedPtr>,
+    resources: ordmap::ConsumingIter<Key, StoredResource, imbl::shared_ptr::DefaultSharedPtr>,
 }
 
 impl PendingSnapshot {
@@ -96,9 +97,9 @@ impl PendingSnapshot {
 }
 
 impl Iterator for PendingSnapshot {
-    type Item = Arc<Resource>;
+    type Item = StoredResource;
 
-    fn next(&mut self) -> Option<Arc<Resource>> {
+    fn next(&mut self) -> Option<StoredResource> {
         self.resources.next().map(|(_, r)| r)
     }
 }

@@ -3,11 +3,11 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
-use cairn_proto::v1::{Id, Resource, Tenancy, Type};
+use cairn_proto::v1::{Id, Tenancy, Type};
 use imbl::OrdMap;
 
 use crate::key::{self, Key};
-use crate::FsmError;
+use crate::{FsmError, StoredResource};
 
 /// The table at one revision. Cloning is O(1): the maps are persistent and
 /// share structure, so a clone is a point-in-time copy the writer never
@@ -17,35 +17,28 @@ pub(crate) struct State {
     /// The applied index this state reflects.
     pub revision: u64,
     /// Storage key -> the resource as last stored.
-    pub resources: OrdMap<Key, Arc<Resource>>,
+    pub resources: OrdMap<Key, StoredResource>,
     /// Owner-index entry (owner prefix ++ storage key) -> the owned resource.
-    pub owned: OrdMap<Key, Arc<Resource>>,
+    pub owned: OrdMap<Key, StoredResource>,
 }
 
 impl State {
     /// Puts (or with `None` removes) the resource at `key`, keeping the owner
     /// index in step. Returns the resource that was stored before.
-    pub fn set(&mut self, key: &Key, value: Option<Arc<Resource>>) -> Option<Arc<Resource>> {
-        let new_entry = value
-            .as_ref()
-            .and_then(|r| r.owner.as_ref())
-            .map(|owner| key::owner_entry(owner, key));
+    pub fn set(&mut self, key: &Key, value: Option<StoredResource>) -> Option<StoredResource> {
+        let new_entry = value.as_ref().and_then(|r| r.owner_entry().cloned());
         let previous = match &value {
             Some(v) => self.resources.insert(key.clone(), v.clone()),
             None => self.resources.remove(key),
         };
-        let old_entry = previous
-            .as_ref()
-            .and_then(|r| r.owner.as_ref())
-            .map(|owner| key::owner_entry(owner, key));
-        if let Some(old) = &old_entry {
+        if let Some(old) = previous.as_ref().and_then(StoredResource::owner_entry) {
             if new_entry.as_ref() != Some(old) {
-                let removed = self.owned.remove(old.as_str());
+                let removed = self.owned.remove(old);
                 assert!(removed.is_some(), "owner index holds every owned resource");
             }
         }
         if let (Some(entry), Some(v)) = (new_entry, value) {
-            self.owned.insert(Key::from(entry), v);
+            self.owned.insert(entry, v);
         }
         assert!(
             self.owned.len() <= self.resources.len(),
@@ -61,18 +54,8 @@ impl State {
 pub(crate) struct Change {
     pub revision: u64,
     pub key: Key,
-    pub before: Option<Arc<Resource>>,
-    pub after: Option<Arc<Resource>>,
-}
-
-impl Change {
-    /// The resource that identifies the change (same key on both sides).
-    pub fn subject(&self) -> &Arc<Resource> {
-        match (&self.after, &self.before) {
-            (Some(r), _) | (None, Some(r)) => r,
-            (None, None) => unreachable!("a change has a before or an after"),
-        }
-    }
+    pub before: Option<StoredResource>,
+    pub after: Option<StoredResource>,
 }
 
 /// A consistent, immutable point-in-time view of the table. Cheap to clone;
@@ -91,16 +74,15 @@ impl View {
     /// Reads one resource, in the contract's order: nothing stored ->
     /// NotFound; a non-empty uid that differs -> NotFound; a group version
     /// that differs -> GroupVersionMismatch carrying the stored resource.
-    pub fn read(&self, id: &Id) -> Result<Arc<Resource>, FsmError> {
+    pub fn read(&self, id: &Id) -> Result<StoredResource, FsmError> {
         let Some(stored) = key::with_storage_key(id, |key| self.state.resources.get(key)) else {
             return Err(FsmError::NotFound);
         };
-        let s = key::resource_parts(stored);
-        if !id.uid.is_empty() && id.uid != s.uid {
+        if !id.uid.is_empty() && id.uid != stored.uid() {
             return Err(FsmError::NotFound);
         }
         let requested = key::parts(Some(id));
-        if requested.group_version != s.group_version {
+        if requested.group_version != stored.group_version() {
             return Err(FsmError::GroupVersionMismatch {
                 requested: id.r#type.clone().unwrap_or_default(),
                 stored: stored.clone(),
@@ -112,7 +94,7 @@ impl View {
     /// Every resource of the unversioned type (group + kind; the group
     /// version is ignored) whose tenancy matches field by field (`*` = any)
     /// and whose name starts with `name_prefix`, in storage-key order.
-    pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<Arc<Resource>> {
+    pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<StoredResource> {
         self.list_at_most(type_, tenancy, name_prefix, usize::MAX)
             .unwrap_or_default()
     }
@@ -125,10 +107,10 @@ impl View {
         tenancy: &Tenancy,
         name_prefix: &str,
         results_max: usize,
-    ) -> Option<Vec<Arc<Resource>>> {
+    ) -> Option<Vec<StoredResource>> {
         let matcher = key::Matcher::new(type_, tenancy, name_prefix);
         let prefix = matcher.scan_prefix();
-        let found: Vec<Arc<Resource>> = self
+        let found: Vec<StoredResource> = self
             .state
             .resources
             .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
@@ -142,7 +124,7 @@ impl View {
 
     /// Every resource whose owner equals `owner` on group, kind, partition,
     /// namespace, name and uid (the group version is ignored).
-    pub fn list_by_owner(&self, owner: &Id) -> Vec<Arc<Resource>> {
+    pub fn list_by_owner(&self, owner: &Id) -> Vec<StoredResource> {
         self.list_by_owner_at_most(owner, usize::MAX)
             .unwrap_or_default()
     }
@@ -153,14 +135,14 @@ impl View {
         &self,
         owner: &Id,
         results_max: usize,
-    ) -> Option<Vec<Arc<Resource>>> {
+    ) -> Option<Vec<StoredResource>> {
         if key::holds_separator(owner) {
             // No stored field holds one; and a separator inside a field would
             // shift the prefix onto other owners' entries.
             return Some(Vec::new());
         }
         let prefix = key::owner_prefix(owner);
-        let found: Vec<Arc<Resource>> = self
+        let found: Vec<StoredResource> = self
             .state
             .owned
             .range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded))
@@ -182,7 +164,7 @@ impl View {
     }
 
     /// Every resource of the view, in storage-key order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Resource>> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = &StoredResource> + '_ {
         self.state.resources.values()
     }
 }

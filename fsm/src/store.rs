@@ -13,13 +13,13 @@ use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
 use crate::validate::{validate_id, validate_list, validate_write, Limits};
 use crate::watch::{self, Registry, Watch, WatchFilter};
-use crate::{Command, FsmError};
+use crate::{Command, FsmError, StoredResource};
 
 /// What a successful command did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Applied {
     /// The resource as stored, with its new version.
-    Written(Arc<Resource>),
+    Written(StoredResource),
     /// `existed = false` for the no-op deletes (nothing stored, or another
     /// lifetime stored): nothing changed and no event was published.
     Deleted { existed: bool },
@@ -241,10 +241,12 @@ impl Store {
                 break;
             }
             let undone = state.set(&change.key, change.before.clone());
-            assert!(
-                undone.as_ref().map(Arc::as_ptr) == change.after.as_ref().map(Arc::as_ptr),
-                "undoing a change finds its after-image"
-            );
+            let found_after = match (&undone, &change.after) {
+                (Some(undone), Some(after)) => StoredResource::ptr_eq(undone, after),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(found_after, "undoing a change finds its after-image");
         }
         state.revision = revision;
         Ok(View {
@@ -524,26 +526,25 @@ fn write(
             None => {}
             Some(stored) => {
                 let given_uid = key::resource_parts(given).uid;
-                let stored_uid = key::resource_parts(stored).uid;
-                if given_uid != stored_uid {
+                if given_uid != stored.uid() {
                     return Err(FsmError::WrongUid {
                         given: given_uid.to_string(),
-                        stored: stored_uid.to_string(),
+                        stored: stored.uid().to_string(),
                     });
                 }
-                if stored.version != given.version {
+                if stored.version() != given.version {
                     return Err(FsmError::CasFailure {
                         expected: given.version.clone(),
-                        stored: Some(stored.version.clone()),
+                        stored: Some(stored.version().to_string()),
                     });
                 }
             }
         }
         Ok(Key::from(key))
     })?;
-    let mut resource = input.into_owned();
-    resource.version = index.to_string();
-    let after = Arc::new(resource);
+    // The final bytes are known only now (the version is this index): the
+    // one encoding of this resource, which every answer will send.
+    let after = input.stored_with_version(index, &key);
     let before = w.state.set(&key, Some(after.clone()));
     w.version_issued_max = index;
     Ok(Change {
@@ -567,13 +568,13 @@ fn delete(
         let Some(stored) = w.state.resources.get(key) else {
             return Ok(None);
         };
-        if key::resource_parts(stored).uid != id.uid {
+        if stored.uid() != id.uid {
             return Ok(None);
         }
-        if stored.version != version {
+        if stored.version() != version {
             return Err(FsmError::CasFailure {
                 expected: version.to_string(),
-                stored: Some(stored.version.clone()),
+                stored: Some(stored.version().to_string()),
             });
         }
         Ok(Some(Key::from(key)))
@@ -607,10 +608,14 @@ impl WriteInput<'_> {
         }
     }
 
-    fn into_owned(self) -> Resource {
-        match self {
+    /// The resource stored with version `index`: the borrowed one is copied
+    /// first, the owned one is changed in place; either is encoded once.
+    fn stored_with_version(self, index: u64, key: &str) -> StoredResource {
+        let mut resource = match self {
             WriteInput::Borrowed(r) => r.clone(),
             WriteInput::Owned(r) => r,
-        }
+        };
+        resource.version = index.to_string();
+        StoredResource::new(&resource, key)
     }
 }

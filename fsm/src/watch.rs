@@ -6,14 +6,14 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use cairn_proto::v1::{watch_event, Resource, Tenancy, Type, WatchEvent};
+use cairn_proto::v1::{shared, watch_event, Tenancy, Type, WatchEvent};
 use tokio::sync::mpsc;
 
 use crate::history::History;
 use crate::key::{self, Key};
 use crate::state::{Change, State};
 use crate::store::Shared;
-use crate::{FsmError, Limits};
+use crate::{FsmError, Limits, StoredResource};
 
 /// What a watch selects: the list rule (group + kind, tenancy with `*`,
 /// name prefix).
@@ -40,14 +40,31 @@ pub enum WatchEventKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub kind: WatchEventKind,
-    pub resource: Option<Arc<Resource>>,
+    pub resource: Option<StoredResource>,
     pub revision: u64,
 }
 
 impl Event {
-    /// The wire form (copies the resource).
+    /// The form a node sends: the stored resource's bytes, shared (no copy,
+    /// no encoding). Wire-identical to [`Event::to_proto`].
+    pub fn to_shared(&self) -> shared::WatchEvent {
+        use shared::watch_event as e;
+        let resource = self.resource.as_ref().map(|r| r.encoded().clone());
+        let event = match self.kind {
+            WatchEventKind::Upsert => e::Event::Upsert(e::Upsert { resource }),
+            WatchEventKind::Delete => e::Event::Delete(e::Delete { resource }),
+            WatchEventKind::EndOfSnapshot => e::Event::EndOfSnapshot(e::EndOfSnapshot {}),
+        };
+        shared::WatchEvent {
+            event: Some(event),
+            revision: self.revision,
+        }
+    }
+
+    /// The public message, with the resource decoded (a copy): for clients
+    /// and tests, not for serving.
     pub fn to_proto(&self) -> WatchEvent {
-        let resource = self.resource.as_ref().map(|r| (**r).clone());
+        let resource = self.resource.as_ref().map(StoredResource::resource);
         let event = match self.kind {
             WatchEventKind::Upsert => watch_event::Event::Upsert(watch_event::Upsert { resource }),
             WatchEventKind::Delete => watch_event::Event::Delete(watch_event::Delete { resource }),
@@ -204,18 +221,17 @@ impl Registry {
         };
         let event = Event::of_change(change);
         // What a buffered event costs: the resource it holds alive (the
-        // table may move on to a newer version) in its encoded size.
+        // table may move on to a newer version), its encoding.
         let size_bytes = event
             .resource
             .as_ref()
-            .map(|r| prost::Message::encoded_len(r.as_ref()))
+            .map(|r| r.encoded().len())
             .unwrap_or(0)
             + EVENT_OVERHEAD_BYTES;
-        let parts = key::resource_parts(change.subject());
         let before = subscribers.len();
         let store_bytes = &self.unread_bytes;
         subscribers.retain(|s| {
-            if !key::tenancy_matches(&parts, &s.tenancy, &s.name_prefix) {
+            if !key::tenancy_matches(&change.key, &s.tenancy, &s.name_prefix) {
                 return true;
             }
             let watch_unread = s.unread.watch_bytes.load(Ordering::SeqCst);
@@ -284,7 +300,7 @@ enum Phase {
         /// The last key fetched into `ready` (None = start of the scan).
         cursor: Option<Key>,
         /// Fetched and not yet returned, in key order.
-        ready: VecDeque<Arc<Resource>>,
+        ready: VecDeque<StoredResource>,
         /// Whether the scan reached its end.
         scanned: bool,
     },

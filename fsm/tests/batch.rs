@@ -36,7 +36,7 @@ fn a_batch_applies_in_order_with_one_outcome_each_at_one_revision() {
                 },
                 Command::Delete {
                     id: id("u", "d"),
-                    version: d.version.clone(),
+                    version: d.version().to_string(),
                 },
             ],
         },
@@ -47,7 +47,7 @@ fn a_batch_applies_in_order_with_one_outcome_each_at_one_revision() {
     assert_eq!(results.len(), 4);
     for (i, r) in results[..2].iter().enumerate() {
         match r {
-            Ok(Applied::Written(w)) => assert_eq!(w.version, index.to_string(), "write {i}"),
+            Ok(Applied::Written(w)) => assert_eq!(w.version(), index.to_string(), "write {i}"),
             other => panic!("write {i}: {other:?}"),
         }
     }
@@ -81,5 +81,5 @@ fn a_batch_applies_in_order_with_one_outcome_each_at_one_revision() {
     assert!(drain(&mut after).0.is_empty());
     // The next entry gets a greater version.
     let next = log.put(resource(id("u", "a"), &index.to_string()));
-    assert_eq!(next.version, (index + 1).to_string());
+    assert_eq!(next.version(), (index + 1).to_string());
 }

@@ -114,7 +114,7 @@ fn apply_one(batch: &mut Batch<'_>, index: u64, versions: &mut BTreeMap<u64, (St
             let r = with_counter(resource(counter_id(slot), &version), counter + 1);
             match batch.apply_owned(index, Command::Write { resource: r }) {
                 Ok(Applied::Written(r)) => {
-                    versions.insert(slot, (r.version.clone(), counter + 1));
+                    versions.insert(slot, (r.version().to_string(), counter + 1));
                 }
                 other => panic!("increment at {index}: {other:?}"),
             }
@@ -143,7 +143,7 @@ fn apply_one(batch: &mut Batch<'_>, index: u64, versions: &mut BTreeMap<u64, (St
 fn check_view(view: &View) {
     let r = view.revision();
     let counters = view.list(&ty("test", "", "Counter"), &tenancy("*", "*"), "");
-    let sum: u64 = counters.iter().map(|c| counter_of(c)).sum();
+    let sum: u64 = counters.iter().map(|c| counter_of(&c.resource())).sum();
     assert_eq!(
         sum,
         increments_through(r),
@@ -151,15 +151,15 @@ fn check_view(view: &View) {
     );
     for c in &counters {
         assert!(
-            c.version.parse::<u64>().unwrap() <= r,
+            c.version().parse::<u64>().unwrap() <= r,
             "no version from the future"
         );
-        assert_eq!(&view.read(c.id.as_ref().unwrap()).unwrap(), c);
+        assert_eq!(&view.read(c.resource().id.as_ref().unwrap()).unwrap(), c);
     }
     let scratch: Vec<String> = view
         .list(&ty("test", "", "Scratch"), &tenancy("p", "n"), "s")
         .iter()
-        .map(|s| s.id.as_ref().unwrap().name.clone())
+        .map(|s| s.head().name.to_string())
         .collect();
     assert_eq!(scratch, scratch_through(r), "scratch set at revision {r}");
 }
@@ -220,7 +220,7 @@ fn views_are_consistent_points_in_time_and_watches_see_exactly_the_committed_seq
                     match e.kind {
                         WatchEventKind::Upsert => {
                             let r = e.resource.unwrap();
-                            state.insert(r.id.as_ref().unwrap().name.clone(), (*r).clone());
+                            state.insert(r.head().name.to_string(), r.resource());
                         }
                         WatchEventKind::EndOfSnapshot => break e.revision,
                         WatchEventKind::Delete => panic!("a delete inside a snapshot"),
@@ -252,11 +252,11 @@ fn views_are_consistent_points_in_time_and_watches_see_exactly_the_committed_seq
                     seen_through = e.revision;
                     assert_eq!(e.revision, want, "no gap, no duplicate, commit order");
                     let r = e.resource.unwrap();
-                    let name = r.id.as_ref().unwrap().name.clone();
+                    let name = r.head().name.to_string();
                     match e.kind {
                         WatchEventKind::Upsert => {
-                            assert_eq!(r.version, want.to_string());
-                            state.insert(name, (*r).clone());
+                            assert_eq!(r.version(), want.to_string());
+                            state.insert(name, r.resource());
                         }
                         WatchEventKind::Delete => {
                             assert!(state.remove(&name).is_some());
@@ -270,7 +270,7 @@ fn views_are_consistent_points_in_time_and_watches_see_exactly_the_committed_seq
                 let table: BTreeMap<String, Resource> = past
                     .list(&ty("test", "", kind), &tenancy("*", "*"), "")
                     .iter()
-                    .map(|r| (r.id.as_ref().unwrap().name.clone(), (**r).clone()))
+                    .map(|r| (r.head().name.to_string(), r.resource()))
                     .collect();
                 assert_eq!(state, table, "watch state at revision {seen_through}");
                 rounds += 1;

@@ -4,10 +4,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use cairn_fsm::{
-    Applied, Command, FsmError, Limits, Store, WatchEventKind, COMMAND_FORMAT_VERSION,
+    Applied, Command, FsmError, Limits, Store, StoredResource, WatchEventKind,
+    COMMAND_FORMAT_VERSION,
 };
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{Id, Status};
@@ -32,10 +32,10 @@ fn a_create_is_stored_with_the_log_index_as_version_and_every_field_verbatim() {
         },
     )]);
     let stored = log.put(r.clone());
-    assert_eq!(stored.version, "2");
+    assert_eq!(stored.version(), "2");
     let mut expected = r;
     expected.version = "2".into();
-    assert_eq!(*stored, expected);
+    assert_eq!(stored.resource(), expected);
     assert_eq!(log.store.view().read(&id("u1", "web")).unwrap(), stored);
 }
 
@@ -58,13 +58,13 @@ fn a_non_empty_expected_version_with_nothing_stored_is_a_cas_failure() {
 fn a_write_with_a_different_uid_is_wrong_uid_even_when_empty() {
     // Step 2: a different uid, an empty one included, is WrongUid.
     let mut log = Log::new();
-    let v = log.put(resource(id("u1", "web"), "")).version.clone();
+    let v = log.put(resource(id("u1", "web"), "")).version().to_string();
     for uid in ["u2", ""] {
         let err = log.write(resource(id(uid, "web"), &v)).unwrap_err();
         assert!(matches!(err, FsmError::WrongUid { .. }), "{uid:?}: {err:?}");
     }
     // A stored empty uid is different from a given non-empty one too.
-    let v = log.put(resource(id("", "db"), "")).version.clone();
+    let v = log.put(resource(id("", "db"), "")).version().to_string();
     assert!(matches!(
         log.write(resource(id("u9", "db"), &v)),
         Err(FsmError::WrongUid { .. })
@@ -92,9 +92,9 @@ fn a_stale_or_empty_expected_version_with_something_stored_is_a_cas_failure() {
     // Step 3: stored version != expected (empty included) -> CasFailure.
     let mut log = Log::new();
     let first = log.put(resource(id("u1", "web"), ""));
-    let second = log.put(resource(id("u1", "web"), &first.version));
-    assert_eq!(second.version, "2");
-    for expected in [first.version.as_str(), ""] {
+    let second = log.put(resource(id("u1", "web"), first.version()));
+    assert_eq!(second.version(), "2");
+    for expected in [first.version(), ""] {
         let err = log.write(resource(id("u1", "web"), expected)).unwrap_err();
         assert_eq!(
             err,
@@ -134,7 +134,7 @@ fn writes_ignore_the_group_version() {
         ty("catalog", "v2", "Service"),
         tenancy("default", "default"),
     );
-    let v2 = log.put(resource(v2_id.clone(), &v1.version));
+    let v2 = log.put(resource(v2_id.clone(), v1.version()));
     assert_eq!(log.store.view().len(), 1);
     assert_eq!(log.store.view().read(&v2_id).unwrap(), v2);
 }
@@ -217,7 +217,7 @@ fn deleting_another_lifetime_succeeds_deletes_nothing_and_emits_nothing() {
     let _ = drain(&mut watch);
     for uid in ["u2", ""] {
         assert_eq!(
-            log.delete(id(uid, "web"), &stored.version),
+            log.delete(id(uid, "web"), stored.version()),
             Ok(Applied::Deleted { existed: false })
         );
     }
@@ -244,14 +244,14 @@ fn a_delete_removes_and_emits_the_resource_as_last_stored() {
     // The Delete event carries the last stored resource, at the delete's revision.
     let mut log = Log::new();
     let first = log.put(resource(id("u1", "web"), ""));
-    let last = log.put(resource(id("u1", "web"), &first.version));
+    let last = log.put(resource(id("u1", "web"), first.version()));
     let mut watch = log
         .store
         .watch(filter(services(), tenancy("*", "*"), ""), 0)
         .unwrap();
     let _ = drain(&mut watch);
     assert_eq!(
-        log.delete(id("u1", "web"), &last.version),
+        log.delete(id("u1", "web"), last.version()),
         Ok(Applied::Deleted { existed: true })
     );
     let (events, closed) = drain(&mut watch);
@@ -278,7 +278,7 @@ fn deletes_ignore_the_group_version() {
         tenancy("default", "default"),
     );
     assert_eq!(
-        log.delete(other, &stored.version),
+        log.delete(other, stored.version()),
         Ok(Applied::Deleted { existed: true })
     );
 }
@@ -367,13 +367,16 @@ fn populate_tenancies(log: &mut Log) {
     ));
 }
 
-fn tenancies(resources: &[Arc<cairn_proto::v1::Resource>]) -> Vec<(String, String, String)> {
+fn tenancies(resources: &[StoredResource]) -> Vec<(String, String, String)> {
     let mut v: Vec<_> = resources
         .iter()
         .map(|r| {
-            let i = r.id.as_ref().unwrap();
-            let t = i.tenancy.clone().unwrap_or_default();
-            (t.partition, t.namespace, i.name.clone())
+            let h = r.head();
+            (
+                h.partition().to_string(),
+                h.namespace().to_string(),
+                h.name.to_string(),
+            )
         })
         .collect();
     v.sort();
@@ -402,10 +405,7 @@ fn a_list_matches_group_and_kind_at_any_group_version() {
     assert_eq!(listed.len(), 8);
     assert!(listed
         .iter()
-        .all(
-            |r| r.id.as_ref().unwrap().r#type.as_ref().unwrap().kind == "Service"
-                && r.id.as_ref().unwrap().r#type.as_ref().unwrap().group == "catalog"
-        ));
+        .all(|r| r.head().kind() == "Service" && r.head().group() == "catalog"));
 }
 
 #[test]
@@ -492,14 +492,14 @@ fn deleting_the_owner_leaves_owned_resources_and_deleting_an_owned_one_removes_i
     let mut b = resource(id("b", "b"), "");
     b.owner = Some(Box::new(owner_id.clone()));
     let b = log.put(b);
-    log.delete(owner_id.clone(), &owner.version).unwrap();
+    log.delete(owner_id.clone(), owner.version()).unwrap();
     let view = log.store.view();
     assert_eq!(names(&view.list_by_owner(&owner_id)), vec!["a", "b"]);
     assert_eq!(view.read(&id("a", "a")).unwrap(), a);
-    log.delete(id("b", "b"), &b.version).unwrap();
+    log.delete(id("b", "b"), b.version()).unwrap();
     assert_eq!(names(&log.store.view().list_by_owner(&owner_id)), vec!["a"]);
     // Re-parenting a to another owner moves it in the index.
-    let mut a2 = (*a).clone();
+    let mut a2 = a.resource();
     a2.owner = Some(Box::new(id("o9", "other")));
     log.put(a2);
     assert!(log.store.view().list_by_owner(&owner_id).is_empty());
@@ -587,9 +587,9 @@ fn live_events_follow_commit_order_and_skip_non_matching_and_no_op_changes() {
     ));
     let _ = log.write(resource(id("u", "web"), "999"));
     log.delete(id("u", "nothing"), "1").unwrap();
-    log.delete(id("other-uid", "web"), &w1.version).unwrap();
-    let w2 = log.put(resource(id("u", "web"), &w1.version));
-    log.delete(id("u", "web"), &w2.version).unwrap();
+    log.delete(id("other-uid", "web"), w1.version()).unwrap();
+    let w2 = log.put(resource(id("u", "web"), w1.version()));
+    log.delete(id("u", "web"), w2.version()).unwrap();
     let (events, closed) = drain(&mut watch);
     assert!(closed.is_none());
     assert_eq!(
@@ -626,7 +626,7 @@ fn an_event_describes_state_readers_can_already_see() {
             for index in 1..=200u64 {
                 let r = resource(id("u", "web"), &version);
                 match store.apply(index, &Command::Write { resource: r }) {
-                    Ok(Applied::Written(r)) => version = r.version.clone(),
+                    Ok(Applied::Written(r)) => version = r.version().to_string(),
                     other => panic!("{other:?}"),
                 }
             }
@@ -635,7 +635,7 @@ fn an_event_describes_state_readers_can_already_see() {
     for _ in 0..200 {
         let event = watch.next_blocking().unwrap();
         let seen = store.view().read(&id("u", "web")).unwrap();
-        assert!(seen.version.parse::<u64>().unwrap() >= event.revision);
+        assert!(seen.version().parse::<u64>().unwrap() >= event.revision);
     }
     writer.join().unwrap();
 }
@@ -653,7 +653,7 @@ fn a_write_racing_the_watch_creation_is_delivered_exactly_once() {
                     let slot = (index % 8) as usize;
                     let r = resource(id("u", &format!("n{slot}")), &versions[slot]);
                     match store.apply(index, &Command::Write { resource: r }) {
-                        Ok(Applied::Written(r)) => versions[slot] = r.version.clone(),
+                        Ok(Applied::Written(r)) => versions[slot] = r.version().to_string(),
                         other => panic!("{other:?}"),
                     }
                 }
@@ -674,20 +674,20 @@ fn a_write_racing_the_watch_creation_is_delivered_exactly_once() {
         let mut state: BTreeMap<String, String> = BTreeMap::new();
         for e in &events[..eos] {
             let r = e.resource.as_ref().unwrap();
-            assert!(r.version.parse::<u64>().unwrap() <= snapshot_revision);
-            state.insert(r.id.as_ref().unwrap().name.clone(), r.version.clone());
+            assert!(r.version().parse::<u64>().unwrap() <= snapshot_revision);
+            state.insert(r.head().name.to_string(), r.version().to_string());
         }
         let live: Vec<u64> = events[eos + 1..].iter().map(|e| e.revision).collect();
         let expected: Vec<u64> = (snapshot_revision + 1..=400).collect();
         assert_eq!(live, expected, "no gap, no duplicate");
         for e in &events[eos + 1..] {
             let r = e.resource.as_ref().unwrap();
-            state.insert(r.id.as_ref().unwrap().name.clone(), r.version.clone());
+            state.insert(r.head().name.to_string(), r.version().to_string());
         }
         let final_state: BTreeMap<String, String> = store
             .view()
             .iter()
-            .map(|r| (r.id.as_ref().unwrap().name.clone(), r.version.clone()))
+            .map(|r| (r.head().name.to_string(), r.version().to_string()))
             .collect();
         assert_eq!(state, final_state);
     }
@@ -742,7 +742,7 @@ fn a_watch_over_its_unread_byte_budget_is_closed_after_what_it_buffered() {
     let mut probe = Log::new();
     let mut big = resource(id("u", "n0"), "");
     big.metadata.insert("pad".into(), "x".repeat(1000));
-    let event_bytes = prost::Message::encoded_len(probe.put(big.clone()).as_ref()) + 64;
+    let event_bytes = probe.put(big.clone()).encoded().len() + 64;
     let mut log = Log::with_limits(Limits {
         watch_buffer_bytes_max: 2 * event_bytes + event_bytes / 2,
         ..Limits::default()
@@ -795,7 +795,7 @@ fn the_unread_bytes_of_all_watches_are_bounded_on_the_store() {
     // watches gives their bytes back, and a new watch is served again.
     let mut probe = Log::new();
     let r0 = resource(id("u", "n0"), "");
-    let event_bytes = prost::Message::encoded_len(probe.put(r0.clone()).as_ref()) + 64;
+    let event_bytes = probe.put(r0.clone()).encoded().len() + 64;
     let mut log = Log::with_limits(Limits {
         watch_buffers_bytes_max: 3 * event_bytes + event_bytes / 2,
         ..Limits::default()
@@ -901,8 +901,8 @@ fn a_watch_from_a_revision_replays_matching_changes_then_goes_live() {
         full_id("u", "c", ty("g", "v", "k"), tenancy("default", "default")),
         "",
     ));
-    let a2 = log.put(resource(id("u", "a"), &a.version));
-    log.delete(id("u", "a"), &a2.version).unwrap();
+    let a2 = log.put(resource(id("u", "a"), a.version()));
+    log.delete(id("u", "a"), a2.version()).unwrap();
     let mut watch = log
         .store
         .watch(filter(services(), tenancy("*", "*"), ""), 1)
@@ -995,8 +995,8 @@ fn reads_and_lists_at_a_past_revision_see_that_revision() {
     let mut b = resource(id("u", "b"), "");
     b.owner = Some(Box::new(id("o", "owner")));
     let b1 = log.put(b);
-    let a2 = log.put(resource(id("u", "a"), &a1.version));
-    log.delete(id("u", "b"), &b1.version).unwrap();
+    let a2 = log.put(resource(id("u", "a"), a1.version()));
+    log.delete(id("u", "b"), b1.version()).unwrap();
     log.noop();
     let at = |r: u64| log.store.view_at(r).unwrap();
     assert_eq!(at(1).read(&id("u", "a")).unwrap(), a1);
@@ -1062,19 +1062,19 @@ fn a_snapshot_is_a_point_in_time_while_writes_go_on() {
     let a = log.put(resource(id("u", "a"), ""));
     log.put(resource(id("u", "b"), ""));
     let snapshot = log.store.snapshot();
-    log.put(resource(id("u", "a"), &a.version));
+    log.put(resource(id("u", "a"), a.version()));
     log.put(resource(id("u", "c"), ""));
     assert_eq!(snapshot.applied_index, 2);
     assert_eq!(snapshot.format_version, cairn_fsm::SNAPSHOT_FORMAT_VERSION);
     assert_eq!(snapshot.len(), 2);
-    let versions: Vec<String> = snapshot.map(|r| r.version.clone()).collect();
+    let versions: Vec<String> = snapshot.map(|r| r.version().to_string()).collect();
     assert_eq!(versions, vec!["1", "2"]);
 }
 
 fn restore_from(source: &Store, target: &Store, applied_index: u64) {
     let mut restoration = target.restore();
     for r in source.snapshot() {
-        restoration.apply((*r).clone()).unwrap();
+        restoration.apply(r.resource()).unwrap();
     }
     restoration.commit(applied_index).unwrap();
 }
@@ -1158,7 +1158,7 @@ fn after_a_restore_versions_stay_greater_than_every_version_issued_before() {
         Ok(Applied::Written(r)) => r,
         other => panic!("{other:?}"),
     };
-    assert_eq!(stored.version, "7");
+    assert_eq!(stored.version(), "7");
 }
 
 #[test]
@@ -1227,7 +1227,7 @@ fn a_corrupt_restore_is_rejected_before_anything_changes() {
 #[test]
 fn every_error_maps_to_its_api_kind() {
     // The one conversion: each FsmError becomes the ApiError of its kind; Decode is Internal.
-    let stored = Arc::new(resource(id("u", "a"), "1"));
+    let stored = StoredResource::from_resource(&resource(id("u", "a"), "1"));
     type Check = fn(&ApiError) -> bool;
     let cases: Vec<(FsmError, Check)> = vec![
         (FsmError::NotFound, |e| matches!(e, ApiError::NotFound)),
@@ -1392,16 +1392,7 @@ fn a_snapshot_larger_than_one_fetch_is_delivered_completely_in_order() {
         assert!(closed.is_none());
         let names: Vec<String> = events[..events.len() - 1]
             .iter()
-            .map(|e| {
-                e.resource
-                    .as_ref()
-                    .unwrap()
-                    .id
-                    .as_ref()
-                    .unwrap()
-                    .name
-                    .clone()
-            })
+            .map(|e| e.resource.as_ref().unwrap().head().name.to_string())
             .collect();
         let expected: Vec<String> = (0..300)
             .filter(|i| i % 3 != 0)

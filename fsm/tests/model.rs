@@ -7,15 +7,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
-
 use cairn_fsm::{
-    Applied, Batch, Command, Event, FsmError, Limits, Store, Watch, WatchEventKind, WatchFilter,
+    Applied, Batch, Command, Event, FsmError, Limits, Store, StoredResource, Watch, WatchEventKind,
+    WatchFilter,
 };
 use cairn_proto::v1::{Id, Resource, Tenancy, Type};
 use common::{drain, full_id, resource, tenancy, ty};
 use proptest::prelude::*;
+use std::collections::{BTreeMap, VecDeque};
 
 // Small alphabets so CAS hits, uid clashes and prefix overlaps happen often.
 const TYPES: [(&str, &str); 3] = [("g1", "k1"), ("g1", "k2"), ("g2", "k1")];
@@ -440,7 +439,7 @@ impl Model {
                 stored.version = index.to_string();
                 let before = self.table.insert(key.clone(), stored.clone());
                 self.record(key, before, Some(stored.clone()));
-                Ok(Applied::Written(Arc::new(stored)))
+                Ok(Applied::Written(StoredResource::from_resource(&stored)))
             }
         };
         self.end_entry();
@@ -497,15 +496,17 @@ impl Model {
         if sid.r#type.as_ref().unwrap().group_version != t.group_version {
             return Err(FsmError::GroupVersionMismatch {
                 requested: t,
-                stored: Arc::new(s.clone()),
+                stored: StoredResource::from_resource(s),
             });
         }
         Ok(s.clone())
     }
 }
 
-fn sorted(resources: Vec<Arc<Resource>>) -> Vec<Resource> {
-    let mut v: Vec<Resource> = resources.into_iter().map(|r| (*r).clone()).collect();
+/// The resources, decoded: so every comparison with the model also checks
+/// that the stored bytes decode to exactly the resource written.
+fn sorted(resources: Vec<StoredResource>) -> Vec<Resource> {
+    let mut v: Vec<Resource> = resources.iter().map(StoredResource::resource).collect();
     v.sort_by_key(key_of);
     v
 }
@@ -536,7 +537,7 @@ fn resolve_version(model: &Model, key: &ModelKey, choice: VersionChoice) -> Stri
 fn event_tuple(e: &Event) -> (WatchEventKind, Option<Resource>, u64) {
     (
         e.kind,
-        e.resource.as_ref().map(|r| (**r).clone()),
+        e.resource.as_ref().map(StoredResource::resource),
         e.revision,
     )
 }
@@ -554,7 +555,7 @@ fn check_invariants(store: &Store, model: &Model) -> Result<(), TestCaseError> {
             .view_at(r)
             .map_err(|e| TestCaseError::fail(format!("view_at({r}): {e}")))?;
         prop_assert_eq!(view.revision(), r);
-        let actual: Vec<Resource> = view.iter().map(|r| (**r).clone()).collect();
+        let actual: Vec<Resource> = view.iter().map(StoredResource::resource).collect();
         let expected: Vec<Resource> = model.table_at(r).values().cloned().collect();
         prop_assert_eq!(actual, expected, "table at revision {}", r);
     }
@@ -660,7 +661,7 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 match (store.view_at(revision), model.view_at(revision)) {
                     (Ok(view), Ok((r, table))) => {
                         prop_assert_eq!(view.revision(), r);
-                        let actual = view.read(&id).map(|r| (*r).clone());
+                        let actual = view.read(&id).map(|r| r.resource());
                         prop_assert_eq!(actual, Model::read(table, &id));
                     }
                     (Err(a), Err(e)) => prop_assert_eq!(a, e),
@@ -816,9 +817,9 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let mut restoration = store.restore();
                 let mut image = Vec::new();
                 for r in snapshot {
-                    image.push((*r).clone());
+                    image.push(r.resource());
                     restoration
-                        .apply((*r).clone())
+                        .apply(r.resource())
                         .map_err(|e| TestCaseError::fail(format!("restore apply: {e}")))?;
                 }
                 let expected: Vec<Resource> = model.table.values().cloned().collect();

@@ -70,7 +70,7 @@ fn nothing_is_visible_until_the_commit_which_swaps_everything_at_once() {
         Ok(Applied::RestoreChunkAdded { received: 2 })
     );
     // A write during the restore is applied to the current table, as usual.
-    let during = log.put(resource(id("u", "old"), &old.version));
+    let during = log.put(resource(id("u", "old"), old.version()));
     log.apply(chunk("r1", backup(3)[2..].to_vec())).unwrap();
     assert_eq!(all_names(&log.store), vec!["old"]);
     assert_eq!(log.store.pending_restore().unwrap().received, 3);
@@ -82,9 +82,9 @@ fn nothing_is_visible_until_the_commit_which_swaps_everything_at_once() {
     let commit_index = log.index;
     assert_eq!(all_names(&log.store), vec!["b0", "b1", "b2"]);
     for r in log.store.view().iter() {
-        assert_eq!(r.version, commit_index.to_string());
+        assert_eq!(r.version(), commit_index.to_string());
     }
-    assert!(commit_index > during.version.parse::<u64>().unwrap());
+    assert!(commit_index > during.version().parse::<u64>().unwrap());
     assert_eq!(log.store.pending_restore(), None);
     let (_, closed) = drain(&mut watch);
     assert_eq!(
@@ -99,7 +99,7 @@ fn nothing_is_visible_until_the_commit_which_swaps_everything_at_once() {
         Err(FsmError::CasFailure { .. })
     ));
     let next = log.put(resource(id("u", "b0"), &commit_index.to_string()));
-    assert!(next.version.parse::<u64>().unwrap() > commit_index);
+    assert!(next.version().parse::<u64>().unwrap() > commit_index);
 }
 
 #[test]
@@ -239,11 +239,11 @@ fn a_snapshot_taken_mid_restore_carries_it_and_a_replica_loaded_from_it_commits_
     let mut restoration = loaded.restore();
     let at = image.applied_index;
     for r in image {
-        restoration.apply((*r).clone()).unwrap();
+        restoration.apply(r.resource()).unwrap();
     }
     restoration.begin_pending(pending.restore_id.clone(), pending.resource_count, None);
     for r in pending {
-        restoration.apply_pending((*r).clone()).unwrap();
+        restoration.apply_pending(r.resource()).unwrap();
     }
     restoration.commit(at).unwrap();
     let mut replica = Log {

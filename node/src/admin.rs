@@ -253,7 +253,7 @@ impl AdminService for Admin {
                 };
                 let mut encoder = crate::snapshot_file::SnapshotEncoder::new(sender, &header)?;
                 for resource in snapshot {
-                    encoder.append(&resource)?;
+                    encoder.append_encoded(resource.encoded())?;
                 }
                 encoder.finish().map(|_| ())
             })();

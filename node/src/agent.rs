@@ -26,7 +26,7 @@ use anyhow::Context;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::admin_service_server::AdminServiceServer;
-use cairn_proto::v1::resource_service_server::ResourceServiceServer;
+use cairn_proto::v1::shared::resource_service_server::ResourceServiceServer;
 use cairn_proto::v1::{self as pb};
 use tokio::sync::watch;
 

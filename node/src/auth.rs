@@ -24,7 +24,9 @@
 //!   at least one, no request is served without a known token or subject.
 //! - A caller never receives a resource outside its read scope: a Read,
 //!   Write or Delete outside it is refused before anything is read; List,
-//!   ListByOwner and WatchList answers pass through [`Visibility::shows`].
+//!   ListByOwner and WatchList answers pass through [`Visibility::shows`]
+//!   (which reads a resource's type and tenancy from its encoding, the
+//!   bytes that are sent, without decoding it).
 //! - A denial depends only on the grant and the request, never on what is
 //!   stored, so the error itself leaks nothing.
 //! - Scopes ignore the group version: a grant on `demo.Thing` covers every
@@ -34,8 +36,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use cairn_fsm::{ResourceHead, TenancyHead, TypeHead};
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::{Resource, Tenancy, Type};
+use cairn_proto::v1::{Tenancy, Type};
 use sha2::{Digest as _, Sha256};
 
 use crate::config::{invalid, AuthConfig, ConfigError, GrantConfig, ScopeConfig};
@@ -120,7 +123,7 @@ impl TypePattern {
     }
 
     /// Group and kind decide; the group version never does.
-    fn matches(&self, type_: &Type) -> bool {
+    fn matches(&self, type_: &TypeHead<'_>) -> bool {
         match self {
             TypePattern::Any => true,
             TypePattern::Group(group) => *group == type_.group,
@@ -156,8 +159,8 @@ impl TenancyPattern {
         })
     }
 
-    fn matches(&self, tenancy: &Tenancy) -> bool {
-        self.partition.matches(&tenancy.partition) && self.namespace.matches(&tenancy.namespace)
+    fn matches(&self, tenancy: &TenancyHead<'_>) -> bool {
+        self.partition.matches(tenancy.partition) && self.namespace.matches(tenancy.namespace)
     }
 
     fn overlaps(&self, requested: &Tenancy) -> bool {
@@ -196,7 +199,7 @@ impl Scope {
         })
     }
 
-    fn contains(&self, type_: &Type, tenancy: &Tenancy) -> bool {
+    fn contains(&self, type_: &TypeHead<'_>, tenancy: &TenancyHead<'_>) -> bool {
         self.types.iter().any(|p| p.matches(type_))
             && self.tenancies.iter().any(|p| p.matches(tenancy))
     }
@@ -204,7 +207,7 @@ impl Scope {
     /// Whether some resource of `type_` in a tenancy matching the request's
     /// (possibly wildcard) `tenancy` lies inside.
     fn overlaps(&self, type_: &Type, tenancy: &Tenancy) -> bool {
-        self.types.iter().any(|p| p.matches(type_))
+        self.types.iter().any(|p| p.matches(&type_.into()))
             && self.tenancies.iter().any(|p| p.overlaps(tenancy))
     }
 }
@@ -249,11 +252,11 @@ impl Grant {
     }
 
     /// Whether the grant lets its holder see this resource.
-    pub fn may_read(&self, type_: &Type, tenancy: &Tenancy) -> bool {
+    pub fn may_read(&self, type_: &TypeHead<'_>, tenancy: &TenancyHead<'_>) -> bool {
         self.scopes().any(|s| s.contains(type_, tenancy))
     }
 
-    fn may_write(&self, type_: &Type, tenancy: &Tenancy) -> bool {
+    fn may_write(&self, type_: &TypeHead<'_>, tenancy: &TenancyHead<'_>) -> bool {
         self.write.iter().any(|s| s.contains(type_, tenancy))
     }
 }
@@ -310,16 +313,17 @@ pub enum Visibility {
 }
 
 impl Visibility {
-    /// Whether `resource` may be shown to the caller. A resource without an
-    /// id, type or tenancy is never shown under a grant.
-    pub fn shows(&self, resource: &Resource) -> bool {
+    /// Whether the resource `encoded` (a `cairn.v1.Resource`, as stored and
+    /// sent) may be shown to the caller. Its type and tenancy are read from
+    /// the bytes ([`ResourceHead::parse`]). A resource without an id, type or
+    /// tenancy, or whose bytes do not parse, is never shown under a grant.
+    pub fn shows(&self, encoded: &[u8]) -> bool {
         match self {
             Visibility::Everything => true,
-            Visibility::Within(grant) => resource
-                .id
-                .as_ref()
-                .and_then(|id| Some((id.r#type.as_ref()?, id.tenancy.as_ref()?)))
-                .is_some_and(|(type_, tenancy)| grant.may_read(type_, tenancy)),
+            Visibility::Within(grant) => ResourceHead::parse(encoded)
+                .ok()
+                .and_then(|head| Some((head.type_?, head.tenancy?)))
+                .is_some_and(|(type_, tenancy)| grant.may_read(&type_, &tenancy)),
         }
     }
 }
@@ -366,8 +370,8 @@ pub fn authorize(caller: &Caller, action: &Action<'_>) -> Result<Visibility, Api
         Caller::Granted(grant) => grant,
     };
     let allowed = match action {
-        Action::Read { type_, tenancy } => grant.may_read(type_, tenancy),
-        Action::Write { type_, tenancy } => grant.may_write(type_, tenancy),
+        Action::Read { type_, tenancy } => grant.may_read(&(*type_).into(), &(*tenancy).into()),
+        Action::Write { type_, tenancy } => grant.may_write(&(*type_).into(), &(*tenancy).into()),
         Action::List { type_, tenancy } => grant.scopes().any(|s| s.overlaps(type_, tenancy)),
         Action::ListByOwner => grant.scopes().next().is_some(),
         Action::Admin(_) => grant.admin,
@@ -593,6 +597,7 @@ pub fn load_node_token(config: &AuthConfig) -> anyhow::Result<Option<cairn_clien
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_proto::v1::Resource;
 
     fn ty(group: &str, version: &str, kind: &str) -> Type {
         Type {
@@ -903,21 +908,27 @@ mod tests {
             unreachable!()
         };
         let within = Visibility::Within(g);
-        let resource = |t: Type, tn: Tenancy| Resource {
-            id: Some(cairn_proto::v1::Id {
-                r#type: Some(t),
-                tenancy: Some(tn),
-                name: "n".into(),
-                uid: "u".into(),
-            }),
-            ..Default::default()
+        let resource = |t: Type, tn: Tenancy| {
+            prost::Message::encode_to_vec(&Resource {
+                id: Some(cairn_proto::v1::Id {
+                    r#type: Some(t),
+                    tenancy: Some(tn),
+                    name: "n".into(),
+                    uid: "u".into(),
+                }),
+                ..Default::default()
+            })
         };
         assert!(within.shows(&resource(ty("demo", "v9", "Thing"), ten("default", "x"))));
         assert!(within.shows(&resource(ty("ops", "v1", "Any"), ten("p", "web"))));
         assert!(!within.shows(&resource(ty("demo", "v1", "Thing"), ten("other", "x"))));
         assert!(!within.shows(&resource(ty("ops", "v1", "Any"), ten("p", "db"))));
-        assert!(!within.shows(&Resource::default()));
-        assert!(Visibility::Everything.shows(&Resource::default()));
+        assert!(!within.shows(&[]));
+        assert!(
+            !within.shows(&[0xff]),
+            "bytes that do not parse are not shown"
+        );
+        assert!(Visibility::Everything.shows(&[]));
     }
 
     fn config(grants: Vec<GrantConfig>) -> AuthConfig {

@@ -13,6 +13,14 @@
 //! strong list comes back from the leader, so nothing outside the caller's
 //! read scope leaves this node.
 //!
+//! Answers carry each resource as the bytes the store keeps
+//! ([`cairn_fsm::StoredResource`]): the service is
+//! `cairn_proto::v1::shared::resource_service_server`, which answers on the
+//! public routes with messages wire-identical to the public ones but whose
+//! resource fields are those bytes. Nothing is decoded or encoded again per
+//! request or per watcher; the filter above reads type and tenancy from the
+//! bytes.
+//!
 //! Otherwise this shell only turns each call's deadline (the client's `grpc-timeout`,
 //! less a margin so that the answer beats the client's own cancellation,
 //! capped by the node's request timeout) into an instant, and errors into
@@ -23,8 +31,8 @@ use std::time::Duration;
 
 use cairn_forwarding::{Forwarder, WatchStream};
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::resource_service_server::ResourceService;
-use cairn_proto::v1::{self as pb};
+use cairn_proto::v1::shared::resource_service_server::ResourceService;
+use cairn_proto::v1::{self as pb, shared};
 use futures::StreamExt as _;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
@@ -153,7 +161,7 @@ impl ResourceService for ResourceGrpc {
     async fn read(
         &self,
         r: Request<pb::ReadRequest>,
-    ) -> Result<Response<pb::ReadResponse>, Status> {
+    ) -> Result<Response<shared::ReadResponse>, Status> {
         let d = self.0.deadline(&r);
         self.0.forwarder.executor().check_read(r.get_ref())?;
         self.0.authorize(&r, |m| {
@@ -171,7 +179,7 @@ impl ResourceService for ResourceGrpc {
     async fn write(
         &self,
         r: Request<pb::WriteRequest>,
-    ) -> Result<Response<pb::WriteResponse>, Status> {
+    ) -> Result<Response<shared::WriteResponse>, Status> {
         let d = self.0.deadline(&r);
         self.0.forwarder.executor().check_write(r.get_ref())?;
         self.0.authorize(&r, |m| {
@@ -205,7 +213,7 @@ impl ResourceService for ResourceGrpc {
     async fn list(
         &self,
         r: Request<pb::ListRequest>,
-    ) -> Result<Response<pb::ListResponse>, Status> {
+    ) -> Result<Response<shared::ListResponse>, Status> {
         let d = self.0.deadline(&r);
         self.0.forwarder.executor().check_list(r.get_ref())?;
         let visible = self
@@ -223,7 +231,7 @@ impl ResourceService for ResourceGrpc {
     async fn list_by_owner(
         &self,
         r: Request<pb::ListByOwnerRequest>,
-    ) -> Result<Response<pb::ListByOwnerResponse>, Status> {
+    ) -> Result<Response<shared::ListByOwnerResponse>, Status> {
         let visible = self.0.authorize(&r, |_| Ok(Action::ListByOwner))?;
         let mut answer = self.0.forwarder.list_by_owner(r.into_inner())?;
         answer.resources.retain(|resource| visible.shows(resource));
@@ -269,8 +277,8 @@ impl ResourceService for ResourceGrpc {
 /// Whether a watch event may reach the caller: a change to a resource
 /// outside the read scope never does; markers (end of snapshot, progress)
 /// and errors always do.
-fn event_visible(visible: &Visibility, event: &Result<pb::WatchEvent, Status>) -> bool {
-    use pb::watch_event::Event;
+fn event_visible(visible: &Visibility, event: &Result<shared::WatchEvent, Status>) -> bool {
+    use shared::watch_event::Event;
     let Ok(event) = event else {
         return true;
     };

@@ -138,20 +138,26 @@ impl<W: Write> SnapshotEncoder<W> {
         self.out.write_all(bytes)
     }
 
-    pub fn append(&mut self, resource: &Resource) -> io::Result<()> {
+    /// Appends one record: a resource's encoding, as the store keeps it
+    /// ([`cairn_fsm::StoredResource::encoded`]), written as it is.
+    pub fn append_encoded(&mut self, encoded: &[u8]) -> io::Result<()> {
         assert!(
             self.records_written < self.records_expected,
             "more records than the header announced"
         );
-        let bytes = resource.encode_to_vec();
         assert!(
-            bytes.len() as u64 <= RECORD_BYTES_MAX as u64,
+            encoded.len() as u64 <= RECORD_BYTES_MAX as u64,
             "resource larger than a snapshot record"
         );
-        self.put(&(bytes.len() as u32).to_le_bytes())?;
-        self.put(&bytes)?;
+        self.put(&(encoded.len() as u32).to_le_bytes())?;
+        self.put(encoded)?;
         self.records_written += 1;
         Ok(())
+    }
+
+    /// Appends one record, encoding `resource` first.
+    pub fn append(&mut self, resource: &Resource) -> io::Result<()> {
+        self.append_encoded(&resource.encode_to_vec())
     }
 
     pub fn written_bytes(&self) -> u64 {
@@ -196,14 +202,20 @@ impl SnapshotWriter {
         })
     }
 
-    pub fn append(&mut self, resource: &Resource) -> Result<()> {
+    /// As [`SnapshotEncoder::append_encoded`].
+    pub fn append_encoded(&mut self, encoded: &[u8]) -> Result<()> {
         let path = &self.tmp_path;
         self.encoder
-            .append(resource)
+            .append_encoded(encoded)
             .map_err(|source| SnapshotFileError::Io {
                 path: path.clone(),
                 source,
             })
+    }
+
+    /// As [`SnapshotEncoder::append`].
+    pub fn append(&mut self, resource: &Resource) -> Result<()> {
+        self.append_encoded(&resource.encode_to_vec())
     }
 
     pub fn written_bytes(&self) -> u64 {

@@ -11,6 +11,10 @@
 //! - Maps are generated as `BTreeMap`, so a message encodes to the same bytes on
 //!   every node (the Raft log relies on this for deterministic commands).
 //! - Field numbers of `cairn.v1.log` messages are never reused: they are on disk.
+//! - Every `cairn.v1.shared` message encodes to the same bytes as its public
+//!   twin when its `bytes` fields hold the encodings of the public message's
+//!   resources (`tests/wire_identity.rs`), and the shared server answers on
+//!   exactly the public service's routes (it is generated from them).
 //! - An error crossing the wire keeps its kind ([`error::ApiError`] round-trips
 //!   through `tonic::Status` losslessly for every kind).
 
@@ -35,6 +39,17 @@ pub mod cairn {
         /// The `cairn.v1.log` package: state-machine commands as stored in the log.
         pub mod log {
             include!(concat!(env!("OUT_DIR"), "/cairn.v1.log.rs"));
+        }
+
+        /// The `cairn.v1.shared` package: the answers of `ResourceService`
+        /// with each resource as its encoded bytes, wire-identical to the
+        /// public messages (`proto/cairn/v1/shared.proto`), and
+        /// [`resource_service_server`](shared::resource_service_server): the
+        /// server of `cairn.v1.ResourceService` (its public name and routes)
+        /// that answers with them. Nodes serve these; clients use the public ones.
+        pub mod shared {
+            include!(concat!(env!("OUT_DIR"), "/cairn.v1.shared.rs"));
+            include!(concat!(env!("OUT_DIR"), "/cairn.v1.ResourceService.rs"));
         }
     }
 }

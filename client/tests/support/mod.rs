@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_client::{CacheEvent, ResourceKey};
-use cairn_fsm::{Applied, Command, FsmError, Limits, Store, WatchEventKind, WatchFilter};
+use cairn_fsm::{Applied, Command, FsmError, Limits, Store, StoredResource, WatchFilter};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::resource_service_server::{ResourceService, ResourceServiceServer};
-use cairn_proto::v1::{self as pb, watch_event, Id, Resource, Tenancy, Type};
+use cairn_proto::v1::{self as pb, Id, Resource, Tenancy, Type};
 use futures::Stream;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -50,7 +50,7 @@ impl Backing {
     }
 
     /// Writes (creating or replacing whatever is stored) and returns the stored resource.
-    pub fn put(&self, mut resource: Resource) -> Arc<Resource> {
+    pub fn put(&self, mut resource: Resource) -> Resource {
         let id = resource.id.clone().unwrap_or_default();
         let stored = self
             .store
@@ -60,9 +60,9 @@ impl Backing {
                 ..id
             })
             .ok();
-        resource.version = stored.map(|s| s.version.clone()).unwrap_or_default();
+        resource.version = stored.map(|s| s.version().to_string()).unwrap_or_default();
         match self.apply(&Command::Write { resource }) {
-            Ok((_, Applied::Written(r))) => r,
+            Ok((_, Applied::Written(r))) => r.resource(),
             other => panic!("put failed: {other:?}"),
         }
     }
@@ -74,10 +74,10 @@ impl Backing {
             ..id.clone()
         };
         let stored = self.store.view().read(&any).expect("remove: stored");
-        let exact = stored.id.clone().unwrap_or_default();
+        let exact = stored.resource().id.unwrap_or_default();
         self.apply(&Command::Delete {
             id: exact,
-            version: stored.version.clone(),
+            version: stored.version().to_string(),
         })
         .expect("remove applies");
     }
@@ -212,7 +212,7 @@ impl ResourceService for Service {
         let view = self.backing.store.view_at(r.revision).map_err(status)?;
         let resource = view.read(&id).map_err(status)?;
         Ok(Response::new(pb::ReadResponse {
-            resource: Some((*resource).clone()),
+            resource: Some(resource.resource()),
             revision: view.revision(),
         }))
     }
@@ -234,7 +234,7 @@ impl ResourceService for Service {
         self.after_apply().await;
         match applied {
             (_, Applied::Written(r)) => Ok(Response::new(pb::WriteResponse {
-                resource: Some((*r).clone()),
+                resource: Some(r.resource()),
             })),
             other => Err(status(ApiError::Internal(format!("{other:?}")))),
         }
@@ -284,8 +284,8 @@ impl ResourceService for Service {
         let view = self.backing.store.view_at(r.revision).map_err(status)?;
         let resources = view
             .list(&type_, &tenancy, &r.name_prefix)
-            .into_iter()
-            .map(|r| (*r).clone())
+            .iter()
+            .map(StoredResource::resource)
             .collect();
         Ok(Response::new(pb::ListResponse {
             resources,
@@ -304,8 +304,8 @@ impl ResourceService for Service {
         let view = self.backing.store.view();
         let resources = view
             .list_by_owner(&owner)
-            .into_iter()
-            .map(|r| (*r).clone())
+            .iter()
+            .map(StoredResource::resource)
             .collect();
         Ok(Response::new(pb::ListByOwnerResponse {
             resources,
@@ -355,18 +355,7 @@ impl ResourceService for Service {
 }
 
 fn to_proto(event: cairn_fsm::Event) -> pb::WatchEvent {
-    let resource = event.resource.map(|r| (*r).clone());
-    let kind = match event.kind {
-        WatchEventKind::Upsert => watch_event::Event::Upsert(watch_event::Upsert { resource }),
-        WatchEventKind::Delete => watch_event::Event::Delete(watch_event::Delete { resource }),
-        WatchEventKind::EndOfSnapshot => {
-            watch_event::Event::EndOfSnapshot(watch_event::EndOfSnapshot {})
-        }
-    };
-    pb::WatchEvent {
-        event: Some(kind),
-        revision: event.revision,
-    }
+    event.to_proto()
 }
 
 /// A running (or stopped) in-process node.

@@ -2,11 +2,10 @@
 //! hands out increasing indexes.
 #![allow(dead_code)]
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use cairn_fsm::{
-    Applied, Command, Event, FsmError, Limits, Store, Watch, WatchEventKind, WatchFilter,
+    Applied, Command, Event, FsmError, Limits, Store, StoredResource, Watch, WatchEventKind,
+    WatchFilter,
 };
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{Id, Resource, Tenancy, Type};
@@ -94,7 +93,7 @@ impl Log {
     }
 
     /// Writes and returns the stored resource; panics on failure.
-    pub fn put(&mut self, resource: Resource) -> Arc<Resource> {
+    pub fn put(&mut self, resource: Resource) -> StoredResource {
         match self.write(resource) {
             Ok(Applied::Written(r)) => r,
             other => panic!("write failed: {other:?}"),
@@ -138,22 +137,17 @@ pub fn summary(events: &[Event]) -> Vec<(WatchEventKind, String, String, u64)> {
             let (name, version) = e
                 .resource
                 .as_ref()
-                .map(|r| {
-                    (
-                        r.id.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
-                        r.version.clone(),
-                    )
-                })
+                .map(|r| (r.head().name.to_string(), r.version().to_string()))
                 .unwrap_or_default();
             (e.kind, name, version, e.revision)
         })
         .collect()
 }
 
-pub fn names(resources: &[Arc<Resource>]) -> Vec<String> {
+pub fn names(resources: &[StoredResource]) -> Vec<String> {
     let mut v: Vec<String> = resources
         .iter()
-        .map(|r| r.id.as_ref().map(|i| i.name.clone()).unwrap_or_default())
+        .map(|r| r.head().name.to_string())
         .collect();
     v.sort();
     v

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_fsm::{Applied, Command, Store};
+use cairn_fsm::{Applied, Command, Store, StoredResource};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::{self as pb, raft_service_server::RaftServiceServer};
 use openraft::error::{ClientWriteError, RaftError};
@@ -76,7 +76,8 @@ pub struct Reply(pub Result<Applied, ApiError>);
 
 #[derive(Serialize, Deserialize)]
 enum ReplyWire {
-    Written(Vec<u8>),
+    /// The stored resource's encoding.
+    Written(#[serde(with = "serde_bytes_compat")] Bytes),
     Deleted(bool),
     RestoreBegun,
     RestoreChunkAdded(u64),
@@ -94,9 +95,7 @@ enum ReplyWire {
 impl ReplyWire {
     fn of(reply: &Result<Applied, ApiError>) -> ReplyWire {
         match reply {
-            Ok(Applied::Written(resource)) => {
-                ReplyWire::Written(prost::Message::encode_to_vec(resource.as_ref()))
-            }
+            Ok(Applied::Written(resource)) => ReplyWire::Written(resource.encoded().clone()),
             Ok(Applied::Deleted { existed }) => ReplyWire::Deleted(*existed),
             Ok(Applied::RestoreBegun) => ReplyWire::RestoreBegun,
             Ok(Applied::RestoreChunkAdded { received }) => ReplyWire::RestoreChunkAdded(*received),
@@ -131,8 +130,8 @@ impl<'de> Deserialize<'de> for Reply {
         let reply = match ReplyWire::deserialize(d)? {
             ReplyWire::Written(bytes) => {
                 let resource: pb::Resource =
-                    prost::Message::decode(bytes.as_slice()).map_err(serde::de::Error::custom)?;
-                Ok(Applied::Written(Arc::new(resource)))
+                    prost::Message::decode(bytes).map_err(serde::de::Error::custom)?;
+                Ok(Applied::Written(StoredResource::from_resource(&resource)))
             }
             ReplyWire::Deleted(existed) => Ok(Applied::Deleted { existed }),
             ReplyWire::RestoreBegun => Ok(Applied::RestoreBegun),

@@ -348,11 +348,12 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             let mut fsm_snapshot = fsm_snapshot;
             let pending = fsm_snapshot.pending.take();
             let mut writer = SnapshotWriter::create(&write_path, &header)?;
+            // Each record is the stored encoding, written as it is.
             for resource in fsm_snapshot {
-                writer.append(&resource)?;
+                writer.append_encoded(resource.encoded())?;
             }
             for resource in pending.into_iter().flatten() {
-                writer.append(&resource)?;
+                writer.append_encoded(resource.encoded())?;
             }
             writer.finish()
         })
