@@ -38,11 +38,21 @@ pub enum Mutation {
     Truncate(usize),
 }
 
+/// Byte values on the boundaries that formats care about: zero and one, the sign bit, bincode's
+/// varint markers (251, 252 and 253 announce a 2-, 4- and 8-byte integer: a length that claims
+/// far more than is there), all ones.
+pub const INTERESTING_BYTES: [u8; 9] = [0, 1, 0x7F, 0x80, 251, 252, 253, 0xFE, 0xFF];
+
+/// A byte to write: one of [`INTERESTING_BYTES`] as often as any byte at all.
+pub fn byte() -> impl Strategy<Value = u8> {
+    prop_oneof![any::<u8>(), proptest::sample::select(&INTERESTING_BYTES[..])]
+}
+
 /// Any one [`Mutation`].
 pub fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
+        (any::<usize>(), byte()).prop_map(|(i, b)| Mutation::Set(i, b)),
+        (any::<usize>(), byte()).prop_map(|(i, b)| Mutation::Insert(i, b)),
         any::<usize>().prop_map(Mutation::Remove),
         any::<usize>().prop_map(Mutation::Truncate),
     ]
