@@ -20,12 +20,12 @@ use std::io::Cursor;
 use cairn_node::raft::{decode_raft_message, peer_gate, LogPayload, NodeId, NodeInfo, TypeConfig};
 use cairn_node::snapshot_file::{SnapshotEncoder, SnapshotHeader, SnapshotReader};
 use cairn_proto::v1 as pb;
+use cairn_test_support::fuzz::{config, mutate, mutations};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, StoredMembership, Vote};
-use cairn_test_support::fuzz::{config, mutate, mutations};
 use proptest::prelude::*;
 use prost::Message;
 

@@ -196,7 +196,9 @@ fn check_typed_error(
     // A new store's first segment starts at index 0 (openraft's first entry, which these stores
     // do not write); damage there names it.
     if checksums && index > LAST_INDEX + 1 {
-        return Err(format!("the error names index {index}, outside the log: {error}"));
+        return Err(format!(
+            "the error names index {index}, outside the log: {error}"
+        ));
     }
     Ok(())
 }
@@ -405,7 +407,10 @@ fn the_original_stores_read_back_every_entry_so_that_mutations_reach_deep() {
     // The cases mutate valid stores: both open and hold exactly the entries written.
     for (dir, options) in [
         (wal_original(), wal_options(true)),
-        (sled_original(), LogOptions::with_engine(LogEngineKind::Sled)),
+        (
+            sled_original(),
+            LogOptions::with_engine(LogEngineKind::Sled),
+        ),
     ] {
         let copy = copy_of(dir);
         let entries = open_and_read(copy.path(), options).expect("open");

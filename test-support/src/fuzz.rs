@@ -45,7 +45,10 @@ pub const INTERESTING_BYTES: [u8; 9] = [0, 1, 0x7F, 0x80, 251, 252, 253, 0xFE, 0
 
 /// A byte to write: one of [`INTERESTING_BYTES`] as often as any byte at all.
 pub fn byte() -> impl Strategy<Value = u8> {
-    prop_oneof![any::<u8>(), proptest::sample::select(&INTERESTING_BYTES[..])]
+    prop_oneof![
+        any::<u8>(),
+        proptest::sample::select(&INTERESTING_BYTES[..])
+    ]
 }
 
 /// Any one [`Mutation`].
@@ -110,7 +113,10 @@ mod tests {
         // inserts and ignores the rest.
         let bytes = b"abcd".to_vec();
         assert_eq!(mutate(bytes.clone(), &[Mutation::Set(5, b'x')]), b"axcd");
-        assert_eq!(mutate(bytes.clone(), &[Mutation::Insert(4, b'x')]), b"abcdx");
+        assert_eq!(
+            mutate(bytes.clone(), &[Mutation::Insert(4, b'x')]),
+            b"abcdx"
+        );
         assert_eq!(mutate(bytes.clone(), &[Mutation::Remove(0)]), b"bcd");
         assert_eq!(mutate(bytes.clone(), &[Mutation::Truncate(2)]), b"ab");
         let all = [
