@@ -7,20 +7,8 @@
 
 use cairn_fsm::{Command, Limits, Store};
 use cairn_proto::v1::{Condition, Id, Resource, Status, Tenancy, Type};
+use cairn_test_support::fuzz::{arbitrary_bytes, config, mutate, mutations};
 use proptest::prelude::*;
-
-/// Cases per property: `PROPTEST_CASES` when set, else a short CI pass.
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 fn id(name: &str) -> Id {
     Id {
@@ -99,40 +87,6 @@ fn seeds() -> Vec<Vec<u8>> {
     .collect()
 }
 
-/// One byte-level edit: overwrite, insert, delete, or truncate.
-#[derive(Debug, Clone)]
-enum Mutation {
-    Set(usize, u8),
-    Insert(usize, u8),
-    Remove(usize),
-    Truncate(usize),
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
-        any::<usize>().prop_map(Mutation::Remove),
-        any::<usize>().prop_map(Mutation::Truncate),
-    ]
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for m in mutations {
-        let len = bytes.len();
-        match *m {
-            Mutation::Set(i, b) if len > 0 => bytes[i % len] = b,
-            Mutation::Insert(i, b) => bytes.insert(i % (len + 1), b),
-            Mutation::Remove(i) if len > 0 => {
-                bytes.remove(i % len);
-            }
-            Mutation::Truncate(i) => bytes.truncate(i % (len + 1)),
-            _ => {}
-        }
-    }
-    bytes
-}
-
 /// Decodes, and applies whatever decodes to a store holding some state and
 /// a pending restore: errors are fine, panics are not.
 fn decode_and_apply(bytes: &[u8]) {
@@ -157,11 +111,11 @@ fn decode_and_apply(bytes: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(config(256))]
 
     #[test]
     fn arbitrary_bytes_never_panic_the_decoder_or_the_store(
-        bytes in proptest::collection::vec(any::<u8>(), 0..1024)
+        bytes in arbitrary_bytes(1024)
     ) {
         decode_and_apply(&bytes);
     }
@@ -169,7 +123,7 @@ proptest! {
     #[test]
     fn mutated_commands_never_panic_the_decoder_or_the_store(
         seed in 0usize..7,
-        mutations in proptest::collection::vec(mutation(), 1..8),
+        mutations in mutations(),
     ) {
         let bytes = mutate(seeds()[seed].clone(), &mutations);
         decode_and_apply(&bytes);

@@ -11,8 +11,8 @@
 //! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop;
 //! - the TLS reload task (`tls::spawn_reloader`): SIGHUP or changed files →
 //!   new certificates for new connections;
-//! - per port, the accept loop and one handshake task per new connection
-//!   (`connections`), handing connections to the gRPC server.
+//! - per port, one task accepting connections and, per connection, one task
+//!   (`connections::serve`): its handshake, then a gRPC server of its own.
 //!
 //! Channels: the servers reach Raft only through `RaftHandle`; watch streams
 //! read from the fsm's bounded per-watch buffers.
@@ -157,13 +157,13 @@ impl Agent {
         let peer_router = server_builder(&config)
             .add_service(raft.rpc_service())
             .add_service(forwarding.service);
-        let peer_incoming = crate::connections::incoming(
+        servers.push(tokio::spawn(crate::connections::serve(
             peer_listener,
             tls.as_ref().map(|t| t.peer_port.clone()),
             peer_limits,
+            peer_router,
             stopped.clone(),
-        );
-        servers.push(serve(peer_router, peer_incoming, stopped.clone(), "peer"));
+        )));
 
         // Client port.
         let connection_limits =
@@ -229,18 +229,13 @@ impl Agent {
             )
             .add_service(limited.wrap(health_service))
             .add_service(limited.wrap(reflection));
-        let client_incoming = crate::connections::incoming(
+        servers.push(tokio::spawn(crate::connections::serve(
             client_listener,
             tls.as_ref().map(|t| t.client_port.clone()),
             client_limits,
-            stopped.clone(),
-        );
-        servers.push(serve(
             client_router,
-            client_incoming,
             stopped.clone(),
-            "client",
-        ));
+        )));
 
         let self_info = NodeInfo {
             peer_address: config.peer_address.clone(),
@@ -345,18 +340,25 @@ fn port_limits(config: &Config) -> (PortLimits, PortLimits) {
     let handshake_timeout = Duration::from_millis(config.handshake_timeout_ms);
     let idle_timeout = (config.connection_idle_timeout_ms > 0)
         .then(|| Duration::from_millis(config.connection_idle_timeout_ms));
+    let receive_rate =
+        (config.receive_bytes_per_second_min > 0).then(|| crate::connections::ReceiveRate {
+            bytes_per_second_min: config.receive_bytes_per_second_min,
+            stall_timeout: Duration::from_millis(config.receive_stall_timeout_ms),
+        });
     (
         PortLimits {
             port: "client",
             connections_max: client_max,
             handshake_timeout,
             idle_timeout,
+            receive_rate,
         },
         PortLimits {
             port: "peer",
             connections_max: peer_max,
             handshake_timeout,
             idle_timeout,
+            receive_rate,
         },
     )
 }
@@ -371,29 +373,6 @@ fn server_builder(
         .http2_keepalive_interval(Some(Duration::from_millis(config.keepalive_interval_ms)))
         .http2_keepalive_timeout(Some(Duration::from_millis(config.keepalive_timeout_ms)))
         .layer(ActivityLayer)
-}
-
-fn serve(
-    router: tonic::transport::server::Router<
-        tower_layer::Stack<ActivityLayer, tower_layer::Identity>,
-    >,
-    incoming: tokio_stream::wrappers::ReceiverStream<
-        Result<crate::connections::Connection, std::io::Error>,
-    >,
-    mut stopped: watch::Receiver<bool>,
-    name: &'static str,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        };
-        if let Err(e) = router
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await
-        {
-            tracing::error!(server = name, error = %e, "server failed");
-        }
-    })
 }
 
 /// A node starting with an empty data dir while a running cluster already

@@ -122,6 +122,10 @@ struct AgentArgs {
     peer_connections_max: Option<usize>,
     #[arg(long)]
     connection_idle_timeout_ms: Option<u64>,
+    #[arg(long)]
+    receive_bytes_per_second_min: Option<u64>,
+    #[arg(long)]
+    receive_stall_timeout_ms: Option<u64>,
     /// DANGEROUS, test-only: serve strong reads and lists locally without
     /// confirming leadership (stale reads). Used to prove the jepsen suite can fail.
     #[arg(long)]
@@ -465,6 +469,11 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
         ("tls_reload_interval_ms", a.tls_reload_interval_ms),
         ("handshake_timeout_ms", a.handshake_timeout_ms),
         ("connection_idle_timeout_ms", a.connection_idle_timeout_ms),
+        (
+            "receive_bytes_per_second_min",
+            a.receive_bytes_per_second_min,
+        ),
+        ("receive_stall_timeout_ms", a.receive_stall_timeout_ms),
     ] {
         if let Some(v) = value {
             put(key, v.into())

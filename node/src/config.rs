@@ -204,8 +204,16 @@ pub struct Config {
     pub client_connections_max: usize,
     /// Open connections on the peer port; more are closed at once.
     pub peer_connections_max: usize,
-    /// A connection with no request in flight for this long is closed; 0 = never.
+    /// A connection with no request in flight for this long is closed (with
+    /// HTTP/2 GOAWAY, so that its client reconnects); 0 = never.
     pub connection_idle_timeout_ms: u64,
+    /// While the node waits for the rest of a request a client has begun (an
+    /// HTTP/2 frame, a header block, a body its handler is reading), the
+    /// client must send at least this many bytes a second; 0 = no minimum.
+    pub receive_bytes_per_second_min: u64,
+    /// ... falling behind that rate by at most this long: a client that stops
+    /// sending mid-request is closed after it.
+    pub receive_stall_timeout_ms: u64,
     /// HTTP/2 keepalive: ping every connection this often...
     pub keepalive_interval_ms: u64,
     /// ... and close it when a ping is not answered within this time.
@@ -267,6 +275,8 @@ impl Default for Config {
             client_connections_max: 2_048,
             peer_connections_max: 256,
             connection_idle_timeout_ms: 300_000,
+            receive_bytes_per_second_min: 1_024,
+            receive_stall_timeout_ms: 10_000,
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 10_000,
             unsafe_local_strong_reads: false,
@@ -479,6 +489,16 @@ impl Config {
                 return Err(invalid(field, "must be between 1 and 1000000"));
             }
         }
+        check_range(
+            "receive_bytes_per_second_min",
+            self.receive_bytes_per_second_min,
+            0..=1 << 30,
+        )?;
+        check_range(
+            "receive_stall_timeout_ms",
+            self.receive_stall_timeout_ms,
+            100..=600_000,
+        )?;
         if self.keepalive_interval_ms < 100 || self.keepalive_timeout_ms < 100 {
             return Err(invalid(
                 "keepalive_interval_ms",

@@ -11,7 +11,7 @@
 //! (Raft RPCs, forwarding); the client server (resources, admin, health,
 //! reflection); the health task; the signal task; the TLS reload task. Both
 //! servers take their connections from [`connections`] (limits, handshake
-//! deadline, idle timeout) and, with TLS on, from [`tls`]'s configurations. Servers reach Raft only
+//! deadline, minimum receive rate, idle close with GOAWAY) and, with TLS on, from [`tls`]'s configurations. Servers reach Raft only
 //! through [`raft::RaftHandle`]; watch streams drain the fsm's bounded buffers.
 //!
 //! ## Invariants

@@ -4,13 +4,21 @@
 //! 1,000 then 20,000 idle connections, and a 100 MiB message, on the client
 //! and peer ports. Each time the node closes the offending connection, logs
 //! it, keeps serving, and its descriptors and memory stay bounded.
+//!
+//! Then the minimum receive rate (requests dribbled 1 byte a second are
+//! closed; an idle watch and a slow but steady restore upload are not) and
+//! the graceful idle close (GOAWAY: a request racing the close is served).
 
 mod support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::raft_service_client::RaftServiceClient;
 use cairn_proto::v1::RaftMessage;
+use futures::StreamExt;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -345,5 +353,431 @@ async fn a_thousand_then_twenty_thousand_idle_connections_are_bounded_and_closed
     assert!(
         told >= 21_000,
         "every idle connection is logged or counted: {told} of 21000"
+    );
+}
+
+// ------------------------------------------------- minimum receive rate
+
+/// The stall timeout of the receive-rate tests (the rate is the default, 1024 bytes/s).
+const STALL_TIMEOUT_MS: u64 = 2_000;
+
+/// An HTTP/2 frame: header (length, type, flags, stream id) and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = (payload.len() as u32).to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], kind, flags];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+/// The HEADERS frame of a gRPC call of `path` on stream 1: HPACK literals
+/// without indexing or Huffman coding, the plainest encoding there is.
+fn grpc_headers(path: &str, flags: u8) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "cairn"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.push(0);
+        block.push(name.len() as u8);
+        block.extend_from_slice(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    h2_frame(HEADERS, flags, 1, &block)
+}
+
+/// The first bytes of every raw client: the preface and an empty SETTINGS frame.
+fn h2_start() -> Vec<u8> {
+    let mut start = PREFACE.to_vec();
+    start.extend_from_slice(&h2_frame(4, 0, 0, &[]));
+    start
+}
+
+/// A gRPC message frame holding an empty WriteRequest.
+const EMPTY_GRPC_MESSAGE: [u8; 5] = [0, 0, 0, 0, 0];
+
+const WRITE_PATH: &str = "/cairn.v1.ResourceService/Write";
+
+/// Reads frames from `stream` until one of type `kind` arrives on stream 1
+/// (true), or the connection closes or `timeout` passes (false).
+async fn frame_arrives(stream: &mut TcpStream, kind: u8, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        while buffer.len() >= 9 {
+            let len = u32::from_be_bytes([0, buffer[0], buffer[1], buffer[2]]) as usize;
+            if buffer.len() < 9 + len {
+                break;
+            }
+            let stream_id = u32::from_be_bytes([buffer[5], buffer[6], buffer[7], buffer[8]]);
+            if buffer[3] == kind && stream_id == 1 {
+                return true;
+            }
+            buffer.drain(..9 + len);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buffer.extend_from_slice(&chunk[..n]),
+            _ => return false,
+        }
+    }
+}
+
+/// Sends `prefix` at once, then `dribble` one piece a second, until the
+/// node closes the connection; returns how long after the first dribbled
+/// piece that was, or `None` if it never closed within `limit`.
+async fn dribble(
+    address: &str,
+    prefix: Vec<u8>,
+    dribble: Vec<Vec<u8>>,
+    limit: Duration,
+) -> Option<Duration> {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(&prefix).await.unwrap();
+    let started = Instant::now();
+    for piece in dribble {
+        if started.elapsed() > limit {
+            return None;
+        }
+        if stream.write_all(&piece).await.is_err()
+            || closed_by_node(&mut stream, Duration::from_secs(1)).await
+        {
+            return Some(started.elapsed());
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_dribbled_at_one_byte_a_second_are_closed_while_a_watch_and_other_clients_are_served(
+) {
+    // receive_stall_timeout_ms = 2000, at the default 1024 bytes/s. Three
+    // slow clients begin a Write and then send 1 byte a second: its HEADERS
+    // frame; a DATA frame's payload; one-byte DATA frames (each frame whole,
+    // so only the waiting request body owes). Each is closed within the
+    // bound (and not at once, as a protocol error would be), with one log
+    // line each. Meanwhile a watch opened before them, on which nothing
+    // moves either way (its client sends nothing, and no write matches it),
+    // stays open and then receives the next matching write; another client
+    // writes all along. The same raw request sent at full speed is
+    // answered: the slow ones are refused for their pace, not their bytes.
+    let mut o = options(1);
+    o.extra_args = vec![
+        "--receive-stall-timeout-ms".into(),
+        STALL_TIMEOUT_MS.to_string(),
+        "--connection-idle-timeout-ms".into(),
+        "600000".into(),
+    ];
+    let cluster = Cluster::start(o);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let address = cluster.node(1).client_address.clone();
+
+    let mut watcher = client(&address).await;
+    let mut watch = watcher
+        .watch_list(cairn_proto::v1::WatchListRequest {
+            r#type: Some(thing_type()),
+            tenancy: Some(tenancy()),
+            name_prefix: "watched-".into(),
+            start_revision: 0,
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = watch.message().await.expect("event").expect("open");
+    assert!(
+        matches!(
+            first.event,
+            Some(cairn_proto::v1::watch_event::Event::EndOfSnapshot(_))
+        ),
+        "{first:?}"
+    );
+
+    let mut fast = TcpStream::connect(&address).await.unwrap();
+    let mut request = h2_start();
+    request.extend_from_slice(&grpc_headers(WRITE_PATH, END_HEADERS));
+    request.extend_from_slice(&h2_frame(DATA, END_STREAM, 1, &EMPTY_GRPC_MESSAGE));
+    fast.write_all(&request).await.unwrap();
+    assert!(
+        frame_arrives(&mut fast, HEADERS, Duration::from_secs(5)).await,
+        "the raw request at full speed is answered"
+    );
+
+    let headers = grpc_headers(WRITE_PATH, END_HEADERS);
+    // A 64-byte message (its content never matters: it never arrives).
+    let mut message = vec![0, 0, 0, 0, 64];
+    message.extend_from_slice(&[0u8; 64]);
+    let data = h2_frame(DATA, END_STREAM, 1, &message);
+    let mut headers_whole = h2_start();
+    headers_whole.extend_from_slice(&headers);
+    let mut data_header_whole = headers_whole.clone();
+    data_header_whole.extend_from_slice(&data[..9]);
+    let slow_clients = [
+        (
+            "HEADERS byte by byte",
+            h2_start(),
+            headers.iter().map(|b| vec![*b]).collect::<Vec<_>>(),
+        ),
+        (
+            "a DATA payload byte by byte",
+            data_header_whole,
+            data[9..].iter().map(|b| vec![*b]).collect(),
+        ),
+        (
+            "one-byte DATA frames",
+            headers_whole,
+            (0..30).map(|_| h2_frame(DATA, 0, 1, &[0])).collect(),
+        ),
+    ];
+    let limit = Duration::from_millis(STALL_TIMEOUT_MS + 3_000);
+    let mut slow = Vec::new();
+    for (name, prefix, pieces) in slow_clients {
+        let address = address.clone();
+        slow.push((
+            name,
+            tokio::spawn(async move { dribble(&address, prefix, pieces, limit).await }),
+        ));
+    }
+    let mut writer = client(&address).await;
+    let mut written = 0;
+    let started = Instant::now();
+    // Past the bound: each slow client is closed by then, or never will be.
+    while started.elapsed() < limit {
+        writer
+            .write(cairn_proto::v1::WriteRequest {
+                resource: Some(thing(&format!("steady-{written}"), "u1", "", b"x")),
+            })
+            .await
+            .expect("another client is served meanwhile");
+        written += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for (name, task) in slow {
+        let closed_after = task.await.unwrap();
+        match closed_after {
+            Some(after) => assert!(
+                after >= Duration::from_millis(STALL_TIMEOUT_MS / 2),
+                "{name}: closed after {after:?}, before the stall timeout could pass"
+            ),
+            None => panic!("{name}: not closed within {limit:?}"),
+        }
+    }
+
+    // The watch, silent all along, is still served.
+    writer
+        .write(cairn_proto::v1::WriteRequest {
+            resource: Some(thing("watched-1", "u1", "", b"x")),
+        })
+        .await
+        .expect("write");
+    let event = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("the watch is still served")
+        .expect("no error")
+        .expect("open");
+    assert!(
+        matches!(
+            event.event,
+            Some(cairn_proto::v1::watch_event::Event::Upsert(_))
+        ),
+        "{event:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let log = cluster.log_of(1);
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("receive_bytes_per_second_min"))
+        .count();
+    assert_eq!(lines, 3, "one line per slow connection:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_steady_restore_upload_is_not_cut() {
+    // receive_stall_timeout_ms = 2000 at 1024 bytes/s. A restore upload is a
+    // long client stream: sent at 4 KiB/s (512 bytes every 125 ms) for
+    // several stall timeouts, it completes.
+    let mut o = options(1);
+    o.extra_args = vec![
+        "--receive-stall-timeout-ms".into(),
+        STALL_TIMEOUT_MS.to_string(),
+    ];
+    let cluster = Cluster::start(o);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let address = cluster.node(1).client_address.clone();
+    for i in 0..24 {
+        create_anywhere(
+            &cluster,
+            &format!("r{i}"),
+            &[7u8; 1024],
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("write");
+    }
+    let mut admin = AdminServiceClient::connect(format!("http://{address}"))
+        .await
+        .unwrap();
+    let mut saved = admin
+        .save_snapshot(cairn_proto::v1::SaveSnapshotRequest {})
+        .await
+        .expect("save")
+        .into_inner();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = saved.message().await.expect("chunk") {
+        bytes.extend_from_slice(&chunk.data);
+    }
+    assert!(bytes.len() >= 20 * 1024, "a {}-byte snapshot", bytes.len());
+    let pieces: Vec<Vec<u8>> = bytes.chunks(512).map(<[u8]>::to_vec).collect();
+    let upload = futures::stream::iter(pieces).then(|data| async move {
+        tokio::time::sleep(Duration::from_millis(125)).await;
+        cairn_proto::v1::SnapshotChunk { data: data.into() }
+    });
+    let started = Instant::now();
+    let restored = admin
+        .restore_snapshot(upload)
+        .await
+        .expect("a steady upload completes")
+        .into_inner();
+    assert_eq!(restored.resource_count, 24);
+    assert!(
+        started.elapsed() >= Duration::from_millis(2 * STALL_TIMEOUT_MS),
+        "the upload lasted {:?}, longer than the stall timeout",
+        started.elapsed()
+    );
+}
+
+// ------------------------------------------------- graceful idle close
+
+/// A TCP proxy whose server-to-client direction is `delay` late, as over a
+/// slow link; counts the connections it accepts.
+struct DelayProxy {
+    address: String,
+    accepted: Arc<AtomicUsize>,
+}
+
+async fn delay_proxy(upstream: String, delay: Duration) -> DelayProxy {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            let server = TcpStream::connect(&upstream).await.unwrap();
+            let (mut client_read, client_write) = client.into_split();
+            let (server_read, mut server_write) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                let _ = server_write.shutdown().await;
+            });
+            tokio::spawn(delayed_copy(server_read, client_write, delay));
+        }
+    });
+    DelayProxy { address, accepted }
+}
+
+/// Copies `from` to `to`, each chunk (and the end) `delay` after it was read.
+async fn delayed_copy(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    let (sender, mut receiver) =
+        tokio::sync::mpsc::unbounded_channel::<(Instant, Option<Vec<u8>>)>();
+    tokio::spawn(async move {
+        while let Some((at, chunk)) = receiver.recv().await {
+            tokio::time::sleep_until(at.into()).await;
+            match chunk {
+                Some(bytes) if to.write_all(&bytes).await.is_ok() => {}
+                _ => {
+                    let _ = to.shutdown().await;
+                    return;
+                }
+            }
+        }
+    });
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let chunk = match from.read(&mut buffer).await {
+            Ok(n) if n > 0 => Some(buffer[..n].to_vec()),
+            _ => None,
+        };
+        let end = chunk.is_none();
+        let _ = sender.send((Instant::now() + delay, chunk));
+        if end {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_with_goaway_and_a_request_racing_the_close_is_served() {
+    // connection_idle_timeout_ms = 2000, and a client whose link delays what
+    // the node sends by 2 s. The client's last request ends; 2 s later (by
+    // the node's clock) the node closes the idle connection — and the client,
+    // not having seen that yet, sends a request, which reaches the node 1 s
+    // after the close began. Closed the HTTP/2 way (GOAWAY, then the requests
+    // the client sent before it saw it are served), that request succeeds; a
+    // connection just dropped would lose it. The next request goes over a
+    // new connection: the old one was closed.
+    const IDLE_MS: u64 = 2_000;
+    const DELAY: Duration = Duration::from_secs(2);
+    let mut o = options(1);
+    o.extra_args = vec!["--connection-idle-timeout-ms".into(), IDLE_MS.to_string()];
+    let cluster = Cluster::start(o);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let proxy = delay_proxy(cluster.node(1).client_address.clone(), DELAY).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.address))
+        .unwrap()
+        .timeout(Duration::from_secs(30))
+        .connect_lazy();
+    let mut c = cairn_proto::v1::resource_service_client::ResourceServiceClient::new(channel);
+    let write = |name: &str| cairn_proto::v1::WriteRequest {
+        resource: Some(thing(name, "u1", "", b"x")),
+    };
+    c.write(write("warm-up")).await.expect("first request");
+    // The node saw the request end about DELAY before the client did; it
+    // sends GOAWAY at IDLE_MS after that, which the client sees DELAY later.
+    // Halfway between: the request leaves after the GOAWAY left the node,
+    // before the client sees it.
+    let done = Instant::now();
+    tokio::time::sleep(Duration::from_millis(IDLE_MS) - DELAY / 2).await;
+    let raced = c.write(write("racing-the-close")).await;
+    let raced_at = done.elapsed();
+    raced.unwrap_or_else(|e| {
+        panic!("the request racing the idle close failed ({raced_at:?} after the first): {e}")
+    });
+    assert_eq!(
+        proxy.accepted.load(Ordering::SeqCst),
+        1,
+        "served on the old connection"
+    );
+
+    tokio::time::sleep(DELAY * 2).await;
+    c.write(write("after-the-close"))
+        .await
+        .expect("a later request");
+    assert_eq!(
+        proxy.accepted.load(Ordering::SeqCst),
+        2,
+        "the old connection was closed, the channel reconnected"
+    );
+    let log = cluster.log_of(1);
+    assert!(
+        log.contains("idle connection closed") && log.contains("sent GOAWAY"),
+        "{log}"
     );
 }

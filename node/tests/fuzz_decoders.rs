@@ -20,6 +20,7 @@ use std::io::Cursor;
 use cairn_node::raft::{decode_raft_message, peer_gate, LogPayload, NodeId, NodeInfo, TypeConfig};
 use cairn_node::snapshot_file::{SnapshotEncoder, SnapshotHeader, SnapshotReader};
 use cairn_proto::v1 as pb;
+use cairn_test_support::fuzz::{config, mutate, mutations};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -28,57 +29,8 @@ use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Membership, Stored
 use proptest::prelude::*;
 use prost::Message;
 
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(128);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
-#[derive(Debug, Clone)]
-enum Mutation {
-    Set(usize, u8),
-    Insert(usize, u8),
-    Remove(usize),
-    Truncate(usize),
-}
-
-fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
-        (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Insert(i, b)),
-        any::<usize>().prop_map(Mutation::Remove),
-        any::<usize>().prop_map(Mutation::Truncate),
-    ]
-}
-
-fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
-    proptest::collection::vec(mutation(), 1..8)
-}
-
-fn mutate(mut bytes: Vec<u8>, mutations: &[Mutation]) -> Vec<u8> {
-    for m in mutations {
-        let len = bytes.len();
-        match *m {
-            Mutation::Set(i, b) if len > 0 => bytes[i % len] = b,
-            Mutation::Insert(i, b) => bytes.insert(i % (len + 1), b),
-            Mutation::Remove(i) if len > 0 => {
-                bytes.remove(i % len);
-            }
-            Mutation::Truncate(i) => bytes.truncate(i % (len + 1)),
-            _ => {}
-        }
-    }
-    bytes
-}
-
 fn arbitrary_bytes() -> impl Strategy<Value = Vec<u8>> {
-    proptest::collection::vec(any::<u8>(), 0..1024)
+    cairn_test_support::fuzz::arbitrary_bytes(1024)
 }
 
 fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
@@ -456,7 +408,7 @@ fn load_config(text: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(config(128))]
 
     #[test]
     fn protobuf_requests_never_panic_on_arbitrary_bytes(kind in 0usize..7, bytes in arbitrary_bytes()) {

@@ -15,6 +15,10 @@ fn bincode_config() -> bincode::config::Configuration {
     bincode::config::standard()
 }
 
+/// The byte limits of [`decode`], smallest first: 64 KiB, 1 MiB, 16 MiB, 256 MiB; a larger
+/// payload (a WAL frame holds at most 1 GiB) decodes with a 4 GiB limit.
+const DECODE_LIMIT_TIERS_BYTES: [usize; 4] = [64 * 1024, 1 << 20, 16 << 20, 256 << 20];
+
 /// The engine key of the entry at `index`: big-endian, so keys sort by index.
 pub(crate) fn entry_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
@@ -75,10 +79,28 @@ pub(crate) fn encode_into<T: Serialize>(
 }
 
 /// Decodes a value with bincode 2 (serde); trailing bytes are an error.
+///
+/// bincode allocates a string or byte vector at the length its prefix claims before it reads the
+/// bytes, so a damaged prefix could ask for terabytes. Its byte limit (which changes decoding
+/// only, never the format) is set to the smallest of [`DECODE_LIMIT_TIERS_BYTES`] that holds the
+/// payload: no prefix can make a decode allocate more than 16 times the payload (or 64 KiB).
 pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    fn limited<T: DeserializeOwned, const LIMIT: usize>(
+        payload: &[u8],
+    ) -> Result<(T, usize), bincode::error::DecodeError> {
+        bincode::serde::decode_from_slice(payload, bincode_config().with_limit::<LIMIT>())
+    }
+    const KIB: usize = 1024;
+    const MIB: usize = 1024 * KIB;
+    let decoded = match payload.len() {
+        len if len <= DECODE_LIMIT_TIERS_BYTES[0] => limited::<T, { 64 * KIB }>(payload),
+        len if len <= DECODE_LIMIT_TIERS_BYTES[1] => limited::<T, { MIB }>(payload),
+        len if len <= DECODE_LIMIT_TIERS_BYTES[2] => limited::<T, { 16 * MIB }>(payload),
+        len if len <= DECODE_LIMIT_TIERS_BYTES[3] => limited::<T, { 256 * MIB }>(payload),
+        _ => limited::<T, { 4096 * MIB }>(payload),
+    };
     let (value, read_len_bytes): (T, usize) =
-        bincode::serde::decode_from_slice(payload, bincode_config())
-            .map_err(|e| format!("bincode decode failed: {e}"))?;
+        decoded.map_err(|e| format!("bincode decode failed: {e}"))?;
     if read_len_bytes != payload.len() {
         return Err(format!(
             "bincode decode used {read_len_bytes} of {} payload bytes",
@@ -137,6 +159,19 @@ mod tests {
         let stored = seal_entry(1, &encode(&1u64).expect("encode"));
         assert!(unseal_entry::<u64>(2, &stored).is_err());
         assert!(unseal_entry::<u64>(1, &stored[..2]).is_err());
+    }
+
+    #[test]
+    fn a_length_prefix_claiming_more_than_the_payload_is_an_error_not_an_allocation() {
+        // A string whose length prefix (a bincode varint: 253, then a u64) claims 2^40 bytes in a
+        // 20-byte payload: decoding refuses the claim instead of allocating 1 TiB first.
+        let mut payload = encode(&(7u64, "hello".to_string())).expect("encode");
+        assert_eq!(payload[1], 5, "the string's one-byte length");
+        let mut claim = vec![253u8];
+        claim.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        payload.splice(1..2, claim);
+        let error = decode::<(u64, String)>(&payload).expect_err("a claim beyond the payload");
+        assert!(error.contains("bincode"), "{error}");
     }
 
     #[test]

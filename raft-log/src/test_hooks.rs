@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use crate::codec;
 use crate::codec::entry_key;
 use crate::store::SLED_SUBDIR;
 use crate::DirLock;
@@ -27,6 +28,28 @@ pub fn rewrite_stored_entry(
     entries.insert(entry_key(index), bytes)?;
     db.flush()?;
     Ok(true)
+}
+
+/// Like [`rewrite_stored_entry`], but `damage` edits the entry's bincode payload, and the value
+/// is sealed again with a valid checksum: the damage then reaches the decoder instead of stopping
+/// at the checksum (this is how the fuzz harness gets past it). Returns `false` when no such
+/// entry exists or its checksum already fails.
+pub fn rewrite_stored_entry_payload(
+    dir: &Path,
+    index: u64,
+    damage: impl FnOnce(&mut Vec<u8>),
+) -> Result<bool, LogError> {
+    let mut resealed = false;
+    let found = rewrite_stored_entry(dir, index, |stored| {
+        let Ok(payload) = codec::unseal(&entry_key(index), stored) else {
+            return;
+        };
+        let mut payload = payload.to_vec();
+        damage(&mut payload);
+        *stored = codec::seal_entry(index, &payload);
+        resealed = true;
+    })?;
+    Ok(found && resealed)
 }
 
 /// Deletes the stored entry at `index` in the closed log store at `dir`, leaving a hole.

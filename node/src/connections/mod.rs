@@ -16,22 +16,39 @@
 //!   client preface within it. Random bytes, an HTTP/1 request or a TLS
 //!   handshake on a plaintext port are refused at their first wrong byte; a
 //!   truncated preface or a client sending 1 byte/s meets the deadline.
+//! - **A minimum receive rate** (`receive_bytes_per_second_min`,
+//!   `receive_stall_timeout_ms`; see [`receive`]): while the node waits for
+//!   the rest of something a client has begun (an HTTP/2 frame, a header
+//!   block, a request body its handler is reading), the client must keep up
+//!   that rate, falling behind by at most the stall timeout. A client that
+//!   sends a request at 1 byte/s (slow-loris) is closed; a watch whose client
+//!   sends nothing for hours owes nothing, and a restore upload at any sane
+//!   rate is never cut.
 //! - **An idle timeout** (`connection_idle_timeout_ms`): a connection with no
-//!   request in flight for that long is closed. Idle means "no request", not
-//!   "no bytes": pings and a request's headers trickled 1 byte/s do not keep
-//!   a connection open. In-flight requests are counted by [`ActivityLayer`]
-//!   (a request stays in flight until its response body ends, so an open
-//!   watch keeps its connection).
+//!   request in flight for that long is closed the HTTP/2 way: the server
+//!   sends GOAWAY (hyper's graceful shutdown) and serves every request the
+//!   client sent before it saw it, so the client's channel reconnects for its
+//!   next request instead of losing one. Idle means "no request", not "no
+//!   bytes": pings and a request's headers trickled 1 byte/s do not keep a
+//!   connection open. In-flight requests are counted by [`ActivityLayer`] (a
+//!   request stays in flight until its response body ends, so an open watch
+//!   keeps its connection). A client that neither closes the connection nor
+//!   sends a request within `handshake_timeout_ms` of the GOAWAY is cut.
 //! - **One log line per offending connection** (refused, garbage, deadline,
-//!   idle), at most [`LOG_LINES_PER_SECOND`] a second per port; the rest are
+//!   too slow, idle), at most [`LOG_LINES_PER_SECOND`] a second per port; the rest are
 //!   counted and reported once a second as `suppressed=N`.
 //!
 //! The verified client certificate's subject (TLS ports) travels with each
 //! request in [`ConnectionInfo`] (see `crate::tls::client_cert_subject`).
 //!
-//! Tasks: per port, one accept loop; per new connection, one handshake task
-//! that ends when the connection is handed to tonic (through a bounded
-//! channel) or closed.
+//! Tasks: per port, one task ([`serve`]) that accepts connections and
+//! spawns, per connection, one task: its handshake, then tonic serving it.
+//! Each connection gets a tonic server of its own (`serve_with_incoming_shutdown`
+//! over a stream of just that connection), so that tonic's graceful shutdown
+//! (GOAWAY, then the requests in flight finish) closes that one connection:
+//! its shutdown signal is the connection going idle, the node stopping, or
+//! the connection ending. The port's task returns once the node has stopped
+//! and every connection task has ended.
 //!
 //! ## Invariants
 //! - At most `connections_max` connections of a port are open past the
@@ -39,6 +56,10 @@
 //!   until tonic drops it.
 //! - A request in flight is counted exactly once, and uncounted exactly once
 //!   (asserted: the count never goes below zero).
+//! - A connection is told to go away at most once, and its idle line is
+//!   written once.
+
+mod receive;
 
 use std::future::Future;
 use std::io;
@@ -46,17 +67,20 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use cairn_tls::rustls::ServerConfig;
 use cairn_tls::Reloadable;
+use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::{oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, Sleep};
+
+use self::receive::{FrameTracker, ReceiveMeter};
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -77,6 +101,31 @@ pub struct PortLimits {
     pub handshake_timeout: Duration,
     /// `None`: idle connections are never closed.
     pub idle_timeout: Option<Duration>,
+    /// `None`: no minimum receive rate.
+    pub receive_rate: Option<ReceiveRate>,
+}
+
+/// The minimum receive rate of a port (see [`receive`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ReceiveRate {
+    /// `receive_bytes_per_second_min`.
+    pub bytes_per_second_min: u64,
+    /// `receive_stall_timeout_ms`: how far behind the rate a client may fall.
+    pub stall_timeout: Duration,
+}
+
+impl PortLimits {
+    /// Why a connection too slow for the minimum rate was closed.
+    fn too_slow(&self) -> String {
+        let rate = self
+            .receive_rate
+            .expect("only a port with a minimum rate finds a connection too slow");
+        format!(
+            "sent a request slower than {} bytes/s, falling more than {} ms behind (receive_bytes_per_second_min, receive_stall_timeout_ms)",
+            rate.bytes_per_second_min,
+            rate.stall_timeout.as_millis()
+        )
+    }
 }
 
 /// What a request's handler may know about its connection; tonic puts it in
@@ -91,19 +140,40 @@ pub struct ConnectionInfo {
     activity: Arc<Activity>,
 }
 
-/// Requests in flight on one connection, and since when there were none.
+/// Requests in flight on one connection, and since when there were none;
+/// what the connection owes against the minimum receive rate; and the
+/// signal that tells its server to send GOAWAY.
 struct Activity {
     origin: Instant,
     in_flight: AtomicUsize,
     idle_since_ms: AtomicU64,
+    /// `None` when the port has no minimum rate.
+    receive: Option<Mutex<Receive>>,
+    /// Notified once, when the connection has been idle past its timeout.
+    go_away: Notify,
+}
+
+/// The receive meter of a connection, and the waker of the task reading it
+/// (woken when a request body starts waiting, so that its deadline is armed).
+struct Receive {
+    meter: ReceiveMeter,
+    reader: Option<Waker>,
 }
 
 impl Activity {
-    fn new() -> Activity {
+    fn new(receive_rate: Option<ReceiveRate>) -> Activity {
+        let origin = Instant::now();
         Activity {
-            origin: Instant::now(),
+            origin,
             in_flight: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
+            receive: receive_rate.map(|rate| {
+                Mutex::new(Receive {
+                    meter: ReceiveMeter::new(rate.bytes_per_second_min, rate.stall_timeout, origin),
+                    reader: None,
+                })
+            }),
+            go_away: Notify::new(),
         }
     }
 
@@ -118,6 +188,47 @@ impl Activity {
             return None;
         }
         Some(self.origin + Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst)))
+    }
+
+    /// The client sent `request_bytes` bytes of request frames; its frames now owe or not.
+    fn received(&self, request_bytes: u64, frames_owe: bool) {
+        if let Some(receive) = &self.receive {
+            receive
+                .lock()
+                .meter
+                .received(request_bytes, frames_owe, Instant::now());
+        }
+    }
+
+    /// A request body's handler starts or stops waiting for its bytes.
+    fn body_waiting(&self, waiting: bool) {
+        let Some(receive) = &self.receive else {
+            return;
+        };
+        let mut receive = receive.lock();
+        receive.meter.body_waiting(waiting, Instant::now());
+        let reader = if waiting { receive.reader.take() } else { None };
+        drop(receive);
+        if let Some(reader) = reader {
+            reader.wake();
+        }
+    }
+
+    /// `Err` when the connection is too slow; else when it will be if nothing
+    /// more arrives (`None`: it owes nothing). Registers `reader` to be woken
+    /// when a request body starts waiting.
+    fn check_receive(&self, reader: &Waker, now: Instant) -> Result<Option<Instant>, ()> {
+        let Some(receive) = &self.receive else {
+            return Ok(None);
+        };
+        let mut receive = receive.lock();
+        if !receive.reader.as_ref().is_some_and(|w| w.will_wake(reader)) {
+            receive.reader = Some(reader.clone());
+        }
+        if receive.meter.exhausted(now) {
+            return Err(());
+        }
+        Ok(receive.meter.deadline())
     }
 }
 
@@ -187,47 +298,36 @@ impl OffenceLog {
     }
 }
 
-/// The connections of a port that passed the handshake, for
-/// `serve_with_incoming_shutdown`. The accept loop stops with `stopped`.
-pub fn incoming(
+/// The gRPC server of a port, with the node's HTTP/2 settings and
+/// [`ActivityLayer`]; each connection is served by a clone of it.
+pub type GrpcRouter =
+    tonic::transport::server::Router<tower_layer::Stack<ActivityLayer, tower_layer::Identity>>;
+
+/// Serves one port: accepts connections within its limits, puts each through
+/// its handshake, and serves it with `router` until it closes, goes idle
+/// (GOAWAY) or the node stops. Returns once `stopped` is set and every
+/// connection task has ended.
+pub async fn serve(
     listener: TcpListener,
     tls: Option<Reloadable<ServerConfig>>,
     limits: PortLimits,
-    stopped: watch::Receiver<bool>,
-) -> ReceiverStream<Result<Connection, io::Error>> {
-    let (sender, receiver) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, tls, limits, stopped, sender));
-    ReceiverStream::new(receiver)
-}
-
-/// Whether an accept error means the process (or system) is out of
-/// descriptors or memory: back off, the listener is fine.
-fn is_exhaustion(error: &io::Error) -> bool {
-    matches!(
-        error.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<Reloadable<ServerConfig>>,
-    limits: PortLimits,
+    router: GrpcRouter,
     mut stopped: watch::Receiver<bool>,
-    sender: mpsc::Sender<Result<Connection, io::Error>>,
 ) {
+    let router = Arc::new(router);
     let slots = Arc::new(Semaphore::new(limits.connections_max));
     let log = Arc::new(OffenceLog::new(limits.port));
     let mut flush = tokio::time::interval(Duration::from_secs(1));
     let mut last_exhaustion_log: Option<Instant> = None;
+    let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
-            _ = stopped.wait_for(|s| *s) => return,
-            _ = sender.closed() => return,
+            _ = stopped.wait_for(|s| *s) => break,
             _ = flush.tick() => {
                 log.flush();
                 continue;
             }
+            Some(_) = connections.join_next() => continue,
             accepted = listener.accept() => accepted,
         };
         match accepted {
@@ -246,14 +346,15 @@ async fn accept_loop(
                 };
                 let _ = stream.set_nodelay(true);
                 let config = tls.as_ref().map(Reloadable::current);
-                tokio::spawn(handshake(
+                connections.spawn(connection(
                     stream,
                     remote,
                     permit,
                     config,
                     limits.clone(),
                     log.clone(),
-                    sender.clone(),
+                    router.clone(),
+                    stopped.clone(),
                 ));
             }
             Err(e) if is_exhaustion(&e) => {
@@ -273,8 +374,64 @@ async fn accept_loop(
             }
         }
     }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }
 
+/// Whether an accept error means the process (or system) is out of
+/// descriptors or memory: back off, the listener is fine.
+fn is_exhaustion(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// One accepted connection: its handshake, then its own tonic server, whose
+/// shutdown (GOAWAY, then the requests in flight finish) comes when the
+/// connection goes idle, the node stops, or the connection ends.
+#[allow(clippy::too_many_arguments)]
+async fn connection(
+    stream: TcpStream,
+    remote: SocketAddr,
+    permit: OwnedSemaphorePermit,
+    tls: Option<Arc<ServerConfig>>,
+    limits: PortLimits,
+    log: Arc<OffenceLog>,
+    router: Arc<GrpcRouter>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let (closed, mut connection_ended) = oneshot::channel::<()>();
+    let connection = tokio::select! {
+        _ = stopped.wait_for(|s| *s) => return,
+        connection = handshake(stream, remote, permit, tls, limits, log, closed) => connection,
+    };
+    let Some(connection) = connection else {
+        return;
+    };
+    let activity = connection.info.activity.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = activity.go_away.notified() => {}
+            _ = stopped.wait_for(|s| *s) => {}
+            _ = &mut connection_ended => {}
+        }
+    };
+    // The connection, then nothing: tonic takes it and waits for `shutdown`.
+    let incoming = futures::stream::once(std::future::ready(Ok::<_, io::Error>(connection)))
+        .chain(futures::stream::pending());
+    if let Err(e) = (*router)
+        .clone()
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+    {
+        tracing::debug!(%remote, error = %e, "serving a connection failed");
+    }
+}
+
+/// The TLS handshake and the HTTP/2 preface, within the handshake deadline;
+/// `None` (and one log line) when the connection failed them. `closed` is
+/// dropped with the connection.
 async fn handshake(
     stream: TcpStream,
     remote: SocketAddr,
@@ -282,15 +439,15 @@ async fn handshake(
     tls: Option<Arc<ServerConfig>>,
     limits: PortLimits,
     log: Arc<OffenceLog>,
-    sender: mpsc::Sender<Result<Connection, io::Error>>,
-) {
+    closed: oneshot::Sender<()>,
+) -> Option<Connection> {
     let with_tls = tls.is_some();
     let (io, client_subject) =
         match tokio::time::timeout(limits.handshake_timeout, open(stream, tls)).await {
             Ok(Ok(opened)) => opened,
             Ok(Err(reason)) => {
                 log.offending(remote, &reason, false);
-                return;
+                return None;
             }
             Err(_) => {
                 log.offending(
@@ -306,27 +463,27 @@ async fn handshake(
                     ),
                     false,
                 );
-                return;
+                return None;
             }
         };
     let info = ConnectionInfo {
         remote_address: remote,
         client_subject,
-        activity: Arc::new(Activity::new()),
+        activity: Arc::new(Activity::new(limits.receive_rate)),
     };
-    let idle = limits.idle_timeout.map(|timeout| IdleTimer {
-        timeout,
-        sleep: Box::pin(tokio::time::sleep(timeout)),
-    });
-    let connection = Connection {
+    Some(Connection {
         io,
         replayed: 0,
-        idle,
+        frames: FrameTracker::default(),
+        clock: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        armed: None,
+        told_to_go_away: None,
+        limits,
         info,
         log,
+        _closed: closed,
         _permit: permit,
-    };
-    let _ = sender.send(Ok(connection)).await;
+    })
 }
 
 /// TLS handshake (if any), then the HTTP/2 preface.
@@ -468,53 +625,98 @@ impl AsyncWrite for Io {
     }
 }
 
-struct IdleTimer {
-    timeout: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
-}
-
 /// An accepted connection past its handshake, as tonic serves it. Replays
-/// the preface already read, then closes itself (a read error) once idle
-/// past the idle timeout.
+/// the preface already read; follows the client's frames for the minimum
+/// receive rate; tells its server to go away once idle past the idle timeout;
+/// and closes itself (a read error) when too slow, or when still open without
+/// a request `handshake_timeout` after it was told to go away.
 pub struct Connection {
     io: Io,
     /// Bytes of [`HTTP2_PREFACE`] handed to tonic so far.
     replayed: usize,
-    idle: Option<IdleTimer>,
+    frames: FrameTracker,
+    /// Wakes the reading task at the next deadline (receive rate, idle timeout, going away).
+    clock: Pin<Box<Sleep>>,
+    /// The deadline `clock` is set to; `None` once it fired.
+    armed: Option<Instant>,
+    /// When the connection was told to go away (GOAWAY).
+    told_to_go_away: Option<Instant>,
+    limits: PortLimits,
     info: ConnectionInfo,
     log: Arc<OffenceLog>,
+    /// Dropped with the connection: ends its server.
+    _closed: oneshot::Sender<()>,
     _permit: OwnedSemaphorePermit,
 }
 
+/// The earlier of two optional deadlines.
+fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
+    Some(a.map_or(b, |a| a.min(b)))
+}
+
 impl Connection {
-    /// `Err` once the connection has been idle past its timeout; arms the
-    /// timer for the next check otherwise.
-    fn check_idle(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        let Some(idle) = &mut self.idle else {
-            return Ok(());
-        };
-        while idle.sleep.as_mut().poll(cx).is_ready() {
-            let next = match self.info.activity.idle_since() {
-                None => Instant::now() + idle.timeout,
-                Some(since) if since + idle.timeout <= Instant::now() => {
-                    self.log.offending(
-                        self.info.remote_address,
-                        &format!(
-                            "no request for {} ms (connection_idle_timeout_ms)",
-                            idle.timeout.as_millis()
-                        ),
-                        true,
-                    );
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "connection idle past its timeout",
-                    ));
-                }
-                Some(since) => since + idle.timeout,
+    /// Applies the minimum receive rate and the idle timeout: `Err` closes
+    /// the connection. Arms the clock for the next deadline.
+    fn enforce(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let activity = self.info.activity.clone();
+        loop {
+            let now = Instant::now();
+            let Ok(mut next) = activity.check_receive(cx.waker(), now) else {
+                self.log
+                    .offending(self.info.remote_address, &self.limits.too_slow(), false);
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sent its request too slowly",
+                ));
             };
-            idle.sleep.as_mut().reset(next);
+            if let Some(idle_timeout) = self.limits.idle_timeout {
+                let idle_since = activity.idle_since();
+                match self.told_to_go_away {
+                    None => match idle_since {
+                        Some(since) if since + idle_timeout <= now => {
+                            self.log.offending(
+                                self.info.remote_address,
+                                &format!(
+                                    "no request for {} ms (connection_idle_timeout_ms); sent GOAWAY",
+                                    idle_timeout.as_millis()
+                                ),
+                                true,
+                            );
+                            self.told_to_go_away = Some(now);
+                            activity.go_away.notify_one();
+                            continue;
+                        }
+                        Some(since) => next = earliest(next, since + idle_timeout),
+                        None => next = earliest(next, now + idle_timeout),
+                    },
+                    Some(told) => {
+                        let grace = self.limits.handshake_timeout;
+                        match idle_since {
+                            Some(since) if since.max(told) + grace <= now => {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::TimedOut,
+                                    "told to go away, the connection stayed open without a request",
+                                ));
+                            }
+                            Some(since) => next = earliest(next, since.max(told) + grace),
+                            None => next = earliest(next, now + grace),
+                        }
+                    }
+                }
+            }
+            let Some(at) = next else {
+                return Ok(());
+            };
+            // Armed lazily: a later deadline waits for the earlier one to fire.
+            if self.armed.is_none_or(|armed| at < armed) {
+                self.clock.as_mut().reset(at);
+                self.armed = Some(at);
+            }
+            if self.clock.as_mut().poll(cx).is_pending() {
+                return Ok(());
+            }
+            self.armed = None;
         }
-        Ok(())
     }
 }
 
@@ -532,10 +734,18 @@ impl AsyncRead for Connection {
             this.replayed += n;
             return Poll::Ready(Ok(()));
         }
-        if let Err(e) = this.check_idle(cx) {
+        let filled = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            let request_bytes = this.frames.feed(&buf.filled()[filled..]);
+            this.info
+                .activity
+                .received(request_bytes, this.frames.owes());
+        }
+        if let Err(e) = this.enforce(cx) {
             return Poll::Ready(Err(e));
         }
-        Pin::new(&mut this.io).poll_read(cx, buf)
+        polled
     }
 }
 
@@ -578,7 +788,8 @@ impl tonic::transport::server::Connected for Connection {
 }
 
 /// Counts each request in flight on its connection until its response body
-/// ends (see the idle timeout).
+/// ends (see the idle timeout), and tells the connection's receive meter
+/// when the request's handler waits for more of its body (see [`receive`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ActivityLayer;
 
@@ -597,10 +808,13 @@ pub struct ActivityService<S> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, RequestBody, ResponseBody> tower_service::Service<http::Request<RequestBody>>
+impl<S, ResponseBody> tower_service::Service<http::Request<tonic::body::Body>>
     for ActivityService<S>
 where
-    S: tower_service::Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
+    S: tower_service::Service<
+        http::Request<tonic::body::Body>,
+        Response = http::Response<ResponseBody>,
+    >,
     S::Future: Send + 'static,
     ResponseBody: Send + 'static,
 {
@@ -612,11 +826,22 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
-        let guard = request
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let activity = request
             .extensions()
             .get::<ConnectionInfo>()
-            .map(|info| info.activity.begin());
+            .map(|info| info.activity.clone());
+        let guard = activity.as_ref().map(|activity| activity.begin());
+        let request = match activity {
+            Some(activity) if activity.receive.is_some() => request.map(|inner| {
+                tonic::body::Body::new(MeteredBody {
+                    inner,
+                    activity,
+                    waiting: false,
+                })
+            }),
+            _ => request,
+        };
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -625,6 +850,53 @@ where
                 _guard: guard,
             }))
         })
+    }
+}
+
+/// A request body that tells its connection's receive meter while its
+/// handler waits for bytes the client has not sent yet.
+struct MeteredBody {
+    inner: tonic::body::Body,
+    activity: Arc<Activity>,
+    /// The last poll found no bytes (the meter counts this body as waiting).
+    waiting: bool,
+}
+
+impl MeteredBody {
+    fn set_waiting(&mut self, waiting: bool) {
+        if self.waiting != waiting {
+            self.waiting = waiting;
+            self.activity.body_waiting(waiting);
+        }
+    }
+}
+
+impl http_body::Body for MeteredBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        this.set_waiting(polled.is_pending());
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for MeteredBody {
+    fn drop(&mut self) {
+        self.set_waiting(false);
     }
 }
 
@@ -726,7 +998,7 @@ mod tests {
 
     #[test]
     fn a_request_guard_marks_the_connection_busy_until_dropped() {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(None));
         assert!(activity.idle_since().is_some());
         let guard = activity.begin();
         let second = activity.begin();

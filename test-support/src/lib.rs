@@ -1,0 +1,10 @@
+//! # cairn-test-support: what the test suites of several crates share
+//!
+//! A dev-dependency only (never a dependency of a shipped crate). It holds
+//! the pieces that more than one crate's tests would otherwise each define:
+//!
+//! - [`fuzz`]: the fuzz harnesses' byte mutations and their case count
+//!   (`fsm/tests/fuzz_command.rs`, `raft-log/tests/fuzz_wal.rs`,
+//!   `node/tests/fuzz_decoders.rs`).
+
+pub mod fuzz;
