@@ -21,12 +21,12 @@ use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cairn_client::{Access, AuthenticatedChannel, BearerToken, TlsOptions};
+use cairn_client::{Access, AuthenticatedChannel, BearerToken};
 use cairn_proto::error::ApiError;
 use cairn_proto::google::protobuf::{Any, Timestamp};
 use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::*;
-use support::{cairn, options, text, Cluster, ClusterOptions};
+use support::{client_tls, new_token, options, tls_args, tls_init, Cluster, ClusterOptions};
 use tonic::service::interceptor::InterceptedService;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -59,27 +59,15 @@ async fn the_contract_holds_over_tls_with_a_token() {
     // use another token). Every call goes over TLS and carries the token.
     let scratch = tempfile::tempdir().unwrap();
     let certs = scratch.path().join("tls");
-    let init = cairn(&["tls", "init", certs.to_str().unwrap()]);
-    assert!(init.status.success(), "{}", text(&init));
-    let tls = TlsOptions {
-        ca_file: Some(certs.join("ca.pem")),
-        cert_file: Some(certs.join("client.pem")),
-        key_file: Some(certs.join("client-key.pem")),
-    };
+    tls_init(&certs, &[]);
+    let tls = client_tls(&certs);
     let (config, admin_token, token) = grants_config(scratch.path());
 
     let mut options = contract_options();
-    let d = certs.display();
-    options.extra_args.extend([
-        "--config".to_string(),
-        config.display().to_string(),
-        "--tls-cert-file".to_string(),
-        format!("{d}/node-{{id}}.pem"),
-        "--tls-key-file".to_string(),
-        format!("{d}/node-{{id}}-key.pem"),
-        "--tls-ca-file".to_string(),
-        format!("{d}/ca.pem"),
-    ]);
+    options
+        .extra_args
+        .extend(["--config".to_string(), config.display().to_string()]);
+    options.extra_args.extend(tls_args(&certs));
     options.client_tls = Some(tls.clone());
     options.admin_token = Some(admin_token);
     let cluster = Cluster::start(options);
@@ -114,15 +102,6 @@ async fn the_contract_holds_over_tls_with_a_token() {
 /// a token with read and write on everything; returns the config's path,
 /// the admin token and the contract's token.
 fn grants_config(dir: &Path) -> (std::path::PathBuf, String, BearerToken) {
-    let new_token = || {
-        let out = cairn(&["token", "new"]);
-        assert!(out.status.success(), "{}", text(&out));
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let mut lines = stdout.lines();
-        let token = lines.next().expect("a token").to_string();
-        let hash = lines.next().expect("a token_sha256 line").to_string();
-        (token, hash)
-    };
     let (admin, admin_hash) = new_token();
     let (everything, everything_hash) = new_token();
     let node_token = dir.join("node.token");
