@@ -9,8 +9,9 @@
 //! - the health task: flips the gRPC health status to SERVING once a leader is
 //!   known and this node has applied everything committed when it started;
 //! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop;
-//! - the TLS reload task (`tls::spawn_reloader`): SIGHUP or changed files →
-//!   new certificates for new connections;
+//! - the reload task (`reload`): SIGHUP → the configuration read again, new
+//!   grants and new certificates; changed certificate files → new
+//!   certificates for new connections;
 //! - per port, one task accepting connections and, per connection, one task
 //!   (`connections::serve`): its handshake, then a gRPC server of its own.
 //!
@@ -31,7 +32,7 @@ use cairn_proto::v1::{self as pb};
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use crate::config::Config;
+use crate::config::{Config, ConfigSource};
 use crate::connections::{ActivityLayer, PortLimits};
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
@@ -72,14 +73,16 @@ async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
 }
 
 impl Agent {
-    pub async fn start(config: Config) -> anyhow::Result<Agent> {
+    /// Starts a node on `config`, which `source` loaded (and loads again
+    /// on SIGHUP, for what can change without a restart).
+    pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Agent> {
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
             .with_context(|| format!("data dir {}", config.data_dir.display()))?;
         let auth = Arc::new(crate::auth::Authenticator::from_config(&config.auth)?);
         let node_token = crate::auth::load_node_token(&config.auth)?;
-        log_auth_mode(&auth, node_token.as_ref());
+        log_auth_mode(&auth.current(), node_token.as_ref());
         let (client_limits, peer_limits) = port_limits(&config);
         let tls = NodeTls::load(&config).context("TLS")?;
         // How this node calls other nodes' client ports: over TLS when it
@@ -135,8 +138,13 @@ impl Agent {
                  can read and change the cluster (set tls_cert_file, tls_key_file and tls_ca_file)"
             ),
         }
-        servers.push(crate::tls::spawn_reloader(
-            tls.clone(),
+        servers.push(crate::reload::spawn(
+            crate::reload::Reloader {
+                source,
+                started: config.clone(),
+                tls: tls.clone(),
+                auth: auth.clone(),
+            },
             (config.tls_reload_interval_ms > 0)
                 .then(|| Duration::from_millis(config.tls_reload_interval_ms)),
             stopped.clone(),
@@ -443,10 +451,7 @@ async fn bootstrap(raft: &RaftHandle, config: &Config) -> anyhow::Result<()> {
 }
 
 /// Says in the start-up log whether the client port requires credentials.
-fn log_auth_mode(
-    auth: &crate::auth::Authenticator,
-    node_token: Option<&cairn_client::BearerToken>,
-) {
+fn log_auth_mode(auth: &crate::auth::GrantTable, node_token: Option<&cairn_client::BearerToken>) {
     if !auth.is_enabled() {
         tracing::warn!(
             "the client port is unauthenticated: no [[auth.grants]] in the config, so any \

@@ -3,7 +3,7 @@
 //! Two pure functions decide everything; the gRPC handlers (`service.rs`,
 //! `admin.rs`) are thin shells that call them on every request, before any
 //! work is done:
-//! - [`Authenticator::authenticate`]: credentials (a bearer token, or a
+//! - [`GrantTable::authenticate`]: credentials (a bearer token, or a
 //!   client certificate's subject) → a [`Caller`], or UNAUTHENTICATED;
 //! - [`authorize`]: caller × [`Action`] → a [`Visibility`] (what of the
 //!   answer the caller may see), or PERMISSION_DENIED naming the missing
@@ -19,14 +19,28 @@
 //! keeps only its SHA-256: a fast hash is enough when the input cannot be
 //! guessed, and no secret is stored on the node.
 //!
+//! ## Reload
+//! The [`Authenticator`] holds the grants in force as one [`GrantTable`],
+//! replaced whole by [`Authenticator::reload`] (on SIGHUP, see
+//! `crate::reload`): a config whose grants do not load, or that would remove
+//! every grant, leaves the table in force. A request is decided by the table
+//! current when it arrives. An open watch is decided again at every reload
+//! ([`close_when_revoked`]): if its caller would now be refused it ends with
+//! that refusal (UNAUTHENTICATED, PERMISSION_DENIED), and if its caller's
+//! grant changed at all it ends with WatchClosed, so that the client lists
+//! again under the new grant rather than keep a view the grant no longer
+//! describes.
+//!
 //! ## Invariants
 //! - With no grant configured every caller is [`Caller::Unrestricted`]; with
 //!   at least one, no request is served without a known token or subject.
+//!   A reload never goes from some grants to none.
 //! - A caller never receives a resource outside its read scope: a Read,
 //!   Write or Delete outside it is refused before anything is read; List,
 //!   ListByOwner and WatchList answers pass through [`Visibility::shows`]
 //!   (which reads a resource's type and tenancy from its encoding, the
 //!   bytes that are sent, without decoding it).
+//!   A watch never outlives a change of its caller's grant.
 //! - A denial depends only on the grant and the request, never on what is
 //!   stored, so the error itself leaks nothing.
 //! - Scopes ignore the group version: a grant on `demo.Thing` covers every
@@ -34,12 +48,18 @@
 //!   (GroupVersionMismatch) stay inside it.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use cairn_forwarding::WatchStream;
 use cairn_fsm::{ResourceHead, TenancyHead, TypeHead};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{Tenancy, Type};
+use cairn_tls::Reloadable;
+use futures::StreamExt as _;
 use sha2::{Digest as _, Sha256};
+use tokio::sync::watch;
 
 use crate::config::{invalid, AuthConfig, ConfigError, GrantConfig, ScopeConfig};
 
@@ -407,24 +427,41 @@ pub fn new_token() -> Result<String, String> {
     Ok(format!("cairn-{hex}"))
 }
 
-/// The verified client certificate subject of a request, if any (none over
-/// plaintext, or without a client certificate).
-fn client_subject<T>(request: &tonic::Request<T>) -> Option<String> {
-    crate::tls::client_cert_subject(request)
+/// What a request presents: its `authorization` metadata and the verified
+/// client certificate subject of its connection (none over plaintext, or
+/// without a client certificate). Kept by an open watch, to be decided
+/// again at a reload; never printed.
+#[derive(Clone)]
+pub struct Presented {
+    /// `Err(())`: the metadata is not ASCII.
+    authorization: Option<Result<String, ()>>,
+    subject: Option<String>,
+}
+
+impl Presented {
+    pub fn of<T>(request: &tonic::Request<T>) -> Presented {
+        Presented {
+            authorization: request
+                .metadata()
+                .get("authorization")
+                .map(|value| value.to_str().map(str::to_string).map_err(drop)),
+            subject: crate::tls::client_cert_subject(request),
+        }
+    }
 }
 
 /// The grants of the client port, looked up by token hash or subject.
-#[derive(Debug, Default)]
-pub struct Authenticator {
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct GrantTable {
     by_token_sha256: HashMap<String, Arc<Grant>>,
     by_subject: HashMap<String, Arc<Grant>>,
 }
 
-impl Authenticator {
+impl GrantTable {
     /// Builds the lookup from `[auth]`; every mistake is an error naming
     /// the grant (by position and name) and what is wrong with it.
-    pub fn from_config(config: &AuthConfig) -> Result<Authenticator, ConfigError> {
-        let mut auth = Authenticator::default();
+    pub fn from_config(config: &AuthConfig) -> Result<GrantTable, ConfigError> {
+        let mut auth = GrantTable::default();
         let mut names = HashSet::new();
         for (index, g) in config.grants.iter().enumerate() {
             let fail = |reason: String| {
@@ -549,18 +586,76 @@ impl Authenticator {
         ))
     }
 
-    /// Authenticates a gRPC request by its metadata and its connection.
-    pub fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, ApiError> {
+    /// The caller of what a request presents.
+    pub fn caller(&self, presented: &Presented) -> Result<Caller, ApiError> {
         if !self.is_enabled() {
             return Ok(Caller::Unrestricted);
         }
-        let authorization = match request.metadata().get("authorization") {
+        let authorization = match &presented.authorization {
             None => None,
-            Some(value) => Some(value.to_str().map_err(|_| {
-                ApiError::Unauthenticated("the authorization metadata is not ASCII".into())
-            })?),
+            Some(Ok(value)) => Some(value.as_str()),
+            Some(Err(())) => {
+                return Err(ApiError::Unauthenticated(
+                    "the authorization metadata is not ASCII".into(),
+                ))
+            }
         };
-        self.authenticate(authorization, client_subject(request).as_deref())
+        self.authenticate(authorization, presented.subject.as_deref())
+    }
+}
+
+/// The grants in force on a node: a [`GrantTable`], replaced whole by a
+/// reload, and a signal that open watches wait on.
+pub struct Authenticator {
+    table: Reloadable<GrantTable>,
+    /// Counts the reloads that changed the table.
+    reloads: watch::Sender<u64>,
+}
+
+impl Authenticator {
+    pub fn new(table: GrantTable) -> Authenticator {
+        Authenticator {
+            table: Reloadable::new(table),
+            reloads: watch::Sender::new(0),
+        }
+    }
+
+    /// The grants of `[auth]` (see [`GrantTable::from_config`]).
+    pub fn from_config(config: &AuthConfig) -> Result<Authenticator, ConfigError> {
+        GrantTable::from_config(config).map(Authenticator::new)
+    }
+
+    /// The grants in force.
+    pub fn current(&self) -> Arc<GrantTable> {
+        self.table.current()
+    }
+
+    /// Replaces the grants with those of `config`, all or none. `Ok(false)`:
+    /// they are the grants in force already. Refused, keeping the grants in
+    /// force: a config whose grants do not load, or one without grants when
+    /// some are in force (that would open the client port to anyone; an
+    /// operator who means it restarts the node).
+    pub fn reload(&self, config: &AuthConfig) -> Result<bool, ConfigError> {
+        let table = GrantTable::from_config(config)?;
+        let current = self.current();
+        if current.is_enabled() && !table.is_enabled() {
+            return Err(invalid(
+                "auth.grants",
+                "the new configuration has no grant, which would let anyone use the client \
+                 port: a reload never turns authentication off (restart the node for that)",
+            ));
+        }
+        if *current == table {
+            return Ok(false);
+        }
+        self.table.replace(table);
+        self.reloads.send_modify(|count| *count += 1);
+        Ok(true)
+    }
+
+    /// Authenticates a gRPC request by its metadata and its connection.
+    pub fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, ApiError> {
+        self.current().caller(&Presented::of(request))
     }
 
     /// Authenticates, then requires the admin role for `operation`.
@@ -572,6 +667,98 @@ impl Authenticator {
         let caller = self.caller(request)?;
         authorize(&caller, &Action::Admin(operation)).map(|_| ())
     }
+
+    /// Authenticates and authorizes a watch of `type_` in `tenancy` (a
+    /// validated list filter), keeping what it needs to decide again at
+    /// every reload.
+    pub fn watch_guard<T>(
+        self: &Arc<Self>,
+        request: &tonic::Request<T>,
+        type_: &Type,
+        tenancy: &Tenancy,
+    ) -> Result<WatchGuard, ApiError> {
+        // Subscribed before the table is read: a reload in between is seen.
+        let reloads = self.reloads.subscribe();
+        let presented = Presented::of(request);
+        let caller = self.current().caller(&presented)?;
+        let visibility = authorize(&caller, &Action::List { type_, tenancy })?;
+        Ok(WatchGuard {
+            auth: self.clone(),
+            presented,
+            type_: type_.clone(),
+            tenancy: tenancy.clone(),
+            caller,
+            visibility,
+            reloads,
+        })
+    }
+}
+
+/// An open watch's authorization, decided again at every reload.
+pub struct WatchGuard {
+    auth: Arc<Authenticator>,
+    presented: Presented,
+    type_: Type,
+    tenancy: Tenancy,
+    caller: Caller,
+    visibility: Visibility,
+    reloads: watch::Receiver<u64>,
+}
+
+impl WatchGuard {
+    /// What of the watch the caller may see, as decided when it opened.
+    pub fn visibility(&self) -> &Visibility {
+        &self.visibility
+    }
+
+    /// Resolves at the first reload after which the watch may not go on:
+    /// with the refusal a new watch would get, or WatchClosed when the
+    /// caller's grant changed but still allows the watch. Never resolves
+    /// while reloads leave the caller's grant as it was.
+    pub async fn revoked(mut self) -> ApiError {
+        loop {
+            if self.reloads.changed().await.is_err() {
+                // The authenticator is gone with the node: nothing changes any more.
+                return std::future::pending().await;
+            }
+            let caller = match self.auth.current().caller(&self.presented) {
+                Ok(caller) => caller,
+                Err(refusal) => return refusal,
+            };
+            let action = Action::List {
+                type_: &self.type_,
+                tenancy: &self.tenancy,
+            };
+            if let Err(refusal) = authorize(&caller, &action) {
+                return refusal;
+            }
+            if caller != self.caller {
+                return ApiError::WatchClosed(
+                    "the grants were reloaded and this caller's grant changed: list again".into(),
+                );
+            }
+        }
+    }
+}
+
+/// `events`, ended by the guard's refusal (or WatchClosed) as soon as a
+/// reload revokes the watch (see [`WatchGuard::revoked`]).
+pub fn close_when_revoked(events: WatchStream, guard: WatchGuard) -> WatchStream {
+    let revoked: Pin<Box<dyn Future<Output = ApiError> + Send>> = Box::pin(guard.revoked());
+    Box::pin(futures::stream::unfold(
+        Some((events, revoked)),
+        |state| async move {
+            let (mut events, mut revoked) = state?;
+            tokio::select! {
+                biased;
+                refusal = &mut revoked => Some((Err(tonic::Status::from(refusal)), None)),
+                event = events.next() => {
+                    let event = event?;
+                    Some((event, Some((events, revoked))))
+                }
+            }
+        },
+    ))
 }
 
 /// Reads the node's own token from `auth.node_token_file`.
@@ -950,16 +1137,15 @@ mod tests {
     #[test]
     fn authentication_by_token_and_by_subject() {
         // Off without grants; with grants only a known token or subject passes.
-        let off = Authenticator::from_config(&AuthConfig::default()).unwrap();
+        let off = GrantTable::from_config(&AuthConfig::default()).unwrap();
         assert!(!off.is_enabled());
         assert_eq!(off.authenticate(None, None), Ok(Caller::Unrestricted));
 
         let mut by_subject = token_grant("ops", "unused");
         by_subject.token_sha256 = None;
         by_subject.subject = Some("CN=ops".into());
-        let auth =
-            Authenticator::from_config(&config(vec![token_grant("app", "s3cret"), by_subject]))
-                .unwrap();
+        let auth = GrantTable::from_config(&config(vec![token_grant("app", "s3cret"), by_subject]))
+            .unwrap();
         assert!(auth.is_enabled());
         assert_eq!(auth.grant_count(), 2);
         let name = |c: Result<Caller, ApiError>| match c {
@@ -986,7 +1172,7 @@ mod tests {
                 "{header:?} {subject:?}"
             );
         }
-        assert!(auth.token_is_admin("s3cret") == false);
+        assert!(!auth.token_is_admin("s3cret"));
     }
 
     #[test]
@@ -1087,20 +1273,20 @@ mod tests {
             ),
         ];
         for (g, expected) in cases {
-            let e = Authenticator::from_config(&config(vec![g.clone()])).unwrap_err();
+            let e = GrantTable::from_config(&config(vec![g.clone()])).unwrap_err();
             let text = e.to_string();
             assert!(
                 text.contains("auth.grants") && text.contains(expected),
                 "{g:?}: {text}"
             );
         }
-        let e = Authenticator::from_config(&config(vec![ok.clone(), ok.clone()])).unwrap_err();
+        let e = GrantTable::from_config(&config(vec![ok.clone(), ok.clone()])).unwrap_err();
         assert!(e.to_string().contains("another grant has this name"), "{e}");
         let twin = GrantConfig {
             name: "twin".into(),
             ..ok.clone()
         };
-        let e = Authenticator::from_config(&config(vec![ok, twin])).unwrap_err();
+        let e = GrantTable::from_config(&config(vec![ok, twin])).unwrap_err();
         assert!(e.to_string().contains("same token_sha256"), "{e}");
     }
 
@@ -1118,5 +1304,97 @@ mod tests {
             token_sha256_hex("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn a_reload_replaces_the_grants_whole_or_not_at_all() {
+        // Changed grants replace the table; the same grants are no change;
+        // a mistake or a config without grants leaves the table in force.
+        let auth = Authenticator::from_config(&config(vec![token_grant("app", "a")])).unwrap();
+        assert!(!auth.reload(&config(vec![token_grant("app", "a")])).unwrap());
+        let both = config(vec![token_grant("app", "a"), token_grant("ci", "c")]);
+        assert!(auth.reload(&both).unwrap());
+        assert_eq!(auth.current().grant_count(), 2);
+        let mut bad = token_grant("broken", "b");
+        bad.token_sha256 = Some("not a hash".into());
+        assert!(auth.reload(&config(vec![bad])).is_err());
+        let e = auth.reload(&AuthConfig::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("never turns authentication off"),
+            "{e}"
+        );
+        assert_eq!(auth.current().grant_count(), 2, "the grants in force stay");
+        // From no grants to some is allowed (authentication turned on).
+        let open = Authenticator::from_config(&AuthConfig::default()).unwrap();
+        assert!(open.reload(&both).unwrap());
+        assert!(open.current().is_enabled());
+    }
+
+    fn watch_request(token: &str) -> tonic::Request<()> {
+        let mut request = tonic::Request::new(());
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request
+    }
+
+    /// What `guard.revoked()` resolves to within 100 ms, if anything.
+    async fn revoked_soon(guard: WatchGuard) -> Option<ApiError> {
+        tokio::time::timeout(std::time::Duration::from_millis(100), guard.revoked())
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn a_watch_ends_when_a_reload_changes_its_callers_grant() {
+        // Unchanged grant: the watch goes on. Grant changed but still
+        // allowing the watch: WatchClosed. Grant gone: UNAUTHENTICATED.
+        // Grant that no longer covers the watch: PERMISSION_DENIED.
+        let thing = ty("demo", "v1", "Thing");
+        let everywhere = ten("*", "*");
+        let reader = |name: &str, token: &str, tenancies: &[&str]| GrantConfig {
+            name: name.into(),
+            token_sha256: Some(token_sha256_hex(token)),
+            read: scope(&["demo.*"], tenancies),
+            ..Default::default()
+        };
+        let first = config(vec![
+            reader("kept", "k", &["*"]),
+            reader("narrowed", "n", &["*"]),
+            reader("gone", "g", &["*"]),
+            reader("moved", "m", &["*"]),
+        ]);
+        let auth = Arc::new(Authenticator::from_config(&first).unwrap());
+        let guard = |token: &str| {
+            auth.watch_guard(&watch_request(token), &thing, &everywhere)
+                .unwrap()
+        };
+        let (kept, narrowed, gone, moved) = (guard("k"), guard("n"), guard("g"), guard("m"));
+        let mut ops = token_grant("ops", "o");
+        ops.admin = true;
+        assert!(auth
+            .reload(&config(vec![
+                reader("kept", "k", &["*"]),
+                reader("narrowed", "n", &["default/*"]),
+                GrantConfig {
+                    read: scope(&["other.*"], &["*"]),
+                    ..reader("moved", "m", &["*"])
+                },
+                ops,
+            ]))
+            .unwrap());
+        assert_eq!(revoked_soon(kept).await, None);
+        assert!(matches!(
+            revoked_soon(narrowed).await,
+            Some(ApiError::WatchClosed(_))
+        ));
+        assert!(matches!(
+            revoked_soon(gone).await,
+            Some(ApiError::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            revoked_soon(moved).await,
+            Some(ApiError::PermissionDenied(_))
+        ));
     }
 }

@@ -10,7 +10,7 @@ use cairn_proto::v1::{self as pb};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::agent::{at_leader, Agent};
-use crate::config::{parse_members, Config, LogFormat};
+use crate::config::{parse_members, LogFormat};
 
 #[derive(Parser)]
 #[command(
@@ -501,10 +501,11 @@ fn run_agent(args: AgentArgs) -> u8 {
             return exit::USAGE;
         }
     };
-    let config = match Config::load(
-        args.config.as_deref(),
-        figment::providers::Serialized::defaults(flags),
-    ) {
+    let source = crate::config::ConfigSource {
+        file: args.config.clone(),
+        flags,
+    };
+    let config = match source.load() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cairn: {e}");
@@ -524,7 +525,7 @@ fn run_agent(args: AgentArgs) -> u8 {
             }
         }
         let election_timeout = Duration::from_millis(config.election_timeout_ms);
-        let agent = match Agent::start(config).await {
+        let agent = match Agent::start(config, source).await {
             Ok(a) => a,
             Err(e) => {
                 eprintln!("cairn: {e:#}");

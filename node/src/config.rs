@@ -330,7 +330,47 @@ fn check_address(field: &'static str, value: &str) -> Result<(), ConfigError> {
         .map_err(|e| invalid(field, format!("{value:?} is not an IP:port address: {e}")))
 }
 
+/// Where a node's configuration comes from: the file and the flags (the
+/// environment is read at each load). Kept by the node to read its
+/// configuration again on SIGHUP.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSource {
+    pub file: Option<PathBuf>,
+    /// The flags given, as config keys.
+    pub flags: serde_json::Value,
+}
+
+impl ConfigSource {
+    /// Defaults < file < environment < flags, validated.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        Config::load(
+            self.file.as_deref(),
+            Serialized::defaults(self.flags.clone()),
+        )
+    }
+}
+
 impl Config {
+    /// The settings whose values differ between `self` and `other`, by
+    /// config key (`auth.node_token_file` for that one; the grants are not
+    /// settings): those a reload leaves as they were at start.
+    pub fn settings_changed(&self, other: &Config) -> Vec<String> {
+        let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
+            (serde_json::to_value(self), serde_json::to_value(other))
+        else {
+            return vec![];
+        };
+        let mut changed: Vec<String> = a
+            .iter()
+            .filter(|(key, value)| key.as_str() != "auth" && b.get(key.as_str()) != Some(value))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if self.auth.node_token_file != other.auth.node_token_file {
+            changed.push("auth.node_token_file".into());
+        }
+        changed
+    }
+
     /// Layers the sources: defaults < file < environment < flags.
     pub fn load(
         file: Option<&std::path::Path>,
@@ -435,7 +475,7 @@ impl Config {
         if let Some(a) = &self.metrics_address {
             check_address("metrics_address", a)?;
         }
-        crate::auth::Authenticator::from_config(&self.auth)?;
+        crate::auth::GrantTable::from_config(&self.auth)?;
         self.validate_tls()?;
         self.validate_connections()
     }
@@ -654,5 +694,20 @@ mod tests {
         assert_eq!(m[1].client_address, "127.0.0.1:7002");
         assert!(parse_members("1=127.0.0.1:8001").is_err());
         assert!(parse_members("x=a/b").is_err());
+    }
+
+    #[test]
+    fn settings_changed_names_what_waits_for_a_restart() {
+        // Grants are reloaded, so they are no setting; everything else is.
+        let a = Config::default();
+        let mut b = a.clone();
+        assert!(a.settings_changed(&b).is_empty());
+        b.history_changes_max += 1;
+        b.auth.grants.push(GrantConfig::default());
+        b.auth.node_token_file = Some("/t".into());
+        assert_eq!(
+            a.settings_changed(&b),
+            ["history_changes_max", "auth.node_token_file"]
+        );
     }
 }

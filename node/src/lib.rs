@@ -9,7 +9,8 @@
 //! ## Tasks and channels
 //! See [`agent`]: the Raft core and its log/state-machine tasks; the peer server
 //! (Raft RPCs, forwarding); the client server (resources, admin, health,
-//! reflection); the health task; the signal task; the TLS reload task. Both
+//! reflection); the health task; the signal task; the reload task
+//! ([`reload`]: grants and certificates without a restart). Both
 //! servers take their connections from [`connections`] (limits, handshake
 //! deadline, minimum receive rate, idle close with GOAWAY) and, with TLS on, from [`tls`]'s configurations. Servers reach Raft only
 //! through [`raft::RaftHandle`]; watch streams drain the fsm's bounded buffers.
@@ -49,6 +50,7 @@ pub mod dev;
 pub mod forward;
 pub mod limits;
 pub mod raft;
+pub mod reload;
 pub mod restore;
 pub mod service;
 pub mod snapshot_cmd;

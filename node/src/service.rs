@@ -11,7 +11,9 @@
 //! checked against the caller's grant, and only then executed or forwarded.
 //! Answers of lists, ListByOwner and watches are filtered here too, after a
 //! strong list comes back from the leader, so nothing outside the caller's
-//! read scope leaves this node.
+//! read scope leaves this node. An open watch is decided again whenever the
+//! grants are reloaded, and ends when its caller's grant changed
+//! (`auth::close_when_revoked`).
 //!
 //! Answers carry each resource as the bytes the store keeps
 //! ([`cairn_fsm::StoredResource`]): the service is
@@ -144,11 +146,17 @@ fn list_action<'a>(
     type_: Option<&'a pb::Type>,
     tenancy: Option<&'a pb::Tenancy>,
 ) -> Result<Action<'a>, ApiError> {
+    let (type_, tenancy) = list_filter(type_, tenancy)?;
+    Ok(Action::List { type_, tenancy })
+}
+
+/// The type and tenancy of a List or WatchList, as [`list_action`] reads them.
+fn list_filter<'a>(
+    type_: Option<&'a pb::Type>,
+    tenancy: Option<&'a pb::Tenancy>,
+) -> Result<(&'a pb::Type, &'a pb::Tenancy), ApiError> {
     let type_ = type_.ok_or_else(|| ApiError::invalid("type", "is required"))?;
-    Ok(Action::List {
-        type_,
-        tenancy: requested_tenancy(tenancy),
-    })
+    Ok((type_, requested_tenancy(tenancy)))
 }
 
 fn requested_tenancy(t: Option<&pb::Tenancy>) -> &pb::Tenancy {
@@ -245,9 +253,11 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::WatchListRequest>,
     ) -> Result<Response<WatchStream>, Status> {
         self.0.forwarder.executor().check_watch(r.get_ref())?;
-        let visible = self
-            .0
-            .authorize(&r, |m| list_action(m.r#type.as_ref(), m.tenancy.as_ref()))?;
+        // Authorized now, and again at every reload of the grants.
+        let (type_, tenancy) =
+            list_filter(r.get_ref().r#type.as_ref(), r.get_ref().tenancy.as_ref())?;
+        let guard = self.0.auth.watch_guard(&r, type_, tenancy)?;
+        let visible = guard.visibility().clone();
         // The watch's slot is taken before any work and held by the stream.
         let permit = match &self.0.connection_limits {
             Some(limits) => Some(
@@ -266,6 +276,7 @@ impl ResourceService for ResourceGrpc {
                 events.filter(move |event| std::future::ready(event_visible(&within, event))),
             ),
         };
+        let events = crate::auth::close_when_revoked(events, guard);
         let events = futures::StreamExt::map(events, move |event| {
             let _held = &permit;
             event

@@ -11,22 +11,20 @@
 //! - Outgoing (Raft, forwarding, node-to-node admin calls): this node's
 //!   certificate as client certificate, the cluster CA as trust anchor.
 //!
-//! Reload: the reload task re-reads every file on SIGHUP, and every
-//! `tls_reload_interval_ms` when a file's bytes changed. A reload that fails
-//! (a file half-written, a key that does not match) keeps the configuration
-//! in force and logs why; the next change or SIGHUP tries again. Open
-//! connections keep the configuration they started with.
+//! Reload ([`NodeTls::reload`], driven by `crate::reload`): every file is
+//! read again on SIGHUP, and every `tls_reload_interval_ms` when a file's
+//! bytes changed. A reload that fails (a file half-written, a key that does
+//! not match) keeps the configuration in force; the next change or SIGHUP
+//! tries again. Open connections keep the configuration they started with.
 //!
-//! Tasks: one, the reload task; it ends with the agent.
+//! Tasks: none.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use cairn_tls::rustls::ServerConfig;
 use cairn_tls::{ClientAuth, ClientFiles, ClientTls, Reloadable, ServerFiles, TlsError};
 use parking_lot::Mutex;
-use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::connections::ConnectionInfo;
@@ -101,8 +99,10 @@ pub struct NodeTls {
     pub peer_port: Reloadable<ServerConfig>,
     /// What this node dials peers (and other nodes' client ports) with.
     pub outgoing: ClientTls,
-    /// The files' bytes at the last successful load.
-    loaded: Mutex<Vec<Vec<u8>>>,
+    /// The files' bytes at the last attempt, loaded or not: a poll tries
+    /// again only when they change (a broken file is reported once, not at
+    /// every poll).
+    last_read: Mutex<Vec<Vec<u8>>>,
 }
 
 impl NodeTls {
@@ -132,22 +132,25 @@ impl NodeTls {
             peer_port: Reloadable::new(built.peer_port),
             outgoing: ClientTls::new(built.outgoing),
             files,
-            loaded: Mutex::new(contents),
+            last_read: Mutex::new(contents),
         })))
     }
 
-    /// Re-reads the files (all of them, or only if one changed) and swaps
-    /// every configuration. `Ok(false)`: nothing changed.
+    /// Re-reads the files (always, or only if one changed since the last
+    /// attempt) and swaps every configuration. `Ok(false)`: nothing changed.
     pub fn reload(&self, only_if_changed: bool) -> Result<bool, TlsError> {
         let contents = read_all(&self.files);
-        if only_if_changed && *self.loaded.lock() == contents {
-            return Ok(false);
+        {
+            let mut last_read = self.last_read.lock();
+            if only_if_changed && *last_read == contents {
+                return Ok(false);
+            }
+            *last_read = contents;
         }
         let built = build(&self.files)?;
         self.client_port.replace(built.client_port);
         self.peer_port.replace(built.peer_port);
         self.outgoing.replace(built.outgoing);
-        *self.loaded.lock() = contents;
         Ok(true)
     }
 }
@@ -159,50 +162,4 @@ fn read_all(files: &NodeFiles) -> Vec<Vec<u8>> {
         .iter()
         .map(|p| std::fs::read(p).unwrap_or_default())
         .collect()
-}
-
-/// Reloads on SIGHUP and, every `interval` (if any), when a file changed.
-/// Without TLS, SIGHUP is logged and ignored (it must not stop the node).
-pub fn spawn_reloader(
-    tls: Option<Arc<NodeTls>>,
-    interval: Option<Duration>,
-    mut stopped: watch::Receiver<bool>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    Ok(tokio::spawn(async move {
-        let mut poll = interval.map(tokio::time::interval);
-        loop {
-            let only_if_changed = tokio::select! {
-                _ = stopped.wait_for(|s| *s) => return,
-                _ = hangup.recv() => false,
-                _ = async {
-                    match poll.as_mut() {
-                        Some(p) => { p.tick().await; }
-                        None => std::future::pending::<()>().await,
-                    }
-                } => true,
-            };
-            let Some(tls) = &tls else {
-                if !only_if_changed {
-                    tracing::warn!("SIGHUP: TLS is off, there are no certificates to reload");
-                }
-                continue;
-            };
-            match tls.reload(only_if_changed) {
-                Ok(true) => tracing::warn!(
-                    cause = if only_if_changed {
-                        "files changed"
-                    } else {
-                        "SIGHUP"
-                    },
-                    "TLS certificates reloaded; new connections use them"
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::error!(
-                    error = %e,
-                    "TLS reload failed; the certificates in force stay"
-                ),
-            }
-        }
-    }))
 }

@@ -1,10 +1,15 @@
-//! `cairn tls init DIR`: development certificates. Writes, in DIR:
+//! `cairn tls init DIR` and `cairn tls client-cert DIR NAME`: development
+//! certificates. `init` writes, in DIR:
 //!
 //! | file | what |
 //! | --- | --- |
 //! | `ca.pem`, `ca-key.pem` | a CA (kept if present: run again to add nodes) |
 //! | `node-N.pem`, `node-N-key.pem` | node N's certificate, for both ports and as a peer client (N = 1..=--nodes) |
 //! | `client.pem`, `client-key.pem` | a client certificate (subject `--client-name`) |
+//!
+//! `client-cert` issues one more client certificate from DIR's CA, whose
+//! subject (common name) is NAME: `client-NAME.pem`, `client-NAME-key.pem`.
+//! A grant with `subject = "NAME"` then stands for its holder.
 //!
 //! Node certificates name `localhost`, `127.0.0.1`, `::1` and every
 //! `--host`. Existing certificates are kept unless `--force` (the CA is
@@ -27,6 +32,9 @@ use crate::cli::exit;
 pub enum TlsCommand {
     /// Write a development CA, one certificate per node and a client certificate into DIR.
     Init(InitArgs),
+    /// Issue another client certificate, with common name NAME, from the CA in DIR
+    /// (written as DIR/client-NAME.pem and DIR/client-NAME-key.pem).
+    ClientCert(ClientCertArgs),
 }
 
 #[derive(Args, Clone)]
@@ -43,6 +51,18 @@ pub struct InitArgs {
     #[arg(long, default_value = "cairn-client")]
     pub client_name: String,
     /// Replace existing node and client certificates (never the CA).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Clone)]
+pub struct ClientCertArgs {
+    /// Directory holding the CA (`cairn tls init DIR` wrote it).
+    pub dir: PathBuf,
+    /// The certificate's subject (common name), as a grant's `subject` names it:
+    /// letters, digits, '.', '_' and '-', at most 64.
+    pub name: String,
+    /// Replace the certificate if it exists.
     #[arg(long)]
     pub force: bool,
 }
@@ -91,6 +111,15 @@ pub fn client_cert_file(dir: &Path) -> PathBuf {
 pub fn client_key_file(dir: &Path) -> PathBuf {
     dir.join("client-key.pem")
 }
+pub fn named_client_cert_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("client-{name}.pem"))
+}
+pub fn named_client_key_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("client-{name}-key.pem"))
+}
+fn ca_key_file(dir: &Path) -> PathBuf {
+    dir.join("ca-key.pem")
+}
 
 fn this_year() -> i32 {
     let seconds = std::time::SystemTime::now()
@@ -117,6 +146,78 @@ fn write_file(path: &Path, contents: &str, private: bool) -> Result<(), InitErro
     file.sync_all().map_err(io(path))
 }
 
+/// The CA of `dir`, if both its files are there.
+fn existing_ca(dir: &Path) -> Result<Option<Issuer<'static, KeyPair>>, InitError> {
+    let (cert_path, key_path) = (ca_file(dir), ca_key_file(dir));
+    if !(cert_path.exists() && key_path.exists()) {
+        return Ok(None);
+    }
+    let key_pem = std::fs::read_to_string(&key_path).map_err(io(&key_path))?;
+    let cert_pem = std::fs::read_to_string(&cert_path).map_err(io(&cert_path))?;
+    Ok(Some(Issuer::from_ca_cert_pem(
+        &cert_pem,
+        KeyPair::from_pem(&key_pem)?,
+    )?))
+}
+
+/// A new CA in `dir`.
+fn new_ca(dir: &Path) -> Result<Issuer<'static, KeyPair>, InitError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::new())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "Cairn development CA");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    validity(&mut params, 10);
+    let cert = params.self_signed(&key)?;
+    write_file(&ca_key_file(dir), &key.serialize_pem(), true)?;
+    write_file(&ca_file(dir), &cert.pem(), false)?;
+    Ok(Issuer::new(params, key))
+}
+
+/// One leaf certificate to issue.
+struct Leaf<'a> {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    common_name: &'a str,
+    /// Subject alternative names (host names and IP addresses).
+    names: Vec<String>,
+    usages: Vec<ExtendedKeyUsagePurpose>,
+}
+
+/// Issues `leaf` from `issuer` (its key first, mode 0600), unless both its
+/// files exist and `force` is off; records what it did in `written`.
+fn issue(
+    issuer: &Issuer<'_, KeyPair>,
+    leaf: Leaf<'_>,
+    force: bool,
+    written: &mut Written,
+) -> Result<(), InitError> {
+    if leaf.cert_file.exists() && leaf.key_file.exists() && !force {
+        written.kept.push(leaf.cert_file);
+        return Ok(());
+    }
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(leaf.names)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, leaf.common_name);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = leaf.usages;
+    params.use_authority_key_identifier_extension = true;
+    validity(&mut params, 2);
+    let cert = params.signed_by(&key, issuer)?;
+    write_file(&leaf.key_file, &key.serialize_pem(), true)?;
+    write_file(&leaf.cert_file, &cert.pem(), false)?;
+    written.written.push(leaf.cert_file);
+    Ok(())
+}
+
 /// Writes the files (see the module docs). Pure of printing: returns what it did.
 pub fn init(args: &InitArgs) -> Result<Written, InitError> {
     if args.nodes == 0 || args.nodes > 100 {
@@ -127,36 +228,6 @@ pub fn init(args: &InitArgs) -> Result<Written, InitError> {
     if args.client_name.trim().is_empty() {
         return Err(InitError::Invalid("--client-name is empty".into()));
     }
-    std::fs::create_dir_all(&args.dir).map_err(io(&args.dir))?;
-    let mut written = Written::default();
-    let ca_cert_path = ca_file(&args.dir);
-    let ca_key_path = args.dir.join("ca-key.pem");
-    let issuer = if ca_cert_path.exists() && ca_key_path.exists() {
-        let key_pem = std::fs::read_to_string(&ca_key_path).map_err(io(&ca_key_path))?;
-        let cert_pem = std::fs::read_to_string(&ca_cert_path).map_err(io(&ca_cert_path))?;
-        written.kept.push(ca_cert_path.clone());
-        Issuer::from_ca_cert_pem(&cert_pem, KeyPair::from_pem(&key_pem)?)?
-    } else {
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(Vec::new())?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "Cairn development CA");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        validity(&mut params, 10);
-        let cert = params.self_signed(&key)?;
-        write_file(&ca_key_path, &key.serialize_pem(), true)?;
-        write_file(&ca_cert_path, &cert.pem(), false)?;
-        written.created_ca = true;
-        written.written.push(ca_cert_path.clone());
-        Issuer::new(params, key)
-    };
-
     let mut names = vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
@@ -168,86 +239,225 @@ pub fn init(args: &InitArgs) -> Result<Written, InitError> {
         }
         names.push(host.trim().to_string());
     }
-    let mut leaf = |cert_path: PathBuf,
-                    key_path: PathBuf,
-                    common_name: &str,
-                    sans: Vec<String>,
-                    usages: Vec<ExtendedKeyUsagePurpose>|
-     -> Result<(), InitError> {
-        if cert_path.exists() && key_path.exists() && !args.force {
-            written.kept.push(cert_path);
-            return Ok(());
+    std::fs::create_dir_all(&args.dir).map_err(io(&args.dir))?;
+    let mut written = Written::default();
+    let issuer = match existing_ca(&args.dir)? {
+        Some(issuer) => {
+            written.kept.push(ca_file(&args.dir));
+            issuer
         }
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(sans)?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = usages;
-        params.use_authority_key_identifier_extension = true;
-        validity(&mut params, 2);
-        let cert = params.signed_by(&key, &issuer)?;
-        write_file(&key_path, &key.serialize_pem(), true)?;
-        write_file(&cert_path, &cert.pem(), false)?;
-        written.written.push(cert_path);
-        Ok(())
+        None => {
+            let issuer = new_ca(&args.dir)?;
+            written.created_ca = true;
+            written.written.push(ca_file(&args.dir));
+            issuer
+        }
     };
     for id in 1..=u64::from(args.nodes) {
-        leaf(
-            node_cert_file(&args.dir, id),
-            node_key_file(&args.dir, id),
-            &format!("cairn-node-{id}"),
-            names.clone(),
-            vec![
+        let common_name = format!("cairn-node-{id}");
+        let leaf = Leaf {
+            cert_file: node_cert_file(&args.dir, id),
+            key_file: node_key_file(&args.dir, id),
+            common_name: &common_name,
+            names: names.clone(),
+            usages: vec![
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
-        )?;
+        };
+        issue(&issuer, leaf, args.force, &mut written)?;
     }
-    leaf(
-        client_cert_file(&args.dir),
-        client_key_file(&args.dir),
-        &args.client_name,
-        Vec::new(),
-        vec![ExtendedKeyUsagePurpose::ClientAuth],
-    )?;
+    let client = Leaf {
+        cert_file: client_cert_file(&args.dir),
+        key_file: client_key_file(&args.dir),
+        common_name: &args.client_name,
+        names: Vec::new(),
+        usages: vec![ExtendedKeyUsagePurpose::ClientAuth],
+    };
+    issue(&issuer, client, args.force, &mut written)?;
     Ok(written)
 }
 
+/// Whether `name` may be a client certificate's name: it becomes the
+/// certificate's subject and part of its file names, so it holds only
+/// letters, digits, '.', '_' and '-', and never ends in `-key` (the files
+/// of `name` and `name-key` would collide, and so would `key`'s with the
+/// default client's).
+fn check_client_name(name: &str) -> Result<(), InitError> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > 64 || !name.chars().all(allowed) {
+        return Err(InitError::Invalid(format!(
+            "client name {name:?}: use 1 to 64 letters, digits, '.', '_' or '-'"
+        )));
+    }
+    if name.starts_with(['.', '-']) || name == "key" || name.ends_with("-key") {
+        return Err(InitError::Invalid(format!(
+            "client name {name:?} must not start with '.' or '-', be \"key\" or end in \
+             \"-key\" (its file names would collide with another certificate's)"
+        )));
+    }
+    Ok(())
+}
+
+/// Issues the client certificate `args.name` from the CA in `args.dir`,
+/// which must exist. Pure of printing: returns what it did.
+pub fn client_cert(args: &ClientCertArgs) -> Result<Written, InitError> {
+    check_client_name(&args.name)?;
+    let issuer = existing_ca(&args.dir)?.ok_or_else(|| {
+        InitError::Invalid(format!(
+            "no CA in {} (ca.pem and ca-key.pem): run `cairn tls init {}` first",
+            args.dir.display(),
+            args.dir.display()
+        ))
+    })?;
+    let mut written = Written::default();
+    let leaf = Leaf {
+        cert_file: named_client_cert_file(&args.dir, &args.name),
+        key_file: named_client_key_file(&args.dir, &args.name),
+        common_name: &args.name,
+        names: Vec::new(),
+        usages: vec![ExtendedKeyUsagePurpose::ClientAuth],
+    };
+    issue(&issuer, leaf, args.force, &mut written)?;
+    Ok(written)
+}
+
+fn report_error(command: &str, e: InitError) -> u8 {
+    eprintln!("cairn tls {command}: {e}");
+    match e {
+        InitError::Invalid(_) => exit::USAGE,
+        _ => exit::ERROR,
+    }
+}
+
 pub fn run(command: TlsCommand) -> u8 {
-    let TlsCommand::Init(args) = command;
-    match init(&args) {
-        Ok(w) => {
-            let dir = args.dir.display();
-            println!(
-                "{} in {dir}: {} file(s) written, {} kept.",
-                if w.created_ca {
-                    "New development CA"
-                } else {
-                    "Existing CA"
-                },
-                w.written.len(),
-                w.kept.len()
-            );
-            println!("\nStart node N with:");
-            println!(
-                "  cairn agent ... --tls-cert-file {dir}/node-N.pem --tls-key-file {dir}/node-N-key.pem --tls-ca-file {dir}/ca.pem"
-            );
-            println!("\nThen reach the cluster with:");
-            println!(
-                "  export CAIRN_CACERT={dir}/ca.pem CAIRN_CERT={dir}/client.pem CAIRN_KEY={dir}/client-key.pem"
-            );
-            println!("  cairn status --endpoints https://127.0.0.1:7001");
-            exit::OK
+    match command {
+        TlsCommand::Init(args) => run_init(&args),
+        TlsCommand::ClientCert(args) => run_client_cert(&args),
+    }
+}
+
+fn run_init(args: &InitArgs) -> u8 {
+    let w = match init(args) {
+        Ok(w) => w,
+        Err(e) => return report_error("init", e),
+    };
+    let dir = args.dir.display();
+    println!(
+        "{} in {dir}: {} file(s) written, {} kept.",
+        if w.created_ca {
+            "New development CA"
+        } else {
+            "Existing CA"
+        },
+        w.written.len(),
+        w.kept.len()
+    );
+    println!("\nStart node N with:");
+    println!(
+        "  cairn agent ... --tls-cert-file {dir}/node-N.pem --tls-key-file {dir}/node-N-key.pem --tls-ca-file {dir}/ca.pem"
+    );
+    println!("\nThen reach the cluster with:");
+    println!(
+        "  export CAIRN_CACERT={dir}/ca.pem CAIRN_CERT={dir}/client.pem CAIRN_KEY={dir}/client-key.pem"
+    );
+    println!("  cairn status --endpoints https://127.0.0.1:7001");
+    exit::OK
+}
+
+fn run_client_cert(args: &ClientCertArgs) -> u8 {
+    let w = match client_cert(args) {
+        Ok(w) => w,
+        Err(e) => return report_error("client-cert", e),
+    };
+    let cert = named_client_cert_file(&args.dir, &args.name);
+    let key = named_client_key_file(&args.dir, &args.name);
+    let ca = ca_file(&args.dir);
+    println!(
+        "Client certificate {:?} {} {} (key {}).",
+        args.name,
+        if w.written.is_empty() {
+            "kept in"
+        } else {
+            "written to"
+        },
+        cert.display(),
+        key.display()
+    );
+    println!("\nIts holder is the caller of a grant with, in every node's config:");
+    println!("  subject = {:?}", args.name);
+    println!("\nReach the cluster with it:");
+    println!(
+        "  export CAIRN_CACERT={} CAIRN_CERT={} CAIRN_KEY={}",
+        ca.display(),
+        cert.display(),
+        key.display()
+    );
+    exit::OK
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_names_that_would_collide_or_escape_the_directory_are_refused() {
+        // A name is a subject and part of two file names.
+        for good in ["dashboards", "team-a.reader", "ci_bot", "A1"] {
+            assert!(check_client_name(good).is_ok(), "{good}");
         }
-        Err(e @ InitError::Invalid(_)) => {
-            eprintln!("cairn tls init: {e}");
-            exit::USAGE
+        for bad in [
+            "",
+            "key",
+            "a-key",
+            "../x",
+            "a/b",
+            "-x",
+            ".hidden",
+            "with space",
+            "caf\u{e9}",
+        ] {
+            assert!(check_client_name(bad).is_err(), "{bad:?}");
         }
-        Err(e) => {
-            eprintln!("cairn tls init: {e}");
-            exit::ERROR
-        }
+        assert!(check_client_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn a_client_certificate_needs_the_ca_and_names_its_subject() {
+        // Without a CA: refused, nothing written. With one: the subject is
+        // the name, and the certificate is kept unless forced.
+        let dir = tempfile::tempdir().unwrap();
+        let args = ClientCertArgs {
+            dir: dir.path().to_path_buf(),
+            name: "dashboards".into(),
+            force: false,
+        };
+        assert!(matches!(client_cert(&args), Err(InitError::Invalid(_))));
+        assert!(!named_client_cert_file(dir.path(), "dashboards").exists());
+        init(&InitArgs {
+            dir: dir.path().to_path_buf(),
+            nodes: 1,
+            hosts: vec![],
+            client_name: "cairn-client".into(),
+            force: false,
+        })
+        .unwrap();
+        let first = client_cert(&args).unwrap();
+        assert_eq!(first.written.len(), 1);
+        let cert_file = named_client_cert_file(dir.path(), "dashboards");
+        let der = cairn_tls::load_certificates("test", &cert_file).unwrap();
+        assert_eq!(
+            cairn_tls::certificate_subject(&der[0]).as_deref(),
+            Some("dashboards")
+        );
+        let before = std::fs::read(&cert_file).unwrap();
+        assert_eq!(client_cert(&args).unwrap().kept.len(), 1);
+        assert_eq!(std::fs::read(&cert_file).unwrap(), before);
+        let forced = ClientCertArgs {
+            force: true,
+            ..args
+        };
+        assert_eq!(client_cert(&forced).unwrap().written.len(), 1);
+        assert_ne!(std::fs::read(&cert_file).unwrap(), before);
     }
 }

@@ -3,15 +3,20 @@
 //! client library and through the CLI, on the leader and through a follower
 //! (whose forwarding hop must not let anything past); lists, ListByOwner and
 //! watches show only what lies inside the caller's read scope, also for a
-//! watch opened before out-of-scope writes and after a restore.
+//! watch opened before out-of-scope writes and after a restore. A client
+//! certificate whose subject a grant names stands in for a token, over TLS.
+//!
+//! The grants cover each role (`read`, `write`, `admin`) and each form of
+//! pattern: a type by `group.kind`, by `group.*` and `*`; a tenancy exact,
+//! with a wildcard namespace, with a wildcard partition, and `*`.
 
 mod client_support;
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cairn_client::{BearerToken, Client, ClientError, ClientOptions};
+use cairn_client::{BearerToken, Client, ClientError, ClientOptions, TlsOptions};
 use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::{
     self as pb, watch_event, Consistency, Id, Resource, Tenancy, WatchListRequest,
@@ -28,6 +33,8 @@ struct Tokens {
     reader: String,
     /// Write on demo.* in team-a/*.
     team_a: String,
+    /// Read on every type in */web and in team-b/db.
+    web: String,
 }
 
 /// `cairn token new`: line 1 the token, line 2 its `token_sha256` line.
@@ -41,12 +48,14 @@ async fn new_token() -> (String, String) {
     (token, hash_line)
 }
 
-/// Writes the `[auth]` config every node of the test cluster loads.
-async fn write_auth_config(dir: &Path) -> (Tokens, std::path::PathBuf) {
+/// Writes the `[auth]` config every node of the test cluster loads: the
+/// grants of [`Tokens`], then `more` (TOML appended as is).
+async fn write_auth_config(dir: &Path, more: &str) -> (Tokens, PathBuf) {
     let (admin, admin_hash) = new_token().await;
     let (ops, ops_hash) = new_token().await;
     let (reader, reader_hash) = new_token().await;
     let (team_a, team_a_hash) = new_token().await;
+    let (web, web_hash) = new_token().await;
     let node_token_file = dir.join("node.token");
     std::fs::write(&node_token_file, format!("{admin}\n")).unwrap();
     let config = format!(
@@ -73,7 +82,12 @@ read = {{ types = ["demo.Thing"], tenancies = ["default/*"] }}
 name = "team-a"
 {team_a_hash}
 write = {{ types = ["demo.*"], tenancies = ["team-a/*"] }}
-"#,
+
+[[auth.grants]]
+name = "web"
+{web_hash}
+read = {{ types = ["*"], tenancies = ["*/web", "team-b/db"] }}
+{more}"#,
         node_token_file.display()
     );
     let path = dir.join("auth.toml");
@@ -83,16 +97,24 @@ write = {{ types = ["demo.*"], tenancies = ["team-a/*"] }}
         ops,
         reader,
         team_a,
+        web,
     };
     (tokens, path)
 }
 
-/// A cluster of `nodes` whose config holds the grants above.
-async fn auth_cluster(nodes: usize, dir: &Path) -> (Cluster, Tokens) {
-    let (tokens, config) = write_auth_config(dir).await;
+/// Options of a cluster of `nodes` whose config holds the grants above and
+/// `more`, with the harness's admin calls carrying the admin token.
+async fn auth_options(nodes: usize, dir: &Path, more: &str) -> (ClusterOptions, Tokens) {
+    let (tokens, config) = write_auth_config(dir, more).await;
     let mut o = options(nodes);
     o.extra_args = vec!["--config".into(), config.display().to_string()];
     o.admin_token = Some(tokens.admin.clone());
+    (o, tokens)
+}
+
+/// A cluster of `nodes` whose config holds the grants above.
+async fn auth_cluster(nodes: usize, dir: &Path) -> (Cluster, Tokens) {
+    let (o, tokens) = auth_options(nodes, dir, "").await;
     let cluster = Cluster::start(o);
     cluster.wait_for_leader(LEADER_TIMEOUT).await;
     (cluster, tokens)
@@ -168,7 +190,16 @@ async fn list_things(
     t: Tenancy,
     consistency: Consistency,
 ) -> Result<BTreeSet<String>, ClientError> {
-    c.list(type_of("Thing"), t, "", consistency)
+    list_of(c, "Thing", t, consistency).await
+}
+
+async fn list_of(
+    c: &Client,
+    kind: &str,
+    t: Tenancy,
+    consistency: Consistency,
+) -> Result<BTreeSet<String>, ClientError> {
+    c.list(type_of(kind), t, "", consistency)
         .await
         .map(|l| names(&l.resources))
 }
@@ -184,6 +215,47 @@ async fn admin_call(
         .await
         .unwrap();
     AdminServiceClient::with_interceptor(channel, cairn_client::Credentials::new(token.as_ref()))
+}
+
+/// The calls of a caller whose grant is `read` on `demo.Thing` in
+/// `default/*` (the `reader` token, the `dashboards` certificate), given
+/// the Things d1 (default/default) and a1 (team-a/web) and the Other o1
+/// (default/default): it reads d1; it may not read a1 (another tenancy) or
+/// o1 (another kind), nor write or delete anything; each refusal names the
+/// grant and the permission.
+async fn reads_only_things_in_default(c: &Client, grant: &str) {
+    let dd = || tenancy("default", "default");
+    c.read(at("Thing", "d1", dd()), Consistency::Strong)
+        .await
+        .unwrap();
+    denied(
+        c.read(
+            at("Thing", "a1", tenancy("team-a", "web")),
+            Consistency::Strong,
+        )
+        .await,
+        "read on demo.v1.Thing in team-a/web",
+    );
+    denied(
+        c.read(at("Other", "o1", dd()), Consistency::Eventual).await,
+        "read on demo.v1.Other in default/default",
+    );
+    let lacks_write = format!("grant {grant:?} lacks write on demo.v1.Thing in default/default");
+    denied(
+        c.create(resource("Thing", "r1", dd(), None)).await,
+        &lacks_write,
+    );
+    denied(c.delete(at("Thing", "d1", dd()), "").await, &lacks_write);
+}
+
+/// A watch of every Thing in every tenancy.
+fn every_thing() -> WatchListRequest {
+    WatchListRequest {
+        r#type: Some(type_of("Thing")),
+        tenancy: Some(tenancy("*", "*")),
+        name_prefix: String::new(),
+        start_revision: 0,
+    }
 }
 
 /// The next Upsert or Delete of a watch (markers skipped), as "p/ns/name".
@@ -203,6 +275,25 @@ async fn next_change(watch: &mut cairn_client::WatchStream) -> String {
             .into_iter()
             .next()
             .unwrap();
+    }
+}
+
+/// Every change a watch delivers up to its EndOfSnapshot, as "p/ns/name".
+async fn snapshot_of(watch: &mut cairn_client::WatchStream) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(20), watch.next())
+            .await
+            .expect("a watch event within 20 s")
+            .expect("the watch is open")
+            .expect("no watch error");
+        match event.event {
+            Some(watch_event::Event::Upsert(u)) => {
+                seen.extend(names(&[u.resource.expect("a resource")]));
+            }
+            Some(watch_event::Event::EndOfSnapshot(_)) => return seen,
+            _ => {}
+        }
     }
 }
 
@@ -228,12 +319,7 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
 
         // A watch of every Thing, opened by the reader before anything exists.
         let mut reader_watch = client(&follower_only, Some(&tokens.reader))
-            .watch_list(WatchListRequest {
-                r#type: Some(type_of("Thing")),
-                tenancy: Some(tenancy("*", "*")),
-                name_prefix: String::new(),
-                start_revision: 0,
-            })
+            .watch_list(every_thing())
             .await
             .unwrap();
 
@@ -258,6 +344,7 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
             ("Thing", "a1", tenancy("team-a", "web"), None),
             ("Thing", "b1", tenancy("team-b", "web"), None),
             ("Other", "o1", dd(), None),
+            ("Other", "bd", tenancy("team-b", "db"), None),
         ] {
             ops.create(resource(kind, name, t, owner)).await.unwrap();
         }
@@ -289,33 +376,7 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
         }
 
         // reader: reads inside its scope, refused outside, never writes.
-        reader
-            .read(at("Thing", "d1", dd()), Consistency::Strong)
-            .await
-            .unwrap();
-        denied(
-            reader
-                .read(
-                    at("Thing", "a1", tenancy("team-a", "web")),
-                    Consistency::Strong,
-                )
-                .await,
-            "read on demo.v1.Thing in team-a/web",
-        );
-        denied(
-            reader
-                .read(at("Other", "o1", dd()), Consistency::Eventual)
-                .await,
-            "read on demo.v1.Other in default/default",
-        );
-        denied(
-            reader.create(resource("Thing", "r1", dd(), None)).await,
-            "write on demo.v1.Thing in default/default",
-        );
-        denied(
-            reader.delete(at("Thing", "d1", dd()), "").await,
-            "write on demo.v1.Thing in default/default",
-        );
+        reads_only_things_in_default(&reader, "reader").await;
         // Lists: filtered to the scope, strong and eventual, leader and follower.
         let in_scope = set(&["default/default/d1", "default/x/d2", "default/default/c-in"]);
         let reader_on_follower = client(&follower_only, Some(&tokens.reader));
@@ -408,6 +469,54 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
             .await
             .unwrap();
 
+        // web: every type in */web and team-b/db (a partition wildcard and an
+        // exact tenancy), read only.
+        let web = client(&follower_only, Some(&tokens.web));
+        for consistency in [Consistency::Strong, Consistency::Eventual] {
+            assert!(
+                eventually(Duration::from_secs(10), || {
+                    let web = web.clone();
+                    async move {
+                        list_things(&web, tenancy("*", "*"), consistency).await.ok()
+                            == Some(set(&["team-a/web/a1", "team-b/web/b1", "team-b/web/c-out"]))
+                    }
+                })
+                .await,
+                "{consistency:?}: {:?}",
+                list_things(&web, tenancy("*", "*"), consistency).await
+            );
+        }
+        assert_eq!(
+            list_of(&web, "Other", tenancy("team-b", "*"), Consistency::Strong)
+                .await
+                .unwrap(),
+            set(&["team-b/db/bd"])
+        );
+        web.read(
+            at("Other", "bd", tenancy("team-b", "db")),
+            Consistency::Strong,
+        )
+        .await
+        .unwrap();
+        denied(
+            web.read(at("Thing", "d1", dd()), Consistency::Strong).await,
+            "read on demo.v1.Thing in default/default",
+        );
+        denied(
+            list_things(&web, tenancy("default", "x"), Consistency::Eventual).await,
+            "read on demo.Thing in default/x",
+        );
+        denied(
+            web.create(resource("Thing", "w", tenancy("team-a", "web"), None))
+                .await,
+            "write on demo.v1.Thing in team-a/web",
+        );
+        let mut web_watch = web.watch_list(every_thing()).await.unwrap();
+        assert_eq!(
+            snapshot_of(&mut web_watch).await,
+            set(&["team-a/web/a1", "team-b/web/b1", "team-b/web/c-out"])
+        );
+
         // admin: every admin call, no data.
         denied(
             admin
@@ -415,45 +524,55 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
                 .await,
             "read on demo.v1.Thing",
         );
-        for token in [&tokens.reader, &tokens.ops, &tokens.team_a] {
+        for token in [&tokens.reader, &tokens.ops, &tokens.team_a, &tokens.web] {
             let mut c = admin_call(&cluster.node(follower).client_address, Some(token)).await;
             let e = c.status(pb::StatusRequest {}).await.unwrap_err();
-            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
             assert!(e.message().contains("admin (for Status)"), "{e:?}");
-            let e = c
-                .trigger_election(pb::TriggerElectionRequest {})
-                .await
-                .unwrap_err();
-            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c
-                .remove_member(pb::RemoveMemberRequest { id: follower })
-                .await
-                .unwrap_err();
-            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c
-                .add_learner(pb::AddLearnerRequest {
-                    id: 9,
-                    peer_address: "127.0.0.1:1".into(),
-                    client_address: "127.0.0.1:2".into(),
-                })
-                .await
-                .unwrap_err();
-            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c
-                .promote(pb::PromoteRequest { id: follower })
-                .await
-                .unwrap_err();
-            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c
-                .transfer_leader(pb::TransferLeaderRequest { to: 0 })
-                .await
-                .unwrap_err();
-            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
-            let e = c
-                .save_snapshot(pb::SaveSnapshotRequest {})
-                .await
-                .unwrap_err();
-            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+            let refusals = [
+                ("status", Err(e)),
+                (
+                    "trigger_election",
+                    c.trigger_election(pb::TriggerElectionRequest {})
+                        .await
+                        .map(drop),
+                ),
+                (
+                    "remove_member",
+                    c.remove_member(pb::RemoveMemberRequest { id: follower })
+                        .await
+                        .map(drop),
+                ),
+                (
+                    "add_learner",
+                    c.add_learner(pb::AddLearnerRequest {
+                        id: 9,
+                        peer_address: "127.0.0.1:1".into(),
+                        client_address: "127.0.0.1:2".into(),
+                    })
+                    .await
+                    .map(drop),
+                ),
+                (
+                    "promote",
+                    c.promote(pb::PromoteRequest { id: follower })
+                        .await
+                        .map(drop),
+                ),
+                (
+                    "transfer_leader",
+                    c.transfer_leader(pb::TransferLeaderRequest { to: 0 })
+                        .await
+                        .map(drop),
+                ),
+                (
+                    "save_snapshot",
+                    c.save_snapshot(pb::SaveSnapshotRequest {}).await.map(drop),
+                ),
+            ];
+            for (call, refusal) in refusals {
+                let code = refusal.map_err(|e| e.code());
+                assert_eq!(code, Err(tonic::Code::PermissionDenied), "{call}");
+            }
         }
         let status = admin_call(&cluster.node(leader).client_address, Some(&tokens.admin))
             .await
@@ -508,25 +627,92 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
     .expect("the test finished within 300 s");
 }
 
-/// Runs `cairn` with `CAIRN_TOKEN` set (or removed) and the given args.
-async fn cairn_with_env_token(args: &[&str], token: Option<&str>) -> Run {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
-    command
-        .args(args)
-        .env_remove("CAIRN_ENDPOINTS")
-        .env_remove("CAIRN_TOKEN");
-    if let Some(t) = token {
-        command.env("CAIRN_TOKEN", t);
+/// How a `cairn` run presents its credentials.
+enum Credential<'a> {
+    /// None at all.
+    Nothing,
+    /// `--token TOKEN`.
+    TokenFlag(&'a str),
+    /// `CAIRN_TOKEN=TOKEN`.
+    TokenEnv(&'a str),
+    /// `--cacert DIR/ca.pem --cert CERT --key KEY` (TLS clusters).
+    CertificateFlags {
+        ca: &'a Path,
+        cert: &'a Path,
+        key: &'a Path,
+    },
+    /// `CAIRN_CACERT`, `CAIRN_CERT`, `CAIRN_KEY` (TLS clusters).
+    CertificateEnv {
+        ca: &'a Path,
+        cert: &'a Path,
+        key: &'a Path,
+    },
+}
+
+/// Runs `cairn ARGS --endpoints ENDPOINTS` with `credential`.
+async fn cairn_as(endpoints: &str, credential: &Credential<'_>, args: &[&str]) -> Run {
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    all.extend(["--endpoints".to_string(), endpoints.to_string()]);
+    let mut env: Vec<(&str, String)> = Vec::new();
+    let path = |p: &Path| p.display().to_string();
+    match credential {
+        Credential::Nothing => {}
+        Credential::TokenFlag(t) => all.extend(["--token".to_string(), t.to_string()]),
+        Credential::TokenEnv(t) => env.push(("CAIRN_TOKEN", t.to_string())),
+        Credential::CertificateFlags { ca, cert, key } => all.extend([
+            "--cacert".to_string(),
+            path(ca),
+            "--cert".to_string(),
+            path(cert),
+            "--key".to_string(),
+            path(key),
+        ]),
+        Credential::CertificateEnv { ca, cert, key } => env.extend([
+            ("CAIRN_CACERT", path(ca)),
+            ("CAIRN_CERT", path(cert)),
+            ("CAIRN_KEY", path(key)),
+        ]),
     }
-    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
-        .await
-        .expect("cairn finished within 60 s")
-        .expect("cairn runs");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    let args: Vec<&str> = all.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    cairn_env(&args, None, &env).await
+}
+
+/// Asserts that a run succeeded; returns it.
+fn succeeded(run: Run, what: &str) -> Run {
+    assert_eq!(run.code, 0, "{what}: {run:?}");
+    run
+}
+
+/// Asserts that a run was refused with exit code 6, its message holding `why`.
+fn refused(run: Run, what: &str, why: &str) {
+    assert_eq!(run.code, 6, "{what}: {run:?}");
+    assert!(run.stderr.contains(why), "{what}: {why:?} not in {run:?}");
+}
+
+/// The resources a `-o json` run printed (a list, resources one after the
+/// other, or watch events), as "partition/namespace/name".
+fn printed(run: &Run) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for value in serde_json::Deserializer::from_str(&run.stdout).into_iter::<serde_json::Value>() {
+        let value = value.unwrap_or_else(|e| panic!("{e}: {run:?}"));
+        let resources = match (&value["resources"], &value["resource"]) {
+            (serde_json::Value::Array(list), _) => list.clone(),
+            (_, r @ serde_json::Value::Object(_)) => vec![r.clone()],
+            _ if value["id"].is_object() => vec![value.clone()],
+            _ => vec![],
+        };
+        for r in resources {
+            let id = &r["id"];
+            found.insert(format!(
+                "{}/{}/{}",
+                id["tenancy"]["partition"].as_str().unwrap(),
+                id["tenancy"]["namespace"].as_str().unwrap(),
+                id["name"].as_str().unwrap()
+            ));
+        }
     }
+    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,225 +726,504 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
         let e = cluster.endpoints().join(",");
         let e = e.as_str();
         let t = "demo.v1.Thing";
+        let ops = Credential::TokenFlag(&tokens.ops);
+        let reader = Credential::TokenFlag(&tokens.reader);
+        let reader_env = Credential::TokenEnv(&tokens.reader);
+        let team_a = Credential::TokenEnv(&tokens.team_a);
+        let web = Credential::TokenFlag(&tokens.web);
+        let admin = Credential::TokenFlag(&tokens.admin);
+        let admin_env = Credential::TokenEnv(&tokens.admin);
+        let write = |name: &'static str, type_: &'static str, tenancy: &'static str| {
+            [
+                "write",
+                "--type",
+                type_,
+                "--name",
+                name,
+                "--tenancy",
+                tenancy,
+                "-o",
+                "json",
+            ]
+        };
+        let list_all =
+            |type_: &'static str| ["list", "--type", type_, "--tenancy", "*/*", "-o", "json"];
 
         // No token: exit 6 and a hint.
-        let run = cairn(&["list", "--endpoints", e, "--type", t], None).await;
-        assert_eq!(run.code, 6, "{run:?}");
-        assert!(run.stderr.contains("unauthenticated"), "{run:?}");
-        let run = cairn(&["status", "--endpoints", e], None).await;
-        assert_eq!(run.code, 6, "{run:?}");
+        let run = cairn_as(e, &Credential::Nothing, &["list", "--type", t]).await;
+        refused(run, "list without a token", "unauthenticated");
+        let run = cairn_as(e, &Credential::Nothing, &["status"]).await;
+        refused(run, "status without a token", "unauthenticated");
+        let run = cairn_as(e, &Credential::TokenFlag("cairn-unknown"), &["status"]).await;
+        refused(run, "status with an unknown token", "unauthenticated");
 
-        // ops writes in two tenancies (flag), team-a in its own (env).
-        for tenancy in ["default/default", "team-b/web"] {
-            let run = cairn(
-                &[
-                    "write",
-                    "--endpoints",
-                    e,
-                    "--token",
-                    &tokens.ops,
+        // ops (`*` in `*`) writes anywhere; team-a (`demo.*` in `team-a/*`)
+        // writes every kind of its group in its tenancies, nothing else.
+        let n1 = succeeded(
+            cairn_as(e, &ops, &write("n1", t, "default/default")).await,
+            "ops writes default/default",
+        );
+        succeeded(
+            cairn_as(e, &ops, &write("n1", t, "team-b/web")).await,
+            "ops writes team-b/web",
+        );
+        succeeded(
+            cairn_as(e, &team_a, &write("n2", t, "team-a/web")).await,
+            "team-a writes a Thing in team-a/web",
+        );
+        succeeded(
+            cairn_as(e, &team_a, &write("o2", "demo.v1.Other", "team-a/db")).await,
+            "team-a writes an Other in team-a/db",
+        );
+        refused(
+            cairn_as(e, &team_a, &write("n3", t, "default/default")).await,
+            "team-a writes outside its tenancies",
+            "write on demo.v1.Thing in default/default",
+        );
+        refused(
+            cairn_as(e, &team_a, &write("n3", "ops.v1.Thing", "team-a/web")).await,
+            "team-a writes outside its group",
+            "write on ops.v1.Thing in team-a/web",
+        );
+        // Two children of n1: one inside the reader's scope, one outside.
+        let n1_uid = printed_uid(&n1);
+        let owner = format!("{t}/n1/{n1_uid}");
+        for (name, type_) in [("c-in", t), ("c-other", "demo.v1.Other")] {
+            let mut args = write(name, type_, "default/default").to_vec();
+            args.extend(["--owner", &owner]);
+            succeeded(cairn_as(e, &ops, &args).await, "ops writes a child of n1");
+        }
+
+        // reader (`demo.Thing` in `default/*`): reads, lists, lists by owner
+        // and watches inside its scope only; never writes or deletes.
+        let run = succeeded(
+            cairn_as(
+                e,
+                &reader,
+                &["read", "--type", t, "--name", "n1", "-o", "json"],
+            )
+            .await,
+            "reader reads n1",
+        );
+        assert_eq!(printed(&run), set(&["default/default/n1"]));
+        for (args, why) in [
+            (
+                vec![
+                    "read",
                     "--type",
                     t,
                     "--name",
                     "n1",
                     "--tenancy",
-                    tenancy,
+                    "team-b/web",
                 ],
-                None,
-            )
-            .await;
-            assert_eq!(run.code, 0, "{run:?}");
+                "read on demo.v1.Thing in team-b/web",
+            ),
+            (
+                vec!["read", "--type", "demo.v1.Other", "--name", "c-other"],
+                "read on demo.v1.Other in default/default",
+            ),
+            (
+                write("r1", t, "default/default").to_vec(),
+                "write on demo.v1.Thing in default/default",
+            ),
+            (
+                vec!["delete", "--type", t, "--name", "n1"],
+                "write on demo.v1.Thing in default/default",
+            ),
+            (
+                vec!["list", "--type", t, "--tenancy", "team-a/*"],
+                "read on demo.Thing in team-a/*",
+            ),
+        ] {
+            refused(cairn_as(e, &reader_env, &args).await, "reader", why);
         }
-        let run = cairn_with_env_token(
-            &[
-                "write",
-                "--endpoints",
-                e,
-                "--type",
-                t,
-                "--name",
-                "n2",
-                "--tenancy",
-                "team-a/web",
-            ],
-            Some(&tokens.team_a),
-        )
-        .await;
-        assert_eq!(run.code, 0, "{run:?}");
-        let run = cairn_with_env_token(
-            &["write", "--endpoints", e, "--type", t, "--name", "n3"],
-            Some(&tokens.team_a),
-        )
-        .await;
-        assert_eq!(run.code, 6, "{run:?}");
-        assert!(
-            run.stderr
-                .contains("write on demo.v1.Thing in default/default"),
-            "{run:?}"
+        let reader_list = || async {
+            printed(&succeeded(
+                cairn_as(e, &reader_env, &list_all(t)).await,
+                "reader lists",
+            ))
+        };
+        assert_eq!(
+            reader_list().await,
+            set(&["default/default/n1", "default/default/c-in"])
         );
-
-        // The reader's list and watch show only default/*.
-        let reader_list = |token: String| async move {
-            let run = cairn_with_env_token(
+        let run = succeeded(
+            cairn_as(
+                e,
+                &reader,
+                &["owned-by", "--type", t, "--name", "n1", "-o", "json"],
+            )
+            .await,
+            "reader lists n1's children",
+        );
+        assert_eq!(printed(&run), set(&["default/default/c-in"]));
+        let run = succeeded(
+            cairn_as(
+                e,
+                &reader,
                 &[
-                    "list",
-                    "--endpoints",
-                    e,
+                    "watch",
                     "--type",
                     t,
                     "--tenancy",
                     "*/*",
+                    "--max-events",
+                    "3",
                     "-o",
                     "json",
                 ],
-                Some(&token),
             )
-            .await;
-            assert_eq!(run.code, 0, "{run:?}");
-            let v: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
-            v["resources"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| {
-                    format!(
-                        "{}/{}",
-                        r["id"]["tenancy"]["partition"].as_str().unwrap(),
-                        r["id"]["name"].as_str().unwrap()
-                    )
-                })
-                .collect::<BTreeSet<_>>()
-        };
-        assert_eq!(
-            reader_list(tokens.reader.clone()).await,
-            set(&["default/n1"])
+            .await,
+            "reader watches",
         );
         assert_eq!(
-            reader_list(tokens.ops.clone()).await,
-            set(&["default/n1", "team-a/n2", "team-b/n1"])
-        );
-        let run = cairn(
-            &[
-                "watch",
-                "--endpoints",
-                e,
-                "--token",
-                &tokens.reader,
-                "--type",
-                t,
-                "--tenancy",
-                "*/*",
-                "--max-events",
-                "2",
-                "-o",
-                "json",
-            ],
-            None,
-        )
-        .await;
-        assert_eq!(run.code, 0, "{run:?}");
-        assert!(
-            run.stdout.contains("\"n1\"") && !run.stdout.contains("team-"),
-            "{run:?}"
+            printed(&run),
+            set(&["default/default/n1", "default/default/c-in"])
         );
 
-        // Admin commands: refused for the data roles, allowed for admin.
+        // web (`*` in `*/web` and `team-b/db`): every type there, read only.
+        let run = succeeded(cairn_as(e, &web, &list_all(t)).await, "web lists");
+        assert_eq!(printed(&run), set(&["team-a/web/n2", "team-b/web/n1"]));
+        let run = succeeded(
+            cairn_as(e, &web, &list_all("demo.v1.Other")).await,
+            "web lists Others",
+        );
+        assert_eq!(printed(&run), BTreeSet::new(), "team-a/db is outside");
+        refused(
+            cairn_as(e, &web, &write("w1", t, "team-b/web")).await,
+            "web writes",
+            "write on demo.v1.Thing in team-b/web",
+        );
+        refused(
+            cairn_as(e, &web, &["list", "--type", t, "--tenancy", "default/x"]).await,
+            "web lists default/x",
+            "read on demo.Thing in default/x",
+        );
+
+        // ops sees everything.
+        let run = succeeded(cairn_as(e, &ops, &list_all(t)).await, "ops lists");
+        assert_eq!(
+            printed(&run),
+            set(&[
+                "default/default/n1",
+                "default/default/c-in",
+                "team-a/web/n2",
+                "team-b/web/n1"
+            ])
+        );
+
+        // admin: no data; every admin command. The data roles: no admin command.
+        for (args, why) in [
+            (
+                vec!["read", "--type", t, "--name", "n1"],
+                "read on demo.v1.Thing in default/default",
+            ),
+            (list_all(t).to_vec(), "read on demo.Thing in */*"),
+        ] {
+            refused(cairn_as(e, &admin, &args).await, "admin's data", why);
+        }
         let backup = dir.path().join("backup.snap");
         let backup = backup.to_str().unwrap();
-        for token in [&tokens.reader, &tokens.ops] {
+        let data_roles = [
+            ("reader", &reader),
+            ("ops", &ops),
+            ("team-a", &team_a),
+            ("web", &web),
+        ];
+        for (name, credential) in data_roles {
             for args in [
-                vec!["status", "--endpoints", e, "--token", token],
-                vec![
-                    "snapshot",
-                    "save",
-                    backup,
-                    "--endpoints",
-                    e,
-                    "--token",
-                    token,
-                ],
-                vec!["member", "remove", "3", "--endpoints", e, "--token", token],
-                vec!["transfer-leader", "--endpoints", e, "--token", token],
+                vec!["status"],
+                vec!["snapshot", "save", backup],
+                vec!["member", "remove", "3"],
+                vec!["transfer-leader"],
             ] {
-                let run = cairn(&args, None).await;
-                assert_eq!(run.code, 6, "{args:?}: {run:?}");
-                assert!(
-                    run.stderr.contains("permission denied"),
-                    "{args:?}: {run:?}"
+                refused(
+                    cairn_as(e, credential, &args).await,
+                    &format!("{name}: {args:?}"),
+                    &format!("\"{name}\" lacks admin"),
                 );
             }
         }
         assert!(!Path::new(backup).exists(), "a refused save writes no file");
-        let run = cairn(
-            &["status", "--endpoints", e, "--token", &tokens.admin],
-            None,
-        )
-        .await;
-        assert_eq!(run.code, 0, "{run:?}");
+        let run = succeeded(cairn_as(e, &admin, &["status"]).await, "admin status");
         assert_eq!(
             run.stdout.matches("true").count(),
             3,
             "three voters: {run:?}"
         );
-        let run = cairn(
-            &[
-                "snapshot",
-                "save",
-                backup,
-                "--endpoints",
-                e,
-                "--token",
-                &tokens.admin,
-            ],
-            None,
-        )
-        .await;
-        assert_eq!(run.code, 0, "{run:?}");
+        succeeded(
+            cairn_as(e, &admin, &["snapshot", "save", backup]).await,
+            "admin saves a backup",
+        );
+        for (name, credential) in data_roles {
+            refused(
+                cairn_as(e, credential, &["snapshot", "restore", backup]).await,
+                &format!("{name}: restore"),
+                &format!("\"{name}\" lacks admin"),
+            );
+        }
 
-        // A write after the backup, then a restore: refused for ops, done by admin.
-        let run = cairn(
-            &[
-                "write",
-                "--endpoints",
-                e,
-                "--token",
-                &tokens.ops,
-                "--type",
-                t,
-                "--name",
-                "later",
-                "--tenancy",
-                "default/x",
-            ],
-            None,
-        )
-        .await;
-        assert_eq!(run.code, 0, "{run:?}");
-        let run = cairn(
-            &[
-                "snapshot",
-                "restore",
-                backup,
-                "--endpoints",
-                e,
-                "--token",
-                &tokens.ops,
-            ],
-            None,
-        )
-        .await;
-        assert_eq!(run.code, 6, "{run:?}");
-        assert!(run.stderr.contains("\"ops\" lacks admin"), "{run:?}");
-        let run = cairn_with_env_token(
-            &["snapshot", "restore", backup, "--endpoints", e],
-            Some(&tokens.admin),
-        )
-        .await;
-        assert_eq!(run.code, 0, "{run:?}");
+        // A write after the backup, then a restore by the admin.
+        succeeded(
+            cairn_as(e, &ops, &write("later", t, "default/x")).await,
+            "ops writes after the backup",
+        );
+        assert_eq!(
+            reader_list().await,
+            set(&[
+                "default/default/n1",
+                "default/default/c-in",
+                "default/x/later"
+            ])
+        );
+        succeeded(
+            cairn_as(e, &admin_env, &["snapshot", "restore", backup]).await,
+            "admin restores",
+        );
         // After the restore, the reader still sees only its scope (and not `later`).
         assert_eq!(
-            reader_list(tokens.reader.clone()).await,
-            set(&["default/n1"])
+            reader_list().await,
+            set(&["default/default/n1", "default/default/c-in"])
+        );
+        drop(cluster);
+    })
+    .await
+    .expect("the test finished within 300 s");
+}
+
+/// The uid of the resource a `write -o json` printed.
+fn printed_uid(run: &Run) -> String {
+    let v: serde_json::Value =
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {run:?}"));
+    v["id"]["uid"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no uid in {run:?}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_subject_stands_in_for_a_token() {
+    // Over TLS, a client certificate whose subject a grant names makes its
+    // holder that grant's caller, through the client library and the CLI
+    // (flags and environment). `dashboards` may read Things in default/*:
+    // it reads, lists and watches inside that scope only, and cannot write
+    // (PERMISSION_DENIED naming the permission, exit code 6). A certificate
+    // from the same CA whose subject no grant names, and a client with no
+    // certificate, are UNAUTHENTICATED.
+    tokio::time::timeout(Duration::from_secs(300), async {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("tls");
+        let certs_text = certs.to_str().unwrap();
+        succeeded(cairn(&["tls", "init", certs_text], None).await, "tls init");
+        for name in ["dashboards", "stranger"] {
+            let run = succeeded(
+                cairn(&["tls", "client-cert", certs_text, name], None).await,
+                "tls client-cert",
+            );
+            assert!(
+                run.stdout.contains(&format!("subject = \"{name}\"")),
+                "{run:?}"
+            );
+        }
+        let (mut o, tokens) = auth_options(
+            3,
+            dir.path(),
+            r#"
+[[auth.grants]]
+name = "dashboards"
+subject = "dashboards"
+read = { types = ["demo.Thing"], tenancies = ["default/*"] }
+"#,
+        )
+        .await;
+        o.extra_args.extend([
+            "--tls-cert-file".to_string(),
+            format!("{certs_text}/node-{{id}}.pem"),
+            "--tls-key-file".to_string(),
+            format!("{certs_text}/node-{{id}}-key.pem"),
+            "--tls-ca-file".to_string(),
+            format!("{certs_text}/ca.pem"),
+        ]);
+        let ca = certs.join("ca.pem");
+        let files = |name: &str| {
+            (
+                certs.join(format!("client-{name}.pem")),
+                certs.join(format!("client-{name}-key.pem")),
+            )
+        };
+        // The harness's own admin calls: the default client certificate
+        // (its subject has no grant) and the admin token, which decides.
+        o.client_tls = Some(TlsOptions {
+            ca_file: Some(ca.clone()),
+            cert_file: Some(certs.join("client.pem")),
+            key_file: Some(certs.join("client-key.pem")),
+        });
+        let cluster = Cluster::start(o);
+        cluster.wait_for_leader(LEADER_TIMEOUT).await;
+        let endpoints = cluster.endpoints();
+        let tls_client = |certificate: Option<&str>, token: Option<&str>| {
+            let (cert_file, key_file) = certificate.map(&files).unzip();
+            Client::new(
+                &endpoints,
+                ClientOptions {
+                    tls: Some(TlsOptions {
+                        ca_file: Some(ca.clone()),
+                        cert_file,
+                        key_file,
+                    }),
+                    token: token.map(|t| BearerToken::new(t).unwrap()),
+                    ..client_options()
+                },
+            )
+            .unwrap()
+        };
+        let ops = tls_client(None, Some(&tokens.ops));
+        let dashboards = tls_client(Some("dashboards"), None);
+        let stranger = tls_client(Some("stranger"), None);
+        let nobody = tls_client(None, None);
+        let dd = || tenancy("default", "default");
+
+        // A watch of every Thing, opened before anything exists.
+        let mut watch = dashboards.watch_list(every_thing()).await.unwrap();
+        assert_eq!(snapshot_of(&mut watch).await, BTreeSet::new());
+        for (kind, name, t) in [
+            ("Thing", "d1", dd()),
+            ("Thing", "a1", tenancy("team-a", "web")),
+            ("Thing", "d2", tenancy("default", "x")),
+            ("Other", "o1", dd()),
+        ] {
+            ops.create(resource(kind, name, t, None)).await.unwrap();
+        }
+
+        // The client library.
+        assert_eq!(next_change(&mut watch).await, "default/default/d1");
+        assert_eq!(next_change(&mut watch).await, "default/x/d2");
+        reads_only_things_in_default(&dashboards, "dashboards").await;
+        assert_eq!(
+            list_things(&dashboards, tenancy("*", "*"), Consistency::Strong)
+                .await
+                .unwrap(),
+            set(&["default/default/d1", "default/x/d2"])
+        );
+        for outsider in [&stranger, &nobody] {
+            unauthenticated(
+                outsider
+                    .read(at("Thing", "d1", dd()), Consistency::Eventual)
+                    .await,
+            );
+            unauthenticated(list_things(outsider, tenancy("*", "*"), Consistency::Eventual).await);
+        }
+
+        // The CLI, with flags and with the environment.
+        let e = endpoints.join(",");
+        let e = e.as_str();
+        let t = "demo.v1.Thing";
+        let (cert, key) = files("dashboards");
+        let flags = Credential::CertificateFlags {
+            ca: &ca,
+            cert: &cert,
+            key: &key,
+        };
+        let env = Credential::CertificateEnv {
+            ca: &ca,
+            cert: &cert,
+            key: &key,
+        };
+        let run = cairn_as(
+            e,
+            &flags,
+            &["read", "--type", t, "--name", "d1", "-o", "json"],
+        )
+        .await;
+        assert_eq!(
+            printed(&succeeded(run, "read d1")),
+            set(&["default/default/d1"])
+        );
+        let run = cairn_as(
+            e,
+            &env,
+            &["list", "--type", t, "--tenancy", "*/*", "-o", "json"],
+        )
+        .await;
+        assert_eq!(
+            printed(&succeeded(run, "list */*")),
+            set(&["default/default/d1", "default/x/d2"])
+        );
+        let run = cairn_as(
+            e,
+            &flags,
+            &[
+                "watch",
+                "--type",
+                t,
+                "--tenancy",
+                "*/*",
+                "--max-events",
+                "3",
+                "-o",
+                "json",
+            ],
+        )
+        .await;
+        assert_eq!(
+            printed(&succeeded(run, "watch */*")),
+            set(&["default/default/d1", "default/x/d2"])
+        );
+        refused(
+            cairn_as(
+                e,
+                &env,
+                &[
+                    "read",
+                    "--type",
+                    t,
+                    "--name",
+                    "a1",
+                    "--tenancy",
+                    "team-a/web",
+                ],
+            )
+            .await,
+            "read a1",
+            "read on demo.v1.Thing in team-a/web",
+        );
+        refused(
+            cairn_as(e, &env, &["write", "--type", t, "--name", "x"]).await,
+            "write",
+            "grant \"dashboards\" lacks write on demo.v1.Thing in default/default",
+        );
+        refused(
+            cairn_as(e, &flags, &["delete", "--type", t, "--name", "d1"]).await,
+            "delete",
+            "write on demo.v1.Thing in default/default",
+        );
+        refused(
+            cairn_as(e, &flags, &["status"]).await,
+            "status",
+            "\"dashboards\" lacks admin",
+        );
+        let (stranger_cert, stranger_key) = files("stranger");
+        let stranger_env = Credential::CertificateEnv {
+            ca: &ca,
+            cert: &stranger_cert,
+            key: &stranger_key,
+        };
+        refused(
+            cairn_as(e, &stranger_env, &["read", "--type", t, "--name", "d1"]).await,
+            "a certificate without a grant",
+            "\"stranger\" matches no grant",
+        );
+        let ca_text = ca.display().to_string();
+        refused(
+            cairn_as(
+                e,
+                &Credential::Nothing,
+                &["read", "--type", t, "--name", "d1", "--cacert", &ca_text],
+            )
+            .await,
+            "no certificate and no token",
+            "unauthenticated",
         );
         drop(cluster);
     })

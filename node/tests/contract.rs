@@ -2,6 +2,12 @@
 //! gRPC against a running 3-node cluster: the same rules as the fsm's unit
 //! tests, run once against the leader and once against each follower.
 //!
+//! The rules run twice, on two clusters: one plaintext without grants, and
+//! one serving TLS on both ports with `[[auth.grants]]`, reached over TLS
+//! with a token that may read and write everything (a client certificate
+//! from `cairn tls init` too, but the token decides). Both runs make their
+//! channels with the client library's `Access`; nothing else differs.
+//!
 //! On a follower, strong checks must pass at once (writes, deletes, strong
 //! reads and strong lists are forwarded to the leader); eventual checks
 //! (eventual reads and lists, ListByOwner, watches) may retry for a few
@@ -12,14 +18,16 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cairn_client::{Access, AuthenticatedChannel, BearerToken};
 use cairn_proto::error::ApiError;
 use cairn_proto::google::protobuf::{Any, Timestamp};
 use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::*;
-use support::{client, options, Cluster};
-use tonic::transport::Channel;
+use support::{client_tls, new_token, options, tls_args, tls_init, Cluster, ClusterOptions};
+use tonic::service::interceptor::InterceptedService;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long an eventual check may retry on a lagging node.
@@ -27,16 +35,104 @@ const EVENTUAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Changes the cluster keeps for past reads and watch replays.
 const HISTORY_CHANGES_MAX: usize = 200;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_contract_holds_against_the_leader_and_each_follower() {
-    // One cluster; the whole contract is checked through the leader, then
-    // through each follower (in its own group).
+fn contract_options() -> ClusterOptions {
     let mut options = options(3);
     options.extra_args = vec![
         "--history-changes-max".into(),
         HISTORY_CHANGES_MAX.to_string(),
     ];
+    options
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contract_holds_against_the_leader_and_each_follower() {
+    // A plaintext cluster without grants, reached without credentials.
+    let cluster = Cluster::start(contract_options());
+    check_the_contract(&cluster, &Access::plaintext()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contract_holds_over_tls_with_a_token() {
+    // The same rules against a cluster serving TLS on both ports, whose
+    // config holds grants: the contract's token may read and write every
+    // type in every tenancy (and nothing else: admin calls of the harness
+    // use another token). Every call goes over TLS and carries the token.
+    let scratch = tempfile::tempdir().unwrap();
+    let certs = scratch.path().join("tls");
+    tls_init(&certs, &[]);
+    let tls = client_tls(&certs);
+    let (config, admin_token, token) = grants_config(scratch.path());
+
+    let mut options = contract_options();
+    options
+        .extra_args
+        .extend(["--config".to_string(), config.display().to_string()]);
+    options.extra_args.extend(tls_args(&certs));
+    options.client_tls = Some(tls.clone());
+    options.admin_token = Some(admin_token);
     let cluster = Cluster::start(options);
+
+    let access = Access::from_options(Some(&tls))
+        .unwrap()
+        .with_token(Some(&token));
+    cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    // The control: without the token, the same access is refused.
+    let anonymous = Target::new(
+        &Access::from_options(Some(&tls)).unwrap(),
+        "control",
+        &cluster,
+        1,
+    );
+    let refused = anonymous.strong(anonymous.id("Read", "r", "")).await;
+    assert!(
+        matches!(refused, Err(ApiError::Unauthenticated(_))),
+        "{refused:?}"
+    );
+    check_the_contract(&cluster, &access).await;
+    let log = cluster.log_of(1);
+    assert!(
+        log.contains("serving TLS on the client port")
+            && log.contains("the client port requires a bearer token"),
+        "node 1 serves TLS and requires credentials; logs in {}",
+        cluster.root().display()
+    );
+}
+
+/// Writes a config with an admin token (the harness's and the nodes') and
+/// a token with read and write on everything; returns the config's path,
+/// the admin token and the contract's token.
+fn grants_config(dir: &Path) -> (std::path::PathBuf, String, BearerToken) {
+    let (admin, admin_hash) = new_token();
+    let (everything, everything_hash) = new_token();
+    let node_token = dir.join("node.token");
+    std::fs::write(&node_token, &admin).unwrap();
+    let path = dir.join("grants.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[auth]
+node_token_file = "{}"
+
+[[auth.grants]]
+name = "operators"
+{admin_hash}
+admin = true
+
+[[auth.grants]]
+name = "contract"
+{everything_hash}
+write = {{ types = ["*"], tenancies = ["*"] }}
+"#,
+            node_token.display()
+        ),
+    )
+    .unwrap();
+    (path, admin, BearerToken::new(everything).unwrap())
+}
+
+/// The whole contract, through the leader, then through each follower (in
+/// its own group), every channel made by `access`.
+async fn check_the_contract(cluster: &Cluster, access: &Access) {
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let mut targets = vec![(leader, "leader")];
     targets.extend(
@@ -47,17 +143,8 @@ async fn the_contract_holds_against_the_leader_and_each_follower() {
             .map(|id| (id, "follower")),
     );
     for (run, (node, role)) in targets.into_iter().enumerate() {
-        let t = Target {
-            address: cluster.node(node).client_address.clone(),
-            others: cluster
-                .ids()
-                .into_iter()
-                .filter(|id| *id != node)
-                .map(|id| cluster.node(id).client_address.clone())
-                .collect(),
-            label: format!("node {node} ({role})"),
-            group: format!("contract{run}"),
-        };
+        let mut t = Target::new(access, &format!("contract{run}"), cluster, node);
+        t.label = format!("node {node} ({role})");
         println!("contract run {run}: {}", t.label);
         let started = Instant::now();
         read_rules(&t).await;
@@ -78,12 +165,16 @@ async fn the_contract_holds_against_the_leader_and_each_follower() {
 }
 
 /// The node a run talks to, and the names it uses.
+#[derive(Clone)]
 struct Target {
-    address: String,
     /// Client addresses of the other nodes.
     others: Vec<String>,
     label: String,
     group: String,
+    access: Access,
+    /// One channel to `address` (connected on first use), carrying the
+    /// access's credentials on every call.
+    channel: AuthenticatedChannel,
 }
 
 fn tenancy(partition: &str, namespace: &str) -> Tenancy {
@@ -130,6 +221,36 @@ where
 }
 
 impl Target {
+    /// Node `node` of `cluster`, using names in `group`.
+    fn new(access: &Access, group: &str, cluster: &Cluster, node: u64) -> Target {
+        let address = cluster.node(node).client_address.clone();
+        let mut t = Target::at(access, group, &address);
+        t.others = cluster
+            .ids()
+            .into_iter()
+            .filter(|id| *id != node)
+            .map(|id| cluster.node(id).client_address.clone())
+            .collect();
+        t
+    }
+
+    /// The node at `address` (no others), using names in `group`.
+    fn at(access: &Access, group: &str, address: &str) -> Target {
+        let endpoint = access
+            .endpoint(address)
+            .expect("a node address")
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(10));
+        let channel = cairn_tls::lazy_channel(endpoint, access.tls.as_ref());
+        Target {
+            others: vec![],
+            label: address.to_string(),
+            group: group.to_string(),
+            access: access.clone(),
+            channel: InterceptedService::new(channel, access.credentials.clone()),
+        }
+    }
+
     fn ty(&self, kind: &str) -> Type {
         self.ty_v(kind, "v1")
     }
@@ -160,8 +281,9 @@ impl Target {
         }
     }
 
-    async fn c(&self) -> ResourceServiceClient<Channel> {
-        client(&self.address).await
+    async fn c(&self) -> ResourceServiceClient<AuthenticatedChannel> {
+        // Lists of large test resources exceed tonic's 4 MiB default.
+        ResourceServiceClient::new(self.channel.clone()).max_decoding_message_size(64 * 1024 * 1024)
     }
 
     async fn write(&self, resource: Resource) -> Result<Resource, ApiError> {
@@ -814,12 +936,8 @@ async fn strong_requests_see_every_acknowledged_write(t: &Target) {
     // A write acknowledged by any node is seen at once by strong reads and
     // lists on this node, and the other way round.
     for (i, other) in t.others.iter().enumerate() {
-        let via_other = Target {
-            address: other.clone(),
-            others: vec![],
-            label: format!("{} via {other}", t.label),
-            group: t.group.clone(),
-        };
+        let mut via_other = Target::at(&t.access, &t.group, other);
+        via_other.label = format!("{} via {other}", t.label);
         let name = format!("x{i}");
         let w = via_other.put(t.res("Strong", &name, "u1", "", b"x")).await;
         assert_eq!(t.strong(t.id("Strong", &name, "")).await.unwrap(), w);
@@ -950,15 +1068,8 @@ async fn compacted_history(t: &Target) {
     let first = t.put(t.res("Compact", "c", "u1", "", b"0")).await;
     let mut tasks = tokio::task::JoinSet::new();
     for worker in 0..8 {
-        let address = t.address.clone();
-        let group = t.group.clone();
+        let t = t.clone();
         tasks.spawn(async move {
-            let t = Target {
-                address,
-                others: vec![],
-                label: String::new(),
-                group,
-            };
             for i in 0..(HISTORY_CHANGES_MAX / 8 + 2) {
                 t.put(t.res("Compact", &format!("f{worker}-{i}"), "u1", "", b"x"))
                     .await;

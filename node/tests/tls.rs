@@ -9,87 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cairn_client::{Client, ClientError, ClientOptions, TlsOptions};
+use cairn_client::{ClientError, TlsOptions};
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
 use cairn_proto::v1::raft_service_client::RaftServiceClient;
 use cairn_proto::v1::{Consistency, RaftMessage, ReadRequest};
 use cairn_tls::{ClientFiles, ClientTls};
 use support::*;
 use tonic::transport::Endpoint;
-
-/// `cairn tls init DIR ARGS...`, which must succeed.
-fn tls_init(dir: &Path, args: &[&str]) {
-    let mut all = vec!["tls", "init", dir.to_str().expect("utf-8 path")];
-    all.extend_from_slice(args);
-    let out = cairn(&all);
-    assert!(
-        out.status.success(),
-        "cairn tls init failed: {}",
-        text(&out)
-    );
-}
-
-fn client_tls(dir: &Path) -> TlsOptions {
-    TlsOptions {
-        ca_file: Some(dir.join("ca.pem")),
-        cert_file: Some(dir.join("client.pem")),
-        key_file: Some(dir.join("client-key.pem")),
-    }
-}
-
-/// A cluster whose node N uses `dir/node-N.pem` and trusts `dir/ca.pem`.
-fn tls_cluster(dir: &Path, nodes: usize, extra: &[&str]) -> Cluster {
-    let mut o = options(nodes);
-    let d = dir.display();
-    o.extra_args = [
-        "--tls-cert-file".to_string(),
-        format!("{d}/node-{{id}}.pem"),
-        "--tls-key-file".to_string(),
-        format!("{d}/node-{{id}}-key.pem"),
-        "--tls-ca-file".to_string(),
-        format!("{d}/ca.pem"),
-    ]
-    .into_iter()
-    .chain(extra.iter().map(|s| s.to_string()))
-    .collect();
-    o.client_tls = Some(client_tls(dir));
-    Cluster::start(o)
-}
-
-fn tls_client(cluster: &Cluster, tls: Option<TlsOptions>, timeout: Duration) -> Client {
-    Client::new(
-        &cluster.endpoints(),
-        ClientOptions {
-            request_timeout: timeout,
-            tls,
-            ..ClientOptions::default()
-        },
-    )
-    .expect("client")
-}
-
-fn first_certificate(path: &Path) -> Vec<u8> {
-    cairn_tls::load_certificates("test", path).expect("certificate")[0].to_vec()
-}
-
-/// The leaf certificate a TLS server at `address` presents to a new connection.
-async fn served_certificate(address: &str, files: &ClientFiles) -> Vec<u8> {
-    let config = cairn_tls::client_config(files).expect("client config");
-    let tcp = tokio::net::TcpStream::connect(address)
-        .await
-        .expect("connect");
-    let name = cairn_tls::rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let stream = cairn_tls::tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .expect("TLS handshake");
-    stream
-        .get_ref()
-        .1
-        .peer_certificates()
-        .expect("a certificate")[0]
-        .to_vec()
-}
 
 /// Connects to a peer port over TLS with the node certificate `cert`/`key`,
 /// trusting `ca`; `Err` = refused (in the handshake or at the first call).
@@ -361,11 +287,7 @@ async fn the_cluster_keeps_serving_through_a_certificate_reload() {
         .collect();
     assert_ne!(old, new, "tls init --force re-issued the node certificates");
     for id in 1..=3u64 {
-        let pid = cluster.node(id).pid().expect("running");
-        // SAFETY: kill(2) on a child this test started.
-        unsafe {
-            libc::kill(pid as i32, libc::SIGHUP);
-        }
+        sighup(&cluster, id);
     }
     for id in 1..=3u64 {
         let node = cluster.node(id);

@@ -151,10 +151,29 @@ pub struct Run {
 
 /// Runs `cairn ARGS` with `stdin`, killed if it takes longer than 60 s.
 pub async fn cairn(args: &[&str], stdin: Option<&str>) -> Run {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(args)
-        .env_remove("CAIRN_ENDPOINTS")
-        .env_remove("CAIRN_TOKEN")
+    cairn_env(args, stdin, &[]).await
+}
+
+/// The `CAIRN_*` variables of the data and admin commands: removed from
+/// every run, unless the run sets them.
+const CLIENT_ENV: [&str; 5] = [
+    "CAIRN_ENDPOINTS",
+    "CAIRN_TOKEN",
+    "CAIRN_CACERT",
+    "CAIRN_CERT",
+    "CAIRN_KEY",
+];
+
+/// As [`cairn`], with the variables `env` set (and no other `CAIRN_*`
+/// client variable from the test's environment).
+pub async fn cairn_env(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Run {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    command.args(args);
+    for name in CLIENT_ENV {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().copied());
+    let mut child = command
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {

@@ -2,11 +2,15 @@
 //! processes (from `jepsen-tests::cluster`) and small raw-gRPC helpers.
 #![allow(dead_code)]
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cairn_client::{Client, ClientOptions, TlsOptions};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::*;
+use cairn_tls::ClientFiles;
 pub use jepsen_tests::cluster::{Cluster, ClusterOptions};
 use tonic::transport::Channel;
 
@@ -36,6 +40,14 @@ pub fn tenancy() -> Tenancy {
     Tenancy {
         partition: "default".into(),
         namespace: "default".into(),
+    }
+}
+
+/// `*/*`: every tenancy (lists and watches).
+pub fn any_tenancy() -> Tenancy {
+    Tenancy {
+        partition: "*".into(),
+        namespace: "*".into(),
     }
 }
 
@@ -95,10 +107,7 @@ pub async fn list(address: &str, consistency: Consistency) -> Result<Vec<Resourc
     let t = thing_type();
     c.list(ListRequest {
         r#type: Some(t),
-        tenancy: Some(Tenancy {
-            partition: "*".into(),
-            namespace: "*".into(),
-        }),
+        tenancy: Some(any_tenancy()),
         name_prefix: String::new(),
         consistency: consistency as i32,
         revision: 0,
@@ -187,6 +196,18 @@ pub async fn wait_converged(
     );
 }
 
+/// `cairn token new`: the token and its `token_sha256 = "..."` config line.
+pub fn new_token() -> (String, String) {
+    let out = cairn(&["token", "new"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let mut lines = stdout.lines();
+    let token = lines.next().expect("a token").to_string();
+    let hash = lines.next().expect("a token_sha256 line").to_string();
+    assert!(hash.starts_with("token_sha256 = \""), "{hash}");
+    (token, hash)
+}
+
 /// Runs the `cairn` binary under test with `args`.
 pub fn cairn(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
@@ -202,4 +223,92 @@ pub fn text(o: &std::process::Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// `cairn tls init DIR ARGS...`, which must succeed.
+pub fn tls_init(dir: &Path, args: &[&str]) {
+    let mut all = vec!["tls", "init", dir.to_str().expect("utf-8 path")];
+    all.extend_from_slice(args);
+    let out = cairn(&all);
+    assert!(
+        out.status.success(),
+        "cairn tls init failed: {}",
+        text(&out)
+    );
+}
+
+pub fn client_tls(dir: &Path) -> TlsOptions {
+    TlsOptions {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(dir.join("client.pem")),
+        key_file: Some(dir.join("client-key.pem")),
+    }
+}
+
+/// The `cairn agent` flags with which node N uses `dir/node-N.pem` (and
+/// its key) and trusts `dir/ca.pem`, as written by `cairn tls init dir`.
+pub fn tls_args(dir: &Path) -> Vec<String> {
+    let d = dir.display();
+    vec![
+        "--tls-cert-file".to_string(),
+        format!("{d}/node-{{id}}.pem"),
+        "--tls-key-file".to_string(),
+        format!("{d}/node-{{id}}-key.pem"),
+        "--tls-ca-file".to_string(),
+        format!("{d}/ca.pem"),
+    ]
+}
+
+/// A cluster whose node N uses `dir/node-N.pem` and trusts `dir/ca.pem`.
+pub fn tls_cluster(dir: &Path, nodes: usize, extra: &[&str]) -> Cluster {
+    let mut o = options(nodes);
+    o.extra_args = tls_args(dir)
+        .into_iter()
+        .chain(extra.iter().map(|s| s.to_string()))
+        .collect();
+    o.client_tls = Some(client_tls(dir));
+    Cluster::start(o)
+}
+
+pub fn tls_client(cluster: &Cluster, tls: Option<TlsOptions>, timeout: Duration) -> Client {
+    Client::new(
+        &cluster.endpoints(),
+        ClientOptions {
+            request_timeout: timeout,
+            tls,
+            ..ClientOptions::default()
+        },
+    )
+    .expect("client")
+}
+
+pub fn first_certificate(path: &Path) -> Vec<u8> {
+    cairn_tls::load_certificates("test", path).expect("certificate")[0].to_vec()
+}
+
+/// The leaf certificate a TLS server at `address` presents to a new connection.
+pub async fn served_certificate(address: &str, files: &ClientFiles) -> Vec<u8> {
+    let config = cairn_tls::client_config(files).expect("client config");
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let name = cairn_tls::rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let stream = cairn_tls::tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake");
+    stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .expect("a certificate")[0]
+        .to_vec()
+}
+
+/// Sends SIGHUP to node `id` (which must be running).
+pub fn sighup(cluster: &Cluster, id: u64) {
+    let pid = cluster.node(id).pid().expect("the node is running");
+    // SAFETY: kill(2) on a child process this test started.
+    let sent = unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    assert_eq!(sent, 0, "SIGHUP to node {id}");
 }
