@@ -46,6 +46,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 pub mod dev;
+pub mod fatal;
 pub mod forward;
 pub mod limits;
 pub mod raft;
