@@ -622,10 +622,12 @@ async fn status_for_join(
         attempt += 1;
         match crate::cli::fetch_status(address, access).await {
             Ok(s) if !s.cluster_id.is_empty() => return Ok(s),
-            Ok(_) if attempt >= 20 => {
-                anyhow::bail!("cannot join through {address}: it does not know its cluster id yet")
+            Ok(_) if attempt >= 20 => anyhow::bail!(
+                "joining the cluster through {address} failed: it does not know its cluster id yet"
+            ),
+            Err(e) if attempt >= 20 => {
+                anyhow::bail!("joining the cluster through {address} failed: {e}")
             }
-            Err(e) if attempt >= 20 => anyhow::bail!("cannot join through {address}: {e}"),
             _ => tokio::time::sleep(Duration::from_millis(250)).await,
         }
     }
