@@ -223,18 +223,26 @@ async fn a_follower_whose_disk_fills_up_stops_and_catches_up_once_space_is_freed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_256_descriptors_refuses_a_flood_and_keeps_serving_raft() {
     // Node 3 restarts with RLIMIT_NOFILE 256 (soft and hard: it cannot raise it) and fits its
-    // connection limits under it. 1,000 connections to its client port: those over the limit
-    // are closed at once; its Raft log never sees EMFILE (no fatal line, no poisoned store);
-    // the client connected before the flood is still served, and writes keep replicating to
-    // node 3 and being applied there. (`connections.rs` covers floods under the default limit
-    // on one node; this is the lowered limit, on a follower of a cluster.)
+    // connection limits under it. 1,000 connections to its client port, held open: those over
+    // the limit are closed at once; while they are held, writes through the client connected
+    // before the flood make node 3 build snapshots (new files); its storage never sees EMFILE
+    // (no fatal line, no poisoned store), and the writes keep replicating to node 3 and being
+    // applied there. (`connections.rs` covers floods under the default limit on one node;
+    // this is the lowered limit, on a follower of a cluster.)
     let own_limit = raise_own_fd_limit();
     assert!(
         own_limit >= 2_048,
         "this test needs 2048 descriptors, has {own_limit}"
     );
     let mut o = options(3);
-    o.extra_args = vec!["--handshake-timeout-ms".into(), "1500".into()];
+    o.extra_args = vec![
+        // Long enough that a connection the node accepted holds its descriptor through the
+        // writes below.
+        "--handshake-timeout-ms".into(),
+        "20000".into(),
+        "--snapshot-log-bytes".into(),
+        "1048576".into(),
+    ];
     let mut cluster = Cluster::start(o);
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     if leader == 3 {
@@ -291,12 +299,14 @@ async fn a_follower_with_256_descriptors_refuses_a_flood_and_keeps_serving_raft(
             Err(_) => panic!("connection {i} timed out: node 3 stopped accepting"),
         }
     }
-    // Writes during the flood: through the steady client (node 3 forwards them to the
-    // leader) and through the others; node 3 applies them.
-    for i in 0..5 {
+    // Writes during the flood, through the steady client (node 3 forwards them to the
+    // leader): 2 MiB, so every node builds snapshots; node 3 applies them.
+    let snapshots_before = cluster.log_of(3).matches("snapshot built").count();
+    let payload = vec![b'y'; 100 * 1024];
+    for i in 0..20 {
         let write = steady
             .write(cairn_proto::v1::WriteRequest {
-                resource: Some(thing(&format!("during-{i}"), "u1", "", b"y")),
+                resource: Some(thing(&format!("during-{i}"), "u1", "", &payload)),
             })
             .await;
         assert!(write.is_ok(), "the steady client is served: {write:?}");
@@ -305,7 +315,7 @@ async fn a_follower_with_256_descriptors_refuses_a_flood_and_keeps_serving_raft(
     loop {
         let answer = steady
             .read(cairn_proto::v1::ReadRequest {
-                id: Some(id("during-4", "")),
+                id: Some(id("during-19", "")),
                 consistency: Consistency::Eventual as i32,
                 revision: 0,
             })
@@ -315,7 +325,17 @@ async fn a_follower_with_256_descriptors_refuses_a_flood_and_keeps_serving_raft(
         }
         assert!(
             Instant::now() < deadline,
-            "node 3 never applied `during-4` (Raft stopped reaching it?): {answer:?}"
+            "node 3 never applied `during-19` (Raft stopped reaching it?): {answer:?}; log:\n{}",
+            cluster.log_of(3)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.log_of(3).matches("snapshot built").count() == snapshots_before {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 built no snapshot during the flood; log:\n{}",
+            cluster.log_of(3)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
