@@ -121,6 +121,8 @@ pub struct NodeProcess {
     pub namespace: Option<String>,
     /// Where the node serves Prometheus metrics (with [`ClusterOptions::metrics`]).
     pub metrics_address: Option<String>,
+    /// `RLIMIT_NOFILE` (soft and hard) for the next start; `None`: inherited.
+    pub nofile_limit: Option<u64>,
     /// The power-cut filesystem under the data dir (with [`ClusterOptions::powercut`]).
     disk: Option<PowerCutHandle>,
     child: Option<Child>,
@@ -184,6 +186,7 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
         faketime: None,
         metrics_address: (options.metrics && options.network.is_none())
             .then(|| format!("127.0.0.1:{}", free_port())),
+        nofile_limit: None,
         namespace,
         disk,
         child: None,
@@ -325,6 +328,21 @@ impl Cluster {
                 .env("FAKETIME", spec)
                 .env("FAKETIME_DONT_RESET", "1");
         }
+        if let Some(limit) = node.nofile_limit {
+            let limit = libc::rlimit {
+                rlim_cur: limit as libc::rlim_t,
+                rlim_max: limit as libc::rlim_t,
+            };
+            // SAFETY: setrlimit is async-signal-safe; the struct is copied into the closure.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         if options.die_with_parent {
             // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
             unsafe {
@@ -451,6 +469,41 @@ impl Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Sends SIGTERM and returns at once (see [`Cluster::wait_exit`]).
+    pub fn terminate(&mut self, id: u64) {
+        if let Some(pid) = self.node(id).pid() {
+            signal(pid, libc::SIGTERM);
+        }
+    }
+
+    /// Waits (bounded) for node `id`'s process to end on its own; returns how it ended, or
+    /// `None` if it still runs after `timeout` (it is left running).
+    pub fn wait_exit(&mut self, id: u64, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let node = self.node_mut(id);
+        let child = node.child.as_mut()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                node.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Blocks every operation on node `id`'s power-cut disk until the returned guard is
+    /// dropped: storage that hangs. Panics without [`ClusterOptions::powercut`].
+    pub fn freeze_disk(&self, id: u64) -> cairn_powercut_fs::Freeze {
+        self.node(id)
+            .disk
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {id} has no power-cut disk"))
+            .freeze()
     }
 
     pub fn pause(&mut self, id: u64) {

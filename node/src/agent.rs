@@ -6,9 +6,15 @@
 //! - the leader watcher (`forward::start`): calls the forwarding channel's
 //!   leader-change hook on every leader change seen in Raft's metrics;
 //! - the bootstrap or join task (once, at start);
-//! - the health task: flips the gRPC health status to SERVING once a leader is
-//!   known and this node has applied everything committed when it started;
-//! - the signal task: SIGTERM/SIGINT → hand leadership off (if leader) → stop;
+//! - the health task: gRPC health is SERVING while the node knows a leader and
+//!   has applied everything committed when it started, NOT_SERVING otherwise
+//!   (both ways, as often as that changes);
+//! - the core watcher: when openraft's core stops without being asked to, it
+//!   sets health NOT_SERVING at once, classifies why (`crate::fatal`), logs the
+//!   one line (and marks a damaged data dir), and hands the cause to the
+//!   process, which shuts down within `shutdown_timeout_ms` and exits non-zero;
+//! - the signal task (in `cli`): SIGTERM/SIGINT → hand leadership off (if
+//!   leader) → stop, within `shutdown_timeout_ms` (`fatal::Watchdog`);
 //! - the reload task (`reload`): SIGHUP → the configuration read again, new
 //!   grants and new certificates; changed certificate files → new
 //!   certificates for new connections;
@@ -16,12 +22,19 @@
 //!   (`connections::serve`): its handshake, then a gRPC server of its own.
 //!
 //! Channels: the servers reach Raft only through `RaftHandle`; watch streams
-//! read from the fsm's bounded per-watch buffers.
+//! read from the fsm's bounded per-watch buffers; a fatal cause travels from
+//! the core watcher to the process in a `watch` channel.
+//!
+//! Before Raft starts, the data dir is checked: a damaged-data marker refuses
+//! the start; the node id recorded in the dir must be this node's (recorded now
+//! for a new dir); the running cluster, when one answers, must be the dir's
+//! cluster, and must not still count this node as a voter when the dir is empty.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cairn_proto::error::ApiError;
@@ -34,6 +47,7 @@ use tokio::sync::watch;
 use crate::admin::Admin;
 use crate::config::{Config, ConfigSource};
 use crate::connections::{ActivityLayer, PortLimits};
+use crate::fatal::{FatalCause, NodeContext, ShutdownProgress};
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
 use crate::tls::NodeTls;
@@ -62,7 +76,44 @@ pub struct Agent {
     stop: watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<()>>,
     access: cairn_client::Access,
+    health: Arc<Health>,
+    /// Set before a requested shutdown: the core stopping then is no fatal condition.
+    stopping: Arc<AtomicBool>,
+    /// The cause the core watcher found, once it found one.
+    fatal: watch::Receiver<Option<FatalCause>>,
     _lock: cairn_raft_log::DirLock,
+}
+
+/// gRPC health of the client port: the overall status ("") and ResourceService's, set
+/// together, only when they change.
+struct Health {
+    reporter: tonic_health::server::HealthReporter,
+    serving: tokio::sync::Mutex<Option<bool>>,
+}
+
+impl Health {
+    async fn set(&self, serving: bool) {
+        let mut current = self.serving.lock().await;
+        if *current == Some(serving) {
+            return;
+        }
+        let status = if serving {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        self.reporter.set_service_status("", status).await;
+        self.reporter
+            .set_service_status(
+                <ResourceServiceServer<ResourceGrpc> as tonic::server::NamedService>::NAME,
+                status,
+            )
+            .await;
+        if current.is_some() || serving {
+            tracing::info!(serving, "health changed");
+        }
+        *current = Some(serving);
+    }
 }
 
 async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
@@ -80,6 +131,14 @@ impl Agent {
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
             .with_context(|| format!("data dir {}", config.data_dir.display()))?;
+        crate::fatal::check_marker(&config.data_dir)?;
+        let fresh = !crate::raft::holds_node_state(&config.data_dir);
+        let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
+        let recorded_node_id = identity.node_id()?;
+        if let Some(recorded) = recorded_node_id {
+            crate::raft::check_node_id(&config.data_dir, recorded, config.node_id)
+                .map_err(|reason| FatalCause::DataDirRefused { reason })?;
+        }
         let auth = Arc::new(crate::auth::Authenticator::from_config(&config.auth)?);
         let node_token = crate::auth::load_node_token(&config.auth)?;
         log_auth_mode(&auth.current(), node_token.as_ref());
@@ -92,11 +151,12 @@ impl Agent {
             credentials: Default::default(),
         }
         .with_token(node_token.as_ref());
-        let fresh = !crate::raft::holds_node_state(&config.data_dir);
-        if fresh && config.join.is_none() {
-            refuse_if_already_a_member(&config, &access).await?;
+        let join_status = check_against_cluster(&config, &access, &identity, fresh).await?;
+        if recorded_node_id.is_none() && fresh {
+            // A new data dir records whose it is. One written before node ids were recorded
+            // settles its id from its stored membership when Raft opens it.
+            identity.record_node_id(config.node_id)?;
         }
-        let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
         let settings = RaftSettings {
             election_timeout_ms: config.election_timeout_ms,
             heartbeat_interval_ms: config.heartbeat_interval_ms,
@@ -109,6 +169,7 @@ impl Agent {
             peer_message_bytes_max: config.peer_message_bytes_max,
             bootstrap_members: config.members.iter().map(|m| m.id).collect(),
             tls: access.tls.clone(),
+            own_peer_address: config.peer_address.clone(),
         };
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(
@@ -119,6 +180,17 @@ impl Agent {
             identity.clone(),
         )
         .await?;
+        if let Some(status) = &join_status {
+            // The peer port admits only this cluster's members: learn who they are (and the
+            // cluster id) before asking to be added, so that the leader's first message is
+            // admitted.
+            raft.gate
+                .joining(
+                    &status.cluster_id,
+                    status.members.iter().map(|m| m.id).collect(),
+                )
+                .context("cannot persist the cluster id")?;
+        }
 
         let peer_listener = bind(&config.peer_address).await?;
         let client_listener = bind(&config.client_address).await?;
@@ -191,9 +263,11 @@ impl Agent {
             );
         }
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_not_serving::<ResourceServiceServer<ResourceGrpc>>()
-            .await;
+        let health = Arc::new(Health {
+            reporter: health_reporter,
+            serving: tokio::sync::Mutex::new(None),
+        });
+        health.set(false).await;
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(cairn_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -262,24 +336,16 @@ impl Agent {
             bootstrap(&raft, &config).await?;
         }
 
-        let health_raft = raft.clone();
-        tokio::spawn(async move {
-            let committed_at_start = health_raft.committed_index().await;
-            loop {
-                let s = health_raft.status();
-                if s.leader_id.is_some() && s.applied_index >= committed_at_start {
-                    health_reporter
-                        .set_serving::<ResourceServiceServer<ResourceGrpc>>()
-                        .await;
-                    health_reporter
-                        .set_service_status("", tonic_health::ServingStatus::Serving)
-                        .await;
-                    tracing::info!(applied = s.applied_index, "serving");
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (fatal_sender, fatal) = watch::channel(None);
+        tokio::spawn(watch_core(
+            raft.clone(),
+            health.clone(),
+            stopping.clone(),
+            fatal_sender,
+            NodeContext::of(&config),
+        ));
+        tokio::spawn(run_health(raft.clone(), health.clone(), fatal.clone()));
 
         Ok(Agent {
             raft,
@@ -289,14 +355,43 @@ impl Agent {
             stop,
             servers,
             access,
+            health,
+            stopping,
+            fatal,
             _lock: lock,
         })
     }
 
-    /// Graceful stop: a leader hands off first (bounded), then servers and Raft stop.
+    /// Waits until the node cannot go on (openraft's core stopped unasked), and says why.
+    /// The cause's line is logged (and a damaged data dir marked) by then.
+    pub async fn fatal(&mut self) -> FatalCause {
+        loop {
+            if let Some(cause) = self.fatal.borrow_and_update().clone() {
+                return cause;
+            }
+            if self.fatal.changed().await.is_err() {
+                // The watcher is gone without a cause: nothing will ever come.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Graceful stop: health goes NOT_SERVING, a leader hands off first, then servers and
+    /// Raft stop, each step bounded within `deadline` (the caller's `fatal::Watchdog` ends the
+    /// process if a step still does not return). `progress` names the step under way.
     /// Membership never changes on shutdown.
-    pub async fn shutdown(self, election_timeout: Duration) {
+    pub async fn shutdown(
+        self,
+        election_timeout: Duration,
+        deadline: Duration,
+        progress: &ShutdownProgress,
+    ) {
+        let started = Instant::now();
+        let left = || deadline.saturating_sub(started.elapsed());
+        self.stopping.store(true, Ordering::SeqCst);
+        self.health.set(false).await;
         if self.raft.is_leader() && self.raft.status().voters.len() > 1 {
+            progress.set("the leadership hand-off");
             let admin = Admin {
                 raft: self.raft.clone(),
                 election_timeout,
@@ -304,18 +399,24 @@ impl Agent {
                 auth: self.auth.clone(),
                 access: self.access.clone(),
             };
-            match tokio::time::timeout(election_timeout * 5, admin.transfer_leader(0)).await {
+            // At most half the deadline: the rest is for stopping.
+            let bound = (election_timeout * 5).min(deadline / 2);
+            match tokio::time::timeout(bound, admin.transfer_leader(0)).await {
                 Ok(Ok(_)) => tracing::info!("handed leadership off before stopping"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "could not hand leadership off"),
                 Err(_) => tracing::warn!("leadership hand-off timed out"),
             }
         }
+        progress.set("stopping the client and peer servers");
         let _ = self.stop.send(true);
+        let servers_by = Instant::now() + Duration::from_secs(2).min(left() / 2);
         for s in self.servers {
-            let _ = tokio::time::timeout(Duration::from_secs(2), s).await;
+            let _ = tokio::time::timeout_at(servers_by.into(), s).await;
         }
         self.orphan_check.abort();
+        progress.set("stopping Raft (the openraft core, the state machine and the Raft log)");
         self.raft.shutdown().await;
+        progress.set("closing the Raft log");
     }
 }
 
@@ -383,27 +484,104 @@ fn server_builder(
         .layer(ActivityLayer)
 }
 
-/// A node starting with an empty data dir while a running cluster already
-/// counts it as a member (and has committed data) has lost its data: letting it
-/// vote again could elect a leader without the acknowledged writes. It is
-/// refused; the operator re-adds it explicitly (remove, then start with --join).
-async fn refuse_if_already_a_member(
+/// How long one member gets to answer the start-up check.
+const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Before Raft starts, asks the running cluster about this node and its data dir:
+/// - a dir of another cluster is refused, naming both cluster ids (checked against any member
+///   that answers; nothing is refused when none does);
+/// - with `--members`, an empty dir while the cluster counts this node as a member and has
+///   committed data means the node lost its data: letting it vote again could elect a leader
+///   without the acknowledged writes. It is refused; the operator re-adds it explicitly;
+/// - with `--join`, an empty dir while this node's id is still a voter is refused the same
+///   way (adding it "as a learner" would be a no-op and leave a voter with an empty log).
+///   The node it joins through must answer: its status (members and cluster id) is returned,
+///   for the peer gate.
+async fn check_against_cluster(
     config: &Config,
     access: &cairn_client::Access,
-) -> anyhow::Result<()> {
-    for member in config.members.iter().filter(|m| m.id != config.node_id) {
-        let Ok(Ok(status)) = tokio::time::timeout(
-            Duration::from_secs(1),
+    identity: &ClusterIdentity,
+    fresh: bool,
+) -> anyhow::Result<Option<pb::StatusResponse>> {
+    let refuse = |reason: String| -> anyhow::Error { FatalCause::DataDirRefused { reason }.into() };
+    let ours = identity.cluster_id();
+    let foreign = |status: &pb::StatusResponse, address: &str| -> Option<String> {
+        (!ours.is_empty() && !status.cluster_id.is_empty() && status.cluster_id != ours).then(
+            || {
+                format!(
+                "data dir {dir} belongs to cluster {ours} (see {dir}/cluster_id), but node {node} \
+                 at {address} is a member of cluster {theirs}: this is another cluster's data \
+                 dir. Start this node on its own data dir; to move it into cluster {theirs}, \
+                 empty the data dir and start it with `--join {address}`",
+                dir = config.data_dir.display(),
+                node = status.node_id,
+                theirs = status.cluster_id,
+            )
+            },
+        )
+    };
+    if let Some(join) = &config.join {
+        if !fresh {
+            // A restart (of a joined node, or of one whose join did not finish): compare
+            // cluster ids, and prime the peer gate, if the cluster answers.
+            let Ok(Ok(status)) = tokio::time::timeout(
+                MEMBER_STATUS_TIMEOUT,
+                crate::cli::fetch_status(join, access),
+            )
+            .await
+            else {
+                return Ok(None);
+            };
+            if let Some(reason) = foreign(&status, join) {
+                return Err(refuse(reason));
+            }
+            return Ok((!status.cluster_id.is_empty()).then_some(status));
+        }
+        let status = status_for_join(join, access).await?;
+        if let Some(reason) = foreign(&status, join) {
+            return Err(refuse(reason));
+        }
+        if status
+            .members
+            .iter()
+            .any(|m| m.id == config.node_id && m.voter)
+        {
+            return Err(refuse(format!(
+                "data dir {dir} is empty, but node {id} is still a voter of cluster {cluster} \
+                 (node {node} at {join} says so): a voter that lost its data must not vote \
+                 again. Remove it first: `cairn member remove {id}` against the cluster, then \
+                 start this node again with `--join {join}`",
+                dir = config.data_dir.display(),
+                id = config.node_id,
+                cluster = status.cluster_id,
+                node = status.node_id,
+            )));
+        }
+        return Ok(Some(status));
+    }
+    let others: Vec<_> = config
+        .members
+        .iter()
+        .filter(|m| m.id != config.node_id)
+        .collect();
+    let answers = futures::future::join_all(others.iter().map(|member| {
+        tokio::time::timeout(
+            MEMBER_STATUS_TIMEOUT,
             crate::cli::fetch_status(&member.client_address, access),
         )
-        .await
-        else {
+    }))
+    .await;
+    for (member, answer) in others.iter().zip(answers) {
+        let Ok(Ok(status)) = answer else {
             continue;
         };
+        if let Some(reason) = foreign(&status, &member.client_address) {
+            return Err(refuse(reason));
+        }
         let counted = status.members.iter().any(|m| m.id == config.node_id);
         // Index 0 is the bootstrap membership, 1 the first leader's blank entry.
-        if !status.cluster_id.is_empty() && counted && status.commit_index > 1 {
-            anyhow::bail!(
+        if fresh && !status.cluster_id.is_empty() && counted && status.commit_index > 1 {
+            return Err(refuse(format!(
                 "data dir {} is empty, but node {} is already a member of running cluster {} \
                  (node {} reports commit index {}). If this node lost its data, re-add it explicitly: \
                  `cairn member remove {}` against the cluster, then start this node with `--join {}`",
@@ -414,10 +592,79 @@ async fn refuse_if_already_a_member(
                 status.commit_index,
                 config.node_id,
                 member.client_address,
-            );
+            )));
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// The status of the node a new node joins through (retried for a few seconds: it must answer,
+/// and know its cluster id).
+async fn status_for_join(
+    address: &str,
+    access: &cairn_client::Access,
+) -> anyhow::Result<pb::StatusResponse> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match crate::cli::fetch_status(address, access).await {
+            Ok(s) if !s.cluster_id.is_empty() => return Ok(s),
+            Ok(_) if attempt >= 20 => anyhow::bail!(
+                "joining the cluster through {address} failed: it does not know its cluster id yet"
+            ),
+            Err(e) if attempt >= 20 => {
+                anyhow::bail!("joining the cluster through {address} failed: {e}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// Waits for openraft's core to stop. Unless a shutdown was requested, that is a fatal
+/// condition: health goes NOT_SERVING at once, the cause is classified, logged (and a
+/// damaged data dir marked), and handed to the process.
+async fn watch_core(
+    raft: RaftHandle,
+    health: Arc<Health>,
+    stopping: Arc<AtomicBool>,
+    fatal: watch::Sender<Option<FatalCause>>,
+    node: NodeContext,
+) {
+    let core_error = raft.core_stopped().await;
+    if stopping.load(Ordering::SeqCst) {
+        return;
+    }
+    health.set(false).await;
+    let cause = raft.fatal_cause(&core_error);
+    crate::fatal::announce(&cause, &node);
+    let _ = fatal.send(Some(cause));
+}
+
+/// Keeps gRPC health current: SERVING while the core runs, a leader is known, and this node
+/// has applied everything committed when it started (once reached, that stays true);
+/// NOT_SERVING otherwise, and for good once a fatal cause is found.
+async fn run_health(
+    raft: RaftHandle,
+    health: Arc<Health>,
+    mut fatal: watch::Receiver<Option<FatalCause>>,
+) {
+    let committed_at_start = raft.committed_index().await;
+    let mut caught_up = false;
+    loop {
+        if fatal.borrow_and_update().is_some() {
+            health.set(false).await;
+            return;
+        }
+        let s = raft.status();
+        caught_up |= s.applied_index >= committed_at_start;
+        health
+            .set(s.state != "shutdown" && s.leader_id.is_some() && caught_up)
+            .await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            changed = fatal.changed() => if changed.is_err() { return },
+        }
+    }
 }
 
 /// Static bootstrap: the member with the lowest id initializes the cluster,
@@ -525,29 +772,6 @@ async fn join_cluster(
     if raft.is_initialized().await {
         return Ok(()); // already a member: a restart of a joined node
     }
-    // The peer port admits only this cluster's members: learn who they are
-    // (and the cluster id) from the node we join through, before asking to
-    // be added, so that the leader's first message is admitted.
-    let mut attempt = 0;
-    let status = loop {
-        attempt += 1;
-        match crate::cli::fetch_status(address, access).await {
-            Ok(s) if !s.cluster_id.is_empty() => break s,
-            Ok(_) if attempt >= 20 => {
-                return Err(ApiError::Unavailable(format!(
-                    "{address} does not know its cluster id yet"
-                )))
-            }
-            Err(e) if attempt >= 20 => return Err(e),
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    };
-    raft.gate
-        .joining(
-            &status.cluster_id,
-            status.members.iter().map(|m| m.id).collect(),
-        )
-        .map_err(|e| ApiError::Internal(format!("cannot persist the cluster id: {e}")))?;
     let id = raft.node_id;
     at_leader(address, access, |mut c| {
         let me = me.clone();

@@ -118,6 +118,9 @@ struct AgentArgs {
     handshake_timeout_ms: Option<u64>,
     #[arg(long)]
     client_connections_max: Option<usize>,
+    /// A shutdown ends within this time, or the process exits non-zero naming what did not stop.
+    #[arg(long)]
+    shutdown_timeout_ms: Option<u64>,
     #[arg(long)]
     peer_connections_max: Option<usize>,
     #[arg(long)]
@@ -474,6 +477,7 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
             a.receive_bytes_per_second_min,
         ),
         ("receive_stall_timeout_ms", a.receive_stall_timeout_ms),
+        ("shutdown_timeout_ms", a.shutdown_timeout_ms),
     ] {
         if let Some(v) = value {
             put(key, v.into())
@@ -525,22 +529,34 @@ fn run_agent(args: AgentArgs) -> u8 {
             }
         }
         let election_timeout = Duration::from_millis(config.election_timeout_ms);
-        let agent = match Agent::start(config, source).await {
+        let shutdown_timeout = Duration::from_millis(config.shutdown_timeout_ms);
+        let node = crate::fatal::NodeContext::of(&config);
+        let mut agent = match Agent::start(config, source).await {
             Ok(a) => a,
-            Err(e) => {
-                eprintln!("cairn: {e:#}");
-                return exit::ERROR;
-            }
+            Err(e) => match e.downcast_ref::<crate::fatal::FatalCause>() {
+                Some(cause) => return crate::fatal::announce(cause, &node),
+                None => {
+                    eprintln!("cairn: {e:#}");
+                    return exit::ERROR;
+                }
+            },
         };
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("signal handler");
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = tokio::signal::ctrl_c() => {},
-        }
+        // A fatal cause was announced by the agent; a signal is a requested stop.
+        let (code, code_past_deadline) = tokio::select! {
+            _ = term.recv() => (exit::OK, crate::fatal::exit::SHUTDOWN_TIMEOUT),
+            _ = tokio::signal::ctrl_c() => (exit::OK, crate::fatal::exit::SHUTDOWN_TIMEOUT),
+            cause = agent.fatal() => (cause.exit_code(), cause.exit_code()),
+        };
         tracing::info!("stopping");
-        agent.shutdown(election_timeout).await;
-        exit::OK
+        let progress = crate::fatal::ShutdownProgress::default();
+        crate::fatal::Watchdog::arm(shutdown_timeout, progress.clone(), code_past_deadline);
+        agent
+            .shutdown(election_timeout, shutdown_timeout, &progress)
+            .await;
+        progress.set("the tasks still running after the node stopped");
+        code
     })
 }
 

@@ -153,6 +153,10 @@ pub struct Config {
     pub watch_buffers_bytes_max: usize,
     /// How long a forwarded or strong request may take before it fails.
     pub request_timeout_ms: u64,
+    /// A shutdown (SIGTERM, SIGINT, or a fatal condition) ends within this time, whatever
+    /// state the Raft core or the storage is in; past it the process exits with code 14
+    /// (or the fatal condition's code) and a line naming what did not stop.
+    pub shutdown_timeout_ms: u64,
     /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter directive.
     pub log_level: String,
     pub log_format: LogFormat,
@@ -259,6 +263,7 @@ impl Default for Config {
             watch_buffer_bytes_max: fsm.watch_buffer_bytes_max,
             watch_buffers_bytes_max: fsm.watch_buffers_bytes_max,
             request_timeout_ms: 5_000,
+            shutdown_timeout_ms: 10_000,
             log_level: "warn".into(),
             log_format: LogFormat::Text,
             metrics_address: None,
@@ -468,6 +473,11 @@ impl Config {
                 "must be between 1 byte and 16 MiB",
             ));
         }
+        check_range(
+            "shutdown_timeout_ms",
+            self.shutdown_timeout_ms,
+            100..=600_000,
+        )?;
         if self.watch_buffer_events == 0 {
             return Err(invalid("watch_buffer_events", "must be positive"));
         }

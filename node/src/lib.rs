@@ -27,6 +27,11 @@
 //! - A strong read never degrades to a local read: it follows a successful
 //!   `ensure_linearizable` on the leader, or fails.
 //! - A node initializes a cluster at most once (only with an empty log).
+//! - A node never runs on a data dir recorded for another node id or another
+//!   cluster (when a member answers), nor as a voter with a wiped dir.
+//! - A node whose Raft core stopped unasked is never left running: [`fatal`]
+//!   classifies why, health goes NOT_SERVING, and the process exits non-zero
+//!   within `shutdown_timeout_ms`; damaged data marks the dir and refuses restarts.
 //! - Nothing from the peer port reaches openraft or the executor before the
 //!   peer gate (`raft::peer_gate`) admitted it: this cluster's id, a sender in
 //!   the current membership, every term and index at most 2^62. A node never
@@ -47,6 +52,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 pub mod dev;
+pub mod fatal;
 pub mod forward;
 pub mod limits;
 pub mod raft;

@@ -37,38 +37,6 @@ fn garbage_cluster(idle_timeout_ms: u64) -> Cluster {
     Cluster::start(o)
 }
 
-/// Lets this test process open as many sockets as the hard limit allows.
-fn raise_own_fd_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain libc calls on a struct we own.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-        limit.rlim_cur = limit.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-    }
-    limit.rlim_cur
-}
-
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
-}
-
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 /// Offending connections of `port` the log tells of: one line each, plus
 /// those counted in `suppressed=N` lines.
 fn offences(log: &str, port: &str) -> u64 {

@@ -1,6 +1,40 @@
 //! The one error enum of the raft-log layer.
 
+use std::path::Path;
 use std::path::PathBuf;
+
+/// sled's own log file inside its directory.
+const SLED_LOG_FILE_NAME: &str = "db";
+
+/// Where sled keeps the blob `blob` (a value too large to sit in its log).
+fn sled_blob_path(dir: &Path, blob: i64) -> PathBuf {
+    dir.join("blobs").join(blob.to_string())
+}
+
+/// sled's corruption errors name a "disk pointer"; this names the file (and the offset).
+fn describe_engine_error(dir: &Path, source: &sled::Error) -> String {
+    match source {
+        sled::Error::Corruption {
+            at: Some(sled::DiskPtr::Blob(_, blob)),
+            ..
+        } => format!(
+            "sled blob {} is corrupt: its checksum does not match its contents",
+            sled_blob_path(dir, *blob).display()
+        ),
+        sled::Error::Corruption {
+            at: Some(sled::DiskPtr::Inline(offset)),
+            ..
+        } => format!(
+            "sled log {} is corrupt at byte offset {offset}",
+            dir.join(SLED_LOG_FILE_NAME).display()
+        ),
+        sled::Error::Corruption { at: None, .. } => format!(
+            "sled database {} is corrupt (sled did not say where)",
+            dir.display()
+        ),
+        other => format!("storage engine error in {}: {other}", dir.display()),
+    }
+}
 
 /// Everything that can go wrong while storing or reading the Raft log.
 #[derive(Debug, thiserror::Error)]
@@ -10,11 +44,11 @@ pub enum LogError {
     #[error("raft log entry at index {index} is corrupt: {reason}")]
     Corrupt { index: u64, reason: String },
 
-    /// A WAL segment is damaged before its tail, or missing: `segment` is its file name and
-    /// `index` the first log index that cannot be read back.
-    #[error("raft log segment {segment} is corrupt at entry index {index} (byte offset {offset_bytes}): {reason}")]
+    /// A WAL segment is damaged before its tail, or missing: `segment` is its file (the full
+    /// path) and `index` the first log index that cannot be read back.
+    #[error("raft log segment {} is corrupt at entry index {index} (byte offset {offset_bytes}): {reason}", segment.display())]
     CorruptSegment {
-        segment: String,
+        segment: PathBuf,
         index: u64,
         offset_bytes: u64,
         reason: String,
@@ -36,6 +70,16 @@ pub enum LogError {
     #[error("raft log option `{option}`: {reason}")]
     InvalidOption {
         option: &'static str,
+        reason: String,
+    },
+
+    /// A sled blob file (a value sled keeps in a file of its own) fails sled's checksum. sled
+    /// silently drops the blob, and everything written after it, while it recovers; `index` is
+    /// the first log index found missing because of it.
+    #[error("sled blob {} is corrupt (its checksum does not match its contents), and the raft log lost entries from index {index}: {reason}", blob.display())]
+    CorruptBlob {
+        blob: PathBuf,
+        index: u64,
         reason: String,
     },
 
@@ -65,9 +109,10 @@ pub enum LogError {
         source: std::io::Error,
     },
 
-    /// The storage engine (sled) reported an error.
-    #[error("storage engine error: {0}")]
-    Engine(#[from] sled::Error),
+    /// The storage engine (sled, in `dir`) reported an error. A corruption sled detected names
+    /// the damaged file: a blob (`dir/blobs/N`) or sled's log (`dir/db`) and the byte offset.
+    #[error("{}", describe_engine_error(dir, source))]
+    Engine { dir: PathBuf, source: sled::Error },
 
     /// An entry or a metadata value could not be encoded.
     #[error("cannot encode {what}: {source}")]
@@ -100,12 +145,65 @@ impl LogError {
         }
     }
 
+    /// Wraps an error of the sled database in `dir`.
+    pub(crate) fn engine(dir: &Path, source: sled::Error) -> Self {
+        LogError::Engine {
+            dir: dir.to_path_buf(),
+            source,
+        }
+    }
+
+    /// Whether stored data failed a check (a checksum, a decode, a missing entry): reading it
+    /// again will fail the same way, unlike an I/O error.
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            LogError::Corrupt { .. }
+                | LogError::CorruptSegment { .. }
+                | LogError::CorruptBlob { .. }
+                | LogError::CorruptMeta { .. }
+                | LogError::Engine {
+                    source: sled::Error::Corruption { .. },
+                    ..
+                }
+        )
+    }
+
+    /// The operating-system error underneath, if this is one (directly, or through sled).
+    pub fn os_error(&self) -> Option<&std::io::Error> {
+        match self {
+            LogError::Io { source, .. } => Some(source),
+            LogError::Engine {
+                source: sled::Error::Io(source),
+                ..
+            } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The damaged file, when a corruption error can name it: a WAL segment, or a sled blob or
+    /// log file.
+    pub fn damaged_file(&self) -> Option<PathBuf> {
+        match self {
+            LogError::CorruptSegment { segment, .. } => Some(segment.clone()),
+            LogError::CorruptBlob { blob, .. } => Some(blob.clone()),
+            LogError::Engine {
+                dir,
+                source: sled::Error::Corruption { at, .. },
+            } => Some(match at {
+                Some(sled::DiskPtr::Blob(_, blob)) => sled_blob_path(dir, *blob),
+                _ => dir.join(SLED_LOG_FILE_NAME),
+            }),
+            _ => None,
+        }
+    }
+
     /// The index named by a corruption error, if this is one.
     pub fn corrupt_index(&self) -> Option<u64> {
         match self {
-            LogError::Corrupt { index, .. } | LogError::CorruptSegment { index, .. } => {
-                Some(*index)
-            }
+            LogError::Corrupt { index, .. }
+            | LogError::CorruptSegment { index, .. }
+            | LogError::CorruptBlob { index, .. } => Some(*index),
             _ => None,
         }
     }

@@ -29,15 +29,20 @@
 //!   `tokio::task::spawn_blocking` (inline when no runtime is present); sled reads run there
 //!   too.
 //! - Never panic on bytes read from disk, and never skip a bad entry: damage is
-//!   [`LogError::CorruptSegment`] (WAL: the segment file, the index, the byte offset) or
+//!   [`LogError::CorruptSegment`] (WAL: the segment file, the index, the byte offset),
+//!   [`LogError::CorruptBlob`] or [`LogError::Engine`] naming the sled file, or
 //!   [`LogError::Corrupt`] (the index), surfaced to openraft as a `StorageError` that reads the
-//!   log at that index. Only a torn tail — the WAL batch being written when the process or the
-//!   power stopped, which was never acknowledged — is cut back, to the last commit frame, and
-//!   only once every other check of the open has passed: an open refused because a committed
-//!   entry is missing changes nothing on disk.
+//!   log at that index. [`LogError::is_corruption`], [`LogError::os_error`] and
+//!   [`LogError::damaged_file`] let the node tell damaged data from a full disk. Only a torn
+//!   tail — the WAL batch being written when the process or the power stopped, which was never
+//!   acknowledged — is cut back, to the last commit frame, and only once every other check of
+//!   the open has passed: an open refused because a committed entry is missing changes nothing
+//!   on disk.
 //! - Never delete entries before the purge point that covers them is durable.
 //! - Never keep going after a failed write or sync (the page cache state is then unknown): the
-//!   store is poisoned and every later request fails with [`LogError::Poisoned`].
+//!   store is poisoned and every later request fails with [`LogError::Poisoned`]. The error
+//!   that poisoned it (or else the first one returned to openraft, whose core stops on any
+//!   storage error) is kept whole: [`LogStore::failure`].
 //!
 //! **Concurrency model (WAL).** A [`LogStore`] is a cheap `Clone` handle (an `Arc`). Callers
 //! share one in-memory view of the log under a mutex: the log id and location of every entry,

@@ -76,6 +76,8 @@ struct Inner<C: RaftTypeConfig> {
     /// Dropped first: stops the engine's threads.
     backend: Backend<C>,
     dir: PathBuf,
+    /// The first error returned to openraft (which stops its core on any storage error).
+    returned: parking_lot::Mutex<Option<Arc<LogError>>>,
     /// Released last, after the threads have stopped.
     _lock: DirLock,
 }
@@ -98,6 +100,7 @@ enum Backend<C: RaftTypeConfig> {
 struct SledBackend {
     engine: Arc<dyn LogEngine>,
     counters: Arc<Counters>,
+    poisoned: crate::writer::Poisoned,
     requests: Option<mpsc::Sender<Request>>,
     writer: Option<JoinHandle<()>>,
 }
@@ -178,7 +181,16 @@ where
                 if options.is_unsafe() {
                     tracing::warn!(dir = %dir.display(), ?options, "raft log opened with unsafe test switches: acknowledged entries can be lost");
                 }
-                Self::open_sled(lock, Arc::new(engine))
+                let damaged_blob = engine.damaged_blobs().first().cloned();
+                Self::open_sled(lock, Arc::new(engine)).map_err(|error| match damaged_blob {
+                    // sled dropped that blob and what followed it: that is why data is missing.
+                    Some(blob) if error.is_corruption() => LogError::CorruptBlob {
+                        blob,
+                        index: error.corrupt_index().unwrap_or(0),
+                        reason: error.to_string(),
+                    },
+                    _ => error,
+                })
             }
             LogEngineKind::Wal => {
                 let wal = Wal::open(dir, &options)?;
@@ -186,6 +198,7 @@ where
                     inner: Arc::new(Inner {
                         backend: Backend::Wal(wal),
                         dir: lock.dir().to_path_buf(),
+                        returned: parking_lot::Mutex::new(None),
                         _lock: lock,
                     }),
                 })
@@ -210,12 +223,14 @@ where
         let verified = verify::<C>(engine.as_ref(), watermark_index)?;
         let (requests, receiver) = mpsc::channel();
         let counters = Arc::new(Counters::default());
+        let poisoned = crate::writer::Poisoned::default();
         let writer = Writer::new(
             Arc::clone(&engine),
             verified.last_index,
             verified.purged_index,
             watermark,
             Arc::clone(&counters),
+            Arc::clone(&poisoned),
         )?;
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".to_string())
@@ -226,10 +241,12 @@ where
                 backend: Backend::Sled(SledBackend {
                     engine,
                     counters,
+                    poisoned,
                     requests: Some(requests),
                     writer: Some(writer),
                 }),
                 dir: lock.dir().to_path_buf(),
+                returned: parking_lot::Mutex::new(None),
                 _lock: lock,
             }),
         })
@@ -243,6 +260,31 @@ where
     /// The engine this store runs on.
     pub fn engine(&self) -> LogEngineKind {
         self.inner.engine_kind()
+    }
+
+    /// The failure that stopped this store, if any: the write or sync that poisoned it, or
+    /// else the first error it returned to openraft (which stops its core on any storage
+    /// error). Kept whole, so that the node can tell a full disk from damaged data.
+    pub fn failure(&self) -> Option<Arc<LogError>> {
+        let poisoned = match &self.inner.backend {
+            Backend::Wal(wal) => wal.poisoned(),
+            Backend::Sled(sled) => sled.poisoned.lock().clone(),
+        };
+        poisoned.or_else(|| self.inner.returned.lock().clone())
+    }
+
+    /// Records `error` as returned to openraft (the first one is kept) and converts it.
+    fn returned<NID: openraft::NodeId>(
+        &self,
+        error: LogError,
+        convert: impl FnOnce(&LogError) -> StorageError<NID>,
+    ) -> StorageError<NID> {
+        let converted = convert(&error);
+        let mut returned = self.inner.returned.lock();
+        if returned.is_none() {
+            *returned = Some(Arc::new(error));
+        }
+        converted
     }
 
     /// What the store has done since it was opened.
@@ -653,9 +695,9 @@ where
     })
 }
 
-fn storage_error<NID: openraft::NodeId>(error: LogError, write: bool) -> StorageError<NID> {
-    let source = AnyError::new(&error);
-    let io = match (&error, write) {
+fn storage_error<NID: openraft::NodeId>(error: &LogError, write: bool) -> StorageError<NID> {
+    let source = AnyError::new(error);
+    let io = match (error, write) {
         (LogError::Corrupt { index, .. } | LogError::CorruptSegment { index, .. }, _) => {
             StorageIOError::read_log_at_index(*index, source)
         }
@@ -665,8 +707,8 @@ fn storage_error<NID: openraft::NodeId>(error: LogError, write: bool) -> Storage
     StorageError::IO { source: io }
 }
 
-fn vote_error<NID: openraft::NodeId>(error: LogError, write: bool) -> StorageError<NID> {
-    let source = AnyError::new(&error);
+fn vote_error<NID: openraft::NodeId>(error: &LogError, write: bool) -> StorageError<NID> {
+    let source = AnyError::new(error);
     let io = if write {
         StorageIOError::write_vote(source)
     } else {
@@ -686,7 +728,7 @@ where
     ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
         self.read_entries(range)
             .await
-            .map_err(|e| storage_error(e, false))
+            .map_err(|e| self.returned(e, |e| storage_error(e, false)))
     }
 }
 
@@ -701,7 +743,7 @@ where
         let (last_purged_log_id, last_log_id) = self
             .log_state()
             .await
-            .map_err(|e| storage_error(e, false))?;
+            .map_err(|e| self.returned(e, |e| storage_error(e, false)))?;
         Ok(LogState {
             last_purged_log_id,
             last_log_id,
@@ -713,11 +755,15 @@ where
     }
 
     async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.store_vote(vote).await.map_err(|e| vote_error(e, true))
+        self.store_vote(vote)
+            .await
+            .map_err(|e| self.returned(e, |e| vote_error(e, true)))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
-        self.vote().await.map_err(|e| vote_error(e, false))
+        self.vote()
+            .await
+            .map_err(|e| self.returned(e, |e| vote_error(e, false)))
     }
 
     async fn save_committed(
@@ -726,13 +772,15 @@ where
     ) -> Result<(), StorageError<C::NodeId>> {
         self.store_committed(committed)
             .await
-            .map_err(|e| storage_error(e, true))
+            .map_err(|e| self.returned(e, |e| storage_error(e, true)))
     }
 
     async fn read_committed(
         &mut self,
     ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
-        self.committed().await.map_err(|e| storage_error(e, false))
+        self.committed()
+            .await
+            .map_err(|e| self.returned(e, |e| storage_error(e, false)))
     }
 
     async fn append<I>(
@@ -750,18 +798,18 @@ where
             Box::new(move |result| callback.log_io_completed(result)),
         )
         .await
-        .map_err(|e| storage_error(e, true))
+        .map_err(|e| self.returned(e, |e| storage_error(e, true)))
     }
 
     async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         self.truncate_from(&log_id)
             .await
-            .map_err(|e| storage_error(e, true))
+            .map_err(|e| self.returned(e, |e| storage_error(e, true)))
     }
 
     async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
         self.purge_through(&log_id)
             .await
-            .map_err(|e| storage_error(e, true))
+            .map_err(|e| self.returned(e, |e| storage_error(e, true)))
     }
 }

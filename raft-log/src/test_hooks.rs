@@ -18,15 +18,17 @@ pub fn rewrite_stored_entry(
     damage: impl FnOnce(&mut Vec<u8>),
 ) -> Result<bool, LogError> {
     let _lock = DirLock::acquire(dir)?;
-    let db = sled::Config::new().path(dir.join(SLED_SUBDIR)).open()?;
-    let entries = db.open_tree("entries")?;
-    let Some(stored) = entries.get(entry_key(index))? else {
+    let sled_dir = dir.join(SLED_SUBDIR);
+    let engine = |e| LogError::engine(&sled_dir, e);
+    let db = sled::Config::new().path(&sled_dir).open().map_err(engine)?;
+    let entries = db.open_tree("entries").map_err(engine)?;
+    let Some(stored) = entries.get(entry_key(index)).map_err(engine)? else {
         return Ok(false);
     };
     let mut bytes = stored.to_vec();
     damage(&mut bytes);
-    entries.insert(entry_key(index), bytes)?;
-    db.flush()?;
+    entries.insert(entry_key(index), bytes).map_err(engine)?;
+    db.flush().map_err(engine)?;
     Ok(true)
 }
 
@@ -55,9 +57,11 @@ pub fn rewrite_stored_entry_payload(
 /// Deletes the stored entry at `index` in the closed log store at `dir`, leaving a hole.
 pub fn delete_stored_entry(dir: &Path, index: u64) -> Result<bool, LogError> {
     let _lock = DirLock::acquire(dir)?;
-    let db = sled::Config::new().path(dir.join(SLED_SUBDIR)).open()?;
-    let entries = db.open_tree("entries")?;
-    let removed = entries.remove(entry_key(index))?.is_some();
-    db.flush()?;
+    let sled_dir = dir.join(SLED_SUBDIR);
+    let engine = |e| LogError::engine(&sled_dir, e);
+    let db = sled::Config::new().path(&sled_dir).open().map_err(engine)?;
+    let entries = db.open_tree("entries").map_err(engine)?;
+    let removed = entries.remove(entry_key(index)).map_err(engine)?.is_some();
+    db.flush().map_err(engine)?;
     Ok(removed)
 }

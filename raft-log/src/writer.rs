@@ -28,6 +28,9 @@ use crate::LogError;
 /// (`Err`). Runs on the syncer thread: it must not block.
 pub type DurableCallback = Box<dyn FnOnce(Result<(), std::io::Error>) + Send + 'static>;
 
+/// The failure that poisoned a sled-engine store, shared between its threads and its handle.
+pub(crate) type Poisoned = Arc<Mutex<Option<Arc<LogError>>>>;
+
 /// A reply slot for a request.
 pub(crate) type Reply = oneshot::Sender<Result<(), LogError>>;
 
@@ -151,22 +154,26 @@ impl Counters {
 struct Shared {
     engine: Arc<dyn LogEngine>,
     counters: Arc<Counters>,
-    /// Set after a failed write or sync: the on-disk state is unknown.
-    poisoned: Mutex<Option<String>>,
+    /// Set after a failed write or sync: the on-disk state is unknown. Shared with the
+    /// [`crate::LogStore`], which reports it.
+    poisoned: Poisoned,
     watermark: Mutex<WatermarkState>,
 }
 
 impl Shared {
-    fn poison(&self, error: &LogError) {
+    /// Poisons the store with `error`, unless an earlier failure did; returns the reason.
+    fn poison(&self, error: LogError) -> String {
+        let reason = error.to_string();
         let mut poisoned = self.poisoned.lock();
         if poisoned.is_none() {
             tracing::error!(%error, "raft log store poisoned");
-            *poisoned = Some(error.to_string());
+            *poisoned = Some(Arc::new(error));
         }
+        reason
     }
 
     fn poisoned(&self) -> Option<String> {
-        self.poisoned.lock().clone()
+        self.poisoned.lock().as_ref().map(|first| first.to_string())
     }
 }
 
@@ -189,6 +196,7 @@ impl Writer {
         purged_index: Option<u64>,
         watermark: Watermark,
         counters: Arc<Counters>,
+        poisoned: Poisoned,
     ) -> Result<Writer, LogError> {
         if let (Some(last), Some(purged)) = (last_index, purged_index) {
             assert!(
@@ -199,7 +207,7 @@ impl Writer {
         let shared = Arc::new(Shared {
             engine,
             counters,
-            poisoned: Mutex::new(None),
+            poisoned,
             watermark: Mutex::new(WatermarkState {
                 file: watermark,
                 truncation_epoch: 0,
@@ -263,8 +271,8 @@ impl Writer {
 
     /// Poisons the store with `error` and sends it to `reply`.
     fn fail(&self, error: LogError, reply: Reply) {
-        self.shared.poison(&error);
-        let _ = reply.send(Err(error));
+        let reason = self.shared.poison(error);
+        let _ = reply.send(Err(LogError::Poisoned { reason }));
     }
 
     fn handle(&mut self, request: Request) {
@@ -433,10 +441,7 @@ fn run_syncer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
                     advance_watermark(&shared, &group);
                     Ok(())
                 }
-                Err(error) => {
-                    shared.poison(&error);
-                    Err(error.to_string())
-                }
+                Err(error) => Err(shared.poison(error)),
             },
         };
         for job in group {

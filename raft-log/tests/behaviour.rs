@@ -249,6 +249,86 @@ fn sled_purge_interrupted_before_deletion_is_finished_on_reopen() {
     });
 }
 
+/// An engine whose durability point fails with ENOSPC once `full` is set: a full disk.
+struct FullDiskEngine {
+    inner: SledEngine,
+    full: AtomicBool,
+}
+
+impl LogEngine for FullDiskEngine {
+    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
+        self.inner.put_entries(entries)
+    }
+    fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
+        self.inner.delete_entries_from(from_index)
+    }
+    fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
+        self.inner.delete_entries_through(through_index)
+    }
+    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+        self.inner.read_entries(start, end)
+    }
+    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
+        self.inner.last_entry()
+    }
+    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
+        self.inner.first_entry()
+    }
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), LogError> {
+        self.inner.put_meta(key, value)
+    }
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, LogError> {
+        self.inner.get_meta(key)
+    }
+    fn sync(&self) -> Result<(), LogError> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(LogError::Io {
+                context: "fdatasync the test's full disk".to_string(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        self.inner.sync()
+    }
+}
+
+#[test]
+fn the_failure_that_poisoned_the_store_is_kept_whole() {
+    // A sync fails with ENOSPC: the append fails, later requests fail as poisoned, and the
+    // store still reports the first failure with its OS error, so that the node can tell a
+    // full disk (restart once space is freed) from damaged data.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lock = DirLock::acquire(dir.path()).expect("lock");
+    let engine = Arc::new(FullDiskEngine {
+        inner: SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
+        full: AtomicBool::new(false),
+    });
+    let store = Store::open_with_engine(lock, engine.clone()).expect("open");
+    runtime().block_on(async {
+        store
+            .append_durable((1..=4).map(common::entry).collect())
+            .await
+            .expect("append before the disk fills");
+        assert!(store.failure().is_none(), "no failure yet");
+        engine.full.store(true, Ordering::SeqCst);
+        store
+            .append_durable((5..=8).map(common::entry).collect())
+            .await
+            .expect_err("the sync fails");
+        let later = store
+            .append_durable((9..=9).map(common::entry).collect())
+            .await
+            .expect_err("poisoned");
+        assert!(matches!(later, LogError::Poisoned { .. }), "{later:?}");
+    });
+    let failure = store.failure().expect("the failure is kept");
+    assert_eq!(
+        failure.os_error().and_then(|e| e.raw_os_error()),
+        Some(libc::ENOSPC),
+        "{failure:?}"
+    );
+    assert!(!failure.is_corruption());
+}
+
 /// Appends `indexes` in chunks of `chunk` entries, each chunk durable before the next.
 async fn append_chunks(store: &Store, indexes: std::ops::RangeInclusive<u64>, chunk: u64) {
     let (first, last) = (*indexes.start(), *indexes.end());

@@ -457,3 +457,64 @@ fn wal_entry_damaged_after_open_fails_openraft_reads_naming_its_index() {
         assert_eq!(fine.len(), 20);
     });
 }
+
+#[test]
+fn flipped_byte_in_a_sled_blob_names_the_blob_file() {
+    // sled keeps a value larger than a quarter of its 512 KiB segments in a file of its own,
+    // `sled/blobs/N`, checked by a crc32 of sled's. Flip one byte in the middle of every blob
+    // file: opening the store (which reads every entry back) fails with an error that names
+    // the damaged blob file, not only "storage engine error".
+    let dir = tempfile::tempdir().expect("tempdir");
+    runtime().block_on(async {
+        let store = Store::open(
+            dir.path(),
+            LogOptions::with_engine(common::LogEngineKind::Sled),
+        )
+        .expect("open");
+        let entries = (1..=3).map(|i| common::entry_scaled(i, 100_000)).collect();
+        store.append_durable(entries).await.expect("append");
+    });
+    let blobs_dir = dir.path().join("sled").join("blobs");
+    let blobs: Vec<std::path::PathBuf> = std::fs::read_dir(&blobs_dir)
+        .expect("sled wrote blobs for entries of 200 KB")
+        .map(|item| item.expect("entry").path())
+        .filter(|path| path.is_file())
+        .collect();
+    assert!(!blobs.is_empty(), "no blob file in {}", blobs_dir.display());
+    for blob in &blobs {
+        let mut bytes = std::fs::read(blob).expect("read blob");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x01;
+        std::fs::write(blob, &bytes).expect("write blob");
+    }
+    let message = match Store::open(
+        dir.path(),
+        LogOptions::with_engine(common::LogEngineKind::Sled),
+    ) {
+        Err(error) => {
+            assert!(error.is_corruption(), "a corruption error: {error:?}");
+            let damaged = error
+                .damaged_file()
+                .unwrap_or_else(|| panic!("the error names the damaged file: {error:?}"));
+            assert!(
+                blobs.contains(&damaged),
+                "{} is one of {blobs:?}",
+                damaged.display()
+            );
+            error.to_string()
+        }
+        Ok(store) => runtime().block_on(async {
+            match store.read_entries(1..=3).await {
+                Err(error) => error.to_string(),
+                Ok(entries) => panic!("damage went unnoticed: read {} entries", entries.len()),
+            }
+        }),
+    };
+    println!("{message}");
+    assert!(
+        blobs
+            .iter()
+            .any(|b| message.contains(&b.display().to_string())),
+        "the message names the blob file: {message}"
+    );
+}

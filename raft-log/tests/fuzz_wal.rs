@@ -182,9 +182,15 @@ fn check_typed_error(
     let index = match error {
         LogError::CorruptSegment { segment, index, .. } => {
             if let Some(segments) = segments {
-                if !segments.contains(segment) {
+                // The error names the segment by its full path.
+                let name = segment
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if !segments.contains(&name) {
                     return Err(format!(
-                        "the error names segment {segment}, expected one of {segments:?}: {error}"
+                        "the error names segment {}, expected one of {segments:?}: {error}",
+                        segment.display()
                     ));
                 }
             }

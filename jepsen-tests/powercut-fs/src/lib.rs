@@ -1319,6 +1319,21 @@ impl PowerCutFs {
     }
 }
 
+/// A frozen filesystem ([`PowerCutHandle::freeze`]); dropping it thaws the filesystem.
+pub struct Freeze {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Freeze {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A mounted power-cut filesystem. Dropping it unmounts (errors are logged).
 pub struct PowerCutHandle {
     session: Option<fuser::BackgroundSession>,
@@ -1337,6 +1352,27 @@ impl PowerCutHandle {
     /// processes using the filesystem first (as a power cut would), then cut.
     pub fn cut_power(&self) {
         self.state.lock().cut_power();
+    }
+
+    /// Freezes the filesystem: every operation on it blocks (the serving thread waits for the
+    /// state) until the returned guard is dropped. For tests of programs whose disk hangs.
+    pub fn freeze(&self) -> Freeze {
+        let state = Arc::clone(&self.state);
+        let (held, frozen) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("powercut-freeze".into())
+            .spawn(move || {
+                let _guard = state.lock();
+                let _ = held.send(());
+                let _ = released.recv();
+            })
+            .expect("spawn the freezing thread");
+        let _ = frozen.recv();
+        Freeze {
+            release: Some(release),
+            thread: Some(thread),
+        }
     }
 
     /// What the filesystem has done so far.

@@ -3,6 +3,7 @@
 //! conversion of openraft's errors into Cairn's. The rest of the node talks to
 //! [`RaftHandle`] only, so a move to another openraft version is contained here.
 
+mod identity;
 mod log_growth;
 mod network;
 pub mod peer_gate;
@@ -27,11 +28,12 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 
+pub use identity::{check_node_id, ClusterIdentity};
 pub use network::{
     decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits, DECODE_BYTES_MAX,
 };
 pub use peer_gate::PeerGate;
-pub use state_machine::{ClusterIdentity, StateMachine};
+pub use state_machine::StateMachine;
 
 /// A member's addresses, as stored in the Raft membership.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,6 +220,8 @@ pub struct RaftSettings {
     pub bootstrap_members: BTreeSet<NodeId>,
     /// Dial peers over mutual TLS with this (`None`: plaintext).
     pub tls: Option<cairn_tls::ClientTls>,
+    /// This node's peer address: settles the node id of a data dir that records none.
+    pub own_peer_address: String,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -253,6 +257,9 @@ pub struct RaftHandle {
     /// Checks every message arriving on the peer port.
     pub gate: Arc<PeerGate>,
     peer_message_bytes_max: usize,
+    /// The Raft log (a handle shared with openraft): asked what stopped it.
+    log_store: LogStore,
+    log_dir: PathBuf,
 }
 
 fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint {
@@ -359,6 +366,57 @@ async fn check_stored_state(log_store: &mut LogStore) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A log that cannot be opened because the disk refused, or because it is damaged, is a
+/// fatal condition (classified); any other error (a locked dir, the wrong engine) is reported
+/// as it is.
+fn start_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> anyhow::Error {
+    use crate::fatal::FatalCause;
+    if FatalCause::is_fatal_log_error(error) {
+        return FatalCause::from_log_error(error, log_dir).into();
+    }
+    anyhow::anyhow!("{error}")
+}
+
+/// Refuses to start when the log is purged beyond what the loaded snapshot covers: the state
+/// in between is lost (a damaged or missing snapshot). Without this check openraft stops at
+/// start with "Failed to get log entries", naming no file.
+async fn check_snapshot_covers_log(
+    log_store: &LogStore,
+    state_machine: &StateMachine,
+    log_dir: &Path,
+) -> anyhow::Result<()> {
+    let (purged, _) = log_store
+        .log_state()
+        .await
+        .map_err(|e| start_error(&e, log_dir))?;
+    let Some(purged) = purged.map(|l| l.index) else {
+        return Ok(());
+    };
+    let applied = state_machine.applied_index();
+    if applied.is_some_and(|applied| applied >= purged) {
+        return Ok(());
+    }
+    let reached = applied.map_or("nothing".to_string(), |a| format!("index {a}"));
+    let cause = match state_machine.damaged_snapshots().first() {
+        Some((file, why)) => crate::fatal::FatalCause::Corruption {
+            file: file.clone(),
+            detail: format!(
+                "the snapshot cannot be loaded ({why}); the Raft log is purged through index \
+                 {purged}, so the state up to there exists only in that snapshot (the snapshots \
+                 that load reach {reached})"
+            ),
+        },
+        None => crate::fatal::FatalCause::Corruption {
+            file: snapshot_dir(log_dir.parent().unwrap_or(log_dir)),
+            detail: format!(
+                "no snapshot file is there, but the Raft log is purged through index {purged}: \
+                 the state up to there is lost"
+            ),
+        },
+    };
+    Err(cause.into())
+}
+
 fn is_leader(raft: &Raft, node_id: NodeId) -> bool {
     let metrics = raft.metrics();
     let m = metrics.borrow();
@@ -394,10 +452,12 @@ impl RaftHandle {
             ..Default::default()
         }
         .validate()?;
+        let log_dir = log_dir(data_dir);
         let mut log_store = LogStore::open(
-            &log_dir(data_dir),
+            &log_dir,
             cairn_raft_log::LogOptions::with_engine(settings.log_engine),
-        )?;
+        )
+        .map_err(|e| start_error(&e, &log_dir))?;
         check_stored_state(&mut log_store).await?;
         let store = Store::new(limits);
         let growth = log_growth::LogGrowth::new(settings.snapshot_log_bytes);
@@ -409,6 +469,23 @@ impl RaftHandle {
             growth.clone(),
         )?;
         state_machine.set_write_stages(stages.clone());
+        check_snapshot_covers_log(&log_store, &state_machine, &log_dir).await?;
+        if identity.node_id()?.is_none() {
+            let mut sm = state_machine.clone();
+            let mut reader = log_store.clone();
+            let membership = openraft::storage::StorageHelper::new(&mut reader, &mut sm)
+                .get_membership()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the stored membership: {e}"))?;
+            identity::settle_node_id(
+                &identity,
+                data_dir,
+                node_id,
+                &settings.own_peer_address,
+                membership.effective().membership().nodes(),
+            )
+            .map_err(|reason| crate::fatal::FatalCause::DataDirRefused { reason })?;
+        }
         let mut network = Network::new(
             identity.clone(),
             node_id,
@@ -420,7 +497,7 @@ impl RaftHandle {
             node_id,
             Arc::new(config),
             network,
-            log_store,
+            log_store.clone(),
             state_machine.clone(),
         )
         .await?;
@@ -451,7 +528,45 @@ impl RaftHandle {
             identity,
             gate,
             peer_message_bytes_max: settings.peer_message_bytes_max,
+            log_store,
+            log_dir,
         })
+    }
+
+    /// Waits until openraft's core has stopped, and returns its error (`Fatal::Stopped` after
+    /// a requested shutdown). Returns at once if it already has.
+    pub async fn core_stopped(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the core task ended".to_string();
+            }
+        }
+    }
+
+    /// Why openraft's core stopped, classified: damaged data first (it marks the data dir),
+    /// then the Raft log's failure, then the state machine's, else the core's own error.
+    pub fn fatal_cause(&self, core_error: &str) -> crate::fatal::FatalCause {
+        use crate::fatal::FatalCause;
+        let log = self
+            .log_store
+            .failure()
+            .map(|e| FatalCause::from_log_error(&e, &self.log_dir));
+        let state_machine = self.state_machine.failure();
+        let damaged = |c: &Option<FatalCause>| c.as_ref().is_some_and(|c| c.leaves_marker());
+        if damaged(&log) {
+            return log.expect("checked");
+        }
+        if damaged(&state_machine) {
+            return state_machine.expect("checked");
+        }
+        log.or(state_machine)
+            .unwrap_or_else(|| FatalCause::RaftStopped {
+                reason: core_error.to_string(),
+            })
     }
 
     /// The gRPC service answering Raft RPCs from peers.

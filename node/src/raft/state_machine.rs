@@ -17,75 +17,13 @@ use cairn_proto::error::ApiError;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, LogId, RaftLogId, StorageError, StorageIOError, StoredMembership};
 
+pub use super::identity::ClusterIdentity;
 use super::log_growth::LogGrowth;
 use super::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
-use crate::snapshot_file::{self, SnapshotHeader, SnapshotReader, SnapshotWriter};
-
-/// The id of the cluster this node belongs to, persisted in the data dir.
-/// Learned from the first Raft message of a leader, or set by the node that
-/// initializes the cluster; a message from another cluster is refused.
-pub struct ClusterIdentity {
-    path: PathBuf,
-    cluster_id: Mutex<String>,
-}
-
-impl ClusterIdentity {
-    pub fn open(data_dir: &Path) -> io::Result<ClusterIdentity> {
-        let path = data_dir.join("cluster_id");
-        let cluster_id = match std::fs::read_to_string(&path) {
-            Ok(s) => s.trim().to_string(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-            Err(e) => return Err(e),
-        };
-        Ok(ClusterIdentity {
-            path,
-            cluster_id: Mutex::new(cluster_id),
-        })
-    }
-
-    pub fn cluster_id(&self) -> String {
-        self.cluster_id
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Sets the cluster id (durably) if none is set yet.
-    pub fn set(&self, id: &str) -> io::Result<()> {
-        let mut current = self.cluster_id.lock().unwrap_or_else(|e| e.into_inner());
-        if !current.is_empty() {
-            return Ok(());
-        }
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, id)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        *current = id.to_string();
-        Ok(())
-    }
-
-    /// Checks the cluster id of a snapshot received from the leader, before
-    /// it is installed, adopting it if this node has none yet. The leader's
-    /// message already passed the peer gate with this cluster's id; a file
-    /// that carries no id (written by a node from before ids were recorded in
-    /// snapshot files) is taken on that ground. Compared like the gate's id
-    /// ([`super::peer_gate::same_secret`]); the refusal repeats neither id.
-    pub fn admit(&self, theirs: &str) -> Result<(), String> {
-        let mine = self.cluster_id();
-        if theirs.is_empty() || super::peer_gate::same_secret(mine.as_bytes(), theirs.as_bytes()) {
-            return Ok(());
-        }
-        if mine.is_empty() {
-            return self
-                .set(theirs)
-                .map_err(|e| format!("cannot persist cluster id: {e}"));
-        }
-        Err("the snapshot belongs to another cluster".to_string())
-    }
-}
+use crate::fatal::FatalCause;
+use crate::snapshot_file::{
+    self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
+};
 
 #[derive(Default)]
 struct Meta {
@@ -103,6 +41,10 @@ struct Shared {
     meta: Mutex<Meta>,
     /// The write-stage clock (set once at start; see `super::stages`).
     stages: std::sync::OnceLock<Arc<super::stages::WriteStages>>,
+    /// The first failure returned to openraft (whose core stops on it), classified.
+    failure: Mutex<Option<FatalCause>>,
+    /// Snapshot files that failed to load at start, newest first, with why.
+    damaged: Vec<(PathBuf, String)>,
 }
 
 /// The state machine openraft drives. Cheap to clone (the builder is a clone).
@@ -111,8 +53,19 @@ pub struct StateMachine {
     shared: Arc<Shared>,
 }
 
-fn io_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
-    StorageIOError::write_state_machine(&io::Error::other(e.to_string())).into()
+fn storage_error(cause: &FatalCause) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(&io::Error::other(cause.to_string())).into()
+}
+
+/// A snapshot file's I/O failure (the errno decides) or damage, classified.
+fn snapshot_failure(doing: &str, path: &Path, error: &SnapshotFileError) -> FatalCause {
+    match error {
+        SnapshotFileError::Io { path, source } => FatalCause::from_io(doing, path, source),
+        damage => FatalCause::Corruption {
+            file: path.to_path_buf(),
+            detail: damage.to_string(),
+        },
+    }
 }
 
 fn snapshot_path(dir: &Path, index: u64, term: u64) -> PathBuf {
@@ -209,12 +162,14 @@ impl StateMachine {
             .collect();
         candidates.sort();
         let mut meta = Meta::default();
+        let mut damaged = Vec::new();
         // Newest first; a damaged newest file falls back to the one before.
         while let Some(path) = candidates.pop() {
             let header = match SnapshotReader::open(&path) {
                 Ok(r) => r.header,
                 Err(e) => {
                     tracing::error!(path = %path.display(), error = %e, "skipping unreadable snapshot");
+                    damaged.push((path.clone(), e.to_string()));
                     continue;
                 }
             };
@@ -248,7 +203,10 @@ impl StateMachine {
                     break;
                 }
                 Err(e) => {
-                    tracing::error!(path = %path.display(), error = %e, "skipping damaged snapshot")
+                    tracing::error!(path = %path.display(), error = %e, "skipping damaged snapshot");
+                    let prefix = format!("{}: ", path.display());
+                    let why = e.strip_prefix(&prefix).map(str::to_string).unwrap_or(e);
+                    damaged.push((path.clone(), why));
                 }
             }
         }
@@ -260,7 +218,50 @@ impl StateMachine {
                 identity,
                 meta: Mutex::new(meta),
                 stages: std::sync::OnceLock::new(),
+                failure: Mutex::new(None),
+                damaged,
             }),
+        })
+    }
+
+    /// Snapshot files that failed to load at start (newest first), with why.
+    pub fn damaged_snapshots(&self) -> &[(PathBuf, String)] {
+        &self.shared.damaged
+    }
+
+    /// The log index the loaded snapshot (or applied state) reaches, if any.
+    pub fn applied_index(&self) -> Option<u64> {
+        self.meta().last_applied.map(|l| l.index)
+    }
+
+    /// The first failure this state machine returned to openraft, classified.
+    pub fn failure(&self) -> Option<FatalCause> {
+        self.shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records `cause` (the first one is kept) and turns it into openraft's error.
+    fn fail(&self, cause: FatalCause) -> StorageError<NodeId> {
+        let error = storage_error(&cause);
+        let mut failure = self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if failure.is_none() {
+            *failure = Some(cause);
+        }
+        error
+    }
+
+    /// Records a failure that is neither the disk's nor damage (a bug, a bad received file).
+    fn fail_with(&self, doing: impl std::fmt::Display) -> StorageError<NodeId> {
+        self.fail(FatalCause::StorageFailed {
+            path: self.shared.dir.clone(),
+            doing: doing.to_string(),
         })
     }
 
@@ -332,10 +333,12 @@ impl StateMachine {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let covered_bytes = self.shared.growth.since_snapshot_bytes();
-        let (fsm_snapshot, header) = self.consistent_snapshot().map_err(io_err)?;
+        let (fsm_snapshot, header) = self
+            .consistent_snapshot()
+            .map_err(|e| self.fail_with(format!("take a consistent snapshot: {e}")))?;
         let last_log_id = log_id_of(&header);
-        let membership: Membership =
-            serde_json::from_value(header.membership.clone()).map_err(io_err)?;
+        let membership: Membership = serde_json::from_value(header.membership.clone())
+            .map_err(|e| self.fail_with(format!("decode the snapshot membership: {e}")))?;
         let path = snapshot_path(
             &self.shared.dir,
             header.last_log_index,
@@ -347,19 +350,25 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let (size_bytes, crc) = tokio::task::spawn_blocking(move || {
             let mut fsm_snapshot = fsm_snapshot;
             let pending = fsm_snapshot.pending.take();
-            let mut writer = SnapshotWriter::create(&write_path, &header)?;
-            // Each record is the stored encoding, written as it is.
-            for resource in fsm_snapshot {
-                writer.append_encoded(resource.encoded())?;
+            let written = SnapshotWriter::create(&write_path, &header).and_then(|mut writer| {
+                // Each record is the stored encoding, written as it is.
+                for resource in fsm_snapshot {
+                    writer.append_encoded(resource.encoded())?;
+                }
+                for resource in pending.into_iter().flatten() {
+                    writer.append_encoded(resource.encoded())?;
+                }
+                writer.finish()
+            });
+            if written.is_err() {
+                // Give back the space of the half-written file (a full disk, mostly).
+                let _ = std::fs::remove_file(write_path.with_extension("tmp"));
             }
-            for resource in pending.into_iter().flatten() {
-                writer.append_encoded(resource.encoded())?;
-            }
-            writer.finish()
+            written
         })
         .await
-        .map_err(io_err)?
-        .map_err(io_err)?;
+        .map_err(|e| self.fail_with(format!("the snapshot writer task failed: {e}")))?
+        .map_err(|e| self.fail(snapshot_failure("write the snapshot", &path, &e)))?;
         tracing::info!(
             index = header_index,
             size_bytes,
@@ -375,7 +384,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         prune_except(&self.shared.dir, &path);
         self.shared.growth.snapshot_built(covered_bytes, size_bytes);
         self.meta().current_snapshot = Some((meta.clone(), path.clone()));
-        let file = tokio::fs::File::open(&path).await.map_err(io_err)?;
+        let file = tokio::fs::File::open(&path)
+            .await
+            .map_err(|e| self.fail(FatalCause::from_io("open the snapshot", &path, &e)))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(file),
@@ -501,7 +512,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
         let path = self.shared.dir.join("incoming.part");
-        let file = tokio::fs::File::create(&path).await.map_err(io_err)?;
+        let file = tokio::fs::File::create(&path).await.map_err(|e| {
+            self.fail(FatalCause::from_io(
+                "create the file for a snapshot from the leader",
+                &path,
+                &e,
+            ))
+        })?;
         Ok(Box::new(file))
     }
 
@@ -532,10 +549,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             Ok(received.metadata()?.len())
         })
         .await
-        .map_err(io_err)?
-        .map_err(io_err)?;
+        .map_err(|e| self.fail_with(format!("the snapshot copy task failed: {e}")))?
+        .map_err(|e| {
+            self.fail(FatalCause::from_io(
+                "store the snapshot received from the leader",
+                &incoming,
+                &e,
+            ))
+        })?;
         let Some(last_log_id) = meta.last_log_id else {
-            return Err(io_err("received a snapshot without a log id"));
+            return Err(self.fail_with("received a snapshot without a log id"));
         };
         let final_path = snapshot_path(
             &self.shared.dir,
@@ -553,8 +576,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             Ok(())
         })
         .await
-        .map_err(io_err)?
-        .map_err(io_err)?;
+        .map_err(|e| self.fail_with(format!("the snapshot install task failed: {e}")))?
+        .map_err(|e| {
+            self.fail_with(format!(
+                "install the snapshot received from the leader: {e}"
+            ))
+        })?;
         self.shared.growth.snapshot_installed(received_bytes);
         prune_except(&self.shared.dir, &final_path);
         let mut m = self.meta();
@@ -575,7 +602,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         match current {
             None => Ok(None),
             Some((meta, path)) => {
-                let file = tokio::fs::File::open(&path).await.map_err(io_err)?;
+                let file = tokio::fs::File::open(&path)
+                    .await
+                    .map_err(|e| self.fail(FatalCause::from_io("open the snapshot", &path, &e)))?;
                 Ok(Some(Snapshot {
                     meta,
                     snapshot: Box::new(file),

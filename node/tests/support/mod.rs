@@ -312,3 +312,123 @@ pub fn sighup(cluster: &Cluster, id: u64) {
     let sent = unsafe { libc::kill(pid as i32, libc::SIGHUP) };
     assert_eq!(sent, 0, "SIGHUP to node {id}");
 }
+
+/// Lets this test process open as many sockets as the hard limit allows.
+pub fn raise_own_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain libc calls on a struct we own.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+    }
+    limit.rlim_cur
+}
+
+/// The resident memory of process `pid` (0 once it is gone).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// How many descriptors process `pid` holds open.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Whether this process runs as root. Tests that mount filesystems need it; each says so
+/// and skips otherwise (CI runs as root).
+pub fn skip_unless_root(test: &str, needs: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return false;
+    }
+    eprintln!("SKIPPED {test}: it needs root ({needs}); CI runs it as root");
+    true
+}
+
+/// A tmpfs of `size_mib` MiB mounted at a directory (created if needed); unmounted on drop.
+pub struct Tmpfs {
+    pub path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(path: &std::path::Path, size_mib: u64) -> Tmpfs {
+        std::fs::create_dir_all(path).expect("create the mount point");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(path)
+            .output()
+            .expect("run mount");
+        assert!(out.status.success(), "mount tmpfs: {}", text(&out));
+        Tmpfs {
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .output();
+    }
+}
+
+/// The `--members` value of a cluster's bootstrap members.
+pub fn members_flag(cluster: &Cluster) -> String {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| format!("{}={}/{}", n.id, n.peer_address, n.client_address))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Runs `cairn agent ARGS` (with its output in `log`) until it exits or `timeout` passes;
+/// returns its exit status (`None`: still running, then killed) and its output.
+pub fn run_agent(
+    args: &[&str],
+    log: &std::path::Path,
+    timeout: Duration,
+) -> (Option<std::process::ExitStatus>, String) {
+    let file = std::fs::File::create(log).expect("agent log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("agent")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().expect("log"))
+        .stderr(file)
+        .spawn()
+        .expect("start cairn agent");
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, std::fs::read_to_string(log).unwrap_or_default())
+}
+
+/// The lines of a node's log that start with the node's one fatal line.
+pub fn fatal_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.contains("FATAL ")).collect()
+}

@@ -177,7 +177,7 @@ pub(crate) fn create_segment(
     if fsync_directories {
         crate::lock::fsync_directory(dir)?;
     }
-    Ok(Arc::new(SegmentFile { file, name }))
+    Ok(Arc::new(SegmentFile { file, name, path }))
 }
 
 /// Reserves `len_bytes` for the file (zeros), falling back to a sparse length where the
@@ -227,7 +227,13 @@ where
         let mut vote = None;
         let mut purge = None;
         let mut locations = Vec::new();
-        let mut failure = self.shared.state.lock().poisoned.clone();
+        let mut failure = self
+            .shared
+            .state
+            .lock()
+            .poisoned
+            .as_ref()
+            .map(|first| first.to_string());
         assert!(self.buffer.is_empty() && self.buffer_frames == 0);
         for op in group {
             match op {
@@ -372,8 +378,7 @@ where
 
     /// Poisons the store; returns the reason.
     fn fail(&self, error: LogError) -> String {
-        self.shared.poison(&error);
-        error.to_string()
+        self.shared.poison(error)
     }
 
     fn push_truncate(&mut self, from_index: u64) {

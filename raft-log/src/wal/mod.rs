@@ -51,6 +51,8 @@ pub(crate) const IO_THREAD_NAME: &str = "raft-log-wal";
 pub(crate) struct SegmentFile {
     pub(crate) file: File,
     pub(crate) name: String,
+    /// The file's full path, for error messages.
+    pub(crate) path: std::path::PathBuf,
 }
 
 /// Where an entry's frame is.
@@ -76,7 +78,8 @@ pub(crate) struct State<C: RaftTypeConfig> {
     /// The I/O thread's queue; `None` once the store is shutting down.
     pub(crate) ops: Option<mpsc::Sender<Op>>,
     pub(crate) next_seq: u64,
-    pub(crate) poisoned: Option<String>,
+    /// The failure that poisoned the store (the first failed write or sync), if any.
+    pub(crate) poisoned: Option<Arc<LogError>>,
     pub(crate) purged: Option<LogId<C::NodeId>>,
     pub(crate) vote: Option<Vote<C::NodeId>>,
     pub(crate) committed: Option<LogId<C::NodeId>>,
@@ -154,8 +157,8 @@ impl<C: RaftTypeConfig> State<C> {
 
     fn check_poisoned(&self) -> Result<(), LogError> {
         match &self.poisoned {
-            Some(reason) => Err(LogError::Poisoned {
-                reason: reason.clone(),
+            Some(first) => Err(LogError::Poisoned {
+                reason: first.to_string(),
             }),
             None => Ok(()),
         }
@@ -194,12 +197,15 @@ pub(crate) struct Shared<C: RaftTypeConfig> {
 }
 
 impl<C: RaftTypeConfig> Shared<C> {
-    pub(crate) fn poison(&self, error: &LogError) {
+    /// Poisons the store with `error`, unless an earlier failure did; returns the reason.
+    pub(crate) fn poison(&self, error: LogError) -> String {
+        let reason = error.to_string();
         let mut state = self.state.lock();
         if state.poisoned.is_none() {
             tracing::error!(%error, "raft log store poisoned");
-            state.poisoned = Some(error.to_string());
+            state.poisoned = Some(Arc::new(error));
         }
+        reason
     }
 }
 
@@ -257,6 +263,11 @@ where
 
     pub(crate) fn counters(&self) -> &Counters {
         &self.shared.counters
+    }
+
+    /// The failure that poisoned the store, if any.
+    pub(crate) fn poisoned(&self) -> Option<Arc<LogError>> {
+        self.shared.state.lock().poisoned.clone()
     }
 
     /// Makes `entries` readable at once and queues them for the I/O thread, which calls
@@ -564,7 +575,7 @@ where
             entries.push(
                 decode_entry_frame::<C>(frame, read.index, check_crc).map_err(|reason| {
                     LogError::CorruptSegment {
-                        segment: read.segment.name.clone(),
+                        segment: read.segment.path.clone(),
                         index: read.index,
                         offset_bytes: read.offset,
                         reason,

@@ -113,7 +113,7 @@ where
         let name = format::segment_file_name(record.base_index, record.id);
         let path = segments_dir.join(&name);
         let corrupt = |index: u64, offset_bytes: u64, reason: String| LogError::CorruptSegment {
-            segment: name.clone(),
+            segment: path.clone(),
             index,
             offset_bytes,
             reason,
@@ -161,7 +161,7 @@ where
             &scan.committed,
             &bytes,
             record.id,
-            &name,
+            &path,
             check_crc,
         )?;
         let damaged_index = next_index(&state)
@@ -205,7 +205,11 @@ where
             // Zeroed only once every check below has passed: a refused open changes nothing.
             torn_tail = Some((path.clone(), scan.end_offset, scan.nonzero_end));
         }
-        let segment = Arc::new(SegmentFile { file, name });
+        let segment = Arc::new(SegmentFile {
+            file,
+            name,
+            path: path.clone(),
+        });
         state.segments.insert(record.id, Arc::clone(&segment));
         if is_last {
             active = Some(Active {
@@ -399,7 +403,7 @@ fn apply_frames<C>(
     frames: &[ScannedFrame],
     bytes: &[u8],
     segment_id: u64,
-    segment_name: &str,
+    segment_path: &Path,
     check_crc: bool,
 ) -> Result<(), LogError>
 where
@@ -411,7 +415,7 @@ where
             FrameKind::Truncate => state.truncate_from(frame.index),
             FrameKind::Entry => {
                 let corrupt = |index: u64, reason: String| LogError::CorruptSegment {
-                    segment: segment_name.to_string(),
+                    segment: segment_path.to_path_buf(),
                     index,
                     offset_bytes: frame.offset,
                     reason,

@@ -1,0 +1,231 @@
+//! What a data dir belongs to: one cluster (`DATA_DIR/cluster_id`) and one node
+//! (`DATA_DIR/node_id`).
+//!
+//! The node id is recorded when the data dir is created (a node starting on an empty dir). A
+//! dir written before node ids were recorded holds none: it is accepted, and its id is settled
+//! from its stored state — the member of its stored membership whose peer address is this
+//! node's — and recorded then ([`settle_node_id`]). The cluster id is recorded once known: set
+//! by the node that initializes the cluster, learned from the cluster a node joins, or adopted
+//! from the first admitted Raft message or snapshot.
+//!
+//! Invariants: once recorded, neither id ever changes; a node never runs on a dir recorded for
+//! another node id; both files are written durably (temporary file, fsync, rename, fsync of
+//! the dir) so a crash leaves the old content or the new, never a torn one.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::{NodeId, NodeInfo};
+
+const CLUSTER_ID_FILE_NAME: &str = "cluster_id";
+const NODE_ID_FILE_NAME: &str = "node_id";
+/// The identity files are tiny; anything larger is not ours.
+const IDENTITY_FILE_BYTES_MAX: u64 = 4096;
+
+/// The identity of a data dir. Learned from the first Raft message of a leader, or set by
+/// the node that initializes the cluster; a message from another cluster is refused.
+pub struct ClusterIdentity {
+    dir: PathBuf,
+    cluster_id: Mutex<String>,
+}
+
+/// Writes `contents` to `path` durably: a crash leaves the old file or the new one.
+fn write_durably(path: &Path, contents: &str) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Reads a small identity file; `None` when it does not exist.
+fn read_small(path: &Path) -> io::Result<Option<String>> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() > IDENTITY_FILE_BYTES_MAX => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} holds {} bytes, more than an identity file can",
+                path.display(),
+                m.len()
+            ),
+        )),
+        Ok(_) => std::fs::read_to_string(path).map(|s| Some(s.trim().to_string())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl ClusterIdentity {
+    pub fn open(data_dir: &Path) -> io::Result<ClusterIdentity> {
+        let cluster_id = read_small(&data_dir.join(CLUSTER_ID_FILE_NAME))?.unwrap_or_default();
+        Ok(ClusterIdentity {
+            dir: data_dir.to_path_buf(),
+            cluster_id: Mutex::new(cluster_id),
+        })
+    }
+
+    pub fn cluster_id(&self) -> String {
+        self.cluster_id
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Sets the cluster id (durably) if none is set yet.
+    pub fn set(&self, id: &str) -> io::Result<()> {
+        let mut current = self.cluster_id.lock().unwrap_or_else(|e| e.into_inner());
+        if !current.is_empty() {
+            return Ok(());
+        }
+        write_durably(&self.dir.join(CLUSTER_ID_FILE_NAME), id)?;
+        *current = id.to_string();
+        Ok(())
+    }
+
+    /// Checks the cluster id of a snapshot received from the leader, before
+    /// it is installed, adopting it if this node has none yet. The leader's
+    /// message already passed the peer gate with this cluster's id; a file
+    /// that carries no id (written by a node from before ids were recorded in
+    /// snapshot files) is taken on that ground. Compared like the gate's id
+    /// ([`super::peer_gate::same_secret`]); the refusal repeats neither id.
+    pub fn admit(&self, theirs: &str) -> Result<(), String> {
+        let mine = self.cluster_id();
+        if theirs.is_empty() || super::peer_gate::same_secret(mine.as_bytes(), theirs.as_bytes()) {
+            return Ok(());
+        }
+        if mine.is_empty() {
+            return self
+                .set(theirs)
+                .map_err(|e| format!("cannot persist cluster id: {e}"));
+        }
+        Err("the snapshot belongs to another cluster".to_string())
+    }
+
+    /// The node id recorded in the data dir, if any.
+    pub fn node_id(&self) -> io::Result<Option<NodeId>> {
+        let path = self.dir.join(NODE_ID_FILE_NAME);
+        match read_small(&path)? {
+            None => Ok(None),
+            Some(text) => text.parse::<NodeId>().map(Some).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} holds {text:?}, not a node id: {e}", path.display()),
+                )
+            }),
+        }
+    }
+
+    /// Records the node id (durably).
+    pub fn record_node_id(&self, id: NodeId) -> io::Result<()> {
+        write_durably(&self.dir.join(NODE_ID_FILE_NAME), &format!("{id}\n"))
+    }
+
+    /// The file the node id is recorded in.
+    pub fn node_id_path(&self) -> PathBuf {
+        self.dir.join(NODE_ID_FILE_NAME)
+    }
+}
+
+/// Refuses a data dir recorded for another node id.
+pub fn check_node_id(data_dir: &Path, recorded: NodeId, configured: NodeId) -> Result<(), String> {
+    if recorded == configured {
+        return Ok(());
+    }
+    Err(format!(
+        "data dir {dir} belongs to node {recorded} ({file} says so), but this node is \
+         configured as node {configured}: start node {recorded} on it (--node-id {recorded}), \
+         or give node {configured} its own data dir",
+        dir = data_dir.display(),
+        file = data_dir.join(NODE_ID_FILE_NAME).display(),
+    ))
+}
+
+/// Settles the node id of a data dir that records none (one written before node ids were
+/// recorded), from the membership it stores: the member whose peer address is this node's
+/// must be this node. Refuses a dir whose membership gives this node's peer address to
+/// another id; otherwise records the configured id.
+pub fn settle_node_id<'a>(
+    identity: &ClusterIdentity,
+    data_dir: &Path,
+    configured: NodeId,
+    peer_address: &str,
+    members: impl IntoIterator<Item = (&'a NodeId, &'a NodeInfo)>,
+) -> Result<(), String> {
+    let owner = members
+        .into_iter()
+        .find(|(_, node)| node.peer_address == peer_address)
+        .map(|(id, _)| *id);
+    if let Some(owner) = owner.filter(|owner| *owner != configured) {
+        return Err(format!(
+            "data dir {dir} records no node id, but the membership stored in it gives this \
+             node's peer address {peer_address} to node {owner}, and this node is configured \
+             as node {configured}: start node {owner} on it (--node-id {owner}), or give node \
+             {configured} its own data dir",
+            dir = data_dir.display(),
+        ));
+    }
+    identity.record_node_id(configured).map_err(|e| {
+        format!(
+            "cannot record the node id in {}: {e}",
+            identity.node_id_path().display()
+        )
+    })?;
+    tracing::info!(
+        node_id = configured,
+        "recorded the node id of a data dir written before node ids were recorded"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(peer: &str) -> NodeInfo {
+        NodeInfo {
+            peer_address: peer.into(),
+            client_address: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_recorded_node_id_refuses_another_id_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = ClusterIdentity::open(dir.path()).unwrap();
+        assert_eq!(identity.node_id().unwrap(), None);
+        identity.record_node_id(2).unwrap();
+        let identity = ClusterIdentity::open(dir.path()).unwrap();
+        assert_eq!(identity.node_id().unwrap(), Some(2));
+        check_node_id(dir.path(), 2, 2).expect("same id");
+        let refusal = check_node_id(dir.path(), 2, 3).unwrap_err();
+        assert!(
+            refusal.contains("node 2") && refusal.contains("node 3"),
+            "{refusal}"
+        );
+    }
+
+    #[test]
+    fn an_old_dir_settles_its_node_id_from_the_stored_membership() {
+        // The member with this node's peer address is this node: recorded. Another member
+        // holding it: refused, naming both ids. No member holding it: the configured id.
+        let members = std::collections::BTreeMap::from([(1, node("a:1")), (2, node("a:2"))]);
+        let dir = tempfile::tempdir().unwrap();
+        let identity = ClusterIdentity::open(dir.path()).unwrap();
+        let refusal = settle_node_id(&identity, dir.path(), 1, "a:2", &members).unwrap_err();
+        assert!(
+            refusal.contains("node 2") && refusal.contains("node 1"),
+            "{refusal}"
+        );
+        assert_eq!(identity.node_id().unwrap(), None, "nothing recorded");
+        settle_node_id(&identity, dir.path(), 2, "a:2", &members).unwrap();
+        assert_eq!(identity.node_id().unwrap(), Some(2));
+        let dir = tempfile::tempdir().unwrap();
+        let identity = ClusterIdentity::open(dir.path()).unwrap();
+        settle_node_id(&identity, dir.path(), 7, "a:7", &members).unwrap();
+        assert_eq!(identity.node_id().unwrap(), Some(7));
+    }
+}
