@@ -223,14 +223,21 @@ fn check_prefix(entries: &[Entry<TestConfig>]) -> Result<(), String> {
     Ok(())
 }
 
-/// How many entries a WAL keeps when the last segment of `original` is cut cleanly (zeroed)
-/// from byte `offset` on, as a torn write there would leave it; `None` if that is refused.
+/// How many entries a WAL keeps when the last segment of `original` is cut cleanly from byte
+/// `offset` on, as a torn write there would leave it: the byte at `offset` changed (as the
+/// damage changed it) and zeros after it; `None` if that is refused. The byte itself must
+/// change: zeroing alone would leave a byte that was already zero intact, and with it the
+/// frame that holds it (a commit frame's payload, for one).
 fn entries_after_clean_cut(original: &Path, offset: usize) -> Option<usize> {
     let dir = copy_of(original);
     let last = common::segment_files(dir.path()).pop().expect("a segment");
     let mut bytes = std::fs::read(&last).expect("read");
     let from = offset.min(bytes.len());
+    let was = bytes.get(from).copied();
     bytes[from..].fill(0);
+    if let Some(was) = was {
+        bytes[from] = !was;
+    }
     std::fs::write(&last, &bytes).expect("write");
     open_and_read(dir.path(), wal_options(true))
         .ok()
