@@ -97,7 +97,7 @@ pub use state::View;
 pub use store::{Applied, Batch, Store};
 pub use stored::{ResourceHead, StoredResource, TenancyHead, TypeHead};
 pub use validate::{validate_id, validate_list, validate_write, Limits};
-pub use watch::{Event, Watch, WatchEventKind, WatchFilter};
+pub use watch::{Event, Watch, WatchEventKind, WatchFilter, WatchStats};
 
 #[cfg(test)]
 mod send_sync {

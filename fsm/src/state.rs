@@ -163,6 +163,24 @@ impl View {
         self.state.resources.is_empty()
     }
 
+    /// How many resources of each type (`group.Kind`; versions of a kind share their
+    /// storage) the view holds, in type order. One pass over the keys, which sort by type.
+    pub fn count_by_type(&self) -> Vec<(String, u64)> {
+        let mut counts: Vec<(String, u64)> = Vec::new();
+        let mut last_type_key: Option<&str> = None;
+        for key in self.state.resources.keys() {
+            let type_key = key::type_key_of_storage_key(key);
+            match counts.last_mut() {
+                Some((_, n)) if last_type_key == Some(type_key) => *n += 1,
+                _ => {
+                    counts.push((type_key.replace(key::SEPARATOR, "."), 1));
+                    last_type_key = Some(type_key);
+                }
+            }
+        }
+        counts
+    }
+
     /// Every resource of the view, in storage-key order.
     pub fn iter(&self) -> impl Iterator<Item = &StoredResource> + '_ {
         self.state.resources.values()

@@ -198,6 +198,11 @@ impl Store {
         self.shared.writer.lock().registry.unread_bytes()
     }
 
+    /// What the watches have done, for monitoring.
+    pub fn watch_stats(&self) -> crate::watch::WatchStats {
+        self.shared.writer.lock().registry.stats()
+    }
+
     /// The latest state, O(1).
     pub fn view(&self) -> View {
         View {

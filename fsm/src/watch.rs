@@ -164,6 +164,16 @@ struct Subscriber {
     unread: Unread,
 }
 
+/// What a store's watches have done, for monitoring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    pub open: u64,
+    pub unread_bytes: u64,
+    pub events_queued_total: u64,
+    pub events_dropped_total: u64,
+    pub closed_lagging_total: u64,
+}
+
 /// Open watches, indexed by (group, kind) so a change only visits the
 /// watches of its type. Lives under the writer lock.
 #[derive(Default)]
@@ -171,6 +181,11 @@ pub(crate) struct Registry {
     by_type: HashMap<Box<str>, Vec<Subscriber>>,
     count: usize,
     next_id: u64,
+    /// Since the store was created: events buffered for watches, events a watch could not
+    /// take (it was closed for lagging instead), and watches closed for lagging.
+    events_queued_total: u64,
+    events_dropped_total: u64,
+    closed_lagging_total: u64,
     /// Unread bytes of every watch of this store.
     unread_bytes: Arc<AtomicUsize>,
 }
@@ -183,6 +198,16 @@ impl Registry {
     /// Bytes of live events buffered in every watch and not yet read.
     pub fn unread_bytes(&self) -> usize {
         self.unread_bytes.load(Ordering::SeqCst)
+    }
+
+    pub fn stats(&self) -> WatchStats {
+        WatchStats {
+            open: self.count as u64,
+            unread_bytes: self.unread_bytes() as u64,
+            events_queued_total: self.events_queued_total,
+            events_dropped_total: self.events_dropped_total,
+            closed_lagging_total: self.closed_lagging_total,
+        }
     }
 
     fn add(&mut self, type_key: &str, subscriber: Subscriber) {
@@ -230,6 +255,7 @@ impl Registry {
             + EVENT_OVERHEAD_BYTES;
         let before = subscribers.len();
         let store_bytes = &self.unread_bytes;
+        let (mut queued, mut lagging) = (0u64, 0u64);
         subscribers.retain(|s| {
             if !key::tenancy_matches(&change.key, &s.tenancy, &s.name_prefix) {
                 return true;
@@ -241,6 +267,7 @@ impl Registry {
                     watch_unread + size_bytes,
                     limits.watch_buffer_bytes_max
                 ));
+                lagging += 1;
                 return false;
             }
             let store_unread = store_bytes.load(Ordering::SeqCst);
@@ -250,6 +277,7 @@ impl Registry {
                      watch_buffers_bytes_max = {}",
                     limits.watch_buffers_bytes_max
                 ));
+                lagging += 1;
                 return false;
             }
             let buffered = Buffered {
@@ -260,10 +288,14 @@ impl Registry {
             // give the bytes back) as soon as it is in the buffer.
             s.unread.add(size_bytes);
             match s.sender.try_send(buffered) {
-                Ok(()) => true,
+                Ok(()) => {
+                    queued += 1;
+                    true
+                }
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     s.unread.take(size_bytes);
                     let _first = s.close_reason.set(REASON_LAGGING.to_string());
+                    lagging += 1;
                     false
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -276,6 +308,10 @@ impl Registry {
         if subscribers.is_empty() {
             self.by_type.remove(type_key);
         }
+        // Each watch closed for lagging missed this event.
+        self.events_queued_total += queued;
+        self.events_dropped_total += lagging;
+        self.closed_lagging_total += lagging;
     }
 
     /// Closes every watch with `reason`; each consumer receives what it had

@@ -6,9 +6,11 @@
 //! - the leader watcher (`forward::start`): calls the forwarding channel's
 //!   leader-change hook on every leader change seen in Raft's metrics;
 //! - the bootstrap or join task (once, at start);
-//! - the health task: gRPC health is SERVING while the node knows a leader and
-//!   has applied everything committed when it started, NOT_SERVING otherwise
-//!   (both ways, as often as that changes);
+//! - the health task: gRPC health is SERVING while the readiness checks of
+//!   `ops::Probes` pass (no storage fault, a known leader, a linearizable read,
+//!   applied close to the leader's commit index, a member), NOT_SERVING
+//!   otherwise (both ways, as often as that changes);
+//! - the ops listener (`ops`, with `metrics_address`): /metrics, /livez, /readyz;
 //! - the core watcher: when openraft's core stops without being asked to, it
 //!   sets health NOT_SERVING at once, classifies why (`crate::fatal`), logs the
 //!   one line (and marks a damaged data dir), and hands the cause to the
@@ -48,6 +50,7 @@ use crate::admin::Admin;
 use crate::config::{Config, ConfigSource};
 use crate::connections::{ActivityLayer, PortLimits};
 use crate::fatal::{FatalCause, NodeContext, ShutdownProgress};
+use crate::grpc_metrics;
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
 use crate::tls::NodeTls;
@@ -194,6 +197,10 @@ impl Agent {
 
         let peer_listener = bind(&config.peer_address).await?;
         let client_listener = bind(&config.client_address).await?;
+        let ops_listener = match &config.metrics_address {
+            Some(address) => Some(crate::ops::bind(address).await?),
+            None => None,
+        };
         let (stop, stopped) = watch::channel(false);
         let mut servers = Vec::new();
         match &tls {
@@ -295,22 +302,22 @@ impl Agent {
             config.client_message_bytes_max,
         );
         let client_router = server_builder(&config)
-            .add_service(
+            .add_service(grpc_metrics::wrap(
                 limited.wrap(
-                    ResourceServiceServer::new(ResourceGrpc(api))
+                    ResourceServiceServer::new(ResourceGrpc(api.clone()))
                         .max_decoding_message_size(config.client_message_bytes_max)
                         .max_encoding_message_size(config.client_message_bytes_max),
                 ),
-            )
-            .add_service(
+            ))
+            .add_service(grpc_metrics::wrap(
                 limited.wrap(
                     AdminServiceServer::new(admin)
                         .max_decoding_message_size(config.client_message_bytes_max)
                         .max_encoding_message_size(config.client_message_bytes_max),
                 ),
-            )
-            .add_service(limited.wrap(health_service))
-            .add_service(limited.wrap(reflection));
+            ))
+            .add_service(grpc_metrics::wrap(limited.wrap(health_service)))
+            .add_service(grpc_metrics::wrap(limited.wrap(reflection)));
         servers.push(tokio::spawn(crate::connections::serve(
             client_listener,
             tls.as_ref().map(|t| t.client_port.clone()),
@@ -345,7 +352,20 @@ impl Agent {
             fatal_sender,
             NodeContext::of(&config),
         ));
-        tokio::spawn(run_health(raft.clone(), health.clone(), fatal.clone()));
+        let probes = crate::ops::Probes {
+            raft: raft.clone(),
+            api,
+            fatal: fatal.clone(),
+            data_dir: config.data_dir.clone(),
+            apply_lag_entries_max: config.ready_apply_lag_entries_max,
+            timeout: Duration::from_millis(config.election_timeout_ms * 2),
+        };
+        if let Some(listener) = ops_listener {
+            tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /livez and /readyz");
+            servers.push(crate::ops::spawn(listener, probes.clone(), stopped.clone()));
+            servers.push(crate::ops::spawn_leader_counter(raft.clone()));
+        }
+        tokio::spawn(run_health(probes, health.clone(), fatal.clone()));
 
         Ok(Agent {
             raft,
@@ -644,28 +664,32 @@ async fn watch_core(
 /// has applied everything committed when it started (once reached, that stays true);
 /// NOT_SERVING otherwise, and for good once a fatal cause is found.
 async fn run_health(
-    raft: RaftHandle,
+    probes: crate::ops::Probes,
     health: Arc<Health>,
     mut fatal: watch::Receiver<Option<FatalCause>>,
 ) {
-    let committed_at_start = raft.committed_index().await;
-    let mut caught_up = false;
     loop {
         if fatal.borrow_and_update().is_some() {
             health.set(false).await;
             return;
         }
-        let s = raft.status();
-        caught_up |= s.applied_index >= committed_at_start;
-        health
-            .set(s.state != "shutdown" && s.leader_id.is_some() && caught_up)
-            .await;
+        let verdict = probes.readiness().await;
+        if !verdict.passed() {
+            tracing::debug!(failures = %verdict.failures(), "not ready");
+        }
+        // A fatal cause found while the checks ran wins.
+        if fatal.borrow().is_none() {
+            health.set(verdict.passed()).await;
+        }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = tokio::time::sleep(HEALTH_INTERVAL) => {}
             changed = fatal.changed() => if changed.is_err() { return },
         }
     }
 }
+
+/// How often gRPC health runs the readiness checks.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Static bootstrap: the member with the lowest id initializes the cluster,
 /// once. A node whose log already holds a membership never initializes again.

@@ -92,8 +92,12 @@ struct AgentArgs {
     log_level: Option<String>,
     #[arg(long, value_enum)]
     log_format: Option<LogFormatArg>,
+    /// Serve /metrics, /livez and /readyz over plain HTTP on this address.
     #[arg(long)]
     metrics_address: Option<String>,
+    /// How far (in entries) applying may trail the leader's commit index for /readyz.
+    #[arg(long)]
+    ready_apply_lag_entries_max: Option<u64>,
     /// Time every stage of each write on the leader into the histogram
     /// cairn_write_stage_seconds on the metrics port.
     #[arg(long)]
@@ -478,6 +482,7 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
         ),
         ("receive_stall_timeout_ms", a.receive_stall_timeout_ms),
         ("shutdown_timeout_ms", a.shutdown_timeout_ms),
+        ("ready_apply_lag_entries_max", a.ready_apply_lag_entries_max),
     ] {
         if let Some(v) = value {
             put(key, v.into())
@@ -518,13 +523,9 @@ fn run_agent(args: AgentArgs) -> u8 {
     };
     init_logging(&config.log_level, config.log_format);
     runtime().block_on(async move {
-        if let Some(address) = &config.metrics_address {
-            let addr: std::net::SocketAddr = address.parse().expect("validated");
-            if let Err(e) = metrics_exporter_prometheus::PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .install()
-            {
-                eprintln!("cairn: cannot serve metrics on {address}: {e}");
+        if config.metrics_address.is_some() {
+            if let Err(e) = crate::ops::install_recorder() {
+                eprintln!("cairn: {e:#}");
                 return exit::ERROR;
             }
         }

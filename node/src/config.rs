@@ -160,9 +160,13 @@ pub struct Config {
     /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter directive.
     pub log_level: String,
     pub log_format: LogFormat,
-    /// Serve Prometheus metrics on this address (`/metrics`); off when absent.
+    /// The ops listener: plain HTTP on this address serving `/metrics` (Prometheus),
+    /// `/livez` and `/readyz`; off when absent.
     #[serde(default)]
     pub metrics_address: Option<String>,
+    /// How many entries this node's applied index may trail the leader's commit index while
+    /// `/readyz` (and gRPC health) still call it ready.
+    pub ready_apply_lag_entries_max: u64,
     /// Time every stage of each write on the leader (received, batched,
     /// proposed, replicated, committed, applied, answered) into the histogram
     /// `cairn_write_stage_seconds` on the metrics port. Off by default; when
@@ -267,6 +271,7 @@ impl Default for Config {
             log_level: "warn".into(),
             log_format: LogFormat::Text,
             metrics_address: None,
+            ready_apply_lag_entries_max: 1000,
             write_stage_timing: false,
             log_engine: cairn_raft_log::LogEngineKind::Wal,
             auth: AuthConfig::default(),

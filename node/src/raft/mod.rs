@@ -8,6 +8,7 @@ mod log_growth;
 mod network;
 pub mod peer_gate;
 pub mod read_batch;
+mod series;
 pub mod stages;
 mod state_machine;
 #[cfg(test)]
@@ -33,6 +34,7 @@ pub use network::{
     decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits, DECODE_BYTES_MAX,
 };
 pub use peer_gate::PeerGate;
+pub use series::describe_metrics;
 pub use state_machine::StateMachine;
 
 /// A member's addresses, as stored in the Raft membership.
@@ -606,12 +608,15 @@ impl RaftHandle {
     /// A write or delete may share its entry with other writes (see
     /// [`write_batch`]); every other command is an entry of its own.
     pub async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
-        match command {
+        let pending = series::Pending::start();
+        let result = match command {
             Command::Write { .. } | Command::Delete { .. } => {
                 self.write_batch.propose(command).await
             }
             other => propose_entry(&self.raft, self.node_id, other.encode()).await,
-        }
+        };
+        pending.answered(series::failure_of(&result));
+        result
     }
 
     /// Confirms leadership with a quorum and waits until this node has applied

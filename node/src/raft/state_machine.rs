@@ -369,6 +369,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         .await
         .map_err(|e| self.fail_with(format!("the snapshot writer task failed: {e}")))?
         .map_err(|e| self.fail(snapshot_failure("write the snapshot", &path, &e)))?;
+        super::series::snapshot_saved(started.elapsed(), size_bytes);
         tracing::info!(
             index = header_index,
             size_bytes,
@@ -527,6 +528,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<NodeId, NodeInfo>,
         snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError<NodeId>> {
+        let started = std::time::Instant::now();
         let incoming = self.shared.dir.join("incoming.part");
         // The data is whatever file openraft hands back: normally the
         // `incoming.part` we opened for it, but any file is honoured, copied
@@ -583,6 +585,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             ))
         })?;
         self.shared.growth.snapshot_installed(received_bytes);
+        super::series::snapshot_installed(started.elapsed(), received_bytes);
         prune_except(&self.shared.dir, &final_path);
         let mut m = self.meta();
         m.last_applied = Some(last_log_id);

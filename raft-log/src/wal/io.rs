@@ -398,17 +398,24 @@ where
         let batch_crc = crc32c::crc32c(&self.buffer);
         format::push_commit(&mut self.buffer, start, batch_crc, self.buffer_frames);
         let file = &self.active.file;
+        let write_started = std::time::Instant::now();
         file.file.write_all_at(&self.buffer, start).map_err(|e| {
             LogError::io(
                 format!("write {} bytes to segment {}", self.buffer.len(), file.name),
                 e,
             )
         })?;
+        let sync_started = std::time::Instant::now();
         if self.fsync {
             file.file
                 .sync_data()
                 .map_err(|e| LogError::io(format!("fdatasync segment {}", file.name), e))?;
         }
+        crate::metrics::record_batch(
+            self.buffer.len(),
+            sync_started - write_started,
+            self.fsync.then(|| sync_started.elapsed()),
+        );
         self.shared
             .counters
             .durability_points
