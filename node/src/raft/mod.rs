@@ -535,14 +535,22 @@ impl RaftHandle {
 
     /// Waits until openraft's core has stopped, and returns its error (`Fatal::Stopped` after
     /// a requested shutdown). Returns at once if it already has.
+    ///
+    /// Watches the server metrics (vote, role, leader, membership), which change only on
+    /// those events, and whose sender the core drops when it ends: the full metrics are sent
+    /// several times per write, and every watcher of them is woken each time.
     pub async fn core_stopped(&self) -> String {
-        let mut metrics = self.raft.metrics();
+        let mut server = self.raft.server_metrics();
         loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+            if let Err(fatal) = &self.raft.metrics().borrow().running_state {
                 return fatal.to_string();
             }
-            if metrics.changed().await.is_err() {
-                return "the core task ended".to_string();
+            if server.changed().await.is_err() {
+                // The core ended; its last full metrics say why.
+                return match &self.raft.metrics().borrow().running_state {
+                    Err(fatal) => fatal.to_string(),
+                    Ok(()) => "the core task ended".to_string(),
+                };
             }
         }
     }
@@ -660,8 +668,11 @@ impl RaftHandle {
 
     /// Waits until the leader hint in this node's metrics differs from
     /// `known` and returns it; `None` once Raft has stopped.
+    ///
+    /// Watches the server metrics, which change only with the vote, role, leader or
+    /// membership (not at every write, as the full metrics do).
     pub async fn leader_changed(&self, known: &LeaderHint) -> Option<LeaderHint> {
-        let mut metrics = self.raft.metrics();
+        let mut metrics = self.raft.server_metrics();
         loop {
             let hint = {
                 let m = metrics.borrow_and_update();
