@@ -5,7 +5,11 @@
 # Used for docs/benchmarks.md's write-path profile; the machine may be loaded, since neither
 # figure depends on wall-clock time (CPU time a little, through caches).
 #
-# usage: node/src/bench/profile.sh callgrind|perfstat|record --clients N --ops N [--out DIR]
+# usage: node/src/bench/profile.sh callgrind|perfstat|switches|record --clients N --ops N [--out DIR]
+#   switches: every context switch of each node (perf record -e sched:sched_switch -g), per
+#   write, by why the thread stopped: asleep in epoll_wait (a tokio worker parked in the I/O
+#   driver), asleep on a futex (a worker parked without the driver, the WAL thread waiting
+#   for work), or preempted (runnable, displaced by a thread it or another woke).
 # env: CAIRN (the binary; default target/release/cairn), BASE_PORT (17400),
 #      PRIME_OPS (2000: unmeasured writes first, so every key exists and every path is warm)
 # Output: one line per node: node id, role, instructions (or context switches, task-clock ms)
@@ -23,7 +27,8 @@ while [ $# -gt 0 ]; do
     *) echo "unknown arg: $1" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in callgrind|perfstat|record) ;; *) echo "mode: callgrind|perfstat|record" >&2; exit 2 ;; esac
+case "$MODE" in callgrind|perfstat|switches|record) ;; *) echo "mode: callgrind|perfstat|switches|record" >&2; exit 2 ;; esac
+[ "$MODE" = switches ] && RECORD_EVENT=sched:sched_switch
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
 CAIRN=${CAIRN:-$ROOT/target/release/cairn}
@@ -80,7 +85,7 @@ if [ "$MODE" = callgrind ]; then
     role=follower; [ "$id" = "$leader" ] && role=leader
     echo "node $id $role: $ir instructions, $((ir / OPS)) per write ($f)"
   done
-elif [ "$MODE" = record ]; then
+elif [ "$MODE" = record ] || [ "$MODE" = switches ]; then
   for id in 1 2 3; do
     perf record -e ${RECORD_EVENT:-cpu-clock -F 4000} -g -p "${PIDS[$((id - 1))]}" -o "$OUT/perf.data.node$id" 2>/dev/null &
     PERFS+=($!)
@@ -91,6 +96,37 @@ elif [ "$MODE" = record ]; then
   wait "${PERFS[@]}" 2>/dev/null || true
   PERFS=()
   echo "leader: node $leader; perf report -i $OUT/perf.data.nodeN"
+  if [ "$MODE" = switches ]; then
+    for id in 1 2 3; do
+      role=follower; [ "$id" = "$leader" ] && role=leader
+      perf script -i "$OUT/perf.data.node$id" -F comm,event,trace,ip,sym 2>/dev/null |
+        python3 -c '
+import collections, re, sys
+ops, name = int(sys.argv[1]), sys.argv[2]
+counts, total = collections.Counter(), 0
+for block in sys.stdin.read().split("\n\n"):
+    lines = [l.strip() for l in block.strip().split("\n") if l.strip()]
+    if not lines:
+        continue
+    state = re.search(r"prev_state=(\S+)", lines[0])
+    stack = " ".join(lines[1:])
+    if "epoll_wait" in stack:
+        why = "asleep in epoll_wait"
+    elif state and state.group(1) == "R":
+        why = "preempted"
+    elif "futex" in stack:
+        why = "asleep on a futex"
+    else:
+        why = "asleep, other"
+    counts[(lines[0].split()[0], why)] += 1
+    total += 1
+print("%s: %.2f context switches per write" % (name, total / ops))
+for (thread, why), n in counts.most_common():
+    if n / ops >= 0.01:
+        print("  %.2f %s, %s" % (n / ops, thread, why))
+' "$OPS" "node $id $role"
+    done
+  fi
 else
   for id in 1 2 3; do
     perf stat -e context-switches,cpu-migrations,task-clock -p "${PIDS[$((id - 1))]}" \
