@@ -12,7 +12,7 @@
 #   for work), or preempted (runnable, displaced by a thread it or another woke).
 # env: CAIRN (the binary; default target/release/cairn), BASE_PORT (17400),
 #      PRIME_OPS (2000: unmeasured writes first, so every key exists and every path is warm)
-# Output: one line per node: node id, role, instructions (or context switches, task-clock ms)
+# Output: one line per node: node id, role, instructions (or context switches and CPU µs)
 # per write; callgrind files stay in DIR for callgrind_annotate.
 # Every process started here is stopped by its pid on exit.
 set -euo pipefail
