@@ -55,37 +55,74 @@ impl Default for Limits {
     }
 }
 
+/// A field's dotted name, built only when a check fails: validation runs
+/// several times on every write (before proposal and at apply on every
+/// node), so the passing path allocates nothing.
+#[derive(Clone, Copy)]
+struct Field<'a> {
+    parent: Option<&'a Field<'a>>,
+    name: &'a str,
+}
+
+impl<'a> Field<'a> {
+    fn root(name: &'a str) -> Field<'a> {
+        Field { parent: None, name }
+    }
+
+    fn child(&'a self, name: &'a str) -> Field<'a> {
+        Field {
+            parent: Some(self),
+            name,
+        }
+    }
+
+    fn path(&self) -> String {
+        match self.parent {
+            Some(parent) => format!("{}.{}", parent.path(), self.name),
+            None => self.name.to_string(),
+        }
+    }
+
+    fn invalid(&self, reason: impl Into<String>) -> FsmError {
+        FsmError::invalid(self.path(), reason)
+    }
+}
+
 /// Checks one identifier-like string: bounded, no control characters (they
 /// are also the separators of the internal keys), optionally non-empty, and
 /// optionally without `*`.
 fn check_text(
-    field: &str,
+    field: Field<'_>,
     value: &str,
     required: bool,
     star_allowed: bool,
     limits: &Limits,
 ) -> Result<(), FsmError> {
+    text_problem(value, required, star_allowed, limits).map_err(|reason| field.invalid(reason))
+}
+
+/// What is wrong with an identifier-like string (see [`check_text`]), if anything.
+fn text_problem(
+    value: &str,
+    required: bool,
+    star_allowed: bool,
+    limits: &Limits,
+) -> Result<(), String> {
     if required && value.is_empty() {
-        return Err(FsmError::invalid(field, "must not be empty"));
+        return Err("must not be empty".into());
     }
     if value.len() > limits.name_bytes_max {
-        return Err(FsmError::invalid(
-            field,
-            format!(
-                "is {} bytes, more than the limit name_bytes_max = {}",
-                value.len(),
-                limits.name_bytes_max
-            ),
+        return Err(format!(
+            "is {} bytes, more than the limit name_bytes_max = {}",
+            value.len(),
+            limits.name_bytes_max
         ));
     }
     if value.chars().any(char::is_control) {
-        return Err(FsmError::invalid(
-            field,
-            "must not contain control characters",
-        ));
+        return Err("must not contain control characters".into());
     }
     if !star_allowed && value.contains('*') {
-        return Err(FsmError::invalid(field, "must not contain '*'"));
+        return Err("must not contain '*'".into());
     }
     Ok(())
 }
@@ -96,46 +133,38 @@ fn check_tenancy_pattern(field: &str, value: &str, limits: &Limits) -> Result<()
     if value == "*" {
         return Ok(());
     }
-    check_text(field, value, false, true, limits)?;
+    check_text(Field::root(field), value, false, true, limits)?;
     if value.contains('*') {
         return Err(FsmError::invalid(field, "'*' must stand alone"));
     }
     Ok(())
 }
 
-fn check_type(field: &str, type_: Option<&Type>, limits: &Limits) -> Result<(), FsmError> {
+fn check_type(field: Field<'_>, type_: Option<&Type>, limits: &Limits) -> Result<(), FsmError> {
     let Some(t) = type_ else {
-        return Err(FsmError::invalid(field, "is required"));
+        return Err(field.invalid("is required"));
     };
-    check_text(&format!("{field}.group"), &t.group, true, false, limits)?;
+    check_text(field.child("group"), &t.group, true, false, limits)?;
     check_text(
-        &format!("{field}.group_version"),
+        field.child("group_version"),
         &t.group_version,
         false,
         false,
         limits,
     )?;
-    check_text(&format!("{field}.kind"), &t.kind, true, false, limits)?;
+    check_text(field.child("kind"), &t.kind, true, false, limits)?;
     Ok(())
 }
 
-fn check_tenancy(field: &str, tenancy: Option<&Tenancy>, limits: &Limits) -> Result<(), FsmError> {
+fn check_tenancy(
+    field: Field<'_>,
+    tenancy: Option<&Tenancy>,
+    limits: &Limits,
+) -> Result<(), FsmError> {
     // An absent tenancy is the empty one ("" partition, "" namespace).
     if let Some(t) = tenancy {
-        check_text(
-            &format!("{field}.partition"),
-            &t.partition,
-            false,
-            false,
-            limits,
-        )?;
-        check_text(
-            &format!("{field}.namespace"),
-            &t.namespace,
-            false,
-            false,
-            limits,
-        )?;
+        check_text(field.child("partition"), &t.partition, false, false, limits)?;
+        check_text(field.child("namespace"), &t.namespace, false, false, limits)?;
     }
     Ok(())
 }
@@ -145,10 +174,14 @@ fn check_tenancy(field: &str, tenancy: Option<&Tenancy>, limits: &Limits) -> Res
 /// (deletes ignore it; a read with a different one gets GroupVersionMismatch);
 /// every string is bounded and free of control characters and `*`.
 pub fn validate_id(field: &str, id: &Id, limits: &Limits) -> Result<(), FsmError> {
-    check_text(&format!("{field}.uid"), &id.uid, false, false, limits)?;
-    check_text(&format!("{field}.name"), &id.name, true, false, limits)?;
-    check_type(&format!("{field}.type"), id.r#type.as_ref(), limits)?;
-    check_tenancy(&format!("{field}.tenancy"), id.tenancy.as_ref(), limits)?;
+    check_id(Field::root(field), id, limits)
+}
+
+fn check_id(field: Field<'_>, id: &Id, limits: &Limits) -> Result<(), FsmError> {
+    check_text(field.child("uid"), &id.uid, false, false, limits)?;
+    check_text(field.child("name"), &id.name, true, false, limits)?;
+    check_type(field.child("type"), id.r#type.as_ref(), limits)?;
+    check_tenancy(field.child("tenancy"), id.tenancy.as_ref(), limits)?;
     Ok(())
 }
 
@@ -173,7 +206,13 @@ pub fn validate_write(resource: &Resource, limits: &Limits) -> Result<(), FsmErr
     if let Some(owner) = resource.owner.as_ref() {
         validate_id("resource.owner", owner, limits)?;
     }
-    check_text("resource.version", &resource.version, false, false, limits)?;
+    check_text(
+        Field::root("resource.version"),
+        &resource.version,
+        false,
+        false,
+        limits,
+    )?;
     // The size first: every later check walks the resource.
     let size_bytes = resource.encoded_len();
     if size_bytes > limits.resource_bytes_max {
@@ -186,7 +225,7 @@ pub fn validate_write(resource: &Resource, limits: &Limits) -> Result<(), FsmErr
         ));
     }
     check_text(
-        "resource.generation",
+        Field::root("resource.generation"),
         &resource.generation,
         false,
         true,
@@ -203,7 +242,13 @@ pub fn validate_write(resource: &Resource, limits: &Limits) -> Result<(), FsmErr
         ));
     }
     for key in resource.metadata.keys() {
-        check_text("resource.metadata key", key, false, true, limits)?;
+        check_text(
+            Field::root("resource.metadata key"),
+            key,
+            false,
+            true,
+            limits,
+        )?;
     }
     let conditions: usize = resource.status.values().map(|s| s.conditions.len()).sum();
     if conditions > limits.status_conditions_max {
@@ -228,15 +273,11 @@ pub fn validate_write(resource: &Resource, limits: &Limits) -> Result<(), FsmErr
         ));
     }
     for (key, status) in &resource.status {
-        check_text("resource.status key", key, false, true, limits)?;
+        check_text(Field::root("resource.status key"), key, false, true, limits)?;
         for condition in &status.conditions {
-            check_text(
-                &format!("resource.status[{key}].conditions.type"),
-                &condition.r#type,
-                false,
-                true,
-                limits,
-            )?;
+            text_problem(&condition.r#type, false, true, limits).map_err(|reason| {
+                FsmError::invalid(format!("resource.status[{key}].conditions.type"), reason)
+            })?;
         }
     }
     Ok(())
@@ -251,11 +292,17 @@ pub fn validate_list(
     name_prefix: &str,
     limits: &Limits,
 ) -> Result<(), FsmError> {
-    check_text("type.group", &type_.group, true, false, limits)?;
-    check_text("type.kind", &type_.kind, true, false, limits)?;
+    check_text(Field::root("type.group"), &type_.group, true, false, limits)?;
+    check_text(Field::root("type.kind"), &type_.kind, true, false, limits)?;
     check_tenancy_pattern("tenancy.partition", &tenancy.partition, limits)?;
     check_tenancy_pattern("tenancy.namespace", &tenancy.namespace, limits)?;
-    check_text("name_prefix", name_prefix, false, false, limits)?;
+    check_text(
+        Field::root("name_prefix"),
+        name_prefix,
+        false,
+        false,
+        limits,
+    )?;
     Ok(())
 }
 

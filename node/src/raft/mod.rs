@@ -58,17 +58,102 @@ impl fmt::Display for NodeInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogPayload(#[serde(with = "serde_bytes_compat")] pub Bytes);
 
+/// Serde for a `Bytes` field: written as serde bytes (bincode: a length and the
+/// bytes), read back with one copy. Read as a `Vec<u8>` it went through serde's
+/// sequence visitor one byte at a time (about 24 instructions a byte, 28 % of a
+/// follower's instructions per write at 64 clients); the encoding is the same
+/// either way, so logs and peers of either form agree.
 mod serde_bytes_compat {
+    use std::fmt;
+
     use bytes::Bytes;
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::de::{SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &Bytes, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_bytes(bytes)
     }
 
+    /// Borrowed from the input where the format allows (bincode from a slice, as the
+    /// peer port and the log read it: the length is checked against the input, and
+    /// nothing is allocated before), then copied once.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
-        let v: Vec<u8> = Deserialize::deserialize(d)?;
-        Ok(Bytes::from(v))
+        d.deserialize_bytes(BytesVisitor)
+    }
+
+    struct BytesVisitor;
+
+    impl<'de> Visitor<'de> for BytesVisitor {
+        type Value = Bytes;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("bytes")
+        }
+
+        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Bytes, E> {
+            Ok(Bytes::copy_from_slice(v))
+        }
+
+        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+            Ok(Bytes::from(v))
+        }
+
+        /// Formats without a bytes type (JSON, say) write bytes as a sequence.
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Bytes, A::Error> {
+            // The hint comes from the input: bounded, never trusted for the allocation.
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64 * 1024));
+            while let Some(b) = seq.next_element::<u8>()? {
+                v.push(b);
+            }
+            Ok(Bytes::from(v))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::super::LogPayload;
+        use bytes::Bytes;
+
+        fn config() -> bincode::config::Configuration {
+            bincode::config::standard()
+        }
+
+        #[test]
+        fn a_payload_reads_back_as_written_and_as_the_vec_form_wrote_it() {
+            for len in [0usize, 1, 127, 128, 300, 70_000] {
+                let payload = LogPayload(Bytes::from(
+                    (0..len).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>(),
+                ));
+                let encoded = bincode::serde::encode_to_vec(&payload, config()).unwrap();
+                // A Vec<u8> field, the form this replaced, encodes the same bytes.
+                let as_vec = bincode::serde::encode_to_vec(payload.0.to_vec(), config()).unwrap();
+                assert_eq!(encoded, as_vec, "{len} bytes");
+                let (back, read): (LogPayload, usize) =
+                    bincode::serde::borrow_decode_from_slice(&encoded, config()).unwrap();
+                assert_eq!((back, read), (payload.clone(), encoded.len()));
+                let (owned, _): (LogPayload, usize) =
+                    bincode::serde::decode_from_slice(&encoded, config()).unwrap();
+                assert_eq!(owned, payload);
+                let json = serde_json::to_string(&payload).unwrap();
+                assert_eq!(serde_json::from_str::<LogPayload>(&json).unwrap(), payload);
+            }
+        }
+
+        #[test]
+        fn a_payload_longer_than_its_input_is_an_error_not_an_allocation() {
+            let mut encoded =
+                bincode::serde::encode_to_vec(LogPayload(Bytes::from_static(b"abc")), config())
+                    .unwrap();
+            encoded.truncate(encoded.len() - 1);
+            assert!(
+                bincode::serde::decode_from_slice::<LogPayload, _>(&encoded, config()).is_err()
+            );
+            // A length of 2^62 (varint: 253 then a little-endian u64) before 3 bytes.
+            let mut huge = vec![253u8];
+            huge.extend_from_slice(&(1u64 << 62).to_le_bytes());
+            huge.extend_from_slice(b"abc");
+            assert!(bincode::serde::decode_from_slice::<LogPayload, _>(&huge, config()).is_err());
+        }
     }
 }
 
@@ -537,14 +622,22 @@ impl RaftHandle {
 
     /// Waits until openraft's core has stopped, and returns its error (`Fatal::Stopped` after
     /// a requested shutdown). Returns at once if it already has.
+    ///
+    /// Watches the server metrics (vote, role, leader, membership), which change only on
+    /// those events, and whose sender the core drops when it ends: the full metrics are sent
+    /// several times per write, and every watcher of them is woken each time.
     pub async fn core_stopped(&self) -> String {
-        let mut metrics = self.raft.metrics();
+        let mut server = self.raft.server_metrics();
         loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+            if let Err(fatal) = &self.raft.metrics().borrow().running_state {
                 return fatal.to_string();
             }
-            if metrics.changed().await.is_err() {
-                return "the core task ended".to_string();
+            if server.changed().await.is_err() {
+                // The core ended; its last full metrics say why.
+                return match &self.raft.metrics().borrow().running_state {
+                    Err(fatal) => fatal.to_string(),
+                    Ok(()) => "the core task ended".to_string(),
+                };
             }
         }
     }
@@ -665,8 +758,11 @@ impl RaftHandle {
 
     /// Waits until the leader hint in this node's metrics differs from
     /// `known` and returns it; `None` once Raft has stopped.
+    ///
+    /// Watches the server metrics, which change only with the vote, role, leader or
+    /// membership (not at every write, as the full metrics do).
     pub async fn leader_changed(&self, known: &LeaderHint) -> Option<LeaderHint> {
-        let mut metrics = self.raft.metrics();
+        let mut metrics = self.raft.server_metrics();
         loop {
             let hint = {
                 let m = metrics.borrow_and_update();
