@@ -467,7 +467,9 @@ impl Config {
                 format!("must be between 64 KiB and {} MiB", chunk_max >> 20),
             ));
         }
-        if self.resource_bytes_max == 0 || self.resource_bytes_max > 16 * 1024 * 1024 {
+        if self.resource_bytes_max == 0
+            || self.resource_bytes_max > cairn_fsm::RESOURCE_BYTES_HARD_MAX
+        {
             return Err(invalid(
                 "resource_bytes_max",
                 "must be between 1 byte and 16 MiB",
@@ -594,16 +596,22 @@ impl Config {
             (self.client_message_bytes_max).max(self.snapshot_chunk_bytes as usize + 64 * 1024)
                 ..=crate::raft::DECODE_BYTES_MAX,
         )?;
-        check_range("name_bytes_max", self.name_bytes_max, 16..=4096)?;
+        // The upper bounds are the fsm's hard bounds: what every replica
+        // applies, whatever its configuration.
+        check_range(
+            "name_bytes_max",
+            self.name_bytes_max,
+            16..=cairn_fsm::NAME_BYTES_HARD_MAX,
+        )?;
         check_range(
             "metadata_entries_max",
             self.metadata_entries_max,
-            0..=100_000,
+            0..=cairn_fsm::METADATA_ENTRIES_HARD_MAX,
         )?;
         check_range(
             "status_conditions_max",
             self.status_conditions_max,
-            0..=100_000,
+            0..=cairn_fsm::STATUS_CONDITIONS_HARD_MAX,
         )?;
         check_range("list_results_max", self.list_results_max, 1..=100_000_000)?;
         check_range(
