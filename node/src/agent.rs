@@ -216,6 +216,7 @@ impl Agent {
                 started: config.clone(),
                 tls: tls.clone(),
                 auth: auth.clone(),
+                node_credentials: access.credentials.clone(),
             },
             (config.tls_reload_interval_ms > 0)
                 .then(|| Duration::from_millis(config.tls_reload_interval_ms)),

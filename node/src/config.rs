@@ -357,23 +357,18 @@ impl ConfigSource {
 
 impl Config {
     /// The settings whose values differ between `self` and `other`, by
-    /// config key (`auth.node_token_file` for that one; the grants are not
-    /// settings): those a reload leaves as they were at start.
+    /// config key: those a reload leaves as they were at start (the
+    /// `[auth]` table, grants and node token file, is reloaded).
     pub fn settings_changed(&self, other: &Config) -> Vec<String> {
         let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
             (serde_json::to_value(self), serde_json::to_value(other))
         else {
             return vec![];
         };
-        let mut changed: Vec<String> = a
-            .iter()
+        a.iter()
             .filter(|(key, value)| key.as_str() != "auth" && b.get(key.as_str()) != Some(value))
             .map(|(key, _)| key.clone())
-            .collect();
-        if self.auth.node_token_file != other.auth.node_token_file {
-            changed.push("auth.node_token_file".into());
-        }
-        changed
+            .collect()
     }
 
     /// Layers the sources: defaults < file < environment < flags.
@@ -716,16 +711,14 @@ mod tests {
 
     #[test]
     fn settings_changed_names_what_waits_for_a_restart() {
-        // Grants are reloaded, so they are no setting; everything else is.
+        // Grants and the node token are reloaded, so they are no setting;
+        // everything else is.
         let a = Config::default();
         let mut b = a.clone();
         assert!(a.settings_changed(&b).is_empty());
         b.history_changes_max += 1;
         b.auth.grants.push(GrantConfig::default());
         b.auth.node_token_file = Some("/t".into());
-        assert_eq!(
-            a.settings_changed(&b),
-            ["history_changes_max", "auth.node_token_file"]
-        );
+        assert_eq!(a.settings_changed(&b), ["history_changes_max"]);
     }
 }
