@@ -71,23 +71,32 @@ impl std::fmt::Debug for BearerToken {
 }
 
 /// A tonic interceptor adding `authorization: Bearer <token>` to every
-/// request, or nothing when there is no token.
+/// request, or nothing when there is no token. Clones share the token:
+/// [`Credentials::replace`] changes it for every clone's next request (a
+/// node re-reading its token file on SIGHUP).
 #[derive(Clone, Default)]
 pub struct Credentials {
-    header: Option<MetadataValue<Ascii>>,
+    header: Arc<parking_lot::RwLock<Option<MetadataValue<Ascii>>>>,
 }
 
 impl Credentials {
     pub fn new(token: Option<&BearerToken>) -> Credentials {
         Credentials {
-            header: token.map(BearerToken::header_value),
+            header: Arc::new(parking_lot::RwLock::new(
+                token.map(BearerToken::header_value),
+            )),
         }
+    }
+
+    /// Every clone presents `token` (or nothing) from its next request on.
+    pub fn replace(&self, token: Option<&BearerToken>) {
+        *self.header.write() = token.map(BearerToken::header_value);
     }
 }
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = if self.header.is_some() {
+        let shown = if self.header.read().is_some() {
             "Credentials(bearer <redacted>)"
         } else {
             "Credentials(none)"
@@ -101,10 +110,8 @@ impl tonic::service::Interceptor for Credentials {
         &mut self,
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(header) = &self.header {
-            request
-                .metadata_mut()
-                .insert(AUTHORIZATION_HEADER, header.clone());
+        if let Some(header) = self.header.read().clone() {
+            request.metadata_mut().insert(AUTHORIZATION_HEADER, header);
         }
         Ok(request)
     }
@@ -133,6 +140,21 @@ mod tests {
             .call(tonic::Request::new(()))
             .unwrap();
         assert!(bare.metadata().get(AUTHORIZATION_HEADER).is_none());
+    }
+
+    #[test]
+    fn a_replaced_token_is_what_every_clone_sends_next() {
+        let mut credentials = Credentials::new(Some(&BearerToken::new("old").unwrap()));
+        let mut clone = credentials.clone();
+        credentials.replace(Some(&BearerToken::new("new").unwrap()));
+        for c in [&mut credentials, &mut clone] {
+            let request = c.call(tonic::Request::new(())).unwrap();
+            let header = request.metadata().get(AUTHORIZATION_HEADER).unwrap();
+            assert_eq!(header.to_str().unwrap(), "Bearer new");
+        }
+        clone.replace(None);
+        let request = credentials.call(tonic::Request::new(())).unwrap();
+        assert!(request.metadata().get(AUTHORIZATION_HEADER).is_none());
     }
 
     #[test]

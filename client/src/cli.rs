@@ -71,7 +71,8 @@ use crate::error::{ClientError, Outcome};
 use crate::json::{json_payload, payload_as_json, resource_from_json, resource_to_json};
 use crate::{BearerToken, Client, ClientOptions};
 
-/// Exit codes of every `cairn` command.
+/// Exit codes of every `cairn` command (the data commands here, and the
+/// node binary's admin commands: one table).
 pub mod exit {
     pub const OK: u8 = 0;
     pub const ERROR: u8 = 1;
@@ -100,6 +101,48 @@ pub fn exit_code(e: &ClientError) -> u8 {
     }
 }
 
+/// The exit code of a node's verdict, as [`exit_code`] gives it for the
+/// same error seen by the client library (so an admin command and a data
+/// command exit alike).
+pub fn exit_code_of_api(e: &cairn_proto::error::ApiError) -> u8 {
+    exit_code(&ClientError::from_api(e.clone(), Outcome::NotApplied))
+}
+
+/// How every `cairn` command that talks to a cluster reaches it: the nodes'
+/// client addresses, a bearer token, TLS. The data commands take it inside
+/// [`CommonArgs`]; the admin commands of the node binary take it as is.
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Client addresses of cluster nodes, comma-separated.
+    #[arg(
+        long,
+        env = "CAIRN_ENDPOINTS",
+        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
+        value_delimiter = ','
+    )]
+    pub endpoints: Vec<String>,
+    /// Bearer token, for a cluster that requires one (admin commands need
+    /// one with the admin role).
+    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+impl ClusterArgs {
+    /// `--token`, checked ([`BearerToken::new`]).
+    pub fn bearer_token(&self) -> Result<Option<BearerToken>, ClientError> {
+        self.token.clone().map(BearerToken::new).transpose()
+    }
+
+    /// How to reach the nodes: TLS per the flags (or an `https://`
+    /// endpoint), else plaintext; presenting `--token`, if given.
+    pub fn access(&self) -> Result<crate::Access, ClientError> {
+        let token = self.bearer_token()?;
+        Ok(self.tls.access(&self.endpoints)?.with_token(token.as_ref()))
+    }
+}
+
 /// The data commands of `cairn`.
 #[derive(Subcommand, Debug, Clone)]
 pub enum DataCommand {
@@ -120,17 +163,8 @@ pub enum DataCommand {
 /// Options every data command takes.
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
-    /// Client addresses of cluster nodes, comma-separated.
-    #[arg(
-        long,
-        env = "CAIRN_ENDPOINTS",
-        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-        value_delimiter = ','
-    )]
-    pub endpoints: Vec<String>,
-    /// Bearer token, for a cluster that requires one.
-    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Consistency of the reads the command makes.
     #[arg(long, value_enum, default_value = "strong")]
     pub consistency: ConsistencyArg,
@@ -143,8 +177,6 @@ pub struct CommonArgs {
     /// Deadline of each call to the cluster, failovers included.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
-    #[command(flatten)]
-    pub tls: TlsArgs,
 }
 
 /// TLS options of every `cairn` command that talks to a cluster. Any of
@@ -450,11 +482,11 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
     let options = ClientOptions {
         request_timeout: Duration::from_millis(c.timeout_ms),
         connect_timeout: Duration::from_millis(c.timeout_ms.min(1_000)),
-        token: c.token.clone().map(BearerToken::new).transpose()?,
-        tls: c.tls.options(&c.endpoints),
+        token: c.cluster.bearer_token()?,
+        tls: c.cluster.tls.options(&c.cluster.endpoints),
         ..ClientOptions::default()
     };
-    let client = Client::new(&c.endpoints, options)?;
+    let client = Client::new(&c.cluster.endpoints, options)?;
     match command {
         DataCommand::Read(a) => {
             let id = Id {
@@ -1027,7 +1059,7 @@ mod tests {
         else {
             panic!("read")
         };
-        assert_eq!(r.common.endpoints.len(), 3);
+        assert_eq!(r.common.cluster.endpoints.len(), 3);
         assert_eq!(r.common.consistency, ConsistencyArg::Strong);
         assert_eq!(r.common.tenancy.partition, "default");
         assert_eq!(r.common.output, OutputFormat::Table);
@@ -1056,7 +1088,7 @@ mod tests {
             panic!("write")
         };
         assert_eq!(
-            w.common.endpoints,
+            w.common.cluster.endpoints,
             vec!["a:1".to_string(), "b:2".to_string()]
         );
         assert_eq!(
@@ -1172,6 +1204,26 @@ mod tests {
         );
         assert_eq!(exit_code(&ClientError::invalid("f", "r")), 2);
         assert_eq!(exit_code(&ClientError::WatchClosed(String::new())), 1);
+        // The node's admin commands exit by the same table.
+        use cairn_proto::error::{ApiError, LeaderHint};
+        for (e, code) in [
+            (ApiError::NotFound, 3),
+            (ApiError::CasFailure(String::new()), 4),
+            (ApiError::Unavailable(String::new()), 5),
+            (ApiError::Inconsistent(String::new()), 5),
+            (
+                ApiError::NotLeader {
+                    hint: LeaderHint::default(),
+                },
+                5,
+            ),
+            (ApiError::invalid("f", "r"), 2),
+            (ApiError::Unauthenticated(String::new()), 6),
+            (ApiError::PermissionDenied(String::new()), 6),
+            (ApiError::Internal(String::new()), 1),
+        ] {
+            assert_eq!(exit_code_of_api(&e), code, "{e:?}");
+        }
     }
 
     #[test]

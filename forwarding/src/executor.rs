@@ -65,72 +65,37 @@ impl<H: Handle> Executor<H> {
         self.handle.store().limits()
     }
 
-    // ---- validation: pure, run on the receiving node and again on the executing one.
+    // ---- validation: pure ([`checks`], against this node's limits), run on
+    // the receiving node and again on the executing one.
 
     /// Validates a read; returns the consistency it asks for.
     pub fn check_read(&self, r: &pb::ReadRequest) -> Result<Consistency, ApiError> {
-        let consistency = consistency(r.consistency)?;
-        let id =
-            r.id.as_ref()
-                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
-        cairn_fsm::validate_id("id", id, self.limits())?;
-        Ok(consistency)
+        checks::read(self.limits(), r)
     }
 
     /// Validates a write (the resource as the store will check it).
     pub fn check_write(&self, r: &pb::WriteRequest) -> Result<(), ApiError> {
-        let resource = r
-            .resource
-            .as_ref()
-            .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
-        cairn_fsm::validate_write(resource, self.limits())?;
-        Ok(())
+        checks::write(self.limits(), r)
     }
 
     /// Validates a delete.
     pub fn check_delete(&self, r: &pb::DeleteRequest) -> Result<(), ApiError> {
-        let id =
-            r.id.as_ref()
-                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
-        cairn_fsm::validate_id("id", id, self.limits())?;
-        if r.version.len() > self.limits().name_bytes_max {
-            return Err(ApiError::invalid(
-                "version",
-                format!(
-                    "is {} bytes, more than the limit of {}",
-                    r.version.len(),
-                    self.limits().name_bytes_max
-                ),
-            ));
-        }
-        Ok(())
+        checks::delete(self.limits(), r)
     }
 
     /// Validates a list; returns the consistency it asks for.
     pub fn check_list(&self, r: &pb::ListRequest) -> Result<Consistency, ApiError> {
-        let consistency = consistency(r.consistency)?;
-        self.check_filter(r.r#type.as_ref(), r.tenancy.as_ref(), &r.name_prefix)?;
-        Ok(consistency)
+        checks::list(self.limits(), r)
     }
 
     /// Validates a WatchList request (the same filter rules as a List).
     pub fn check_watch(&self, r: &pb::WatchListRequest) -> Result<(), ApiError> {
-        self.check_filter(r.r#type.as_ref(), r.tenancy.as_ref(), &r.name_prefix)
+        checks::watch(self.limits(), r)
     }
 
-    /// The one rule for a List's or a WatchList's filter: a type is
-    /// required; the tenancy defaults to the empty (default) one.
-    fn check_filter(
-        &self,
-        type_: Option<&pb::Type>,
-        tenancy: Option<&pb::Tenancy>,
-        name_prefix: &str,
-    ) -> Result<(), ApiError> {
-        let type_ = type_.ok_or_else(|| ApiError::invalid("type", "is required"))?;
-        let default_tenancy = pb::Tenancy::default();
-        let tenancy = tenancy.unwrap_or(&default_tenancy);
-        cairn_fsm::validate_list(type_, tenancy, name_prefix, self.limits())?;
-        Ok(())
+    /// Validates a ListByOwner request.
+    pub fn check_list_by_owner(&self, r: &pb::ListByOwnerRequest) -> Result<(), ApiError> {
+        checks::list_by_owner(self.limits(), r)
     }
 
     // ---- execution on this node.
@@ -287,10 +252,8 @@ impl<H: Handle> Executor<H> {
         &self,
         r: pb::ListByOwnerRequest,
     ) -> Result<shared::ListByOwnerResponse, ApiError> {
-        let owner = r
-            .owner
-            .ok_or_else(|| ApiError::invalid("owner", "is required"))?;
-        cairn_fsm::validate_id("owner", &owner, self.limits())?;
+        checks::list_by_owner(self.limits(), &r)?;
+        let owner = r.owner.expect("checked: an owner is given");
         let view = self.handle.store().view();
         let results_max = self.limits().list_results_max;
         let resources = view
@@ -325,5 +288,103 @@ impl<H: Handle> Executor<H> {
             }
         });
         Ok(Box::pin(stream))
+    }
+}
+
+/// The validation of every request the executor runs, as pure functions of
+/// the node's configured limits: the executor's `check_*` methods call
+/// them, and so can anything that must validate exactly as a node does
+/// (the decoders' fuzz harness).
+pub mod checks {
+    use cairn_fsm::Limits;
+    use cairn_proto::error::ApiError;
+    use cairn_proto::v1::{self as pb, Consistency};
+
+    use super::consistency;
+
+    /// A read; returns the consistency it asks for.
+    pub fn read(limits: &Limits, r: &pb::ReadRequest) -> Result<Consistency, ApiError> {
+        let consistency = consistency(r.consistency)?;
+        let id =
+            r.id.as_ref()
+                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        cairn_fsm::validate_id("id", id, limits)?;
+        Ok(consistency)
+    }
+
+    /// A write (the resource as the store will check it).
+    pub fn write(limits: &Limits, r: &pb::WriteRequest) -> Result<(), ApiError> {
+        let resource = r
+            .resource
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
+        cairn_fsm::validate_write(resource, limits)?;
+        Ok(())
+    }
+
+    /// A delete.
+    pub fn delete(limits: &Limits, r: &pb::DeleteRequest) -> Result<(), ApiError> {
+        let id =
+            r.id.as_ref()
+                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        cairn_fsm::validate_id("id", id, limits)?;
+        if r.version.len() > limits.name_bytes_max {
+            return Err(ApiError::invalid(
+                "version",
+                format!(
+                    "is {} bytes, more than the limit of {}",
+                    r.version.len(),
+                    limits.name_bytes_max
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A list; returns the consistency it asks for.
+    pub fn list(limits: &Limits, r: &pb::ListRequest) -> Result<Consistency, ApiError> {
+        let consistency = consistency(r.consistency)?;
+        filter(
+            limits,
+            r.r#type.as_ref(),
+            r.tenancy.as_ref(),
+            &r.name_prefix,
+        )?;
+        Ok(consistency)
+    }
+
+    /// A WatchList request (the same filter rules as a List).
+    pub fn watch(limits: &Limits, r: &pb::WatchListRequest) -> Result<(), ApiError> {
+        filter(
+            limits,
+            r.r#type.as_ref(),
+            r.tenancy.as_ref(),
+            &r.name_prefix,
+        )
+    }
+
+    /// A ListByOwner request: its owner id.
+    pub fn list_by_owner(limits: &Limits, r: &pb::ListByOwnerRequest) -> Result<(), ApiError> {
+        let owner = r
+            .owner
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("owner", "is required"))?;
+        cairn_fsm::validate_id("owner", owner, limits)?;
+        Ok(())
+    }
+
+    /// The one rule for a List's or a WatchList's filter: a type is
+    /// required; the tenancy defaults to the empty (default) one.
+    fn filter(
+        limits: &Limits,
+        type_: Option<&pb::Type>,
+        tenancy: Option<&pb::Tenancy>,
+        name_prefix: &str,
+    ) -> Result<(), ApiError> {
+        let type_ = type_.ok_or_else(|| ApiError::invalid("type", "is required"))?;
+        let default_tenancy = pb::Tenancy::default();
+        let tenancy = tenancy.unwrap_or(&default_tenancy);
+        cairn_fsm::validate_list(type_, tenancy, name_prefix, limits)?;
+        Ok(())
     }
 }

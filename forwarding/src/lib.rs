@@ -75,7 +75,7 @@ mod server;
 
 pub use channel::{LeaderChannel, LeaderChannelOptions, Target};
 pub use error::ForwardError;
-pub use executor::{Executor, WatchStream};
+pub use executor::{checks, Executor, WatchStream};
 pub use forwarder::{Forwarder, ForwarderOptions, RequestStamp};
 pub use handle::Handle;
 pub use server::{bounded_timeout, caller_timeout, ForwardingServer};

@@ -10,8 +10,9 @@
 //! **What it must not do.** No I/O, no async runtime, no clock, no
 //! randomness, no threads: the node feeds it committed entries and gets back
 //! results and events. Every outcome is a pure function of the sequence of
-//! applied entries (and of [`Limits`], which must be the same on every
-//! replica). It never panics on malformed input (a command, a resource, a
+//! applied entries: an entry is checked at apply against fixed hard bounds
+//! ([`Limits::applied`]), never against a node's configured [`Limits`],
+//! which may differ between replicas and are enforced before proposing. It never panics on malformed input (a command, a resource, a
 //! snapshot record); it panics only when a caller breaks an invariant below
 //! (for instance applying index 5 after index 7).
 //!
@@ -54,7 +55,8 @@
 //! - A resource's version strictly increases over its key's history, also
 //!   across a restore: after a restore committed at `I`, later entries must
 //!   have an index above `I` and above every version issued before (asserted).
-//! - Every stored resource passed [`validate_write`]; at most one resource
+//! - Every stored resource passed [`validate_write`] under
+//!   [`Limits::applied`]; at most one resource
 //!   per storage key (group, kind, partition, namespace, name).
 //! - A stored resource is its encoding ([`StoredResource`]), made once when
 //!   the write is applied (or the restore committed): the bytes decode to
@@ -96,7 +98,10 @@ pub use snapshot::{PendingSnapshot, Restoration, Snapshot, SNAPSHOT_FORMAT_VERSI
 pub use state::View;
 pub use store::{Applied, Batch, Store};
 pub use stored::{ResourceHead, StoredResource, TenancyHead, TypeHead};
-pub use validate::{validate_id, validate_list, validate_write, Limits};
+pub use validate::{
+    validate_id, validate_list, validate_write, Limits, METADATA_ENTRIES_HARD_MAX,
+    NAME_BYTES_HARD_MAX, RESOURCE_BYTES_HARD_MAX, STATUS_CONDITIONS_HARD_MAX,
+};
 pub use watch::{Event, Watch, WatchEventKind, WatchFilter, WatchStats};
 
 #[cfg(test)]

@@ -144,7 +144,7 @@ impl Restoration {
     ///
     /// [`validate_write`]: crate::validate_write
     pub fn apply(&mut self, resource: Resource) -> Result<(), FsmError> {
-        self.table.add(resource, &self.shared.limits)
+        self.table.add(resource, &self.shared.apply_limits)
     }
 
     /// Declares the online restore the image was taken in the middle of.
@@ -172,7 +172,7 @@ impl Restoration {
                 "a pending-restore resource without a pending restore",
             ));
         };
-        pending.add(resource, &self.shared.limits)
+        pending.add(resource, &self.shared.apply_limits)
     }
 
     /// Swaps the restored table in atomically at `applied_index`: the applied

@@ -67,7 +67,12 @@ pub(crate) struct Writer {
 }
 
 pub(crate) struct Shared {
+    /// This node's configured limits (for the node's checks before it
+    /// proposes, and for its own lists, history and watches).
     pub limits: Limits,
+    /// What applied entries, restores and snapshots are checked against:
+    /// `limits.applied()`, the same on every replica.
+    pub apply_limits: Limits,
     /// Readers hold this lock only to clone the Arc.
     pub published: RwLock<Arc<Published>>,
     /// Lock order: `writer`, then `published`.
@@ -111,6 +116,7 @@ impl Store {
         };
         Store {
             shared: Arc::new(Shared {
+                apply_limits: limits.applied(),
                 limits,
                 published: RwLock::new(Arc::new(published)),
                 writer: Mutex::new(Writer {
@@ -127,7 +133,9 @@ impl Store {
         }
     }
 
-    /// The limits this store enforces.
+    /// The limits this store was configured with: what the node checks a
+    /// request against before it proposes it (applied entries are checked
+    /// against [`Limits::applied`] only).
     pub fn limits(&self) -> &Limits {
         &self.shared.limits
     }
@@ -382,7 +390,7 @@ impl Batch<'_> {
                 self.advance(index);
                 restore::chunk(
                     &mut self.writer,
-                    &self.shared.limits,
+                    &self.shared.apply_limits,
                     &restore_id,
                     resources,
                 )
@@ -427,7 +435,7 @@ impl Batch<'_> {
     /// A write at `index`, which the caller has advanced to (once per entry:
     /// the commands of a batch share it).
     fn write(&mut self, index: u64, input: WriteInput<'_>) -> Result<Applied, FsmError> {
-        let change = write(&mut self.writer, &self.shared.limits, index, input)?;
+        let change = write(&mut self.writer, &self.shared.apply_limits, index, input)?;
         let Some(after) = change.after.clone() else {
             unreachable!("a write has an after-image")
         };
@@ -437,7 +445,13 @@ impl Batch<'_> {
 
     /// A delete at `index`, which the caller has advanced to.
     fn delete(&mut self, index: u64, id: &Id, version: &str) -> Result<Applied, FsmError> {
-        match delete(&mut self.writer, &self.shared.limits, index, id, version)? {
+        match delete(
+            &mut self.writer,
+            &self.shared.apply_limits,
+            index,
+            id,
+            version,
+        )? {
             Some(change) => {
                 self.remember(change);
                 Ok(Applied::Deleted { existed: true })

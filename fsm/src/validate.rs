@@ -1,10 +1,15 @@
 //! Limits and input validation.
 //!
-//! The node calls these before proposing or serving a request; the store calls
-//! them again on every applied command and restored resource, so the table
-//! never holds a resource that would fail them. Validation is a pure function
-//! of its input and the [`Limits`], which is why every replica must run with the
-//! same limits.
+//! The node calls these with its configured [`Limits`] before proposing or
+//! serving a request. The store calls them again on every applied command,
+//! restored resource and snapshot record, but against the fixed hard bounds
+//! ([`Limits::applied`]: the `*_HARD_MAX` constants, the largest values a
+//! node may configure), never against this node's configured limits: nodes
+//! may be configured differently (or a limit lowered before a restart), and
+//! a committed entry must apply the same way on every replica, or their
+//! state machines diverge. So the table never holds a resource beyond the
+//! hard bounds, and a resource over a configured limit is refused before it
+//! is proposed.
 
 use cairn_proto::v1::{Id, Resource, Tenancy, Type};
 use prost::Message;
@@ -37,6 +42,33 @@ pub struct Limits {
     /// Bytes of live events all watches together may hold unread; the watch
     /// whose event would go over is closed as lagging.
     pub watch_buffers_bytes_max: usize,
+}
+
+/// The largest `resource_bytes_max` a node may configure, and the bound on
+/// every resource applied.
+pub const RESOURCE_BYTES_HARD_MAX: usize = 16 * 1024 * 1024;
+/// The largest `name_bytes_max`, and the bound on every applied identifier.
+pub const NAME_BYTES_HARD_MAX: usize = 4096;
+/// The largest `metadata_entries_max`, and the bound at apply.
+pub const METADATA_ENTRIES_HARD_MAX: usize = 100_000;
+/// The largest `status_conditions_max`, and the bound at apply.
+pub const STATUS_CONDITIONS_HARD_MAX: usize = 100_000;
+
+impl Limits {
+    /// The limits committed entries, restore chunks and snapshot records are
+    /// checked against when applied: these limits with every bound on what
+    /// is stored replaced by its fixed hard maximum, the same on every
+    /// replica whatever its configuration. (The limits on lists, history and
+    /// watch buffers are this node's own: they never change what is stored.)
+    pub fn applied(&self) -> Limits {
+        Limits {
+            resource_bytes_max: RESOURCE_BYTES_HARD_MAX,
+            name_bytes_max: NAME_BYTES_HARD_MAX,
+            metadata_entries_max: METADATA_ENTRIES_HARD_MAX,
+            status_conditions_max: STATUS_CONDITIONS_HARD_MAX,
+            ..self.clone()
+        }
+    }
 }
 
 impl Default for Limits {

@@ -223,6 +223,7 @@ impl Agent {
                 started: config.clone(),
                 tls: tls.clone(),
                 auth: auth.clone(),
+                node_credentials: access.credentials.clone(),
             },
             (config.tls_reload_interval_ms > 0)
                 .then(|| Duration::from_millis(config.tls_reload_interval_ms)),
@@ -517,6 +518,11 @@ const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 ///   way (adding it "as a learner" would be a no-op and leave a voter with an empty log).
 ///   The node it joins through must answer: its status (members and cluster id) is returned,
 ///   for the peer gate.
+///
+/// A member that cannot be reached is skipped, but one that answers with an authentication
+/// or permission error refuses the start ([`refused_status`]): the check needs the admin role
+/// (`auth.node_token_file`), and a node that cannot make it must not start as if the cluster
+/// had said nothing.
 async fn check_against_cluster(
     config: &Config,
     access: &cairn_client::Access,
@@ -544,13 +550,15 @@ async fn check_against_cluster(
         if !fresh {
             // A restart (of a joined node, or of one whose join did not finish): compare
             // cluster ids, and prime the peer gate, if the cluster answers.
-            let Ok(Ok(status)) = tokio::time::timeout(
+            let status = match tokio::time::timeout(
                 MEMBER_STATUS_TIMEOUT,
                 crate::cli::fetch_status(join, access),
             )
             .await
-            else {
-                return Ok(None);
+            {
+                Ok(Ok(status)) => status,
+                Ok(Err(e)) if is_refusal(&e) => return Err(refuse(refused_status(join, &e))),
+                _ => return Ok(None),
             };
             if let Some(reason) = foreign(&status, join) {
                 return Err(refuse(reason));
@@ -592,8 +600,12 @@ async fn check_against_cluster(
     }))
     .await;
     for (member, answer) in others.iter().zip(answers) {
-        let Ok(Ok(status)) = answer else {
-            continue;
+        let status = match answer {
+            Ok(Ok(status)) => status,
+            Ok(Err(e)) if is_refusal(&e) => {
+                return Err(refuse(refused_status(&member.client_address, &e)))
+            }
+            _ => continue,
         };
         if let Some(reason) = foreign(&status, &member.client_address) {
             return Err(refuse(reason));
@@ -618,8 +630,26 @@ async fn check_against_cluster(
     Ok(None)
 }
 
+/// Whether a member's answer to the status call is a refusal of this node's credentials.
+fn is_refusal(e: &ApiError) -> bool {
+    matches!(
+        e,
+        ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_)
+    )
+}
+
+/// Why a node whose status call a member refused does not start.
+fn refused_status(address: &str, e: &ApiError) -> String {
+    format!(
+        "the member at {address} refused this node's status call ({e}): without it this node \
+         cannot check that its data dir belongs to the cluster, or that it did not lose data \
+         the cluster counts on. Set auth.node_token_file to a token whose grant has \
+         admin = true on every node"
+    )
+}
+
 /// The status of the node a new node joins through (retried for a few seconds: it must answer,
-/// and know its cluster id).
+/// and know its cluster id; a refusal of this node's credentials is final).
 async fn status_for_join(
     address: &str,
     access: &cairn_client::Access,
@@ -629,6 +659,10 @@ async fn status_for_join(
         attempt += 1;
         match crate::cli::fetch_status(address, access).await {
             Ok(s) if !s.cluster_id.is_empty() => return Ok(s),
+            Err(e) if is_refusal(&e) => anyhow::bail!(
+                "joining the cluster through {address} failed: {}",
+                refused_status(address, &e)
+            ),
             Ok(_) if attempt >= 20 => anyhow::bail!(
                 "joining the cluster through {address} failed: it does not know its cluster id yet"
             ),

@@ -549,19 +549,21 @@ impl GrantTable {
             return Ok(Caller::Unrestricted);
         }
         if let Some(value) = authorization {
+            // The token's form is the client's one rule (`BearerToken::new`).
             let token = value
                 .split_once(' ')
                 .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, token)| token.trim())
-                .filter(|token| !token.is_empty())
+                .and_then(|(_, token)| cairn_client::BearerToken::new(token).ok())
                 .ok_or_else(|| {
-                    ApiError::Unauthenticated(
-                        "the authorization metadata must be `Bearer <token>`".into(),
-                    )
+                    ApiError::Unauthenticated(format!(
+                        "the authorization metadata must be `Bearer <token>`, the token \
+                         printable ASCII without spaces, at most {} bytes",
+                        cairn_client::BearerToken::LEN_MAX
+                    ))
                 })?;
             return self
                 .by_token_sha256
-                .get(&token_sha256_hex(token))
+                .get(&token_sha256_hex(token.secret()))
                 .map(|grant| Caller::Granted(grant.clone()))
                 .ok_or_else(|| {
                     ApiError::Unauthenticated("the token matches no grant of this node".into())
@@ -1161,6 +1163,9 @@ mod tests {
             (Some("Basic s3cret"), None),
             (Some("Bearer "), None),
             (Some("s3cret"), None),
+            // What the client would never send: not a token by its rule.
+            (Some("Bearer s3cret s3cret"), None),
+            (Some("Bearer s3\u{1}cret"), None),
             (None, Some("CN=nobody")),
             (None, None),
         ] {
@@ -1171,6 +1176,17 @@ mod tests {
                 ),
                 "{header:?} {subject:?}"
             );
+        }
+        // A token the client's rule refuses is refused as such, by the same rule.
+        let long = format!(
+            "Bearer {}",
+            "x".repeat(cairn_client::BearerToken::LEN_MAX + 1)
+        );
+        for header in [long.as_str(), "Bearer s3\u{1}cret"] {
+            let Err(ApiError::Unauthenticated(why)) = auth.authenticate(Some(header), None) else {
+                panic!("{header:?} must be refused");
+            };
+            assert!(why.contains("printable ASCII without spaces"), "{why}");
         }
         assert!(!auth.token_is_admin("s3cret"));
     }

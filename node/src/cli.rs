@@ -152,42 +152,18 @@ enum LogFormatArg {
     Json,
 }
 
-#[derive(Args)]
-pub struct Endpoints {
-    /// Client addresses of cluster nodes, comma-separated.
-    #[arg(
-        long,
-        env = "CAIRN_ENDPOINTS",
-        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-        value_delimiter = ','
-    )]
-    pub endpoints: Vec<String>,
-    /// Bearer token with the admin role, for a cluster that requires one.
-    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    #[command(flatten)]
-    pub tls: cairn_client::cli::TlsArgs,
-}
+/// How an admin command reaches the cluster: `cairn_client::cli`'s flags
+/// (`--endpoints`, `--token`, TLS), the same as the data commands'.
+pub type Endpoints = cairn_client::cli::ClusterArgs;
 
-impl Endpoints {
-    /// How to reach the nodes: TLS per the flags (or an `https://` endpoint),
-    /// else plaintext; presenting `--token`, if given.
-    pub fn access(&self) -> Result<cairn_client::Access, ApiError> {
-        let token = self
-            .token
-            .clone()
-            .map(|t| {
-                cairn_client::BearerToken::new(t).map_err(|_| {
-                    ApiError::invalid("token", "must be printable ASCII without spaces")
-                })
-            })
-            .transpose()?;
-        let access = self
-            .tls
-            .access(&self.endpoints)
-            .map_err(|e| ApiError::invalid("tls", e.to_string()))?;
-        Ok(access.with_token(token.as_ref()))
-    }
+/// [`Endpoints::access`], its error as the node's vocabulary.
+pub(crate) fn access(endpoints: &Endpoints) -> Result<cairn_client::Access, ApiError> {
+    endpoints.access().map_err(|e| match e {
+        cairn_client::ClientError::InvalidArgument { field, reason } => {
+            ApiError::invalid(field, reason)
+        }
+        other => ApiError::invalid("endpoints", other.to_string()),
+    })
 }
 
 #[derive(Clone, Copy, ValueEnum, Default, PartialEq, Eq)]
@@ -241,28 +217,11 @@ struct TransferArgs {
     endpoints: Endpoints,
 }
 
-/// Exit codes shared by every command.
-pub mod exit {
-    pub const OK: u8 = 0;
-    pub const ERROR: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const NOT_FOUND: u8 = 3;
-    pub const CAS_CONFLICT: u8 = 4;
-    pub const UNAVAILABLE: u8 = 5;
-    pub const DENIED: u8 = 6;
-}
+/// Exit codes shared by every command: the one table of `cairn_client::cli`.
+pub use cairn_client::cli::exit;
 
 pub fn exit_code_of(e: &ApiError) -> u8 {
-    match e {
-        ApiError::NotFound => exit::NOT_FOUND,
-        ApiError::CasFailure(_) | ApiError::WrongUid(_) => exit::CAS_CONFLICT,
-        ApiError::Unavailable(_) | ApiError::Inconsistent(_) | ApiError::NotLeader { .. } => {
-            exit::UNAVAILABLE
-        }
-        ApiError::InvalidArgument { .. } => exit::USAGE,
-        ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_) => exit::DENIED,
-        _ => exit::ERROR,
-    }
+    cairn_client::cli::exit_code_of_api(e)
 }
 
 pub fn init_logging(level: &str, format: LogFormat) {
@@ -301,7 +260,7 @@ pub fn main() -> ExitCode {
         Command::Tls(t) => crate::tls_init::run(t),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;
-            let access = match t.endpoints.access() {
+            let access = match access(&t.endpoints) {
                 Ok(a) => a,
                 Err(e) => return usage_error(&e),
             };
@@ -611,7 +570,7 @@ fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
 /// Asks each endpoint in turn; the first answer wins, and the leader's view
 /// (with replication progress) is preferred when it is reachable.
 async fn status(args: StatusArgs) -> u8 {
-    let access = match args.endpoints.access() {
+    let access = match access(&args.endpoints) {
         Ok(a) => a,
         Err(e) => return usage_error(&e),
     };
@@ -667,7 +626,7 @@ async fn member(m: MemberCommand) -> u8 {
         | MemberCommand::Promote { endpoints, .. }
         | MemberCommand::Remove { endpoints, .. } => endpoints,
     };
-    let access = match endpoints.access() {
+    let access = match access(endpoints) {
         Ok(a) => a,
         Err(e) => return usage_error(&e),
     };

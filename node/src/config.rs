@@ -362,23 +362,18 @@ impl ConfigSource {
 
 impl Config {
     /// The settings whose values differ between `self` and `other`, by
-    /// config key (`auth.node_token_file` for that one; the grants are not
-    /// settings): those a reload leaves as they were at start.
+    /// config key: those a reload leaves as they were at start (the
+    /// `[auth]` table, grants and node token file, is reloaded).
     pub fn settings_changed(&self, other: &Config) -> Vec<String> {
         let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
             (serde_json::to_value(self), serde_json::to_value(other))
         else {
             return vec![];
         };
-        let mut changed: Vec<String> = a
-            .iter()
+        a.iter()
             .filter(|(key, value)| key.as_str() != "auth" && b.get(key.as_str()) != Some(value))
             .map(|(key, _)| key.clone())
-            .collect();
-        if self.auth.node_token_file != other.auth.node_token_file {
-            changed.push("auth.node_token_file".into());
-        }
-        changed
+            .collect()
     }
 
     /// Layers the sources: defaults < file < environment < flags.
@@ -472,7 +467,9 @@ impl Config {
                 format!("must be between 64 KiB and {} MiB", chunk_max >> 20),
             ));
         }
-        if self.resource_bytes_max == 0 || self.resource_bytes_max > 16 * 1024 * 1024 {
+        if self.resource_bytes_max == 0
+            || self.resource_bytes_max > cairn_fsm::RESOURCE_BYTES_HARD_MAX
+        {
             return Err(invalid(
                 "resource_bytes_max",
                 "must be between 1 byte and 16 MiB",
@@ -599,16 +596,22 @@ impl Config {
             (self.client_message_bytes_max).max(self.snapshot_chunk_bytes as usize + 64 * 1024)
                 ..=crate::raft::DECODE_BYTES_MAX,
         )?;
-        check_range("name_bytes_max", self.name_bytes_max, 16..=4096)?;
+        // The upper bounds are the fsm's hard bounds: what every replica
+        // applies, whatever its configuration.
+        check_range(
+            "name_bytes_max",
+            self.name_bytes_max,
+            16..=cairn_fsm::NAME_BYTES_HARD_MAX,
+        )?;
         check_range(
             "metadata_entries_max",
             self.metadata_entries_max,
-            0..=100_000,
+            0..=cairn_fsm::METADATA_ENTRIES_HARD_MAX,
         )?;
         check_range(
             "status_conditions_max",
             self.status_conditions_max,
-            0..=100_000,
+            0..=cairn_fsm::STATUS_CONDITIONS_HARD_MAX,
         )?;
         check_range("list_results_max", self.list_results_max, 1..=100_000_000)?;
         check_range(
@@ -713,16 +716,14 @@ mod tests {
 
     #[test]
     fn settings_changed_names_what_waits_for_a_restart() {
-        // Grants are reloaded, so they are no setting; everything else is.
+        // Grants and the node token are reloaded, so they are no setting;
+        // everything else is.
         let a = Config::default();
         let mut b = a.clone();
         assert!(a.settings_changed(&b).is_empty());
         b.history_changes_max += 1;
         b.auth.grants.push(GrantConfig::default());
         b.auth.node_token_file = Some("/t".into());
-        assert_eq!(
-            a.settings_changed(&b),
-            ["history_changes_max", "auth.node_token_file"]
-        );
+        assert_eq!(a.settings_changed(&b), ["history_changes_max"]);
     }
 }

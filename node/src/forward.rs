@@ -65,13 +65,18 @@ pub struct Forwarding {
 }
 
 /// The peer gate in front of the `ForwardingService`: a forwarded request
-/// must carry this node's cluster id and come from a member.
+/// must carry this node's cluster id and come from a member, whose TLS
+/// certificate (if the port has TLS) names it.
 #[derive(Clone)]
 pub struct PeerCheck(Arc<crate::raft::PeerGate>);
 
 impl tonic::service::Interceptor for PeerCheck {
     fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        match self.0.admit_metadata(request.metadata()) {
+        let certified = crate::raft::peer_gate::certified_node_ids(&request);
+        match self
+            .0
+            .admit_metadata(request.metadata(), certified.as_deref())
+        {
             Ok(()) => Ok(request),
             Err(refusal) => {
                 tracing::warn!(%refusal, "refused a forwarded request");

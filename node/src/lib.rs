@@ -39,8 +39,9 @@
 //! - Every client request is counted against its connection's budget
 //!   ([`limits`]) before any work; a refusal is ResourceExhausted naming the
 //!   limit.
-//! - With grants configured, every client-port request is authenticated and
-//!   authorized on the node that received it before any work is done, and
+//! - With grants configured, every client-port request is authenticated
+//!   (before anything else, validation included) and authorized on the node
+//!   that received it before any work is done, and
 //!   list, ListByOwner and watch answers carry only resources inside the
 //!   caller's read scope (see [`auth`]).
 

@@ -2,8 +2,11 @@
 //!
 //! - **SIGHUP**: the configuration is loaded again from where it came from
 //!   (file, environment, flags: [`ConfigSource`]) and its grants replace the
-//!   grants in force ([`Authenticator::reload`]); the certificate files are
-//!   read again ([`NodeTls::reload`]). One signal, one path, both reloads.
+//!   grants in force ([`Authenticator::reload`]); its `auth.node_token_file`
+//!   is read again, and the token this node presents to other nodes is
+//!   replaced ([`cairn_client::Credentials::replace`]); the certificate
+//!   files are read again ([`NodeTls::reload`]). One signal, one path, every
+//!   reload.
 //! - **Every `tls_reload_interval_ms`**: the certificate files, if their
 //!   bytes changed (the grants only on SIGHUP: a config file being edited
 //!   is not read half-written).
@@ -33,6 +36,8 @@ pub struct Reloader {
     pub started: Config,
     pub tls: Option<Arc<NodeTls>>,
     pub auth: Arc<Authenticator>,
+    /// What this node presents when it calls other nodes' client ports.
+    pub node_credentials: cairn_client::Credentials,
 }
 
 /// What woke the reload task.
@@ -48,7 +53,7 @@ impl Reloader {
     fn reload(&self, cause: Cause) {
         self.reload_certificates(cause);
         if cause == Cause::Hangup {
-            self.reload_grants();
+            self.reload_auth();
         }
     }
 
@@ -72,7 +77,8 @@ impl Reloader {
         }
     }
 
-    fn reload_grants(&self) {
+    /// The grants, then the node token, from the configuration loaded again.
+    fn reload_auth(&self) {
         let config = match self.source.load() {
             Ok(config) => config,
             Err(e) => {
@@ -94,12 +100,47 @@ impl Reloader {
                 "grants reload failed; the grants in force stay"
             ),
         }
+        self.reload_node_token(&config);
         let later = self.started.settings_changed(&config);
         if !later.is_empty() {
             tracing::warn!(
                 settings = ?later,
                 "these settings changed in the configuration; they take effect at the next restart"
             );
+        }
+    }
+}
+
+impl Reloader {
+    /// The token of `config`'s `auth.node_token_file`, read again. A file
+    /// that cannot be read or holds no valid token, or a configuration that
+    /// no longer names one, leaves the token in force (removing it takes a
+    /// restart, as turning authentication off does).
+    fn reload_node_token(&self, config: &Config) {
+        if config.auth.node_token_file.is_none() {
+            if self.started.auth.node_token_file.is_some() {
+                tracing::warn!(
+                    "auth.node_token_file is no longer set; the node token in force stays \
+                     until the next restart"
+                );
+            }
+            return;
+        }
+        match crate::auth::load_node_token(&config.auth) {
+            Ok(token) => {
+                self.node_credentials.replace(token.as_ref());
+                let admin = token
+                    .as_ref()
+                    .is_some_and(|t| self.auth.current().token_is_admin(t.secret()));
+                tracing::info!(
+                    admin_here = admin,
+                    "node token reloaded from auth.node_token_file"
+                );
+            }
+            Err(e) => tracing::error!(
+                error = %e,
+                "node token reload failed; the node token in force stays"
+            ),
         }
     }
 }

@@ -163,6 +163,9 @@ impl Restorer {
         // The file is read on a blocking thread, a chunk or two ahead.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<Resource>, ApiError>>(2);
         let path = self.upload_path.clone();
+        // The fsm applies a chunk against its fixed hard bounds only; this
+        // node's configured limits are checked here, before proposing.
+        let limits = self.raft.store.limits().clone();
         let reader = tokio::task::spawn_blocking(move || {
             let mut reader = match SnapshotReader::open(&path) {
                 Ok(r) => r,
@@ -176,6 +179,13 @@ impl Restorer {
             loop {
                 match reader.next_table_resource() {
                     Ok(Some(resource)) => {
+                        if let Err(e) = cairn_fsm::validate_write(&resource, &limits) {
+                            let _ = tx.blocking_send(Err(ApiError::invalid(
+                                "snapshot",
+                                format!("a resource of the backup: {e}"),
+                            )));
+                            return;
+                        }
                         let size = resource.encoded_len();
                         if !chunk.is_empty() && chunk_bytes + size > RESTORE_CHUNK_BYTES {
                             if tx.blocking_send(Ok(std::mem::take(&mut chunk))).is_err() {

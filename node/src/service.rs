@@ -6,9 +6,11 @@
 //! follower. Strong requests never degrade to a plain local read.
 //!
 //! Before anything else, every call is authenticated and authorized here,
-//! on the node the client talks to ([`crate::auth`]): a request is validated
-//! (so that malformed input is INVALID_ARGUMENT naming its field), then
-//! checked against the caller's grant, and only then executed or forwarded.
+//! on the node the client talks to ([`crate::auth`]): the caller is
+//! authenticated first (an unknown caller learns nothing about its request,
+//! not even which field is malformed), then the request is validated (so
+//! that malformed input is INVALID_ARGUMENT naming its field), then checked
+//! against the caller's grant, and only then executed or forwarded.
 //! Answers of lists, ListByOwner and watches are filtered here too, after a
 //! strong list comes back from the leader, so nothing outside the caller's
 //! read scope leaves this node. An open watch is decided again whenever the
@@ -31,7 +33,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_forwarding::{Forwarder, WatchStream};
+use cairn_forwarding::{Executor, Forwarder, WatchStream};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::shared::resource_service_server::ResourceService;
 use cairn_proto::v1::{self as pb, shared};
@@ -106,14 +108,17 @@ impl ResourceApi {
         &self.forwarder
     }
 
-    /// Authenticates the request, then authorizes the action `what` derives
-    /// from its (validated) message.
-    fn authorize<T>(
+    /// Authenticates the request, then validates its message (`check`, one
+    /// of the executor's checks), then authorizes the action `what` derives
+    /// from it.
+    fn authorize<T, C>(
         &self,
         r: &Request<T>,
+        check: impl FnOnce(&Executor<NodeHandle>, &T) -> Result<C, ApiError>,
         what: impl FnOnce(&T) -> Result<Action<'_>, ApiError>,
     ) -> Result<Visibility, ApiError> {
         let caller = self.auth.caller(r)?;
+        check(self.forwarder.executor(), r.get_ref())?;
         let action = what(r.get_ref())?;
         authorize(&caller, &action)
     }
@@ -171,8 +176,7 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::ReadRequest>,
     ) -> Result<Response<shared::ReadResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.forwarder.executor().check_read(r.get_ref())?;
-        self.0.authorize(&r, |m| {
+        self.0.authorize(&r, Executor::check_read, |m| {
             let (type_, tenancy) = id_parts(m.id.as_ref())?;
             Ok(Action::Read { type_, tenancy })
         })?;
@@ -189,8 +193,7 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::WriteRequest>,
     ) -> Result<Response<shared::WriteResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.forwarder.executor().check_write(r.get_ref())?;
-        self.0.authorize(&r, |m| {
+        self.0.authorize(&r, Executor::check_write, |m| {
             let id = m
                 .resource
                 .as_ref()
@@ -208,8 +211,7 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.forwarder.executor().check_delete(r.get_ref())?;
-        self.0.authorize(&r, |m| {
+        self.0.authorize(&r, Executor::check_delete, |m| {
             let (type_, tenancy) = id_parts(m.id.as_ref())?;
             Ok(Action::Write { type_, tenancy })
         })?;
@@ -223,10 +225,9 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::ListRequest>,
     ) -> Result<Response<shared::ListResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.forwarder.executor().check_list(r.get_ref())?;
-        let visible = self
-            .0
-            .authorize(&r, |m| list_action(m.r#type.as_ref(), m.tenancy.as_ref()))?;
+        let visible = self.0.authorize(&r, Executor::check_list, |m| {
+            list_action(m.r#type.as_ref(), m.tenancy.as_ref())
+        })?;
         let mut answer = self
             .0
             .forwarder
@@ -240,7 +241,9 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::ListByOwnerRequest>,
     ) -> Result<Response<shared::ListByOwnerResponse>, Status> {
-        let visible = self.0.authorize(&r, |_| Ok(Action::ListByOwner))?;
+        let visible = self.0.authorize(&r, Executor::check_list_by_owner, |_| {
+            Ok(Action::ListByOwner)
+        })?;
         let mut answer = self.0.forwarder.list_by_owner(r.into_inner())?;
         answer.resources.retain(|resource| visible.shows(resource));
         Ok(Response::new(answer))
@@ -252,8 +255,10 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::WatchListRequest>,
     ) -> Result<Response<WatchStream>, Status> {
+        // Authenticated first (as `ResourceApi::authorize` does); authorized
+        // by the guard, now and again at every reload of the grants.
+        self.0.auth.caller(&r)?;
         self.0.forwarder.executor().check_watch(r.get_ref())?;
-        // Authorized now, and again at every reload of the grants.
         let (type_, tenancy) =
             list_filter(r.get_ref().r#type.as_ref(), r.get_ref().tenancy.as_ref())?;
         let guard = self.0.auth.watch_guard(&r, type_, tenancy)?;

@@ -157,7 +157,7 @@ async fn admin(
 }
 
 async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
-    let access = endpoints.access()?;
+    let access = crate::cli::access(endpoints)?;
     let leader = leader_address(&endpoints.endpoints, &access).await?;
     let mut stream = admin(&leader, &access)
         .await?
@@ -293,7 +293,7 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
     let header = snapshot_file::verify(file, |_| {});
     check.finish_and_clear();
     let header = header?;
-    let access = args.endpoints.access()?;
+    let access = crate::cli::access(&args.endpoints)?;
     let leader = leader_address(&args.endpoints.endpoints, &access).await?;
     let progress = bar(Some(size), &format!("uploading to {leader}"));
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);

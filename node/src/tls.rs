@@ -4,10 +4,15 @@
 //!
 //! - Client port: this node's certificate; client certificates per
 //!   `tls_client_auth` (`none`, `optional`, `required`), verified against
-//!   `tls_client_ca_file` (default `tls_ca_file`).
+//!   `tls_client_ca_file` (default `tls_ca_file`) and, when that is another
+//!   CA, the cluster CA too: other nodes call this port (join, leader
+//!   transfer, the membership check at start) presenting their node
+//!   certificate, and authenticate by their node token.
 //! - Peer port: mutual TLS, always: a peer without a certificate from the
 //!   cluster CA (`tls_ca_file`) fails the handshake, so it can send no Raft
-//!   message, forwarded request or snapshot.
+//!   message, forwarded request or snapshot; and the certificate must name
+//!   the node the message claims to come from (`cairn-node-{id}`, checked by
+//!   the peer gate, `crate::raft::peer_gate`).
 //! - Outgoing (Raft, forwarding, node-to-node admin calls): this node's
 //!   certificate as client certificate, the cluster CA as trust anchor.
 //!
@@ -68,18 +73,24 @@ struct Built {
 }
 
 fn build(files: &NodeFiles) -> Result<Built, TlsError> {
+    let mut client_ca_files = vec![files.client_ca_file.clone()];
+    if files.client_ca_file != files.ca_file {
+        client_ca_files.push(files.ca_file.clone());
+    }
     let client_port = cairn_tls::server_config(&ServerFiles {
         cert_file: files.cert_file.clone(),
         key_file: files.key_file.clone(),
-        client_ca_file: Some(files.client_ca_file.clone()),
+        client_ca_files,
         client_auth: files.client_auth,
     })?;
     let peer_port = cairn_tls::server_config(&ServerFiles {
         cert_file: files.cert_file.clone(),
         key_file: files.key_file.clone(),
-        client_ca_file: Some(files.ca_file.clone()),
+        client_ca_files: vec![files.ca_file.clone()],
         client_auth: ClientAuth::Required,
     })?;
+    cairn_tls::assert_h2(&client_port.alpn_protocols);
+    cairn_tls::assert_h2(&peer_port.alpn_protocols);
     let outgoing = cairn_tls::client_config(&ClientFiles {
         ca_file: Some(files.ca_file.clone()),
         cert_file: Some(files.cert_file.clone()),

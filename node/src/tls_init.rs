@@ -3,7 +3,7 @@
 //!
 //! | file | what |
 //! | --- | --- |
-//! | `ca.pem`, `ca-key.pem` | a CA (kept if present: run again to add nodes) |
+//! | `ca.pem`, `ca-key.pem` | a CA (kept if both are present: run again to add nodes; one without the other is an error) |
 //! | `node-N.pem`, `node-N-key.pem` | node N's certificate, for both ports and as a peer client (N = 1..=--nodes) |
 //! | `client.pem`, `client-key.pem` | a client certificate (subject `--client-name`) |
 //!
@@ -13,7 +13,7 @@
 //!
 //! Node certificates name `localhost`, `127.0.0.1`, `::1` and every
 //! `--host`. Existing certificates are kept unless `--force` (the CA is
-//! never replaced: remove it to start a new one). Keys are written mode 0600.
+//! never replaced: remove both its files to start a new one). Keys are written mode 0600.
 //! These certificates are for development and tests; production clusters
 //! use certificates from their own PKI, with the same roles.
 
@@ -146,11 +146,33 @@ fn write_file(path: &Path, contents: &str, private: bool) -> Result<(), InitErro
     file.sync_all().map_err(io(path))
 }
 
-/// The CA of `dir`, if both its files are there.
+/// The CA of `dir`: `None` when neither of its files is there. A CA
+/// certificate without its key (kept away from the nodes, as
+/// `docs/security.md` advises) is an error naming the missing file: issuing
+/// from a new CA would silently split the cluster's trust.
 fn existing_ca(dir: &Path) -> Result<Option<Issuer<'static, KeyPair>>, InitError> {
     let (cert_path, key_path) = (ca_file(dir), ca_key_file(dir));
-    if !(cert_path.exists() && key_path.exists()) {
-        return Ok(None);
+    match (cert_path.exists(), key_path.exists()) {
+        (false, false) => return Ok(None),
+        (true, true) => {}
+        (true, false) => {
+            return Err(InitError::Invalid(format!(
+                "{} is there but its key {} is not: certificates can only be issued with \
+                 the CA's key. Put the key back (or run this where it is kept); remove {} \
+                 only to start a new CA, whose certificates the old cluster will refuse",
+                cert_path.display(),
+                key_path.display(),
+                cert_path.display()
+            )))
+        }
+        (false, true) => {
+            return Err(InitError::Invalid(format!(
+                "{} is there but the CA certificate {} is not: put it back, or remove the \
+                 key to start a new CA",
+                key_path.display(),
+                cert_path.display()
+            )))
+        }
     }
     let key_pem = std::fs::read_to_string(&key_path).map_err(io(&key_path))?;
     let cert_pem = std::fs::read_to_string(&cert_path).map_err(io(&cert_path))?;
@@ -420,6 +442,44 @@ mod tests {
             assert!(check_client_name(bad).is_err(), "{bad:?}");
         }
         assert!(check_client_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn a_ca_certificate_without_its_key_is_an_error_not_a_new_ca() {
+        // The key kept elsewhere (as security.md advises): `init` must not
+        // issue from a new CA the cluster would refuse; it names the file.
+        let dir = tempfile::tempdir().unwrap();
+        let args = InitArgs {
+            dir: dir.path().to_path_buf(),
+            nodes: 1,
+            hosts: vec![],
+            client_name: "cairn-client".into(),
+            force: false,
+        };
+        init(&args).unwrap();
+        let ca = std::fs::read(ca_file(dir.path())).unwrap();
+        std::fs::remove_file(ca_key_file(dir.path())).unwrap();
+        std::fs::remove_file(node_cert_file(dir.path(), 1)).unwrap();
+        let Err(InitError::Invalid(why)) = init(&args) else {
+            panic!("a CA without its key must be refused");
+        };
+        assert!(why.contains("ca-key.pem"), "{why}");
+        assert_eq!(std::fs::read(ca_file(dir.path())).unwrap(), ca);
+        assert!(!ca_key_file(dir.path()).exists());
+        assert!(!node_cert_file(dir.path(), 1).exists(), "nothing issued");
+        let named = ClientCertArgs {
+            dir: dir.path().to_path_buf(),
+            name: "dashboards".into(),
+            force: false,
+        };
+        assert!(matches!(client_cert(&named), Err(InitError::Invalid(_))));
+        // The key without its certificate: refused the same way.
+        std::fs::remove_file(ca_file(dir.path())).unwrap();
+        std::fs::write(ca_key_file(dir.path()), b"key").unwrap();
+        let Err(InitError::Invalid(why)) = init(&args) else {
+            panic!("a CA key without its certificate must be refused");
+        };
+        assert!(why.contains("ca.pem"), "{why}");
     }
 
     #[test]

@@ -325,6 +325,28 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
 
         // No token, or an unknown one: UNAUTHENTICATED for data and admin calls.
         unauthenticated(anonymous.create(resource("Thing", "x", dd(), None)).await);
+        // Authenticated before validated: a malformed request without a
+        // token learns only that it needs one; with one, which field is wrong.
+        let malformed = || {
+            let mut r = resource("Thing", "x", dd(), None);
+            r.id.as_mut().unwrap().name = "bad\u{1}name".into();
+            pb::WriteRequest { resource: Some(r) }
+        };
+        let mut raw = pb::resource_service_client::ResourceServiceClient::connect(format!(
+            "http://{}",
+            cluster.node(leader).client_address
+        ))
+        .await
+        .unwrap();
+        let status = raw.write(malformed()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        let mut with_token = tonic::Request::new(malformed());
+        with_token.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {}", tokens.ops).parse().unwrap(),
+        );
+        let status = raw.write(with_token).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         unauthenticated(list_things(&anonymous, tenancy("*", "*"), Consistency::Eventual).await);
         unauthenticated(
             stranger

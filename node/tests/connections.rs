@@ -172,9 +172,18 @@ async fn garbage_on_every_port_is_closed_and_logged_and_the_node_keeps_serving()
 async fn a_100_mib_message_is_refused_on_both_ports_and_memory_stays_bounded() {
     // A 100 MiB write on the client port and a 100 MiB Raft message on the
     // peer port are refused; the node then serves a small write, and its
-    // resident memory is back within 200 MiB of where it started.
-    let cluster = garbage_cluster(IDLE_TIMEOUT_MS);
+    // resident memory is back within 200 MiB of where it started. The peer
+    // port's limit is set below the message (64 MiB), and the message's
+    // envelope is valid (this cluster's id, a member as sender): only the
+    // size limit can refuse it before the peer gate and the decoder see it.
+    let scratch = tempfile::tempdir().unwrap();
+    let config = scratch.path().join("cairn.toml");
+    std::fs::write(&config, "peer_message_bytes_max = 67108864\n").unwrap();
+    let mut o = options(1);
+    o.extra_args = vec!["--config".into(), config.display().to_string()];
+    let cluster = Cluster::start(o);
     cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let cluster_id = cluster.status(1).await.expect("status").cluster_id;
     create_anywhere(&cluster, "warm-up", b"x", Duration::from_secs(10))
         .await
         .expect("write");
@@ -202,15 +211,15 @@ async fn a_100_mib_message_is_refused_on_both_ports_and_memory_stays_bounded() {
     let refused = RaftServiceClient::new(channel)
         .max_encoding_message_size(usize::MAX)
         .append_entries(RaftMessage {
-            cluster_id: String::new(),
-            sender_node_id: 0,
+            cluster_id,
+            sender_node_id: 1,
             payload: bytes::Bytes::from(huge),
         })
-        .await;
-    assert!(
-        refused.is_err(),
-        "a 100 MiB Raft message of garbage must be refused"
-    );
+        .await
+        .expect_err("a 100 MiB Raft message must be refused");
+    // Past the limit, the gate would admit the envelope and the decoder
+    // refuse the payload as malformed (INVALID_ARGUMENT).
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
 
     create_anywhere(&cluster, "after-huge", b"x", Duration::from_secs(10))
         .await

@@ -360,3 +360,69 @@ async fn a_flipped_byte_in_a_sled_blob_names_the_blob() {
     let line = expect_damage_found(&mut cluster, &blobs[0]);
     assert!(line.contains("sled blob"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_member_whose_status_call_is_refused_does_not_start() {
+    // Grants on. Node 3 loses its data dir and restarts with a node token
+    // that has no admin grant: the members answer its start-up status call
+    // PERMISSION_DENIED. It must not start as if nobody had answered (a
+    // voter with an empty log); it refuses, saying which setting is missing.
+    let scratch = tempfile::tempdir().unwrap();
+    let (admin, admin_hash) = new_token();
+    let (writer, writer_hash) = new_token();
+    let node_token = scratch.path().join("node.token");
+    std::fs::write(&node_token, &admin).unwrap();
+    let config = scratch.path().join("cairn.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\nnode_token_file = \"{}\"\n\n[[auth.grants]]\nname = \"admin\"\n{admin_hash}\n\
+             admin = true\n\n[[auth.grants]]\nname = \"writer\"\n{writer_hash}\n\
+             write = {{ types = [\"*\"], tenancies = [\"*\"] }}\n",
+            node_token.display()
+        ),
+    )
+    .unwrap();
+    let mut o = options(3);
+    o.extra_args = vec!["--config".into(), config.display().to_string()];
+    o.admin_token = Some(admin.clone());
+    let mut cluster = Cluster::start(o);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let client = cairn_client::Client::new(
+        &cluster.endpoints(),
+        cairn_client::ClientOptions {
+            token: Some(cairn_client::BearerToken::new(writer.clone()).unwrap()),
+            ..cairn_client::ClientOptions::default()
+        },
+    )
+    .unwrap();
+    for i in 0..3 {
+        client
+            .write(thing(&format!("n{i}"), "u1", "", b"x"))
+            .await
+            .expect("write");
+    }
+    if cluster.leader().await == Some(3) {
+        cluster
+            .transfer_leader(1, Duration::from_secs(10))
+            .await
+            .expect("move leadership off node 3");
+    }
+    cluster.kill(3);
+    std::fs::remove_dir_all(&cluster.node(3).data_dir).expect("wipe node 3");
+    // The token file every node reads at start now holds the writer's token;
+    // the running nodes keep the admin token they read.
+    std::fs::write(&node_token, &writer).unwrap();
+    cluster.spawn(3);
+    let status = cluster.wait_exit(3, START_TIMEOUT);
+    let log = cluster.log_of(3);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(EXIT_DATA_DIR_REFUSED),
+        "node 3 must refuse to start: {log}"
+    );
+    assert!(
+        log.contains("refused this node's status call") && log.contains("auth.node_token_file"),
+        "the refusal names the missing admin node token: {log}"
+    );
+}

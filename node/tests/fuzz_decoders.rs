@@ -146,56 +146,40 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
 }
 
 /// Decodes `bytes` as request type `kind` and runs the validation the node
-/// runs before any work.
+/// runs before any work: the executor's own checks
+/// (`cairn_forwarding::checks`), not a copy of them.
 fn decode_request(kind: usize, bytes: &[u8]) {
+    use cairn_forwarding::checks;
     let limits = cairn_fsm::Limits::default();
     match kind {
         0 => {
             if let Ok(r) = pb::WriteRequest::decode(bytes) {
-                if let Some(resource) = r.resource {
-                    let _ = cairn_fsm::validate_write(&resource, &limits);
-                }
+                let _ = checks::write(&limits, &r);
             }
         }
         1 => {
             if let Ok(r) = pb::ReadRequest::decode(bytes) {
-                if let Some(id) = r.id {
-                    let _ = cairn_fsm::validate_id("id", &id, &limits);
-                }
+                let _ = checks::read(&limits, &r);
             }
         }
         2 => {
             if let Ok(r) = pb::DeleteRequest::decode(bytes) {
-                if let Some(id) = r.id {
-                    let _ = cairn_fsm::validate_id("id", &id, &limits);
-                }
+                let _ = checks::delete(&limits, &r);
             }
         }
         3 => {
             if let Ok(r) = pb::ListRequest::decode(bytes) {
-                let _ = cairn_fsm::validate_list(
-                    &r.r#type.unwrap_or_default(),
-                    &r.tenancy.unwrap_or_default(),
-                    &r.name_prefix,
-                    &limits,
-                );
+                let _ = checks::list(&limits, &r);
             }
         }
         4 => {
             if let Ok(r) = pb::ListByOwnerRequest::decode(bytes) {
-                if let Some(id) = r.owner {
-                    let _ = cairn_fsm::validate_id("owner", &id, &limits);
-                }
+                let _ = checks::list_by_owner(&limits, &r);
             }
         }
         5 => {
             if let Ok(r) = pb::WatchListRequest::decode(bytes) {
-                let _ = cairn_fsm::validate_list(
-                    &r.r#type.unwrap_or_default(),
-                    &r.tenancy.unwrap_or_default(),
-                    &r.name_prefix,
-                    &limits,
-                );
+                let _ = checks::watch(&limits, &r);
             }
         }
         _ => {
@@ -483,7 +467,7 @@ fn the_seeds_are_valid_so_that_mutations_reach_deep() {
     for (kind, bytes) in request_seeds() {
         if kind == 0 {
             let r = pb::WriteRequest::decode(bytes.as_slice()).unwrap();
-            cairn_fsm::validate_write(&r.resource.unwrap(), &Default::default()).unwrap();
+            cairn_forwarding::checks::write(&Default::default(), &r).unwrap();
         }
     }
     let dir = tempfile::tempdir().unwrap();

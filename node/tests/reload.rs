@@ -3,7 +3,9 @@
 //! notices the new bytes), a broken replacement that must leave the old
 //! certificate serving, and grants reloaded on SIGHUP: a revoked token is
 //! refused at once and its open watches end, a kept one goes on, a bad
-//! config changes nothing. (`tls.rs` covers the certificate reload on SIGHUP.)
+//! config changes nothing; the node token, read again on SIGHUP, is what a
+//! node presents to the others from then on. (`tls.rs` covers the
+//! certificate reload on SIGHUP.)
 
 mod support;
 
@@ -477,4 +479,76 @@ async fn grants_reload_on_sighup_and_revoked_watches_end() {
 /// The id of the Thing `name` in default/default.
 fn id_of(name: &str) -> cairn_proto::v1::Id {
     id(name, "")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_token_is_read_again_on_sighup() {
+    // A leader transfer makes the leader call the target's client port with
+    // its node token. Every node's token file is replaced by a token without
+    // admin and the nodes get SIGHUP: the transfer is refused. With the
+    // admin token back and another SIGHUP, it goes through.
+    let dir = tempfile::tempdir().unwrap();
+    let (admin, admin_hash) = new_token();
+    let (reader, reader_hash) = new_token();
+    let node_token = dir.path().join("node.token");
+    std::fs::write(&node_token, &admin).unwrap();
+    let config = dir.path().join("cairn.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\nnode_token_file = \"{}\"\n\n[[auth.grants]]\nname = \"admin\"\n{admin_hash}\n\
+             admin = true\n{}",
+            node_token.display(),
+            grant("reader", &reader_hash, "read", "\"*\""),
+        ),
+    )
+    .unwrap();
+    let mut o = options(3);
+    o.extra_args = vec!["--config".into(), config.display().to_string()];
+    o.admin_token = Some(admin.clone());
+    let cluster = Cluster::start(o);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+
+    let reload_all = |times: usize| {
+        for id in cluster.ids() {
+            sighup(&cluster, id);
+        }
+        let cluster = &cluster;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !cluster
+                .ids()
+                .into_iter()
+                .all(|id| cluster.log_of(id).matches("node token reloaded").count() >= times)
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the nodes did not reload their token"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let other_than = |leader: u64| cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+
+    replace_file(&node_token, reader.as_bytes());
+    reload_all(1).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let refused = cluster
+        .transfer_leader(other_than(leader), Duration::from_secs(20))
+        .await
+        .expect_err("a node presenting a token without admin cannot hand leadership off");
+    assert!(
+        refused.to_lowercase().contains("permission"),
+        "the target refused the leader's token: {refused}"
+    );
+
+    replace_file(&node_token, admin.as_bytes());
+    reload_all(2).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let target = other_than(leader);
+    cluster
+        .transfer_leader(target, Duration::from_secs(20))
+        .await
+        .expect("with the admin token back, the transfer goes through");
 }

@@ -1,7 +1,9 @@
 //! TLS end to end, with real `cairn` processes and certificates written by
 //! `cairn tls init`: a client without the cluster's CA is refused; a peer
-//! holding a certificate from another CA cannot join, vote or forward; the
-//! cluster keeps serving while its certificates are replaced and reloaded.
+//! holding a certificate from another CA cannot join, vote or forward; a
+//! certificate from the cluster's CA speaks on the peer port only for the
+//! node it names; the cluster keeps serving while its certificates are
+//! replaced and reloaded.
 
 mod support;
 
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 use cairn_client::{ClientError, TlsOptions};
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
 use cairn_proto::v1::raft_service_client::RaftServiceClient;
-use cairn_proto::v1::{Consistency, RaftMessage, ReadRequest};
+use cairn_proto::v1::{Consistency, RaftMessage, ReadRequest, WriteRequest};
 use cairn_tls::{ClientFiles, ClientTls};
 use support::*;
 use tonic::transport::Endpoint;
@@ -174,7 +176,11 @@ async fn a_peer_with_a_certificate_from_another_ca_cannot_join_vote_or_forward()
     }
 
     // A node with a `b` certificate (trusting `a`, so only its own
-    // certificate is wrong) tries to join through the leader's client port.
+    // certificate is wrong) tries to join through the leader's client port:
+    // the client port refuses its certificate in the handshake, so its join
+    // fails there, before any peer traffic. (A certificate of the cluster's
+    // own CA claiming another node is refused by the peer gate: see
+    // `a_certificate_from_the_cluster_ca_speaks_only_for_the_node_it_names`.)
     let data = scratch.path().join("impostor-data");
     let log_path = scratch.path().join("impostor.log");
     let log = std::fs::File::create(&log_path).unwrap();
@@ -227,6 +233,169 @@ async fn a_peer_with_a_certificate_from_another_ca_cannot_join_vote_or_forward()
     assert_eq!(ids, vec![1, 2, 3], "the impostor is no member");
     assert_eq!(status.leader_id, leader, "the cluster keeps its leader");
     assert_eq!(status.term, term_before, "no election was forced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_from_the_cluster_ca_speaks_only_for_the_node_it_names() {
+    // On the peer port, the cluster CA's client certificate (`client.pem`)
+    // cannot claim a member's id, for a Raft message or a forwarded write,
+    // and node A's certificate cannot claim node B. Each envelope is
+    // otherwise admissible (this cluster's id, a member's id), so only the
+    // check of the certificate against the sender can refuse it.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("tls");
+    tls_init(&dir, &[]);
+    let cluster = tls_cluster(&dir, 3, &[]);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let cluster_id = cluster.status(leader).await.expect("status").cluster_id;
+    let peer = cluster.node(leader).peer_address.clone();
+    let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    let (a, b) = (others[0], others[1]);
+    let vote_from = |sender: u64| RaftMessage {
+        cluster_id: cluster_id.clone(),
+        sender_node_id: sender,
+        payload: bytes::Bytes::from_static(b"not a vote"),
+    };
+    let ca = dir.join("ca.pem");
+    let node_a = peer_channel(
+        &peer,
+        &ca,
+        &dir.join(format!("node-{a}.pem")),
+        &dir.join(format!("node-{a}-key.pem")),
+    )
+    .await
+    .expect("node A connects");
+
+    // Control: node A's certificate claiming node A passes the gate; its
+    // garbage payload is refused after it, as malformed.
+    let status = RaftServiceClient::new(node_a.clone())
+        .vote(vote_from(a))
+        .await
+        .expect_err("a garbage vote is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    // Node A's certificate claiming node B.
+    let status = RaftServiceClient::new(node_a)
+        .vote(vote_from(b))
+        .await
+        .expect_err("node A cannot speak for node B");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains(&format!("names node {a}"))
+            && status.message().contains(&format!("cairn-node-{b}")),
+        "{status:?}"
+    );
+
+    // The client certificate passes the handshake (same CA) but speaks for no node.
+    let client = peer_channel(
+        &peer,
+        &ca,
+        &dir.join("client.pem"),
+        &dir.join("client-key.pem"),
+    )
+    .await
+    .expect("the cluster CA's client certificate passes the handshake");
+    let status = RaftServiceClient::new(client.clone())
+        .vote(vote_from(a))
+        .await
+        .expect_err("a client certificate cannot send a Raft message");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("names no node"), "{status:?}");
+
+    let mut forged = tonic::Request::new(WriteRequest {
+        resource: Some(thing("forged", "u1", "", b"x")),
+    });
+    forged
+        .metadata_mut()
+        .insert("cairn-cluster-id", cluster_id.parse().unwrap());
+    forged
+        .metadata_mut()
+        .insert("cairn-node-id", a.to_string().parse().unwrap());
+    let status = ForwardingServiceClient::new(client)
+        .write(forged)
+        .await
+        .expect_err("a client certificate cannot forward a write");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("names no node"), "{status:?}");
+    let trusted = tls_client(&cluster, Some(client_tls(&dir)), Duration::from_secs(10));
+    match trusted.read(id("forged", ""), Consistency::Strong).await {
+        Err(ClientError::NotFound) => {}
+        other => panic!("the forged write must not be applied: {other:?}"),
+    }
+    let log = cluster.log_of(leader);
+    assert!(
+        log.contains("refused a raft message") && log.contains("refused a forwarded request"),
+        "the leader logs the refusals; logs in {}",
+        cluster.root().display()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_separate_client_ca_nodes_still_call_each_others_client_ports() {
+    // The client port requires client certificates from another CA than the
+    // cluster's. Nodes call each other's client ports with their node
+    // certificates: the start-up membership check still reaches the members
+    // (a wiped member is refused, not started as an empty voter), and a new
+    // node joins.
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("tls");
+    let clients = scratch.path().join("clients");
+    tls_init(&dir, &["--nodes", "4"]);
+    tls_init(&clients, &["--nodes", "1"]);
+    let client_files = TlsOptions {
+        ca_file: Some(dir.join("ca.pem")),
+        cert_file: Some(clients.join("client.pem")),
+        key_file: Some(clients.join("client-key.pem")),
+    };
+    let mut o = options(3);
+    o.extra_args = tls_args(&dir);
+    o.extra_args.extend([
+        "--tls-client-ca-file".to_string(),
+        clients.join("ca.pem").display().to_string(),
+        "--tls-client-auth".to_string(),
+        "required".to_string(),
+    ]);
+    o.client_tls = Some(client_files.clone());
+    let mut cluster = Cluster::start(o);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let client = tls_client(&cluster, Some(client_files), Duration::from_secs(10));
+    for i in 0..3 {
+        client
+            .write(thing(&format!("c{i}"), "u1", "", b"x"))
+            .await
+            .expect("a client with the client CA's certificate writes");
+    }
+
+    let wiped = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+    cluster.kill(wiped);
+    std::fs::remove_dir_all(&cluster.node(wiped).data_dir).unwrap();
+    cluster.spawn(wiped);
+    let status = cluster.wait_exit(wiped, Duration::from_secs(30));
+    let log = cluster.log_of(wiped);
+    assert!(
+        status.is_some() && log.contains("already a member"),
+        "the wiped member reaches the others' client ports and is refused: {log}"
+    );
+
+    let via = cluster.node(leader).client_address.clone();
+    let joined = cluster.add_joining_node(&via);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let members = cluster
+            .status(leader)
+            .await
+            .map(|s| s.members)
+            .unwrap_or_default();
+        if members.iter().any(|m| m.id == joined) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {joined} did not join: {}",
+            cluster.log_of(joined)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,7 +22,9 @@
 //!
 //! ## Invariants
 //! - Every configuration built here advertises ALPN `h2` (gRPC clients such
-//!   as grpc-go refuse a TLS server that does not).
+//!   as grpc-go refuse a TLS server that does not): set in one place
+//!   ([`advertise_h2`]), asserted there and wherever a configuration is
+//!   handed over to dial with ([`ClientTls`]).
 //! - A reload never changes an open connection; it only changes the
 //!   configuration the next connection uses.
 //! - A peer's certificate chain is verified by rustls during the handshake,
@@ -49,6 +51,21 @@ pub use tokio_rustls;
 
 /// The ALPN protocol of gRPC.
 pub const ALPN_H2: &[u8] = b"h2";
+
+/// Makes `h2` the one ALPN protocol of a configuration's list.
+fn advertise_h2(alpn_protocols: &mut Vec<Vec<u8>>) {
+    *alpn_protocols = vec![ALPN_H2.to_vec()];
+    assert_h2(alpn_protocols);
+}
+
+/// Panics unless `alpn_protocols` offers `h2` (a broken invariant: every
+/// configuration is built by this crate).
+pub fn assert_h2(alpn_protocols: &[Vec<u8>]) {
+    assert!(
+        alpn_protocols.iter().any(|p| p == ALPN_H2),
+        "a TLS configuration of Cairn must advertise ALPN h2"
+    );
+}
 
 /// What went wrong loading TLS material. Each names the file and its role.
 #[derive(Debug, thiserror::Error)]
@@ -164,8 +181,9 @@ pub enum ClientAuth {
 pub struct ServerFiles {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
-    /// CA that client certificates must chain to (needed unless `client_auth` is `None`).
-    pub client_ca_file: Option<PathBuf>,
+    /// CAs that client certificates must chain to, one of them (needed
+    /// unless `client_auth` is `None`).
+    pub client_ca_files: Vec<PathBuf>,
     pub client_auth: ClientAuth,
 }
 
@@ -176,15 +194,19 @@ pub fn server_config(files: &ServerFiles) -> Result<ServerConfig, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let builder = match (files.client_auth, &files.client_ca_file) {
+    let builder = match (files.client_auth, files.client_ca_files.as_slice()) {
         (ClientAuth::None, _) => builder.with_no_client_auth(),
-        (_, None) => {
+        (_, []) => {
             return Err(TlsError::Config(
                 "client certificate authentication needs a client CA file".into(),
             ))
         }
-        (mode, Some(ca)) => {
-            let roots = Arc::new(load_roots("client CA", ca)?);
+        (mode, cas) => {
+            let mut roots = RootCertStore::empty();
+            for ca in cas {
+                roots.roots.extend(load_roots("client CA", ca)?.roots);
+            }
+            let roots = Arc::new(roots);
             let verifier =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider());
             let verifier = if mode == ClientAuth::Optional {
@@ -192,9 +214,10 @@ pub fn server_config(files: &ServerFiles) -> Result<ServerConfig, TlsError> {
             } else {
                 verifier
             };
-            let verifier = verifier
-                .build()
-                .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
+            let verifier = verifier.build().map_err(|e| {
+                let files: Vec<_> = cas.iter().map(|ca| ca.display().to_string()).collect();
+                TlsError::Config(format!("client CA {}: {e}", files.join(", ")))
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -205,7 +228,7 @@ pub fn server_config(files: &ServerFiles) -> Result<ServerConfig, TlsError> {
             files.key_file.display()
         ))
     })?;
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    advertise_h2(&mut config.alpn_protocols);
     Ok(config)
 }
 
@@ -254,7 +277,7 @@ pub fn client_config(files: &ClientFiles) -> Result<ClientConfig, TlsError> {
             ))
         }
     };
-    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    advertise_h2(&mut config.alpn_protocols);
     Ok(config)
 }
 
@@ -297,6 +320,7 @@ impl std::fmt::Debug for ClientTls {
 
 impl ClientTls {
     pub fn new(config: ClientConfig) -> ClientTls {
+        assert_h2(&config.alpn_protocols);
         ClientTls {
             config: Reloadable::new(config),
         }
@@ -308,6 +332,7 @@ impl ClientTls {
 
     /// Later connections dial with `config`; open ones keep theirs.
     pub fn replace(&self, config: ClientConfig) {
+        assert_h2(&config.alpn_protocols);
         self.config.replace(config);
     }
 
@@ -396,6 +421,68 @@ impl tower_service::Service<http::Uri> for Connector {
     }
 }
 
+/// The name a node's certificate carries, as common name or DNS subject
+/// alternative name, to be admitted as node `node_id` on the peer port:
+/// `cairn-node-{node_id}`. `cairn tls init` issues node certificates with
+/// it; operators who bring their own certificates give each node its name.
+pub fn node_certificate_name(node_id: u64) -> String {
+    format!("{NODE_NAME_PREFIX}{node_id}")
+}
+
+/// The prefix of [`node_certificate_name`].
+pub const NODE_NAME_PREFIX: &str = "cairn-node-";
+
+/// The node ids a DER certificate names ([`node_certificate_name`]) in its
+/// common names and DNS subject alternative names, sorted, without
+/// duplicates; empty for a certificate that names no node (a client's) or
+/// does not parse.
+pub fn certificate_node_ids(certificate: &CertificateDer<'_>) -> Vec<u64> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(certificate.as_ref()) else {
+        return Vec::new();
+    };
+    let common_names = parsed
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok())
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    let dns_names = parsed
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|name| match name {
+                    x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_string()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let mut ids: Vec<u64> = common_names
+        .iter()
+        .chain(&dns_names)
+        .filter_map(|name| node_id_of_name(name))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// `cairn-node-{id}` → `id` (decimal digits only, no sign, no leading zero).
+fn node_id_of_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(NODE_NAME_PREFIX)?;
+    if digits.is_empty()
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+        || (digits.len() > 1 && digits.starts_with('0'))
+    {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// The subject of a DER certificate as a client identity: its common name
 /// if it has one, else the whole distinguished name (`CN=..,O=..`).
 pub fn certificate_subject(certificate: &CertificateDer<'_>) -> Option<String> {
@@ -424,6 +511,107 @@ mod tests {
         );
         assert_eq!(plain_uri("https://h:1"), ("http://h:1".into(), true));
         assert_eq!(plain_uri(" http://h:1 "), ("http://h:1".into(), false));
+    }
+
+    /// A CA and a leaf it issued (common name `name`, DNS names `dns`),
+    /// written as PEM files into `dir`: (ca, cert, key).
+    fn issue(dir: &Path, name: &str, dns: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(dns.iter().map(|d| d.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        let files = (
+            dir.join(format!("{name}-ca.pem")),
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}-key.pem")),
+        );
+        std::fs::write(&files.0, ca.pem()).unwrap();
+        std::fs::write(&files.1, cert.pem()).unwrap();
+        std::fs::write(&files.2, key.serialize_pem()).unwrap();
+        files
+    }
+
+    #[test]
+    fn every_configuration_advertises_h2() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = issue(dir.path(), "server", &["localhost"]);
+        for client_auth in [ClientAuth::None, ClientAuth::Optional, ClientAuth::Required] {
+            let config = server_config(&ServerFiles {
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+                client_ca_files: vec![ca.clone()],
+                client_auth,
+            })
+            .unwrap();
+            assert_eq!(config.alpn_protocols, vec![ALPN_H2.to_vec()]);
+        }
+        for (cert_file, key_file) in [(None, None), (Some(cert.clone()), Some(key.clone()))] {
+            let config = client_config(&ClientFiles {
+                ca_file: Some(ca.clone()),
+                cert_file,
+                key_file,
+            })
+            .unwrap();
+            assert_eq!(config.alpn_protocols, vec![ALPN_H2.to_vec()]);
+            ClientTls::new(config);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "must advertise ALPN h2")]
+    fn a_client_configuration_without_h2_is_a_broken_invariant() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, _, _) = issue(dir.path(), "server", &[]);
+        let mut config = client_config(&ClientFiles {
+            ca_file: Some(ca),
+            ..ClientFiles::default()
+        })
+        .unwrap();
+        config.alpn_protocols.clear();
+        ClientTls::new(config);
+    }
+
+    #[test]
+    fn a_certificate_names_the_nodes_of_its_common_name_and_dns_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = |name: &str, dns: &[&str]| {
+            let (_, cert, _) = issue(dir.path(), name, dns);
+            certificate_node_ids(&load_certificates("certificate", &cert).unwrap()[0])
+        };
+        assert_eq!(ids("cairn-node-2", &["localhost", "127.0.0.1"]), vec![2]);
+        assert_eq!(ids("node-two", &["cairn-node-2", "localhost"]), vec![2]);
+        assert_eq!(ids("cairn-client", &["localhost"]), Vec::<u64>::new());
+        assert_eq!(
+            ids("cairn-node-4", &["cairn-node-4", "cairn-node-5"]),
+            vec![4, 5]
+        );
+    }
+
+    #[test]
+    fn only_a_plain_cairn_node_name_names_a_node() {
+        assert_eq!(node_id_of_name(&node_certificate_name(3)), Some(3));
+        assert_eq!(
+            node_id_of_name("cairn-node-18446744073709551615"),
+            Some(u64::MAX)
+        );
+        for other in [
+            "cairn-node-",
+            "cairn-node-03",
+            "cairn-node-+3",
+            "cairn-node-3a",
+            "cairn-node-18446744073709551616",
+            "cairn-client",
+            "xcairn-node-3",
+        ] {
+            assert_eq!(node_id_of_name(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -137,7 +137,18 @@ pub struct ConnectionInfo {
     /// certificate the TLS handshake verified; `None` without TLS or without
     /// a client certificate.
     pub client_subject: Option<String>,
+    /// The node ids the verified client certificate names
+    /// (`cairn_tls::certificate_node_ids`; empty for a client's certificate
+    /// or none); `None` on a plaintext connection. The peer gate admits a
+    /// peer message only from a node its certificate names.
+    pub certified_node_ids: Option<Arc<[u64]>>,
     activity: Arc<Activity>,
+}
+
+/// Who the TLS handshake says the client is.
+struct Certified {
+    subject: Option<String>,
+    node_ids: Arc<[u64]>,
 }
 
 /// Requests in flight on one connection, and since when there were none;
@@ -442,7 +453,7 @@ async fn handshake(
     closed: oneshot::Sender<()>,
 ) -> Option<Connection> {
     let with_tls = tls.is_some();
-    let (io, client_subject) =
+    let (io, certified) =
         match tokio::time::timeout(limits.handshake_timeout, open(stream, tls)).await {
             Ok(Ok(opened)) => opened,
             Ok(Err(reason)) => {
@@ -468,7 +479,8 @@ async fn handshake(
         };
     let info = ConnectionInfo {
         remote_address: remote,
-        client_subject,
+        client_subject: certified.as_ref().and_then(|c| c.subject.clone()),
+        certified_node_ids: certified.map(|c| c.node_ids),
         activity: Arc::new(Activity::new(limits.receive_rate)),
     };
     Some(Connection {
@@ -486,29 +498,36 @@ async fn handshake(
     })
 }
 
-/// TLS handshake (if any), then the HTTP/2 preface.
+/// TLS handshake (if any; then who the client certificate says the client
+/// is), then the HTTP/2 preface.
 async fn open(
     stream: TcpStream,
     tls: Option<Arc<ServerConfig>>,
-) -> Result<(Io, Option<String>), String> {
-    let (mut io, subject) = match tls {
+) -> Result<(Io, Option<Certified>), String> {
+    let (mut io, certified) = match tls {
         None => (Io::Plain(stream), None),
         Some(config) => {
             let stream = cairn_tls::tokio_rustls::TlsAcceptor::from(config)
                 .accept(stream)
                 .await
                 .map_err(|e| format!("TLS handshake failed: {e}"))?;
-            let subject = stream
+            let leaf = stream
                 .get_ref()
                 .1
                 .peer_certificates()
-                .and_then(|chain| chain.first())
-                .and_then(cairn_tls::certificate_subject);
-            (Io::Tls(Box::new(stream)), subject)
+                .and_then(|chain| chain.first());
+            let certified = Certified {
+                subject: leaf.and_then(cairn_tls::certificate_subject),
+                node_ids: leaf
+                    .map(cairn_tls::certificate_node_ids)
+                    .unwrap_or_default()
+                    .into(),
+            };
+            (Io::Tls(Box::new(stream)), Some(certified))
         }
     };
     read_preface(&mut io).await?;
-    Ok((io, subject))
+    Ok((io, certified))
 }
 
 /// Reads the HTTP/2 preface, refusing at the first byte that differs.

@@ -290,13 +290,15 @@ impl RaftRpcService {
     /// The envelope first (cluster id, sender), then the payload's bounds.
     fn admit<T: DeserializeOwned>(
         &self,
-        message: RaftMessage,
+        request: tonic::Request<RaftMessage>,
         check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
     ) -> Result<T, tonic::Status> {
+        let certified = peer_gate::certified_node_ids(&request);
+        let message = request.into_inner();
         let sender = message.sender_node_id;
         let admitted = self
             .gate
-            .admit(&message.cluster_id, sender)
+            .admit(&message.cluster_id, sender, certified.as_deref())
             .and_then(|()| {
                 decode(&message.payload)
                     .map_err(|e| Refusal::Malformed(format!("undecodable raft message: {e}")))
@@ -329,10 +331,9 @@ impl RaftService for RaftRpcService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let entries_max = self.limits.entries_max;
-        let rpc: AppendEntriesRequest<TypeConfig> = self
-            .admit(request.into_inner(), |rpc, sender| {
-                peer_gate::check_append_entries(rpc, sender, entries_max)
-            })?;
+        let rpc: AppendEntriesRequest<TypeConfig> = self.admit(request, |rpc, sender| {
+            peer_gate::check_append_entries(rpc, sender, entries_max)
+        })?;
         let result = self.raft.append_entries(rpc).await;
         self.reply(&result)
     }
@@ -341,8 +342,7 @@ impl RaftService for RaftRpcService {
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let rpc: VoteRequest<NodeId> =
-            self.admit(request.into_inner(), peer_gate::check_vote_request)?;
+        let rpc: VoteRequest<NodeId> = self.admit(request, peer_gate::check_vote_request)?;
         let result = self.raft.vote(rpc).await;
         self.reply(&result)
     }
@@ -352,10 +352,9 @@ impl RaftService for RaftRpcService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let chunk_max = self.limits.snapshot_chunk_bytes_max;
-        let rpc: InstallSnapshotRequest<TypeConfig> = self
-            .admit(request.into_inner(), |rpc, sender| {
-                peer_gate::check_install_snapshot(rpc, sender, chunk_max)
-            })?;
+        let rpc: InstallSnapshotRequest<TypeConfig> = self.admit(request, |rpc, sender| {
+            peer_gate::check_install_snapshot(rpc, sender, chunk_max)
+        })?;
         let result = self.raft.install_snapshot(rpc).await;
         self.reply(&result)
     }

@@ -4,17 +4,22 @@
 //! A peer message is admitted only when
 //! 1. it carries this node's cluster id (an empty or different one is refused
 //!    with the same words, which never name the right id);
-//! 2. its sender, named by node id, is a member of this node's current
+//! 2. on a TLS connection, the peer's certificate names its sender:
+//!    `cairn-node-{id}` as common name or DNS name
+//!    ([`cairn_tls::node_certificate_name`]). A certificate from the cluster
+//!    CA that names no node (a client's) or another node cannot speak for
+//!    the sender;
+//! 3. its sender, named by node id, is a member of this node's current
 //!    membership (voter or learner) or, while this node holds no membership
 //!    yet, one of the nodes it was told about at start (the bootstrap member
 //!    list, or the members of the cluster it joins through the admin path);
-//! 3. (Raft messages) every term, index, size and count in it is within
+//! 4. (Raft messages) every term, index, size and count in it is within
 //!    bounds: a term at most [`PEER_TERM_MAX`], so no increment ever
 //!    overflows; entries numbered consecutively after `prev_log_id`; the
 //!    sender named in the vote is the sender named in the envelope.
 //!
 //! A node without a cluster id yet (a new bootstrap member that is not the
-//! initializer) adopts the id of the first message that passes 2.
+//! initializer) adopts the id of the first message that passes 3.
 //!
 //! The pure checks ([`check_append_entries`], [`check_vote`], ...) take a
 //! decoded message and return what is wrong with it; [`PeerGate`] adds the
@@ -70,6 +75,9 @@ pub enum Refusal {
     ClusterId,
     /// The sender is not a member of this node's cluster.
     NotMember { sender: NodeId },
+    /// The TLS certificate of the connection does not name the sender
+    /// (`named`: the nodes it names, sorted; empty for a client's).
+    Certificate { sender: NodeId, named: Vec<NodeId> },
     /// A term, index, size or count out of bounds, or an inconsistent message.
     Malformed(String),
     /// This node could not persist the cluster id it adopted.
@@ -89,6 +97,27 @@ impl fmt::Display for Refusal {
                 f,
                 "refused: node {sender} is not a member of this node's cluster"
             ),
+            Refusal::Certificate { sender, named } => {
+                let required = cairn_tls::node_certificate_name(*sender);
+                if named.is_empty() {
+                    write!(
+                        f,
+                        "refused: the message claims to come from node {sender}, but the \
+                         connection's TLS certificate names no node (a client certificate \
+                         cannot be used on the peer port): a peer's certificate must carry \
+                         {required} as its common name or a DNS name"
+                    )
+                } else {
+                    let named: Vec<String> = named.iter().map(|id| id.to_string()).collect();
+                    write!(
+                        f,
+                        "refused: the message claims to come from node {sender}, but the \
+                         connection's TLS certificate names node {} (a peer's certificate \
+                         must carry {required} as its common name or a DNS name)",
+                        named.join(", ")
+                    )
+                }
+            }
             Refusal::Malformed(why) => write!(f, "refused: malformed peer message: {why}"),
             Refusal::Internal(why) => write!(f, "cannot admit the peer: {why}"),
         }
@@ -103,7 +132,7 @@ impl From<Refusal> for cairn_proto::error::ApiError {
     fn from(refusal: Refusal) -> cairn_proto::error::ApiError {
         use cairn_proto::error::ApiError;
         match &refusal {
-            Refusal::ClusterId | Refusal::NotMember { .. } => {
+            Refusal::ClusterId | Refusal::NotMember { .. } | Refusal::Certificate { .. } => {
                 ApiError::PermissionDenied(refusal.to_string())
             }
             Refusal::Malformed(_) => ApiError::InvalidArgument {
@@ -365,8 +394,23 @@ impl PeerGate {
         self.identity.cluster_id()
     }
 
-    /// Checks the envelope of a peer message: cluster id and sender.
-    pub fn admit(&self, cluster_id: &str, sender: NodeId) -> Result<(), Refusal> {
+    /// Checks the envelope of a peer message: the connection's certificate
+    /// (`certified`: the node ids it names, `None` on a plaintext
+    /// connection), cluster id and sender.
+    pub fn admit(
+        &self,
+        cluster_id: &str,
+        sender: NodeId,
+        certified: Option<&[NodeId]>,
+    ) -> Result<(), Refusal> {
+        if let Some(named) = certified {
+            if !named.contains(&sender) {
+                return Err(Refusal::Certificate {
+                    sender,
+                    named: named.to_vec(),
+                });
+            }
+        }
         if cluster_id.is_empty() {
             return Err(Refusal::ClusterId);
         }
@@ -401,7 +445,11 @@ impl PeerGate {
 
     /// [`PeerGate::admit`] for a forwarded request: the sender's cluster id
     /// and node id travel in its metadata.
-    pub fn admit_metadata(&self, metadata: &MetadataMap) -> Result<(), Refusal> {
+    pub fn admit_metadata(
+        &self,
+        metadata: &MetadataMap,
+        certified: Option<&[NodeId]>,
+    ) -> Result<(), Refusal> {
         let cluster_id = metadata
             .get(CLUSTER_ID_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -414,8 +462,17 @@ impl PeerGate {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<NodeId>().ok())
             .ok_or_else(|| malformed(format!("missing or bad {NODE_ID_HEADER}")))?;
-        self.admit(cluster_id, sender)
+        self.admit(cluster_id, sender, certified)
     }
+}
+
+/// The node ids the certificate of a request's connection names; `None` on
+/// a plaintext connection (see [`PeerGate::admit`]).
+pub fn certified_node_ids<T>(request: &tonic::Request<T>) -> Option<Arc<[NodeId]>> {
+    request
+        .extensions()
+        .get::<crate::connections::ConnectionInfo>()
+        .and_then(|info| info.certified_node_ids.clone())
 }
 
 /// Compares two secrets in time independent of where they differ.
@@ -463,9 +520,9 @@ mod tests {
     fn a_wrong_or_empty_cluster_id_is_refused_without_naming_the_right_one() {
         let dir = tempfile::tempdir().unwrap();
         let g = gate(dir.path(), &[1, 2, 3]);
-        assert_eq!(g.admit("c0ffee", 2), Ok(()));
+        assert_eq!(g.admit("c0ffee", 2, None), Ok(()));
         for wrong in ["", "c0ffef", "c0ffee0", "other"] {
-            let refusal = g.admit(wrong, 2).unwrap_err();
+            let refusal = g.admit(wrong, 2, None).unwrap_err();
             assert_eq!(refusal, Refusal::ClusterId);
             let status = tonic::Status::from(refusal);
             assert_eq!(status.code(), tonic::Code::PermissionDenied);
@@ -474,10 +531,43 @@ mod tests {
     }
 
     #[test]
+    fn over_tls_the_certificate_must_name_the_sender() {
+        // A member's id claimed by a certificate that names no node (a
+        // client's) or another node is refused before anything else, and
+        // the refusal says which name the certificate needs.
+        let dir = tempfile::tempdir().unwrap();
+        let g = gate(dir.path(), &[1, 2, 3]);
+        assert_eq!(g.admit("c0ffee", 2, Some(&[2])), Ok(()));
+        assert_eq!(g.admit("c0ffee", 2, Some(&[1, 2])), Ok(()));
+        let client = g.admit("c0ffee", 2, Some(&[])).unwrap_err();
+        assert_eq!(
+            client,
+            Refusal::Certificate {
+                sender: 2,
+                named: vec![]
+            }
+        );
+        let status = tonic::Status::from(client);
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(status.message().contains("cairn-node-2"), "{status:?}");
+        let other = g.admit("c0ffee", 3, Some(&[2])).unwrap_err();
+        assert!(other.to_string().contains("names node 2"), "{other}");
+        let mut m = MetadataMap::new();
+        stamp(&mut m, "c0ffee", 3);
+        assert!(matches!(
+            g.admit_metadata(&m, Some(&[2])),
+            Err(Refusal::Certificate { sender: 3, .. })
+        ));
+    }
+
+    #[test]
     fn a_sender_outside_the_membership_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let g = gate(dir.path(), &[1, 2, 3]);
-        assert_eq!(g.admit("c0ffee", 9), Err(Refusal::NotMember { sender: 9 }));
+        assert_eq!(
+            g.admit("c0ffee", 9, None),
+            Err(Refusal::NotMember { sender: 9 })
+        );
     }
 
     #[test]
@@ -485,11 +575,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
         let g = PeerGate::new(identity.clone(), || None, BTreeSet::from([1, 2, 3]));
-        assert_eq!(g.admit("abc", 9), Err(Refusal::NotMember { sender: 9 }));
+        assert_eq!(
+            g.admit("abc", 9, None),
+            Err(Refusal::NotMember { sender: 9 })
+        );
         assert_eq!(identity.cluster_id(), "");
-        assert_eq!(g.admit("abc", 1), Ok(()));
+        assert_eq!(g.admit("abc", 1, None), Ok(()));
         assert_eq!(identity.cluster_id(), "abc");
-        assert_eq!(g.admit("abd", 1), Err(Refusal::ClusterId));
+        assert_eq!(g.admit("abd", 1, None), Err(Refusal::ClusterId));
     }
 
     #[test]
@@ -497,11 +590,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let g = gate(dir.path(), &[1, 2]);
         let mut m = MetadataMap::new();
-        assert_eq!(g.admit_metadata(&m), Err(Refusal::ClusterId));
+        assert_eq!(g.admit_metadata(&m, None), Err(Refusal::ClusterId));
         stamp(&mut m, "c0ffee", 2);
-        assert_eq!(g.admit_metadata(&m), Ok(()));
+        assert_eq!(g.admit_metadata(&m, None), Ok(()));
         stamp(&mut m, "c0ffee", 7);
-        assert_eq!(g.admit_metadata(&m), Err(Refusal::NotMember { sender: 7 }));
+        assert_eq!(
+            g.admit_metadata(&m, None),
+            Err(Refusal::NotMember { sender: 7 })
+        );
     }
 
     #[test]
