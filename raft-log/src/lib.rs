@@ -117,6 +117,7 @@ pub use error::LogError;
 pub use lock::DirLock;
 pub use options::LogEngineKind;
 pub use options::LogOptions;
+pub use options::READ_BYTES_MAX_DEFAULT;
 pub use options::SEGMENT_SIZE_BYTES_DEFAULT;
 pub use options::TAIL_BYTES_MAX_DEFAULT;
 pub use store::LogStore;
