@@ -171,13 +171,21 @@ async fn a_lagging_follower_then_a_stopped_peer_leaves_a_cluster_that_serves_aga
     cluster.spawn(2);
     let returned = Instant::now();
     assert!(
-        create_anywhere(&cluster, "after-2-returns", b"small", Duration::from_secs(20))
-            .await
-            .expect("a write once node 2 is back"),
+        create_anywhere(
+            &cluster,
+            "after-2-returns",
+            b"small",
+            Duration::from_secs(20)
+        )
+        .await
+        .expect("a write once node 2 is back"),
         "the write after node 2 returned is acknowledged"
     );
     names.push("after-2-returns".into());
-    println!("served again {:?} after node 2 returned", returned.elapsed());
+    println!(
+        "served again {:?} after node 2 returned",
+        returned.elapsed()
+    );
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).await;
     for id in [1, 2, 3] {
         wait_matches(&cluster, leader, id, Duration::from_secs(60)).await;
@@ -189,7 +197,11 @@ async fn a_lagging_follower_then_a_stopped_peer_leaves_a_cluster_that_serves_aga
 async fn a_leader_cut_off_from_both_followers_steps_down() {
     let mut cluster = Cluster::start(options(3));
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
-    let followers: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != leader).collect();
+    let followers: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
     for id in &followers {
         cluster.pause(*id);
     }

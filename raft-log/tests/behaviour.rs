@@ -359,7 +359,7 @@ fn replication_reads_are_bounded_by_bytes_and_always_return_one_entry(engine: Lo
                 .limited_get_log_entries(start, 401)
                 .await
                 .expect("read");
-            let sizes: Vec<usize> = entries.iter().map(|e| encoded_len(e)).collect();
+            let sizes: Vec<usize> = entries.iter().map(encoded_len).collect();
             let total: usize = sizes.iter().sum();
             assert!(!entries.is_empty(), "from {start}: at least one entry");
             assert!(

@@ -15,7 +15,10 @@
 //! [`TRANSFER_BYTES_PER_SECOND_MIN`]); openraft's call waits for it for most of a heartbeat
 //! interval and, if it is still going, answers `Unreachable` (so openraft backs off, then
 //! asks again). The same request asked again joins the send in flight or takes its answer;
-//! a different one replaces it (the old send is aborted). Invariants: at most one
+//! one that carries the same entries and more is answered `PayloadTooLarge` with the count
+//! in flight, so openraft asks at once for exactly those (a follower whose disk is slow
+//! still gets its batch while the leader appends more); any other replaces it (the old
+//! send is aborted). Invariants: at most one
 //! AppendEntries with entries is in flight to a peer, and its answer is only ever given to
 //! a call for exactly the same request (same vote, same previous log id, same entries).
 //! The entries of one AppendEntries are bounded by bytes when they are read from the log
@@ -38,7 +41,8 @@ use cairn_proto::v1::raft_service_client::RaftServiceClient;
 use cairn_proto::v1::raft_service_server::{RaftService, RaftServiceServer};
 use cairn_proto::v1::RaftMessage;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -98,13 +102,23 @@ struct SendKey {
 }
 
 impl SendKey {
+    /// Whether `rpc` carries this send's entries and more after them, with the same vote
+    /// and previous log id (the leader appended entries since this send began).
+    fn is_prefix_of(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> bool {
+        self.vote == rpc.vote
+            && self.prev_log_id == rpc.prev_log_id
+            && rpc.entries.len() > self.entries
+            && rpc.entries.first().map(|e| &e.log_id) == Some(&self.first)
+            && rpc.entries.get(self.entries - 1).map(|e| &e.log_id) == Some(&self.last)
+    }
+
     fn of(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<SendKey> {
         let (first, last) = rpc.entries.first().zip(rpc.entries.last())?;
         Some(SendKey {
-            vote: rpc.vote.clone(),
-            prev_log_id: rpc.prev_log_id.clone(),
-            first: first.log_id.clone(),
-            last: last.log_id.clone(),
+            vote: rpc.vote,
+            prev_log_id: rpc.prev_log_id,
+            first: first.log_id,
+            last: last.log_id,
             entries: rpc.entries.len(),
         })
     }
@@ -240,7 +254,9 @@ impl PeerClient {
         }
     }
 
-    /// Decodes and checks a reply, mapping failures to openraft's errors.
+    /// Decodes and checks a reply, mapping failures to openraft's errors (openraft's own,
+    /// large, error type: what the `RaftNetwork` methods return).
+    #[allow(clippy::result_large_err)]
     fn finish<Resp, E>(
         &self,
         result: SendResult,
@@ -304,6 +320,14 @@ impl PeerClient {
                 .unwrap_or_else(|e| e.into_inner());
             match in_flight.get(&self.target) {
                 Some(sending) if sending.key == key => sending.answer.clone(),
+                Some(sending) if sending.key.is_prefix_of(rpc) => {
+                    // The same entries and more: openraft asks again at once for exactly
+                    // the ones in flight (and keeps to that count for a few requests), so
+                    // the send goes on instead of starting over with a longer one.
+                    return Err(RPCError::PayloadTooLarge(
+                        PayloadTooLarge::new_entries_hint(sending.key.entries as u64),
+                    ));
+                }
                 _ => {
                     let payload =
                         encode(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
@@ -632,5 +656,48 @@ impl RaftService for RaftRpcService {
             })?;
         let result = self.raft.install_snapshot(rpc).await;
         self.reply(&result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sender_budget_holds_one_largest_message_and_lets_small_ones_by() {
+        // While one largest message of node 2 is processed, its heartbeats still pass, a
+        // second large message is refused at once (UNAVAILABLE), and node 3 has its own
+        // budget; once the first is done, the budget is whole again.
+        const MAX: usize = 8 * 1024 * 1024;
+        let budgets = SenderBudgets::new(MAX);
+        let large = budgets.take(2, MAX).expect("the first largest message");
+        let heartbeat = budgets.take(2, 200).expect("a heartbeat beside it");
+        let refused = budgets
+            .take(2, MAX / 2)
+            .expect_err("a second large message");
+        assert!(
+            matches!(refused, Refusal::Busy { sender: 2, bytes_in_process } if bytes_in_process == MAX + 200),
+            "{refused}"
+        );
+        let status = tonic::Status::from(refused);
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let _other = budgets.take(3, MAX).expect("another sender's budget");
+        drop((large, heartbeat));
+        let _whole = budgets.take(2, MAX).expect("the budget is whole again");
+    }
+
+    #[test]
+    fn a_send_is_given_time_for_its_size() {
+        // At least a second; 4 MiB/s beyond it; never less than openraft's own TTL.
+        let base = Duration::from_millis(100);
+        assert_eq!(transfer_timeout(base, 0), Duration::from_secs(1));
+        assert_eq!(
+            transfer_timeout(base, 60 * 1024 * 1024),
+            Duration::from_secs(16)
+        );
+        assert_eq!(
+            transfer_timeout(Duration::from_secs(5), 4 * 1024 * 1024),
+            Duration::from_secs(6)
+        );
     }
 }
