@@ -2,7 +2,8 @@
 //! - a follower stopped through 70 writes of 900 KB restarts and matches the leader within
 //!   30 s, and the leader's replication to it does not spin on timeouts meanwhile (entries
 //!   go in batches bounded by `replication_batch_bytes_max`, each with a deadline that grows
-//!   with its size);
+//!   with its size); a batch of 58 MB, far beyond what a heartbeat interval carries, still
+//!   arrives;
 //! - that lagging follower, then the third node stopped: the cluster keeps serving or fails
 //!   fast with Unavailable, and serves again as soon as the third node returns;
 //! - check-quorum: a leader cut off from both followers (SIGSTOP) stops calling itself leader
@@ -20,9 +21,11 @@ const ELECTION_TIMEOUT: Duration = Duration::from_millis(1000);
 /// 900 KB: under the default `resource_bytes_max` of 1 MiB.
 const LARGE_PAYLOAD_BYTES: usize = 900 * 1000;
 
-/// A 3-node cluster led by node 1.
-async fn cluster_led_by_1() -> Cluster {
-    let cluster = Cluster::start(options(3));
+/// A 3-node cluster led by node 1, its nodes started with `extra_args`.
+async fn cluster_led_by_1(extra_args: &[&str]) -> Cluster {
+    let mut o = options(3);
+    o.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+    let cluster = Cluster::start(o);
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
     if leader != 1 {
         cluster
@@ -97,7 +100,7 @@ async fn wait_matches(cluster: &Cluster, leader: u64, id: u64, timeout: Duration
 async fn a_follower_stopped_through_large_writes_catches_up_without_spinning() {
     // The old failure: batches of 64 entries (about 60 MB) each hit the fixed 100 ms RPC
     // timeout, were sent again and again (444 timeouts a minute), and never arrived.
-    let mut cluster = cluster_led_by_1().await;
+    let mut cluster = cluster_led_by_1(&[]).await;
     cluster.stop(3);
     let names = write_large(&cluster, "large", 70).await;
     let leader_log_before = cluster.log_of(1).len();
@@ -116,11 +119,32 @@ async fn a_follower_stopped_through_large_writes_catches_up_without_spinning() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_far_larger_than_a_heartbeat_interval_can_carry_still_arrives() {
+    // With the byte bound raised to 64 MiB, the leader sends the stopped follower one
+    // AppendEntries of 64 entries (about 58 MB): far more than a heartbeat interval (100 ms)
+    // can carry on a loaded machine. Its deadline grows with its size, and openraft's
+    // repeated requests join it rather than starting it over.
+    let mut cluster = cluster_led_by_1(&["--replication-batch-bytes-max", "67108864"]).await;
+    cluster.stop(3);
+    let names = write_large(&cluster, "huge", 70).await;
+    let leader_log_before = cluster.log_of(1).len();
+    cluster.spawn(3);
+    let took = wait_matches(&cluster, 1, 3, Duration::from_secs(30)).await;
+    holds_all(&cluster, 3, &names).await;
+    let errors = replication_errors(&cluster.log_of(1), leader_log_before, 3);
+    println!("node 3 caught up through one large batch in {took:?}; {errors} failed RPCs");
+    assert!(
+        errors <= 150,
+        "{errors} failed replication RPCs to node 3 while it caught up: the leader spun"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_follower_then_a_stopped_peer_leaves_a_cluster_that_serves_again() {
     // The old failure: with node 3 unable to catch up and node 2 stopped, the leader kept
     // its leadership without a quorum, node 3's term climbed, and the cluster never took a
     // write again, even after node 2 came back.
-    let mut cluster = cluster_led_by_1().await;
+    let mut cluster = cluster_led_by_1(&[]).await;
     cluster.stop(3);
     let mut names = write_large(&cluster, "lag", 70).await;
     cluster.spawn(3);
