@@ -170,6 +170,7 @@ impl Agent {
             write_stage_timing: config.write_stage_timing,
             log_engine: config.log_engine,
             peer_message_bytes_max: config.peer_message_bytes_max,
+            replication_batch_bytes_max: config.replication_batch_bytes_max,
             bootstrap_members: config.members.iter().map(|m| m.id).collect(),
             tls: access.tls.clone(),
             own_peer_address: config.peer_address.clone(),

@@ -88,6 +88,9 @@ struct AgentArgs {
     snapshot_log_bytes: Option<u64>,
     #[arg(long)]
     history_changes_max: Option<usize>,
+    /// Most bytes of entries in one AppendEntries to a lagging follower.
+    #[arg(long)]
+    replication_batch_bytes_max: Option<usize>,
     #[arg(long)]
     log_level: Option<String>,
     #[arg(long, value_enum)]
@@ -450,6 +453,7 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     for (key, value) in [
         ("client_connections_max", a.client_connections_max),
         ("peer_connections_max", a.peer_connections_max),
+        ("replication_batch_bytes_max", a.replication_batch_bytes_max),
     ] {
         if let Some(v) = value {
             put(key, v.into())

@@ -129,6 +129,9 @@ pub struct Config {
     pub client_message_bytes_max: usize,
     /// Largest Raft message between peers (an AppendEntries batch, a snapshot chunk).
     pub peer_message_bytes_max: usize,
+    /// The leader sends a lagging follower at most this many bytes of entries in one
+    /// AppendEntries (and at most 64 entries); one entry larger than this still goes alone.
+    pub replication_batch_bytes_max: usize,
     /// Longest name, uid, type field (group, group version, kind), tenancy
     /// field (partition, namespace), version, metadata key, status key or
     /// list prefix, in bytes.
@@ -256,6 +259,7 @@ impl Default for Config {
             watch_buffer_events: fsm.watch_buffer_events,
             client_message_bytes_max: 32 * 1024 * 1024,
             peer_message_bytes_max: 128 * 1024 * 1024,
+            replication_batch_bytes_max: 4 * 1024 * 1024,
             name_bytes_max: fsm.name_bytes_max,
             metadata_entries_max: fsm.metadata_entries_max,
             status_conditions_max: fsm.status_conditions_max,
@@ -591,11 +595,11 @@ impl Config {
             self.resource_bytes_max + 64 * 1024..=1024 * MIB,
         )?;
         check_range(
-            "peer_message_bytes_max",
-            self.peer_message_bytes_max,
-            (self.client_message_bytes_max).max(self.snapshot_chunk_bytes as usize + 64 * 1024)
-                ..=crate::raft::DECODE_BYTES_MAX,
+            "replication_batch_bytes_max",
+            self.replication_batch_bytes_max,
+            64 * 1024..=crate::raft::DECODE_BYTES_MAX,
         )?;
+        self.check_peer_messages_fit()?;
         // The upper bounds are the fsm's hard bounds: what every replica
         // applies, whatever its configuration.
         check_range(
@@ -643,6 +647,69 @@ impl Config {
         Ok(())
     }
 }
+
+impl Config {
+    /// Every message the Raft of a valid configuration builds fits in `peer_message_bytes_max`
+    /// (a peer refuses a larger one, and a leader would resend it for ever): an AppendEntries
+    /// of `replication_batch_bytes_max`, or of one entry alone, whose size is bounded by a
+    /// write batch ([`crate::raft::write_batch::BATCH_BYTES_MAX`]) plus one more command (a
+    /// client message, at most `client_message_bytes_max`); a snapshot chunk; a forwarded
+    /// request. Each with [`PEER_MESSAGE_OVERHEAD_BYTES`] for its envelope.
+    fn check_peer_messages_fit(&self) -> Result<(), ConfigError> {
+        let entry_bytes_max =
+            crate::raft::write_batch::BATCH_BYTES_MAX + self.client_message_bytes_max;
+        let needs = [
+            (
+                format!(
+                    "one Raft entry (a write batch of up to {} bytes plus one command of up to \
+                     client_message_bytes_max = {})",
+                    crate::raft::write_batch::BATCH_BYTES_MAX,
+                    self.client_message_bytes_max
+                ),
+                entry_bytes_max,
+            ),
+            (
+                format!(
+                    "an AppendEntries of replication_batch_bytes_max = {}",
+                    self.replication_batch_bytes_max
+                ),
+                self.replication_batch_bytes_max,
+            ),
+            (
+                format!(
+                    "a snapshot chunk of snapshot_chunk_bytes = {}",
+                    self.snapshot_chunk_bytes
+                ),
+                self.snapshot_chunk_bytes as usize,
+            ),
+        ];
+        let max = crate::raft::DECODE_BYTES_MAX;
+        if self.peer_message_bytes_max > max {
+            return Err(invalid(
+                "peer_message_bytes_max",
+                format!("is {}, must be at most {max}", self.peer_message_bytes_max),
+            ));
+        }
+        for (what, bytes) in needs {
+            let min = bytes + PEER_MESSAGE_OVERHEAD_BYTES;
+            if self.peer_message_bytes_max < min {
+                return Err(invalid(
+                    "peer_message_bytes_max",
+                    format!(
+                        "is {}, but {what} needs {min} bytes with its envelope: raise \
+                         peer_message_bytes_max or lower the other",
+                        self.peer_message_bytes_max
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a Raft message adds to the entries or chunk it carries (its envelope, the ids,
+/// openraft's fields, bincode's lengths), with room to spare.
+const PEER_MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -712,6 +779,43 @@ mod tests {
         assert_eq!(m[1].client_address, "127.0.0.1:7002");
         assert!(parse_members("1=127.0.0.1:8001").is_err());
         assert!(parse_members("x=a/b").is_err());
+    }
+
+    #[test]
+    fn peer_messages_must_hold_every_batch_the_leader_can_build() {
+        // A peer_message_bytes_max under one entry (a write batch plus one client message) or
+        // under replication_batch_bytes_max would stall replication: refused, naming the keys.
+        let base = || Config {
+            node_id: 1,
+            members: vec![MemberConfig {
+                id: 1,
+                peer_address: "127.0.0.1:8001".into(),
+                client_address: "127.0.0.1:7001".into(),
+            }],
+            ..Config::default()
+        };
+        base().validate().expect("the defaults are valid");
+        const MIB: usize = 1024 * 1024;
+        let mut c = base();
+        c.peer_message_bytes_max = 8 * MIB;
+        c.client_message_bytes_max = 8 * MIB;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("peer_message_bytes_max") && e.contains("client_message_bytes_max"),
+            "{e}"
+        );
+        c.client_message_bytes_max = 4 * MIB;
+        c.validate()
+            .expect("a write batch and one 4 MiB command fit in 8 MiB");
+        c.replication_batch_bytes_max = 8 * MIB;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("peer_message_bytes_max") && e.contains("replication_batch_bytes_max"),
+            "{e}"
+        );
+        c.replication_batch_bytes_max = 16 * 1024;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("replication_batch_bytes_max"), "{e}");
     }
 
     #[test]

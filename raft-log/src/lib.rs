@@ -119,6 +119,7 @@ pub use lock::DirLock;
 pub use metrics::describe_metrics;
 pub use options::LogEngineKind;
 pub use options::LogOptions;
+pub use options::READ_BYTES_MAX_DEFAULT;
 pub use options::SEGMENT_SIZE_BYTES_DEFAULT;
 pub use options::TAIL_BYTES_MAX_DEFAULT;
 pub use store::LogStore;

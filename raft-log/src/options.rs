@@ -55,6 +55,8 @@ pub const SEGMENT_SIZE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 pub const SEGMENT_SIZE_BYTES_MIN: u64 = 4096;
 /// Default budget of the in-memory tail of recent entries.
 pub const TAIL_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
+/// Default bound of one `limited_get_log_entries`.
+pub const READ_BYTES_MAX_DEFAULT: u64 = 4 * 1024 * 1024;
 
 /// Options of [`crate::LogStore::open`].
 #[derive(Clone, Debug)]
@@ -66,6 +68,11 @@ pub struct LogOptions {
     /// WAL only: the recent entries kept in memory (by encoded size) so that replication
     /// reads no disk. Entries not yet written are always kept. Default 32 MiB.
     pub tail_bytes_max: u64,
+    /// The most encoded entry bytes one `limited_get_log_entries` returns (openraft reads the
+    /// entries of one AppendEntries with it): entries are returned from the start of the range
+    /// while their sizes add up to at most this, and always at least one, whatever its size.
+    /// Default [`READ_BYTES_MAX_DEFAULT`].
+    pub read_bytes_max: u64,
     /// **Dangerous, tests only.** Skip the `fdatasync`/`fsync` of files: appends are
     /// acknowledged once written to the page cache, so a power cut loses acknowledged entries.
     /// Exists so the power-cut tests can prove they notice. Default `false`.
@@ -84,6 +91,7 @@ impl Default for LogOptions {
             engine: LogEngineKind::default(),
             segment_size_bytes: SEGMENT_SIZE_BYTES_DEFAULT,
             tail_bytes_max: TAIL_BYTES_MAX_DEFAULT,
+            read_bytes_max: READ_BYTES_MAX_DEFAULT,
             unsafe_skip_fsync_for_tests: false,
             unsafe_skip_directory_fsync_for_tests: false,
             unsafe_skip_crc_check_for_tests: false,

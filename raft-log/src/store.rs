@@ -78,6 +78,8 @@ struct Inner<C: RaftTypeConfig> {
     dir: PathBuf,
     /// The first error returned to openraft (which stops its core on any storage error).
     returned: parking_lot::Mutex<Option<Arc<LogError>>>,
+    /// [`LogOptions::read_bytes_max`].
+    read_bytes_max: u64,
     /// Released last, after the threads have stopped.
     _lock: DirLock,
 }
@@ -182,14 +184,16 @@ where
                     tracing::warn!(dir = %dir.display(), ?options, "raft log opened with unsafe test switches: acknowledged entries can be lost");
                 }
                 let damaged_blob = engine.damaged_blobs().first().cloned();
-                Self::open_sled(lock, Arc::new(engine)).map_err(|error| match damaged_blob {
-                    // sled dropped that blob and what followed it: that is why data is missing.
-                    Some(blob) if error.is_corruption() => LogError::CorruptBlob {
-                        blob,
-                        index: error.corrupt_index().unwrap_or(0),
-                        reason: error.to_string(),
-                    },
-                    _ => error,
+                Self::open_sled(lock, Arc::new(engine), options.read_bytes_max).map_err(|error| {
+                    match damaged_blob {
+                        // sled dropped that blob and what followed it: that is why data is missing.
+                        Some(blob) if error.is_corruption() => LogError::CorruptBlob {
+                            blob,
+                            index: error.corrupt_index().unwrap_or(0),
+                            reason: error.to_string(),
+                        },
+                        _ => error,
+                    }
                 })
             }
             LogEngineKind::Wal => {
@@ -199,6 +203,7 @@ where
                         backend: Backend::Wal(wal),
                         dir: lock.dir().to_path_buf(),
                         returned: parking_lot::Mutex::new(None),
+                        read_bytes_max: options.read_bytes_max,
                         _lock: lock,
                     }),
                 })
@@ -214,10 +219,14 @@ where
         engine: Arc<dyn LogEngine>,
     ) -> Result<LogStore<C>, LogError> {
         crate::marker::check_or_record(lock.dir(), LogEngineKind::Sled, true)?;
-        Self::open_sled(lock, engine)
+        Self::open_sled(lock, engine, LogOptions::default().read_bytes_max)
     }
 
-    fn open_sled(lock: DirLock, engine: Arc<dyn LogEngine>) -> Result<LogStore<C>, LogError> {
+    fn open_sled(
+        lock: DirLock,
+        engine: Arc<dyn LogEngine>,
+        read_bytes_max: u64,
+    ) -> Result<LogStore<C>, LogError> {
         let (watermark, watermark_index) = Watermark::open(lock.dir())?;
         finish_interrupted_purge::<C>(engine.as_ref())?;
         let verified = verify::<C>(engine.as_ref(), watermark_index)?;
@@ -247,6 +256,7 @@ where
                 }),
                 dir: lock.dir().to_path_buf(),
                 returned: parking_lot::Mutex::new(None),
+                read_bytes_max,
                 _lock: lock,
             }),
         })
@@ -385,6 +395,45 @@ where
         };
         run_blocking(move || {
             let raw = engine.read_entries(start, end)?;
+            counters
+                .entries_read_from_disk
+                .fetch_add(raw.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            decode_run::<C>(raw)
+        })
+        .await
+    }
+
+    /// The entries of `[start, end)` from `start` on, while their encoded sizes add up to at
+    /// most `bytes_max`, and always the first one whatever its size (so that an entry larger
+    /// than the bound is still read). Empty only when the range or the log holds nothing there.
+    pub async fn read_entries_bounded(
+        &self,
+        start: u64,
+        end: u64,
+        bytes_max: u64,
+    ) -> Result<Vec<C::Entry>, LogError> {
+        if end <= start {
+            return Ok(Vec::new());
+        }
+        let (engine, counters) = match &self.inner.backend {
+            Backend::Wal(wal) => return wal.read_bounded(start, Some(end), bytes_max).await,
+            Backend::Sled(sled) => (Arc::clone(&sled.engine), Arc::clone(&sled.counters)),
+        };
+        run_blocking(move || {
+            // sled holds no sizes beside the values: read one entry at a time, so that no more
+            // than the bound (and one entry) is ever in memory.
+            let mut raw = Vec::new();
+            let mut bytes = 0u64;
+            for index in start..end {
+                let mut one = engine.read_entries(index, Some(index + 1))?;
+                let Some(entry) = one.pop() else { break };
+                let len = entry.1.len() as u64;
+                if !raw.is_empty() && bytes + len > bytes_max {
+                    break;
+                }
+                bytes += len;
+                raw.push(entry);
+            }
             counters
                 .entries_read_from_disk
                 .fetch_add(raw.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -727,6 +776,18 @@ where
         range: RB,
     ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
         self.read_entries(range)
+            .await
+            .map_err(|e| self.returned(e, |e| storage_error(e, false)))
+    }
+
+    /// openraft reads the entries of one AppendEntries with this: bounded by
+    /// [`LogOptions::read_bytes_max`] as well as by openraft's `max_payload_entries`.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        self.read_entries_bounded(start, end, self.inner.read_bytes_max)
             .await
             .map_err(|e| self.returned(e, |e| storage_error(e, false)))
     }

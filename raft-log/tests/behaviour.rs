@@ -22,6 +22,7 @@ for_each_engine!(
     append_that_would_leave_a_hole_is_refused_and_nothing_is_written,
     vote_truncation_and_committed_survive_reopen,
     purge_past_the_end_of_the_log_then_appends_survive_reopen,
+    replication_reads_are_bounded_by_bytes_and_always_return_one_entry,
 );
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -327,6 +328,72 @@ fn the_failure_that_poisoned_the_store_is_kept_whole() {
         "{failure:?}"
     );
     assert!(!failure.is_corruption());
+}
+
+fn replication_reads_are_bounded_by_bytes_and_always_return_one_entry(engine: LogEngineKind) {
+    // openraft reads each AppendEntries through `limited_get_log_entries`: it stops before the
+    // entry that would take it past `read_bytes_max`, from memory or from disk, and returns the
+    // first entry even when that alone is larger than the bound.
+    use openraft::storage::RaftLogReader;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = common::LogOptions {
+        read_bytes_max: 64 * 1024,
+        tail_bytes_max: 128 * 1024,
+        ..common::options(engine)
+    };
+    runtime().block_on(async {
+        let mut store = Store::open(dir.path(), options).expect("open");
+        // Entry i carries 16 + 100 × (i % 240) bytes: up to 24 KB each.
+        for first in (1..=400).step_by(8) {
+            store
+                .append_durable(
+                    (first..first + 8)
+                        .map(|i| common::entry_scaled(i, 100))
+                        .collect(),
+                )
+                .await
+                .expect("append");
+        }
+        for start in [1, 200, 390] {
+            let entries = store
+                .limited_get_log_entries(start, 401)
+                .await
+                .expect("read");
+            let sizes: Vec<usize> = entries.iter().map(encoded_len).collect();
+            let total: usize = sizes.iter().sum();
+            assert!(!entries.is_empty(), "from {start}: at least one entry");
+            assert!(
+                total <= 64 * 1024,
+                "from {start}: {total} bytes in {sizes:?}"
+            );
+            let next = start + entries.len() as u64;
+            if next <= 400 {
+                let following = store.read_entries(next..=next).await.expect("read");
+                assert!(
+                    // Stored sizes add a frame header (and a checksum) to each encoding.
+                    total + encoded_len(&following[0]) + 64 * (entries.len() + 1) > 64 * 1024,
+                    "from {start}: stopped early at {total} bytes"
+                );
+            }
+            for (offset, entry) in entries.iter().enumerate() {
+                common::check_entry_scaled(start + offset as u64, entry, 100).expect("intact");
+            }
+        }
+        let options = common::LogOptions {
+            read_bytes_max: 1,
+            ..common::options(engine)
+        };
+        drop(store);
+        let mut store = Store::open(dir.path(), options).expect("reopen");
+        let one = store.limited_get_log_entries(5, 10).await.expect("read");
+        assert_eq!(one.len(), 1, "one entry larger than the bound still goes");
+    });
+}
+
+fn encoded_len(entry: &openraft::Entry<common::TestConfig>) -> usize {
+    bincode::serde::encode_to_vec(entry, bincode::config::standard())
+        .expect("encode")
+        .len()
 }
 
 /// Appends `indexes` in chunks of `chunk` entries, each chunk durable before the next.

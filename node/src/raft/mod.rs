@@ -3,6 +3,7 @@
 //! conversion of openraft's errors into Cairn's. The rest of the node talks to
 //! [`RaftHandle`] only, so a move to another openraft version is contained here.
 
+mod check_quorum;
 mod identity;
 mod log_growth;
 mod network;
@@ -302,6 +303,9 @@ pub struct RaftSettings {
     pub log_engine: cairn_raft_log::LogEngineKind,
     /// Largest Raft message sent or received (`peer_message_bytes_max`).
     pub peer_message_bytes_max: usize,
+    /// Most bytes of entries in one AppendEntries (`replication_batch_bytes_max`); one
+    /// larger entry goes alone.
+    pub replication_batch_bytes_max: usize,
     /// The nodes this node may hear from before it holds a membership (the
     /// bootstrap member list; a joining node learns them from the cluster).
     pub bootstrap_members: BTreeSet<NodeId>,
@@ -542,7 +546,11 @@ impl RaftHandle {
         let log_dir = log_dir(data_dir);
         let mut log_store = LogStore::open(
             &log_dir,
-            cairn_raft_log::LogOptions::with_engine(settings.log_engine),
+            cairn_raft_log::LogOptions {
+                // openraft reads each AppendEntries through the log's bounded reader.
+                read_bytes_max: settings.replication_batch_bytes_max as u64,
+                ..cairn_raft_log::LogOptions::with_engine(settings.log_engine)
+            },
         )
         .map_err(|e| start_error(&e, &log_dir))?;
         check_stored_state(&mut log_store).await?;
@@ -604,6 +612,12 @@ impl RaftHandle {
             settings.bootstrap_members.clone(),
         ));
         tokio::spawn(growth.run(raft.clone()));
+        tokio::spawn(check_quorum::run(
+            raft.clone(),
+            node_id,
+            Duration::from_millis(settings.election_timeout_ms),
+            Duration::from_millis(settings.heartbeat_interval_ms),
+        ));
         let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id, stages);
         Ok(RaftHandle {
             raft,

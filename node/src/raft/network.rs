@@ -6,17 +6,43 @@
 //! id, and is checked by the [`PeerGate`] before openraft sees it: an empty or
 //! other cluster's id, a sender outside the membership, or a term, index or
 //! size out of bounds is refused. Replies are bounded the same way.
+//!
+//! **Replication that makes progress, in bounded memory.** openraft 0.9 gives every
+//! AppendEntries one heartbeat interval, whatever it carries; a batch of large entries
+//! would time out and be sent again for ever. So an AppendEntries that carries entries is
+//! sent by a task of its own ([`InFlight`]) with a deadline that grows with its size
+//! ([`transfer_timeout`]: the heartbeat interval plus the bytes at
+//! [`TRANSFER_BYTES_PER_SECOND_MIN`]); openraft's call waits for it for most of a heartbeat
+//! interval and, if it is still going, answers `Unreachable` (so openraft backs off, then
+//! asks again). The same request asked again joins the send in flight or takes its answer;
+//! one that carries the same entries and more is answered `PayloadTooLarge` with the count
+//! in flight, so openraft asks at once for exactly those (a follower whose disk is slow
+//! still gets its batch while the leader appends more); any other replaces it (the old
+//! send is aborted). Invariants: at most one
+//! AppendEntries with entries is in flight to a peer, and its answer is only ever given to
+//! a call for exactly the same request (same vote, same previous log id, same entries).
+//! The entries of one AppendEntries are bounded by bytes when they are read from the log
+//! (`replication_batch_bytes_max`, the log's `read_bytes_max`).
+//!
+//! On the receiving side each sender has a byte budget ([`SenderBudgets`]): the
+//! AppendEntries and snapshot chunks of one sender being processed at once hold at most
+//! `peer_message_bytes_max` plus [`SMALL_MESSAGE_ROOM_BYTES`]; over it a message is refused
+//! with UNAVAILABLE at once (the sender backs off), so a follower whose core is stuck does
+//! not pile up retries in memory.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{watch, Semaphore};
 
 use bytes::Bytes;
 use cairn_proto::v1::raft_service_client::RaftServiceClient;
 use cairn_proto::v1::raft_service_server::{RaftService, RaftServiceServer};
 use cairn_proto::v1::RaftMessage;
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -49,6 +75,75 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::De
     Ok(value)
 }
 
+/// The slowest transfer a peer connection is assumed to sustain: an AppendEntries of `n`
+/// bytes is given `n / TRANSFER_BYTES_PER_SECOND_MIN` seconds beyond its base timeout.
+pub const TRANSFER_BYTES_PER_SECOND_MIN: u64 = 4 * 1024 * 1024;
+
+/// The base of an entries-carrying AppendEntries' deadline: the follower writes and syncs
+/// the entries before it answers, and a loaded disk takes longer than a heartbeat interval.
+const TRANSFER_BASE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a send of `bytes` may take: a base of at least [`TRANSFER_BASE_TIMEOUT`]
+/// (or `base`, if longer) plus the bytes at [`TRANSFER_BYTES_PER_SECOND_MIN`].
+pub fn transfer_timeout(base: Duration, bytes: usize) -> Duration {
+    let transfer_ms = (bytes as u64).saturating_mul(1000) / TRANSFER_BYTES_PER_SECOND_MIN;
+    base.max(TRANSFER_BASE_TIMEOUT) + Duration::from_millis(transfer_ms)
+}
+
+/// What identifies one AppendEntries for joining a send in flight: the leader's vote, the
+/// previous log id and the first and last entries' log ids (log ids identify entries).
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct SendKey {
+    vote: openraft::Vote<NodeId>,
+    prev_log_id: Option<openraft::LogId<NodeId>>,
+    first: openraft::LogId<NodeId>,
+    last: openraft::LogId<NodeId>,
+    entries: usize,
+}
+
+impl SendKey {
+    /// Whether `rpc` carries this send's entries and more after them, with the same vote
+    /// and previous log id (the leader appended entries since this send began).
+    fn is_prefix_of(&self, rpc: &AppendEntriesRequest<TypeConfig>) -> bool {
+        self.vote == rpc.vote
+            && self.prev_log_id == rpc.prev_log_id
+            && rpc.entries.len() > self.entries
+            && rpc.entries.first().map(|e| &e.log_id) == Some(&self.first)
+            && rpc.entries.get(self.entries - 1).map(|e| &e.log_id) == Some(&self.last)
+    }
+
+    fn of(rpc: &AppendEntriesRequest<TypeConfig>) -> Option<SendKey> {
+        let (first, last) = rpc.entries.first().zip(rpc.entries.last())?;
+        Some(SendKey {
+            vote: rpc.vote,
+            prev_log_id: rpc.prev_log_id,
+            first: first.log_id,
+            last: last.log_id,
+            entries: rpc.entries.len(),
+        })
+    }
+}
+
+/// The answer of a send: the reply's payload, or the gRPC status it failed with.
+type SendResult = Result<Bytes, tonic::Status>;
+
+/// The one AppendEntries with entries in flight to a peer (see the module docs).
+struct InFlight {
+    key: SendKey,
+    bytes: usize,
+    started: tokio::time::Instant,
+    deadline: Duration,
+    answer: watch::Receiver<Option<SendResult>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        // Replaced or answered: a send still going is no longer wanted.
+        self.task.abort();
+    }
+}
+
 /// Dials peers; one cached channel per peer address, shared by every
 /// replication stream to it.
 #[derive(Clone)]
@@ -57,6 +152,8 @@ pub struct Network {
     node_id: NodeId,
     message_bytes_max: usize,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Per peer, the AppendEntries with entries in flight.
+    in_flight: Arc<Mutex<HashMap<NodeId, InFlight>>>,
     /// The write-stage clock: a follower's acknowledgement of entries is
     /// their `replicated` time.
     stages: Arc<WriteStages>,
@@ -76,6 +173,7 @@ impl Network {
             node_id,
             message_bytes_max,
             channels: Arc::new(Mutex::new(HashMap::new())),
+            in_flight: Arc::new(Mutex::new(HashMap::new())),
             stages: Arc::new(WriteStages::new(false)),
             tls,
         }
@@ -126,6 +224,67 @@ pub struct PeerClient {
 }
 
 impl PeerClient {
+    /// Sends one encoded message and waits for its reply's payload, for at most `timeout`.
+    fn send(
+        &self,
+        method: Method,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = SendResult> + Send + 'static {
+        let channel = self.network.channel(&self.peer_address);
+        let message_bytes_max = self.network.message_bytes_max;
+        let envelope = RaftMessage {
+            cluster_id: self.network.identity.cluster_id(),
+            payload,
+            sender_node_id: self.network.node_id,
+        };
+        async move {
+            let channel = channel.map_err(tonic::Status::invalid_argument)?;
+            let mut client = RaftServiceClient::new(channel)
+                .max_decoding_message_size(message_bytes_max)
+                .max_encoding_message_size(message_bytes_max);
+            let mut request = tonic::Request::new(envelope);
+            request.set_timeout(timeout);
+            let response = match method {
+                Method::AppendEntries => client.append_entries(request).await,
+                Method::Vote => client.vote(request).await,
+                Method::InstallSnapshot => client.install_snapshot(request).await,
+            };
+            Ok(response?.into_inner().payload)
+        }
+    }
+
+    /// Decodes and checks a reply, mapping failures to openraft's errors (openraft's own,
+    /// large, error type: what the `RaftNetwork` methods return).
+    #[allow(clippy::result_large_err)]
+    fn finish<Resp, E>(
+        &self,
+        result: SendResult,
+        check_reply: fn(&Resp) -> Result<(), Refusal>,
+    ) -> Result<Resp, RPCError<NodeId, NodeInfo, RaftError<NodeId, E>>>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let payload = result.map_err(|status| match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                RPCError::Unreachable(Unreachable::new(&status))
+            }
+            _ => RPCError::Network(NetworkError::new(&status)),
+        })?;
+        let reply: Result<Resp, RaftError<NodeId, E>> =
+            decode(&payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let reply = reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
+        // A reply's term is adopted by openraft: bounded like a request's.
+        check_reply(&reply).map_err(|refusal| {
+            RPCError::Network(NetworkError::new(&std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("reply from node {}: {refusal}", self.target),
+            )))
+        })?;
+        Ok(reply)
+    }
+
     async fn call<Req, Resp, E>(
         &self,
         request: &Req,
@@ -139,43 +298,103 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let payload = encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let channel = self.network.channel(&self.peer_address).map_err(|e| {
-            RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                e,
-            )))
-        })?;
-        let mut client = RaftServiceClient::new(channel)
-            .max_decoding_message_size(self.network.message_bytes_max)
-            .max_encoding_message_size(self.network.message_bytes_max);
-        let mut request = tonic::Request::new(RaftMessage {
-            cluster_id: self.network.identity.cluster_id(),
-            payload,
-            sender_node_id: self.network.node_id,
-        });
-        request.set_timeout(option.hard_ttl());
-        let response = match method {
-            Method::AppendEntries => client.append_entries(request).await,
-            Method::Vote => client.vote(request).await,
-            Method::InstallSnapshot => client.install_snapshot(request).await,
-        };
-        let message = response.map_err(|status| match status.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                RPCError::Unreachable(Unreachable::new(&status))
+        let result = self.send(method, payload, option.hard_ttl()).await;
+        self.finish(result, check_reply)
+    }
+
+    /// An AppendEntries that carries entries: joins the send of the same request in flight
+    /// to this peer, or replaces what is in flight with a send of its own; waits for the
+    /// answer for most of openraft's time (its soft TTL) and answers `Unreachable` if the
+    /// send is still going, so openraft backs off and asks again.
+    async fn append_entries_in_flight(
+        &self,
+        key: SendKey,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        let mut answer = {
+            let mut in_flight = self
+                .network
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            match in_flight.get(&self.target) {
+                Some(sending) if sending.key == key => sending.answer.clone(),
+                Some(sending) if sending.key.is_prefix_of(rpc) => {
+                    // The same entries and more: openraft asks again at once for exactly
+                    // the ones in flight (and keeps to that count for a few requests), so
+                    // the send goes on instead of starting over with a longer one.
+                    return Err(RPCError::PayloadTooLarge(
+                        PayloadTooLarge::new_entries_hint(sending.key.entries as u64),
+                    ));
+                }
+                _ => {
+                    let payload =
+                        encode(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+                    let bytes = payload.len();
+                    let deadline = transfer_timeout(option.hard_ttl(), bytes);
+                    let (tell, answer) = watch::channel(None);
+                    let send = self.send(Method::AppendEntries, payload, deadline);
+                    let task = tokio::spawn(async move {
+                        let result = send.await;
+                        let _ = tell.send(Some(result));
+                    });
+                    let sending = InFlight {
+                        key: key.clone(),
+                        bytes,
+                        started: tokio::time::Instant::now(),
+                        deadline,
+                        answer: answer.clone(),
+                        task,
+                    };
+                    // Replaces (and so aborts) any other send to this peer.
+                    in_flight.insert(self.target, sending);
+                    answer
+                }
             }
-            _ => RPCError::Network(NetworkError::new(&status)),
-        })?;
-        let reply: Result<Resp, RaftError<NodeId, E>> = decode(&message.into_inner().payload)
-            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let reply = reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
-        // A reply's term is adopted by openraft: bounded like a request's.
-        check_reply(&reply).map_err(|refusal| {
-            RPCError::Network(NetworkError::new(&std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("reply from node {}: {refusal}", self.target),
-            )))
-        })?;
-        Ok(reply)
+        };
+        let waited =
+            tokio::time::timeout(option.soft_ttl(), answer.wait_for(Option::is_some)).await;
+        let result = match waited {
+            Ok(Ok(result)) => result.clone().expect("waited for an answer"),
+            Ok(Err(_)) => Err(tonic::Status::cancelled("the send was replaced")),
+            Err(_) => {
+                let in_flight = self
+                    .network
+                    .in_flight
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let still = in_flight
+                    .get(&self.target)
+                    .filter(|s| s.key == key)
+                    .map(|s| {
+                        format!(
+                            "still sending {} bytes ({} entries) to node {}: {} ms of up to {} ms",
+                            s.bytes,
+                            s.key.entries,
+                            self.target,
+                            s.started.elapsed().as_millis(),
+                            s.deadline.as_millis()
+                        )
+                    })
+                    .unwrap_or_else(|| format!("the send to node {} was replaced", self.target));
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &std::io::Error::new(std::io::ErrorKind::WouldBlock, still),
+                )));
+            }
+        };
+        {
+            // Answered: the send is done with (its answer was given to this call).
+            let mut in_flight = self
+                .network
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if in_flight.get(&self.target).is_some_and(|s| s.key == key) {
+                in_flight.remove(&self.target);
+            }
+        }
+        self.finish(result, peer_gate::check_append_entries_reply)
     }
 }
 
@@ -194,14 +413,18 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
         let sent = rpc.entries.first().zip(rpc.entries.last());
         let sent = sent.map(|(first, last)| (first.log_id.index, last.log_id.index));
-        let response: AppendEntriesResponse<NodeId> = self
-            .call(
-                &rpc,
-                &option,
-                Method::AppendEntries,
-                peer_gate::check_append_entries_reply,
-            )
-            .await?;
+        let response: AppendEntriesResponse<NodeId> = match SendKey::of(&rpc) {
+            Some(key) => self.append_entries_in_flight(key, &rpc, &option).await?,
+            None => {
+                self.call(
+                    &rpc,
+                    &option,
+                    Method::AppendEntries,
+                    peer_gate::check_append_entries_reply,
+                )
+                .await?
+            }
+        };
         if let (Some((first, last)), AppendEntriesResponse::Success) = (sent, &response) {
             self.network
                 .stages
@@ -256,6 +479,55 @@ pub struct RaftServerLimits {
     pub snapshot_chunk_bytes_max: u64,
 }
 
+/// Room beside one largest message in a sender's budget, so that its heartbeats and votes
+/// still pass while a large message is processed.
+pub const SMALL_MESSAGE_ROOM_BYTES: usize = 1024 * 1024;
+
+/// Per sender, a budget of the bytes of its AppendEntries and snapshot chunks being
+/// processed at once: `peer_message_bytes_max` plus [`SMALL_MESSAGE_ROOM_BYTES`].
+pub struct SenderBudgets {
+    bytes_max: usize,
+    budgets: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
+}
+
+impl SenderBudgets {
+    pub fn new(message_bytes_max: usize) -> SenderBudgets {
+        SenderBudgets {
+            bytes_max: message_bytes_max + SMALL_MESSAGE_ROOM_BYTES,
+            budgets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes `bytes` of `sender`'s budget until the permit is dropped, or refuses at once.
+    pub fn take(
+        &self,
+        sender: NodeId,
+        bytes: usize,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
+        // A message over the budget was already refused by gRPC's size limit.
+        assert!(
+            bytes <= self.bytes_max,
+            "a message is never larger than peer_message_bytes_max"
+        );
+        let budget = {
+            let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+            // Senders are members (the gate admitted them): a handful of entries.
+            budgets
+                .entry(sender)
+                .or_insert_with(|| Arc::new(Semaphore::new(self.bytes_max)))
+                .clone()
+        };
+        let permits = u32::try_from(bytes).expect("a message is under 1 GiB");
+        budget
+            .clone()
+            .try_acquire_many_owned(permits.max(1))
+            .map_err(|_| Refusal::Busy {
+                sender,
+                bytes_in_process: self.bytes_max - budget.available_permits(),
+            })
+    }
+}
+
 /// Serves Raft RPCs from peers.
 #[derive(Clone)]
 pub struct RaftRpcService {
@@ -263,6 +535,7 @@ pub struct RaftRpcService {
     node_id: NodeId,
     gate: Arc<PeerGate>,
     limits: RaftServerLimits,
+    budgets: Arc<SenderBudgets>,
 }
 
 impl RaftRpcService {
@@ -276,6 +549,7 @@ impl RaftRpcService {
             raft,
             node_id,
             gate,
+            budgets: Arc::new(SenderBudgets::new(limits.message_bytes_max)),
             limits,
         }
     }
@@ -293,6 +567,19 @@ impl RaftRpcService {
         request: tonic::Request<RaftMessage>,
         check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
     ) -> Result<T, tonic::Status> {
+        self.admit_within_budget(request, false, check)
+            .map(|(rpc, _)| rpc)
+    }
+
+    /// [`Self::admit`]; with `budgeted`, the sender's byte budget for this message is taken
+    /// once the envelope is admitted and before the payload is decoded, and held by the
+    /// returned permit (see [`SenderBudgets`]).
+    fn admit_within_budget<T: DeserializeOwned>(
+        &self,
+        request: tonic::Request<RaftMessage>,
+        budgeted: bool,
+        check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
+    ) -> Result<(T, Option<tokio::sync::OwnedSemaphorePermit>), tonic::Status> {
         let certified = peer_gate::certified_node_ids(&request);
         let message = request.into_inner();
         let sender = message.sender_node_id;
@@ -300,12 +587,22 @@ impl RaftRpcService {
             .gate
             .admit(&message.cluster_id, sender, certified.as_deref())
             .and_then(|()| {
-                decode(&message.payload)
-                    .map_err(|e| Refusal::Malformed(format!("undecodable raft message: {e}")))
+                budgeted
+                    .then(|| self.budgets.take(sender, message.payload.len()))
+                    .transpose()
             })
-            .and_then(|rpc: T| check(&rpc, sender).map(|()| rpc));
+            .and_then(|permit| {
+                let rpc: T = decode(&message.payload)
+                    .map_err(|e| Refusal::Malformed(format!("undecodable raft message: {e}")))?;
+                check(&rpc, sender)?;
+                Ok((rpc, permit))
+            });
         admitted.map_err(|refusal| {
-            tracing::warn!(sender, %refusal, "refused a raft message");
+            if matches!(refusal, Refusal::Busy { .. }) {
+                tracing::debug!(sender, %refusal, "refused a raft message");
+            } else {
+                tracing::warn!(sender, %refusal, "refused a raft message");
+            }
             tonic::Status::from(refusal)
         })
     }
@@ -331,9 +628,11 @@ impl RaftService for RaftRpcService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let entries_max = self.limits.entries_max;
-        let rpc: AppendEntriesRequest<TypeConfig> = self.admit(request, |rpc, sender| {
-            peer_gate::check_append_entries(rpc, sender, entries_max)
-        })?;
+        // The budget is held until the core has answered.
+        let (rpc, _budget): (AppendEntriesRequest<TypeConfig>, _) =
+            self.admit_within_budget(request, true, |rpc, sender| {
+                peer_gate::check_append_entries(rpc, sender, entries_max)
+            })?;
         let result = self.raft.append_entries(rpc).await;
         self.reply(&result)
     }
@@ -352,10 +651,54 @@ impl RaftService for RaftRpcService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let chunk_max = self.limits.snapshot_chunk_bytes_max;
-        let rpc: InstallSnapshotRequest<TypeConfig> = self.admit(request, |rpc, sender| {
-            peer_gate::check_install_snapshot(rpc, sender, chunk_max)
-        })?;
+        let (rpc, _budget): (InstallSnapshotRequest<TypeConfig>, _) =
+            self.admit_within_budget(request, true, |rpc, sender| {
+                peer_gate::check_install_snapshot(rpc, sender, chunk_max)
+            })?;
         let result = self.raft.install_snapshot(rpc).await;
         self.reply(&result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sender_budget_holds_one_largest_message_and_lets_small_ones_by() {
+        // While one largest message of node 2 is processed, its heartbeats still pass, a
+        // second large message is refused at once (UNAVAILABLE), and node 3 has its own
+        // budget; once the first is done, the budget is whole again.
+        const MAX: usize = 8 * 1024 * 1024;
+        let budgets = SenderBudgets::new(MAX);
+        let large = budgets.take(2, MAX).expect("the first largest message");
+        let heartbeat = budgets.take(2, 200).expect("a heartbeat beside it");
+        let refused = budgets
+            .take(2, MAX / 2)
+            .expect_err("a second large message");
+        assert!(
+            matches!(refused, Refusal::Busy { sender: 2, bytes_in_process } if bytes_in_process == MAX + 200),
+            "{refused}"
+        );
+        let status = tonic::Status::from(refused);
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let _other = budgets.take(3, MAX).expect("another sender's budget");
+        drop((large, heartbeat));
+        let _whole = budgets.take(2, MAX).expect("the budget is whole again");
+    }
+
+    #[test]
+    fn a_send_is_given_time_for_its_size() {
+        // At least a second; 4 MiB/s beyond it; never less than openraft's own TTL.
+        let base = Duration::from_millis(100);
+        assert_eq!(transfer_timeout(base, 0), Duration::from_secs(1));
+        assert_eq!(
+            transfer_timeout(base, 60 * 1024 * 1024),
+            Duration::from_secs(16)
+        );
+        assert_eq!(
+            transfer_timeout(Duration::from_secs(5), 4 * 1024 * 1024),
+            Duration::from_secs(6)
+        );
     }
 }

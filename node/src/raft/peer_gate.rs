@@ -82,6 +82,12 @@ pub enum Refusal {
     Malformed(String),
     /// This node could not persist the cluster id it adopted.
     Internal(String),
+    /// The sender's byte budget is taken by its earlier messages, still being processed
+    /// (an operating condition: the sender backs off and retries).
+    Busy {
+        sender: NodeId,
+        bytes_in_process: usize,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -120,13 +126,21 @@ impl fmt::Display for Refusal {
             }
             Refusal::Malformed(why) => write!(f, "refused: malformed peer message: {why}"),
             Refusal::Internal(why) => write!(f, "cannot admit the peer: {why}"),
+            Refusal::Busy {
+                sender,
+                bytes_in_process,
+            } => write!(
+                f,
+                "busy: {bytes_in_process} bytes of earlier messages from node {sender} are \
+                 still being processed; retry later"
+            ),
         }
     }
 }
 
 impl From<Refusal> for cairn_proto::error::ApiError {
     /// A refused peer: PERMISSION_DENIED (no or another cluster's id, not a
-    /// member), INVALID_ARGUMENT (a malformed message) or INTERNAL. A
+    /// member), INVALID_ARGUMENT (a malformed message), UNAVAILABLE (busy) or INTERNAL. A
     /// forwarding follower that gets one of these from the leader's peer
     /// port tells its client UNAVAILABLE (`cairn_forwarding`'s `classify`).
     fn from(refusal: Refusal) -> cairn_proto::error::ApiError {
@@ -140,6 +154,7 @@ impl From<Refusal> for cairn_proto::error::ApiError {
                 reason: refusal.to_string(),
             },
             Refusal::Internal(_) => ApiError::Internal(refusal.to_string()),
+            Refusal::Busy { .. } => ApiError::Unavailable(refusal.to_string()),
         }
     }
 }

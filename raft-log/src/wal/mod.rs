@@ -390,6 +390,17 @@ where
         start: u64,
         end: Option<u64>,
     ) -> Result<Vec<C::Entry>, LogError> {
+        self.read_bounded(start, end, u64::MAX).await
+    }
+
+    /// [`Self::read`], stopped before the entry that would take the encoded sizes read past
+    /// `bytes_max` (the first entry is always read).
+    pub(crate) async fn read_bounded(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<C::Entry>, LogError> {
         let mut from_disk = Vec::new();
         let mut from_memory = Vec::new();
         {
@@ -402,6 +413,18 @@ where
             if low >= high {
                 return Ok(Vec::new());
             }
+            let mut bytes = 0u64;
+            let mut bounded_high = low;
+            while bounded_high < high {
+                let slot = &state.slots[(bounded_high - state.first_index) as usize];
+                let len = u64::from(slot.len_bytes);
+                if bounded_high > low && bytes.saturating_add(len) > bytes_max {
+                    break;
+                }
+                bytes = bytes.saturating_add(len);
+                bounded_high += 1;
+            }
+            let high = bounded_high;
             let tail_first = state.tail_first_index();
             for index in low..high.min(tail_first) {
                 let slot = &state.slots[(index - state.first_index) as usize];

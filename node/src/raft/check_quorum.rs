@@ -1,0 +1,109 @@
+//! Check-quorum: a leader that has not heard from a quorum of voters for an election
+//! timeout steps down, so that a node that can reach a quorum (and whose log is up to date)
+//! can win an election.
+//!
+//! openraft 0.9 never does this on its own: a leader cut off from its followers stays leader
+//! for ever, and refuses the votes of a follower with a shorter log without giving up its
+//! term, so a cluster whose one caught-up node is that leader cannot elect anyone. Nor can a
+//! leader start an election (`trigger().elect()` is ignored on a leader).
+//!
+//! **How it steps down.** Every heartbeat interval the task reads this node's metrics. A
+//! leader of a cluster with more than one voter whose last quorum acknowledgement
+//! (`millis_since_quorum_ack`; while there has been none, the time since it was first seen
+//! leading this term) is older than the election timeout grants its own vote for the next
+//! term to another voter (the one it matched furthest), through openraft's vote handling
+//! (`Raft::vote`). A vote for another node makes openraft's engine leave leadership and
+//! follow; after its election timeout it campaigns itself, one term later. Granting a vote
+//! nobody asked for is safe: it is one vote in one term, given with this node's own last log
+//! id, so the log check every vote makes still holds; that voter can only win the term with
+//! a quorum of votes of its own asking.
+//!
+//! **Invariants.** Only a leader steps down, only after an election timeout without a quorum,
+//! and never the sole voter of a cluster (it is its own quorum). The task ends when the core
+//! stops.
+
+use std::time::Duration;
+
+use openraft::raft::VoteRequest;
+use openraft::{CommittedLeaderId, LogId, ServerState, Vote};
+
+use super::{NodeId, Raft};
+
+/// Watches this node's metrics and makes it step down as described in the module docs.
+pub(super) async fn run(raft: Raft, node_id: NodeId, election_timeout: Duration, tick: Duration) {
+    let mut metrics = raft.metrics();
+    // The term in which this node was first seen leading, and when.
+    let mut leading_since: Option<(u64, tokio::time::Instant)> = None;
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let request = {
+            let m = metrics.borrow_and_update();
+            if m.running_state.is_err() {
+                return;
+            }
+            if m.state != ServerState::Leader || m.current_leader != Some(node_id) {
+                leading_since = None;
+                continue;
+            }
+            let now = tokio::time::Instant::now();
+            let since = match leading_since {
+                Some((term, since)) if term == m.current_term => since,
+                _ => {
+                    leading_since = Some((m.current_term, now));
+                    now
+                }
+            };
+            let membership = m.membership_config.membership();
+            let others: Vec<NodeId> = membership.voter_ids().filter(|id| *id != node_id).collect();
+            if others.is_empty() {
+                continue;
+            }
+            let quiet = match m.millis_since_quorum_ack {
+                Some(ms) => Duration::from_millis(ms),
+                None => now - since,
+            };
+            if quiet <= election_timeout {
+                continue;
+            }
+            // The voter matched furthest: the likeliest to win next.
+            let matched = |id: &NodeId| {
+                m.replication
+                    .as_ref()
+                    .and_then(|r| r.get(id).cloned().flatten())
+                    .map(|l| l.index)
+            };
+            let successor = others
+                .iter()
+                .copied()
+                .max_by_key(|id| (matched(id), std::cmp::Reverse(*id)))
+                .expect("others is not empty");
+            // Every entry a leader holds beyond what it was elected with carries its own
+            // term: its last log id is at most (current term, this node, last index).
+            let last_log_id = m
+                .last_log_index
+                .map(|index| LogId::new(CommittedLeaderId::new(m.current_term, node_id), index));
+            tracing::warn!(
+                term = m.current_term,
+                quiet_ms = quiet.as_millis() as u64,
+                successor,
+                "this leader has not heard from a quorum of voters for more than an election \
+                 timeout: stepping down so that a node that can reach a quorum can be elected"
+            );
+            VoteRequest::new(Vote::new(m.current_term + 1, successor), last_log_id)
+        };
+        match raft.vote(request).await {
+            Ok(response) if response.vote_granted => {
+                leading_since = None;
+            }
+            Ok(response) => {
+                tracing::debug!(?response, "stepping down was refused; trying again");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "stepping down failed");
+                return;
+            }
+        }
+    }
+}
