@@ -135,11 +135,14 @@ pub fn start(
 /// Calls the channel's leader-change hook on every leader change seen in
 /// Raft's metrics, until Raft stops.
 async fn watch_leader(raft: RaftHandle, channel: Arc<LeaderChannel>) {
-    let mut known = raft.leader();
-    channel.leader_changed(&known);
-    while let Some(hint) = raft.leader_changed(&known).await {
-        tracing::info!(leader = ?hint.leader_id, "leader changed");
-        channel.leader_changed(&hint);
-        known = hint;
+    let mut known = raft.leader_view();
+    channel.leader_changed(&known.hint);
+    while let Some(view) = raft.leader_view_changed(&known).await {
+        if view.hint != known.hint {
+            tracing::info!(leader = ?view.hint.leader_id, "leader changed");
+        }
+        // A new term with the same leader also clears a "not the leader" redirect.
+        channel.leader_changed(&view.hint);
+        known = view;
     }
 }

@@ -425,12 +425,12 @@ async fn record_state(probes: &Probes) {
 /// Counts leader changes as this node sees them, until Raft stops.
 pub fn spawn_leader_counter(raft: RaftHandle) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut known = raft.leader();
-        while let Some(hint) = raft.leader_changed(&known).await {
-            if hint.leader_id != known.leader_id && hint.leader_id.is_some() {
+        let mut known = raft.leader_view();
+        while let Some(view) = raft.leader_view_changed(&known).await {
+            if view.hint.leader_id != known.hint.leader_id && view.hint.leader_id.is_some() {
                 metrics::counter!(LEADER_CHANGES).increment(1);
             }
-            known = hint;
+            known = view;
         }
     })
 }

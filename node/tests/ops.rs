@@ -14,13 +14,19 @@ use support::*;
 /// `GET path` on `address` (HTTP/1.0, so the server closes the connection): the status code
 /// and the body.
 fn get(address: &str, path: &str) -> (u16, String) {
-    let mut stream = std::net::TcpStream::connect(address).expect("connect the ops listener");
+    try_get(address, path).unwrap_or_else(|e| panic!("GET {path} on {address}: {e}"))
+}
+
+/// [`get`], or the error of a listener not (yet) accepting connections: a node serves its
+/// ops listener once it has started, which may be after the cluster has a leader.
+fn try_get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(address)?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
     let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read the answer");
+    stream.read_to_string(&mut answer)?;
     let status = answer
         .split(' ')
         .nth(1)
@@ -30,7 +36,7 @@ fn get(address: &str, path: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 fn ops_address(cluster: &Cluster, id: u64) -> String {
@@ -45,7 +51,7 @@ fn ops_address(cluster: &Cluster, id: u64) -> String {
 async fn wait_status(address: &str, path: &str, want: u16, timeout: Duration) -> String {
     let deadline = Instant::now() + timeout;
     loop {
-        let (status, body) = get(address, path);
+        let (status, body) = try_get(address, path).unwrap_or_else(|e| (0, e.to_string()));
         if status == want {
             return body;
         }

@@ -333,6 +333,13 @@ pub struct RaftStatus {
     pub millis_since_quorum_ack: Option<u64>,
 }
 
+/// A leader as one node's metrics name it, and the term of that node's vote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderView {
+    pub hint: LeaderHint,
+    pub term: u64,
+}
+
 /// The node's handle on Raft: the only way the rest of the node reaches openraft.
 #[derive(Clone)]
 pub struct RaftHandle {
@@ -770,23 +777,41 @@ impl RaftHandle {
         leader_hint(m.current_leader, node)
     }
 
-    /// Waits until the leader hint in this node's metrics differs from
-    /// `known` and returns it; `None` once Raft has stopped.
+    /// The leader this node's metrics name, with the term of this node's vote.
+    pub fn leader_view(&self) -> LeaderView {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let node = m
+            .current_leader
+            .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
+        LeaderView {
+            hint: leader_hint(m.current_leader, node),
+            term: m.vote.leader_id().get_term(),
+        }
+    }
+
+    /// Waits until the leader or the term in this node's metrics differs from `known` and
+    /// returns the new view; `None` once Raft has stopped. A new term counts even when it
+    /// names the same leader: a node that refused a forwarded call as "not the leader" in the
+    /// old term may lead in the new one.
     ///
     /// Watches the server metrics, which change only with the vote, role, leader or
     /// membership (not at every write, as the full metrics do).
-    pub async fn leader_changed(&self, known: &LeaderHint) -> Option<LeaderHint> {
+    pub async fn leader_view_changed(&self, known: &LeaderView) -> Option<LeaderView> {
         let mut metrics = self.raft.server_metrics();
         loop {
-            let hint = {
+            let view = {
                 let m = metrics.borrow_and_update();
                 let node = m
                     .current_leader
                     .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
-                leader_hint(m.current_leader, node)
+                LeaderView {
+                    hint: leader_hint(m.current_leader, node),
+                    term: m.vote.leader_id().get_term(),
+                }
             };
-            if &hint != known {
-                return Some(hint);
+            if &view != known {
+                return Some(view);
             }
             metrics.changed().await.ok()?;
         }
