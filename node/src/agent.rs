@@ -199,7 +199,7 @@ impl Agent {
         let peer_listener = bind(&config.peer_address).await?;
         let client_listener = bind(&config.client_address).await?;
         let ops_listener = match &config.metrics_address {
-            Some(address) => Some(crate::ops::bind(address).await?),
+            Some(address) => Some(bind(address).await?),
             None => None,
         };
         let (stop, stopped) = watch::channel(false);
@@ -365,7 +365,6 @@ impl Agent {
         if let Some(listener) = ops_listener {
             tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /livez and /readyz");
             servers.push(crate::ops::spawn(listener, probes.clone(), stopped.clone()));
-            servers.push(crate::ops::spawn_leader_counter(raft.clone()));
         }
         tokio::spawn(run_health(probes, health.clone(), fatal.clone()));
 
@@ -716,15 +715,23 @@ async fn run_health(
         if fatal.borrow().is_none() {
             health.set(verdict.passed()).await;
         }
+        // A node that is not ready is checked often, so that it serves as soon as it can; a
+        // ready one less often, since each check is a linearizable read.
+        let interval = if verdict.passed() {
+            HEALTH_INTERVAL_READY
+        } else {
+            HEALTH_INTERVAL_NOT_READY
+        };
         tokio::select! {
-            _ = tokio::time::sleep(HEALTH_INTERVAL) => {}
+            _ = tokio::time::sleep(interval) => {}
             changed = fatal.changed() => if changed.is_err() { return },
         }
     }
 }
 
-/// How often gRPC health runs the readiness checks.
-const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
+/// How often gRPC health runs the readiness checks, while the node is ready and while not.
+const HEALTH_INTERVAL_READY: Duration = Duration::from_secs(1);
+const HEALTH_INTERVAL_NOT_READY: Duration = Duration::from_millis(100);
 
 /// Static bootstrap: the member with the lowest id initializes the cluster,
 /// once. A node whose log already holds a membership never initializes again.

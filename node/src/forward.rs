@@ -132,14 +132,18 @@ pub fn start(
     }
 }
 
-/// Calls the channel's leader-change hook on every leader change seen in
-/// Raft's metrics, until Raft stops.
+/// Calls the channel's leader-change hook on every leader change (or new term) seen in
+/// Raft's metrics, and counts leader changes (`cairn_server_leader_changes_seen_total`),
+/// until Raft stops.
 async fn watch_leader(raft: RaftHandle, channel: Arc<LeaderChannel>) {
     let mut known = raft.leader_view();
     channel.leader_changed(&known.hint);
     while let Some(view) = raft.leader_view_changed(&known).await {
         if view.hint != known.hint {
             tracing::info!(leader = ?view.hint.leader_id, "leader changed");
+        }
+        if view.hint.leader_id != known.hint.leader_id && view.hint.leader_id.is_some() {
+            metrics::counter!(crate::ops::LEADER_CHANGES).increment(1);
         }
         // A new term with the same leader also clears a "not the leader" redirect.
         channel.leader_changed(&view.hint);

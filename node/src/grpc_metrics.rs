@@ -1,5 +1,7 @@
-//! gRPC requests by method and status code, with their latency: a wrapper around each of the
-//! client port's services (outside the request limits, so that refusals count too) (`cairn_grpc_requests_total`, `cairn_grpc_request_duration_seconds`).
+//! gRPC requests by method and status code, with their latency (`cairn_grpc_requests_total`,
+//! `cairn_grpc_request_duration_seconds`): a wrapper around each of the client port's services,
+//! outside the request limits so that refusals count too. Without a metrics recorder (no
+//! `metrics_address`) it passes calls through untouched.
 //!
 //! A gRPC status travels in the response headers (a trailers-only answer, which is how tonic
 //! sends an error before any message) or in the trailers after the body. The layer wraps the
@@ -51,9 +53,8 @@ struct Recording {
 }
 
 impl Recording {
-    fn finish(self, code: &str) {
-        metrics::counter!(REQUESTS, "method" => self.method.clone(), "code" => code.to_string())
-            .increment(1);
+    fn finish(self, code: &'static str) {
+        metrics::counter!(REQUESTS, "method" => self.method.clone(), "code" => code).increment(1);
         metrics::histogram!(DURATION, "method" => self.method)
             .record(self.started.elapsed().as_secs_f64());
     }
@@ -106,6 +107,10 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if !crate::ops::recording() {
+            // No recorder (no metrics_address): nothing to record, nothing to allocate.
+            return Box::pin(self.inner.call(request));
+        }
         let recording = Recording {
             method: request.uri().path().to_string(),
             started: Instant::now(),

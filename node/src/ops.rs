@@ -17,7 +17,6 @@
 //! verdict.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -57,6 +56,12 @@ pub fn install_recorder() -> anyhow::Result<()> {
     let _ = RECORDER.set(handle);
     describe();
     Ok(())
+}
+
+/// Whether a recorder is installed: without one, callers may skip preparing what they would
+/// record.
+pub fn recording() -> bool {
+    RECORDER.get().is_some()
 }
 
 /// Latency buckets of the `*_duration_seconds` histograms, from 100 µs to 10 s (etcd's disk histograms start at
@@ -281,16 +286,6 @@ pub fn spawn(
     })
 }
 
-/// Binds the ops listener's address.
-pub async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    let addr: SocketAddr = address
-        .parse()
-        .with_context(|| format!("metrics_address {address:?}"))?;
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on metrics_address {address}"))
-}
-
 fn verbose(query: &Option<String>) -> bool {
     query.as_deref().is_some_and(|q| {
         q.split('&')
@@ -420,17 +415,4 @@ async fn record_state(probes: &Probes) {
     metrics::counter!(WATCH_EVENTS_QUEUED).absolute(watches.events_queued_total);
     metrics::counter!(WATCH_EVENTS_DROPPED).absolute(watches.events_dropped_total);
     metrics::counter!(WATCHES_CLOSED_LAGGING).absolute(watches.closed_lagging_total);
-}
-
-/// Counts leader changes as this node sees them, until Raft stops.
-pub fn spawn_leader_counter(raft: RaftHandle) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut known = raft.leader_view();
-        while let Some(view) = raft.leader_view_changed(&known).await {
-            if view.hint.leader_id != known.hint.leader_id && view.hint.leader_id.is_some() {
-                metrics::counter!(LEADER_CHANGES).increment(1);
-            }
-            known = view;
-        }
-    })
 }

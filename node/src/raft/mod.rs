@@ -368,6 +368,26 @@ fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint 
     }
 }
 
+/// The leader `leader_id` with its addresses from `membership` (none when it is not listed).
+fn leader_hint_in(
+    leader_id: Option<NodeId>,
+    membership: &openraft::StoredMembership<NodeId, NodeInfo>,
+) -> LeaderHint {
+    let node = leader_id.and_then(|id| membership.membership().get_node(&id).cloned());
+    leader_hint(leader_id, node)
+}
+
+fn leader_view_of(
+    leader_id: Option<NodeId>,
+    membership: &openraft::StoredMembership<NodeId, NodeInfo>,
+    vote: &openraft::Vote<NodeId>,
+) -> LeaderView {
+    LeaderView {
+        hint: leader_hint_in(leader_id, membership),
+        term: vote.leader_id().get_term(),
+    }
+}
+
 fn fatal<E: fmt::Display>(e: E) -> ApiError {
     ApiError::Unavailable(format!("raft is shutting down: {e}"))
 }
@@ -437,10 +457,7 @@ fn not_leader_hint(raft: &Raft, node_id: NodeId) -> Option<LeaderHint> {
     if m.current_leader == Some(node_id) && m.state == ServerState::Leader {
         return None;
     }
-    let node = m
-        .current_leader
-        .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
-    Some(leader_hint(m.current_leader, node))
+    Some(leader_hint_in(m.current_leader, &m.membership_config))
 }
 
 /// Refuses to start on a vote or log whose term no node can reach: openraft
@@ -769,25 +786,14 @@ impl RaftHandle {
 
     /// The current leader hint, from this node's metrics.
     pub fn leader(&self) -> LeaderHint {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
-        let node = m
-            .current_leader
-            .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
-        leader_hint(m.current_leader, node)
+        self.leader_view().hint
     }
 
     /// The leader this node's metrics name, with the term of this node's vote.
     pub fn leader_view(&self) -> LeaderView {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
-        let node = m
-            .current_leader
-            .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
-        LeaderView {
-            hint: leader_hint(m.current_leader, node),
-            term: m.vote.leader_id().get_term(),
-        }
+        leader_view_of(m.current_leader, &m.membership_config, &m.vote)
     }
 
     /// Waits until the leader or the term in this node's metrics differs from `known` and
@@ -802,13 +808,7 @@ impl RaftHandle {
         loop {
             let view = {
                 let m = metrics.borrow_and_update();
-                let node = m
-                    .current_leader
-                    .and_then(|id| m.membership_config.membership().get_node(&id).cloned());
-                LeaderView {
-                    hint: leader_hint(m.current_leader, node),
-                    term: m.vote.leader_id().get_term(),
-                }
+                leader_view_of(m.current_leader, &m.membership_config, &m.vote)
             };
             if &view != known {
                 return Some(view);
