@@ -170,7 +170,6 @@ pub struct WatchStats {
     pub open: u64,
     pub unread_bytes: u64,
     pub events_queued_total: u64,
-    pub events_dropped_total: u64,
     pub closed_lagging_total: u64,
 }
 
@@ -181,10 +180,9 @@ pub(crate) struct Registry {
     by_type: HashMap<Box<str>, Vec<Subscriber>>,
     count: usize,
     next_id: u64,
-    /// Since the store was created: events buffered for watches, events a watch could not
-    /// take (it was closed for lagging instead), and watches closed for lagging.
+    /// Since the store was created: events buffered for watches, and watches closed for
+    /// lagging (each missed the event it could not take).
     events_queued_total: u64,
-    events_dropped_total: u64,
     closed_lagging_total: u64,
     /// Unread bytes of every watch of this store.
     unread_bytes: Arc<AtomicUsize>,
@@ -205,7 +203,6 @@ impl Registry {
             open: self.count as u64,
             unread_bytes: self.unread_bytes() as u64,
             events_queued_total: self.events_queued_total,
-            events_dropped_total: self.events_dropped_total,
             closed_lagging_total: self.closed_lagging_total,
         }
     }
@@ -310,7 +307,6 @@ impl Registry {
         }
         // Each watch closed for lagging missed this event.
         self.events_queued_total += queued;
-        self.events_dropped_total += lagging;
         self.closed_lagging_total += lagging;
     }
 

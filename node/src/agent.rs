@@ -166,7 +166,6 @@ impl Agent {
             snapshot_log_entries: config.snapshot_log_entries,
             snapshot_log_bytes: config.snapshot_log_bytes,
             snapshot_chunk_bytes: config.snapshot_chunk_bytes,
-            max_payload_entries: 64,
             write_stage_timing: config.write_stage_timing,
             log_engine: config.log_engine,
             peer_message_bytes_max: config.peer_message_bytes_max,
@@ -694,9 +693,9 @@ async fn watch_core(
     let _ = fatal.send(Some(cause));
 }
 
-/// Keeps gRPC health current: SERVING while the core runs, a leader is known, and this node
-/// has applied everything committed when it started (once reached, that stays true);
-/// NOT_SERVING otherwise, and for good once a fatal cause is found.
+/// Keeps gRPC health current: SERVING while the readiness checks of `ops::Probes` pass,
+/// NOT_SERVING while they fail (both ways, as often as that changes), and for good once a
+/// fatal cause is found.
 async fn run_health(
     probes: crate::ops::Probes,
     health: Arc<Health>,

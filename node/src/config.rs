@@ -130,7 +130,8 @@ pub struct Config {
     /// Largest Raft message between peers (an AppendEntries batch, a snapshot chunk).
     pub peer_message_bytes_max: usize,
     /// The leader sends a lagging follower at most this many bytes of entries in one
-    /// AppendEntries (and at most 64 entries); one entry larger than this still goes alone.
+    /// AppendEntries (and at most `raft::REPLICATION_BATCH_ENTRIES_MAX` entries); one entry
+    /// larger than this still goes alone.
     pub replication_batch_bytes_max: usize,
     /// Longest name, uid, type field (group, group version, kind), tenancy
     /// field (partition, namespace), version, metadata key, status key or
@@ -471,14 +472,11 @@ impl Config {
                 format!("must be between 64 KiB and {} MiB", chunk_max >> 20),
             ));
         }
-        if self.resource_bytes_max == 0
-            || self.resource_bytes_max > cairn_fsm::RESOURCE_BYTES_HARD_MAX
-        {
-            return Err(invalid(
-                "resource_bytes_max",
-                "must be between 1 byte and 16 MiB",
-            ));
-        }
+        check_range(
+            "resource_bytes_max",
+            self.resource_bytes_max,
+            1..=cairn_fsm::RESOURCE_BYTES_HARD_MAX,
+        )?;
         check_range(
             "shutdown_timeout_ms",
             self.shutdown_timeout_ms,

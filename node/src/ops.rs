@@ -348,7 +348,6 @@ pub const SNAPSHOT_INDEX: &str = "cairn_raft_snapshot_index";
 pub const RESOURCES: &str = "cairn_resources";
 pub const WATCHES_OPEN: &str = "cairn_watches_open";
 pub const WATCH_EVENTS_QUEUED: &str = "cairn_watch_events_queued_total";
-pub const WATCH_EVENTS_DROPPED: &str = "cairn_watch_events_dropped_total";
 pub const WATCHES_CLOSED_LAGGING: &str = "cairn_watches_closed_lagging_total";
 pub const WATCH_UNREAD_BYTES: &str = "cairn_watch_unread_bytes";
 
@@ -376,10 +375,6 @@ fn describe() {
     describe_counter!(
         WATCH_EVENTS_QUEUED,
         "Watch events handed to open watches (buffered for their streams)."
-    );
-    describe_counter!(
-        WATCH_EVENTS_DROPPED,
-        "Watch events not delivered because their watch was closed for lagging."
     );
     describe_counter!(
         WATCHES_CLOSED_LAGGING,
@@ -413,6 +408,5 @@ async fn record_state(probes: &Probes) {
     metrics::gauge!(WATCHES_OPEN).set(watches.open as f64);
     metrics::gauge!(WATCH_UNREAD_BYTES).set(watches.unread_bytes as f64);
     metrics::counter!(WATCH_EVENTS_QUEUED).absolute(watches.events_queued_total);
-    metrics::counter!(WATCH_EVENTS_DROPPED).absolute(watches.events_dropped_total);
     metrics::counter!(WATCHES_CLOSED_LAGGING).absolute(watches.closed_lagging_total);
 }

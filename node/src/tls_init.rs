@@ -276,7 +276,7 @@ pub fn init(args: &InitArgs) -> Result<Written, InitError> {
         }
     };
     for id in 1..=u64::from(args.nodes) {
-        let common_name = format!("cairn-node-{id}");
+        let common_name = cairn_tls::node_certificate_name(id);
         let leaf = Leaf {
             cert_file: node_cert_file(&args.dir, id),
             key_file: node_key_file(&args.dir, id),

@@ -296,7 +296,6 @@ pub struct RaftSettings {
     /// payload bytes (or the last snapshot's size, if larger).
     pub snapshot_log_bytes: u64,
     pub snapshot_chunk_bytes: u64,
-    pub max_payload_entries: u64,
     /// See [`stages`].
     pub write_stage_timing: bool,
     /// The Raft log's storage engine (`log_engine` in the configuration).
@@ -332,6 +331,11 @@ pub struct RaftStatus {
     pub matched: BTreeMap<NodeId, u64>,
     pub millis_since_quorum_ack: Option<u64>,
 }
+
+/// At most this many entries in one AppendEntries (`replication_batch_bytes_max` bounds their
+/// bytes); below [`peer_gate::ENTRIES_MAX`], what a follower admits.
+pub const REPLICATION_BATCH_ENTRIES_MAX: u64 = 64;
+const _: () = assert!(REPLICATION_BATCH_ENTRIES_MAX as usize <= peer_gate::ENTRIES_MAX);
 
 /// A leader as one node's metrics name it, and the term of that node's vote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -563,7 +567,7 @@ impl RaftHandle {
             // further behind is sent the snapshot.
             max_in_snapshot_log_to_keep: 256,
             snapshot_max_chunk_size: settings.snapshot_chunk_bytes,
-            max_payload_entries: settings.max_payload_entries,
+            max_payload_entries: REPLICATION_BATCH_ENTRIES_MAX,
             ..Default::default()
         }
         .validate()?;

@@ -239,7 +239,8 @@ impl PeerClient {
             sender_node_id: self.network.node_id,
         };
         async move {
-            let channel = channel.map_err(tonic::Status::invalid_argument)?;
+            // A peer that cannot be dialled is unreachable: openraft backs off (`finish`).
+            let channel = channel.map_err(tonic::Status::unavailable)?;
             let mut client = RaftServiceClient::new(channel)
                 .max_decoding_message_size(message_bytes_max)
                 .max_encoding_message_size(message_bytes_max);
@@ -471,7 +472,7 @@ pub struct RaftServerLimits {
     /// Largest message received or sent (`peer_message_bytes_max`).
     pub message_bytes_max: usize,
     /// Most entries accepted in one AppendEntries: the gate's fixed
-    /// [`peer_gate::ENTRIES_MAX`], above any leader's `max_payload_entries`.
+    /// [`peer_gate::ENTRIES_MAX`], above any leader's [`super::REPLICATION_BATCH_ENTRIES_MAX`].
     pub entries_max: usize,
     /// Largest snapshot chunk accepted: the gate's fixed
     /// [`peer_gate::SNAPSHOT_CHUNK_BYTES_MAX`], the upper bound of
