@@ -556,7 +556,7 @@ async fn check_against_cluster(
             .await
             {
                 Ok(Ok(status)) => status,
-                Ok(Err(e)) if is_refusal(&e) => return Err(refuse(refused_status(join, &e))),
+                Ok(Err(e)) if e.is_credential_refusal() => return Err(refuse(refused_status(join, &e))),
                 _ => return Ok(None),
             };
             if let Some(reason) = foreign(&status, join) {
@@ -601,7 +601,7 @@ async fn check_against_cluster(
     for (member, answer) in others.iter().zip(answers) {
         let status = match answer {
             Ok(Ok(status)) => status,
-            Ok(Err(e)) if is_refusal(&e) => {
+            Ok(Err(e)) if e.is_credential_refusal() => {
                 return Err(refuse(refused_status(&member.client_address, &e)))
             }
             _ => continue,
@@ -629,14 +629,6 @@ async fn check_against_cluster(
     Ok(None)
 }
 
-/// Whether a member's answer to the status call is a refusal of this node's credentials.
-fn is_refusal(e: &ApiError) -> bool {
-    matches!(
-        e,
-        ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_)
-    )
-}
-
 /// Why a node whose status call a member refused does not start.
 fn refused_status(address: &str, e: &ApiError) -> String {
     format!(
@@ -658,7 +650,7 @@ async fn status_for_join(
         attempt += 1;
         match crate::cli::fetch_status(address, access).await {
             Ok(s) if !s.cluster_id.is_empty() => return Ok(s),
-            Err(e) if is_refusal(&e) => anyhow::bail!(
+            Err(e) if e.is_credential_refusal() => anyhow::bail!(
                 "joining the cluster through {address} failed: {}",
                 refused_status(address, &e)
             ),

@@ -599,7 +599,7 @@ async fn status(args: StatusArgs) -> u8 {
                 return exit::OK;
             }
             // Credentials are the same everywhere: no other node would differ.
-            Err(e @ (ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_))) => {
+            Err(e) if e.is_credential_refusal() => {
                 last_error = Some(e);
                 break;
             }

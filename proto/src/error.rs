@@ -135,6 +135,16 @@ impl ApiError {
         }
     }
 
+    /// Whether the caller's credentials were refused (none, unknown, or without the
+    /// permission). Credentials are the same at every node, so trying another node gives the
+    /// same answer.
+    pub fn is_credential_refusal(&self) -> bool {
+        matches!(
+            self,
+            ApiError::Unauthenticated(_) | ApiError::PermissionDenied(_)
+        )
+    }
+
     /// The gRPC code of each kind: the table in the module docs.
     pub fn code(&self) -> Code {
         code_of(self.kind())
