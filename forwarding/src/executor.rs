@@ -6,7 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_fsm::{Applied, Command, View, WatchFilter};
+use cairn_fsm::{Applied, Command, ReadScope, View, WatchFilter};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, shared, Consistency};
 use futures::Stream;
@@ -123,7 +123,7 @@ impl<H: Handle> Executor<H> {
     /// consistency on this node (NotLeader on a follower).
     pub async fn list(&self, r: pb::ListRequest) -> Result<shared::ListResponse, ApiError> {
         let consistency = self.check_list(&r)?;
-        self.list_checked(r, consistency).await
+        self.list_checked(r, consistency, None).await
     }
 
     /// The view a request reads: for a strong request, after this node
@@ -162,10 +162,13 @@ impl<H: Handle> Executor<H> {
         })
     }
 
+    /// Lists what `visible` shows (`None`: everything): only that is
+    /// counted against `list_results_max`.
     pub(crate) async fn list_checked(
         &self,
         r: pb::ListRequest,
         consistency: Consistency,
+        visible: Option<&ReadScope>,
     ) -> Result<shared::ListResponse, ApiError> {
         let view = self.view_for(consistency, r.revision).await?;
         let type_ = r
@@ -175,7 +178,7 @@ impl<H: Handle> Executor<H> {
         let tenancy = r.tenancy.unwrap_or_default();
         let results_max = self.limits().list_results_max;
         let resources = view
-            .list_at_most(type_, &tenancy, &r.name_prefix, results_max)
+            .list_at_most(type_, &tenancy, &r.name_prefix, visible, results_max)
             .ok_or_else(|| too_many_results(results_max))?
             .iter()
             .map(|r| r.encoded().clone())
@@ -247,17 +250,19 @@ impl<H: Handle> Executor<H> {
         }
     }
 
-    /// ListByOwner: always local (contract section 3).
+    /// ListByOwner: always local (contract section 3). Only what `visible`
+    /// shows (`None`: everything) is listed and counted.
     pub fn list_by_owner(
         &self,
         r: pb::ListByOwnerRequest,
+        visible: Option<&ReadScope>,
     ) -> Result<shared::ListByOwnerResponse, ApiError> {
         checks::list_by_owner(self.limits(), &r)?;
         let owner = r.owner.expect("checked: an owner is given");
         let view = self.handle.store().view();
         let results_max = self.limits().list_results_max;
         let resources = view
-            .list_by_owner_at_most(&owner, results_max)
+            .list_by_owner_at_most(&owner, visible, results_max)
             .ok_or_else(|| too_many_results(results_max))?
             .iter()
             .map(|r| r.encoded().clone())

@@ -48,6 +48,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_fsm::ReadScope;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
 use cairn_proto::v1::{self as pb, shared, Consistency, ErrorDetails, ErrorKind};
@@ -159,23 +160,38 @@ impl<H: Handle> Forwarder<H> {
     }
 
     /// List: eventual here, strong here on the leader or at the leader.
+    /// Only what `visible` shows (`None`: everything) is listed and counted
+    /// against `list_results_max`; a forwarded list carries it to the leader.
     pub async fn list(
         &self,
         r: pb::ListRequest,
+        visible: Option<Arc<ReadScope>>,
         deadline: Instant,
     ) -> Result<shared::ListResponse, ApiError> {
         match self.executor.check_list(&r)? {
-            Consistency::Eventual => self.executor.list_checked(r, Consistency::Eventual).await,
-            Consistency::Strong => self.route(r, deadline).await,
+            Consistency::Eventual => {
+                self.executor
+                    .list_checked(r, Consistency::Eventual, visible.as_deref())
+                    .await
+            }
+            Consistency::Strong => {
+                let list = ScopedList {
+                    request: r,
+                    visible,
+                };
+                self.route(list, deadline).await
+            }
         }
     }
 
-    /// ListByOwner: always here.
+    /// ListByOwner: always here; only what `visible` shows (`None`:
+    /// everything) is listed and counted.
     pub fn list_by_owner(
         &self,
         r: pb::ListByOwnerRequest,
+        visible: Option<&ReadScope>,
     ) -> Result<shared::ListByOwnerResponse, ApiError> {
-        self.executor.list_by_owner(r)
+        self.executor.list_by_owner(r, visible)
     }
 
     /// WatchList: always here.
@@ -476,22 +492,31 @@ impl Forwardable for pb::ReadRequest {
     }
 }
 
-impl Forwardable for pb::ListRequest {
+/// A strong list, with the read scope of the client it serves.
+#[derive(Clone)]
+struct ScopedList {
+    request: pb::ListRequest,
+    visible: Option<Arc<ReadScope>>,
+}
+
+impl Forwardable for ScopedList {
     type Response = shared::ListResponse;
     const METHOD: Method = Method::List;
 
-    fn local<H: Handle>(
-        self,
-        executor: &Executor<H>,
-    ) -> impl Future<Output = Result<Self::Response, ApiError>> + Send {
-        executor.list_checked(self, Consistency::Strong)
+    async fn local<H: Handle>(self, executor: &Executor<H>) -> Result<Self::Response, ApiError> {
+        executor
+            .list_checked(self.request, Consistency::Strong, self.visible.as_deref())
+            .await
     }
 
     fn remote(
         client: &mut ForwardingServiceClient<Channel>,
         request: Request<Self>,
     ) -> impl Future<Output = Result<Response<Self::Response>, Status>> + Send {
-        client.list(request)
+        client.list(request.map(|list| pb::ForwardedList {
+            request: Some(list.request),
+            read_scope: list.visible.map(|v| v.to_wire()),
+        }))
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use cairn_fsm::ReadScope;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::forwarding_service_server::{ForwardingService, ForwardingServiceServer};
 use cairn_proto::v1::{self as pb, shared};
@@ -144,13 +145,23 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
 
     async fn list(
         &self,
-        r: Request<pb::ListRequest>,
+        r: Request<pb::ForwardedList>,
     ) -> Result<Response<shared::ListResponse>, Status> {
         let timeout = caller_timeout(&r);
-        let request = r.into_inner();
+        let forwarded = r.into_inner();
         self.serve(Method::List, timeout, async {
+            let request = forwarded
+                .request
+                .ok_or_else(|| ApiError::invalid("request", "is required"))?;
+            let visible = forwarded
+                .read_scope
+                .as_ref()
+                .map(ReadScope::from_wire)
+                .transpose()?;
             let consistency = self.executor.check_list(&request)?;
-            self.executor.list_checked(request, consistency).await
+            self.executor
+                .list_checked(request, consistency, visible.as_ref())
+                .await
         })
         .await
     }

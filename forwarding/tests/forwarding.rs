@@ -64,7 +64,7 @@ async fn a_follower_forwards_writes_deletes_strong_reads_and_strong_lists() {
     assert_eq!(read.public().resource.unwrap().version, "1");
     assert!(read.revision >= 1);
     let listed = f
-        .list(list_request(Consistency::Strong), deadline())
+        .list(list_request(Consistency::Strong), None, deadline())
         .await
         .unwrap();
     assert_eq!(listed.resources.len(), 1);
@@ -99,7 +99,7 @@ async fn the_leader_serves_its_own_requests_without_dialling() {
     f.read(read_request(id("a", ""), Consistency::Strong), deadline())
         .await
         .unwrap();
-    f.list(list_request(Consistency::Strong), deadline())
+    f.list(list_request(Consistency::Strong), None, deadline())
         .await
         .unwrap();
     assert_eq!(h.node(1).channel.dial_count(), 0);
@@ -135,14 +135,17 @@ async fn eventual_requests_stay_local_even_without_a_reachable_leader() {
         }
     }
     let listed = f
-        .list(list_request(Consistency::Eventual), deadline())
+        .list(list_request(Consistency::Eventual), None, deadline())
         .await
         .unwrap();
     assert_eq!(listed.resources.len(), 1);
     let owned = f
-        .list_by_owner(ListByOwnerRequest {
-            owner: Some(id("owner", "u9")),
-        })
+        .list_by_owner(
+            ListByOwnerRequest {
+                owner: Some(id("owner", "u9")),
+            },
+            None,
+        )
         .unwrap();
     assert!(owned.resources.is_empty());
     let _watch = f
@@ -368,7 +371,7 @@ async fn a_lagging_follower_serves_strong_reads_of_every_acknowledged_write() {
             .unwrap();
         assert_eq!(strong.public().resource.unwrap().version, written.version);
         let listed = follower
-            .list(list_request(Consistency::Strong), deadline())
+            .list(list_request(Consistency::Strong), None, deadline())
             .await
             .unwrap();
         assert_eq!(listed.resources.len(), i + 1);
@@ -381,7 +384,7 @@ async fn a_lagging_follower_serves_strong_reads_of_every_acknowledged_write() {
     let until = Instant::now() + Duration::from_secs(2);
     loop {
         let eventual = follower
-            .list(list_request(Consistency::Eventual), deadline())
+            .list(list_request(Consistency::Eventual), None, deadline())
             .await
             .unwrap();
         if eventual.resources.len() == 60 {
@@ -729,7 +732,7 @@ async fn with_no_reachable_leader_the_caller_gets_unavailable_at_its_deadline() 
             .await;
         assert!(matches!(w, Err(ApiError::Unavailable(_))), "{w:?}");
         let l = f
-            .list(list_request(Consistency::Strong), short_deadline(300))
+            .list(list_request(Consistency::Strong), None, short_deadline(300))
             .await;
         assert!(matches!(l, Err(ApiError::Unavailable(_))), "{l:?}");
     }

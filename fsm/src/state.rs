@@ -7,7 +7,7 @@ use cairn_proto::v1::{Id, Tenancy, Type};
 use imbl::OrdMap;
 
 use crate::key::{self, Key};
-use crate::{FsmError, StoredResource};
+use crate::{FsmError, ReadScope, StoredResource};
 
 /// The table at one revision. Cloning is O(1): the maps are persistent and
 /// share structure, so a clone is a point-in-time copy the writer never
@@ -95,17 +95,19 @@ impl View {
     /// version is ignored) whose tenancy matches field by field (`*` = any)
     /// and whose name starts with `name_prefix`, in storage-key order.
     pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<StoredResource> {
-        self.list_at_most(type_, tenancy, name_prefix, usize::MAX)
+        self.list_at_most(type_, tenancy, name_prefix, None, usize::MAX)
             .unwrap_or_default()
     }
 
-    /// As [`View::list`], but `None` as soon as more than `results_max`
-    /// resources match (the scan stops there).
+    /// As [`View::list`], but only what `visible` shows (`None`: everything),
+    /// and `None` as soon as more than `results_max` of those match (the scan
+    /// stops there): what lies outside `visible` is never counted.
     pub fn list_at_most(
         &self,
         type_: &Type,
         tenancy: &Tenancy,
         name_prefix: &str,
+        visible: Option<&ReadScope>,
         results_max: usize,
     ) -> Option<Vec<StoredResource>> {
         let matcher = key::Matcher::new(type_, tenancy, name_prefix);
@@ -116,7 +118,9 @@ impl View {
             .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .filter(|(k, _)| matcher.matches_key(k))
-            .map(|(_, r)| r.clone())
+            .map(|(_, r)| r)
+            .filter(|r| visible.is_none_or(|v| v.shows_resource(r)))
+            .cloned()
             .take(results_max.saturating_add(1))
             .collect();
         (found.len() <= results_max).then_some(found)
@@ -125,15 +129,17 @@ impl View {
     /// Every resource whose owner equals `owner` on group, kind, partition,
     /// namespace, name and uid (the group version is ignored).
     pub fn list_by_owner(&self, owner: &Id) -> Vec<StoredResource> {
-        self.list_by_owner_at_most(owner, usize::MAX)
+        self.list_by_owner_at_most(owner, None, usize::MAX)
             .unwrap_or_default()
     }
 
-    /// As [`View::list_by_owner`], but `None` as soon as more than
-    /// `results_max` resources match.
+    /// As [`View::list_by_owner`], but only what `visible` shows (`None`:
+    /// everything), and `None` as soon as more than `results_max` of those
+    /// match.
     pub fn list_by_owner_at_most(
         &self,
         owner: &Id,
+        visible: Option<&ReadScope>,
         results_max: usize,
     ) -> Option<Vec<StoredResource>> {
         if key::holds_separator(owner) {
@@ -147,7 +153,9 @@ impl View {
             .owned
             .range::<_, str>((Bound::Included(prefix.as_str()), Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix.as_str()))
-            .map(|(_, r)| r.clone())
+            .map(|(_, r)| r)
+            .filter(|r| visible.is_none_or(|v| v.shows_resource(r)))
+            .cloned()
             .take(results_max.saturating_add(1))
             .collect();
         (found.len() <= results_max).then_some(found)

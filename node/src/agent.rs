@@ -556,7 +556,9 @@ async fn check_against_cluster(
             .await
             {
                 Ok(Ok(status)) => status,
-                Ok(Err(e)) if e.is_credential_refusal() => return Err(refuse(refused_status(join, &e))),
+                Ok(Err(e)) if e.is_credential_refusal() => {
+                    return Err(refuse(refused_status(join, &e)))
+                }
                 _ => return Ok(None),
             };
             if let Some(reason) = foreign(&status, join) {

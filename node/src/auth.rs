@@ -10,10 +10,11 @@
 //!   permission.
 //!
 //! The check runs on the node the client talks to. A follower forwards a
-//! write or a strong read only after it was authorized here, and a strong
-//! list's answer is filtered here after it comes back from the leader; the
-//! peer port that carries forwarded requests never sees a client's token and
-//! is protected as a peer channel (cluster id, membership, mutual TLS).
+//! write, a strong read or a strong list only after it was authorized here;
+//! a strong list carries the caller's read scope (`cairn.v1.ReadScope`), and
+//! the leader lists only what it shows. The peer port that carries forwarded
+//! requests never sees a client's token and is protected as a peer channel
+//! (cluster id, membership, mutual TLS).
 //!
 //! A token is long and random (`cairn token new`: 256 bits), so the config
 //! keeps only its SHA-256: a fast hash is enough when the input cannot be
@@ -36,16 +37,16 @@
 //!   at least one, no request is served without a known token or subject.
 //!   A reload never goes from some grants to none.
 //! - A caller never receives a resource outside its read scope: a Read,
-//!   Write or Delete outside it is refused before anything is read; List,
-//!   ListByOwner and WatchList answers pass through [`Visibility::shows`]
-//!   (which reads a resource's type and tenancy from its encoding, the
-//!   bytes that are sent, without decoding it).
-//!   A watch never outlives a change of its caller's grant.
+//!   Write or Delete outside it is refused before anything is read; List and
+//!   ListByOwner list only what [`Visibility::read_scope`] shows, and
+//!   WatchList events pass through [`Visibility::shows`] (both read a
+//!   resource's type and tenancy from its encoding, the bytes that are sent,
+//!   without decoding it). A watch never outlives a change of its caller's
+//!   grant.
 //! - A denial depends only on the grant and the request, never on what is
-//!   stored, so the error itself leaks nothing.
-//! - Scopes ignore the group version: a grant on `demo.Thing` covers every
-//!   version, so the answers that carry a stored resource of another version
-//!   (GroupVersionMismatch) stay inside it.
+//!   stored, so the error itself leaks nothing; nor does a list's
+//!   `list_results_max`, which counts only what the caller may see.
+//! - Scopes ignore the group version (see `cairn_fsm::Scope`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -53,7 +54,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use cairn_forwarding::WatchStream;
-use cairn_fsm::{ResourceHead, TenancyHead, TypeHead};
+use cairn_fsm::{ReadScope, Scope, TenancyHead, TypeHead};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{Tenancy, Type};
 use cairn_tls::Reloadable;
@@ -61,176 +62,7 @@ use futures::StreamExt as _;
 use sha2::{Digest as _, Sha256};
 use tokio::sync::watch;
 
-use crate::config::{invalid, AuthConfig, ConfigError, GrantConfig, ScopeConfig};
-
-/// One part of a tenancy pattern: `*` or a literal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Any,
-    Is(String),
-}
-
-impl Part {
-    fn parse(value: &str) -> Result<Part, String> {
-        match value {
-            "*" => Ok(Part::Any),
-            "" => Err("a tenancy part is empty".into()),
-            v if v.contains('*') => Err(format!("{v:?}: '*' must stand alone")),
-            v if v.chars().any(char::is_control) => Err(format!("{v:?} holds a control character")),
-            v => Ok(Part::Is(v.to_string())),
-        }
-    }
-
-    /// Whether a stored resource's `value` matches.
-    fn matches(&self, value: &str) -> bool {
-        match self {
-            Part::Any => true,
-            Part::Is(literal) => literal == value,
-        }
-    }
-
-    /// Whether some value matches both this and a request's part (which
-    /// may be `*`).
-    fn overlaps(&self, requested: &str) -> bool {
-        match self {
-            Part::Any => true,
-            Part::Is(literal) => requested == "*" || literal == requested,
-        }
-    }
-}
-
-/// A type pattern: `*`, `group.*` or `group.kind` (never a version).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum TypePattern {
-    Any,
-    Group(String),
-    Kind { group: String, kind: String },
-}
-
-/// Whether a segment looks like a group version (`v1`, `v2beta1`).
-fn looks_like_version(segment: &str) -> bool {
-    let mut chars = segment.chars();
-    chars.next() == Some('v') && chars.next().is_some_and(|c| c.is_ascii_digit())
-}
-
-impl TypePattern {
-    fn parse(value: &str) -> Result<TypePattern, String> {
-        if value == "*" {
-            return Ok(TypePattern::Any);
-        }
-        let Some((group, kind)) = value.rsplit_once('.') else {
-            return Err(format!("{value:?}: expected group.kind, group.* or *"));
-        };
-        if group.is_empty() || kind.is_empty() || group.contains('*') {
-            return Err(format!("{value:?}: expected group.kind, group.* or *"));
-        }
-        if let Some((_, last)) = group.rsplit_once('.') {
-            if looks_like_version(last) {
-                return Err(format!(
-                    "{value:?} names a group version: a grant covers every version of a type, \
-                     write it as group.kind"
-                ));
-            }
-        }
-        match kind {
-            "*" => Ok(TypePattern::Group(group.to_string())),
-            k if k.contains('*') => Err(format!("{value:?}: '*' must stand alone")),
-            k => Ok(TypePattern::Kind {
-                group: group.to_string(),
-                kind: k.to_string(),
-            }),
-        }
-    }
-
-    /// Group and kind decide; the group version never does.
-    fn matches(&self, type_: &TypeHead<'_>) -> bool {
-        match self {
-            TypePattern::Any => true,
-            TypePattern::Group(group) => *group == type_.group,
-            TypePattern::Kind { group, kind } => *group == type_.group && *kind == type_.kind,
-        }
-    }
-}
-
-/// A tenancy pattern: `partition/namespace`, each part `*` or a literal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct TenancyPattern {
-    partition: Part,
-    namespace: Part,
-}
-
-impl TenancyPattern {
-    fn parse(value: &str) -> Result<TenancyPattern, String> {
-        if value == "*" {
-            return Ok(TenancyPattern {
-                partition: Part::Any,
-                namespace: Part::Any,
-            });
-        }
-        let Some((partition, namespace)) = value.split_once('/') else {
-            return Err(format!("{value:?}: expected partition/namespace or *"));
-        };
-        if namespace.contains('/') {
-            return Err(format!("{value:?}: expected partition/namespace or *"));
-        }
-        Ok(TenancyPattern {
-            partition: Part::parse(partition).map_err(|e| format!("{value:?}: {e}"))?,
-            namespace: Part::parse(namespace).map_err(|e| format!("{value:?}: {e}"))?,
-        })
-    }
-
-    fn matches(&self, tenancy: &TenancyHead<'_>) -> bool {
-        self.partition.matches(tenancy.partition) && self.namespace.matches(tenancy.namespace)
-    }
-
-    fn overlaps(&self, requested: &Tenancy) -> bool {
-        self.partition.overlaps(&requested.partition)
-            && self.namespace.overlaps(&requested.namespace)
-    }
-}
-
-/// Every type matching one of `types` in every tenancy matching one of
-/// `tenancies`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Scope {
-    types: Vec<TypePattern>,
-    tenancies: Vec<TenancyPattern>,
-}
-
-impl Scope {
-    fn parse(config: &ScopeConfig) -> Result<Scope, String> {
-        if config.types.is_empty() {
-            return Err("`types` is empty (use [\"*\"] for every type)".into());
-        }
-        if config.tenancies.is_empty() {
-            return Err("`tenancies` is empty (use [\"*\"] for every tenancy)".into());
-        }
-        Ok(Scope {
-            types: config
-                .types
-                .iter()
-                .map(|t| TypePattern::parse(t))
-                .collect::<Result<_, _>>()?,
-            tenancies: config
-                .tenancies
-                .iter()
-                .map(|t| TenancyPattern::parse(t))
-                .collect::<Result<_, _>>()?,
-        })
-    }
-
-    fn contains(&self, type_: &TypeHead<'_>, tenancy: &TenancyHead<'_>) -> bool {
-        self.types.iter().any(|p| p.matches(type_))
-            && self.tenancies.iter().any(|p| p.matches(tenancy))
-    }
-
-    /// Whether some resource of `type_` in a tenancy matching the request's
-    /// (possibly wildcard) `tenancy` lies inside.
-    fn overlaps(&self, type_: &Type, tenancy: &Tenancy) -> bool {
-        self.types.iter().any(|p| p.matches(&type_.into()))
-            && self.tenancies.iter().any(|p| p.overlaps(tenancy))
-    }
-}
+use crate::config::{invalid, AuthConfig, ConfigError, GrantConfig};
 
 /// What one grant allows: `read` and `write` scopes (write implies read on
 /// its scope) and the `admin` role.
@@ -239,6 +71,8 @@ pub struct Grant {
     pub name: String,
     read: Option<Scope>,
     write: Option<Scope>,
+    /// What the holder may see: read and write scopes together.
+    visible: Arc<ReadScope>,
     pub admin: bool,
 }
 
@@ -247,22 +81,26 @@ impl Grant {
         let read = config
             .read
             .as_ref()
-            .map(Scope::parse)
+            .map(|s| Scope::parse(&s.types, &s.tenancies))
             .transpose()
             .map_err(|e| format!("read: {e}"))?;
         let write = config
             .write
             .as_ref()
-            .map(Scope::parse)
+            .map(|s| Scope::parse(&s.types, &s.tenancies))
             .transpose()
             .map_err(|e| format!("write: {e}"))?;
         if read.is_none() && write.is_none() && !config.admin {
             return Err("grants nothing: give `read`, `write` or `admin = true`".into());
         }
+        let visible = Arc::new(ReadScope::new(
+            read.iter().chain(write.iter()).cloned().collect(),
+        ));
         Ok(Grant {
             name: config.name.clone(),
             read,
             write,
+            visible,
             admin: config.admin,
         })
     }
@@ -273,7 +111,7 @@ impl Grant {
 
     /// Whether the grant lets its holder see this resource.
     pub fn may_read(&self, type_: &TypeHead<'_>, tenancy: &TenancyHead<'_>) -> bool {
-        self.scopes().any(|s| s.contains(type_, tenancy))
+        self.visible.contains(type_, tenancy)
     }
 
     fn may_write(&self, type_: &TypeHead<'_>, tenancy: &TenancyHead<'_>) -> bool {
@@ -334,16 +172,18 @@ pub enum Visibility {
 
 impl Visibility {
     /// Whether the resource `encoded` (a `cairn.v1.Resource`, as stored and
-    /// sent) may be shown to the caller. Its type and tenancy are read from
-    /// the bytes ([`ResourceHead::parse`]). A resource without an id, type or
-    /// tenancy, or whose bytes do not parse, is never shown under a grant.
+    /// sent) may be shown to the caller ([`ReadScope::shows`]: a resource
+    /// without an id, type or tenancy, or whose bytes do not parse, is never
+    /// shown under a grant).
     pub fn shows(&self, encoded: &[u8]) -> bool {
+        self.read_scope().is_none_or(|scope| scope.shows(encoded))
+    }
+
+    /// What the caller may see; `None`: everything.
+    pub fn read_scope(&self) -> Option<&Arc<ReadScope>> {
         match self {
-            Visibility::Everything => true,
-            Visibility::Within(grant) => ResourceHead::parse(encoded)
-                .ok()
-                .and_then(|head| Some((head.type_?, head.tenancy?)))
-                .is_some_and(|(type_, tenancy)| grant.may_read(&type_, &tenancy)),
+            Visibility::Everything => None,
+            Visibility::Within(grant) => Some(&grant.visible),
         }
     }
 }
@@ -786,6 +626,7 @@ pub fn load_node_token(config: &AuthConfig) -> anyhow::Result<Option<cairn_clien
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ScopeConfig;
     use cairn_proto::v1::Resource;
 
     fn ty(group: &str, version: &str, kind: &str) -> Type {

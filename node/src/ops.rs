@@ -216,7 +216,7 @@ impl Probes {
             let deadline = tokio::time::Instant::now() + self.timeout;
             let read = tokio::time::timeout(
                 self.timeout,
-                self.api.forwarder().list(probe_list(), deadline),
+                self.api.forwarder().list(probe_list(), None, deadline),
             )
             .await;
             match read {

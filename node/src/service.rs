@@ -11,9 +11,12 @@
 //! not even which field is malformed), then the request is validated (so
 //! that malformed input is INVALID_ARGUMENT naming its field), then checked
 //! against the caller's grant, and only then executed or forwarded.
-//! Answers of lists, ListByOwner and watches are filtered here too, after a
-//! strong list comes back from the leader, so nothing outside the caller's
-//! read scope leaves this node. An open watch is decided again whenever the
+//! Lists and ListByOwner carry the caller's read scope to the executor, on
+//! this node or, with a forwarded strong list, on the leader: only what the
+//! caller may see is listed and counted against `list_results_max`, so a
+//! refusal says nothing of what lies outside. Watch events are filtered
+//! here, so nothing outside the caller's read scope leaves this node. An
+//! open watch is decided again whenever the
 //! grants are reloaded, and ends when its caller's grant changed
 //! (`auth::close_when_revoked`).
 //!
@@ -228,12 +231,15 @@ impl ResourceService for ResourceGrpc {
         let visible = self.0.authorize(&r, Executor::check_list, |m| {
             list_action(m.r#type.as_ref(), m.tenancy.as_ref())
         })?;
-        let mut answer = self
+        let answer = self
             .0
             .forwarder
-            .list(self.0.served_list(r.into_inner()), d)
+            .list(
+                self.0.served_list(r.into_inner()),
+                visible.read_scope().cloned(),
+                d,
+            )
             .await?;
-        answer.resources.retain(|resource| visible.shows(resource));
         Ok(Response::new(answer))
     }
 
@@ -244,8 +250,10 @@ impl ResourceService for ResourceGrpc {
         let visible = self.0.authorize(&r, Executor::check_list_by_owner, |_| {
             Ok(Action::ListByOwner)
         })?;
-        let mut answer = self.0.forwarder.list_by_owner(r.into_inner())?;
-        answer.resources.retain(|resource| visible.shows(resource));
+        let answer = self
+            .0
+            .forwarder
+            .list_by_owner(r.into_inner(), visible.read_scope().map(|s| &**s))?;
         Ok(Response::new(answer))
     }
 

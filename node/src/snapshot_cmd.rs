@@ -136,9 +136,7 @@ async fn leader_address(
                 Some(leader) => return Ok(leader.client_address.clone()),
                 None => last = ApiError::Inconsistent(format!("{endpoint} knows no leader")),
             },
-            Err(e) if e.is_credential_refusal() => {
-                return Err(e)
-            }
+            Err(e) if e.is_credential_refusal() => return Err(e),
             Err(e) => last = e,
         }
     }

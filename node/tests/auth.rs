@@ -1253,6 +1253,102 @@ read = { types = ["demo.Thing"], tenancies = ["default/*"] }
     .expect("the test finished within 300 s");
 }
 
+/// Whether a list was refused by `list_results_max`.
+fn over_the_list_limit<T: std::fmt::Debug>(result: Result<T, ClientError>) -> bool {
+    match result {
+        Err(ClientError::ResourceExhausted { limit, .. }) => limit == "list_results_max",
+        other => panic!("expected RESOURCE_EXHAUSTED on list_results_max, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_limit_counts_only_what_the_caller_may_see() {
+    // With list_results_max = 3: seven Things match a list of every tenancy,
+    // two of them (and two children of one owner) inside the reader's scope.
+    // The reader lists its two, eventual and strong, at the leader and
+    // through a follower (whose strong list is forwarded with the reader's
+    // scope), and so does its ListByOwner: a refusal would tell it that more
+    // than three resources exist outside its scope. ops, who sees all seven,
+    // is refused; once the reader's own resources pass three, so is it.
+    tokio::time::timeout(Duration::from_secs(300), async {
+        let dir = tempfile::tempdir().unwrap();
+        let (o, tokens) = auth_options(3, dir.path(), "").await;
+        // A top-level key goes before `[auth]`.
+        let config = dir.path().join("auth.toml");
+        let grants = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, format!("list_results_max = 3\n{grants}")).unwrap();
+        let cluster = Cluster::start(o);
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+        let follower = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
+        let endpoints = cluster.endpoints();
+        let ops = client(&endpoints, Some(&tokens.ops));
+        let reader = client(&endpoints, Some(&tokens.reader));
+        let reader_on_follower = client(
+            &[cluster.node(follower).client_address.clone()],
+            Some(&tokens.reader),
+        );
+        let dd = || tenancy("default", "default");
+        let owner = ops
+            .create(resource("Other", "owner", dd(), None))
+            .await
+            .unwrap()
+            .id;
+        for (name, t) in [
+            ("d1", dd()),
+            ("d2", tenancy("default", "x")),
+            ("a1", tenancy("team-a", "web")),
+            ("a2", tenancy("team-a", "web")),
+            ("a3", tenancy("team-a", "db")),
+            ("b1", tenancy("team-b", "web")),
+            ("b2", tenancy("team-b", "db")),
+        ] {
+            ops.create(resource("Thing", name, t, owner.clone()))
+                .await
+                .unwrap();
+        }
+        let mine = set(&["default/default/d1", "default/x/d2"]);
+        for c in [&reader, &reader_on_follower] {
+            for consistency in [Consistency::Strong, Consistency::Eventual] {
+                assert!(
+                    eventually(Duration::from_secs(10), || {
+                        let c = c.clone();
+                        let mine = mine.clone();
+                        async move {
+                            list_things(&c, tenancy("*", "*"), consistency)
+                                .await
+                                .unwrap()
+                                == mine
+                        }
+                    })
+                    .await,
+                    "the reader lists its two Things ({consistency:?})"
+                );
+            }
+            let owned = c.list_by_owner(owner.clone().unwrap()).await.unwrap();
+            assert_eq!(names(&owned.resources), mine);
+        }
+        assert!(over_the_list_limit(
+            list_things(&ops, tenancy("*", "*"), Consistency::Strong).await
+        ));
+        assert!(over_the_list_limit(
+            ops.list_by_owner(owner.clone().unwrap()).await
+        ));
+        for name in ["d3", "d4"] {
+            ops.create(resource("Thing", name, dd(), owner.clone()))
+                .await
+                .unwrap();
+        }
+        for c in [&reader, &reader_on_follower] {
+            assert!(over_the_list_limit(
+                list_things(c, tenancy("*", "*"), Consistency::Strong).await
+            ));
+        }
+        drop(cluster);
+    })
+    .await
+    .expect("the test finished within 300 s");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joining_as_a_voter_needs_an_admin_token() {
     // A node whose node token has no admin grant cannot join; one with the
