@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::codec::entry_key;
 use crate::codec::index_of_key;
+use crate::read_budget::ReadBudget;
 use crate::LogError;
 
 /// A blocking, byte-oriented log engine. Keys are log indexes; values are opaque sealed bytes.
@@ -29,8 +30,15 @@ pub trait LogEngine: Send + Sync + 'static {
     /// Deletes every entry with index `<= through_index`, atomically.
     fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError>;
     /// Reads the entries whose index is in `[start, end)` (`end = None`: to the last), in
-    /// index order.
-    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError>;
+    /// index order, stopping before the one that would take the sizes of the values read past
+    /// `bytes_max` (the first is always read; `u64::MAX`: no bound). A missing entry is skipped
+    /// here, not reported: the store checks the run it gets back.
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, LogError>;
     /// The entry with the greatest index, if any.
     fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError>;
     /// The entry with the smallest index, if any.
@@ -288,17 +296,27 @@ impl LogEngine for SledEngine {
         Ok(())
     }
 
-    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
         let upper = match end {
             Some(end) => Bound::Excluded(entry_key(end)),
             None => Bound::Unbounded,
         };
+        // sled's range is lazy: no more than the bound (and one entry) is ever in memory.
+        let mut budget = ReadBudget::new(bytes_max);
         let mut out = Vec::new();
         for item in self
             .entries
             .range((Bound::Included(entry_key(start)), upper))
         {
             let (key, value) = item.map_err(|e| self.error(e))?;
+            if !budget.take(value.len() as u64) {
+                break;
+            }
             let index = decode_key(&key)?;
             out.push((index, value.to_vec()));
         }

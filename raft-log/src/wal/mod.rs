@@ -31,6 +31,7 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::codec;
+use crate::read_budget::ReadBudget;
 use crate::writer::Counters;
 use crate::writer::DurableCallback;
 use crate::writer::Reply;
@@ -383,19 +384,11 @@ where
         })
     }
 
-    /// Reads the entries with index in `[start, end)` (`end = None`: to the last): recent ones
-    /// from the tail, older ones from their segments on the blocking pool.
+    /// Reads the entries with index in `[start, end)` (`end = None`: to the last), stopped
+    /// before the entry that would take the encoded sizes read past `bytes_max` (the first
+    /// entry is always read; `u64::MAX`: no bound): recent ones from the tail, older ones from
+    /// their segments on the blocking pool.
     pub(crate) async fn read(
-        &self,
-        start: u64,
-        end: Option<u64>,
-    ) -> Result<Vec<C::Entry>, LogError> {
-        self.read_bounded(start, end, u64::MAX).await
-    }
-
-    /// [`Self::read`], stopped before the entry that would take the encoded sizes read past
-    /// `bytes_max` (the first entry is always read).
-    pub(crate) async fn read_bounded(
         &self,
         start: u64,
         end: Option<u64>,
@@ -413,18 +406,17 @@ where
             if low >= high {
                 return Ok(Vec::new());
             }
-            let mut bytes = 0u64;
-            let mut bounded_high = low;
-            while bounded_high < high {
-                let slot = &state.slots[(bounded_high - state.first_index) as usize];
-                let len = u64::from(slot.len_bytes);
-                if bounded_high > low && bytes.saturating_add(len) > bytes_max {
-                    break;
-                }
-                bytes = bytes.saturating_add(len);
-                bounded_high += 1;
-            }
-            let high = bounded_high;
+            let mut budget = ReadBudget::new(bytes_max);
+            let high = if budget.is_unbounded() {
+                high
+            } else {
+                (low..high)
+                    .find(|&index| {
+                        let slot = &state.slots[(index - state.first_index) as usize];
+                        !budget.take(u64::from(slot.len_bytes))
+                    })
+                    .unwrap_or(high)
+            };
             let tail_first = state.tail_first_index();
             for index in low..high.min(tail_first) {
                 let slot = &state.slots[(index - state.first_index) as usize];
