@@ -787,12 +787,10 @@ where
 
 fn storage_error<NID: openraft::NodeId>(error: &LogError, write: bool) -> StorageError<NID> {
     let source = AnyError::new(error);
-    let io = match (error, write) {
-        (LogError::Corrupt { index, .. } | LogError::CorruptSegment { index, .. }, _) => {
-            StorageIOError::read_log_at_index(*index, source)
-        }
-        (_, true) => StorageIOError::write_logs(source),
-        (_, false) => StorageIOError::read_logs(source),
+    let io = match (error.corrupt_index(), write) {
+        (Some(index), _) => StorageIOError::read_log_at_index(index, source),
+        (None, true) => StorageIOError::write_logs(source),
+        (None, false) => StorageIOError::read_logs(source),
     };
     StorageError::IO { source: io }
 }
