@@ -106,6 +106,7 @@ mod lock;
 mod marker;
 mod metrics;
 mod options;
+mod poison;
 mod read_budget;
 mod store;
 pub mod test_hooks;

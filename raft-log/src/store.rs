@@ -28,6 +28,7 @@ use tokio::sync::oneshot;
 use crate::codec;
 use crate::engine::LogEngine;
 use crate::engine::SledEngine;
+use crate::poison::Poison;
 use crate::wal::Wal;
 use crate::watermark::Watermark;
 use crate::writer::Counters;
@@ -102,7 +103,7 @@ enum Backend<C: RaftTypeConfig> {
 struct SledBackend {
     engine: Arc<dyn LogEngine>,
     counters: Arc<Counters>,
-    poisoned: crate::writer::Poisoned,
+    poison: Arc<Poison>,
     requests: Option<mpsc::Sender<Request>>,
     writer: Option<JoinHandle<()>>,
 }
@@ -232,14 +233,14 @@ where
         let verified = verify::<C>(engine.as_ref(), watermark_index)?;
         let (requests, receiver) = mpsc::channel();
         let counters = Arc::new(Counters::default());
-        let poisoned = crate::writer::Poisoned::default();
+        let poison = Arc::new(Poison::default());
         let writer = Writer::new(
             Arc::clone(&engine),
             verified.last_index,
             verified.purged_index,
             watermark,
             Arc::clone(&counters),
-            Arc::clone(&poisoned),
+            Arc::clone(&poison),
         )?;
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".to_string())
@@ -250,7 +251,7 @@ where
                 backend: Backend::Sled(SledBackend {
                     engine,
                     counters,
-                    poisoned,
+                    poison,
                     requests: Some(requests),
                     writer: Some(writer),
                 }),
@@ -278,7 +279,7 @@ where
     pub fn failure(&self) -> Option<Arc<LogError>> {
         let poisoned = match &self.inner.backend {
             Backend::Wal(wal) => wal.poisoned(),
-            Backend::Sled(sled) => sled.poisoned.lock().clone(),
+            Backend::Sled(sled) => sled.poison.failure(),
         };
         poisoned.or_else(|| self.inner.returned.lock().clone())
     }
