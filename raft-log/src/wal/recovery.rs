@@ -428,9 +428,7 @@ where
                     let gap_is_purged = frame.index > last + 1
                         && purged_index.is_some_and(|purged| frame.index - 1 <= purged);
                     if gap_is_purged {
-                        state.slots.clear();
-                        state.tail.clear();
-                        state.tail_bytes = 0;
+                        state.purge_through(frame.index - 1);
                     } else if frame.index != last + 1 {
                         return Err(corrupt(
                             last + 1,
