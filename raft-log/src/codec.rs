@@ -15,9 +15,13 @@ fn bincode_config() -> bincode::config::Configuration {
     bincode::config::standard()
 }
 
-/// The byte limits of [`decode`], smallest first: 64 KiB, 1 MiB, 16 MiB, 256 MiB; a larger
-/// payload (a WAL frame holds at most 1 GiB) decodes with a 4 GiB limit.
-const DECODE_LIMIT_TIERS_BYTES: [usize; 4] = [64 * 1024, 1 << 20, 16 << 20, 256 << 20];
+// The byte limits of `decode`, smallest first: a payload decodes with the smallest that holds it,
+// one larger than 256 MiB (a WAL frame holds at most 1 GiB) with 4 GiB.
+const DECODE_LIMIT_64_KIB_BYTES: usize = 64 << 10;
+const DECODE_LIMIT_1_MIB_BYTES: usize = 1 << 20;
+const DECODE_LIMIT_16_MIB_BYTES: usize = 16 << 20;
+const DECODE_LIMIT_256_MIB_BYTES: usize = 256 << 20;
+const DECODE_LIMIT_4_GIB_BYTES: usize = 4 << 30;
 
 /// The engine key of the entry at `index`: big-endian, so keys sort by index.
 pub(crate) fn entry_key(index: u64) -> [u8; 8] {
@@ -82,22 +86,23 @@ pub(crate) fn encode_into<T: Serialize>(
 ///
 /// bincode allocates a string or byte vector at the length its prefix claims before it reads the
 /// bytes, so a damaged prefix could ask for terabytes. Its byte limit (which changes decoding
-/// only, never the format) is set to the smallest of [`DECODE_LIMIT_TIERS_BYTES`] that holds the
-/// payload: no prefix can make a decode allocate more than 16 times the payload (or 64 KiB).
+/// only, never the format) is set to the smallest of 64 KiB, 1 MiB, 16 MiB and 256 MiB that holds
+/// the payload (else 4 GiB): no prefix can make a decode allocate more than 16 times the payload
+/// (or 64 KiB).
 pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
     fn limited<T: DeserializeOwned, const LIMIT: usize>(
         payload: &[u8],
     ) -> Result<(T, usize), bincode::error::DecodeError> {
         bincode::serde::decode_from_slice(payload, bincode_config().with_limit::<LIMIT>())
     }
-    const KIB: usize = 1024;
-    const MIB: usize = 1024 * KIB;
     let decoded = match payload.len() {
-        len if len <= DECODE_LIMIT_TIERS_BYTES[0] => limited::<T, { 64 * KIB }>(payload),
-        len if len <= DECODE_LIMIT_TIERS_BYTES[1] => limited::<T, { MIB }>(payload),
-        len if len <= DECODE_LIMIT_TIERS_BYTES[2] => limited::<T, { 16 * MIB }>(payload),
-        len if len <= DECODE_LIMIT_TIERS_BYTES[3] => limited::<T, { 256 * MIB }>(payload),
-        _ => limited::<T, { 4096 * MIB }>(payload),
+        len if len <= DECODE_LIMIT_64_KIB_BYTES => limited::<T, DECODE_LIMIT_64_KIB_BYTES>(payload),
+        len if len <= DECODE_LIMIT_1_MIB_BYTES => limited::<T, DECODE_LIMIT_1_MIB_BYTES>(payload),
+        len if len <= DECODE_LIMIT_16_MIB_BYTES => limited::<T, DECODE_LIMIT_16_MIB_BYTES>(payload),
+        len if len <= DECODE_LIMIT_256_MIB_BYTES => {
+            limited::<T, DECODE_LIMIT_256_MIB_BYTES>(payload)
+        }
+        _ => limited::<T, DECODE_LIMIT_4_GIB_BYTES>(payload),
     };
     let (value, read_len_bytes): (T, usize) =
         decoded.map_err(|e| format!("bincode decode failed: {e}"))?;

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 
 use crate::codec::entry_key;
 use crate::codec::index_of_key;
+use crate::read_budget::ReadBudget;
 use crate::LogError;
 
 /// A blocking, byte-oriented log engine. Keys are log indexes; values are opaque sealed bytes.
@@ -29,8 +30,15 @@ pub trait LogEngine: Send + Sync + 'static {
     /// Deletes every entry with index `<= through_index`, atomically.
     fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError>;
     /// Reads the entries whose index is in `[start, end)` (`end = None`: to the last), in
-    /// index order.
-    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError>;
+    /// index order, stopping before the one that would take the sizes of the values read past
+    /// `bytes_max` (the first is always read; `u64::MAX`: no bound). A missing entry is skipped
+    /// here, not reported: the store checks the run it gets back.
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, LogError>;
     /// The entry with the greatest index, if any.
     fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError>;
     /// The entry with the smallest index, if any.
@@ -45,6 +53,28 @@ pub trait LogEngine: Send + Sync + 'static {
 
 /// sled's page cache size.
 pub(crate) const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// sled's own log file inside its directory.
+pub(crate) const SLED_LOG_FILE_NAME: &str = "db";
+/// The directory inside sled's where it keeps values too large for its log, one file each.
+pub(crate) const SLED_BLOBS_DIR_NAME: &str = "blobs";
+
+/// The file a corruption error of the sled database in `dir` names: a blob
+/// (`dir/blobs/N`) or sled's log (`dir/db`). `None` when sled did not say where, or when
+/// `error` is no corruption.
+pub(crate) fn sled_corrupt_file(dir: &Path, error: &sled::Error) -> Option<PathBuf> {
+    match error {
+        sled::Error::Corruption {
+            at: Some(sled::DiskPtr::Blob(_, blob)),
+            ..
+        } => Some(dir.join(SLED_BLOBS_DIR_NAME).join(blob.to_string())),
+        sled::Error::Corruption {
+            at: Some(sled::DiskPtr::Inline(_)),
+            ..
+        } => Some(dir.join(SLED_LOG_FILE_NAME)),
+        _ => None,
+    }
+}
 
 /// Name of the sled tree holding the entries.
 const ENTRIES_TREE: &str = "entries";
@@ -221,7 +251,8 @@ impl SledEngine {
                     continue;
                 }
                 let changed = before.and_then(|b| b.get(name)) != Some(stamp);
-                let is_main_log = relative_dir.as_os_str().is_empty() && name.as_os_str() == "db";
+                let is_main_log =
+                    relative_dir.as_os_str().is_empty() && name.as_os_str() == SLED_LOG_FILE_NAME;
                 if changed || is_main_log {
                     let path = dir.join(name);
                     match File::open(&path) {
@@ -288,17 +319,27 @@ impl LogEngine for SledEngine {
         Ok(())
     }
 
-    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
         let upper = match end {
             Some(end) => Bound::Excluded(entry_key(end)),
             None => Bound::Unbounded,
         };
+        // sled's range is lazy: no more than the bound (and one entry) is ever in memory.
+        let mut budget = ReadBudget::new(bytes_max);
         let mut out = Vec::new();
         for item in self
             .entries
             .range((Bound::Included(entry_key(start)), upper))
         {
             let (key, value) = item.map_err(|e| self.error(e))?;
+            if !budget.take(value.len() as u64) {
+                break;
+            }
             let index = decode_key(&key)?;
             out.push((index, value.to_vec()));
         }
@@ -347,7 +388,7 @@ impl LogEngine for SledEngine {
 /// little-endian crc32 of the kind byte and the data, in the first 4 bytes), found before sled
 /// opens the database, because sled's recovery drops them. Unreadable files count as damaged.
 fn damaged_blobs(path: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(path.join("blobs")) else {
+    let Ok(entries) = std::fs::read_dir(path.join(SLED_BLOBS_DIR_NAME)) else {
         return Vec::new();
     };
     let mut damaged: Vec<PathBuf> = entries
@@ -377,4 +418,48 @@ fn decode_key(key: &[u8]) -> Result<u64, LogError> {
             reason: format!("entry key is {} bytes long, expected 8", key.len()),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sled_corruption_names_the_same_file_in_its_message_and_as_the_damaged_file() {
+        let dir = Path::new("/data/raft-log/sled");
+        let blob = sled::Error::Corruption {
+            at: Some(sled::DiskPtr::Blob(4096, 7)),
+            bt: (),
+        };
+        let log = sled::Error::Corruption {
+            at: Some(sled::DiskPtr::Inline(512)),
+            bt: (),
+        };
+        let nowhere = sled::Error::Corruption { at: None, bt: () };
+        assert_eq!(
+            sled_corrupt_file(dir, &blob),
+            Some(dir.join("blobs").join("7"))
+        );
+        assert_eq!(sled_corrupt_file(dir, &log), Some(dir.join("db")));
+        assert_eq!(sled_corrupt_file(dir, &nowhere), None);
+        assert_eq!(
+            sled_corrupt_file(dir, &sled::Error::Unsupported("x".into())),
+            None
+        );
+        for source in [blob, log] {
+            let error = LogError::engine(dir, source);
+            let file = error.damaged_file().expect("sled said where");
+            assert!(
+                error.to_string().contains(&file.display().to_string()),
+                "{error} names {}",
+                file.display()
+            );
+        }
+        // sled did not say where: the message names sled's directory and no file is claimed, so
+        // the node names the log directory.
+        let error = LogError::engine(dir, nowhere);
+        assert!(error.is_corruption());
+        assert_eq!(error.damaged_file(), None);
+        assert!(error.to_string().contains("/data/raft-log/sled"), "{error}");
+    }
 }

@@ -3,36 +3,30 @@
 use std::path::Path;
 use std::path::PathBuf;
 
-/// sled's own log file inside its directory.
-const SLED_LOG_FILE_NAME: &str = "db";
-
-/// Where sled keeps the blob `blob` (a value too large to sit in its log).
-fn sled_blob_path(dir: &Path, blob: i64) -> PathBuf {
-    dir.join("blobs").join(blob.to_string())
-}
+use crate::engine::sled_corrupt_file;
 
 /// sled's corruption errors name a "disk pointer"; this names the file (and the offset).
 fn describe_engine_error(dir: &Path, source: &sled::Error) -> String {
-    match source {
-        sled::Error::Corruption {
-            at: Some(sled::DiskPtr::Blob(_, blob)),
-            ..
-        } => format!(
-            "sled blob {} is corrupt: its checksum does not match its contents",
-            sled_blob_path(dir, *blob).display()
-        ),
-        sled::Error::Corruption {
-            at: Some(sled::DiskPtr::Inline(offset)),
-            ..
-        } => format!(
+    match (source, sled_corrupt_file(dir, source)) {
+        (
+            sled::Error::Corruption {
+                at: Some(sled::DiskPtr::Inline(offset)),
+                ..
+            },
+            Some(log),
+        ) => format!(
             "sled log {} is corrupt at byte offset {offset}",
-            dir.join(SLED_LOG_FILE_NAME).display()
+            log.display()
         ),
-        sled::Error::Corruption { at: None, .. } => format!(
+        (sled::Error::Corruption { .. }, Some(blob)) => format!(
+            "sled blob {} is corrupt: its checksum does not match its contents",
+            blob.display()
+        ),
+        (sled::Error::Corruption { .. }, None) => format!(
             "sled database {} is corrupt (sled did not say where)",
             dir.display()
         ),
-        other => format!("storage engine error in {}: {other}", dir.display()),
+        (other, _) => format!("storage engine error in {}: {other}", dir.display()),
     }
 }
 
@@ -109,8 +103,9 @@ pub enum LogError {
         source: std::io::Error,
     },
 
-    /// The storage engine (sled, in `dir`) reported an error. A corruption sled detected names
-    /// the damaged file: a blob (`dir/blobs/N`) or sled's log (`dir/db`) and the byte offset.
+    /// The storage engine (sled, in `dir`) reported an error. A corruption sled located names
+    /// the damaged file: a blob (`dir/blobs/N`) or sled's log (`dir/db`) and the byte offset;
+    /// one it did not locate names `dir`.
     #[error("{}", describe_engine_error(dir, source))]
     Engine { dir: PathBuf, source: sled::Error },
 
@@ -182,18 +177,13 @@ impl LogError {
     }
 
     /// The damaged file, when a corruption error can name it: a WAL segment, or a sled blob or
-    /// log file.
+    /// log file. `None` for a sled corruption that sled did not locate (the message then names
+    /// sled's directory).
     pub fn damaged_file(&self) -> Option<PathBuf> {
         match self {
             LogError::CorruptSegment { segment, .. } => Some(segment.clone()),
             LogError::CorruptBlob { blob, .. } => Some(blob.clone()),
-            LogError::Engine {
-                dir,
-                source: sled::Error::Corruption { at, .. },
-            } => Some(match at {
-                Some(sled::DiskPtr::Blob(_, blob)) => sled_blob_path(dir, *blob),
-                _ => dir.join(SLED_LOG_FILE_NAME),
-            }),
+            LogError::Engine { dir, source } => sled_corrupt_file(dir, source),
             _ => None,
         }
     }

@@ -28,6 +28,7 @@ use tokio::sync::oneshot;
 use crate::codec;
 use crate::engine::LogEngine;
 use crate::engine::SledEngine;
+use crate::poison::Poison;
 use crate::wal::Wal;
 use crate::watermark::Watermark;
 use crate::writer::Counters;
@@ -102,7 +103,7 @@ enum Backend<C: RaftTypeConfig> {
 struct SledBackend {
     engine: Arc<dyn LogEngine>,
     counters: Arc<Counters>,
-    poisoned: crate::writer::Poisoned,
+    poison: Arc<Poison>,
     requests: Option<mpsc::Sender<Request>>,
     writer: Option<JoinHandle<()>>,
 }
@@ -232,14 +233,14 @@ where
         let verified = verify::<C>(engine.as_ref(), watermark_index)?;
         let (requests, receiver) = mpsc::channel();
         let counters = Arc::new(Counters::default());
-        let poisoned = crate::writer::Poisoned::default();
+        let poison = Arc::new(Poison::default());
         let writer = Writer::new(
             Arc::clone(&engine),
             verified.last_index,
             verified.purged_index,
             watermark,
             Arc::clone(&counters),
-            Arc::clone(&poisoned),
+            Arc::clone(&poison),
         )?;
         let writer = std::thread::Builder::new()
             .name("raft-log-writer".to_string())
@@ -250,7 +251,7 @@ where
                 backend: Backend::Sled(SledBackend {
                     engine,
                     counters,
-                    poisoned,
+                    poison,
                     requests: Some(requests),
                     writer: Some(writer),
                 }),
@@ -278,7 +279,7 @@ where
     pub fn failure(&self) -> Option<Arc<LogError>> {
         let poisoned = match &self.inner.backend {
             Backend::Wal(wal) => wal.poisoned(),
-            Backend::Sled(sled) => sled.poisoned.lock().clone(),
+            Backend::Sled(sled) => sled.poison.failure(),
         };
         poisoned.or_else(|| self.inner.returned.lock().clone())
     }
@@ -389,18 +390,7 @@ where
         if end.is_some_and(|end| end <= start) {
             return Ok(Vec::new());
         }
-        let (engine, counters) = match &self.inner.backend {
-            Backend::Wal(wal) => return wal.read(start, end).await,
-            Backend::Sled(sled) => (Arc::clone(&sled.engine), Arc::clone(&sled.counters)),
-        };
-        run_blocking(move || {
-            let raw = engine.read_entries(start, end)?;
-            counters
-                .entries_read_from_disk
-                .fetch_add(raw.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            decode_run::<C>(raw)
-        })
-        .await
+        self.read_run(start, end, u64::MAX).await
     }
 
     /// The entries of `[start, end)` from `start` on, while their encoded sizes add up to at
@@ -415,28 +405,34 @@ where
         if end <= start {
             return Ok(Vec::new());
         }
+        self.read_run(start, Some(end), bytes_max).await
+    }
+
+    /// The one read of both engines (`end = None`: to the last; `bytes_max = u64::MAX`: no
+    /// bound; see `read_budget.rs`). An entry missing from the range is [`LogError::Corrupt`],
+    /// never a short or empty result: openraft takes an empty read for a heartbeat and would
+    /// retry it for ever.
+    async fn read_run(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<C::Entry>, LogError> {
         let (engine, counters) = match &self.inner.backend {
-            Backend::Wal(wal) => return wal.read_bounded(start, Some(end), bytes_max).await,
+            Backend::Wal(wal) => return wal.read(start, end, bytes_max).await,
             Backend::Sled(sled) => (Arc::clone(&sled.engine), Arc::clone(&sled.counters)),
         };
         run_blocking(move || {
-            // sled holds no sizes beside the values: read one entry at a time, so that no more
-            // than the bound (and one entry) is ever in memory.
-            let mut raw = Vec::new();
-            let mut bytes = 0u64;
-            for index in start..end {
-                let mut one = engine.read_entries(index, Some(index + 1))?;
-                let Some(entry) = one.pop() else { break };
-                let len = entry.1.len() as u64;
-                if !raw.is_empty() && bytes + len > bytes_max {
-                    break;
-                }
-                bytes += len;
-                raw.push(entry);
-            }
+            let raw = engine.read_entries(start, end, bytes_max)?;
             counters
                 .entries_read_from_disk
                 .fetch_add(raw.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            check_run_start::<C>(
+                engine.as_ref(),
+                start,
+                end,
+                raw.first().map(|(index, _)| *index),
+            )?;
             decode_run::<C>(raw)
         })
         .await
@@ -630,6 +626,52 @@ where
     Ok(entries)
 }
 
+/// Checks that a run read from `start` (up to `end`, excluded) begins where the log holds its
+/// first entry at or after `start`: the engine skips a missing entry silently, and
+/// [`decode_run`] sees only the gaps inside the run. `run_first` is the run's first index.
+/// Looks further only when the run does not begin at `start` (a read from below the log's
+/// first index, or a missing entry).
+fn check_run_start<C: RaftTypeConfig>(
+    engine: &dyn LogEngine,
+    start: u64,
+    end: Option<u64>,
+    run_first: Option<u64>,
+) -> Result<(), LogError> {
+    if run_first == Some(start) {
+        return Ok(());
+    }
+    // The log begins after the purge point, or at its first stored entry if nothing was purged.
+    let purged: Option<LogId<C::NodeId>> = read_meta(engine, META_PURGED)?;
+    let log_first = match purged {
+        Some(purged) => purged.index + 1,
+        None => match engine.first_entry()? {
+            Some((first, _)) => first,
+            None => return Ok(()),
+        },
+    };
+    let Some((log_last, _)) = engine.last_entry()? else {
+        return Ok(());
+    };
+    let expected = start.max(log_first);
+    let expected_in_range = expected <= log_last && end.is_none_or(|end| expected < end);
+    // A run beginning below `expected` holds entries a purge is about to delete: still intact.
+    if !expected_in_range || run_first.is_some_and(|first| first <= expected) {
+        return Ok(());
+    }
+    let reason = match run_first {
+        Some(first) => format!(
+            "entry is missing: the log holds {log_first}..={log_last}, but a read from index {start} finds {first} first"
+        ),
+        None => format!(
+            "entry is missing: the log holds {log_first}..={log_last}, but a read from index {start} finds nothing"
+        ),
+    };
+    Err(LogError::Corrupt {
+        index: expected,
+        reason,
+    })
+}
+
 /// Deletes entries at or below a durable purge point: left over when a crash came between the
 /// purge point becoming durable and the deletion becoming durable.
 fn finish_interrupted_purge<C: RaftTypeConfig>(engine: &dyn LogEngine) -> Result<(), LogError> {
@@ -686,7 +728,7 @@ where
         let mut start = first;
         loop {
             let end = start.saturating_add(VERIFY_CHUNK_ENTRIES);
-            let raw = engine.read_entries(start, Some(end))?;
+            let raw = engine.read_entries(start, Some(end), u64::MAX)?;
             let Some(&(chunk_first, _)) = raw.first() else {
                 break;
             };
@@ -746,12 +788,10 @@ where
 
 fn storage_error<NID: openraft::NodeId>(error: &LogError, write: bool) -> StorageError<NID> {
     let source = AnyError::new(error);
-    let io = match (error, write) {
-        (LogError::Corrupt { index, .. } | LogError::CorruptSegment { index, .. }, _) => {
-            StorageIOError::read_log_at_index(*index, source)
-        }
-        (_, true) => StorageIOError::write_logs(source),
-        (_, false) => StorageIOError::read_logs(source),
+    let io = match (error.corrupt_index(), write) {
+        (Some(index), _) => StorageIOError::read_log_at_index(index, source),
+        (None, true) => StorageIOError::write_logs(source),
+        (None, false) => StorageIOError::read_logs(source),
     };
     StorageError::IO { source: io }
 }

@@ -21,15 +21,13 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::engine::LogEngine;
+use crate::poison::Poison;
 use crate::watermark::Watermark;
 use crate::LogError;
 
 /// Called once the entries of an append are durable (`Ok`) or can no longer become durable
 /// (`Err`). Runs on the syncer thread: it must not block.
 pub type DurableCallback = Box<dyn FnOnce(Result<(), std::io::Error>) + Send + 'static>;
-
-/// The failure that poisoned a sled-engine store, shared between its threads and its handle.
-pub(crate) type Poisoned = Arc<Mutex<Option<Arc<LogError>>>>;
 
 /// A reply slot for a request.
 pub(crate) type Reply = oneshot::Sender<Result<(), LogError>>;
@@ -90,9 +88,7 @@ impl Waiter {
                 let _ = reply.send(Ok(()));
             }
             (Waiter::Reply(reply), Err(reason)) => {
-                let _ = reply.send(Err(LogError::Poisoned {
-                    reason: reason.clone(),
-                }));
+                let _ = reply.send(Err(Poison::refusal(reason.clone())));
             }
             (Waiter::Barrier(barrier), result) => {
                 let _ = barrier.send(result.clone());
@@ -156,25 +152,8 @@ struct Shared {
     counters: Arc<Counters>,
     /// Set after a failed write or sync: the on-disk state is unknown. Shared with the
     /// [`crate::LogStore`], which reports it.
-    poisoned: Poisoned,
+    poison: Arc<Poison>,
     watermark: Mutex<WatermarkState>,
-}
-
-impl Shared {
-    /// Poisons the store with `error`, unless an earlier failure did; returns the reason.
-    fn poison(&self, error: LogError) -> String {
-        let reason = error.to_string();
-        let mut poisoned = self.poisoned.lock();
-        if poisoned.is_none() {
-            tracing::error!(%error, "raft log store poisoned");
-            *poisoned = Some(Arc::new(error));
-        }
-        reason
-    }
-
-    fn poisoned(&self) -> Option<String> {
-        self.poisoned.lock().as_ref().map(|first| first.to_string())
-    }
 }
 
 /// State owned by the writer thread.
@@ -196,7 +175,7 @@ impl Writer {
         purged_index: Option<u64>,
         watermark: Watermark,
         counters: Arc<Counters>,
-        poisoned: Poisoned,
+        poison: Arc<Poison>,
     ) -> Result<Writer, LogError> {
         if let (Some(last), Some(purged)) = (last_index, purged_index) {
             assert!(
@@ -207,7 +186,7 @@ impl Writer {
         let shared = Arc::new(Shared {
             engine,
             counters,
-            poisoned,
+            poison,
             watermark: Mutex::new(WatermarkState {
                 file: watermark,
                 truncation_epoch: 0,
@@ -264,22 +243,20 @@ impl Writer {
         self.enqueue(Waiter::Barrier(barrier));
         match done.recv() {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(reason)) => Err(LogError::Poisoned { reason }),
+            Ok(Err(reason)) => Err(Poison::refusal(reason)),
             Err(_) => Err(LogError::WriterStopped),
         }
     }
 
     /// Poisons the store with `error` and sends it to `reply`.
     fn fail(&self, error: LogError, reply: Reply) {
-        let reason = self.shared.poison(error);
-        let _ = reply.send(Err(LogError::Poisoned { reason }));
+        let reason = self.shared.poison.poison(error);
+        let _ = reply.send(Err(Poison::refusal(reason)));
     }
 
     fn handle(&mut self, request: Request) {
-        if let Some(reason) = self.shared.poisoned() {
-            let error = || LogError::Poisoned {
-                reason: reason.clone(),
-            };
+        if let Some(reason) = self.shared.poison.reason() {
+            let error = || Poison::refusal(reason.clone());
             match request {
                 Request::Append { applied, .. } => {
                     let _ = applied.send(Err(error()));
@@ -430,7 +407,7 @@ fn run_syncer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let result = match shared.poisoned() {
+        let result = match shared.poison.reason() {
             Some(reason) => Err(reason),
             None => match shared.engine.sync() {
                 Ok(()) => {
@@ -441,7 +418,7 @@ fn run_syncer(shared: Arc<Shared>, jobs: mpsc::Receiver<Job>) {
                     advance_watermark(&shared, &group);
                     Ok(())
                 }
-                Err(error) => Err(shared.poison(error)),
+                Err(error) => Err(shared.poison.poison(error)),
             },
         };
         for job in group {

@@ -190,8 +190,13 @@ impl LogEngine for NoDeleteEngine {
         }
         self.inner.delete_entries_through(through_index)
     }
-    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
-        self.inner.read_entries(start, end)
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+        self.inner.read_entries(start, end, bytes_max)
     }
     fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
         self.inner.last_entry()
@@ -266,8 +271,13 @@ impl LogEngine for FullDiskEngine {
     fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
         self.inner.delete_entries_through(through_index)
     }
-    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
-        self.inner.read_entries(start, end)
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+        self.inner.read_entries(start, end, bytes_max)
     }
     fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
         self.inner.last_entry()

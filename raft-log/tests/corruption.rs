@@ -108,14 +108,24 @@ fn truncated_stored_value_is_reported_with_its_index_on_reopen() {
     }
 }
 
-/// A [`LogEngine`] that damages the entry at `corrupt_index` on every read, so that damage
-/// appearing *after* open (a disk going bad) reaches the read path.
+/// A [`LogEngine`] that damages the entry at `corrupt_index`, and loses the one at
+/// `missing_index`, on every read, so that damage appearing *after* open (a disk going bad)
+/// reaches the read path.
 struct DamagingEngine {
     inner: SledEngine,
     corrupt_index: AtomicU64,
+    missing_index: AtomicU64,
 }
 
 impl DamagingEngine {
+    fn new(inner: SledEngine) -> DamagingEngine {
+        DamagingEngine {
+            inner,
+            corrupt_index: AtomicU64::new(u64::MAX),
+            missing_index: AtomicU64::new(u64::MAX),
+        }
+    }
+
     fn damage(&self, entries: &mut [(u64, Vec<u8>)]) {
         let target = self.corrupt_index.load(Ordering::SeqCst);
         for (index, bytes) in entries.iter_mut() {
@@ -138,9 +148,16 @@ impl LogEngine for DamagingEngine {
     fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
         self.inner.delete_entries_through(through_index)
     }
-    fn read_entries(&self, start: u64, end: Option<u64>) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
-        let mut entries = self.inner.read_entries(start, end)?;
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
+        let mut entries = self.inner.read_entries(start, end, bytes_max)?;
         self.damage(&mut entries);
+        let missing = self.missing_index.load(Ordering::SeqCst);
+        entries.retain(|(index, _)| *index != missing);
         Ok(entries)
     }
     fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
@@ -171,10 +188,9 @@ fn entry_damaged_after_open_fails_openraft_reads_naming_its_index() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_entries(dir.path());
     let lock = DirLock::acquire(dir.path()).expect("lock");
-    let engine = Arc::new(DamagingEngine {
-        inner: SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
-        corrupt_index: AtomicU64::new(u64::MAX),
-    });
+    let engine = Arc::new(DamagingEngine::new(
+        SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
+    ));
     let mut store = Store::open_with_engine(lock, engine.clone()).expect("clean open");
     engine.corrupt_index.store(21, Ordering::SeqCst);
     runtime().block_on(async {
@@ -200,6 +216,58 @@ fn entry_damaged_after_open_fails_openraft_reads_naming_its_index() {
         for (offset, entry) in fine.iter().enumerate() {
             common::check_entry(1 + offset as u64, entry).expect("intact");
         }
+    });
+}
+
+#[test]
+fn entry_lost_after_open_fails_replication_reads_naming_its_index() {
+    // Open cleanly, then lose entry 21 on the read path. openraft reads each AppendEntries
+    // with `limited_get_log_entries`: a read across 21, or from 21, must fail naming
+    // LogIndex(21), never come back short or empty (openraft takes empty for a heartbeat and
+    // retries for ever). The unbounded reader says the same.
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_entries(dir.path());
+    let lock = DirLock::acquire(dir.path()).expect("lock");
+    let engine = Arc::new(DamagingEngine::new(
+        SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
+    ));
+    let mut store = Store::open_with_engine(lock, engine.clone()).expect("clean open");
+    engine.missing_index.store(21, Ordering::SeqCst);
+    runtime().block_on(async {
+        for (start, end) in [(10, 30), (21, 30), (21, 22)] {
+            let error = store
+                .limited_get_log_entries(start, end)
+                .await
+                .expect_err("a read of a range missing entry 21 fails");
+            let message = error.to_string();
+            println!("limited_get_log_entries({start}, {end}): {message}");
+            assert!(
+                message.contains("LogIndex(21)") && message.contains("missing"),
+                "the error names the missing index: {message}"
+            );
+        }
+        for range in [10..30, 21..30] {
+            let error = store
+                .try_get_log_entries(range.clone())
+                .await
+                .expect_err("a read of a range missing entry 21 fails");
+            let message = error.to_string();
+            println!("try_get_log_entries({range:?}): {message}");
+            assert!(
+                message.contains("LogIndex(21)"),
+                "the error names the missing index: {message}"
+            );
+        }
+        let around = store
+            .limited_get_log_entries(22, 30)
+            .await
+            .expect("entries after 21 read fine");
+        assert_eq!(around.len(), 8);
+        let from_start = store
+            .try_get_log_entries(..21)
+            .await
+            .expect("entries below 21 read fine, from below the first index too");
+        assert_eq!(from_start.len(), 20);
     });
 }
 

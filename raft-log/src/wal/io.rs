@@ -34,6 +34,7 @@ use super::SegmentFile;
 use super::Shared;
 use crate::engine::LogEngine;
 use crate::engine::SledEngine;
+use crate::poison::Poison;
 use crate::writer::DurableCallback;
 use crate::writer::Reply;
 use crate::writer::META_COMMITTED;
@@ -139,9 +140,7 @@ impl Waiter {
                 let _ = reply.send(Ok(()));
             }
             (Waiter::Reply(reply), Err(reason)) => {
-                let _ = reply.send(Err(LogError::Poisoned {
-                    reason: reason.clone(),
-                }));
+                let _ = reply.send(Err(Poison::refusal(reason.clone())));
             }
         }
     }
@@ -213,7 +212,7 @@ where
             }
             self.handle_group(group);
         }
-        if self.shared.state.lock().poisoned.is_none() {
+        if self.shared.poison.failure().is_none() {
             if let Err(error) = self.put_committed().and_then(|()| self.meta.sync()) {
                 tracing::warn!(%error, "cannot record the committed log id on close");
             }
@@ -227,13 +226,7 @@ where
         let mut vote = None;
         let mut purge = None;
         let mut locations = Vec::new();
-        let mut failure = self
-            .shared
-            .state
-            .lock()
-            .poisoned
-            .as_ref()
-            .map(|first| first.to_string());
+        let mut failure = self.shared.poison.reason();
         assert!(self.buffer.is_empty() && self.buffer_frames == 0);
         for op in group {
             match op {
@@ -378,7 +371,7 @@ where
 
     /// Poisons the store; returns the reason.
     fn fail(&self, error: LogError) -> String {
-        self.shared.poison(error)
+        self.shared.poison.poison(error)
     }
 
     fn push_truncate(&mut self, from_index: u64) {

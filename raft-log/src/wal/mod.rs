@@ -31,6 +31,8 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::codec;
+use crate::poison::Poison;
+use crate::read_budget::ReadBudget;
 use crate::writer::Counters;
 use crate::writer::DurableCallback;
 use crate::writer::Reply;
@@ -78,8 +80,6 @@ pub(crate) struct State<C: RaftTypeConfig> {
     /// The I/O thread's queue; `None` once the store is shutting down.
     pub(crate) ops: Option<mpsc::Sender<Op>>,
     pub(crate) next_seq: u64,
-    /// The failure that poisoned the store (the first failed write or sync), if any.
-    pub(crate) poisoned: Option<Arc<LogError>>,
     pub(crate) purged: Option<LogId<C::NodeId>>,
     pub(crate) vote: Option<Vote<C::NodeId>>,
     pub(crate) committed: Option<LogId<C::NodeId>>,
@@ -154,15 +154,6 @@ impl<C: RaftTypeConfig> State<C> {
         let ops = self.ops.as_ref().ok_or(LogError::WriterStopped)?;
         ops.send(op).map_err(|_| LogError::WriterStopped)
     }
-
-    fn check_poisoned(&self) -> Result<(), LogError> {
-        match &self.poisoned {
-            Some(first) => Err(LogError::Poisoned {
-                reason: first.to_string(),
-            }),
-            None => Ok(()),
-        }
-    }
 }
 
 /// One operation for the I/O thread.
@@ -192,21 +183,11 @@ pub(crate) enum Op {
 /// What the I/O thread shares with callers.
 pub(crate) struct Shared<C: RaftTypeConfig> {
     pub(crate) state: Mutex<State<C>>,
+    /// Set by the I/O thread after a failed write or sync; callers check it before they change
+    /// the view.
+    pub(crate) poison: Poison,
     pub(crate) counters: Arc<Counters>,
     pub(crate) check_crc: bool,
-}
-
-impl<C: RaftTypeConfig> Shared<C> {
-    /// Poisons the store with `error`, unless an earlier failure did; returns the reason.
-    pub(crate) fn poison(&self, error: LogError) -> String {
-        let reason = error.to_string();
-        let mut state = self.state.lock();
-        if state.poisoned.is_none() {
-            tracing::error!(%error, "raft log store poisoned");
-            state.poisoned = Some(Arc::new(error));
-        }
-        reason
-    }
 }
 
 /// The WAL engine behind a [`crate::LogStore`].
@@ -267,7 +248,7 @@ where
 
     /// The failure that poisoned the store, if any.
     pub(crate) fn poisoned(&self) -> Option<Arc<LogError>> {
-        self.shared.state.lock().poisoned.clone()
+        self.shared.poison.failure()
     }
 
     /// Makes `entries` readable at once and queues them for the I/O thread, which calls
@@ -310,7 +291,7 @@ where
         }
         let mut entries = entries;
         let mut state = self.shared.state.lock();
-        state.check_poisoned()?;
+        self.shared.poison.check()?;
         // Entries at or below the purge point are covered by the snapshot: not stored.
         if let Some(purged) = state.purged.as_ref().map(|id| id.index) {
             let skip = entries
@@ -383,19 +364,11 @@ where
         })
     }
 
-    /// Reads the entries with index in `[start, end)` (`end = None`: to the last): recent ones
-    /// from the tail, older ones from their segments on the blocking pool.
+    /// Reads the entries with index in `[start, end)` (`end = None`: to the last), stopped
+    /// before the entry that would take the encoded sizes read past `bytes_max` (the first
+    /// entry is always read; `u64::MAX`: no bound): recent ones from the tail, older ones from
+    /// their segments on the blocking pool.
     pub(crate) async fn read(
-        &self,
-        start: u64,
-        end: Option<u64>,
-    ) -> Result<Vec<C::Entry>, LogError> {
-        self.read_bounded(start, end, u64::MAX).await
-    }
-
-    /// [`Self::read`], stopped before the entry that would take the encoded sizes read past
-    /// `bytes_max` (the first entry is always read).
-    pub(crate) async fn read_bounded(
         &self,
         start: u64,
         end: Option<u64>,
@@ -413,18 +386,17 @@ where
             if low >= high {
                 return Ok(Vec::new());
             }
-            let mut bytes = 0u64;
-            let mut bounded_high = low;
-            while bounded_high < high {
-                let slot = &state.slots[(bounded_high - state.first_index) as usize];
-                let len = u64::from(slot.len_bytes);
-                if bounded_high > low && bytes.saturating_add(len) > bytes_max {
-                    break;
-                }
-                bytes = bytes.saturating_add(len);
-                bounded_high += 1;
-            }
-            let high = bounded_high;
+            let mut budget = ReadBudget::new(bytes_max);
+            let high = if budget.is_unbounded() {
+                high
+            } else {
+                (low..high)
+                    .find(|&index| {
+                        let slot = &state.slots[(index - state.first_index) as usize];
+                        !budget.take(u64::from(slot.len_bytes))
+                    })
+                    .unwrap_or(high)
+            };
             let tail_first = state.tail_first_index();
             for index in low..high.min(tail_first) {
                 let slot = &state.slots[(index - state.first_index) as usize];
@@ -485,7 +457,7 @@ where
         let (done, reply) = oneshot::channel();
         {
             let mut state = self.shared.state.lock();
-            state.check_poisoned()?;
+            self.shared.poison.check()?;
             state.vote = Some(vote.clone());
             state.send(Op::Vote { sealed_vote, done })?;
         }
@@ -500,7 +472,7 @@ where
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), LogError> {
         let mut state = self.shared.state.lock();
-        state.check_poisoned()?;
+        self.shared.poison.check()?;
         state.committed = committed;
         Ok(())
     }
@@ -510,7 +482,7 @@ where
         let (done, reply) = oneshot::channel();
         {
             let mut state = self.shared.state.lock();
-            state.check_poisoned()?;
+            self.shared.poison.check()?;
             if state.last_index().is_none_or(|last| from_index > last) {
                 return Ok(());
             }
@@ -527,7 +499,7 @@ where
         let (done, reply) = oneshot::channel();
         {
             let mut state = self.shared.state.lock();
-            state.check_poisoned()?;
+            self.shared.poison.check()?;
             if state
                 .purged
                 .as_ref()

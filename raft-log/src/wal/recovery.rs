@@ -40,6 +40,7 @@ use crate::engine::LogEngine;
 use crate::engine::SledEngine;
 use crate::marker::WAL_META_SUBDIR;
 use crate::marker::WAL_SEGMENTS_SUBDIR;
+use crate::poison::Poison;
 use crate::store::read_meta;
 use crate::writer::Counters;
 use crate::writer::META_COMMITTED;
@@ -94,7 +95,6 @@ where
     let mut state = State::<C> {
         ops: Some(ops),
         next_seq: 1,
-        poisoned: None,
         purged: None,
         vote: None,
         committed: None,
@@ -309,6 +309,7 @@ where
     state.committed = committed;
     let shared = Arc::new(Shared {
         state: Mutex::new(state),
+        poison: Poison::default(),
         counters,
         check_crc,
     });
@@ -427,9 +428,7 @@ where
                     let gap_is_purged = frame.index > last + 1
                         && purged_index.is_some_and(|purged| frame.index - 1 <= purged);
                     if gap_is_purged {
-                        state.slots.clear();
-                        state.tail.clear();
-                        state.tail_bytes = 0;
+                        state.purge_through(frame.index - 1);
                     } else if frame.index != last + 1 {
                         return Err(corrupt(
                             last + 1,
