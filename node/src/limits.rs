@@ -2,25 +2,27 @@
 //! flight per connection (`requests_per_connection_max`), open watches per
 //! connection (`watches_per_connection_max`) and on the node (`watches_max`).
 //!
-//! A connection is named by its remote address (unique among the open
-//! connections of one listener). A request over budget is refused at once,
-//! before any work, with ResourceExhausted naming the limit and its value;
-//! every other connection keeps being served.
+//! A request over budget is refused at once, before any work, with
+//! ResourceExhausted naming the limit and its value; every other connection
+//! keeps being served.
 //!
-//! [`ConnectionLimits`] is the pure bookkeeping (counts under one short
-//! mutex, released by guards on drop); [`RequestLimitLayer`] applies the
-//! request budget to every call of the client server.
+//! The per-connection counts live with the connection
+//! ([`ConnectionInfo::take_slot`], beside its requests in flight), so they
+//! end with it; [`ConnectionLimits`] holds the budgets and the node's watch
+//! count. [`RequestLimitLayer`] applies the request budget to every call of
+//! the client server.
 //!
-//! Invariants: a count never goes below zero (asserted on release); an
-//! entry exists only for a connection with something in flight or open.
+//! Invariants: a count never goes below zero (asserted on release); a node's
+//! watch count is the number of watch [`Permit`]s alive.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use cairn_proto::error::ApiError;
 use tonic::codegen::http;
+
+use crate::connections::{ConnectionInfo, Slot, SlotKind};
 
 /// The budgets, from the node configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,166 +32,115 @@ pub struct ConnectionBudget {
     pub watches_max: usize,
 }
 
-#[derive(Default)]
-struct Counts {
-    by_connection: HashMap<SocketAddr, PerConnection>,
-    watches: usize,
-}
-
-#[derive(Default, Clone, Copy)]
-struct PerConnection {
-    requests: usize,
-    watches: usize,
-}
-
-impl PerConnection {
-    fn is_idle(&self) -> bool {
-        self.requests == 0 && self.watches == 0
-    }
-}
-
-/// What a guard releases.
-#[derive(Clone, Copy)]
-enum Slot {
-    Request,
-    Watch,
-}
-
-/// Counts what every connection has in flight or open.
+/// The budgets, and the watches open on the node.
 pub struct ConnectionLimits {
     budget: ConnectionBudget,
-    counts: Mutex<Counts>,
+    watches: AtomicUsize,
 }
 
 /// Holds one request or watch slot; releases it when dropped.
 pub struct Permit {
-    limits: Arc<ConnectionLimits>,
-    connection: Option<SocketAddr>,
-    slot: Slot,
+    _connection: Option<Slot>,
+    /// Set for a watch: the node-wide count it holds.
+    node_watch: Option<Arc<ConnectionLimits>>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.limits.release(self.connection, self.slot);
+        if let Some(limits) = &self.node_watch {
+            let before = limits.watches.fetch_sub(1, Ordering::SeqCst);
+            assert!(before > 0, "a watch slot is released once");
+        }
     }
+}
+
+/// A slot of `kind` on `connection` under its budget `max` (named `limit`);
+/// no slot when the connection is unknown.
+fn connection_slot(
+    connection: Option<&ConnectionInfo>,
+    kind: SlotKind,
+    limit: &str,
+    max: usize,
+) -> Result<Option<Slot>, ApiError> {
+    let Some(connection) = connection else {
+        return Ok(None);
+    };
+    connection.take_slot(kind, max).map(Some).map_err(|held| {
+        let what = match kind {
+            SlotKind::Request => "requests in flight",
+            SlotKind::Watch => "watches open",
+        };
+        ApiError::exhausted(
+            limit,
+            max as u64,
+            format!("this connection already has {held} {what}"),
+        )
+    })
 }
 
 impl ConnectionLimits {
     pub fn new(budget: ConnectionBudget) -> Arc<ConnectionLimits> {
         Arc::new(ConnectionLimits {
             budget,
-            counts: Mutex::new(Counts::default()),
+            watches: AtomicUsize::new(0),
         })
-    }
-
-    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A slot for one request on `connection` (unknown connection: only the
     /// node-wide budgets apply, and requests have none).
-    pub fn request(self: &Arc<Self>, connection: Option<SocketAddr>) -> Result<Permit, ApiError> {
-        if let Some(c) = connection {
-            let max = self.budget.requests_per_connection_max;
-            let mut counts = self.counts();
-            let entry = counts.by_connection.entry(c).or_default();
-            if entry.requests >= max {
-                let refusal = ApiError::exhausted(
-                    "requests_per_connection_max",
-                    max as u64,
-                    format!(
-                        "this connection already has {} requests in flight",
-                        entry.requests
-                    ),
-                );
-                if entry.is_idle() {
-                    counts.by_connection.remove(&c);
-                }
-                return Err(refusal);
-            }
-            entry.requests += 1;
-        }
-        Ok(Permit {
-            limits: self.clone(),
+    pub fn request(&self, connection: Option<&ConnectionInfo>) -> Result<Permit, ApiError> {
+        let slot = connection_slot(
             connection,
-            slot: Slot::Request,
+            SlotKind::Request,
+            "requests_per_connection_max",
+            self.budget.requests_per_connection_max,
+        )?;
+        Ok(Permit {
+            _connection: slot,
+            node_watch: None,
         })
     }
 
     /// A slot for one open watch on `connection` and on the node.
-    pub fn watch(self: &Arc<Self>, connection: Option<SocketAddr>) -> Result<Permit, ApiError> {
-        let mut counts = self.counts();
-        if counts.watches >= self.budget.watches_max {
-            return Err(ApiError::exhausted(
-                "watches_max",
-                self.budget.watches_max as u64,
-                format!("this node already serves {} watches", counts.watches),
-            ));
-        }
-        if let Some(c) = connection {
-            let max = self.budget.watches_per_connection_max;
-            let entry = counts.by_connection.entry(c).or_default();
-            if entry.watches >= max {
-                let refusal = ApiError::exhausted(
-                    "watches_per_connection_max",
+    pub fn watch(
+        self: &Arc<Self>,
+        connection: Option<&ConnectionInfo>,
+    ) -> Result<Permit, ApiError> {
+        let max = self.budget.watches_max;
+        self.watches
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |open| {
+                (open < max).then_some(open + 1)
+            })
+            .map_err(|open| {
+                ApiError::exhausted(
+                    "watches_max",
                     max as u64,
-                    format!("this connection already has {} watches open", entry.watches),
-                );
-                if entry.is_idle() {
-                    counts.by_connection.remove(&c);
-                }
-                return Err(refusal);
-            }
-            entry.watches += 1;
-        }
-        counts.watches += 1;
-        Ok(Permit {
-            limits: self.clone(),
-            connection,
-            slot: Slot::Watch,
-        })
-    }
-
-    fn release(&self, connection: Option<SocketAddr>, slot: Slot) {
-        let mut counts = self.counts();
-        if let Slot::Watch = slot {
-            assert!(counts.watches > 0, "a watch slot is released once");
-            counts.watches -= 1;
-        }
-        let Some(c) = connection else {
-            return;
+                    format!("this node already serves {open} watches"),
+                )
+            })?;
+        // Holds the node's count from here: released if the connection refuses.
+        let mut permit = Permit {
+            _connection: None,
+            node_watch: Some(self.clone()),
         };
-        let entry = counts
-            .by_connection
-            .get_mut(&c)
-            .expect("a held slot keeps its connection's entry");
-        match slot {
-            Slot::Request => {
-                assert!(entry.requests > 0, "a request slot is released once");
-                entry.requests -= 1;
-            }
-            Slot::Watch => {
-                assert!(entry.watches > 0, "a watch slot is released once");
-                entry.watches -= 1;
-            }
-        }
-        if entry.is_idle() {
-            counts.by_connection.remove(&c);
-        }
+        permit._connection = connection_slot(
+            connection,
+            SlotKind::Watch,
+            "watches_per_connection_max",
+            self.budget.watches_per_connection_max,
+        )?;
+        Ok(permit)
     }
 
     /// Open watches on the node (for tests and status).
     pub fn watch_count(&self) -> usize {
-        self.counts().watches
+        self.watches.load(Ordering::SeqCst)
     }
 }
 
-/// The remote address of the connection a request arrived on.
-pub fn connection_of<B>(request: &http::Request<B>) -> Option<SocketAddr> {
-    request
-        .extensions()
-        .get::<crate::connections::ConnectionInfo>()
-        .map(|info| info.remote_address)
+/// The connection a request arrived on.
+pub fn connection_of<B>(request: &http::Request<B>) -> Option<&ConnectionInfo> {
+    request.extensions().get::<ConnectionInfo>()
 }
 
 /// Applies `requests_per_connection_max` to every call of a server, and
@@ -304,8 +255,8 @@ mod tests {
         })
     }
 
-    fn addr(port: u16) -> Option<SocketAddr> {
-        Some(SocketAddr::from(([127, 0, 0, 1], port)))
+    fn connection(port: u16) -> ConnectionInfo {
+        ConnectionInfo::for_tests(([127, 0, 0, 1], port).into())
     }
 
     fn limit_of(e: ApiError) -> String {
@@ -318,40 +269,48 @@ mod tests {
     #[test]
     fn requests_are_bounded_per_connection_and_released_on_drop() {
         let l = limits();
-        let a1 = l.request(addr(1)).unwrap();
-        let _a2 = l.request(addr(1)).unwrap();
-        let e = l.request(addr(1)).err().unwrap();
+        let (a, b) = (connection(1), connection(2));
+        let a1 = l.request(Some(&a)).unwrap();
+        let _a2 = l.request(Some(&a)).unwrap();
+        let e = l.request(Some(&a)).err().unwrap();
         assert_eq!(limit_of(e), "requests_per_connection_max");
-        // Another connection is not affected.
-        let _b1 = l.request(addr(2)).unwrap();
+        // Another connection is not affected, nor a request of no known connection.
+        let _b1 = l.request(Some(&b)).unwrap();
+        let _unknown = l.request(None).unwrap();
         drop(a1);
-        let _a3 = l.request(addr(1)).unwrap();
+        let _a3 = l.request(Some(&a)).unwrap();
     }
 
     #[test]
     fn watches_are_bounded_per_connection_and_per_node() {
         let l = limits();
-        let w1 = l.watch(addr(1)).unwrap();
-        let _w2 = l.watch(addr(1)).unwrap();
+        let (a, b, c) = (connection(1), connection(2), connection(3));
+        let w1 = l.watch(Some(&a)).unwrap();
+        let _w2 = l.watch(Some(&a)).unwrap();
         assert_eq!(
-            limit_of(l.watch(addr(1)).err().unwrap()),
+            limit_of(l.watch(Some(&a)).err().unwrap()),
             "watches_per_connection_max"
         );
-        let _w3 = l.watch(addr(2)).unwrap();
+        // The refusal by the connection's budget took no slot of the node's.
+        assert_eq!(l.watch_count(), 2);
+        let _w3 = l.watch(Some(&b)).unwrap();
         assert_eq!(l.watch_count(), 3);
-        assert_eq!(limit_of(l.watch(addr(3)).err().unwrap()), "watches_max");
+        assert_eq!(limit_of(l.watch(Some(&c)).err().unwrap()), "watches_max");
         drop(w1);
-        let _w4 = l.watch(addr(3)).unwrap();
+        let _w4 = l.watch(Some(&c)).unwrap();
         assert_eq!(l.watch_count(), 3);
     }
 
     #[test]
-    fn idle_connections_leave_no_entry() {
+    fn requests_and_watches_are_counted_apart() {
+        // Two watches open on a connection leave its two request slots free.
         let l = limits();
-        drop(l.request(addr(1)).unwrap());
-        drop(l.watch(addr(1)).unwrap());
-        let _ = l.request(addr(5)).map(drop);
-        assert!(l.counts().by_connection.is_empty());
-        assert_eq!(l.watch_count(), 0);
+        let a = connection(1);
+        let _w = (l.watch(Some(&a)).unwrap(), l.watch(Some(&a)).unwrap());
+        let _r = (l.request(Some(&a)).unwrap(), l.request(Some(&a)).unwrap());
+        assert_eq!(
+            limit_of(l.request(Some(&a)).err().unwrap()),
+            "requests_per_connection_max"
+        );
     }
 }

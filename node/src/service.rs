@@ -273,13 +273,9 @@ impl ResourceService for ResourceGrpc {
         let visible = guard.visibility().clone();
         // The watch's slot is taken before any work and held by the stream.
         let permit = match &self.0.connection_limits {
-            Some(limits) => Some(
-                limits.watch(
-                    r.extensions()
-                        .get::<crate::connections::ConnectionInfo>()
-                        .map(|info| info.remote_address),
-                )?,
-            ),
+            Some(limits) => {
+                Some(limits.watch(r.extensions().get::<crate::connections::ConnectionInfo>())?)
+            }
             None => None,
         };
         let events = self.0.forwarder.watch(r.into_inner())?;

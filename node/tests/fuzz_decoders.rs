@@ -142,6 +142,19 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
             }
             .encode_to_vec(),
         ),
+        (
+            7,
+            pb::ForwardedList {
+                request: Some(list.clone()),
+                read_scope: Some(pb::ReadScope {
+                    any_of: vec![pb::ScopePatterns {
+                        types: vec!["demo.*".into(), "x.Thing".into()],
+                        tenancies: vec!["default/*".into()],
+                    }],
+                }),
+            }
+            .encode_to_vec(),
+        ),
     ]
 }
 
@@ -180,6 +193,16 @@ fn decode_request(kind: usize, bytes: &[u8]) {
         5 => {
             if let Ok(r) = pb::WatchListRequest::decode(bytes) {
                 let _ = checks::watch(&limits, &r);
+            }
+        }
+        7 => {
+            if let Ok(r) = pb::ForwardedList::decode(bytes) {
+                if let Some(list) = &r.request {
+                    let _ = checks::list(&limits, list);
+                }
+                if let Some(scope) = &r.read_scope {
+                    let _ = cairn_fsm::ReadScope::from_wire(scope);
+                }
             }
         }
         _ => {
@@ -395,12 +418,12 @@ proptest! {
     #![proptest_config(config(128))]
 
     #[test]
-    fn protobuf_requests_never_panic_on_arbitrary_bytes(kind in 0usize..7, bytes in arbitrary_bytes()) {
+    fn protobuf_requests_never_panic_on_arbitrary_bytes(kind in 0usize..8, bytes in arbitrary_bytes()) {
         decode_request(kind, &bytes);
     }
 
     #[test]
-    fn protobuf_requests_never_panic_on_mutated_requests(seed in 0usize..7, m in mutations()) {
+    fn protobuf_requests_never_panic_on_mutated_requests(seed in 0usize..8, m in mutations()) {
         let (kind, bytes) = request_seeds()[seed].clone();
         decode_request(kind, &mutate(bytes, &m));
     }
@@ -468,6 +491,10 @@ fn the_seeds_are_valid_so_that_mutations_reach_deep() {
         if kind == 0 {
             let r = pb::WriteRequest::decode(bytes.as_slice()).unwrap();
             cairn_forwarding::checks::write(&Default::default(), &r).unwrap();
+        }
+        if kind == 7 {
+            let r = pb::ForwardedList::decode(bytes.as_slice()).unwrap();
+            cairn_fsm::ReadScope::from_wire(r.read_scope.as_ref().unwrap()).unwrap();
         }
     }
     let dir = tempfile::tempdir().unwrap();

@@ -152,11 +152,14 @@ struct Certified {
 }
 
 /// Requests in flight on one connection, and since when there were none;
-/// what the connection owes against the minimum receive rate; and the
-/// signal that tells its server to send GOAWAY.
+/// the slots its handlers hold against the per-connection budgets
+/// (`crate::limits`); what the connection owes against the minimum receive
+/// rate; and the signal that tells its server to send GOAWAY.
 struct Activity {
     origin: Instant,
     in_flight: AtomicUsize,
+    /// Held [`Slot`]s, by [`SlotKind`].
+    slots: [AtomicUsize; 2],
     idle_since_ms: AtomicU64,
     /// `None` when the port has no minimum rate.
     receive: Option<Mutex<Receive>>,
@@ -177,6 +180,7 @@ impl Activity {
         Activity {
             origin,
             in_flight: AtomicUsize::new(0),
+            slots: [AtomicUsize::new(0), AtomicUsize::new(0)],
             idle_since_ms: AtomicU64::new(0),
             receive: receive_rate.map(|rate| {
                 Mutex::new(Receive {
@@ -240,6 +244,59 @@ impl Activity {
             return Err(());
         }
         Ok(receive.meter.deadline())
+    }
+}
+
+/// What a per-connection budget counts (`crate::limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotKind {
+    /// A call whose handler has not answered yet.
+    Request = 0,
+    /// An open watch stream.
+    Watch = 1,
+}
+
+/// One of a connection's budgeted slots; released when dropped.
+pub struct Slot {
+    activity: Arc<Activity>,
+    kind: SlotKind,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let before = self.activity.slots[self.kind as usize].fetch_sub(1, Ordering::SeqCst);
+        assert!(
+            before > 0,
+            "a connection's slot was released more often than taken"
+        );
+    }
+}
+
+impl ConnectionInfo {
+    /// A connection's info as a plaintext connection from `remote_address`
+    /// would carry it, for tests of what reads it.
+    #[cfg(test)]
+    pub(crate) fn for_tests(remote_address: SocketAddr) -> ConnectionInfo {
+        ConnectionInfo {
+            remote_address,
+            client_subject: None,
+            certified_node_ids: None,
+            activity: Arc::new(Activity::new(None)),
+        }
+    }
+
+    /// One slot of `kind` on this connection, if it holds fewer than `max`;
+    /// otherwise `Err` with how many it holds.
+    pub fn take_slot(&self, kind: SlotKind, max: usize) -> Result<Slot, usize> {
+        let count = &self.activity.slots[kind as usize];
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                (held < max).then_some(held + 1)
+            })
+            .map(|_| Slot {
+                activity: self.activity.clone(),
+                kind,
+            })
     }
 }
 
