@@ -48,6 +48,7 @@
 //!   `list_results_max`, which counts only what the caller may see.
 //! - Scopes ignore the group version (see `cairn_fsm::Scope`).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
@@ -269,23 +270,33 @@ pub fn new_token() -> Result<String, String> {
 
 /// What a request presents: its `authorization` metadata and the verified
 /// client certificate subject of its connection (none over plaintext, or
-/// without a client certificate). Kept by an open watch, to be decided
-/// again at a reload; never printed.
+/// without a client certificate). Borrowed from the request; an open watch
+/// keeps an owned copy ([`Presented::into_owned`]), to be decided again at a
+/// reload. Never printed.
 #[derive(Clone)]
-pub struct Presented {
+pub struct Presented<'a> {
     /// `Err(())`: the metadata is not ASCII.
-    authorization: Option<Result<String, ()>>,
-    subject: Option<String>,
+    authorization: Option<Result<Cow<'a, str>, ()>>,
+    subject: Option<Cow<'a, str>>,
 }
 
-impl Presented {
-    pub fn of<T>(request: &tonic::Request<T>) -> Presented {
+impl<'a> Presented<'a> {
+    pub fn of<T>(request: &'a tonic::Request<T>) -> Presented<'a> {
         Presented {
             authorization: request
                 .metadata()
                 .get("authorization")
-                .map(|value| value.to_str().map(str::to_string).map_err(drop)),
-            subject: crate::tls::client_cert_subject(request),
+                .map(|value| value.to_str().map(Cow::Borrowed).map_err(drop)),
+            subject: crate::tls::client_cert_subject(request).map(Cow::Borrowed),
+        }
+    }
+
+    pub fn into_owned(self) -> Presented<'static> {
+        Presented {
+            authorization: self
+                .authorization
+                .map(|a| a.map(|value| Cow::Owned(value.into_owned()))),
+            subject: self.subject.map(|s| Cow::Owned(s.into_owned())),
         }
     }
 }
@@ -429,13 +440,13 @@ impl GrantTable {
     }
 
     /// The caller of what a request presents.
-    pub fn caller(&self, presented: &Presented) -> Result<Caller, ApiError> {
+    pub fn caller(&self, presented: &Presented<'_>) -> Result<Caller, ApiError> {
         if !self.is_enabled() {
             return Ok(Caller::Unrestricted);
         }
         let authorization = match &presented.authorization {
             None => None,
-            Some(Ok(value)) => Some(value.as_str()),
+            Some(Ok(value)) => Some(value.as_ref()),
             Some(Err(())) => {
                 return Err(ApiError::Unauthenticated(
                     "the authorization metadata is not ASCII".into(),
@@ -510,28 +521,47 @@ impl Authenticator {
         authorize(&caller, &Action::Admin(operation)).map(|_| ())
     }
 
-    /// Authenticates and authorizes a watch of `type_` in `tenancy` (a
-    /// validated list filter), keeping what it needs to decide again at
-    /// every reload.
-    pub fn watch_guard<T>(
+    /// Authenticates a watch: the first step of [`WatchGuard`]'s two, so
+    /// that an unknown caller learns nothing about its request (validated
+    /// between the two).
+    pub fn watch_caller<T>(
         self: &Arc<Self>,
         request: &tonic::Request<T>,
-        type_: &Type,
-        tenancy: &Tenancy,
-    ) -> Result<WatchGuard, ApiError> {
+    ) -> Result<WatchCaller, ApiError> {
         // Subscribed before the table is read: a reload in between is seen.
         let reloads = self.reloads.subscribe();
         let presented = Presented::of(request);
         let caller = self.current().caller(&presented)?;
-        let visibility = authorize(&caller, &Action::List { type_, tenancy })?;
-        Ok(WatchGuard {
+        Ok(WatchCaller {
             auth: self.clone(),
-            presented,
+            presented: presented.into_owned(),
+            caller,
+            reloads,
+        })
+    }
+}
+
+/// An authenticated watch, before it is authorized.
+pub struct WatchCaller {
+    auth: Arc<Authenticator>,
+    presented: Presented<'static>,
+    caller: Caller,
+    reloads: watch::Receiver<u64>,
+}
+
+impl WatchCaller {
+    /// Authorizes a watch of `type_` in `tenancy` (a validated list filter),
+    /// keeping what it needs to decide again at every reload.
+    pub fn authorize(self, type_: &Type, tenancy: &Tenancy) -> Result<WatchGuard, ApiError> {
+        let visibility = authorize(&self.caller, &Action::List { type_, tenancy })?;
+        Ok(WatchGuard {
+            auth: self.auth,
+            presented: self.presented,
             type_: type_.clone(),
             tenancy: tenancy.clone(),
-            caller,
+            caller: self.caller,
             visibility,
-            reloads,
+            reloads: self.reloads,
         })
     }
 }
@@ -539,7 +569,7 @@ impl Authenticator {
 /// An open watch's authorization, decided again at every reload.
 pub struct WatchGuard {
     auth: Arc<Authenticator>,
-    presented: Presented,
+    presented: Presented<'static>,
     type_: Type,
     tenancy: Tenancy,
     caller: Caller,
@@ -1223,7 +1253,8 @@ mod tests {
         ]);
         let auth = Arc::new(Authenticator::from_config(&first).unwrap());
         let guard = |token: &str| {
-            auth.watch_guard(&watch_request(token), &thing, &everywhere)
+            auth.watch_caller(&watch_request(token))
+                .and_then(|caller| caller.authorize(&thing, &everywhere))
                 .unwrap()
         };
         let (kept, narrowed, gone, moved) = (guard("k"), guard("n"), guard("g"), guard("m"));

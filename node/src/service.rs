@@ -263,13 +263,14 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::WatchListRequest>,
     ) -> Result<Response<WatchStream>, Status> {
-        // Authenticated first (as `ResourceApi::authorize` does); authorized
-        // by the guard, now and again at every reload of the grants.
-        self.0.auth.caller(&r)?;
+        // Authenticated first (as `ResourceApi::authorize` does), then
+        // validated; authorized by the guard, now and again at every reload
+        // of the grants.
+        let caller = self.0.auth.watch_caller(&r)?;
         self.0.forwarder.executor().check_watch(r.get_ref())?;
         let (type_, tenancy) =
             list_filter(r.get_ref().r#type.as_ref(), r.get_ref().tenancy.as_ref())?;
-        let guard = self.0.auth.watch_guard(&r, type_, tenancy)?;
+        let guard = caller.authorize(type_, tenancy)?;
         let visible = guard.visibility().clone();
         // The watch's slot is taken before any work and held by the stream.
         let permit = match &self.0.connection_limits {

@@ -37,11 +37,11 @@ use crate::connections::ConnectionInfo;
 /// The subject (common name, else the whole distinguished name) of the client
 /// certificate that the request's connection verified in its TLS handshake;
 /// `None` on a plaintext port or when the client presented no certificate.
-pub fn client_cert_subject<T>(request: &tonic::Request<T>) -> Option<String> {
+pub fn client_cert_subject<T>(request: &tonic::Request<T>) -> Option<&str> {
     request
         .extensions()
         .get::<ConnectionInfo>()
-        .and_then(|info| info.client_subject.clone())
+        .and_then(|info| info.client_subject.as_deref())
 }
 
 /// The file paths of a node's TLS.
