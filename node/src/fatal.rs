@@ -17,8 +17,10 @@
 //! machine and the start-up checks. Health, the log line, the exit code and the marker all
 //! come from the one [`FatalCause`].
 //!
-//! **Invariants.** A cause that leaves a marker is exactly one whose exit code is
-//! [`exit::CORRUPTION`]; no cause exits 0; the watchdog exits the process at the deadline even
+//! **Invariants.** Only newly found damage ([`FatalCause::Corruption`]) leaves a marker, and
+//! every cause that exits [`exit::CORRUPTION`] is damage: newly found, or recorded by a marker
+//! an earlier run left ([`FatalCause::MarkedCorrupt`], which leaves none of its own); no cause
+//! exits 0; the watchdog exits the process at the deadline even
 //! when every other thread is blocked.
 
 use std::fmt;
