@@ -136,8 +136,13 @@ impl FatalCause {
     /// The one classification of an operating-system error met while doing `doing` on `path`.
     pub fn from_io(doing: impl Into<String>, path: &Path, error: &io::Error) -> FatalCause {
         let doing = format!("{}: {error}", doing.into());
+        FatalCause::from_errno(error.raw_os_error(), path, doing)
+    }
+
+    /// The errno decides: exhaustion (transient) or a failing disk.
+    fn from_errno(errno: Option<i32>, path: &Path, doing: String) -> FatalCause {
         let path = path.to_path_buf();
-        match error.raw_os_error() {
+        match errno {
             Some(libc::ENOSPC | libc::EDQUOT) => FatalCause::DiskFull { path, doing },
             Some(libc::EMFILE | libc::ENFILE) => FatalCause::OutOfDescriptors { path, doing },
             Some(libc::ENOMEM) => FatalCause::OutOfMemory { path, doing },
@@ -145,42 +150,26 @@ impl FatalCause {
         }
     }
 
-    /// The classification of a Raft log error; `log_dir` is the log's directory, named when
-    /// the error cannot name a file of its own.
-    pub fn from_log_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> FatalCause {
+    /// The classification of a Raft log error that is damage or the operating system
+    /// refusing; `log_dir` is the log's directory, named when the error cannot name a file of
+    /// its own. `None` for any other error (a locked dir, the wrong engine, a failure of the
+    /// log's own logic): at start those are configuration problems, reported as they are.
+    pub fn from_log_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> Option<FatalCause> {
         if error.is_corruption() {
-            return FatalCause::Corruption {
+            return Some(FatalCause::Corruption {
                 file: error
                     .damaged_file()
                     .unwrap_or_else(|| log_dir.to_path_buf()),
                 detail: error.to_string(),
-            };
+            });
         }
-        match error.os_error() {
-            Some(os) => {
-                // The error's own text names the file it was working on.
-                let mut cause = FatalCause::from_io("", log_dir, os);
-                if let FatalCause::DiskFull { doing, .. }
-                | FatalCause::OutOfDescriptors { doing, .. }
-                | FatalCause::OutOfMemory { doing, .. }
-                | FatalCause::StorageFailed { doing, .. } = &mut cause
-                {
-                    *doing = error.to_string();
-                }
-                cause
-            }
-            None => FatalCause::StorageFailed {
-                path: log_dir.to_path_buf(),
-                doing: error.to_string(),
-            },
-        }
-    }
-
-    /// Whether a log error is one the node must stop on at start with this classification
-    /// (damage, or the operating system refusing): other start-up errors (a locked dir, the
-    /// wrong engine) are configuration problems, reported as they are.
-    pub fn is_fatal_log_error(error: &cairn_raft_log::LogError) -> bool {
-        error.is_corruption() || error.os_error().is_some()
+        // The error's own text names the file it was working on.
+        let os = error.os_error()?;
+        Some(FatalCause::from_errno(
+            os.raw_os_error(),
+            log_dir,
+            error.to_string(),
+        ))
     }
 
     /// The process's exit code.
@@ -413,6 +402,30 @@ mod tests {
         }
         let cause = FatalCause::from_io("write", path, &io::Error::from_raw_os_error(libc::EIO));
         assert_eq!(cause.exit_code(), exit::STORAGE_ERROR);
+    }
+
+    #[test]
+    fn a_log_error_is_classified_only_when_it_is_damage_or_the_operating_systems() {
+        // The errno of a log I/O error decides as for any other, and the line keeps the
+        // log's own text (which names the file); a locked dir is no fatal condition.
+        use cairn_raft_log::LogError;
+        let log_dir = Path::new("/var/lib/cairn/raft-log");
+        let full = LogError::Io {
+            context: "append to /var/lib/cairn/raft-log/segments/7.wal".into(),
+            source: io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        match FatalCause::from_log_error(&full, log_dir) {
+            Some(FatalCause::DiskFull { path, doing }) => {
+                assert_eq!(path, log_dir);
+                assert_eq!(doing, full.to_string());
+            }
+            other => panic!("expected DiskFull, got {other:?}"),
+        }
+        let locked = LogError::Locked {
+            dir: log_dir.to_path_buf(),
+            holder_pid: Some(7),
+        };
+        assert_eq!(FatalCause::from_log_error(&locked, log_dir), None);
     }
 
     #[test]
