@@ -572,7 +572,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let install_path = final_path.clone();
         tokio::task::spawn_blocking(move || -> Result<(), String> {
             restore_from_file(&store, &incoming, last_log_id.index, |header| {
-                identity.admit(&header.cluster_id)
+                identity.admit(&header.cluster_id).map_err(|e| match e {
+                    super::identity::AdoptError::OtherCluster => {
+                        "the snapshot belongs to another cluster".to_string()
+                    }
+                    persist => persist.to_string(),
+                })
             })?;
             std::fs::rename(&incoming, &install_path).map_err(|e| e.to_string())?;
             Ok(())
