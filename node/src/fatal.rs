@@ -254,8 +254,14 @@ impl FatalCause {
                 self.exit_code(),
                 node.data_dir.join(MARKER_FILE_NAME).display()
             ),
-            FatalCause::MarkedCorrupt { .. } | FatalCause::DataDirRefused { .. } => format!(
+            FatalCause::MarkedCorrupt { .. } => format!(
                 "Node {} refuses to start (exit code {}); nothing in the data dir was changed",
+                node.node_id,
+                self.exit_code()
+            ),
+            // At start, or on a snapshot from the leader that belongs to another cluster.
+            FatalCause::DataDirRefused { .. } => format!(
+                "Node {} stops (exit code {}); nothing in the data dir was changed",
                 node.node_id,
                 self.exit_code()
             ),

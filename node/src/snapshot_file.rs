@@ -261,6 +261,8 @@ pub fn sync_parent(path: &Path) -> Result<()> {
 /// Reads a snapshot file record by record, checking structure as it goes.
 pub struct SnapshotReader<R: Read> {
     input: R,
+    /// What the I/O errors name: the file, or `<snapshot>` for any other input.
+    path: PathBuf,
     pub header: SnapshotHeader,
     crc: u32,
     offset: u64,
@@ -273,14 +275,19 @@ impl SnapshotReader<BufReader<File>> {
             path: path.to_path_buf(),
             source,
         })?;
-        SnapshotReader::new(BufReader::with_capacity(1 << 20, file))
+        SnapshotReader::reading(BufReader::with_capacity(1 << 20, file), path.to_path_buf())
     }
 }
 
 impl<R: Read> SnapshotReader<R> {
     pub fn new(input: R) -> Result<Self> {
+        SnapshotReader::reading(input, PathBuf::from("<snapshot>"))
+    }
+
+    fn reading(input: R, path: PathBuf) -> Result<Self> {
         let mut reader = SnapshotReader {
             input,
+            path,
             header: SnapshotHeader {
                 cluster_id: String::new(),
                 last_log_index: 0,
@@ -339,7 +346,7 @@ impl<R: Read> SnapshotReader<R> {
                 Err(self.damaged(format!("file truncated while reading the {what}")))
             }
             Err(source) => Err(SnapshotFileError::Io {
-                path: PathBuf::from("<snapshot>"),
+                path: self.path.clone(),
                 source,
             }),
         }
@@ -398,7 +405,7 @@ impl<R: Read> SnapshotReader<R> {
                 .input
                 .read(&mut extra)
                 .map_err(|source| SnapshotFileError::Io {
-                    path: PathBuf::new(),
+                    path: self.path.clone(),
                     source,
                 })?
                 != 0
