@@ -294,35 +294,32 @@ pub fn announce(cause: &FatalCause, node: &NodeContext) -> u8 {
     cause.exit_code()
 }
 
-/// Writes the marker (what was found, and when) and makes it durable.
+/// Writes the marker (what was found, and when) durably: whole or absent after a crash.
 fn write_marker(data_dir: &Path, line: &str) -> io::Result<()> {
-    use std::io::Write as _;
-    let path = data_dir.join(MARKER_FILE_NAME);
     let unix_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    let mut file = std::fs::File::create(&path)?;
-    writeln!(file, "{line}")?;
-    writeln!(file, "written_at_unix_ms {unix_ms}")?;
-    file.sync_all()?;
-    std::fs::File::open(data_dir)?.sync_all()
+    crate::durable::write_atomically(
+        &data_dir.join(MARKER_FILE_NAME),
+        format!("{line}\nwritten_at_unix_ms {unix_ms}\n").as_bytes(),
+    )
 }
 
-/// The longest marker line read back (the rest is cut): the file is ours, but bounded anyway.
-const MARKER_LINE_BYTES_MAX: usize = 64 * 1024;
+/// The longest marker read back: the file is ours (a line and a time), but bounded anyway.
+const MARKER_BYTES_MAX: u64 = 64 * 1024;
 
 /// Refuses a data dir that an earlier run marked damaged.
 pub fn check_marker(data_dir: &Path) -> Result<(), FatalCause> {
     let marker = data_dir.join(MARKER_FILE_NAME);
-    match std::fs::read(&marker) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(MARKER_LINE_BYTES_MAX)]);
+    match crate::durable::read_small(&marker, MARKER_BYTES_MAX) {
+        Ok(None) => Ok(()),
+        Ok(Some(text)) => {
             let recorded = text.lines().next().unwrap_or("").trim().to_string();
             Err(FatalCause::MarkedCorrupt { marker, recorded })
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        // Unreadable: refuse too, naming the error (the operator removes it).
+        // Unreadable (or not what we write): refuse too, naming the error (the operator
+        // removes it).
         Err(e) => Err(FatalCause::MarkedCorrupt {
             marker,
             recorded: format!("(unreadable: {e})"),

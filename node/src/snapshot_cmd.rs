@@ -136,9 +136,7 @@ async fn leader_address(
                 Some(leader) => return Ok(leader.client_address.clone()),
                 None => last = ApiError::Inconsistent(format!("{endpoint} knows no leader")),
             },
-            Err(e) if e.is_credential_refusal() => {
-                return Err(e)
-            }
+            Err(e) if e.is_credential_refusal() => return Err(e),
             Err(e) => last = e,
         }
     }
@@ -195,7 +193,7 @@ async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
         }
     };
     std::fs::rename(&tmp, file).map_err(|e| io_error(file, e))?;
-    snapshot_file::sync_parent(file)?;
+    crate::durable::sync_parent(file).map_err(|e| io_error(file, e))?;
     println!(
         "saved {}: index {}, term {}, {} resources, {} bytes, crc32c {:08x}",
         file.display(),
@@ -443,11 +441,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     writer.finish()?;
     progress.finish_and_clear();
     let id_path = data_dir.join("cluster_id");
-    std::fs::write(&id_path, &cluster_id).map_err(|e| io_error(&id_path, e))?;
-    std::fs::File::open(&id_path)
-        .and_then(|f| f.sync_all())
+    crate::durable::write_atomically(&id_path, cluster_id.as_bytes())
         .map_err(|e| io_error(&id_path, e))?;
-    snapshot_file::sync_parent(&id_path)?;
     println!(
         "seeded {}: {} resources from index {} of cluster {:?}; the new cluster {} starts at log index {}",
         data_dir.display(),

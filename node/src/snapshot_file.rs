@@ -235,27 +235,9 @@ impl SnapshotWriter {
             .map_err(|e| io(&self.tmp_path, e.into_error()))?;
         file.sync_all().map_err(|e| io(&self.tmp_path, e))?;
         fs::rename(&self.tmp_path, &self.final_path).map_err(|e| io(&self.final_path, e))?;
-        sync_parent(&self.final_path)?;
+        crate::durable::sync_parent(&self.final_path).map_err(|e| io(&self.final_path, e))?;
         Ok((size, crc))
     }
-}
-
-/// fsyncs the directory holding `path`, so a rename into it is durable.
-pub fn sync_parent(path: &Path) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| SnapshotFileError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-    }
-    Ok(())
 }
 
 /// Reads a snapshot file record by record, checking structure as it goes.

@@ -115,6 +115,7 @@ mod writer;
 pub use engine::LogEngine;
 pub use engine::SledEngine;
 pub use error::LogError;
+pub use lock::write_file_atomically;
 pub use lock::DirLock;
 pub use metrics::describe_metrics;
 pub use options::LogEngineKind;

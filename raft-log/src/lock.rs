@@ -92,7 +92,7 @@ pub(crate) fn fsync_directory(dir: &Path) -> Result<(), LogError> {
 /// Writes `dir/name` so that a crash leaves either no file or the whole one: the bytes go to
 /// a temporary file, which is fsynced and renamed over `name`; then the directory is fsynced
 /// (when `fsync_directory`), so that the name is durable too.
-pub(crate) fn write_file_atomically(
+pub fn write_file_atomically(
     dir: &Path,
     name: &str,
     bytes: &[u8],

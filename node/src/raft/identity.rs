@@ -30,33 +30,9 @@ pub struct ClusterIdentity {
     cluster_id: Mutex<String>,
 }
 
-/// Writes `contents` to `path` durably: a crash leaves the old file or the new one.
-fn write_durably(path: &Path, contents: &str) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 /// Reads a small identity file; `None` when it does not exist.
 fn read_small(path: &Path) -> io::Result<Option<String>> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() > IDENTITY_FILE_BYTES_MAX => Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{} holds {} bytes, more than an identity file can",
-                path.display(),
-                m.len()
-            ),
-        )),
-        Ok(_) => std::fs::read_to_string(path).map(|s| Some(s.trim().to_string())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
+    crate::durable::read_small(path, IDENTITY_FILE_BYTES_MAX)
 }
 
 /// Why a cluster id offered by a peer was not taken.
@@ -114,7 +90,7 @@ impl ClusterIdentity {
 
     /// Writes `id` durably, then makes it this node's (under the caller's lock).
     fn record(&self, current: &mut String, id: &str) -> io::Result<()> {
-        write_durably(&self.dir.join(CLUSTER_ID_FILE_NAME), id)?;
+        crate::durable::write_atomically(&self.dir.join(CLUSTER_ID_FILE_NAME), id.as_bytes())?;
         *current = id.to_string();
         Ok(())
     }
@@ -174,7 +150,10 @@ impl ClusterIdentity {
 
     /// Records the node id (durably).
     pub fn record_node_id(&self, id: NodeId) -> io::Result<()> {
-        write_durably(&self.dir.join(NODE_ID_FILE_NAME), &format!("{id}\n"))
+        crate::durable::write_atomically(
+            &self.dir.join(NODE_ID_FILE_NAME),
+            format!("{id}\n").as_bytes(),
+        )
     }
 
     /// The file the node id is recorded in.
