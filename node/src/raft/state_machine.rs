@@ -357,24 +357,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let write_path = path.clone();
         let (header_index, header_term) = (header.last_log_index, header.last_log_term);
         let started = std::time::Instant::now();
+        // A failed write removes its half-written file (SnapshotWriter's drop).
         let (size_bytes, crc) = tokio::task::spawn_blocking(move || {
             let mut fsm_snapshot = fsm_snapshot;
             let pending = fsm_snapshot.pending.take();
-            let written = SnapshotWriter::create(&write_path, &header).and_then(|mut writer| {
-                // Each record is the stored encoding, written as it is.
-                for resource in fsm_snapshot {
-                    writer.append_encoded(resource.encoded())?;
-                }
-                for resource in pending.into_iter().flatten() {
-                    writer.append_encoded(resource.encoded())?;
-                }
-                writer.finish()
-            });
-            if written.is_err() {
-                // Give back the space of the half-written file (a full disk, mostly).
-                let _ = std::fs::remove_file(write_path.with_extension("tmp"));
+            let mut writer = SnapshotWriter::create(&write_path, &header)?;
+            // Each record is the stored encoding, written as it is.
+            for resource in fsm_snapshot {
+                writer.append_encoded(resource.encoded())?;
             }
-            written
+            for resource in pending.into_iter().flatten() {
+                writer.append_encoded(resource.encoded())?;
+            }
+            writer.finish()
         })
         .await
         .map_err(|e| self.fail_with(format!("the snapshot writer task failed: {e}")))?
