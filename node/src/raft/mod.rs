@@ -830,6 +830,12 @@ impl RaftHandle {
         is_leader(&self.raft, self.node_id)
     }
 
+    /// The voter this node, leading, would hand leadership to (see
+    /// [`check_quorum::best_successor`]); `None` when there is no other voter.
+    pub fn best_successor(&self) -> Option<NodeId> {
+        check_quorum::best_successor(&self.raft.metrics().borrow(), self.node_id)
+    }
+
     pub fn status(&self) -> RaftStatus {
         let m = self.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
