@@ -120,17 +120,16 @@ impl Admin {
             }
             to
         } else {
-            status
-                .voters
-                .keys()
-                .filter(|id| **id != me)
-                .max_by_key(|id| status.matched.get(id).copied().unwrap_or(0))
-                .copied()
-                .ok_or_else(|| {
-                    ApiError::invalid("to", "there is no other voter to hand leadership to")
-                })?
+            self.raft.best_successor().ok_or_else(|| {
+                ApiError::invalid("to", "there is no other voter to hand leadership to")
+            })?
         };
-        let node: NodeInfo = status.voters[&target].clone();
+        // (The membership may have changed since `status` was read.)
+        let node: NodeInfo = status
+            .voters
+            .get(&target)
+            .cloned()
+            .ok_or_else(|| ApiError::invalid("to", format!("node {target} is not a voter")))?;
         // 1. The target must hold every entry we have.
         let caught_up = async {
             loop {

@@ -17,8 +17,10 @@
 //! machine and the start-up checks. Health, the log line, the exit code and the marker all
 //! come from the one [`FatalCause`].
 //!
-//! **Invariants.** A cause that leaves a marker is exactly one whose exit code is
-//! [`exit::CORRUPTION`]; no cause exits 0; the watchdog exits the process at the deadline even
+//! **Invariants.** Only newly found damage ([`FatalCause::Corruption`]) leaves a marker, and
+//! every cause that exits [`exit::CORRUPTION`] is damage: newly found, or recorded by a marker
+//! an earlier run left ([`FatalCause::MarkedCorrupt`], which leaves none of its own); no cause
+//! exits 0; the watchdog exits the process at the deadline even
 //! when every other thread is blocked.
 
 use std::fmt;
@@ -134,8 +136,13 @@ impl FatalCause {
     /// The one classification of an operating-system error met while doing `doing` on `path`.
     pub fn from_io(doing: impl Into<String>, path: &Path, error: &io::Error) -> FatalCause {
         let doing = format!("{}: {error}", doing.into());
+        FatalCause::from_errno(error.raw_os_error(), path, doing)
+    }
+
+    /// The errno decides: exhaustion (transient) or a failing disk.
+    fn from_errno(errno: Option<i32>, path: &Path, doing: String) -> FatalCause {
         let path = path.to_path_buf();
-        match error.raw_os_error() {
+        match errno {
             Some(libc::ENOSPC | libc::EDQUOT) => FatalCause::DiskFull { path, doing },
             Some(libc::EMFILE | libc::ENFILE) => FatalCause::OutOfDescriptors { path, doing },
             Some(libc::ENOMEM) => FatalCause::OutOfMemory { path, doing },
@@ -143,42 +150,26 @@ impl FatalCause {
         }
     }
 
-    /// The classification of a Raft log error; `log_dir` is the log's directory, named when
-    /// the error cannot name a file of its own.
-    pub fn from_log_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> FatalCause {
+    /// The classification of a Raft log error that is damage or the operating system
+    /// refusing; `log_dir` is the log's directory, named when the error cannot name a file of
+    /// its own. `None` for any other error (a locked dir, the wrong engine, a failure of the
+    /// log's own logic): at start those are configuration problems, reported as they are.
+    pub fn from_log_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> Option<FatalCause> {
         if error.is_corruption() {
-            return FatalCause::Corruption {
+            return Some(FatalCause::Corruption {
                 file: error
                     .damaged_file()
                     .unwrap_or_else(|| log_dir.to_path_buf()),
                 detail: error.to_string(),
-            };
+            });
         }
-        match error.os_error() {
-            Some(os) => {
-                // The error's own text names the file it was working on.
-                let mut cause = FatalCause::from_io("", log_dir, os);
-                if let FatalCause::DiskFull { doing, .. }
-                | FatalCause::OutOfDescriptors { doing, .. }
-                | FatalCause::OutOfMemory { doing, .. }
-                | FatalCause::StorageFailed { doing, .. } = &mut cause
-                {
-                    *doing = error.to_string();
-                }
-                cause
-            }
-            None => FatalCause::StorageFailed {
-                path: log_dir.to_path_buf(),
-                doing: error.to_string(),
-            },
-        }
-    }
-
-    /// Whether a log error is one the node must stop on at start with this classification
-    /// (damage, or the operating system refusing): other start-up errors (a locked dir, the
-    /// wrong engine) are configuration problems, reported as they are.
-    pub fn is_fatal_log_error(error: &cairn_raft_log::LogError) -> bool {
-        error.is_corruption() || error.os_error().is_some()
+        // The error's own text names the file it was working on.
+        let os = error.os_error()?;
+        Some(FatalCause::from_errno(
+            os.raw_os_error(),
+            log_dir,
+            error.to_string(),
+        ))
     }
 
     /// The process's exit code.
@@ -263,8 +254,14 @@ impl FatalCause {
                 self.exit_code(),
                 node.data_dir.join(MARKER_FILE_NAME).display()
             ),
-            FatalCause::MarkedCorrupt { .. } | FatalCause::DataDirRefused { .. } => format!(
+            FatalCause::MarkedCorrupt { .. } => format!(
                 "Node {} refuses to start (exit code {}); nothing in the data dir was changed",
+                node.node_id,
+                self.exit_code()
+            ),
+            // At start, or on a snapshot from the leader that belongs to another cluster.
+            FatalCause::DataDirRefused { .. } => format!(
+                "Node {} stops (exit code {}); nothing in the data dir was changed",
                 node.node_id,
                 self.exit_code()
             ),
@@ -297,35 +294,32 @@ pub fn announce(cause: &FatalCause, node: &NodeContext) -> u8 {
     cause.exit_code()
 }
 
-/// Writes the marker (what was found, and when) and makes it durable.
+/// Writes the marker (what was found, and when) durably: whole or absent after a crash.
 fn write_marker(data_dir: &Path, line: &str) -> io::Result<()> {
-    use std::io::Write as _;
-    let path = data_dir.join(MARKER_FILE_NAME);
     let unix_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    let mut file = std::fs::File::create(&path)?;
-    writeln!(file, "{line}")?;
-    writeln!(file, "written_at_unix_ms {unix_ms}")?;
-    file.sync_all()?;
-    std::fs::File::open(data_dir)?.sync_all()
+    crate::durable::write_atomically(
+        &data_dir.join(MARKER_FILE_NAME),
+        format!("{line}\nwritten_at_unix_ms {unix_ms}\n").as_bytes(),
+    )
 }
 
-/// The longest marker line read back (the rest is cut): the file is ours, but bounded anyway.
-const MARKER_LINE_BYTES_MAX: usize = 64 * 1024;
+/// The longest marker read back: the file is ours (a line and a time), but bounded anyway.
+const MARKER_BYTES_MAX: u64 = 64 * 1024;
 
 /// Refuses a data dir that an earlier run marked damaged.
 pub fn check_marker(data_dir: &Path) -> Result<(), FatalCause> {
     let marker = data_dir.join(MARKER_FILE_NAME);
-    match std::fs::read(&marker) {
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes[..bytes.len().min(MARKER_LINE_BYTES_MAX)]);
+    match crate::durable::read_small(&marker, MARKER_BYTES_MAX) {
+        Ok(None) => Ok(()),
+        Ok(Some(text)) => {
             let recorded = text.lines().next().unwrap_or("").trim().to_string();
             Err(FatalCause::MarkedCorrupt { marker, recorded })
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        // Unreadable: refuse too, naming the error (the operator removes it).
+        // Unreadable (or not what we write): refuse too, naming the error (the operator
+        // removes it).
         Err(e) => Err(FatalCause::MarkedCorrupt {
             marker,
             recorded: format!("(unreadable: {e})"),
@@ -411,6 +405,30 @@ mod tests {
         }
         let cause = FatalCause::from_io("write", path, &io::Error::from_raw_os_error(libc::EIO));
         assert_eq!(cause.exit_code(), exit::STORAGE_ERROR);
+    }
+
+    #[test]
+    fn a_log_error_is_classified_only_when_it_is_damage_or_the_operating_systems() {
+        // The errno of a log I/O error decides as for any other, and the line keeps the
+        // log's own text (which names the file); a locked dir is no fatal condition.
+        use cairn_raft_log::LogError;
+        let log_dir = Path::new("/var/lib/cairn/raft-log");
+        let full = LogError::Io {
+            context: "append to /var/lib/cairn/raft-log/segments/7.wal".into(),
+            source: io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        match FatalCause::from_log_error(&full, log_dir) {
+            Some(FatalCause::DiskFull { path, doing }) => {
+                assert_eq!(path, log_dir);
+                assert_eq!(doing, full.to_string());
+            }
+            other => panic!("expected DiskFull, got {other:?}"),
+        }
+        let locked = LogError::Locked {
+            dir: log_dir.to_path_buf(),
+            holder_pid: Some(7),
+        };
+        assert_eq!(FatalCause::from_log_error(&locked, log_dir), None);
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 pub mod dev;
+mod durable;
 pub mod fatal;
 pub mod forward;
 pub mod grpc_metrics;

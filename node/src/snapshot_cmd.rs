@@ -16,7 +16,7 @@ use crate::cli::{exit, exit_code_of, Endpoints};
 use crate::config::parse_members;
 use crate::raft::NodeInfo;
 use crate::snapshot_file::{
-    self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
+    self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter, TempFile,
 };
 
 #[derive(Subcommand)]
@@ -163,37 +163,31 @@ async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
         .await
         .map_err(ApiError::from)?
         .into_inner();
-    let tmp = file.with_extension("part");
-    let mut out =
-        std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(|e| io_error(&tmp, e))?);
+    // Removed on any failure below (TempFile's drop); kept once renamed into place.
+    let part = file.with_extension("part");
+    let (part, out) = TempFile::create(part.clone()).map_err(|e| io_error(&part, e))?;
+    let tmp = part.path();
+    let mut out = std::io::BufWriter::new(out);
     let progress = bar(None, &format!("saving from {leader}"));
     let received = async {
         while let Some(chunk) = stream.message().await.map_err(ApiError::from)? {
-            out.write_all(&chunk.data).map_err(|e| io_error(&tmp, e))?;
+            out.write_all(&chunk.data).map_err(|e| io_error(tmp, e))?;
             progress.inc(chunk.data.len() as u64);
         }
         Ok::<(), CommandError>(())
     }
     .await;
     progress.finish_and_clear();
-    if let Err(e) = received {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    received?;
     let file_handle = out
         .into_inner()
-        .map_err(|e| io_error(&tmp, e.into_error()))?;
-    file_handle.sync_all().map_err(|e| io_error(&tmp, e))?;
+        .map_err(|e| io_error(tmp, e.into_error()))?;
+    file_handle.sync_all().map_err(|e| io_error(tmp, e))?;
     // Never give a damaged file the final name.
-    let (header, size, crc) = match verify_with_checksum(&tmp) {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&tmp, file).map_err(|e| io_error(file, e))?;
-    snapshot_file::sync_parent(file)?;
+    let (header, size, crc) = verify_with_checksum(tmp)?;
+    std::fs::rename(tmp, file).map_err(|e| io_error(file, e))?;
+    part.keep();
+    crate::durable::sync_parent(file).map_err(|e| io_error(file, e))?;
     println!(
         "saved {}: index {}, term {}, {} resources, {} bytes, crc32c {:08x}",
         file.display(),
@@ -441,11 +435,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     writer.finish()?;
     progress.finish_and_clear();
     let id_path = data_dir.join("cluster_id");
-    std::fs::write(&id_path, &cluster_id).map_err(|e| io_error(&id_path, e))?;
-    std::fs::File::open(&id_path)
-        .and_then(|f| f.sync_all())
+    crate::durable::write_atomically(&id_path, cluster_id.as_bytes())
         .map_err(|e| io_error(&id_path, e))?;
-    snapshot_file::sync_parent(&id_path)?;
     println!(
         "seeded {}: {} resources from index {} of cluster {:?}; the new cluster {} starts at log index {}",
         data_dir.display(),

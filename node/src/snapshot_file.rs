@@ -178,10 +178,44 @@ impl<W: Write> SnapshotEncoder<W> {
     }
 }
 
-/// Writes a snapshot file; call [`SnapshotWriter::finish`] to make it visible.
+/// A file being written under a temporary name: removed when dropped, unless
+/// [`TempFile::keep`] says it was renamed into place. A write that fails or is abandoned
+/// gives its space back (a full disk, mostly) and leaves no half-written file.
+pub struct TempFile {
+    path: PathBuf,
+    kept: bool,
+}
+
+impl TempFile {
+    /// Creates (or truncates) the file at `path`, which is removed on drop from now on.
+    pub fn create(path: PathBuf) -> io::Result<(TempFile, File)> {
+        let file = File::create(&path)?;
+        Ok((TempFile { path, kept: false }, file))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file was renamed into place: nothing is removed.
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Writes a snapshot file; call [`SnapshotWriter::finish`] to make it visible. Dropped
+/// unfinished (or failing in `finish` before its rename), it removes its temporary file.
 pub struct SnapshotWriter {
     encoder: SnapshotEncoder<BufWriter<File>>,
-    tmp_path: PathBuf,
+    tmp: TempFile,
     final_path: PathBuf,
 }
 
@@ -192,19 +226,19 @@ impl SnapshotWriter {
             path: tmp_path.clone(),
             source,
         };
-        let file = File::create(&tmp_path).map_err(io)?;
+        let (tmp, file) = TempFile::create(tmp_path.clone()).map_err(io)?;
         let encoder =
             SnapshotEncoder::new(BufWriter::with_capacity(1 << 20, file), header).map_err(io)?;
         Ok(SnapshotWriter {
             encoder,
-            tmp_path: tmp_path.clone(),
+            tmp,
             final_path: final_path.to_path_buf(),
         })
     }
 
     /// As [`SnapshotEncoder::append_encoded`].
     pub fn append_encoded(&mut self, encoded: &[u8]) -> Result<()> {
-        let path = &self.tmp_path;
+        let path = &self.tmp.path;
         self.encoder
             .append_encoded(encoded)
             .map_err(|source| SnapshotFileError::Io {
@@ -229,38 +263,24 @@ impl SnapshotWriter {
             path: path.to_path_buf(),
             source,
         };
-        let (out, size, crc) = self.encoder.finish().map_err(|e| io(&self.tmp_path, e))?;
+        let tmp = self.tmp;
+        let (out, size, crc) = self.encoder.finish().map_err(|e| io(tmp.path(), e))?;
         let file = out
             .into_inner()
-            .map_err(|e| io(&self.tmp_path, e.into_error()))?;
-        file.sync_all().map_err(|e| io(&self.tmp_path, e))?;
-        fs::rename(&self.tmp_path, &self.final_path).map_err(|e| io(&self.final_path, e))?;
-        sync_parent(&self.final_path)?;
+            .map_err(|e| io(tmp.path(), e.into_error()))?;
+        file.sync_all().map_err(|e| io(tmp.path(), e))?;
+        fs::rename(tmp.path(), &self.final_path).map_err(|e| io(&self.final_path, e))?;
+        tmp.keep();
+        crate::durable::sync_parent(&self.final_path).map_err(|e| io(&self.final_path, e))?;
         Ok((size, crc))
     }
-}
-
-/// fsyncs the directory holding `path`, so a rename into it is durable.
-pub fn sync_parent(path: &Path) -> Result<()> {
-    if let Some(dir) = path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| SnapshotFileError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })?;
-    }
-    Ok(())
 }
 
 /// Reads a snapshot file record by record, checking structure as it goes.
 pub struct SnapshotReader<R: Read> {
     input: R,
+    /// What the I/O errors name: the file, or `<snapshot>` for any other input.
+    path: PathBuf,
     pub header: SnapshotHeader,
     crc: u32,
     offset: u64,
@@ -273,14 +293,19 @@ impl SnapshotReader<BufReader<File>> {
             path: path.to_path_buf(),
             source,
         })?;
-        SnapshotReader::new(BufReader::with_capacity(1 << 20, file))
+        SnapshotReader::reading(BufReader::with_capacity(1 << 20, file), path.to_path_buf())
     }
 }
 
 impl<R: Read> SnapshotReader<R> {
     pub fn new(input: R) -> Result<Self> {
+        SnapshotReader::reading(input, PathBuf::from("<snapshot>"))
+    }
+
+    fn reading(input: R, path: PathBuf) -> Result<Self> {
         let mut reader = SnapshotReader {
             input,
+            path,
             header: SnapshotHeader {
                 cluster_id: String::new(),
                 last_log_index: 0,
@@ -339,7 +364,7 @@ impl<R: Read> SnapshotReader<R> {
                 Err(self.damaged(format!("file truncated while reading the {what}")))
             }
             Err(source) => Err(SnapshotFileError::Io {
-                path: PathBuf::from("<snapshot>"),
+                path: self.path.clone(),
                 source,
             }),
         }
@@ -398,7 +423,7 @@ impl<R: Read> SnapshotReader<R> {
                 .input
                 .read(&mut extra)
                 .map_err(|source| SnapshotFileError::Io {
-                    path: PathBuf::new(),
+                    path: self.path.clone(),
                     source,
                 })?
                 != 0
@@ -493,6 +518,23 @@ mod tests {
         assert_eq!(h, header(3));
         assert_eq!(names, ["a", "b", "c"]);
         assert!(!path.with_extension("tmp").exists());
+    }
+
+    #[test]
+    fn an_unfinished_snapshot_leaves_no_temporary_file() {
+        // Dropped before `finish` (a failed write, an abandoned one), the writer removes its
+        // temporary file; a finished one is renamed into place. Failed before SnapshotWriter
+        // removed it itself: each caller cleaned up, or not (the offline restore did not).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.snap");
+        let mut w = SnapshotWriter::create(&path, &header(2)).unwrap();
+        w.append(&resource("a")).unwrap();
+        assert!(path.with_extension("tmp").exists());
+        drop(w);
+        assert!(!path.with_extension("tmp").exists());
+        assert!(!path.exists());
+        write(dir.path(), &["a"]);
+        assert!(path.exists() && !path.with_extension("tmp").exists());
     }
 
     #[test]

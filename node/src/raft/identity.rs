@@ -30,34 +30,36 @@ pub struct ClusterIdentity {
     cluster_id: Mutex<String>,
 }
 
-/// Writes `contents` to `path` durably: a crash leaves the old file or the new one.
-fn write_durably(path: &Path, contents: &str) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 /// Reads a small identity file; `None` when it does not exist.
 fn read_small(path: &Path) -> io::Result<Option<String>> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.len() > IDENTITY_FILE_BYTES_MAX => Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{} holds {} bytes, more than an identity file can",
-                path.display(),
-                m.len()
-            ),
-        )),
-        Ok(_) => std::fs::read_to_string(path).map(|s| Some(s.trim().to_string())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+    crate::durable::read_small(path, IDENTITY_FILE_BYTES_MAX)
+}
+
+/// Why a cluster id offered by a peer was not taken.
+#[derive(Debug)]
+pub enum AdoptError {
+    /// This node's id is another (neither id is repeated: they are compared as secrets).
+    OtherCluster,
+    /// This node had none, and the offered one could not be recorded.
+    Persist { path: PathBuf, source: io::Error },
+}
+
+impl std::fmt::Display for AdoptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdoptError::OtherCluster => write!(f, "another cluster's id"),
+            AdoptError::Persist { path, source } => {
+                write!(
+                    f,
+                    "cannot persist the cluster id in {}: {source}",
+                    path.display()
+                )
+            }
+        }
     }
 }
+
+impl std::error::Error for AdoptError {}
 
 impl ClusterIdentity {
     pub fn open(data_dir: &Path) -> io::Result<ClusterIdentity> {
@@ -75,34 +77,61 @@ impl ClusterIdentity {
             .clone()
     }
 
-    /// Sets the cluster id (durably) if none is set yet.
+    /// Sets the cluster id (durably) if none is set yet; an id already set is kept, whatever
+    /// `id` is. For the ids this node is told (by the initializer's bootstrap, the cluster it
+    /// joins, its own snapshot): an id a peer offers goes through [`Self::adopt_or_check`].
     pub fn set(&self, id: &str) -> io::Result<()> {
         let mut current = self.cluster_id.lock().unwrap_or_else(|e| e.into_inner());
         if !current.is_empty() {
             return Ok(());
         }
-        write_durably(&self.dir.join(CLUSTER_ID_FILE_NAME), id)?;
+        self.record(&mut current, id)
+    }
+
+    /// Writes `id` durably, then makes it this node's (under the caller's lock).
+    fn record(&self, current: &mut String, id: &str) -> io::Result<()> {
+        crate::durable::write_atomically(&self.dir.join(CLUSTER_ID_FILE_NAME), id.as_bytes())?;
         *current = id.to_string();
         Ok(())
+    }
+
+    /// Checks a cluster id a peer offers (`theirs`, not empty) against this node's, adopting
+    /// it (durably) when this node has none yet. Compared and set under one lock, so that of
+    /// two different ids offered at once to a node with none, one is adopted and the other
+    /// refused. Compared like the gate's secrets ([`super::peer_gate::same_secret`]).
+    pub fn adopt_or_check(&self, theirs: &str) -> Result<(), AdoptError> {
+        let mut current = self.cluster_id.lock().unwrap_or_else(|e| e.into_inner());
+        if current.is_empty() {
+            return self
+                .record(&mut current, theirs)
+                .map_err(|source| AdoptError::Persist {
+                    path: self.dir.join(CLUSTER_ID_FILE_NAME),
+                    source,
+                });
+        }
+        if super::peer_gate::same_secret(current.as_bytes(), theirs.as_bytes()) {
+            return Ok(());
+        }
+        Err(AdoptError::OtherCluster)
+    }
+
+    /// Whether `theirs` is another cluster's id than this node's (`false` while it has none).
+    /// Reads only: a peer's id is adopted through [`Self::adopt_or_check`].
+    pub fn is_other_cluster(&self, theirs: &str) -> bool {
+        let mine = self.cluster_id();
+        !mine.is_empty() && !super::peer_gate::same_secret(mine.as_bytes(), theirs.as_bytes())
     }
 
     /// Checks the cluster id of a snapshot received from the leader, before
     /// it is installed, adopting it if this node has none yet. The leader's
     /// message already passed the peer gate with this cluster's id; a file
     /// that carries no id (written by a node from before ids were recorded in
-    /// snapshot files) is taken on that ground. Compared like the gate's id
-    /// ([`super::peer_gate::same_secret`]); the refusal repeats neither id.
-    pub fn admit(&self, theirs: &str) -> Result<(), String> {
-        let mine = self.cluster_id();
-        if theirs.is_empty() || super::peer_gate::same_secret(mine.as_bytes(), theirs.as_bytes()) {
+    /// snapshot files) is taken on that ground.
+    pub fn admit(&self, theirs: &str) -> Result<(), AdoptError> {
+        if theirs.is_empty() {
             return Ok(());
         }
-        if mine.is_empty() {
-            return self
-                .set(theirs)
-                .map_err(|e| format!("cannot persist cluster id: {e}"));
-        }
-        Err("the snapshot belongs to another cluster".to_string())
+        self.adopt_or_check(theirs)
     }
 
     /// The node id recorded in the data dir, if any.
@@ -121,7 +150,10 @@ impl ClusterIdentity {
 
     /// Records the node id (durably).
     pub fn record_node_id(&self, id: NodeId) -> io::Result<()> {
-        write_durably(&self.dir.join(NODE_ID_FILE_NAME), &format!("{id}\n"))
+        crate::durable::write_atomically(
+            &self.dir.join(NODE_ID_FILE_NAME),
+            format!("{id}\n").as_bytes(),
+        )
     }
 
     /// The file the node id is recorded in.
@@ -190,6 +222,42 @@ mod tests {
             peer_address: peer.into(),
             client_address: String::new(),
         }
+    }
+
+    #[test]
+    fn a_peer_s_cluster_id_is_adopted_once_and_then_only_checked() {
+        // Of several ids offered at once to a node with none, exactly one is adopted (and
+        // recorded); every other is refused, and so is any other id later.
+        let dir = tempfile::tempdir().unwrap();
+        let identity = std::sync::Arc::new(ClusterIdentity::open(dir.path()).unwrap());
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let offers: Vec<_> = (0..8)
+            .map(|i| {
+                let (identity, barrier) = (identity.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    identity.adopt_or_check(&format!("cluster-{i}")).is_ok()
+                })
+            })
+            .collect();
+        let adopted = offers
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .filter(|ok| *ok)
+            .count();
+        assert_eq!(adopted, 1);
+        let id = identity.cluster_id();
+        assert_eq!(ClusterIdentity::open(dir.path()).unwrap().cluster_id(), id);
+        identity.adopt_or_check(&id).expect("the same id");
+        assert!(matches!(
+            identity.adopt_or_check("another"),
+            Err(AdoptError::OtherCluster)
+        ));
+        assert!(identity.is_other_cluster("another"));
+        assert!(!identity.is_other_cluster(&id));
+        identity
+            .admit("")
+            .expect("a snapshot without an id is taken");
     }
 
     #[test]

@@ -489,11 +489,10 @@ async fn check_stored_state(log_store: &mut LogStore) -> anyhow::Result<()> {
 /// fatal condition (classified); any other error (a locked dir, the wrong engine) is reported
 /// as it is.
 fn start_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> anyhow::Error {
-    use crate::fatal::FatalCause;
-    if FatalCause::is_fatal_log_error(error) {
-        return FatalCause::from_log_error(error, log_dir).into();
+    match crate::fatal::FatalCause::from_log_error(error, log_dir) {
+        Some(cause) => cause.into(),
+        None => anyhow::anyhow!("{error}"),
     }
-    anyhow::anyhow!("{error}")
 }
 
 /// Refuses to start when the log is purged beyond what the loaded snapshot covers: the state
@@ -688,10 +687,16 @@ impl RaftHandle {
     /// then the Raft log's failure, then the state machine's, else the core's own error.
     pub fn fatal_cause(&self, core_error: &str) -> crate::fatal::FatalCause {
         use crate::fatal::FatalCause;
-        let log = self
-            .log_store
-            .failure()
-            .map(|e| FatalCause::from_log_error(&e, &self.log_dir));
+        let log = self.log_store.failure().map(|e| {
+            // A running log stops on any failure: one neither damage nor the operating
+            // system's is a storage failure all the same.
+            FatalCause::from_log_error(&e, &self.log_dir).unwrap_or_else(|| {
+                FatalCause::StorageFailed {
+                    path: self.log_dir.clone(),
+                    doing: e.to_string(),
+                }
+            })
+        });
         let state_machine = self.state_machine.failure();
         let damaged = |c: &Option<FatalCause>| c.as_ref().is_some_and(|c| c.leaves_marker());
         if damaged(&log) {
@@ -823,6 +828,12 @@ impl RaftHandle {
 
     pub fn is_leader(&self) -> bool {
         is_leader(&self.raft, self.node_id)
+    }
+
+    /// The voter this node, leading, would hand leadership to (see
+    /// [`check_quorum::best_successor`]); `None` when there is no other voter.
+    pub fn best_successor(&self) -> Option<NodeId> {
+        check_quorum::best_successor(&self.raft.metrics().borrow(), self.node_id)
     }
 
     pub fn status(&self) -> RaftStatus {

@@ -40,6 +40,7 @@ use openraft::raft::{
 use openraft::{EntryPayload, LogId, Vote};
 use tonic::metadata::MetadataMap;
 
+use super::identity::AdoptError;
 use super::state_machine::ClusterIdentity;
 use super::{Membership, NodeId, NodeInfo, TypeConfig};
 
@@ -429,8 +430,8 @@ impl PeerGate {
         if cluster_id.is_empty() {
             return Err(Refusal::ClusterId);
         }
-        let mine = self.identity.cluster_id();
-        if !mine.is_empty() && !same_secret(mine.as_bytes(), cluster_id.as_bytes()) {
+        // Another cluster's id is refused as such, whether or not the sender is a member.
+        if self.identity.is_other_cluster(cluster_id) {
             return Err(Refusal::ClusterId);
         }
         let known = match (self.membership)() {
@@ -444,13 +445,16 @@ impl PeerGate {
         if !known {
             return Err(Refusal::NotMember { sender });
         }
-        if mine.is_empty() {
-            // A new bootstrap member hears from the initializer (or another
-            // member that learned the id from it) first.
-            self.identity
-                .set(cluster_id)
-                .map_err(|e| Refusal::Internal(format!("cannot persist the cluster id: {e}")))?;
-        }
+        // A new bootstrap member adopts the id of the initializer (or of another member that
+        // learned it from it), heard from first; the check above may be stale by now.
+        self.identity
+            .adopt_or_check(cluster_id)
+            .map_err(|e| match e {
+                AdoptError::OtherCluster => Refusal::ClusterId,
+                AdoptError::Persist { source, .. } => {
+                    Refusal::Internal(format!("cannot persist the cluster id: {source}"))
+                }
+            })?;
         assert!(
             !self.identity.cluster_id().is_empty(),
             "an admitted peer message leaves this node with a cluster id"
@@ -598,6 +602,28 @@ mod tests {
         assert_eq!(g.admit("abc", 1, None), Ok(()));
         assert_eq!(identity.cluster_id(), "abc");
         assert_eq!(g.admit("abd", 1, None), Err(Refusal::ClusterId));
+    }
+
+    #[test]
+    fn of_two_ids_offered_at_once_to_a_new_node_one_is_adopted_and_the_other_refused() {
+        // Another id gets adopted between the gate's look at this node's (none) and its
+        // adoption of the sender's: here by the membership lookup, which runs in between.
+        // The sender is refused, not admitted under the other cluster's id. (Before the fix
+        // the adoption kept the other id without a word and the sender was admitted.)
+        let dir = tempfile::tempdir().unwrap();
+        let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
+        let racer = identity.clone();
+        let g = PeerGate::new(
+            identity.clone(),
+            move || {
+                racer.set("other").unwrap();
+                None
+            },
+            BTreeSet::from([1]),
+        );
+        assert_eq!(g.admit("abc", 1, None), Err(Refusal::ClusterId));
+        assert_eq!(identity.cluster_id(), "other");
+        assert_eq!(g.admit("other", 1, None), Ok(()));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use cairn_proto::error::ApiError;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{EntryPayload, LogId, RaftLogId, StorageError, StorageIOError, StoredMembership};
 
+use super::identity::AdoptError;
 pub use super::identity::ClusterIdentity;
 use super::log_growth::LogGrowth;
 use super::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
@@ -57,10 +58,15 @@ fn storage_error(cause: &FatalCause) -> StorageError<NodeId> {
     StorageIOError::write_state_machine(&io::Error::other(cause.to_string())).into()
 }
 
-/// A snapshot file's I/O failure (the errno decides) or damage, classified.
+/// A failure of the snapshot file at `path` while doing `doing` (writing it, loading it at
+/// start, installing it from the leader), classified: an I/O error by its errno (on the file
+/// it names), anything else as damage of `path`.
 fn snapshot_failure(doing: &str, path: &Path, error: &SnapshotFileError) -> FatalCause {
     match error {
-        SnapshotFileError::Io { path, source } => FatalCause::from_io(doing, path, source),
+        SnapshotFileError::Io {
+            path: io_path,
+            source,
+        } => FatalCause::from_io(doing, io_path, source),
         damage => FatalCause::Corruption {
             file: path.to_path_buf(),
             detail: damage.to_string(),
@@ -82,24 +88,31 @@ fn log_id_of(header: &SnapshotHeader) -> Option<LogId<NodeId>> {
     ))
 }
 
-/// Restores `store` from a verified snapshot file, with the online restore
-/// it was taken in the middle of, if any; nothing changes on error.
-/// Restores `store` from the snapshot file at `path`, once the file is verified, is at
-/// `index`, and `admit` accepts its header: nothing is changed when any of these fails.
+/// Restores `store` from the snapshot file at `path` (with the online restore it was taken
+/// in the middle of, if any), once the file is verified, is at `index` (when given), and
+/// `admit` accepts its header: nothing is changed when any of these fails. Failures are
+/// classified by [`snapshot_failure`], `doing` saying what for; a file whose records
+/// contradict its header or cannot be restored is damaged.
 fn restore_from_file(
     store: &Store,
     path: &Path,
-    index: u64,
-    admit: impl FnOnce(&SnapshotHeader) -> Result<(), String>,
-) -> Result<SnapshotHeader, String> {
-    snapshot_file::verify(path, |_| {}).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut reader = SnapshotReader::open(path).map_err(|e| e.to_string())?;
+    index: Option<u64>,
+    doing: &str,
+    admit: impl FnOnce(&SnapshotHeader) -> Result<(), FatalCause>,
+) -> Result<SnapshotHeader, FatalCause> {
+    let failure = |e: SnapshotFileError| snapshot_failure(doing, path, &e);
+    let damaged = |detail: String| FatalCause::Corruption {
+        file: path.to_path_buf(),
+        detail,
+    };
+    snapshot_file::verify(path, |_| {}).map_err(failure)?;
+    let mut reader = SnapshotReader::open(path).map_err(failure)?;
     let header = reader.header.clone();
-    if header.last_log_index != index {
-        return Err(format!(
-            "snapshot file is at index {}, expected {index}",
+    if let Some(index) = index.filter(|index| *index != header.last_log_index) {
+        return Err(damaged(format!(
+            "the snapshot file is at index {}, expected {index}",
             header.last_log_index
-        ));
+        )));
     }
     admit(&header)?;
     let mut restoration = store.restore();
@@ -117,17 +130,22 @@ fn restore_from_file(
                 };
                 if let Err(e) = added {
                     restoration.abort();
-                    return Err(format!("restoring {}: {e}", path.display()));
+                    return Err(damaged(format!(
+                        "record {} cannot be restored: {e}",
+                        reader.records_read() - 1
+                    )));
                 }
             }
             Ok(None) => break,
             Err(e) => {
                 restoration.abort();
-                return Err(e.to_string());
+                return Err(failure(e));
             }
         }
     }
-    restoration.commit(index).map_err(|e| e.to_string())?;
+    restoration
+        .commit(header.last_log_index)
+        .map_err(|e| damaged(format!("the restored table cannot be committed: {e}")))?;
     Ok(header)
 }
 
@@ -163,17 +181,10 @@ impl StateMachine {
         candidates.sort();
         let mut meta = Meta::default();
         let mut damaged = Vec::new();
-        // Newest first; a damaged newest file falls back to the one before.
+        // Newest first; a damaged newest file falls back to the one before. A file the
+        // operating system fails to read stops the start, classified: it is not damage.
         while let Some(path) = candidates.pop() {
-            let header = match SnapshotReader::open(&path) {
-                Ok(r) => r.header,
-                Err(e) => {
-                    tracing::error!(path = %path.display(), error = %e, "skipping unreadable snapshot");
-                    damaged.push((path.clone(), e.to_string()));
-                    continue;
-                }
-            };
-            match restore_from_file(&store, &path, header.last_log_index, |_| Ok(())) {
+            match restore_from_file(&store, &path, None, "load the snapshot", |_| Ok(())) {
                 Ok(header) => {
                     let membership: Membership = serde_json::from_value(header.membership.clone())?;
                     let last_log_id = log_id_of(&header);
@@ -202,12 +213,11 @@ impl StateMachine {
                         .snapshot_installed(std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0));
                     break;
                 }
-                Err(e) => {
-                    tracing::error!(path = %path.display(), error = %e, "skipping damaged snapshot");
-                    let prefix = format!("{}: ", path.display());
-                    let why = e.strip_prefix(&prefix).map(str::to_string).unwrap_or(e);
-                    damaged.push((path.clone(), why));
+                Err(FatalCause::Corruption { file, detail }) => {
+                    tracing::error!(path = %file.display(), error = %detail, "skipping damaged snapshot");
+                    damaged.push((file, detail));
                 }
+                Err(cause) => return Err(cause.into()),
             }
         }
         Ok(StateMachine {
@@ -257,7 +267,7 @@ impl StateMachine {
         error
     }
 
-    /// Records a failure that is neither the disk's nor damage (a bug, a bad received file).
+    /// Records a failure that is neither the disk's nor damage (a bug).
     fn fail_with(&self, doing: impl std::fmt::Display) -> StorageError<NodeId> {
         self.fail(FatalCause::StorageFailed {
             path: self.shared.dir.clone(),
@@ -347,24 +357,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let write_path = path.clone();
         let (header_index, header_term) = (header.last_log_index, header.last_log_term);
         let started = std::time::Instant::now();
+        // A failed write removes its half-written file (SnapshotWriter's drop).
         let (size_bytes, crc) = tokio::task::spawn_blocking(move || {
             let mut fsm_snapshot = fsm_snapshot;
             let pending = fsm_snapshot.pending.take();
-            let written = SnapshotWriter::create(&write_path, &header).and_then(|mut writer| {
-                // Each record is the stored encoding, written as it is.
-                for resource in fsm_snapshot {
-                    writer.append_encoded(resource.encoded())?;
-                }
-                for resource in pending.into_iter().flatten() {
-                    writer.append_encoded(resource.encoded())?;
-                }
-                writer.finish()
-            });
-            if written.is_err() {
-                // Give back the space of the half-written file (a full disk, mostly).
-                let _ = std::fs::remove_file(write_path.with_extension("tmp"));
+            let mut writer = SnapshotWriter::create(&write_path, &header)?;
+            // Each record is the stored encoding, written as it is.
+            for resource in fsm_snapshot {
+                writer.append_encoded(resource.encoded())?;
             }
-            written
+            for resource in pending.into_iter().flatten() {
+                writer.append_encoded(resource.encoded())?;
+            }
+            writer.finish()
         })
         .await
         .map_err(|e| self.fail_with(format!("the snapshot writer task failed: {e}")))?
@@ -570,20 +575,40 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let store = self.shared.store.clone();
         let identity = self.shared.identity.clone();
         let install_path = final_path.clone();
-        tokio::task::spawn_blocking(move || -> Result<(), String> {
-            restore_from_file(&store, &incoming, last_log_id.index, |header| {
-                identity.admit(&header.cluster_id)
-            })?;
-            std::fs::rename(&incoming, &install_path).map_err(|e| e.to_string())?;
+        let data_dir = self
+            .shared
+            .dir
+            .parent()
+            .unwrap_or(&self.shared.dir)
+            .to_path_buf();
+        tokio::task::spawn_blocking(move || -> Result<(), FatalCause> {
+            const DOING: &str = "install the snapshot received from the leader";
+            let admit = |header: &SnapshotHeader| {
+                identity.admit(&header.cluster_id).map_err(|e| match e {
+                    AdoptError::OtherCluster => FatalCause::DataDirRefused {
+                        reason: format!(
+                            "the snapshot received from the leader ({}) belongs to another \
+                                 cluster than data dir {} (the leader's messages carry this \
+                                 dir's id), and nothing was installed: find the member whose \
+                                 data dir holds another cluster's state before starting this \
+                                 node again",
+                            incoming.display(),
+                            data_dir.display()
+                        ),
+                    },
+                    AdoptError::Persist { path, source } => {
+                        FatalCause::from_io("record the cluster id", &path, &source)
+                    }
+                })
+            };
+            restore_from_file(&store, &incoming, Some(last_log_id.index), DOING, admit)?;
+            std::fs::rename(&incoming, &install_path)
+                .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
             Ok(())
         })
         .await
         .map_err(|e| self.fail_with(format!("the snapshot install task failed: {e}")))?
-        .map_err(|e| {
-            self.fail_with(format!(
-                "install the snapshot received from the leader: {e}"
-            ))
-        })?;
+        .map_err(|cause| self.fail(cause))?;
         self.shared.growth.snapshot_installed(received_bytes);
         super::series::snapshot_installed(started.elapsed(), received_bytes);
         prune_except(&self.shared.dir, &final_path);
@@ -613,6 +638,143 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     snapshot: Box::new(file),
                 }))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn open(dir: &Path, cluster_id: &str) -> StateMachine {
+        let identity = Arc::new(ClusterIdentity::open(dir).unwrap());
+        if !cluster_id.is_empty() {
+            identity.set(cluster_id).unwrap();
+        }
+        StateMachine::open(
+            &dir.join("snapshots"),
+            Store::new(Default::default()),
+            identity,
+            LogGrowth::new(1 << 20),
+        )
+        .unwrap()
+    }
+
+    fn header(cluster_id: &str, index: u64) -> SnapshotHeader {
+        SnapshotHeader {
+            cluster_id: cluster_id.into(),
+            last_log_index: index,
+            last_log_term: 1,
+            last_log_leader_node_id: 1,
+            membership: serde_json::to_value(Membership::default()).unwrap(),
+            resource_count: 0,
+            created_at_unix_ms: 0,
+            applied_initial_entry: false,
+            pending_restore: None,
+        }
+    }
+
+    /// Installs `bytes` as the snapshot at index 5 received from the leader.
+    async fn install(sm: &mut StateMachine, bytes: &[u8]) -> Option<FatalCause> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut file = sm.begin_receiving_snapshot().await.unwrap();
+        file.write_all(bytes).await.unwrap();
+        file.flush().await.unwrap();
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), 5)),
+            last_membership: Membership::default(),
+            snapshot_id: "1-5".into(),
+        };
+        assert!(sm.install_snapshot(&meta, file).await.is_err());
+        sm.failure()
+    }
+
+    fn snapshot_bytes(dir: &Path, header: &SnapshotHeader) -> Vec<u8> {
+        let path = dir.join("made.snap");
+        SnapshotWriter::create(&path, header)
+            .unwrap()
+            .finish()
+            .unwrap();
+        std::fs::read(&path).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_damaged_or_foreign_snapshot_from_the_leader_is_no_disk_failure() {
+        // A received file that fails verification is damage (exit 12, naming the file); one
+        // of another cluster refuses the data dir (exit 15). Before the fix both were
+        // "storage failed" (exit 11, "check the disk").
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = open(dir.path(), "mine");
+        match install(&mut sm, b"not a snapshot").await {
+            Some(FatalCause::Corruption { file, detail }) => {
+                assert!(file.ends_with("snapshots/incoming.part"), "{file:?}");
+                assert!(detail.contains("not a Cairn snapshot"), "{detail}");
+            }
+            other => panic!("expected Corruption, got {other:?}"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let foreign = snapshot_bytes(dir.path(), &header("theirs", 5));
+        let mut sm = open(dir.path(), "mine");
+        match install(&mut sm, &foreign).await {
+            Some(cause @ FatalCause::DataDirRefused { .. }) => {
+                assert_eq!(cause.exit_code(), crate::fatal::exit::DATA_DIR_REFUSED);
+                let line = cause.to_string();
+                assert!(!line.contains("theirs") && !line.contains("mine"), "{line}");
+            }
+            other => panic!("expected DataDirRefused, got {other:?}"),
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = snapshot_bytes(dir.path(), &header("mine", 4));
+        let mut sm = open(dir.path(), "mine");
+        match install(&mut sm, &elsewhere).await {
+            Some(FatalCause::Corruption { detail, .. }) => {
+                assert!(detail.contains("index 4, expected 5"), "{detail}")
+            }
+            other => panic!("expected Corruption, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn at_start_a_damaged_snapshot_is_skipped_and_an_unreadable_one_stops_the_node() {
+        // Damage falls back to the snapshot before, recording why without the path; a file
+        // the operating system fails to read (here a directory: EISDIR) is no damage and
+        // stops the start, classified. Before the fix it was taken for damage: with a log
+        // purged beyond the older snapshot the data dir was then marked damaged.
+        let dir = tempfile::tempdir().unwrap();
+        let snapshots = dir.path().join("snapshots");
+        std::fs::create_dir_all(&snapshots).unwrap();
+        let good = snapshot_path(&snapshots, 5, 1);
+        SnapshotWriter::create(&good, &header("mine", 5))
+            .unwrap()
+            .finish()
+            .unwrap();
+        let damaged = snapshot_path(&snapshots, 9, 1);
+        std::fs::write(&damaged, b"CAIRNSNP damaged").unwrap();
+        let sm = open(dir.path(), "mine");
+        assert_eq!(sm.applied_index(), Some(5));
+        let [(file, why)] = sm.damaged_snapshots() else {
+            panic!("{:?}", sm.damaged_snapshots())
+        };
+        assert_eq!(file, &damaged);
+        assert!(!why.contains(&*damaged.to_string_lossy()), "{why}");
+        std::fs::remove_file(&damaged).unwrap();
+        std::fs::create_dir(&damaged).unwrap();
+        let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
+        let error = StateMachine::open(
+            &snapshots,
+            Store::new(Default::default()),
+            identity,
+            LogGrowth::new(1 << 20),
+        )
+        .err()
+        .expect("an unreadable snapshot stops the start");
+        match error.downcast_ref::<FatalCause>() {
+            Some(cause @ FatalCause::StorageFailed { path, .. }) => {
+                assert_eq!(path, &damaged);
+                assert!(!cause.leaves_marker());
+            }
+            other => panic!("expected StorageFailed, got {other:?} ({error:#})"),
         }
     }
 }

@@ -10,7 +10,8 @@
 //! itself: batching adds no latency when there is nothing to batch.
 //!
 //! One in flight was measured against more (an idle 2-core machine, 64
-//! clients on one connection, 2026-11-21; `docs/benchmarks.md`): 1
+//! clients on one connection, 2026-11-22, before lone writes proposed on
+//! their own task; `docs/benchmarks.md`, changes measured on 2026-11-22): 1
 //! gave 11,700 writes/s at p99 8.0 ms, 2 gave 10,100 at 9.4 ms, 4 gave 9,200
 //! at 10.2 ms; one client's latency was the same for all three.
 //!
@@ -34,7 +35,9 @@
 //! and never stranded: whoever holds the permit, the batcher task is the one
 //! that drains the queue.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use cairn_fsm::{Applied, Command};
@@ -58,7 +61,7 @@ struct Pending {
     encoded: Bytes,
     reply: oneshot::Sender<Outcome>,
     /// When the batcher received it (only with stage timing on).
-    received: Option<std::time::Instant>,
+    received: Option<Instant>,
 }
 
 /// Submits writes and deletes; a background task proposes them. Cheap to
@@ -110,18 +113,9 @@ impl WriteBatcher {
             // here. (Should the caller give up waiting, the permit goes with
             // it while the entry may still be in flight: a second proposal
             // may then overlap it, which openraft allows.)
-            let proposed = self.stages.now();
-            let outcome = propose_entry(&self.raft, self.node_id, encoded).await;
-            if let Some(received) = received {
-                let times = WriteTimes {
-                    received,
-                    batched: proposed,
-                    proposed,
-                };
-                let index = outcome.as_ref().ok().map(|(index, _)| *index);
-                self.stages.record_answered(&times, index, 1);
-            }
-            return outcome;
+            let lone = propose_entry(&self.raft, self.node_id, encoded);
+            let batched = self.stages.now();
+            return propose_timed(&self.stages, [received], batched, lone, applied_index).await;
         }
         let (reply, outcome) = oneshot::channel();
         let pending = Pending {
@@ -167,23 +161,39 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let times: Vec<Option<WriteTimes>> = batch
-            .iter()
-            .map(|p| {
-                p.received.map(|received| WriteTimes {
-                    received,
-                    batched,
-                    proposed: None,
-                })
-            })
-            .collect();
-        let proposed = stages.now();
-        let index = propose_batch(&raft, node_id, batch).await;
-        for mut t in times.into_iter().flatten() {
-            t.proposed = proposed;
-            stages.record_answered(&t, index, 1);
-        }
+        let received: Vec<Option<Instant>> = batch.iter().map(|p| p.received).collect();
+        let proposal = propose_batch(&raft, node_id, batch);
+        propose_timed(&stages, received, batched, proposal, |index| *index).await;
     }
+}
+
+/// Awaits `proposal` (one entry: a lone write, or a batch) and records the stage times of
+/// each of its writes, `received` when each arrived (`None` without stage timing), up to its
+/// answer, with the index the entry was applied at (`index_of` finds it in the result).
+async fn propose_timed<T>(
+    stages: &WriteStages,
+    received: impl IntoIterator<Item = Option<Instant>>,
+    batched: Option<Instant>,
+    proposal: impl Future<Output = T>,
+    index_of: impl FnOnce(&T) -> Option<u64>,
+) -> T {
+    let proposed = stages.now();
+    let result = proposal.await;
+    let index = index_of(&result);
+    for received in received.into_iter().flatten() {
+        let times = WriteTimes {
+            received,
+            batched,
+            proposed,
+        };
+        stages.record_answered(&times, index, 1);
+    }
+    result
+}
+
+/// The index a command was applied at, if it was.
+fn applied_index(outcome: &Outcome) -> Option<u64> {
+    outcome.as_ref().ok().map(|(index, _)| *index)
 }
 
 /// Proposes `batch` as one entry and sends every command its outcome;
@@ -192,7 +202,7 @@ async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) ->
     if batch.len() == 1 {
         let p = batch.pop().expect("one");
         let outcome = propose_entry(raft, node_id, p.encoded).await;
-        let index = outcome.as_ref().ok().map(|(index, _)| *index);
+        let index = applied_index(&outcome);
         let _ = p.reply.send(outcome);
         return index;
     }
