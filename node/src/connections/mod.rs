@@ -205,16 +205,6 @@ impl Activity {
         Some(self.origin + Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst)))
     }
 
-    /// The client sent `request_bytes` bytes of request frames; its frames now owe or not.
-    fn received(&self, request_bytes: u64, frames_owe: bool) {
-        if let Some(receive) = &self.receive {
-            receive
-                .lock()
-                .meter
-                .received(request_bytes, frames_owe, Instant::now());
-        }
-    }
-
     /// A request body's handler starts or stops waiting for its bytes.
     fn body_waiting(&self, waiting: bool) {
         let Some(receive) = &self.receive else {
@@ -229,14 +219,29 @@ impl Activity {
         }
     }
 
-    /// `Err` when the connection is too slow; else when it will be if nothing
-    /// more arrives (`None`: it owes nothing). Registers `reader` to be woken
-    /// when a request body starts waiting.
-    fn check_receive(&self, reader: &Waker, now: Instant) -> Result<Option<Instant>, ()> {
+    /// Whether the connection's port has a minimum receive rate.
+    fn meters_receive(&self) -> bool {
+        self.receive.is_some()
+    }
+
+    /// Under one lock: records `sent` (the bytes of request frames the client
+    /// just sent, and whether its frames now owe), then `Err` when the
+    /// connection is too slow; else when it will be if nothing more arrives
+    /// (`None`: it owes nothing). Registers `reader` to be woken when a
+    /// request body starts waiting.
+    fn check_receive(
+        &self,
+        sent: Option<(u64, bool)>,
+        reader: &Waker,
+        now: Instant,
+    ) -> Result<Option<Instant>, ()> {
         let Some(receive) = &self.receive else {
             return Ok(None);
         };
         let mut receive = receive.lock();
+        if let Some((request_bytes, frames_owe)) = sent {
+            receive.meter.received(request_bytes, frames_owe, now);
+        }
         if !receive.reader.as_ref().is_some_and(|w| w.will_wake(reader)) {
             receive.reader = Some(reader.clone());
         }
@@ -731,13 +736,14 @@ fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
 }
 
 impl Connection {
-    /// Applies the minimum receive rate and the idle timeout: `Err` closes
-    /// the connection. Arms the clock for the next deadline.
-    fn enforce(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        let activity = self.info.activity.clone();
+    /// Records what the client just `sent` (see [`Activity::check_receive`]),
+    /// then applies the minimum receive rate and the idle timeout: `Err`
+    /// closes the connection. Arms the clock for the next deadline.
+    fn enforce(&mut self, cx: &mut Context<'_>, mut sent: Option<(u64, bool)>) -> io::Result<()> {
+        let activity: &Activity = &self.info.activity;
         loop {
             let now = Instant::now();
-            let Ok(mut next) = activity.check_receive(cx.waker(), now) else {
+            let Ok(mut next) = activity.check_receive(sent.take(), cx.waker(), now) else {
                 self.log
                     .offending(self.info.remote_address, &self.limits.too_slow(), false);
                 return Err(io::Error::new(
@@ -812,13 +818,15 @@ impl AsyncRead for Connection {
         }
         let filled = buf.filled().len();
         let polled = Pin::new(&mut this.io).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = polled {
-            let request_bytes = this.frames.feed(&buf.filled()[filled..]);
-            this.info
-                .activity
-                .received(request_bytes, this.frames.owes());
-        }
-        if let Err(e) = this.enforce(cx) {
+        // Frames are followed only where a minimum rate needs them.
+        let sent = match polled {
+            Poll::Ready(Ok(())) if this.info.activity.meters_receive() => {
+                let request_bytes = this.frames.feed(&buf.filled()[filled..]);
+                Some((request_bytes, this.frames.owes()))
+            }
+            _ => None,
+        };
+        if let Err(e) = this.enforce(cx, sent) {
             return Poll::Ready(Err(e));
         }
         polled
