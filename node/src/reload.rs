@@ -129,13 +129,8 @@ impl Reloader {
         match crate::auth::load_node_token(&config.auth) {
             Ok(token) => {
                 self.node_credentials.replace(token.as_ref());
-                let admin = token
-                    .as_ref()
-                    .is_some_and(|t| self.auth.current().token_is_admin(t.secret()));
-                tracing::info!(
-                    admin_here = admin,
-                    "node token reloaded from auth.node_token_file"
-                );
+                tracing::info!("node token reloaded from auth.node_token_file");
+                crate::agent::log_auth_mode(&self.auth.current(), token.as_ref());
             }
             Err(e) => tracing::error!(
                 error = %e,
