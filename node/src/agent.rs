@@ -758,7 +758,10 @@ async fn bootstrap(raft: &RaftHandle, config: &Config) -> anyhow::Result<()> {
 
 /// Says in the log whether the client port requires credentials, and
 /// whether the node token can do what a node needs (at start and reload).
-pub(crate) fn log_auth_mode(auth: &crate::auth::GrantTable, node_token: Option<&cairn_client::BearerToken>) {
+pub(crate) fn log_auth_mode(
+    auth: &crate::auth::GrantTable,
+    node_token: Option<&cairn_client::BearerToken>,
+) {
     if !auth.is_enabled() {
         tracing::warn!(
             "the client port is unauthenticated: no [[auth.grants]] in the config, so any \

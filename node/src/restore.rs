@@ -3,7 +3,7 @@
 //!
 //! The leader receives the upload into a scratch file in its data dir
 //! (bounded by `restore_upload_bytes_max`, never held in memory), verifies the
-//! whole file, then proposes `RestoreBegin`, the resources in chunks of about
+//! whole file and its resources against the node's limits, then proposes `RestoreBegin`, the resources in chunks of about
 //! [`RESTORE_CHUNK_BYTES`], and `RestoreCommit`; on any error after the begin
 //! it proposes `RestoreAbort`. The fsm (`cairn_fsm`, module `restore`) makes
 //! the outcome the same on every node: nothing changes before the commit
@@ -33,7 +33,7 @@ use prost::Message as _;
 use tokio::io::AsyncWriteExt as _;
 
 use crate::raft::RaftHandle;
-use crate::snapshot_file::{self, SnapshotHeader, SnapshotReader};
+use crate::snapshot_file::{self, Section, SnapshotHeader, SnapshotReader};
 
 /// Resources are proposed in chunks of about this many encoded bytes (a
 /// chunk holds at least one resource, so a larger resource makes a larger
@@ -107,11 +107,7 @@ impl Restorer {
                 .await
                 .map_err(|e| internal("writing the upload file", e))?;
             drop(file);
-            let path = self.upload_path.clone();
-            let header = tokio::task::spawn_blocking(move || snapshot_file::verify(&path, |_| {}))
-                .await
-                .map_err(|e| internal("verifying", e))?
-                .map_err(|e| ApiError::invalid("snapshot", e.to_string()))?;
+            let header = self.verify_upload().await?;
             let restore_id = format!(
                 "{}-{}-{:016x}",
                 self.raft.node_id,
@@ -136,6 +132,34 @@ impl Restorer {
         self.set_running(None);
         let _ = std::fs::remove_file(&self.upload_path);
         result
+    }
+
+    /// Verifies the whole upload, and every resource of its table against
+    /// this node's configured limits (the fsm applies a restore against its
+    /// fixed hard bounds only): a refusal comes before anything is proposed.
+    async fn verify_upload(&self) -> Result<SnapshotHeader, ApiError> {
+        let path = self.upload_path.clone();
+        let limits = self.raft.store.limits().clone();
+        let (verified, refused) = tokio::task::spawn_blocking(move || {
+            let mut refused = None;
+            let mut record = 0u64;
+            let verified = snapshot_file::verify(&path, |resource, section| {
+                record += 1;
+                if refused.is_none() && section == Section::Table {
+                    if let Err(e) = cairn_fsm::validate_write(resource, &limits) {
+                        refused = Some(format!("resource {record} of the backup: {e}"));
+                    }
+                }
+            });
+            (verified, refused)
+        })
+        .await
+        .map_err(|e| internal("verifying", e))?;
+        let header = verified.map_err(|e| ApiError::invalid("snapshot", e.to_string()))?;
+        match refused {
+            Some(reason) => Err(ApiError::invalid("snapshot", reason)),
+            None => Ok(header),
+        }
     }
 
     fn set_running(&self, id: Option<String>) {
@@ -163,9 +187,6 @@ impl Restorer {
         // The file is read on a blocking thread, a chunk or two ahead.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<Resource>, ApiError>>(2);
         let path = self.upload_path.clone();
-        // The fsm applies a chunk against its fixed hard bounds only; this
-        // node's configured limits are checked here, before proposing.
-        let limits = self.raft.store.limits().clone();
         let reader = tokio::task::spawn_blocking(move || {
             let mut reader = match SnapshotReader::open(&path) {
                 Ok(r) => r,
@@ -179,13 +200,6 @@ impl Restorer {
             loop {
                 match reader.next_table_resource() {
                     Ok(Some(resource)) => {
-                        if let Err(e) = cairn_fsm::validate_write(&resource, &limits) {
-                            let _ = tx.blocking_send(Err(ApiError::invalid(
-                                "snapshot",
-                                format!("a resource of the backup: {e}"),
-                            )));
-                            return;
-                        }
                         let size = resource.encoded_len();
                         if !chunk.is_empty() && chunk_bytes + size > RESTORE_CHUNK_BYTES {
                             if tx.blocking_send(Ok(std::mem::take(&mut chunk))).is_err() {

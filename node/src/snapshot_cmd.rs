@@ -202,7 +202,7 @@ async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
 
 /// Verifies a whole file; returns its header, size and checksum.
 fn verify_with_checksum(path: &Path) -> Result<(SnapshotHeader, u64, u32), CommandError> {
-    let header = snapshot_file::verify(path, |_| {})?;
+    let header = snapshot_file::verify(path, |_, _| {})?;
     let bytes = std::fs::metadata(path)
         .map_err(|e| io_error(path, e))?
         .len();
@@ -282,7 +282,7 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
         .len();
     // The whole file is verified here first, and again by the leader before anything changes.
     let check = bar(Some(size), "verifying");
-    let header = snapshot_file::verify(file, |_| {});
+    let header = snapshot_file::verify(file, |_, _| {});
     check.finish_and_clear();
     let header = header?;
     let access = crate::cli::access(&args.endpoints)?;
@@ -364,7 +364,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         .map_err(|e| io_error(&args.file, e))?
         .len();
     let check = bar(Some(size), "verifying");
-    let verified = snapshot_file::verify(&args.file, |_| {});
+    let verified = snapshot_file::verify(&args.file, |_, _| {});
     check.finish_and_clear();
     let old = verified?;
     let index = old

@@ -460,12 +460,26 @@ impl<R: Read> SnapshotReader<R> {
 
 /// Reads the whole file and checks its structure and checksum, calling
 /// `visit` on every resource. Nothing is trusted until this returns Ok.
-pub fn verify(path: &Path, mut visit: impl FnMut(&Resource)) -> Result<SnapshotHeader> {
+pub fn verify(path: &Path, mut visit: impl FnMut(&Resource, Section)) -> Result<SnapshotHeader> {
     let mut reader = SnapshotReader::open(path)?;
     while let Some(resource) = reader.next_resource()? {
-        visit(&resource);
+        let section = if reader.records_read() <= reader.header.resource_count {
+            Section::Table
+        } else {
+            Section::PendingRestore
+        };
+        visit(&resource, section);
     }
     Ok(reader.header)
+}
+
+/// The section of a snapshot file a record belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    /// The resource table.
+    Table,
+    /// The resources of a restore pending when the snapshot was taken.
+    PendingRestore,
 }
 
 #[cfg(test)]
@@ -514,7 +528,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), &["a", "b", "c"]);
         let mut names = vec![];
-        let h = verify(&path, |r| names.push(r.id.as_ref().unwrap().name.clone())).unwrap();
+        let h = verify(&path, |r, _| {
+            names.push(r.id.as_ref().unwrap().name.clone())
+        })
+        .unwrap();
         assert_eq!(h, header(3));
         assert_eq!(names, ["a", "b", "c"]);
         assert!(!path.with_extension("tmp").exists());
@@ -546,7 +563,7 @@ mod tests {
         let check = |bytes: Vec<u8>| {
             let p = dir.path().join("bad.snap");
             fs::write(&p, bytes).unwrap();
-            verify(&p, |_| {}).unwrap_err()
+            verify(&p, |_, _| {}).unwrap_err()
         };
         let mut flipped = good.clone();
         let i = good.len() - 20;

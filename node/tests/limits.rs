@@ -458,3 +458,48 @@ async fn a_restore_upload_over_the_limit_is_refused() {
     assert_eq!((limit.as_str(), value), ("restore_upload_bytes_max", 4096));
     bystander_is_served(&address).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_outside_the_limits_is_refused_before_anything_is_proposed() {
+    // A backup taken on a node without limits holds a resource whose name is
+    // over the limited node's name_bytes_max (32). Restoring it there is
+    // INVALID_ARGUMENT naming the resource and the limit, and the node's log
+    // does not move: the backup is checked whole before the restore begins.
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = Cluster::start(options(1));
+    let source_leader = source.wait_for_leader(LEADER_TIMEOUT).await;
+    let source_address = source.node(source_leader).client_address.clone();
+    let mut c = resources(&connection(&source_address).await);
+    write_on(&mut c, thing(&"n".repeat(40), "u1", "", b""))
+        .await
+        .unwrap();
+    let mut saved = AdminServiceClient::new(connection(&source_address).await)
+        .save_snapshot(SaveSnapshotRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut backup = Vec::new();
+    while let Some(chunk) = saved.message().await.unwrap() {
+        backup.extend_from_slice(&chunk.data);
+    }
+    drop((source, source_dir));
+
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, address) = limited_node(&dir).await;
+    let mut admin = AdminServiceClient::new(connection(&address).await);
+    let last_log_index = |s: StatusResponse| s.last_log_index;
+    let before = last_log_index(admin.status(StatusRequest {}).await.unwrap().into_inner());
+    let upload = futures::stream::iter(vec![SnapshotChunk {
+        data: backup.into(),
+    }]);
+    let e = ApiError::from(admin.restore_snapshot(upload).await.unwrap_err());
+    let (field, reason) = invalid_field(e);
+    assert_eq!(field, "snapshot");
+    assert!(
+        reason.contains("resource 1 of the backup") && reason.contains("name_bytes_max"),
+        "{reason}"
+    );
+    let after = last_log_index(admin.status(StatusRequest {}).await.unwrap().into_inner());
+    assert_eq!(after, before, "nothing was proposed");
+    bystander_is_served(&address).await;
+}

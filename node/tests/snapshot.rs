@@ -16,7 +16,7 @@ const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 /// Every resource in a snapshot file, by name.
 fn resources_in(file: &Path) -> std::collections::BTreeMap<String, cairn_proto::v1::Resource> {
     let mut out = std::collections::BTreeMap::new();
-    cairn_node::snapshot_file::verify(file, |r| {
+    cairn_node::snapshot_file::verify(file, |r, _| {
         out.insert(r.id.as_ref().unwrap().name.clone(), r.clone());
     })
     .unwrap();

@@ -105,7 +105,7 @@ fn restore_from_file(
         file: path.to_path_buf(),
         detail,
     };
-    snapshot_file::verify(path, |_| {}).map_err(failure)?;
+    snapshot_file::verify(path, |_, _| {}).map_err(failure)?;
     let mut reader = SnapshotReader::open(path).map_err(failure)?;
     let header = reader.header.clone();
     if let Some(index) = index.filter(|index| *index != header.last_log_index) {
