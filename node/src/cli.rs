@@ -38,6 +38,9 @@ enum Command {
     TransferLeader(TransferArgs),
     /// Load generator: measure a running cluster (write, read, list, mixed, watch).
     Bench(crate::bench::BenchArgs),
+    /// Is this disk, this cluster, fit to run Cairn? `check disk`, `check perf`.
+    #[command(subcommand)]
+    Check(crate::check::CheckCommand),
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
     Snapshot(crate::snapshot_cmd::SnapshotCommand),
@@ -260,6 +263,7 @@ pub fn main() -> ExitCode {
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
         Command::Token(t) => token(t),
         Command::Bench(args) => crate::bench::run(args),
+        Command::Check(c) => crate::check::run(c),
         Command::Tls(t) => crate::tls_init::run(t),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;

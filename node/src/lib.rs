@@ -49,6 +49,7 @@ pub mod admin;
 pub mod agent;
 pub mod auth;
 pub mod bench;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod connections;
