@@ -237,6 +237,59 @@ async fn metrics_move_with_writes_watches_and_elections() {
             "cairn_grpc_request_duration_seconds_count{method=\"/cairn.v1.ResourceService/Write\"}"
         ) >= 20.0
     );
+    // The peer network: on the leader, bytes to and from each follower and heartbeat round
+    // trips to it; on a follower, bytes from the leader. All of them move.
+    let followers: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    let peer_series = |peer: u64| {
+        [
+            format!("cairn_network_peer_sent_bytes_total{{to=\"{peer}\"}}"),
+            format!("cairn_network_peer_received_bytes_total{{from=\"{peer}\"}}"),
+            format!("cairn_network_peer_round_trip_time_seconds_count{{to=\"{peer}\"}}"),
+        ]
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = scrape(&cluster, leader);
+        let moved = followers.iter().all(|f| {
+            peer_series(*f).iter().all(|series| {
+                let was = sample(&before, series).unwrap_or(0.0);
+                sample(&now, series).is_some_and(|v| v > was)
+            })
+        });
+        if moved {
+            assert!(
+                now.contains(&format!(
+                    "cairn_network_peer_round_trip_time_seconds_bucket{{to=\"{}\",le=\"0.0001\"}}",
+                    followers[0]
+                )),
+                "the round trip is a histogram with buckets:\n{now}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the leader's peer series move for {followers:?}:\n{now}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let on_follower = scrape(&cluster, followers[0]);
+    assert!(
+        value(
+            &on_follower,
+            &format!("cairn_network_peer_received_bytes_total{{from=\"{leader}\"}}")
+        ) > 0.0
+    );
+    assert!(
+        value(
+            &on_follower,
+            &format!("cairn_network_peer_sent_bytes_total{{to=\"{leader}\"}}")
+        ) > 0.0
+    );
+
     // A refused call counts under its code.
     let refused = read(&leader_address, "missing", Consistency::Eventual).await;
     assert!(refused.is_err());
