@@ -231,8 +231,7 @@ pub fn exit_code_of(e: &ApiError) -> u8 {
 }
 
 pub fn init_logging(level: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = crate::logging::filter(level);
     // Colours only on a terminal: `cairn dev` and service managers send the
     // log to files, where escape codes are noise.
     let builder = tracing_subscriber::fmt()

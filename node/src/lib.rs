@@ -58,6 +58,7 @@ pub mod fatal;
 pub mod forward;
 pub mod grpc_metrics;
 pub mod limits;
+pub mod logging;
 pub mod ops;
 pub mod raft;
 pub mod reload;
