@@ -96,7 +96,16 @@ struct Health {
 
 impl Health {
     async fn set(&self, serving: bool) {
+        self.set_unless(serving, None).await
+    }
+
+    /// [`Health::set`], unless `stopping` is set: checked under the lock, so that the
+    /// NOT_SERVING a stop sets after setting `stopping` is never overwritten.
+    async fn set_unless(&self, serving: bool, stopping: Option<&AtomicBool>) {
         let mut current = self.serving.lock().await;
+        if stopping.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            return;
+        }
         if *current == Some(serving) {
             return;
         }
@@ -117,6 +126,14 @@ impl Health {
         }
         *current = Some(serving);
     }
+}
+
+/// The address a listener is bound to (the configured one if the socket cannot say).
+fn bound(listener: &tokio::net::TcpListener, configured: &str) -> String {
+    listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| configured.to_string())
 }
 
 async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
@@ -242,6 +259,11 @@ impl Agent {
         );
 
         // Peer port.
+        tracing::info!(
+            address = %bound(&peer_listener, &config.peer_address),
+            tls = tls.is_some(),
+            "serving peers on the peer port (Raft, forwarded requests)"
+        );
         let peer_router = server_builder(&config)
             .add_service(raft.rpc_service())
             .add_service(forwarding.service);
@@ -319,6 +341,11 @@ impl Agent {
             ))
             .add_service(grpc_metrics::wrap(limited.wrap(health_service)))
             .add_service(grpc_metrics::wrap(limited.wrap(reflection)));
+        tracing::info!(
+            address = %bound(&client_listener, &config.client_address),
+            tls = tls.is_some(),
+            "serving clients on the client port (resources, admin, health)"
+        );
         servers.push(tokio::spawn(crate::connections::serve(
             client_listener,
             tls.as_ref().map(|t| t.client_port.clone()),
@@ -362,10 +389,18 @@ impl Agent {
             timeout: Duration::from_millis(config.election_timeout_ms * 2),
         };
         if let Some(listener) = ops_listener {
-            tracing::info!(address = ?listener.local_addr().ok(), "serving /metrics, /livez and /readyz");
+            tracing::info!(
+                address = %bound(&listener, config.metrics_address.as_deref().unwrap_or_default()),
+                "serving /metrics, /livez and /readyz on the ops port (plain HTTP)"
+            );
             servers.push(crate::ops::spawn(listener, probes.clone(), stopped.clone()));
         }
-        tokio::spawn(run_health(probes, health.clone(), fatal.clone()));
+        tokio::spawn(run_health(
+            probes,
+            health.clone(),
+            fatal.clone(),
+            stopping.clone(),
+        ));
 
         Ok(Agent {
             raft,
@@ -690,23 +725,29 @@ async fn watch_core(
 /// Keeps gRPC health current: SERVING while the readiness checks of `ops::Probes` pass,
 /// NOT_SERVING while they fail (both ways, as often as that changes), and for good once a
 /// fatal cause is found.
+/// Ends when a fatal cause is found or the node starts stopping (`stopping`): a stopping
+/// node stays NOT_SERVING, and probing it would only time out against peers already gone.
 async fn run_health(
     probes: crate::ops::Probes,
     health: Arc<Health>,
     mut fatal: watch::Receiver<Option<FatalCause>>,
+    stopping: Arc<AtomicBool>,
 ) {
     loop {
         if fatal.borrow_and_update().is_some() {
             health.set(false).await;
             return;
         }
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
         let verdict = probes.readiness().await;
         if !verdict.passed() {
             tracing::debug!(failures = %verdict.failures(), "not ready");
         }
-        // A fatal cause found while the checks ran wins.
+        // A fatal cause found while the checks ran wins; a stop begun meanwhile too.
         if fatal.borrow().is_none() {
-            health.set(verdict.passed()).await;
+            health.set_unless(verdict.passed(), Some(&stopping)).await;
         }
         // A node that is not ready is checked often, so that it serves as soon as it can; a
         // ready one less often, since each check is a linearizable read.

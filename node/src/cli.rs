@@ -38,6 +38,9 @@ enum Command {
     TransferLeader(TransferArgs),
     /// Load generator: measure a running cluster (write, read, list, mixed, watch).
     Bench(crate::bench::BenchArgs),
+    /// Is this disk, this cluster, fit to run Cairn? `check disk`, `check perf`.
+    #[command(subcommand)]
+    Check(crate::check::CheckCommand),
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
     Snapshot(crate::snapshot_cmd::SnapshotCommand),
@@ -228,8 +231,7 @@ pub fn exit_code_of(e: &ApiError) -> u8 {
 }
 
 pub fn init_logging(level: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = crate::logging::filter(level);
     // Colours only on a terminal: `cairn dev` and service managers send the
     // log to files, where escape codes are noise.
     let builder = tracing_subscriber::fmt()
@@ -260,6 +262,7 @@ pub fn main() -> ExitCode {
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
         Command::Token(t) => token(t),
         Command::Bench(args) => crate::bench::run(args),
+        Command::Check(c) => crate::check::run(c),
         Command::Tls(t) => crate::tls_init::run(t),
         Command::TransferLeader(t) => runtime().block_on(async move {
             let to = t.to;

@@ -273,7 +273,7 @@ impl Default for Config {
             watch_buffers_bytes_max: fsm.watch_buffers_bytes_max,
             request_timeout_ms: 5_000,
             shutdown_timeout_ms: 10_000,
-            log_level: "warn".into(),
+            log_level: "info".into(),
             log_format: LogFormat::Text,
             metrics_address: None,
             ready_apply_lag_entries_max: 1000,

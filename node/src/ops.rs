@@ -51,6 +51,14 @@ pub fn install_recorder() -> anyhow::Result<()> {
             &LATENCY_BUCKETS_SECONDS,
         )
         .context("histogram buckets")?
+        // etcd's peer round-trip time is a histogram too (from 100 µs, doubling).
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(
+                crate::raft::PEER_ROUND_TRIP_TIME.to_string(),
+            ),
+            &LATENCY_BUCKETS_SECONDS,
+        )
+        .context("histogram buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")?;
     let _ = RECORDER.set(handle);

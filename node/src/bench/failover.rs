@@ -16,11 +16,13 @@ use tokio::sync::Mutex;
 
 use super::report::{FailoverFigures, Report};
 use super::{
-    bench_resource, connect, discover, procfs, resource_client, run_id, BenchError, FailoverArgs,
+    bench_resource, cluster_access, connect, discover, procfs, resource_client, run_id, BenchError,
+    FailoverArgs,
 };
 
 pub(crate) async fn run(args: FailoverArgs) -> Result<(), BenchError> {
-    let view = discover(&args.endpoints).await?;
+    let access = cluster_access(&args.cluster)?;
+    let view = discover(&args.cluster.endpoints, &access).await?;
     let old_term = view.statuses.iter().map(|(_, s)| s.term).max().unwrap_or(0);
     let pid = match args.kill_pid {
         Some(p) => p,
@@ -32,6 +34,7 @@ pub(crate) async fn run(args: FailoverArgs) -> Result<(), BenchError> {
         })?,
     };
     let survivors: Vec<String> = args
+        .cluster
         .endpoints
         .iter()
         .filter(|e| **e != view.leader_address)
@@ -45,7 +48,7 @@ pub(crate) async fn run(args: FailoverArgs) -> Result<(), BenchError> {
     let mut clients = BTreeMap::new();
     let mut admins = Vec::new();
     for s in &survivors {
-        let channel = connect(s).await?;
+        let channel = connect(&access, s).await?;
         clients.insert(s.clone(), resource_client(channel.clone()));
         admins.push(AdminServiceClient::new(channel));
     }

@@ -16,13 +16,14 @@ use bytes::Bytes;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, resource_service_client::ResourceServiceClient};
 use hdrhistogram::Histogram;
-use tonic::transport::Channel;
 
 use super::report::{self, Latency, Progress, Report, SelfCpu, ServerWatch};
 use super::{
     bench_id, bench_resource, bench_tenancy, bench_type, connect, key_name, key_of,
-    resource_client, targets, BenchError, ConsistencyArg, FastRng, LoadOptions,
+    resource_client, targets, BenchChannel, BenchError, ConsistencyArg, FastRng, LoadOptions,
 };
+
+type ResourceClient = ResourceServiceClient<BenchChannel>;
 
 /// Which operations a run sends.
 #[derive(Clone, Copy, Debug)]
@@ -92,6 +93,49 @@ pub(crate) struct Shared {
     finished: AtomicU64,
     failed: AtomicU64,
     op_timeout: Duration,
+    /// With `--rate`: the schedule every start takes its slot from.
+    pace: Option<Pace>,
+}
+
+/// `--rate`: operations start at most every `interval`, over all clients. Each start takes
+/// the next slot of one shared schedule and waits for it.
+struct Pace {
+    interval_ns: u64,
+    started: Instant,
+    next_slot_ns: AtomicU64,
+}
+
+impl Pace {
+    fn new(rate: f64) -> Option<Pace> {
+        (rate > 0.0).then(|| Pace {
+            interval_ns: ((1e9 / rate) as u64).max(1),
+            started: Instant::now(),
+            next_slot_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// Waits for this client's next slot. A schedule that fell behind (the cluster was
+    /// slower than the rate) restarts from now instead of bursting to catch up, so the
+    /// rate is never exceeded over any stretch of time.
+    async fn wait(&self) {
+        let now_ns = self.started.elapsed().as_nanos() as u64;
+        let mut next = self.next_slot_ns.load(Ordering::Relaxed);
+        let slot = loop {
+            let slot = next.max(now_ns);
+            match self.next_slot_ns.compare_exchange_weak(
+                next,
+                slot + self.interval_ns,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break slot,
+                Err(current) => next = current,
+            }
+        };
+        if slot > now_ns {
+            tokio::time::sleep_until((self.started + Duration::from_nanos(slot)).into()).await;
+        }
+    }
 }
 
 /// What one client task measured.
@@ -111,11 +155,19 @@ fn error_kind(e: &Result<ApiError, ()>) -> String {
 }
 
 pub(crate) async fn run(options: LoadOptions, mix: Mix) -> Result<(), BenchError> {
+    let output = options.output;
+    measure(options, mix).await?.print(output);
+    Ok(())
+}
+
+/// Runs the workload and returns its report.
+pub(crate) async fn measure(options: LoadOptions, mix: Mix) -> Result<Report, BenchError> {
     options.validate()?;
-    let addresses = targets(&options).await?;
+    let access = options.access()?;
+    let addresses = targets(&options, &access).await?;
     let mut channels = Vec::with_capacity(options.connections);
     for i in 0..options.connections {
-        channels.push(connect(&addresses[i % addresses.len()]).await?);
+        channels.push(connect(&access, &addresses[i % addresses.len()]).await?);
     }
     let shared = Arc::new(Shared {
         value: Bytes::from(vec![b'v'; options.value_bytes]),
@@ -128,6 +180,7 @@ pub(crate) async fn run(options: LoadOptions, mix: Mix) -> Result<(), BenchError
         finished: AtomicU64::new(0),
         failed: AtomicU64::new(0),
         op_timeout: Duration::from_millis(options.op_timeout_ms.max(1)),
+        pace: Pace::new(options.rate),
         options,
         mix,
     });
@@ -136,7 +189,7 @@ pub(crate) async fn run(options: LoadOptions, mix: Mix) -> Result<(), BenchError
         preload(&shared, &channels).await?;
     }
     let options = &shared.options;
-    let mut servers = ServerWatch::start(&options.endpoints, &options.server_pids);
+    let mut servers = ServerWatch::start(&options.cluster.endpoints, &options.server_pids);
 
     let mut tasks = Vec::with_capacity(options.clients);
     for index in 0..options.clients {
@@ -228,23 +281,61 @@ pub(crate) async fn run(options: LoadOptions, mix: Mix) -> Result<(), BenchError
         report.latency.insert(kind.name().into(), Latency::of(h));
     }
     report.servers = servers.finish(window, report.ops);
-    report.print(options.output);
-    Ok(())
+    report.rate = (options.rate > 0.0).then_some(options.rate);
+    Ok(report)
+}
+
+/// Deletes every resource of the bench's type in `options`' namespace (through the
+/// leader); returns how many it deleted. For runs that must not leave their keys behind
+/// (`cairn check perf`).
+pub(crate) async fn remove_keys(options: &LoadOptions) -> Result<u64, BenchError> {
+    let access = options.access()?;
+    let leader = super::discover(&options.cluster.endpoints, &access)
+        .await?
+        .leader_address;
+    let mut client = resource_client(connect(&access, &leader).await?);
+    let timeout = Duration::from_millis(options.op_timeout_ms.max(1));
+    let mut request = tonic::Request::new(pb::ListRequest {
+        r#type: Some(bench_type()),
+        tenancy: Some(bench_tenancy(&options.namespace)),
+        name_prefix: String::new(),
+        consistency: pb::Consistency::Strong as i32,
+        revision: 0,
+    });
+    request.set_timeout(timeout);
+    let listed = client
+        .list(request)
+        .await
+        .map_err(|s| BenchError::Api(ApiError::from_status(&s)))?
+        .into_inner();
+    let mut deleted = 0;
+    for resource in listed.resources {
+        let mut request = tonic::Request::new(pb::DeleteRequest {
+            id: resource.id,
+            version: resource.version,
+        });
+        request.set_timeout(timeout);
+        client
+            .delete(request)
+            .await
+            .map_err(|s| BenchError::Api(ApiError::from_status(&s)))?;
+        deleted += 1;
+    }
+    Ok(deleted)
 }
 
 /// Reads the versions of the bench keys already stored (an earlier run's), so
 /// that the first writes are correct compare-and-sets.
-async fn learn_versions(
-    shared: &Shared,
-    mut client: ResourceServiceClient<Channel>,
-) -> Result<(), BenchError> {
-    let request = pb::ListRequest {
+async fn learn_versions(shared: &Shared, mut client: ResourceClient) -> Result<(), BenchError> {
+    let mut request = tonic::Request::new(pb::ListRequest {
         r#type: Some(bench_type()),
         tenancy: Some(bench_tenancy(&shared.options.namespace)),
         name_prefix: "k".into(),
         consistency: pb::Consistency::Strong as i32,
         revision: 0,
-    };
+    });
+    // A cluster without quorum answers nothing: the run fails instead of waiting for ever.
+    request.set_timeout(shared.op_timeout.max(Duration::from_secs(5)));
     let response = client
         .list(request)
         .await
@@ -262,7 +353,7 @@ async fn learn_versions(
 }
 
 /// Creates every key of the key space that is not stored yet.
-async fn preload(shared: &Arc<Shared>, channels: &[Channel]) -> Result<(), BenchError> {
+async fn preload(shared: &Arc<Shared>, channels: &[BenchChannel]) -> Result<(), BenchError> {
     let missing: Vec<u64> = (0..shared.options.key_space)
         .filter(|k| lock(&shared.versions[*k as usize]).is_empty())
         .collect();
@@ -311,7 +402,7 @@ fn lock(slot: &Mutex<String>) -> std::sync::MutexGuard<'_, String> {
 /// failure or wrong uid, learns the stored version and returns the error.
 async fn write_key(
     shared: &Shared,
-    client: &mut ResourceServiceClient<Channel>,
+    client: &mut ResourceClient,
     k: u64,
 ) -> Result<usize, ApiError> {
     let slot = &shared.versions[k as usize];
@@ -345,7 +436,7 @@ async fn write_key(
 }
 
 /// After a CAS failure: learn the key's stored version (or that it is absent).
-async fn refresh_version(shared: &Shared, client: &mut ResourceServiceClient<Channel>, k: u64) {
+async fn refresh_version(shared: &Shared, client: &mut ResourceClient, k: u64) {
     let request = pb::ReadRequest {
         id: Some(bench_id(&shared.options.namespace, key_name(k))),
         consistency: pb::Consistency::Strong as i32,
@@ -365,7 +456,7 @@ async fn refresh_version(shared: &Shared, client: &mut ResourceServiceClient<Cha
 
 async fn client_task(
     shared: Arc<Shared>,
-    mut client: ResourceServiceClient<Channel>,
+    mut client: ResourceClient,
     index: usize,
 ) -> ClientResult {
     let options = &shared.options;
@@ -385,6 +476,9 @@ async fn client_task(
         stored_bytes: None,
     };
     loop {
+        if let Some(pace) = &shared.pace {
+            pace.wait().await;
+        }
         if shared.stop.load(Ordering::Relaxed) {
             break;
         }
@@ -455,7 +549,7 @@ async fn client_task(
 /// One operation; a write returns the encoded size of the stored resource.
 async fn one_op(
     shared: &Shared,
-    client: &mut ResourceServiceClient<Channel>,
+    client: &mut ResourceClient,
     kind: OpKind,
     k: u64,
 ) -> Result<Option<usize>, ApiError> {

@@ -43,13 +43,20 @@ mod watch;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cairn_client::cli::ClusterArgs;
+use cairn_client::{Access, AuthenticatedChannel};
 use cairn_proto::error::ApiError;
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{self as pb, resource_service_client::ResourceServiceClient};
 use clap::{Args, Subcommand, ValueEnum};
-use tonic::transport::{Channel, Endpoint};
 
 use crate::cli::{exit, Output};
+
+pub(crate) use load::remove_keys;
+pub(crate) use report::Report;
+
+/// A connection to a node that presents the run's credentials (`--token`) on every call.
+pub(crate) type BenchChannel = AuthenticatedChannel;
 
 /// The largest answer the generator accepts (a list of 100,000 resources of
 /// 256 bytes is about 35 MiB).
@@ -112,14 +119,9 @@ impl ConsistencyArg {
 /// Options every load workload shares.
 #[derive(Args, Clone)]
 pub(crate) struct LoadOptions {
-    /// Client addresses of cluster nodes, comma-separated.
-    #[arg(
-        long,
-        env = "CAIRN_ENDPOINTS",
-        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-        value_delimiter = ','
-    )]
-    endpoints: Vec<String>,
+    /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS.
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Concurrent client tasks, each with one operation in flight.
     #[arg(long, default_value_t = 1)]
     clients: usize,
@@ -141,6 +143,10 @@ pub(crate) struct LoadOptions {
     /// Size of each resource's data payload, in bytes.
     #[arg(long = "value-size", default_value_t = 256)]
     value_bytes: usize,
+    /// Start at most this many operations per second over all clients (0: as many as the
+    /// clients can, one at a time each).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
     /// Walk the key space in order (each op the next key) instead of at random.
     #[arg(long)]
     sequential_keys: bool,
@@ -203,14 +209,9 @@ struct WatchArgs {
 
 #[derive(Args)]
 struct FailoverArgs {
-    /// Client addresses of cluster nodes, comma-separated.
-    #[arg(
-        long,
-        env = "CAIRN_ENDPOINTS",
-        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-        value_delimiter = ','
-    )]
-    endpoints: Vec<String>,
+    /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS.
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// The leader's process id (default: the local process listening on the
     /// leader's client address).
     #[arg(long)]
@@ -236,18 +237,19 @@ struct FailoverArgs {
 /// of the bench; they are counted in the report.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum BenchError {
-    #[error("cannot connect to {address}: {source}")]
-    Connect {
-        address: String,
-        source: tonic::transport::Error,
-    },
-    #[error("bad endpoint {address:?}: {source}")]
-    Endpoint {
-        address: String,
-        source: tonic::transport::Error,
-    },
+    /// `reason` names the address (`cairn_client::Access::connect`'s message).
+    #[error("{reason}")]
+    Connect { address: String, reason: String },
+    #[error("bad endpoint {address:?}: {reason}")]
+    Endpoint { address: String, reason: String },
+    /// No endpoint answered; one `endpoint: why` per endpoint.
+    #[error("no endpoint answered: {}", .0.join("; "))]
+    Unreachable(Vec<String>),
     #[error("no leader known to any of {0:?}")]
     NoLeader(Vec<String>),
+    /// `--token` or the TLS flags are unusable.
+    #[error("{0}")]
+    Access(String),
     #[error("{0}")]
     Api(#[from] ApiError),
     #[error("invalid option {option}: {reason}")]
@@ -260,12 +262,16 @@ pub(crate) enum BenchError {
 }
 
 impl BenchError {
-    fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            BenchError::Option { .. } => exit::USAGE,
+            BenchError::Option { .. } | BenchError::Access(_) | BenchError::Endpoint { .. } => {
+                exit::USAGE
+            }
             BenchError::Api(e) => crate::cli::exit_code_of(e),
-            BenchError::Connect { .. } | BenchError::NoLeader(_) => exit::UNAVAILABLE,
-            BenchError::Endpoint { .. } | BenchError::Setup(_) => exit::ERROR,
+            BenchError::Connect { .. } | BenchError::Unreachable(_) | BenchError::NoLeader(_) => {
+                exit::UNAVAILABLE
+            }
+            BenchError::Setup(_) => exit::ERROR,
         }
     }
 }
@@ -323,8 +329,14 @@ impl LoadOptions {
                 reason: reason.into(),
             })
         };
-        if self.endpoints.is_empty() {
+        if self.cluster.endpoints.is_empty() {
             return option("--endpoints", "at least one endpoint is needed");
+        }
+        if !(self.rate >= 0.0 && self.rate <= 10_000_000.0) {
+            return option(
+                "--rate",
+                "must be between 0 and 10,000,000 operations per second",
+            );
         }
         if self.clients == 0 {
             return option("--clients", "must be at least 1");
@@ -346,6 +358,64 @@ impl LoadOptions {
         }
         Ok(())
     }
+
+    /// How to reach the nodes: `--token` and the TLS flags.
+    fn access(&self) -> Result<Access, BenchError> {
+        cluster_access(&self.cluster)
+    }
+
+    /// The options of a standard write load (`cairn check perf`): `clients` clients on as
+    /// many connections, at most `rate` writes per second, for `duration_s` seconds after
+    /// `warmup_s`, over `key_space` keys of `value_bytes` bytes in `namespace`.
+    pub(crate) fn standard_writes(
+        cluster: ClusterArgs,
+        load: StandardLoad,
+        namespace: &str,
+    ) -> LoadOptions {
+        LoadOptions {
+            cluster,
+            clients: load.clients,
+            connections: load.connections,
+            duration_s: load.duration_s,
+            warmup_s: load.warmup_s,
+            max_ops: 10_000_000,
+            key_space: load.key_space,
+            value_bytes: load.value_bytes,
+            rate: load.rate,
+            sequential_keys: false,
+            namespace: namespace.to_string(),
+            target: Target::Leader,
+            op_timeout_ms: 5_000,
+            server_pids: vec![],
+            label: None,
+            output: Output::Table,
+        }
+    }
+}
+
+/// A write load's size, as [`LoadOptions::standard_writes`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StandardLoad {
+    pub clients: usize,
+    pub connections: usize,
+    pub rate: f64,
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub key_space: u64,
+    pub value_bytes: usize,
+}
+
+/// [`ClusterArgs::access`], its error as the bench's.
+fn cluster_access(cluster: &ClusterArgs) -> Result<Access, BenchError> {
+    cluster
+        .access()
+        .map_err(|e| BenchError::Access(e.to_string()))
+}
+
+/// Measures a write load (the `write` workload) and returns its report without printing
+/// it.
+pub(crate) async fn measure_writes(options: LoadOptions) -> Result<Report, BenchError> {
+    load::measure(options, load::Mix::Write).await
 }
 
 /// The bench's resource type.
@@ -404,24 +474,29 @@ fn key_of(name: &str) -> Option<u64> {
         .ok()
 }
 
-/// Opens one HTTP/2 connection to `address` (`host:port`).
-async fn connect(address: &str) -> Result<Channel, BenchError> {
-    Endpoint::from_shared(format!("http://{address}"))
-        .map_err(|source| BenchError::Endpoint {
+/// Opens one HTTP/2 connection to `address` (`host:port`, or `https://host:port`), over TLS
+/// when `access` says so, presenting its credentials on every call.
+async fn connect(access: &Access, address: &str) -> Result<BenchChannel, BenchError> {
+    access
+        .endpoint(address)
+        .map_err(|reason| BenchError::Endpoint {
             address: address.into(),
-            source,
-        })?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(3))
-        .connect()
+            reason,
+        })?;
+    let channel = access
+        .connect(address, Duration::from_secs(3))
         .await
-        .map_err(|source| BenchError::Connect {
+        .map_err(|reason| BenchError::Connect {
             address: address.into(),
-            source,
-        })
+            reason,
+        })?;
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        channel,
+        access.credentials.clone(),
+    ))
 }
 
-fn resource_client(channel: Channel) -> ResourceServiceClient<Channel> {
+fn resource_client(channel: BenchChannel) -> ResourceServiceClient<BenchChannel> {
     ResourceServiceClient::new(channel).max_decoding_message_size(DECODE_BYTES_MAX)
 }
 
@@ -433,14 +508,21 @@ pub(crate) struct ClusterView {
     pub statuses: Vec<(String, pb::StatusResponse)>,
 }
 
-/// Asks every endpoint for its status and finds the leader's client address.
-async fn discover(endpoints: &[String]) -> Result<ClusterView, BenchError> {
+/// Asks every endpoint for its status and finds the leader's client address. None
+/// answering is [`BenchError::Unreachable`], naming each endpoint and why; a refused
+/// credential is that refusal (every node would refuse it alike).
+async fn discover(endpoints: &[String], access: &Access) -> Result<ClusterView, BenchError> {
     let mut statuses = Vec::new();
+    let mut failures = Vec::new();
     for endpoint in endpoints {
-        if let Ok(s) = crate::cli::fetch_status(endpoint, &cairn_client::Access::plaintext()).await
-        {
-            statuses.push((endpoint.clone(), s));
+        match crate::cli::fetch_status(endpoint, access).await {
+            Ok(s) => statuses.push((endpoint.clone(), s)),
+            Err(e) if e.is_credential_refusal() => return Err(BenchError::Api(e)),
+            Err(e) => failures.push(format!("{endpoint}: {e}")),
         }
+    }
+    if statuses.is_empty() {
+        return Err(BenchError::Unreachable(failures));
     }
     for (_, s) in &statuses {
         if s.leader_id == 0 {
@@ -458,10 +540,11 @@ async fn discover(endpoints: &[String]) -> Result<ClusterView, BenchError> {
 }
 
 /// The addresses requests go to, per `--target`.
-async fn targets(options: &LoadOptions) -> Result<Vec<String>, BenchError> {
+async fn targets(options: &LoadOptions, access: &Access) -> Result<Vec<String>, BenchError> {
+    let endpoints = &options.cluster.endpoints;
     match options.target {
-        Target::All => Ok(options.endpoints.clone()),
-        Target::Leader => Ok(vec![discover(&options.endpoints).await?.leader_address]),
+        Target::All => Ok(endpoints.clone()),
+        Target::Leader => Ok(vec![discover(endpoints, access).await?.leader_address]),
     }
 }
 

@@ -206,6 +206,8 @@ pub(crate) struct Report {
     pub consistency: Option<String>,
     pub clients: usize,
     pub connections: usize,
+    /// `--rate`: the most operations started per second, when limited.
+    pub rate: Option<f64>,
     pub targets: Vec<String>,
     pub value_bytes: usize,
     pub key_space: u64,
@@ -233,6 +235,7 @@ impl Report {
             consistency: None,
             clients: 0,
             connections: 0,
+            rate: None,
             targets: vec![],
             value_bytes: 0,
             key_space: 0,
@@ -291,8 +294,11 @@ impl Report {
         }
         println!("{head}");
         if self.failover.is_none() {
+            let rate = self
+                .rate
+                .map_or(String::new(), |r| format!("  rate {r} ops/s"));
             println!(
-                "clients {}  connections {}  value {} B  key space {}  targets {}",
+                "clients {}  connections {}{rate}  value {} B  key space {}  targets {}",
                 self.clients,
                 self.connections,
                 self.value_bytes,

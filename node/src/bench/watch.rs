@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, watch_event};
-use tonic::transport::Channel;
 
 use super::report::{self, Latency, Progress, Report, SelfCpu, ServerWatch, WatchFigures};
 use super::{
     bench_resource, bench_tenancy, bench_type, connect, resource_client, run_id, targets,
-    BenchError, FastRng, LoadOptions, WATCHERS_PER_CONNECTION,
+    BenchChannel, BenchError, FastRng, LoadOptions, WATCHERS_PER_CONNECTION,
 };
+
+type ResourceClient = cairn_proto::v1::resource_service_client::ResourceServiceClient<BenchChannel>;
 
 /// How long watchers may lag behind the last write before the run ends.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,22 +62,24 @@ pub(crate) async fn run(
         });
     }
     let prefix = format!("w{}-", run_id());
-    let writer_addresses = targets(&options).await?;
+    let access = options.access()?;
+    let writer_addresses = targets(&options, &access).await?;
     let mut writer_channels = Vec::new();
     for i in 0..options.connections {
-        writer_channels.push(connect(&writer_addresses[i % writer_addresses.len()]).await?);
+        writer_channels
+            .push(connect(&access, &writer_addresses[i % writer_addresses.len()]).await?);
     }
     // Watch connections: per endpoint, enough for its share of the watchers.
-    let endpoints = &options.endpoints;
+    let endpoints = &options.cluster.endpoints;
     let per_endpoint = watchers
         .div_ceil(endpoints.len())
         .div_ceil(WATCHERS_PER_CONNECTION)
         .max(1);
-    let mut watch_channels: Vec<Vec<Channel>> = Vec::new();
+    let mut watch_channels: Vec<Vec<BenchChannel>> = Vec::new();
     for e in endpoints {
         let mut list = Vec::new();
         for _ in 0..per_endpoint {
-            list.push(connect(e).await?);
+            list.push(connect(&access, e).await?);
         }
         watch_channels.push(list);
     }
@@ -260,7 +263,7 @@ pub(crate) async fn run(
 /// revision and receipt time of every upsert until told to stop.
 async fn watcher(
     shared: Arc<WatchShared>,
-    channel: Channel,
+    channel: BenchChannel,
     request: pb::WatchListRequest,
 ) -> Result<Vec<(u64, Instant)>, ApiError> {
     let mut client = resource_client(channel);
@@ -314,7 +317,7 @@ struct WriterPlan {
 /// Writes one resource (its own name) every `interval` until the deadline or
 /// the op cap; compare-and-set on the version it last wrote.
 async fn writer(
-    mut client: cairn_proto::v1::resource_service_client::ResourceServiceClient<Channel>,
+    mut client: ResourceClient,
     shared: Arc<WatchShared>,
     claimed: Arc<AtomicU64>,
     plan: WriterPlan,
@@ -387,10 +390,7 @@ async fn writer(
 
 /// After a failed or timed-out write (whose outcome is unknown): the version
 /// stored now ("" = none), or None when it cannot be read.
-async fn stored_version(
-    client: &mut cairn_proto::v1::resource_service_client::ResourceServiceClient<Channel>,
-    plan: &WriterPlan,
-) -> Option<String> {
+async fn stored_version(client: &mut ResourceClient, plan: &WriterPlan) -> Option<String> {
     let request = pb::ReadRequest {
         id: Some(super::bench_id(&plan.namespace, plan.name.clone())),
         consistency: pb::Consistency::Strong as i32,

@@ -35,7 +35,7 @@ pub use network::{
     decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits, DECODE_BYTES_MAX,
 };
 pub use peer_gate::PeerGate;
-pub use series::describe_metrics;
+pub use series::{describe_metrics, PEER_ROUND_TRIP_TIME};
 pub use state_machine::StateMachine;
 
 /// A member's addresses, as stored in the Raft membership.

@@ -29,6 +29,15 @@
 //! `peer_message_bytes_max` plus [`SMALL_MESSAGE_ROOM_BYTES`]; over it a message is refused
 //! with UNAVAILABLE at once (the sender backs off), so a follower whose core is stuck does
 //! not pile up retries in memory.
+//!
+//! **Series** (when metrics are recorded, `series::PeerSeries`): the bytes of every Raft
+//! message sent to and received from each peer, requests and replies alike (the encoded
+//! `RaftMessage`, without gRPC, HTTP/2 or TLS framing), and the round-trip time of
+//! heartbeats, AppendEntries without entries, which a follower answers without touching its
+//! disk (as etcd's prober measures the network alone). A message received is counted once the
+//! peer gate admitted its sender, so only members ever become labels. A message sent is
+//! counted unless it could not be delivered (UNAVAILABLE: no connection, or the peer was
+//! busy).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,12 +58,14 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use prost::Message as _;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
 use super::peer_gate::{self, PeerGate, Refusal};
+use super::series::{PeerSeries, PeerSeriesMap};
 use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
@@ -159,6 +170,8 @@ pub struct Network {
     stages: Arc<WriteStages>,
     /// Dial peers over mutual TLS with this (`None`: plaintext).
     tls: Option<cairn_tls::ClientTls>,
+    /// Per peer, its network series (`None`: metrics are not recorded).
+    series: Option<Arc<PeerSeriesMap>>,
 }
 
 impl Network {
@@ -176,6 +189,7 @@ impl Network {
             in_flight: Arc::new(Mutex::new(HashMap::new())),
             stages: Arc::new(WriteStages::new(false)),
             tls,
+            series: PeerSeriesMap::when_recording(),
         }
     }
 
@@ -210,6 +224,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerClient {
         PeerClient {
             target,
+            series: self.series.as_ref().map(|peers| peers.of(target)),
             network: self.clone(),
             peer_address: node.peer_address.clone(),
         }
@@ -221,15 +236,20 @@ pub struct PeerClient {
     target: NodeId,
     network: Network,
     peer_address: String,
+    /// This peer's series, when metrics are recorded.
+    series: Option<Arc<PeerSeries>>,
 }
 
 impl PeerClient {
     /// Sends one encoded message and waits for its reply's payload, for at most `timeout`.
+    /// `heartbeat`: the message is an AppendEntries without entries, whose round trip is
+    /// recorded.
     fn send(
         &self,
         method: Method,
         payload: Bytes,
         timeout: Duration,
+        heartbeat: bool,
     ) -> impl std::future::Future<Output = SendResult> + Send + 'static {
         let channel = self.network.channel(&self.peer_address);
         let message_bytes_max = self.network.message_bytes_max;
@@ -238,12 +258,15 @@ impl PeerClient {
             payload,
             sender_node_id: self.network.node_id,
         };
+        let series = self.series.clone();
         async move {
             // A peer that cannot be dialled is unreachable: openraft backs off (`finish`).
             let channel = channel.map_err(tonic::Status::unavailable)?;
             let mut client = RaftServiceClient::new(channel)
                 .max_decoding_message_size(message_bytes_max)
                 .max_encoding_message_size(message_bytes_max);
+            let sent_bytes = series.as_ref().map_or(0, |_| envelope.encoded_len());
+            let started = (heartbeat && series.is_some()).then(tokio::time::Instant::now);
             let mut request = tonic::Request::new(envelope);
             request.set_timeout(timeout);
             let response = match method {
@@ -251,6 +274,21 @@ impl PeerClient {
                 Method::Vote => client.vote(request).await,
                 Method::InstallSnapshot => client.install_snapshot(request).await,
             };
+            if let Some(series) = &series {
+                match &response {
+                    Ok(reply) => {
+                        series.sent(sent_bytes);
+                        series.received(reply.get_ref().encoded_len());
+                        if let Some(started) = started {
+                            series.round_trip(started.elapsed());
+                        }
+                    }
+                    Err(status) if status.code() != tonic::Code::Unavailable => {
+                        series.sent(sent_bytes)
+                    }
+                    Err(_) => {}
+                }
+            }
             Ok(response?.into_inner().payload)
         }
     }
@@ -299,7 +337,11 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let payload = encode(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let result = self.send(method, payload, option.hard_ttl()).await;
+        // AppendEntries come here only without entries (see `append_entries`): heartbeats.
+        let heartbeat = matches!(method, Method::AppendEntries);
+        let result = self
+            .send(method, payload, option.hard_ttl(), heartbeat)
+            .await;
         self.finish(result, check_reply)
     }
 
@@ -335,7 +377,7 @@ impl PeerClient {
                     let bytes = payload.len();
                     let deadline = transfer_timeout(option.hard_ttl(), bytes);
                     let (tell, answer) = watch::channel(None);
-                    let send = self.send(Method::AppendEntries, payload, deadline);
+                    let send = self.send(Method::AppendEntries, payload, deadline, false);
                     let task = tokio::spawn(async move {
                         let result = send.await;
                         let _ = tell.send(Some(result));
@@ -537,6 +579,8 @@ pub struct RaftRpcService {
     gate: Arc<PeerGate>,
     limits: RaftServerLimits,
     budgets: Arc<SenderBudgets>,
+    /// Per sender, its network series (`None`: metrics are not recorded).
+    series: Option<Arc<PeerSeriesMap>>,
 }
 
 impl RaftRpcService {
@@ -552,6 +596,31 @@ impl RaftRpcService {
             gate,
             budgets: Arc::new(SenderBudgets::new(limits.message_bytes_max)),
             limits,
+            series: PeerSeriesMap::when_recording(),
+        }
+    }
+
+    /// The size of a message received, when it will be counted (metrics are recorded).
+    fn received_bytes(&self, request: &tonic::Request<RaftMessage>) -> Option<usize> {
+        self.series
+            .as_ref()
+            .map(|_| request.get_ref().encoded_len())
+    }
+
+    /// Counts an admitted message of `sender` (`received` bytes) and the reply to it.
+    fn count(
+        &self,
+        sender: NodeId,
+        received: Option<usize>,
+        reply: &Result<tonic::Response<RaftMessage>, tonic::Status>,
+    ) {
+        let (Some(peers), Some(received)) = (&self.series, received) else {
+            return;
+        };
+        let series = peers.of(sender);
+        series.received(received);
+        if let Ok(reply) = reply {
+            series.sent(reply.get_ref().encoded_len());
         }
     }
 
@@ -629,22 +698,34 @@ impl RaftService for RaftRpcService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let entries_max = self.limits.entries_max;
+        let (sender, received) = (
+            request.get_ref().sender_node_id,
+            self.received_bytes(&request),
+        );
         // The budget is held until the core has answered.
         let (rpc, _budget): (AppendEntriesRequest<TypeConfig>, _) =
             self.admit_within_budget(request, true, |rpc, sender| {
                 peer_gate::check_append_entries(rpc, sender, entries_max)
             })?;
         let result = self.raft.append_entries(rpc).await;
-        self.reply(&result)
+        let reply = self.reply(&result);
+        self.count(sender, received, &reply);
+        reply
     }
 
     async fn vote(
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let (sender, received) = (
+            request.get_ref().sender_node_id,
+            self.received_bytes(&request),
+        );
         let rpc: VoteRequest<NodeId> = self.admit(request, peer_gate::check_vote_request)?;
         let result = self.raft.vote(rpc).await;
-        self.reply(&result)
+        let reply = self.reply(&result);
+        self.count(sender, received, &reply);
+        reply
     }
 
     async fn install_snapshot(
@@ -652,12 +733,18 @@ impl RaftService for RaftRpcService {
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let chunk_max = self.limits.snapshot_chunk_bytes_max;
+        let (sender, received) = (
+            request.get_ref().sender_node_id,
+            self.received_bytes(&request),
+        );
         let (rpc, _budget): (InstallSnapshotRequest<TypeConfig>, _) =
             self.admit_within_budget(request, true, |rpc, sender| {
                 peer_gate::check_install_snapshot(rpc, sender, chunk_max)
             })?;
         let result = self.raft.install_snapshot(rpc).await;
-        self.reply(&result)
+        let reply = self.reply(&result);
+        self.count(sender, received, &reply);
+        reply
     }
 }
 

@@ -1,0 +1,593 @@
+//! `cairn check disk` and `cairn check perf`: is this machine, is this cluster, fit to run
+//! Cairn? Both state their thresholds, print the figures they measured and a verdict, and
+//! exit 0 when it passes.
+//!
+//! - `check disk [--data-dir DIR]` measures what a node's write-ahead log waits for: small
+//!   appends to a preallocated file, each followed by `fdatasync`, as the WAL does. The
+//!   threshold is etcd's guidance for its WAL: the 99th percentile of `fdatasync` under
+//!   [`DISK_FSYNC_P99_MAX`] (10 ms). A slower disk delays every acknowledged write and, past
+//!   the heartbeat interval, leadership itself. Exit 0 fit, 1 unfit, 2 when the directory is
+//!   not one.
+//! - `check perf [--load s|m|l]` runs a short standard write load against a running cluster
+//!   with `cairn bench`'s load generator (closed loop, paced to the load's rate, through the
+//!   leader) in the namespace `check-perf`, like `etcdctl check perf`: PASS when the cluster
+//!   sustains at least 90% of the rate with a p99 latency within the load's bound and no
+//!   failed write. Its resources are deleted afterwards. Exit 0 PASS, 1 FAIL, and the usual
+//!   codes (5 unavailable, 6 not authorized, ...) when the load could not run.
+
+use std::os::unix::fs::FileExt as _;
+use std::os::unix::io::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use crate::bench::{BenchError, LoadOptions, Report, StandardLoad};
+use crate::cli::exit;
+
+/// etcd's guidance for WAL fsync: "the 99th percentile of fdatasync … less than 10 ms".
+pub const DISK_FSYNC_P99_MAX: Duration = Duration::from_millis(10);
+
+/// The namespace `check perf` writes in (resources of type `bench.v1.Item`).
+pub const PERF_NAMESPACE: &str = "check-perf";
+
+#[derive(Subcommand)]
+pub enum CheckCommand {
+    /// Measure fdatasync latency of small appends in a directory: is it fit for a data dir?
+    Disk(DiskArgs),
+    /// Run a short standard write load against a running cluster: PASS or FAIL.
+    Perf(PerfArgs),
+}
+
+#[derive(Args)]
+pub struct DiskArgs {
+    /// The directory to measure: a data dir, or where one will be (it must exist).
+    #[arg(long, default_value = ".")]
+    data_dir: PathBuf,
+    /// Appends to make, each followed by fdatasync.
+    #[arg(long, default_value_t = 1000)]
+    count: u32,
+    /// Bytes of each append (etcd's fio guidance writes 2300-byte blocks).
+    #[arg(long, default_value_t = 2300)]
+    block_bytes: usize,
+    /// Stop after this many seconds, whatever the count (the verdict then uses what was
+    /// measured).
+    #[arg(long, default_value_t = 30.0)]
+    duration_max: f64,
+}
+
+#[derive(Args)]
+pub struct PerfArgs {
+    /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS. The token needs
+    /// `admin` (to find the leader) and `write` on `bench.Item` in `default/check-perf`.
+    #[command(flatten)]
+    cluster: cairn_client::cli::ClusterArgs,
+    /// The load: s (50 clients, 150 writes/s), m (200 clients, 1000 writes/s) or l (500
+    /// clients, 8000 writes/s).
+    #[arg(long, value_enum, default_value = "s")]
+    load: LoadSize,
+    /// Seconds of measured load (after one second of warm-up).
+    #[arg(long, default_value_t = 30.0)]
+    duration: f64,
+}
+
+pub fn run(command: CheckCommand) -> u8 {
+    match command {
+        CheckCommand::Disk(args) => disk(args),
+        CheckCommand::Perf(args) => perf(args),
+    }
+}
+
+// ---- check disk -------------------------------------------------------------------------
+
+/// What `check disk` measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiskFigures {
+    pub count: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+    pub elapsed: Duration,
+}
+
+impl DiskFigures {
+    /// The figures of these `fdatasync` latencies (nearest-rank percentiles).
+    pub fn of(mut latencies: Vec<Duration>, elapsed: Duration) -> DiskFigures {
+        latencies.sort_unstable();
+        let at = |q: f64| -> Duration {
+            if latencies.is_empty() {
+                return Duration::ZERO;
+            }
+            let rank = (q * latencies.len() as f64).ceil() as usize;
+            latencies[rank.clamp(1, latencies.len()) - 1]
+        };
+        DiskFigures {
+            count: latencies.len(),
+            p50: at(0.50),
+            p99: at(0.99),
+            max: latencies.last().copied().unwrap_or_default(),
+            elapsed,
+        }
+    }
+}
+
+/// Whether a directory is fit for a data dir, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskVerdict {
+    pub fit: bool,
+    pub reason: String,
+}
+
+/// The decision of `check disk`: fit when at least one sync was measured and the p99 of
+/// `fdatasync` is at most `p99_max`.
+pub fn disk_verdict(figures: &DiskFigures, p99_max: Duration) -> DiskVerdict {
+    if figures.count == 0 {
+        return DiskVerdict {
+            fit: false,
+            reason: "no fdatasync finished in the time allowed".into(),
+        };
+    }
+    let fit = figures.p99 <= p99_max;
+    let reason = format!(
+        "fdatasync p99 {} is {} {}",
+        ms(figures.p99),
+        if fit { "within" } else { "above" },
+        ms(p99_max)
+    );
+    DiskVerdict { fit, reason }
+}
+
+/// A latency for people: µs under 0.1 ms (a tmpfs sync takes a microsecond), else ms.
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms < 0.1 {
+        format!("{:.1} µs", ms * 1000.0)
+    } else if ms < 10.0 {
+        format!("{ms:.3} ms")
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+/// The measurement's file: removed when dropped.
+struct ProbeFile {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl Drop for ProbeFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl ProbeFile {
+    fn create(dir: &Path, bytes: u64) -> std::io::Result<ProbeFile> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = dir.join(format!(
+            ".cairn-check-disk-{}-{nanos:x}",
+            std::process::id()
+        ));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let probe = ProbeFile { path, file };
+        // As a WAL segment: space reserved first, so that each sync writes data, not a
+        // growing file's size.
+        let len = libc::off_t::try_from(bytes).map_err(std::io::Error::other)?;
+        // SAFETY: fallocate on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::fallocate(probe.file.as_raw_fd(), 0, 0, len) } != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(error);
+            }
+            probe.file.set_len(bytes)?;
+        }
+        probe.file.sync_all()?;
+        Ok(probe)
+    }
+}
+
+fn disk(args: DiskArgs) -> u8 {
+    let dir = &args.data_dir;
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            eprintln!(
+                "cairn check disk: --data-dir {}: not a directory",
+                dir.display()
+            );
+            return exit::USAGE;
+        }
+        Err(e) => {
+            eprintln!("cairn check disk: --data-dir {}: {e}", dir.display());
+            return exit::USAGE;
+        }
+    }
+    if args.count == 0 || args.block_bytes == 0 || args.block_bytes > 16 << 20 {
+        eprintln!(
+            "cairn check disk: --count must be at least 1 and --block-bytes between 1 and 16 MiB"
+        );
+        return exit::USAGE;
+    }
+    if !(args.duration_max > 0.0 && args.duration_max <= 3600.0) {
+        eprintln!("cairn check disk: --duration-max must be between 0 and 3600 seconds");
+        return exit::USAGE;
+    }
+    println!(
+        "check disk: {}: {} appends of {} bytes, each followed by fdatasync (as the WAL does)",
+        dir.display(),
+        args.count,
+        args.block_bytes
+    );
+    println!(
+        "threshold: fdatasync p99 at most {} (etcd's guidance for a write-ahead log)",
+        ms(DISK_FSYNC_P99_MAX)
+    );
+    let figures = match measure_disk(&args) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cairn check disk: {}: {e}", dir.display());
+            return exit::ERROR;
+        }
+    };
+    println!(
+        "fdatasync: p50 {}  p99 {}  max {}  ({} syncs in {:.2} s)",
+        ms(figures.p50),
+        ms(figures.p99),
+        ms(figures.max),
+        figures.count,
+        figures.elapsed.as_secs_f64()
+    );
+    if (figures.count as u32) < args.count {
+        println!(
+            "(stopped after {} s: {} of {} syncs made)",
+            args.duration_max, figures.count, args.count
+        );
+    }
+    let verdict = disk_verdict(&figures, DISK_FSYNC_P99_MAX);
+    if verdict.fit {
+        println!("PASS: fit for a data dir: {}", verdict.reason);
+        exit::OK
+    } else {
+        println!(
+            "FAIL: not fit for a data dir: {}; every write waits for this sync, and a slow \
+             one delays heartbeats and elections",
+            verdict.reason
+        );
+        exit::ERROR
+    }
+}
+
+fn measure_disk(args: &DiskArgs) -> std::io::Result<DiskFigures> {
+    let count = args.count as u64;
+    let block = vec![0xA5u8; args.block_bytes];
+    let probe = ProbeFile::create(&args.data_dir, count * args.block_bytes as u64)?;
+    let progress = indicatif::ProgressBar::new(count);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("fdatasync [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.duration_max);
+    let mut latencies = Vec::with_capacity(args.count as usize);
+    for i in 0..count {
+        if Instant::now() >= deadline {
+            break;
+        }
+        probe
+            .file
+            .write_all_at(&block, i * args.block_bytes as u64)?;
+        let sync = Instant::now();
+        probe.file.sync_data()?;
+        latencies.push(sync.elapsed());
+        if i % 16 == 0 {
+            progress.set_position(i + 1);
+        }
+    }
+    progress.finish_and_clear();
+    Ok(DiskFigures::of(latencies, started.elapsed()))
+}
+
+// ---- check perf -------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LoadSize {
+    S,
+    M,
+    L,
+}
+
+/// A standard load and its thresholds (etcd's sizes: the same clients and rates).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerfLoad {
+    pub name: &'static str,
+    pub clients: usize,
+    /// Writes started per second, over all clients.
+    pub rate: f64,
+    /// The least throughput that passes, in writes per second (90% of the rate).
+    pub throughput_min: f64,
+    /// The highest p99 write latency that passes.
+    pub p99_max: Duration,
+}
+
+impl LoadSize {
+    pub fn load(self) -> PerfLoad {
+        let (name, clients, rate) = match self {
+            LoadSize::S => ("s", 50, 150.0),
+            LoadSize::M => ("m", 200, 1000.0),
+            LoadSize::L => ("l", 500, 8000.0),
+        };
+        PerfLoad {
+            name,
+            clients,
+            rate,
+            throughput_min: rate * 0.9,
+            p99_max: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What `check perf` measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerfFigures {
+    /// Acknowledged writes per second over the window.
+    pub throughput: f64,
+    pub p99: Duration,
+    pub writes: u64,
+    pub failed: u64,
+}
+
+impl PerfFigures {
+    fn of(report: &Report) -> PerfFigures {
+        let p99_ms = report.latency.get("write").map_or(0.0, |l| l.p99_ms);
+        PerfFigures {
+            throughput: report.ops_per_s,
+            p99: Duration::from_secs_f64(p99_ms / 1000.0),
+            writes: report.ops,
+            failed: report.errors.values().sum(),
+        }
+    }
+}
+
+/// One line of the verdict: a threshold, met or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerfLine {
+    pub pass: bool,
+    pub text: String,
+}
+
+/// The decision of `check perf`: one line per threshold; it passes when every line does.
+pub fn perf_verdict(load: &PerfLoad, figures: &PerfFigures) -> Vec<PerfLine> {
+    let throughput_ok = figures.throughput >= load.throughput_min;
+    let p99_ok = figures.writes > 0 && figures.p99 <= load.p99_max;
+    vec![
+        PerfLine {
+            pass: throughput_ok,
+            text: format!(
+                "throughput {:.1} writes/s ({} {:.0})",
+                figures.throughput,
+                if throughput_ok {
+                    "at least"
+                } else {
+                    "below the least of"
+                },
+                load.throughput_min
+            ),
+        },
+        PerfLine {
+            pass: p99_ok,
+            text: if figures.writes == 0 {
+                "p99 latency unknown: no write was acknowledged".into()
+            } else {
+                format!(
+                    "p99 latency {} ({} {})",
+                    ms(figures.p99),
+                    if p99_ok { "at most" } else { "above" },
+                    ms(load.p99_max)
+                )
+            },
+        },
+        PerfLine {
+            pass: figures.failed == 0,
+            text: if figures.failed == 0 {
+                format!("no failed writes ({} acknowledged)", figures.writes)
+            } else {
+                format!(
+                    "{} failed writes ({} acknowledged)",
+                    figures.failed, figures.writes
+                )
+            },
+        },
+    ]
+}
+
+fn perf(args: PerfArgs) -> u8 {
+    if !(args.duration > 0.0 && args.duration <= 3600.0) {
+        eprintln!("cairn check perf: --duration must be between 0 and 3600 seconds");
+        return exit::USAGE;
+    }
+    let load = args.load.load();
+    let options = LoadOptions::standard_writes(
+        args.cluster.clone(),
+        StandardLoad {
+            clients: load.clients,
+            connections: load.clients.div_ceil(25),
+            rate: load.rate,
+            duration_s: args.duration,
+            warmup_s: 1.0,
+            key_space: load.clients as u64 * 2,
+            value_bytes: 256,
+        },
+        PERF_NAMESPACE,
+    );
+    println!(
+        "check perf: load {}: {} clients, {} writes/s of 256-byte values for {} s, through \
+         the leader, in namespace {PERF_NAMESPACE}",
+        load.name, load.clients, load.rate, args.duration
+    );
+    println!(
+        "thresholds: throughput at least {:.0} writes/s (90% of {}), p99 latency at most {}, \
+         no failed writes",
+        load.throughput_min,
+        load.rate,
+        ms(load.p99_max)
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cairn check perf: cannot start the tokio runtime: {e}");
+            return exit::ERROR;
+        }
+    };
+    let outcome: Result<(Report, Result<u64, BenchError>), BenchError> = runtime.block_on(async {
+        let report = crate::bench::measure_writes(options.clone()).await?;
+        let removed = crate::bench::remove_keys(&options).await;
+        Ok((report, removed))
+    });
+    let (report, removed) = match outcome {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cairn check perf: {e}");
+            return e.exit_code();
+        }
+    };
+    if let Some(leader) = report.targets.first() {
+        println!("leader: {leader}");
+    }
+    let lines = perf_verdict(&load, &PerfFigures::of(&report));
+    for line in &lines {
+        println!("{}: {}", if line.pass { "PASS" } else { "FAIL" }, line.text);
+    }
+    if !report.errors.is_empty() {
+        let kinds: Vec<String> = report
+            .errors
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!("failed writes by kind: {}", kinds.join(", "));
+    }
+    match removed {
+        Ok(n) => println!("removed the {n} resources it wrote"),
+        Err(e) => eprintln!(
+            "cairn check perf: could not remove its resources in namespace {PERF_NAMESPACE}: {e}"
+        ),
+    }
+    if lines.iter().all(|l| l.pass) {
+        println!("PASS");
+        exit::OK
+    } else {
+        println!("FAIL");
+        exit::ERROR
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(p99_ms: f64, count: usize) -> DiskFigures {
+        DiskFigures {
+            count,
+            p50: Duration::from_secs_f64(p99_ms / 2000.0),
+            p99: Duration::from_secs_f64(p99_ms / 1000.0),
+            max: Duration::from_secs_f64(p99_ms / 1000.0),
+            elapsed: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_disk_is_fit_up_to_the_threshold_and_unfit_above_it() {
+        // At or under 10 ms: fit; just over: unfit; nothing measured: unfit.
+        let max = DISK_FSYNC_P99_MAX;
+        assert!(disk_verdict(&figures(0.2, 1000), max).fit);
+        assert!(disk_verdict(&figures(10.0, 1000), max).fit);
+        let slow = disk_verdict(&figures(10.5, 1000), max);
+        assert!(!slow.fit);
+        assert!(slow.reason.contains("above 10.0 ms"), "{}", slow.reason);
+        assert!(slow.reason.contains("10.5 ms"), "{}", slow.reason);
+        assert!(!disk_verdict(&figures(0.1, 0), max).fit);
+    }
+
+    #[test]
+    fn disk_percentiles_are_nearest_rank() {
+        // 1..=100 ms: p50 is 50 ms, p99 99 ms, max 100 ms; one sample is every percentile.
+        let latencies: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        let f = DiskFigures::of(latencies, Duration::from_secs(5));
+        assert_eq!(f.count, 100);
+        assert_eq!(f.p50, Duration::from_millis(50));
+        assert_eq!(f.p99, Duration::from_millis(99));
+        assert_eq!(f.max, Duration::from_millis(100));
+        let one = DiskFigures::of(vec![Duration::from_millis(3)], Duration::from_secs(1));
+        assert_eq!(
+            (one.p50, one.p99),
+            (Duration::from_millis(3), Duration::from_millis(3))
+        );
+        assert_eq!(DiskFigures::of(vec![], Duration::ZERO).count, 0);
+    }
+
+    #[test]
+    fn perf_passes_only_when_every_threshold_is_met() {
+        let load = LoadSize::S.load();
+        assert_eq!(
+            (load.clients, load.rate, load.throughput_min),
+            (50, 150.0, 135.0)
+        );
+        let good = PerfFigures {
+            throughput: 149.0,
+            p99: Duration::from_millis(8),
+            writes: 4470,
+            failed: 0,
+        };
+        assert!(perf_verdict(&load, &good).iter().all(|l| l.pass));
+        // Each threshold alone fails the run, and its line says which.
+        let slow = PerfFigures {
+            throughput: 120.0,
+            ..good.clone()
+        };
+        let lines = perf_verdict(&load, &slow);
+        assert!(
+            !lines[0].pass && lines[1].pass && lines[2].pass,
+            "{lines:?}"
+        );
+        assert!(lines[0].text.contains("below"), "{lines:?}");
+        let late = PerfFigures {
+            p99: Duration::from_millis(150),
+            ..good.clone()
+        };
+        let lines = perf_verdict(&load, &late);
+        assert!(
+            lines[0].pass && !lines[1].pass && lines[2].pass,
+            "{lines:?}"
+        );
+        let failing = PerfFigures {
+            failed: 1,
+            ..good.clone()
+        };
+        assert!(!perf_verdict(&load, &failing)[2].pass);
+        // Nothing acknowledged: no throughput and no latency to speak of.
+        let none = PerfFigures {
+            throughput: 0.0,
+            p99: Duration::ZERO,
+            writes: 0,
+            failed: 30,
+        };
+        assert!(perf_verdict(&load, &none).iter().all(|l| !l.pass));
+        // The edge of each threshold passes.
+        let edge = PerfFigures {
+            throughput: 135.0,
+            p99: Duration::from_millis(100),
+            ..good
+        };
+        assert!(perf_verdict(&load, &edge).iter().all(|l| l.pass));
+    }
+}

@@ -1,0 +1,144 @@
+//! The log filter of `log_level`.
+//!
+//! `log_level` takes `tracing`'s filter directives: a level (`info`), targets
+//! (`cairn_node=debug,warn`), or both. openraft logs its routine work at INFO: every vote it
+//! handles ("handle vote request result …"), each step of an election, its state at start and
+//! at shutdown. That is a screenful on every start of a three-node cluster, and it would bury
+//! the node's own INFO lines (its listeners, the cluster it joined, leader and health
+//! changes). So openraft's INFO is kept one level below the node's: when `log_level`'s
+//! default level is `info` and it says nothing of openraft, openraft logs at `warn` and
+//! above. From `debug` on everything shows, openraft's INFO included; openraft's warnings and
+//! errors always show; and a directive naming openraft (`info,openraft=info`) is taken as
+//! written.
+
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::EnvFilter;
+
+/// The directive added when openraft's INFO must stay below the node's level.
+const OPENRAFT_BELOW_INFO: &str = "openraft=warn";
+
+/// The directives `log_level` stands for: `level` itself, plus [`OPENRAFT_BELOW_INFO`] when
+/// its default level is `info` and no directive of its own names openraft.
+pub fn directives(level: &str) -> String {
+    let level = level.trim();
+    let parts: Vec<&str> = level
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    let names_openraft = parts.iter().any(|p| p.starts_with("openraft"));
+    // The default level: the last directive that is a bare level.
+    let default = parts
+        .iter()
+        .rev()
+        .find_map(|p| p.parse::<LevelFilter>().ok());
+    if !names_openraft && default == Some(LevelFilter::INFO) {
+        format!("{level},{OPENRAFT_BELOW_INFO}")
+    } else {
+        level.to_string()
+    }
+}
+
+/// The filter of `log_level` ([`directives`]); `warn` when it does not parse (the
+/// configuration is validated before logging starts).
+pub fn filter(level: &str) -> EnvFilter {
+    EnvFilter::try_new(directives(level)).unwrap_or_else(|_| EnvFilter::new("warn"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing::Level;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    #[test]
+    fn openraft_info_stays_below_an_info_level_unless_named() {
+        assert_eq!(directives("info"), "info,openraft=warn");
+        assert_eq!(directives(" INFO "), "INFO,openraft=warn");
+        assert_eq!(
+            directives("cairn_node=debug,info"),
+            "cairn_node=debug,info,openraft=warn"
+        );
+        // debug and trace show everything; warn and error hide openraft's INFO anyway.
+        for level in ["debug", "trace", "warn", "error", "off"] {
+            assert_eq!(directives(level), level);
+        }
+        // A directive of openraft's own is taken as written.
+        assert_eq!(directives("info,openraft=info"), "info,openraft=info");
+        assert_eq!(
+            directives("info,openraft::raft=debug"),
+            "info,openraft::raft=debug"
+        );
+        // Targets only: nothing to add.
+        assert_eq!(directives("cairn_node=info"), "cairn_node=info");
+    }
+
+    /// Which of openraft's and the node's events at each level pass the filter of `level`.
+    fn passes(level: &str) -> Vec<(&'static str, Level)> {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let layer = Recorder(seen.clone());
+        let subscriber = tracing_subscriber::registry()
+            .with(filter(level))
+            .with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "openraft::engine", "handle vote request result");
+            tracing::warn!(target: "openraft::replication", "error replication");
+            tracing::error!(target: "openraft::core", "while requesting vote");
+            tracing::debug!(target: "openraft::core", "debug chatter");
+            tracing::info!(target: "cairn_node::agent", "serving clients");
+            tracing::debug!(target: "cairn_node::agent", "not ready");
+        });
+        let seen = seen.lock().unwrap().clone();
+        seen
+    }
+
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<(&'static str, Level)>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorder {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let target = if event.metadata().target().starts_with("openraft") {
+                "openraft"
+            } else {
+                "cairn"
+            };
+            self.0
+                .lock()
+                .unwrap()
+                .push((target, *event.metadata().level()));
+        }
+    }
+
+    #[test]
+    fn at_info_openraft_keeps_its_warnings_and_errors_and_the_node_its_info() {
+        assert_eq!(
+            passes("info"),
+            vec![
+                ("openraft", Level::WARN),
+                ("openraft", Level::ERROR),
+                ("cairn", Level::INFO)
+            ]
+        );
+        assert_eq!(
+            passes("debug").len(),
+            6,
+            "debug shows openraft's INFO and DEBUG"
+        );
+        assert_eq!(
+            passes("info,openraft=info"),
+            vec![
+                ("openraft", Level::INFO),
+                ("openraft", Level::WARN),
+                ("openraft", Level::ERROR),
+                ("cairn", Level::INFO)
+            ]
+        );
+        assert_eq!(
+            passes("warn"),
+            vec![("openraft", Level::WARN), ("openraft", Level::ERROR)]
+        );
+    }
+}
