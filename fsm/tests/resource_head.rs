@@ -19,19 +19,6 @@ use cairn_proto::v1::{Id, Resource, Tenancy, Type};
 use proptest::prelude::*;
 use prost::Message;
 
-/// Cases per property: `PROPTEST_CASES` when set, else a short CI pass.
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 /// The head as a client sees it: the decoded resource's id and version.
 fn head_of(resource: &Resource) -> ResourceHead<'_> {
     let id = resource.id.as_ref();
@@ -118,7 +105,7 @@ fn edit(bytes: &mut Vec<u8>, (at, value, kind): (usize, u8, u8)) {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(cairn_test_support::fuzz::config(512))]
 
     #[test]
     fn the_head_of_an_encoding_is_the_decoded_id_and_version(resource in arb_resource()) {

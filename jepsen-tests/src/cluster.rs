@@ -454,20 +454,11 @@ impl Cluster {
         }
     }
 
-    /// SIGTERM and wait (bounded) for a graceful exit.
+    /// SIGTERM and wait (bounded) for a graceful exit; `kill -9` after 20 s.
     pub fn stop(&mut self, id: u64) {
-        let node = self.node_mut(id);
-        if let Some(mut c) = node.child.take() {
-            signal(c.id(), libc::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+        self.terminate(id);
+        if self.wait_exit(id, Duration::from_secs(20)).is_none() {
+            self.kill(id);
         }
     }
 

@@ -302,21 +302,8 @@ fn arb_resource() -> impl Strategy<Value = Resource> {
         )
 }
 
-/// Cases per property: `PROPTEST_CASES` when set, else a short CI pass.
-fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(cairn_test_support::fuzz::config(256))]
 
     #[test]
     fn every_answer_is_wire_identical_for_any_resources(

@@ -42,9 +42,12 @@ pub(crate) fn process_cpu(pid: i32) -> Option<Duration> {
     Some(Duration::from_micros((utime + stime) * 1_000_000 / ticks))
 }
 
-/// Context switches (voluntary and involuntary) of every thread of process
-/// `pid` so far: each voluntary one is a thread going to sleep, to be woken
-/// again, so their count per operation is the wake-ups an operation costs.
+/// Context switches (voluntary and involuntary) of every live thread of
+/// process `pid` so far: each voluntary one is a thread going to sleep, to be
+/// woken again, so their count per operation is the wake-ups an operation
+/// costs. Threads that ended are not counted (Linux keeps no total of theirs
+/// per process), so a window in which threads exit (tokio's blocking pool
+/// retires idle threads after 10 s) under-counts.
 pub(crate) fn process_context_switches(pid: i32) -> Option<u64> {
     let mut total = 0u64;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))

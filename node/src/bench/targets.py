@@ -36,8 +36,9 @@ def cairn_fig(rs, prefix):
     def lat(r, q):
         return (r.get("latency", {}).get("write") or r.get("latency", {}).get("read") or {}).get(q)
     def cpu(r):
-        total = sum((s.get("cpu_cores") or 0) for s in r.get("servers", []))
-        return total / r["ops_per_s"] * 1e6 if r.get("ops_per_s") else None
+        # The report's own figure per node (cpu_us_per_op), summed over the nodes.
+        vals = [s.get("cpu_us_per_op") for s in r.get("servers", [])]
+        return sum(vals) if vals and None not in vals else None
     def switches(r):
         vals = [s.get("context_switches_per_op") for s in r.get("servers", [])]
         return sum(vals) if vals and None not in vals else None
