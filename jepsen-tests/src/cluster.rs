@@ -84,6 +84,11 @@ pub struct ClusterOptions {
     /// The token sent with every admin call this harness makes (status,
     /// membership, leader transfer), for clusters whose config holds grants.
     pub admin_token: Option<String>,
+    /// The host of every node's addresses outside a network lab: `127.0.0.1`, or a name
+    /// that resolves to it (`localhost`).
+    pub host: String,
+    /// Environment variables set for every node process.
+    pub env: Vec<(String, String)>,
 }
 
 impl ClusterOptions {
@@ -102,6 +107,8 @@ impl ClusterOptions {
             die_with_parent: false,
             metrics: false,
             admin_token: None,
+            host: "127.0.0.1".into(),
+            env: vec![],
         }
     }
 }
@@ -162,8 +169,8 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
             )
         }
         None => (
-            format!("127.0.0.1:{}", free_port()),
-            format!("127.0.0.1:{}", free_port()),
+            format!("{}:{}", options.host, free_port()),
+            format!("{}:{}", options.host, free_port()),
             None,
         ),
     };
@@ -185,7 +192,7 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
         bootstrap: vec![],
         faketime: None,
         metrics_address: (options.metrics && options.network.is_none())
-            .then(|| format!("127.0.0.1:{}", free_port())),
+            .then(|| format!("{}:{}", options.host, free_port())),
         nofile_limit: None,
         namespace,
         disk,
@@ -328,6 +335,7 @@ impl Cluster {
                 .env("FAKETIME", spec)
                 .env("FAKETIME_DONT_RESET", "1");
         }
+        command.envs(options.env.iter().map(|(k, v)| (k, v)));
         if let Some(limit) = node.nofile_limit {
             let limit = libc::rlimit {
                 rlim_cur: limit as libc::rlim_t,

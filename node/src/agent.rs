@@ -33,7 +33,6 @@
 //! cluster, and must not still count this node as a voter when the dir is empty.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,17 +135,19 @@ fn bound(listener: &tokio::net::TcpListener, configured: &str) -> String {
         .unwrap_or_else(|_| configured.to_string())
 }
 
-async fn bind(address: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    let addr: SocketAddr = address.parse()?;
-    tokio::net::TcpListener::bind(addr)
+/// Listens on `address` (the setting `field`): an IP, or a host name resolved now (the
+/// first of its addresses that binds; the start-up line of each listener shows it).
+async fn bind(field: &str, address: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(address)
         .await
-        .with_context(|| format!("cannot listen on {address}"))
+        .with_context(|| format!("cannot listen on {field} {address}"))
 }
 
 impl Agent {
     /// Starts a node on `config`, which `source` loaded (and loads again
     /// on SIGHUP, for what can change without a restart).
     pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Agent> {
+        crate::config::warn_ignored_environment();
         std::fs::create_dir_all(&config.data_dir)
             .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
@@ -212,10 +213,10 @@ impl Agent {
                 .context("cannot persist the cluster id")?;
         }
 
-        let peer_listener = bind(&config.peer_address).await?;
-        let client_listener = bind(&config.client_address).await?;
+        let peer_listener = bind("peer_address", &config.peer_address).await?;
+        let client_listener = bind("client_address", &config.client_address).await?;
         let ops_listener = match &config.metrics_address {
-            Some(address) => Some(bind(address).await?),
+            Some(address) => Some(bind("metrics_address", address).await?),
             None => None,
         };
         let (stop, stopped) = watch::channel(false);

@@ -62,43 +62,65 @@ enum TokenCommand {
     Hash,
 }
 
+/// `cairn agent`'s flags. Each one named after a setting (`--node-id` for `node_id`) shows
+/// that setting's default and environment variable in its help ([`crate::config::describe_flag`]:
+/// the defaults are `Config::default()`'s). A flag given overrides the file and the
+/// environment; a flag not given changes nothing.
 #[derive(Args, Default)]
+#[command(mut_args = crate::config::describe_flag)]
 struct AgentArgs {
-    /// TOML configuration file; flags and CAIRN_* variables override it.
+    /// TOML configuration file; CAIRN_* variables and flags override it (every setting:
+    /// docs/configuration.md).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Print the effective configuration (TOML) and where each value came from (default,
+    /// file, environment variable, flag), then exit without starting the node.
+    #[arg(long)]
+    print_config: bool,
+    /// This node's id: a positive integer, unique in the cluster.
     #[arg(long)]
     node_id: Option<u64>,
+    /// Where the Raft log, snapshots and the cluster id live.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Address serving clients, HOST:PORT (an IP or a host name, resolved when bound).
     #[arg(long)]
     client_address: Option<String>,
+    /// Address serving peers (Raft and forwarding), HOST:PORT.
     #[arg(long)]
     peer_address: Option<String>,
-    /// Initial members: ID=PEER_ADDR/CLIENT_ADDR,... (the same on every node).
+    /// Initial members: ID=PEER_ADDR/CLIENT_ADDR,... (the same on every node; host names
+    /// are resolved each time a peer is dialled).
     #[arg(long)]
     members: Option<String>,
     /// Join a running cluster through this node's client address.
     #[arg(long)]
     join: Option<String>,
+    /// A follower campaigns 1.0–1.2 times this long after the last heartbeat (100–600000).
     #[arg(long)]
     election_timeout_ms: Option<u64>,
+    /// How often the leader sends heartbeats; at most a third of the election timeout.
     #[arg(long)]
     heartbeat_interval_ms: Option<u64>,
+    /// Build a snapshot (and purge the log behind it) after this many entries.
     #[arg(long)]
     snapshot_log_entries: Option<u64>,
+    /// ... or once the log since the last snapshot holds this many bytes (1 MiB–1 TiB).
     #[arg(long)]
     snapshot_log_bytes: Option<u64>,
+    /// Changes kept for reads at past revisions and watches resuming from a revision.
     #[arg(long)]
     history_changes_max: Option<usize>,
     /// Most bytes of entries in one AppendEntries to a lagging follower.
     #[arg(long)]
     replication_batch_bytes_max: Option<usize>,
+    /// error, warn, info, debug, trace, or a filter such as warn,cairn_node=debug.
     #[arg(long)]
     log_level: Option<String>,
+    /// Log lines as text or as one JSON object each.
     #[arg(long, value_enum)]
     log_format: Option<LogFormatArg>,
-    /// Serve /metrics, /livez and /readyz over plain HTTP on this address.
+    /// Serve /metrics, /livez and /readyz over plain HTTP on this address (HOST:PORT).
     #[arg(long)]
     metrics_address: Option<String>,
     /// How far (in entries) applying may trail the leader's commit index for /readyz.
@@ -111,6 +133,7 @@ struct AgentArgs {
     /// This node's certificate (PEM); turns TLS on (with --tls-key-file and --tls-ca-file).
     #[arg(long)]
     tls_cert_file: Option<PathBuf>,
+    /// The private key of --tls-cert-file (PEM).
     #[arg(long)]
     tls_key_file: Option<PathBuf>,
     /// The cluster CA (PEM): peers must present a certificate from it.
@@ -122,21 +145,28 @@ struct AgentArgs {
     /// Client certificates on the client port: none, optional or required.
     #[arg(long, value_enum)]
     tls_client_auth: Option<ClientAuthArg>,
+    /// How often certificate files are checked for changes; 0 = only on SIGHUP.
     #[arg(long)]
     tls_reload_interval_ms: Option<u64>,
+    /// A new connection must finish its TLS handshake and HTTP/2 preface within this time.
     #[arg(long)]
     handshake_timeout_ms: Option<u64>,
+    /// Open connections on the client port; more are closed at once.
     #[arg(long)]
     client_connections_max: Option<usize>,
     /// A shutdown ends within this time, or the process exits non-zero naming what did not stop.
     #[arg(long)]
     shutdown_timeout_ms: Option<u64>,
+    /// Open connections on the peer port; more are closed at once.
     #[arg(long)]
     peer_connections_max: Option<usize>,
+    /// Close a connection with no request in flight for this long (GOAWAY); 0 = never.
     #[arg(long)]
     connection_idle_timeout_ms: Option<u64>,
+    /// A client mid-request must send at least this many bytes a second; 0 = no minimum.
     #[arg(long)]
     receive_bytes_per_second_min: Option<u64>,
+    /// ... falling behind that rate by at most this long before it is closed.
     #[arg(long)]
     receive_stall_timeout_ms: Option<u64>,
     /// DANGEROUS, test-only: serve strong reads and lists locally without
@@ -480,6 +510,9 @@ fn run_agent(args: AgentArgs) -> u8 {
         file: args.config.clone(),
         flags,
     };
+    if args.print_config {
+        return print_config(&source);
+    }
     let config = match source.load() {
         Ok(c) => c,
         Err(e) => {
@@ -525,6 +558,27 @@ fn run_agent(args: AgentArgs) -> u8 {
         progress.set("the tasks still running after the node stopped");
         code
     })
+}
+
+/// `cairn agent --print-config`: the effective configuration on stdout; exit 0, or 2 (with
+/// the reason on stderr) when it would not start a node.
+fn print_config(source: &crate::config::ConfigSource) -> u8 {
+    match source.explain() {
+        Ok(explained) => {
+            print!("{}", explained.text);
+            match explained.invalid {
+                None => exit::OK,
+                Some(e) => {
+                    eprintln!("cairn: {e}");
+                    exit::USAGE
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            exit::USAGE
+        }
+    }
 }
 
 pub fn print_status(s: &pb::StatusResponse) {

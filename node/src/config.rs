@@ -1,17 +1,24 @@
 //! `cairn agent` configuration: defaults, then a TOML file, then `CAIRN_*`
-//! environment variables, then command-line flags (figment). A bad value is
-//! reported with the name of its field and the agent exits non-zero.
+//! environment variables that name a setting, then command-line flags (figment; see
+//! [`sources`]). A bad value is reported with the name of its field and the agent exits
+//! non-zero. Every setting is documented in `docs/configuration.md`.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use figment::providers::{Env, Format, Serialized, Toml};
-use figment::Figment;
+use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
+
+mod sources;
+pub use sources::{
+    default_text, describe_flag, env_name, flag_name, ignored_environment, is_setting,
+    setting_keys, warn_ignored_environment, Explained, ENV_PREFIX, REQUIRED,
+};
 
 /// One member of the initial (bootstrap) cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MemberConfig {
     pub id: u64,
     pub peer_address: String,
@@ -301,8 +308,16 @@ impl Default for Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration: {0}")]
-    Load(#[from] Box<figment::Error>),
+    /// A value that does not load (a wrong type, an unknown name), and where it came from.
+    #[error("configuration field `{field}`: {reason} (from {from})")]
+    Value {
+        field: String,
+        reason: String,
+        from: String,
+    },
+    /// A source that does not load as a whole (a file that is no TOML).
+    #[error("configuration {from}: {reason}")]
+    Source { from: String, reason: String },
     #[error("configuration field `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
 }
@@ -338,11 +353,130 @@ pub fn parse_members(s: &str) -> Result<Vec<MemberConfig>, String> {
         .collect()
 }
 
+/// Splits `host:port`: the host is an IPv4 address, an IPv6 address in brackets
+/// (`[::1]:7001`) or a DNS name (`localhost`, `node-1.cairn`); the port is 1–65535.
+/// Names are not resolved here: a peer's address is resolved each time it is dialled (so
+/// a peer whose DNS record changes is found again), a listen address when it is bound.
+pub fn parse_host_port(value: &str) -> Result<(&str, u16), String> {
+    if let Ok(address) = value.parse::<SocketAddr>() {
+        if address.port() == 0 {
+            return Err(format!(
+                "{value:?} has port 0: give the port others reach it on"
+            ));
+        }
+        return Ok((
+            value.rsplit_once(':').map_or(value, |(h, _)| h),
+            address.port(),
+        ));
+    }
+    let Some((host, port)) = value.rsplit_once(':') else {
+        return Err(format!(
+            "{value:?} is not HOST:PORT (for example 10.0.0.1:7001 or node-1.cairn:7001)"
+        ));
+    };
+    let port = match port.parse::<u16>() {
+        Ok(0) | Err(_) => {
+            return Err(format!(
+                "{value:?} is not HOST:PORT: the port must be a number from 1 to 65535"
+            ))
+        }
+        Ok(p) => p,
+    };
+    if host.starts_with('[') || host.contains(':') {
+        return Err(format!(
+            "{value:?} is not HOST:PORT: an IPv6 address goes in brackets, as in [::1]:7001"
+        ));
+    }
+    if !is_dns_name(host) {
+        return Err(format!(
+            "{value:?} is not HOST:PORT: {host:?} is neither an IP address nor a host name \
+             (letters, digits, hyphens and dots)"
+        ));
+    }
+    Ok((host, port))
+}
+
+/// A DNS host name: dot-separated labels of 1–63 letters, digits and hyphens (and
+/// underscores, which some service records use), not starting or ending with a hyphen;
+/// at most 253 bytes; a trailing dot allowed. All-numeric names (a mistyped IP) are not.
+fn is_dns_name(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    !host.is_empty()
+        && host.len() <= 253
+        && !host.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+}
+
 fn check_address(field: &'static str, value: &str) -> Result<(), ConfigError> {
-    value
-        .parse::<SocketAddr>()
+    parse_host_port(value)
         .map(|_| ())
-        .map_err(|e| invalid(field, format!("{value:?} is not an IP:port address: {e}")))
+        .map_err(|e| invalid(field, e))
+}
+
+/// A client address to dial: `HOST:PORT`, optionally with `http://` or `https://`.
+fn check_endpoint(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    let bare = value
+        .strip_prefix("https://")
+        .or_else(|| value.strip_prefix("http://"))
+        .unwrap_or(value);
+    check_address(field, bare.strip_suffix('/').unwrap_or(bare))
+}
+
+/// The log levels `log_level` takes, alone or after `TARGET=`.
+const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+/// Checks a `log_level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`), or a
+/// comma-separated tracing filter of levels and `TARGET=LEVEL` directives
+/// (`warn,cairn_node::raft=debug`). A bare word that is no level (`verbose`) is refused:
+/// the filter syntax would read it as a target and log nothing of Cairn's.
+pub fn check_log_level(value: &str) -> Result<(), String> {
+    let levels = LOG_LEVELS.join(", ");
+    let directives: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    if directives.is_empty() {
+        return Err(format!("is empty: give one of {levels}"));
+    }
+    for directive in directives {
+        let level = match directive.rsplit_once('=') {
+            Some((target, level)) if !target.trim().is_empty() => level,
+            Some(_) => {
+                return Err(format!(
+                    "{directive:?} names no target: write TARGET=LEVEL, as in cairn_node=debug"
+                ))
+            }
+            None => directive,
+        };
+        if !LOG_LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
+            let within = if level == value {
+                String::new()
+            } else {
+                format!(" (in {value:?})")
+            };
+            return Err(format!(
+                "{level:?}{within} is not a log level: give one of {levels}, or a filter \
+                 such as warn,cairn_node=debug"
+            ));
+        }
+    }
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map(|_| ())
+        .map_err(|e| format!("{value:?} is not a log filter: {e}"))
+}
+
+/// [`check_log_level`] as a clap value parser (`cairn dev --log-level`).
+pub fn parse_log_level(value: &str) -> Result<String, String> {
+    check_log_level(value).map(|()| value.to_string())
 }
 
 /// Where a node's configuration comes from: the file and the flags (the
@@ -359,6 +493,16 @@ impl ConfigSource {
     /// Defaults < file < environment < flags, validated.
     pub fn load(&self) -> Result<Config, ConfigError> {
         Config::load(
+            self.file.as_deref(),
+            Serialized::defaults(self.flags.clone()),
+        )
+    }
+
+    /// `cairn agent --print-config`: the effective configuration as TOML, each value with
+    /// where it came from (default, file, environment variable, flag), secrets hidden; and
+    /// why it would not start a node, if it would not.
+    pub fn explain(&self) -> Result<Explained, ConfigError> {
+        sources::explain(
             self.file.as_deref(),
             Serialized::defaults(self.flags.clone()),
         )
@@ -381,27 +525,15 @@ impl Config {
             .collect()
     }
 
-    /// Layers the sources: defaults < file < environment < flags.
+    /// Layers the sources: defaults < file < environment (only `CAIRN_*` variables that
+    /// name a setting) < flags; then validates.
     pub fn load(
         file: Option<&std::path::Path>,
         flags: Serialized<serde_json::Value>,
     ) -> Result<Config, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Config::default()));
-        if let Some(file) = file {
-            if !file.exists() {
-                return Err(invalid(
-                    "config",
-                    format!("file {} does not exist", file.display()),
-                ));
-            }
-            figment = figment.merge(Toml::file(file));
-        }
-        let figment = figment
-            .merge(Env::prefixed("CAIRN_").ignore(&["endpoints", "token"]))
-            .merge(flags);
-        let config: Config = figment
+        let config: Config = sources::figment(file, flags)?
             .extract()
-            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+            .map_err(sources::load_error)?;
         config.validate()?;
         Ok(config)
     }
@@ -410,8 +542,36 @@ impl Config {
         if self.node_id == 0 {
             return Err(invalid("node_id", "must be a positive integer"));
         }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid(
+                "data_dir",
+                "is empty: give the directory of this node's data",
+            ));
+        }
         check_address("client_address", &self.client_address)?;
         check_address("peer_address", &self.peer_address)?;
+        if let Some(a) = &self.metrics_address {
+            check_address("metrics_address", a)?;
+        }
+        // Three listeners, three addresses (the same host name on different ports is fine).
+        let listeners = [
+            ("client_address", Some(&self.client_address)),
+            ("peer_address", Some(&self.peer_address)),
+            ("metrics_address", self.metrics_address.as_ref()),
+        ];
+        for (i, (field, address)) in listeners.iter().enumerate() {
+            for (other, other_address) in &listeners[..i] {
+                if address.is_some() && address == other_address {
+                    return Err(invalid(
+                        field,
+                        format!(
+                            "is {}, the same as {other}",
+                            address.unwrap_or(&String::new())
+                        ),
+                    ));
+                }
+            }
+        }
         let mut ids = BTreeSet::new();
         for m in &self.members {
             if m.id == 0 {
@@ -423,8 +583,16 @@ impl Config {
                     format!("member id {} appears twice", m.id),
                 ));
             }
-            check_address("members", &m.peer_address)?;
-            check_address("members", &m.client_address)?;
+            for (what, address) in [
+                ("peer_address", &m.peer_address),
+                ("client_address", &m.client_address),
+            ] {
+                parse_host_port(address)
+                    .map_err(|e| invalid("members", format!("member {}'s {what}: {e}", m.id)))?;
+            }
+        }
+        if let Some(join) = &self.join {
+            check_endpoint("join", join)?;
         }
         match (&self.join, self.members.is_empty()) {
             (Some(_), false) => {
@@ -444,6 +612,11 @@ impl Config {
             }
             _ => {}
         }
+        check_range(
+            "election_timeout_ms",
+            self.election_timeout_ms,
+            100..=600_000,
+        )?;
         if self.heartbeat_interval_ms == 0
             || self.heartbeat_interval_ms * 3 > self.election_timeout_ms
         {
@@ -455,9 +628,11 @@ impl Config {
                 ),
             ));
         }
-        if self.snapshot_log_entries < 100 {
-            return Err(invalid("snapshot_log_entries", "must be at least 100"));
-        }
+        check_range(
+            "snapshot_log_entries",
+            self.snapshot_log_entries,
+            100..=1_000_000_000,
+        )?;
         if !(1024 * 1024..=1024 * 1024 * 1024 * 1024).contains(&self.snapshot_log_bytes) {
             return Err(invalid(
                 "snapshot_log_bytes",
@@ -482,13 +657,19 @@ impl Config {
             self.shutdown_timeout_ms,
             100..=600_000,
         )?;
-        if self.watch_buffer_events == 0 {
-            return Err(invalid("watch_buffer_events", "must be positive"));
-        }
+        check_range(
+            "watch_buffer_events",
+            self.watch_buffer_events,
+            1..=10_000_000,
+        )?;
+        check_range(
+            "history_changes_max",
+            self.history_changes_max,
+            0..=100_000_000,
+        )?;
+        check_range("request_timeout_ms", self.request_timeout_ms, 100..=600_000)?;
+        check_log_level(&self.log_level).map_err(|reason| invalid("log_level", reason))?;
         self.validate_limits()?;
-        if let Some(a) = &self.metrics_address {
-            check_address("metrics_address", a)?;
-        }
         crate::auth::GrantTable::from_config(&self.auth)?;
         self.validate_tls()?;
         self.validate_connections()
@@ -553,12 +734,26 @@ impl Config {
             self.receive_stall_timeout_ms,
             100..=600_000,
         )?;
-        if self.keepalive_interval_ms < 100 || self.keepalive_timeout_ms < 100 {
-            return Err(invalid(
-                "keepalive_interval_ms",
-                "keepalive_interval_ms and keepalive_timeout_ms must be at least 100",
-            ));
-        }
+        check_range(
+            "keepalive_interval_ms",
+            self.keepalive_interval_ms,
+            100..=3_600_000,
+        )?;
+        check_range(
+            "keepalive_timeout_ms",
+            self.keepalive_timeout_ms,
+            100..=600_000,
+        )?;
+        check_off_or_range(
+            "connection_idle_timeout_ms",
+            self.connection_idle_timeout_ms,
+            100..=86_400_000,
+        )?;
+        check_off_or_range(
+            "tls_reload_interval_ms",
+            self.tls_reload_interval_ms,
+            100..=86_400_000,
+        )?;
         Ok(())
     }
 }
@@ -574,6 +769,25 @@ fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
             field,
             format!(
                 "is {value}, must be between {} and {}",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `value` is 0 (off) or lies in `range`.
+fn check_off_or_range(
+    field: &'static str,
+    value: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<(), ConfigError> {
+    if value != 0 && !range.contains(&value) {
+        return Err(invalid(
+            field,
+            format!(
+                "is {value}, must be 0 (off) or between {} and {}",
                 range.start(),
                 range.end()
             ),
@@ -767,6 +981,110 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("log_engine"), "{e}");
+    }
+
+    #[test]
+    fn addresses_are_ips_or_host_names_with_a_port() {
+        for good in [
+            "10.0.0.1:7001",
+            "[::1]:7001",
+            "localhost:27150",
+            "node-1.cairn:7001",
+            "node-1.cairn.svc.cluster.local.:7001",
+            "_grpc.node-1:7001",
+        ] {
+            parse_host_port(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        assert_eq!(
+            parse_host_port("node-1.cairn:7001"),
+            Ok(("node-1.cairn", 7001))
+        );
+        for bad in [
+            "nowhere",
+            "localhost",
+            "localhost:0",
+            "localhost:x",
+            "localhost:70000",
+            ":7001",
+            "::1:7001",
+            "[node]:7001",
+            "-node:7001",
+            "node..cairn:7001",
+            "bad_host!:7001",
+            "10.0.0:7001",
+            "http://localhost:7001",
+        ] {
+            assert!(parse_host_port(bad).is_err(), "{bad} was accepted");
+        }
+        let mut c = Config {
+            node_id: 1,
+            members: vec![MemberConfig {
+                id: 1,
+                peer_address: "node-1.cairn:8001".into(),
+                client_address: "node-1.cairn:7001".into(),
+            }],
+            client_address: "localhost:7001".into(),
+            peer_address: "localhost:8001".into(),
+            ..Config::default()
+        };
+        c.validate().expect("host names are valid addresses");
+        c.members[0].peer_address = "node-1.cairn".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("`members`") && e.contains("member 1's peer_address"),
+            "{e}"
+        );
+        c.members[0].peer_address = "node-1.cairn:8001".into();
+        c.metrics_address = Some("localhost:7001".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("`metrics_address`") && e.contains("client_address"),
+            "{e}"
+        );
+        c.metrics_address = None;
+        c.members.clear();
+        c.join = Some("https://node-2.cairn:7001".into());
+        c.validate().expect("a join address may carry a scheme");
+        c.join = Some("node-2.cairn".into());
+        assert!(c.validate().unwrap_err().to_string().contains("`join`"));
+    }
+
+    #[test]
+    fn log_levels_are_levels_or_filters() {
+        for good in [
+            "warn",
+            "INFO",
+            "off",
+            "warn,cairn_node=debug",
+            "cairn_node::raft=trace",
+        ] {
+            check_log_level(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in [
+            "verbose",
+            "",
+            " , ",
+            "warn,loud",
+            "cairn_node=loud",
+            "=debug",
+        ] {
+            assert!(check_log_level(bad).is_err(), "{bad:?} was accepted");
+        }
+        let c = Config {
+            node_id: 1,
+            log_level: "verbose".into(),
+            members: vec![MemberConfig {
+                id: 1,
+                peer_address: "127.0.0.1:8001".into(),
+                client_address: "127.0.0.1:7001".into(),
+            }],
+            ..Config::default()
+        };
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("`log_level`") && e.contains("\"verbose\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -26,8 +26,9 @@ pub struct DevArgs {
     /// Discard existing data and start a new cluster.
     #[arg(long)]
     fresh: bool,
-    /// Log level passed to every node (their logs go to DATA_DIR/node-N.log).
-    #[arg(long, default_value = "info")]
+    /// Log level passed to every node (their logs go to DATA_DIR/node-N.log): error, warn,
+    /// info, debug, trace, or a filter such as info,cairn_node::raft=debug.
+    #[arg(long, default_value = "info", value_parser = crate::config::parse_log_level)]
     log_level: String,
     /// Serve TLS (mutual TLS between nodes), with development certificates
     /// written by `cairn tls init DATA_DIR/tls` (kept across runs).
@@ -185,24 +186,38 @@ pub fn run(args: DevArgs) -> u8 {
     let started = Instant::now();
     let leader = runtime.block_on(async {
         while started.elapsed() < Duration::from_secs(30) {
+            // A node that stopped (a configuration it refused, a port in use) will not
+            // come back: say so now, with its last words, rather than after 30 s.
+            if let Some(stopped) = stopped_node(&args.data_dir, &nodes, &mut children) {
+                return Err(stopped);
+            }
             for e in &endpoints {
                 if let Ok(s) = crate::cli::fetch_status(e, &access).await {
                     if s.leader_id != 0 {
-                        return Some(s);
+                        return Ok(s);
                     }
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        None
+        Err((
+            format!(
+                "no leader after 30 s; see the logs in {}",
+                args.data_dir.display()
+            ),
+            String::new(),
+        ))
     });
-    let Some(status) = leader else {
-        eprintln!(
-            "cairn dev: no leader after 30 s; see the logs in {}",
-            args.data_dir.display()
-        );
-        stop_all(&mut children);
-        return exit::ERROR;
+    let status = match leader {
+        Ok(status) => status,
+        Err((why, log)) => {
+            eprintln!("cairn dev: {why}");
+            if !log.is_empty() {
+                eprintln!("{log}");
+            }
+            stop_all(&mut children);
+            return exit::ERROR;
+        }
     };
     let scheme = if args.tls { "https://" } else { "" };
     let list = endpoints
@@ -257,6 +272,33 @@ pub fn run(args: DevArgs) -> u8 {
     println!("\nStopping {} nodes...", children.len());
     stop_all(&mut children);
     exit::OK
+}
+
+/// The first node whose process has exited: what happened, and the last lines of its log.
+fn stopped_node(
+    data_dir: &Path,
+    nodes: &[Node],
+    children: &mut [Child],
+) -> Option<(String, String)> {
+    for (node, child) in nodes.iter().zip(children.iter_mut()) {
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = data_dir.join(format!("node-{}.log", node.id));
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+            let why = match status.code() {
+                Some(code) => format!("node {} exited with code {code}", node.id),
+                None => format!("node {} was killed ({status})", node.id),
+            };
+            let why = if tail.is_empty() {
+                format!("{why} (its log, {}, is empty)", log.display())
+            } else {
+                format!("{why}; the end of its log, {}:", log.display())
+            };
+            return Some((why, tail));
+        }
+    }
+    None
 }
 
 fn stop_all(children: &mut [Child]) {
