@@ -184,17 +184,12 @@ pub fn run(args: DevArgs) -> u8 {
     let endpoints: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
     let started = Instant::now();
     let leader = runtime.block_on(async {
-        while started.elapsed() < Duration::from_secs(30) {
-            for e in &endpoints {
-                if let Ok(s) = crate::cli::fetch_status(e, &access).await {
-                    if s.leader_id != 0 {
-                        return Some(s);
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        None
+        let client = crate::admin_client::AdminClient::new(
+            endpoints.clone(),
+            access,
+            Duration::from_secs(30).saturating_sub(started.elapsed()),
+        );
+        client.leader().await.ok().map(|l| l.status)
     });
     let Some(status) = leader else {
         eprintln!(

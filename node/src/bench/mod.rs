@@ -435,13 +435,17 @@ pub(crate) struct ClusterView {
 
 /// Asks every endpoint for its status and finds the leader's client address.
 async fn discover(endpoints: &[String]) -> Result<ClusterView, BenchError> {
-    let mut statuses = Vec::new();
-    for endpoint in endpoints {
-        if let Ok(s) = crate::cli::fetch_status(endpoint, &cairn_client::Access::plaintext()).await
-        {
-            statuses.push((endpoint.clone(), s));
-        }
-    }
+    let client = crate::admin_client::AdminClient::new(
+        endpoints.to_vec(),
+        cairn_client::Access::plaintext(),
+        crate::admin_client::TIMEOUT_DEFAULT,
+    );
+    let statuses: Vec<(String, pb::StatusResponse)> = endpoints
+        .iter()
+        .cloned()
+        .zip(client.statuses(endpoints).await)
+        .filter_map(|(endpoint, answer)| answer.ok().map(|s| (endpoint, s)))
+        .collect();
     for (_, s) in &statuses {
         if s.leader_id == 0 {
             continue;

@@ -159,6 +159,8 @@ pub struct Network {
     stages: Arc<WriteStages>,
     /// Dial peers over mutual TLS with this (`None`: plaintext).
     tls: Option<cairn_tls::ClientTls>,
+    /// When each peer last answered (for `cairn status` and the membership checks).
+    contacts: Arc<super::contacts::Contacts>,
 }
 
 impl Network {
@@ -176,7 +178,13 @@ impl Network {
             in_flight: Arc::new(Mutex::new(HashMap::new())),
             stages: Arc::new(WriteStages::new(false)),
             tls,
+            contacts: Default::default(),
         }
+    }
+
+    /// Records when each peer answers into `contacts`.
+    pub fn set_contacts(&mut self, contacts: Arc<super::contacts::Contacts>) {
+        self.contacts = contacts;
     }
 
     /// Records replication times into `stages`.
@@ -273,6 +281,8 @@ impl PeerClient {
             }
             _ => RPCError::Network(NetworkError::new(&status)),
         })?;
+        // The peer's Raft server answered: it is reachable, whatever it answered.
+        self.network.contacts.replied(self.target);
         let reply: Result<Resp, RaftError<NodeId, E>> =
             decode(&payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let reply = reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
@@ -537,6 +547,8 @@ pub struct RaftRpcService {
     gate: Arc<PeerGate>,
     limits: RaftServerLimits,
     budgets: Arc<SenderBudgets>,
+    /// When this node last accepted a message of its leader.
+    contacts: Arc<super::contacts::Contacts>,
 }
 
 impl RaftRpcService {
@@ -552,7 +564,14 @@ impl RaftRpcService {
             gate,
             budgets: Arc::new(SenderBudgets::new(limits.message_bytes_max)),
             limits,
+            contacts: Default::default(),
         }
+    }
+
+    /// Records when this node accepts its leader's messages into `contacts`.
+    pub fn with_contacts(mut self, contacts: Arc<super::contacts::Contacts>) -> RaftRpcService {
+        self.contacts = contacts;
+        self
     }
 
     pub fn into_server(self) -> RaftServiceServer<RaftRpcService> {
@@ -635,6 +654,10 @@ impl RaftService for RaftRpcService {
                 peer_gate::check_append_entries(rpc, sender, entries_max)
             })?;
         let result = self.raft.append_entries(rpc).await;
+        // Only the leader of a term sends AppendEntries; one of an older term is refused.
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.contacts.heard_from_leader();
+        }
         self.reply(&result)
     }
 
@@ -657,6 +680,9 @@ impl RaftService for RaftRpcService {
                 peer_gate::check_install_snapshot(rpc, sender, chunk_max)
             })?;
         let result = self.raft.install_snapshot(rpc).await;
+        if result.is_ok() {
+            self.contacts.heard_from_leader();
+        }
         self.reply(&result)
     }
 }
