@@ -4,6 +4,11 @@
 //! The leader is found through [`crate::admin_client::AdminClient`] (the global
 //! `--endpoints`, tried in turn, each within its share of `--timeout-ms`); a transfer then
 //! fails if no chunk moves for `--timeout-ms`.
+//!
+//! An online restore replaces the running cluster's data: it asks first on a terminal,
+//! naming the cluster and what would be replaced, and is refused without `--yes` when stdin
+//! is not a terminal. The flags of an offline restore (`--data-dir`, `--members`,
+//! `--bump-index`) are refused without `--offline`, before anything is done.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -30,7 +35,8 @@ pub enum SnapshotCommand {
     Save { file: PathBuf },
     /// Verify FILE and print its header and what it holds.
     Inspect { file: PathBuf },
-    /// Replace the cluster's state with FILE (online), or seed a new node's data dir (--offline).
+    /// Replace the RUNNING cluster's data with FILE (asks first; --yes when not on a
+    /// terminal), or with --offline seed a new cluster's data dir.
     Restore(RestoreArgs),
 }
 
@@ -40,6 +46,10 @@ pub struct RestoreArgs {
     /// Seed the data dir of one node of a NEW cluster instead (disaster recovery).
     #[arg(long)]
     offline: bool,
+    /// Online: replace the running cluster's data without asking (needed when stdin is not
+    /// a terminal).
+    #[arg(long, short = 'y')]
+    yes: bool,
     /// With --offline: the node's data dir (must not hold a cluster yet).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -47,9 +57,30 @@ pub struct RestoreArgs {
     #[arg(long)]
     members: Option<String>,
     /// With --offline: start the new log this far above the snapshot's index, so that no
-    /// version the lost cluster handed out after the backup can match a new write.
-    #[arg(long, default_value_t = 1_000_000_000)]
-    bump_index: u64,
+    /// version the lost cluster handed out after the backup can match a new write
+    /// [default: 1000000000].
+    #[arg(long)]
+    bump_index: Option<u64>,
+}
+
+/// The default of `--bump-index`.
+const BUMP_INDEX_DEFAULT: u64 = 1_000_000_000;
+
+impl RestoreArgs {
+    /// The offline-only flags given, by name.
+    fn offline_flags(&self) -> Vec<&'static str> {
+        let mut given = Vec::new();
+        if self.data_dir.is_some() {
+            given.push("--data-dir");
+        }
+        if self.members.is_some() {
+            given.push("--members");
+        }
+        if self.bump_index.is_some() {
+            given.push("--bump-index");
+        }
+        given
+    }
 }
 
 fn bar(total_bytes: Option<u64>, message: &str) -> ProgressBar {
@@ -85,6 +116,10 @@ pub fn run(command: SnapshotCommand, global: &GlobalArgs) -> u8 {
     match result {
         Ok(()) => exit::OK,
         Err(CommandError::Api(e)) => crate::admin_cmd::fail(&e),
+        Err(e @ CommandError::Cancelled) => {
+            eprintln!("cairn: {e}");
+            exit::ERROR
+        }
         Err(e @ CommandError::Damaged(_)) => {
             eprintln!("cairn: {e}");
             exit::ERROR
@@ -110,6 +145,8 @@ enum CommandError {
     Usage(String),
     #[error("{0}")]
     Damaged(String),
+    #[error("restore cancelled: nothing was changed")]
+    Cancelled,
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> CommandError {
@@ -263,7 +300,71 @@ fn inspect(file: &Path) -> Result<(), CommandError> {
     Ok(())
 }
 
+/// Asks on the terminal whether to replace the running cluster's data (the answer must be
+/// `yes`); refuses without one unless `--yes` was given.
+fn confirm(
+    args: &RestoreArgs,
+    leader: &Leader,
+    header: &SnapshotHeader,
+    size: u64,
+) -> Result<(), CommandError> {
+    if args.yes {
+        return Ok(());
+    }
+    let s = &leader.status;
+    let members: Vec<String> = s
+        .members
+        .iter()
+        .map(|m| format!("node {} at {}", m.id, m.client_address))
+        .collect();
+    eprintln!(
+        "This REPLACES ALL THE DATA of the running cluster {cluster} ({count} members: \
+         {members}; {resources} resources at commit index {commit}) with {file} ({backup} \
+         resources of cluster {from} at index {index}, {size} bytes). Every node's data is \
+         replaced and every open watch is closed.",
+        cluster = s.cluster_id,
+        count = s.members.len(),
+        members = members.join(", "),
+        resources = s.resource_count,
+        commit = s.commit_index,
+        file = args.file.display(),
+        backup = header.resource_count,
+        from = header.cluster_id,
+        index = header.last_log_index,
+    );
+    eprint!("Type yes to restore: ");
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| CommandError::Usage(format!("cannot read the answer: {e}")))?;
+    if answer.trim() == "yes" {
+        Ok(())
+    } else {
+        Err(CommandError::Cancelled)
+    }
+}
+
 async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), CommandError> {
+    let offline_only = args.offline_flags();
+    if !offline_only.is_empty() {
+        return Err(CommandError::Usage(format!(
+            "{} {} for seeding a NEW cluster's data dir, with --offline; without --offline, \
+             restore replaces the RUNNING cluster's data. For a new cluster: `cairn snapshot \
+             restore --offline {} --data-dir DIR --members ID=PEER/CLIENT,...`",
+            offline_only.join(", "),
+            if offline_only.len() == 1 { "is" } else { "are" },
+            args.file.display()
+        )));
+    }
+    if !args.yes && !crate::admin_cmd::interactive() {
+        return Err(CommandError::Usage(format!(
+            "refusing to replace the running cluster's data without a confirmation: stdin is \
+             not a terminal. Pass --yes to restore {} into the running cluster (every node's \
+             data is replaced, every open watch closed), or --offline to seed a new cluster's \
+             data dir",
+            args.file.display()
+        )));
+    }
     let file = &args.file;
     let size = std::fs::metadata(file)
         .map_err(|e| io_error(file, e))?
@@ -274,9 +375,9 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
     check.finish_and_clear();
     let header = header?;
     let client = crate::admin_cmd::client_of(global)?;
-    let Leader {
-        address: leader, ..
-    } = client.leader().await?;
+    let found = client.leader().await?;
+    confirm(args, &found, &header, size)?;
+    let leader = found.address.clone();
     let timeout = client.timeout();
     let mut admin = client.connect(&leader, client.attempt_timeout()).await?;
     let progress = bar(Some(size), &format!("uploading to {leader}"));
@@ -344,7 +445,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     if members.is_empty() {
         return Err(CommandError::Usage("--members is empty".into()));
     }
-    let bump_index = args.bump_index;
+    let bump_index = args.bump_index.unwrap_or(BUMP_INDEX_DEFAULT);
     if bump_index == 0 {
         return Err(CommandError::Usage("--bump-index must be positive".into()));
     }

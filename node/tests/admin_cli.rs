@@ -6,6 +6,9 @@
 //! - membership safety: `member promote` refuses a learner that has not caught up (one whose
 //!   process never started), `member add-learner` waits for the catch-up with a timeout, and
 //!   `member remove` refuses to break the quorum unless --force;
+//! - safe restores: `snapshot restore` refuses --data-dir without --offline, and refuses to
+//!   replace a running cluster's data without --yes when stdin is not a terminal, leaving the
+//!   data as it was;
 //! - `endpoint health`, `endpoint status` and `member list` output.
 //!
 //! `ADMIN_CLI_TEST_BINARY=/path/to/cairn` runs the same tests against another build (to show
@@ -550,4 +553,102 @@ async fn endpoint_health_endpoint_status_and_member_list() {
         assert!(run.stdout.contains(column), "{column}: {run:?}");
     }
     assert_no_internals(&run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_is_refused_without_offline_for_its_flags_or_without_yes() {
+    // `snapshot restore --data-dir zz backup` once replaced the running cluster's data and
+    // exited 0. It is refused (exit 2, saying --offline), as is an online restore without
+    // --yes when stdin is not a terminal (saying --yes); the data is unchanged after both.
+    // With --yes it replaces the data.
+    let cluster = Cluster::start(options(3));
+    cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let endpoints = cluster.endpoints().join(",");
+    let write = |name: &'static str| {
+        let endpoints = endpoints.clone();
+        async move {
+            let run = cairn_at(
+                &endpoints,
+                &[
+                    "write",
+                    "--type",
+                    "demo.v1.Thing",
+                    "--name",
+                    name,
+                    "--data-json",
+                    "{}",
+                ],
+            )
+            .await;
+            assert_eq!(run.code, 0, "{run:?}");
+        }
+    };
+    let names = || async {
+        let run = cairn_at(&endpoints, &["list", "--type", "demo.Thing", "-o", "json"]).await;
+        assert_eq!(run.code, 0, "{run:?}");
+        let mut names: Vec<String> = json(&run)["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"]["name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    write("before").await;
+    let backup = cluster.root().join("backup.snap");
+    let backup = backup.to_str().unwrap();
+    let run = cairn_at(&endpoints, &["snapshot", "save", backup]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    write("after").await;
+    assert_eq!(names().await, ["after", "before"]);
+
+    let zz = cluster.root().join("zz");
+    let run = cairn_at(
+        &endpoints,
+        &[
+            "snapshot",
+            "restore",
+            "--data-dir",
+            zz.to_str().unwrap(),
+            backup,
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("--offline"), "{run:?}");
+    assert!(!zz.exists(), "nothing seeded");
+    assert_eq!(
+        names().await,
+        ["after", "before"],
+        "the cluster's data is unchanged"
+    );
+    let run = cairn_at(
+        &endpoints,
+        &[
+            "snapshot",
+            "restore",
+            "--members",
+            "1=127.0.0.1:1/127.0.0.1:2",
+            backup,
+        ],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("--offline"), "{run:?}");
+
+    let run = cairn_at(&endpoints, &["snapshot", "restore", backup]).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("--yes"), "{run:?}");
+    assert!(run.stderr.contains("not a terminal"), "{run:?}");
+    assert_eq!(
+        names().await,
+        ["after", "before"],
+        "the cluster's data is unchanged"
+    );
+
+    let run = cairn_at(&endpoints, &["snapshot", "restore", "--yes", backup]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("restored"), "{run:?}");
+    assert_eq!(names().await, ["before"], "the backup replaced the data");
 }

@@ -989,7 +989,7 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
         );
         for (name, credential) in data_roles {
             refused(
-                cairn_as(e, credential, &["snapshot", "restore", backup]).await,
+                cairn_as(e, credential, &["snapshot", "restore", "--yes", backup]).await,
                 &format!("{name}: restore"),
                 &format!("\"{name}\" lacks admin"),
             );
@@ -1009,7 +1009,7 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
             ])
         );
         succeeded(
-            cairn_as(e, &admin_env, &["snapshot", "restore", backup]).await,
+            cairn_as(e, &admin_env, &["snapshot", "restore", "--yes", backup]).await,
             "admin restores",
         );
         // After the restore, the reader still sees only its scope (and not `later`).
