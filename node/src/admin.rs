@@ -402,6 +402,17 @@ impl Admin {
                 "node {target} is no longer a voter (the membership changed meanwhile)"
             ))
         })?;
+        let progress = Progress::of(&status, &self.raft, target);
+        if !progress.reachable(self.election_timeout) {
+            return Err(ApiError::Unavailable(format!(
+                "node {target} does not answer the leader ({}): start it, or hand leadership \
+                 to another voter",
+                match progress.since_contact {
+                    Some(d) => format!("last heard {} ms ago", d.as_millis()),
+                    None => "never heard from".to_string(),
+                }
+            )));
+        }
         // 1. The target must hold every entry we have.
         let caught_up = async {
             loop {

@@ -21,6 +21,14 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
 use crate::admin_client::{describe_catch_up, AdminClient};
+
+/// `println!` that ignores a closed stdout (`cairn status | head -1`) instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
 use crate::cli::{exit, exit_code_of};
 
 #[derive(Subcommand)]
@@ -114,7 +122,7 @@ pub fn fail(e: &ApiError) -> u8 {
 }
 
 fn print_json(value: &Value) {
-    println!(
+    out!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_default()
     );
@@ -136,9 +144,9 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
             .collect();
         padded.join("  ").trim_end().to_string()
     };
-    println!("{}", line(header.to_vec()));
+    out!("{}", line(header.to_vec()));
     for row in rows {
-        println!("{}", line(row.iter().map(String::as_str).collect()));
+        out!("{}", line(row.iter().map(String::as_str).collect()));
     }
 }
 
@@ -285,7 +293,7 @@ impl ClusterReport {
     }
 
     fn print_table(&self) {
-        println!("{}", self.summary());
+        out!("{}", self.summary());
         let header = [
             "ID",
             "MEMBER",
@@ -350,7 +358,7 @@ impl ClusterReport {
             .as_ref()
             .and_then(|l| l.pending_restore.as_ref())
         {
-            println!(
+            out!(
                 "pending restore {}: {}/{} resources received{}",
                 p.restore_id,
                 p.received,
@@ -570,8 +578,8 @@ pub async fn endpoint_health(global: &GlobalArgs, args: &EndpointArgs) -> u8 {
             for (t, (r, took)) in targets.iter().zip(&results) {
                 let took = format!("{:.1}ms", took.as_secs_f64() * 1000.0);
                 match r {
-                    Ok(()) => println!("{t} is healthy: took {took}"),
-                    Err(e) => println!("{t} is unhealthy: {e} (took {took})"),
+                    Ok(()) => out!("{t} is healthy: took {took}"),
+                    Err(e) => out!("{t} is unhealthy: {e} (took {took})"),
                 }
             }
         }
@@ -711,7 +719,7 @@ fn print_members(output: OutputFormat, cluster_id: &str, members: &[pb::Member])
 /// What a membership command prints once done: a line (table) or the change (JSON).
 fn print_change(output: OutputFormat, line: &str, r: &pb::MembershipResponse) {
     match output {
-        OutputFormat::Table => println!("{line}"),
+        OutputFormat::Table => out!("{line}"),
         OutputFormat::Json => {
             let members: Vec<Value> = r
                 .status
