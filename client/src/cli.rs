@@ -110,20 +110,23 @@ pub fn exit_code_of_api(e: &cairn_proto::error::ApiError) -> u8 {
 
 /// How every `cairn` command that talks to a cluster reaches it: the nodes'
 /// client addresses, a bearer token, TLS. The data commands take it inside
-/// [`CommonArgs`]; the admin commands of the node binary take it as is.
+/// [`CommonArgs`]; the `cairn` binary takes it at its top, in [`GlobalArgs`].
+/// Every flag is global: it may come before or after the subcommand.
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
-    /// Client addresses of cluster nodes, comma-separated.
+    /// Client addresses of cluster nodes, comma-separated (`host:port`,
+    /// `http://host:port`, or `https://host:port` for TLS); tried in turn.
     #[arg(
         long,
         env = "CAIRN_ENDPOINTS",
         default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-        value_delimiter = ','
+        value_delimiter = ',',
+        global = true
     )]
     pub endpoints: Vec<String>,
     /// Bearer token, for a cluster that requires one (admin commands need
     /// one with the admin role).
-    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
@@ -160,7 +163,9 @@ pub enum DataCommand {
     Watch(WatchArgs),
 }
 
-/// Options every data command takes.
+/// Options every data command takes. The cluster, output and timeout flags
+/// are the same (same names, same types) as [`GlobalArgs`]'s, so that the
+/// `cairn` binary's global flags reach the data commands too.
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
     #[command(flatten)]
@@ -172,10 +177,41 @@ pub struct CommonArgs {
     #[arg(long, default_value = "default/default", value_parser = parse_tenancy)]
     pub tenancy: Tenancy,
     /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value = "table",
+        global = true
+    )]
     pub output: OutputFormat,
-    /// Deadline of each call to the cluster, failovers included.
-    #[arg(long, default_value_t = 10_000)]
+    /// Deadline of each call to the cluster, failovers included (each
+    /// endpoint gets a share of it).
+    #[arg(long, default_value_t = 10_000, global = true)]
+    pub timeout_ms: u64,
+}
+
+/// The `cairn` binary's global flags: how to reach the cluster, the output
+/// format and the overall timeout. Given before or after any subcommand
+/// (`cairn --endpoints A member list`, `cairn member list --endpoints A`);
+/// the data commands read the same flags through [`CommonArgs`].
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Cluster options")]
+pub struct GlobalArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_enum,
+        default_value = "table",
+        global = true
+    )]
+    pub output: OutputFormat,
+    /// Deadline of each call to the cluster, failovers included (each
+    /// endpoint gets a share of it).
+    #[arg(long, default_value_t = 10_000, global = true)]
     pub timeout_ms: u64,
 }
 
@@ -185,13 +221,13 @@ pub struct CommonArgs {
 pub struct TlsArgs {
     /// CA certificate (PEM) that signed the nodes' certificates (default:
     /// the system's CAs).
-    #[arg(long, env = "CAIRN_CACERT")]
+    #[arg(long, env = "CAIRN_CACERT", global = true)]
     pub cacert: Option<std::path::PathBuf>,
     /// Client certificate (PEM), for nodes that ask for one.
-    #[arg(long, env = "CAIRN_CERT", requires = "key")]
+    #[arg(long, env = "CAIRN_CERT", requires = "key", global = true)]
     pub cert: Option<std::path::PathBuf>,
     /// The client certificate's private key (PEM).
-    #[arg(long, env = "CAIRN_KEY", requires = "cert")]
+    #[arg(long, env = "CAIRN_KEY", requires = "cert", global = true)]
     pub key: Option<std::path::PathBuf>,
 }
 
@@ -230,8 +266,9 @@ impl From<ConsistencyArg> for Consistency {
     }
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OutputFormat {
+    #[default]
     Table,
     Json,
 }

@@ -83,7 +83,14 @@ impl Access {
         address: &str,
         connect_timeout: Duration,
     ) -> Result<Channel, String> {
-        let endpoint = self.endpoint(address)?.connect_timeout(connect_timeout);
+        // HTTP/2 pings while a call is open: a node that stops answering (a stopped process,
+        // a dead host) ends a long call (a snapshot transfer, a membership change) within
+        // about 15 s instead of never.
+        let endpoint = self
+            .endpoint(address)?
+            .connect_timeout(connect_timeout)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(10));
         let connecting = cairn_tls::connect_channel(endpoint, self.tls.as_ref());
         match tokio::time::timeout(connect_timeout, connecting).await {
             Ok(Ok(channel)) => Ok(channel),

@@ -15,7 +15,10 @@ pub enum FsmError {
     NotFound,
     /// The expected version is not the stored one. `stored` is `None` when
     /// nothing is stored at the key.
-    #[error("CAS failure: expected version {expected:?}, stored {stored:?}")]
+    #[error(
+        "CAS failure: expected version {expected:?}, {}",
+        stored_version(stored)
+    )]
     CasFailure {
         expected: String,
         stored: Option<String>,
@@ -50,6 +53,14 @@ pub enum FsmError {
     /// A command or snapshot record could not be decoded.
     #[error("decode: {0}")]
     Decode(String),
+}
+
+/// What a CAS failure says is stored: `version "2" is stored`, or `nothing is stored`.
+fn stored_version(stored: &Option<String>) -> String {
+    match stored {
+        Some(version) => format!("but version {version:?} is stored"),
+        None => "but nothing is stored".to_string(),
+    }
 }
 
 impl FsmError {

@@ -620,7 +620,7 @@ impl Cluster {
                 let address = self.node(leader).client_address.clone();
                 let call = async {
                     let mut c = self.admin(&address).await?;
-                    c.remove_member(RemoveMemberRequest { id })
+                    c.remove_member(RemoveMemberRequest { id, force: false })
                         .await
                         .map(|r| r.into_inner())
                         .map_err(|e| e.to_string())

@@ -6,6 +6,20 @@
 //! Membership changes must run on the leader; elsewhere they answer NotLeader
 //! with the leader's address, which `cairn` follows.
 //!
+//! **Membership safety** is checked here, on the leader, so that a script calling the gRPC
+//! API gets the same protection as `cairn member`; refusals are `Inconsistent`
+//! (FAILED_PRECONDITION, exit code 5) with a message saying what to do:
+//! - Promote refuses a learner that has not caught up ([`caught_up`]): one whose log the
+//!   leader has never matched (a process that never started), that is more than
+//!   [`CAUGHT_UP_LAG_ENTRIES_MAX`] entries behind, or that has not answered within an
+//!   election timeout. AddLearner returns once the learner is in the membership; callers
+//!   wait for `Member.caught_up` in Status (`cairn member add-learner` does).
+//! - RemoveMember of a voter refuses, unless forced, a change that leaves fewer voters the
+//!   leader hears from (within an election timeout) than a quorum, in the current
+//!   configuration or in the new one ([`removal_keeps_quorum`]): such a change could not
+//!   commit (joint consensus needs both quorums), and the cluster would be stuck in the
+//!   joint configuration until those voters answer.
+//!
 //! Leader transfer (openraft 0.9 has none): the leader checks the target has
 //! every entry of its log, pauses its own heartbeats and elections, waits out
 //! the followers' leader lease, then asks the target to campaign at once. The
@@ -13,7 +27,9 @@
 //! follower. Safety never depends on this dance (elections are ordinary Raft
 //! elections); only which node wins does. Heartbeats resume whatever happens.
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::admin_service_server::AdminService;
@@ -21,8 +37,14 @@ use cairn_proto::v1::{self as pb};
 use tonic::{Request, Response, Status};
 
 use crate::auth::{AdminOperation, Authenticator};
-use crate::raft::{NodeInfo, RaftHandle};
+use crate::raft::{NodeInfo, RaftHandle, RaftStatus};
 
+/// How far behind the leader's log a learner may be and still be promoted (and count as
+/// caught up in `cairn status`): a little over one replication batch, so that a learner
+/// keeping up with a busy leader qualifies.
+pub const CAUGHT_UP_LAG_ENTRIES_MAX: u64 = 100;
+
+#[derive(Clone)]
 pub struct Admin {
     pub raft: RaftHandle,
     pub election_timeout: Duration,
@@ -31,6 +53,127 @@ pub struct Admin {
     /// How this node reaches other nodes' client ports (TLS or plaintext),
     /// presenting this node's own token (to ask another node to campaign).
     pub access: cairn_client::Access,
+    /// This node's data dir (its size is in Status).
+    pub data_dir: PathBuf,
+    /// When this node started (its uptime is in Status).
+    pub started: Instant,
+}
+
+/// What a leader knows of one member's replication: how far its log is matched, and how
+/// long ago it last answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub matched: Option<u64>,
+    pub since_contact: Option<Duration>,
+}
+
+impl Progress {
+    fn of(s: &RaftStatus, raft: &RaftHandle, id: u64) -> Progress {
+        Progress {
+            matched: s.matched.get(&id).copied().flatten(),
+            since_contact: if id == s.node_id {
+                Some(Duration::ZERO)
+            } else {
+                raft.contacts.since_reply(id)
+            },
+        }
+    }
+
+    /// Whether the leader heard from the member within `window` (the leader itself: always).
+    pub fn reachable(&self, window: Duration) -> bool {
+        self.since_contact.is_some_and(|d| d <= window)
+    }
+}
+
+/// Whether a member has caught up with a leader whose last log index is `last_log_index`:
+/// `Err` says why not, in words an operator can act on.
+pub fn caught_up(progress: Progress, last_log_index: u64, window: Duration) -> Result<(), String> {
+    let Some(matched) = progress.matched else {
+        return Err(match progress.since_contact {
+            None => "the leader has never heard from it (is its process running, with this \
+                     id and peer address?)"
+                .to_string(),
+            Some(_) => "it has not received any entry yet (its lag is unknown)".to_string(),
+        });
+    };
+    let lag = last_log_index.saturating_sub(matched);
+    if lag > CAUGHT_UP_LAG_ENTRIES_MAX {
+        return Err(format!(
+            "it is {lag} entries behind the leader's log (at index {matched} of \
+             {last_log_index}; at most {CAUGHT_UP_LAG_ENTRIES_MAX} behind counts as caught up)"
+        ));
+    }
+    if !progress.reachable(window) {
+        return Err(match progress.since_contact {
+            Some(d) => format!(
+                "the leader has not heard from it for {} ms (more than an election timeout)",
+                d.as_millis()
+            ),
+            None => "the leader has never heard from it".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether removing voter `removed` leaves the cluster a quorum of reachable voters, in the
+/// current configuration and in the new one (a joint change needs both). `Err` says why
+/// not.
+pub fn removal_keeps_quorum(
+    voters: &BTreeSet<u64>,
+    reachable: &BTreeSet<u64>,
+    removed: u64,
+) -> Result<(), String> {
+    let unreachable = |set: &BTreeSet<u64>| -> String {
+        let ids: Vec<String> = set
+            .difference(reachable)
+            .map(|id| format!("node {id}"))
+            .collect();
+        ids.join(", ")
+    };
+    let now = voters.intersection(reachable).count();
+    let quorum = voters.len() / 2 + 1;
+    if now < quorum {
+        return Err(format!(
+            "the cluster has no quorum now: the leader hears from {now} of its {} voters \
+             (unreachable: {}), and no membership change can commit without a quorum",
+            voters.len(),
+            unreachable(voters)
+        ));
+    }
+    let after: BTreeSet<u64> = voters.iter().copied().filter(|v| *v != removed).collect();
+    let left = after.intersection(reachable).count();
+    let quorum_after = after.len() / 2 + 1;
+    if left < quorum_after {
+        return Err(format!(
+            "it would leave {} voters of which the leader hears from {left}, fewer than a \
+             quorum of {quorum_after} (unreachable: {}): the change could not commit, and the \
+             cluster would be stuck until they answer. Bring them back first (or remove an \
+             unreachable voter instead)",
+            after.len(),
+            unreachable(&after)
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes of every file under `dir` (0 for what cannot be read).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn millis(d: Option<Duration>) -> i64 {
+    d.map(|d| d.as_millis().min(i64::MAX as u128) as i64)
+        .unwrap_or(-1)
 }
 
 impl Admin {
@@ -38,32 +181,60 @@ impl Admin {
         let commit_index = self.raft.committed_index().await;
         let s = self.raft.status();
         let leader = s.leader_id;
-        let role = |id: u64, voter: bool| -> String {
-            if Some(id) == leader {
-                "leader".into()
-            } else if !voter {
-                "learner".into()
-            } else if id == s.node_id {
-                s.state.clone()
-            } else {
-                "follower".into()
-            }
-        };
+        let leading = leader == Some(s.node_id) && s.state == "leader";
+        let window = self.election_timeout;
         let mut members = Vec::new();
         for (voter, map) in [(true, &s.voters), (false, &s.learners)] {
             for (id, node) in map.iter() {
+                let progress = Progress::of(&s, &self.raft, *id);
+                let role = if *id == s.node_id {
+                    s.state.clone()
+                } else if Some(*id) == leader {
+                    "leader".to_string()
+                } else if !leading {
+                    "unknown".to_string()
+                } else if !progress.reachable(window) {
+                    "unreachable".to_string()
+                } else if voter {
+                    "follower".to_string()
+                } else {
+                    "learner".to_string()
+                };
                 members.push(pb::Member {
                     id: *id,
                     peer_address: node.peer_address.clone(),
                     client_address: node.client_address.clone(),
-                    role: role(*id, voter),
+                    role,
                     voter,
-                    last_contact_ms: -1,
-                    matched_index: s.matched.get(id).copied().unwrap_or(0),
+                    last_contact_ms: if leading {
+                        millis(progress.since_contact)
+                    } else {
+                        -1
+                    },
+                    matched_index: progress.matched.unwrap_or(0),
+                    matched_known: leading && progress.matched.is_some(),
+                    lag_entries: match progress.matched {
+                        Some(m) if leading => s.last_log_index.saturating_sub(m) as i64,
+                        _ => -1,
+                    },
+                    caught_up: leading && caught_up(progress, s.last_log_index, window).is_ok(),
                 });
             }
         }
+        let data_dir = self.data_dir.clone();
+        let data_dir_bytes = tokio::task::spawn_blocking(move || dir_bytes(&data_dir))
+            .await
+            .unwrap_or(0);
         pb::StatusResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            data_dir_bytes,
+            leader_contact_ms: if leading {
+                0
+            } else {
+                millis(self.raft.contacts.since_leader())
+            },
+            caught_up_lag_entries_max: CAUGHT_UP_LAG_ENTRIES_MAX,
             node_id: s.node_id,
             cluster_id: self.raft.identity.cluster_id(),
             leader_id: leader.unwrap_or(0),
@@ -100,6 +271,96 @@ impl Admin {
         })
     }
 
+    /// The status, on the leader; `NotLeader` elsewhere.
+    fn leader_status(&self) -> Result<RaftStatus, ApiError> {
+        if !self.raft.is_leader() {
+            return Err(ApiError::NotLeader {
+                hint: self.raft.leader(),
+            });
+        }
+        Ok(self.raft.status())
+    }
+
+    pub async fn add_learner(
+        &self,
+        id: u64,
+        node: NodeInfo,
+    ) -> Result<pb::MembershipResponse, ApiError> {
+        let s = self.leader_status()?;
+        if s.voters.contains_key(&id) {
+            return Err(ApiError::invalid(
+                "id",
+                format!("node {id} is already a voter"),
+            ));
+        }
+        if let Some(known) = s.learners.get(&id) {
+            if *known != node {
+                return Err(ApiError::invalid(
+                    "id",
+                    format!(
+                        "node {id} is already a learner, with peer address {} and client \
+                         address {}: to change its addresses, remove it first \
+                         (`cairn member remove {id}`)",
+                        known.peer_address, known.client_address
+                    ),
+                ));
+            }
+        }
+        self.membership(self.raft.add_learner(id, node).await).await
+    }
+
+    pub async fn promote(&self, id: u64) -> Result<pb::MembershipResponse, ApiError> {
+        let s = self.leader_status()?;
+        if !s.voters.contains_key(&id) {
+            if !s.learners.contains_key(&id) {
+                return Err(ApiError::invalid(
+                    "id",
+                    format!(
+                        "node {id} is not a member: add it as a learner first \
+                         (`cairn member add-learner`)"
+                    ),
+                ));
+            }
+            let progress = Progress::of(&s, &self.raft, id);
+            caught_up(progress, s.last_log_index, self.election_timeout).map_err(|why| {
+                ApiError::Inconsistent(format!(
+                    "refusing to promote node {id}: it has not caught up: {why}. A voter that \
+                     lags weakens the quorum; wait until `cairn status` shows it caught up"
+                ))
+            })?;
+        }
+        self.membership(self.raft.promote(id).await).await
+    }
+
+    pub async fn remove_member(
+        &self,
+        id: u64,
+        force: bool,
+    ) -> Result<pb::MembershipResponse, ApiError> {
+        let s = self.leader_status()?;
+        if !s.voters.contains_key(&id) && !s.learners.contains_key(&id) {
+            return Err(ApiError::invalid(
+                "id",
+                format!("node {id} is not a member of the cluster"),
+            ));
+        }
+        if s.voters.contains_key(&id) && !force {
+            let voters: BTreeSet<u64> = s.voters.keys().copied().collect();
+            let reachable: BTreeSet<u64> = voters
+                .iter()
+                .copied()
+                .filter(|v| Progress::of(&s, &self.raft, *v).reachable(self.election_timeout))
+                .collect();
+            removal_keeps_quorum(&voters, &reachable, id).map_err(|why| {
+                ApiError::Inconsistent(format!(
+                    "refusing to remove node {id}: {why}. `--force` (RemoveMember with force) \
+                     proposes it anyway: it commits only once enough voters answer"
+                ))
+            })?;
+        }
+        self.membership(self.raft.remove(id).await).await
+    }
+
     pub async fn transfer_leader(&self, to: u64) -> Result<pb::MembershipResponse, ApiError> {
         if !self.raft.is_leader() {
             return Err(ApiError::NotLeader {
@@ -115,8 +376,19 @@ impl Admin {
                     status: Some(self.status().await),
                 });
             }
+            if status.learners.contains_key(&to) {
+                return Err(ApiError::invalid(
+                    "to",
+                    format!(
+                        "node {to} is a learner: promote it first (`cairn member promote {to}`)"
+                    ),
+                ));
+            }
             if !status.voters.contains_key(&to) {
-                return Err(ApiError::invalid("to", format!("node {to} is not a voter")));
+                return Err(ApiError::invalid(
+                    "to",
+                    format!("node {to} is not a member of the cluster"),
+                ));
             }
             to
         } else {
@@ -125,16 +397,27 @@ impl Admin {
             })?
         };
         // (The membership may have changed since `status` was read.)
-        let node: NodeInfo = status
-            .voters
-            .get(&target)
-            .cloned()
-            .ok_or_else(|| ApiError::invalid("to", format!("node {target} is not a voter")))?;
+        let node: NodeInfo = status.voters.get(&target).cloned().ok_or_else(|| {
+            ApiError::Inconsistent(format!(
+                "node {target} is no longer a voter (the membership changed meanwhile)"
+            ))
+        })?;
+        let progress = Progress::of(&status, &self.raft, target);
+        if !progress.reachable(self.election_timeout) {
+            return Err(ApiError::Unavailable(format!(
+                "node {target} does not answer the leader ({}): start it, or hand leadership \
+                 to another voter",
+                match progress.since_contact {
+                    Some(d) => format!("last heard {} ms ago", d.as_millis()),
+                    None => "never heard from".to_string(),
+                }
+            )));
+        }
         // 1. The target must hold every entry we have.
         let caught_up = async {
             loop {
                 let s = self.raft.status();
-                if s.matched.get(&target).copied().unwrap_or(0) >= s.last_log_index {
+                if s.matched.get(&target).copied().flatten().unwrap_or(0) >= s.last_log_index {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -315,10 +598,7 @@ impl AdminService for Admin {
             peer_address: r.peer_address,
             client_address: r.client_address,
         };
-        Ok(Response::new(
-            self.membership(self.raft.add_learner(r.id, node).await)
-                .await?,
-        ))
+        Ok(Response::new(Admin::add_learner(self, r.id, node).await?))
     }
 
     async fn promote(
@@ -327,8 +607,7 @@ impl AdminService for Admin {
     ) -> Result<Response<pb::MembershipResponse>, Status> {
         self.auth.require_admin(&r, AdminOperation::Promote)?;
         Ok(Response::new(
-            self.membership(self.raft.promote(r.into_inner().id).await)
-                .await?,
+            Admin::promote(self, r.into_inner().id).await?,
         ))
     }
 
@@ -337,9 +616,9 @@ impl AdminService for Admin {
         r: Request<pb::RemoveMemberRequest>,
     ) -> Result<Response<pb::MembershipResponse>, Status> {
         self.auth.require_admin(&r, AdminOperation::RemoveMember)?;
+        let r = r.into_inner();
         Ok(Response::new(
-            self.membership(self.raft.remove(r.into_inner().id).await)
-                .await?,
+            Admin::remove_member(self, r.id, r.force).await?,
         ))
     }
 
@@ -362,5 +641,57 @@ impl AdminService for Admin {
             .require_admin(&r, AdminOperation::TriggerElection)?;
         self.raft.trigger_election().await?;
         Ok(Response::new(pb::TriggerElectionResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    fn progress(matched: Option<u64>, since_ms: Option<u64>) -> Progress {
+        Progress {
+            matched,
+            since_contact: since_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn a_learner_is_caught_up_when_matched_close_and_recently_heard() {
+        // Never heard (a process not started), matched nothing, too far behind, or silent for
+        // longer than the window: not caught up, each saying why. Close and recent: caught up.
+        let never = caught_up(progress(None, None), 50, WINDOW).unwrap_err();
+        assert!(never.contains("never heard"), "{never}");
+        let empty = caught_up(progress(None, Some(10)), 50, WINDOW).unwrap_err();
+        assert!(empty.contains("lag is unknown"), "{empty}");
+        let behind = caught_up(progress(Some(10), Some(10)), 500, WINDOW).unwrap_err();
+        assert!(behind.contains("490 entries behind"), "{behind}");
+        let silent = caught_up(progress(Some(500), Some(5_000)), 500, WINDOW).unwrap_err();
+        assert!(silent.contains("5000 ms"), "{silent}");
+        assert!(caught_up(
+            progress(Some(500 - CAUGHT_UP_LAG_ENTRIES_MAX), Some(10)),
+            500,
+            WINDOW
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_removal_must_leave_a_reachable_quorum_before_and_after() {
+        // Three voters, 3 unreachable: removing 3 leaves {1, 2}, both reachable: fine;
+        // removing 2 leaves {1, 3} with only 1 reachable: refused, naming node 3. Two voters,
+        // one unreachable: no quorum now, whatever is removed.
+        let set = |ids: &[u64]| ids.iter().copied().collect::<BTreeSet<u64>>();
+        assert!(removal_keeps_quorum(&set(&[1, 2, 3]), &set(&[1, 2]), 3).is_ok());
+        let e = removal_keeps_quorum(&set(&[1, 2, 3]), &set(&[1, 2]), 2).unwrap_err();
+        assert!(e.contains("node 3") && e.contains("quorum of 2"), "{e}");
+        let e = removal_keeps_quorum(&set(&[1, 2]), &set(&[1]), 2).unwrap_err();
+        assert!(e.contains("no quorum now"), "{e}");
+        // Five voters, two unreachable: removing a reachable one leaves 2 of 4: refused.
+        assert!(removal_keeps_quorum(&set(&[1, 2, 3, 4, 5]), &set(&[1, 2, 3]), 2).is_err());
+        assert!(removal_keeps_quorum(&set(&[1, 2, 3, 4, 5]), &set(&[1, 2, 3]), 5).is_ok());
+        // Every voter reachable: any removal is fine.
+        assert!(removal_keeps_quorum(&set(&[1, 2, 3]), &set(&[1, 2, 3]), 1).is_ok());
     }
 }

@@ -39,13 +39,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::admin_service_server::AdminServiceServer;
 use cairn_proto::v1::shared::resource_service_server::ResourceServiceServer;
 use cairn_proto::v1::{self as pb};
 use tokio::sync::watch;
 
 use crate::admin::Admin;
+use crate::admin_client::AdminClient;
 use crate::config::{Config, ConfigSource};
 use crate::connections::{ActivityLayer, PortLimits};
 use crate::fatal::{FatalCause, NodeContext, ShutdownProgress};
@@ -71,13 +71,12 @@ pub fn limits(config: &Config) -> cairn_fsm::Limits {
 /// A running node; dropped or shut down by [`Agent::shutdown`].
 pub struct Agent {
     pub raft: RaftHandle,
-    restorer: Arc<crate::restore::Restorer>,
-    auth: Arc<crate::auth::Authenticator>,
+    /// The admin service (also used to hand leadership off on shutdown).
+    admin: Admin,
     /// Aborts restores whose driver is gone; stopped with the agent.
     orphan_check: tokio::task::JoinHandle<()>,
     stop: watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<()>>,
-    access: cairn_client::Access,
     health: Arc<Health>,
     /// Set before a requested shutdown: the core stopping then is no fatal condition.
     stopping: Arc<AtomicBool>,
@@ -319,6 +318,8 @@ impl Agent {
             restorer: restorer.clone(),
             auth: auth.clone(),
             access: access.clone(),
+            data_dir: config.data_dir.clone(),
+            started: Instant::now(),
         };
         // Every client service counts against `requests_per_connection_max`.
         let limited = crate::limits::RequestLimitLayer::new(
@@ -335,7 +336,7 @@ impl Agent {
             ))
             .add_service(grpc_metrics::wrap(
                 limited.wrap(
-                    AdminServiceServer::new(admin)
+                    AdminServiceServer::new(admin.clone())
                         .max_decoding_message_size(config.client_message_bytes_max)
                         .max_encoding_message_size(config.client_message_bytes_max),
                 ),
@@ -362,8 +363,12 @@ impl Agent {
         if let Some(join) = config.join.clone() {
             let raft = raft.clone();
             let access = access.clone();
+            let added_by_hand = join_status
+                .as_ref()
+                .is_some_and(|s| s.members.iter().any(|m| m.id == config.node_id && !m.voter));
             tokio::spawn(async move {
-                if let Err(e) = join_cluster(&raft, &join, &access, self_info).await {
+                if let Err(e) = join_cluster(&raft, &join, &access, self_info, added_by_hand).await
+                {
                     tracing::error!(error = %e, "joining the cluster failed");
                     eprintln!("cairn: joining the cluster through {join} failed: {e}");
                 }
@@ -405,12 +410,10 @@ impl Agent {
 
         Ok(Agent {
             raft,
-            restorer,
-            auth,
+            admin,
             orphan_check,
             stop,
             servers,
-            access,
             health,
             stopping,
             fatal,
@@ -449,11 +452,8 @@ impl Agent {
         if self.raft.is_leader() && self.raft.status().voters.len() > 1 {
             progress.set("the leadership hand-off");
             let admin = Admin {
-                raft: self.raft.clone(),
                 election_timeout,
-                restorer: self.restorer.clone(),
-                auth: self.auth.clone(),
-                access: self.access.clone(),
+                ..self.admin.clone()
             };
             // At most half the deadline: the rest is for stopping.
             let bound = (election_timeout * 5).min(deadline / 2);
@@ -540,8 +540,14 @@ fn server_builder(
         .layer(ActivityLayer)
 }
 
-/// How long one member gets to answer the start-up check.
+/// How long one member gets to answer the start-up check (one that does not is skipped).
 const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a new node tries to reach the node it joins through (which must answer).
+const JOIN_STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a joining node tries to reach the leader for each membership change.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a joining node waits to catch up before it asks to be promoted.
+const JOIN_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Before Raft starts, asks the running cluster about this node and its data dir:
 /// - a dir of another cluster is refused, naming both cluster ids (checked against any member
@@ -554,6 +560,11 @@ const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 ///   The node it joins through must answer: its status (members and cluster id) is returned,
 ///   for the peer gate.
 ///
+/// Who is asked: the other members (`--members`) or the node joined through (a restart with
+/// `--join`), each once within [`MEMBER_STATUS_TIMEOUT`], concurrently; a new node with
+/// `--join` asks its node until it answers with a cluster id, within [`JOIN_STATUS_TIMEOUT`]
+/// (all through [`AdminClient`]). The answers then go through one set of checks.
+///
 /// A member that cannot be reached is skipped, but one that answers with an authentication
 /// or permission error refuses the start ([`refused_status`]): the check needs the admin role
 /// (`auth.node_token_file`), and a node that cannot make it must not start as if the cluster
@@ -565,106 +576,94 @@ async fn check_against_cluster(
     fresh: bool,
 ) -> anyhow::Result<Option<pb::StatusResponse>> {
     let refuse = |reason: String| -> anyhow::Error { FatalCause::DataDirRefused { reason }.into() };
+    let answers: Vec<(String, Result<pb::StatusResponse, ApiError>)> = match &config.join {
+        Some(join) if fresh => {
+            let client = AdminClient::new(vec![join.clone()], access.clone(), JOIN_STATUS_TIMEOUT);
+            let known_cluster = |s: &pb::StatusResponse| {
+                if s.cluster_id.is_empty() {
+                    Err("it does not know its cluster id yet".to_string())
+                } else {
+                    Ok(())
+                }
+            };
+            match client.first_status(known_cluster).await {
+                Ok((_, status)) => vec![(join.clone(), Ok(status))],
+                Err(e) if e.is_credential_refusal() => anyhow::bail!(
+                    "joining the cluster through {join} failed: {}",
+                    refused_status(join, &e)
+                ),
+                Err(e) => anyhow::bail!("joining the cluster through {join} failed: {e}"),
+            }
+        }
+        _ => {
+            let addresses: Vec<String> = match &config.join {
+                Some(join) => vec![join.clone()],
+                None => config
+                    .members
+                    .iter()
+                    .filter(|m| m.id != config.node_id)
+                    .map(|m| m.client_address.clone())
+                    .collect(),
+            };
+            let client = AdminClient::new(addresses.clone(), access.clone(), MEMBER_STATUS_TIMEOUT)
+                .with_attempt_timeout(MEMBER_STATUS_TIMEOUT);
+            let statuses = client.statuses(&addresses).await;
+            addresses.into_iter().zip(statuses).collect()
+        }
+    };
     let ours = identity.cluster_id();
-    let foreign = |status: &pb::StatusResponse, address: &str| -> Option<String> {
-        (!ours.is_empty() && !status.cluster_id.is_empty() && status.cluster_id != ours).then(
-            || {
-                format!(
+    let dir = config.data_dir.display();
+    let id = config.node_id;
+    let mut join_status = None;
+    for (address, answer) in answers {
+        let status = match answer {
+            Ok(status) => status,
+            Err(e) if e.is_credential_refusal() => {
+                return Err(refuse(refused_status(&address, &e)))
+            }
+            Err(_) => continue,
+        };
+        let theirs = &status.cluster_id;
+        if !ours.is_empty() && !theirs.is_empty() && *theirs != ours {
+            return Err(refuse(format!(
                 "data dir {dir} belongs to cluster {ours} (see {dir}/cluster_id), but node {node} \
                  at {address} is a member of cluster {theirs}: this is another cluster's data \
                  dir. Start this node on its own data dir; to move it into cluster {theirs}, \
                  empty the data dir and start it with `--join {address}`",
-                dir = config.data_dir.display(),
                 node = status.node_id,
-                theirs = status.cluster_id,
-            )
-            },
-        )
-    };
-    if let Some(join) = &config.join {
-        if !fresh {
-            // A restart (of a joined node, or of one whose join did not finish): compare
-            // cluster ids, and prime the peer gate, if the cluster answers.
-            let status = match tokio::time::timeout(
-                MEMBER_STATUS_TIMEOUT,
-                crate::cli::fetch_status(join, access),
-            )
-            .await
-            {
-                Ok(Ok(status)) => status,
-                Ok(Err(e)) if e.is_credential_refusal() => {
-                    return Err(refuse(refused_status(join, &e)))
-                }
-                _ => return Ok(None),
-            };
-            if let Some(reason) = foreign(&status, join) {
-                return Err(refuse(reason));
-            }
-            return Ok((!status.cluster_id.is_empty()).then_some(status));
+            )));
         }
-        let status = status_for_join(join, access).await?;
-        if let Some(reason) = foreign(&status, join) {
-            return Err(refuse(reason));
+        let listed = status.members.iter().find(|m| m.id == id);
+        if fresh && config.join.is_some() && listed.is_some_and(|m| m.voter) {
+            return Err(refuse(format!(
+                "data dir {dir} is empty, but node {id} is still a voter of cluster {theirs} \
+                 (node {node} at {address} says so): a voter that lost its data must not vote \
+                 again. Remove it first: `cairn member remove {id}` against the cluster, then \
+                 start this node again with `--join {address}`",
+                node = status.node_id,
+            )));
         }
-        if status
-            .members
-            .iter()
-            .any(|m| m.id == config.node_id && m.voter)
+        // Index 0 is the bootstrap membership, 1 the first leader's blank entry.
+        if fresh
+            && config.join.is_none()
+            && !theirs.is_empty()
+            && listed.is_some()
+            && status.commit_index > 1
         {
             return Err(refuse(format!(
-                "data dir {dir} is empty, but node {id} is still a voter of cluster {cluster} \
-                 (node {node} at {join} says so): a voter that lost its data must not vote \
-                 again. Remove it first: `cairn member remove {id}` against the cluster, then \
-                 start this node again with `--join {join}`",
-                dir = config.data_dir.display(),
-                id = config.node_id,
-                cluster = status.cluster_id,
+                "data dir {dir} is empty, but node {id} is already a member of running cluster \
+                 {theirs} (node {node} reports commit index {commit}). If this node lost its \
+                 data, re-add it explicitly: `cairn member remove {id}` against the cluster, \
+                 then start this node with `--join {address}`",
                 node = status.node_id,
+                commit = status.commit_index,
             )));
         }
-        return Ok(Some(status));
-    }
-    let others: Vec<_> = config
-        .members
-        .iter()
-        .filter(|m| m.id != config.node_id)
-        .collect();
-    let answers = futures::future::join_all(others.iter().map(|member| {
-        tokio::time::timeout(
-            MEMBER_STATUS_TIMEOUT,
-            crate::cli::fetch_status(&member.client_address, access),
-        )
-    }))
-    .await;
-    for (member, answer) in others.iter().zip(answers) {
-        let status = match answer {
-            Ok(Ok(status)) => status,
-            Ok(Err(e)) if e.is_credential_refusal() => {
-                return Err(refuse(refused_status(&member.client_address, &e)))
-            }
-            _ => continue,
-        };
-        if let Some(reason) = foreign(&status, &member.client_address) {
-            return Err(refuse(reason));
-        }
-        let counted = status.members.iter().any(|m| m.id == config.node_id);
-        // Index 0 is the bootstrap membership, 1 the first leader's blank entry.
-        if fresh && !status.cluster_id.is_empty() && counted && status.commit_index > 1 {
-            return Err(refuse(format!(
-                "data dir {} is empty, but node {} is already a member of running cluster {} \
-                 (node {} reports commit index {}). If this node lost its data, re-add it explicitly: \
-                 `cairn member remove {}` against the cluster, then start this node with `--join {}`",
-                config.data_dir.display(),
-                config.node_id,
-                status.cluster_id,
-                status.node_id,
-                status.commit_index,
-                config.node_id,
-                member.client_address,
-            )));
+        if config.join.is_some() && !theirs.is_empty() {
+            join_status = Some(status);
         }
     }
-    Ok(None)
+    Ok(join_status)
 }
 
 /// Why a node whose status call a member refused does not start.
@@ -675,32 +674,6 @@ fn refused_status(address: &str, e: &ApiError) -> String {
          the cluster counts on. Set auth.node_token_file to a token whose grant has \
          admin = true on every node"
     )
-}
-
-/// The status of the node a new node joins through (retried for a few seconds: it must answer,
-/// and know its cluster id; a refusal of this node's credentials is final).
-async fn status_for_join(
-    address: &str,
-    access: &cairn_client::Access,
-) -> anyhow::Result<pb::StatusResponse> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match crate::cli::fetch_status(address, access).await {
-            Ok(s) if !s.cluster_id.is_empty() => return Ok(s),
-            Err(e) if e.is_credential_refusal() => anyhow::bail!(
-                "joining the cluster through {address} failed: {}",
-                refused_status(address, &e)
-            ),
-            Ok(_) if attempt >= 20 => anyhow::bail!(
-                "joining the cluster through {address} failed: it does not know its cluster id yet"
-            ),
-            Err(e) if attempt >= 20 => {
-                anyhow::bail!("joining the cluster through {address} failed: {e}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
 }
 
 /// Waits for openraft's core to stop. Unless a shutdown was requested, that is a fatal
@@ -828,72 +801,59 @@ pub(crate) fn log_auth_mode(
     }
 }
 
-/// Calls an admin RPC at `address`, following NotLeader hints to the leader.
-pub async fn at_leader<T, F, Fut>(
-    address: &str,
-    access: &cairn_client::Access,
-    mut call: F,
-) -> Result<T, ApiError>
-where
-    F: FnMut(AdminServiceClient<cairn_client::AuthenticatedChannel>) -> Fut,
-    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-{
-    let mut target = address.to_string();
-    let mut last = ApiError::Unavailable(format!("no answer from {address}"));
-    for _ in 0..20 {
-        let client = match access.admin(&target).await {
-            Ok(c) => c,
-            Err(e) => {
-                last = ApiError::Unavailable(e);
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                target = address.to_string();
-                continue;
-            }
-        };
-        match call(client).await.map_err(ApiError::from) {
-            Ok(v) => return Ok(v),
-            Err(ApiError::NotLeader { hint }) => {
-                if let Some(leader) = hint.client_address {
-                    target = leader;
-                } else {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                last = ApiError::NotLeader {
-                    hint: Default::default(),
-                };
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last)
-}
-
+/// Joins the cluster through `address` as a learner, waits until the leader counts it caught
+/// up, then promotes itself; all through [`AdminClient`] (leader found and followed, each
+/// step bounded). A node an operator already added as a learner (`cairn member
+/// add-learner`; `added_by_hand`) only catches up: the operator promotes it.
 async fn join_cluster(
     raft: &RaftHandle,
     address: &str,
     access: &cairn_client::Access,
     me: NodeInfo,
+    added_by_hand: bool,
 ) -> Result<(), ApiError> {
     if raft.is_initialized().await {
         return Ok(()); // already a member: a restart of a joined node
     }
     let id = raft.node_id;
-    at_leader(address, access, |mut c| {
-        let me = me.clone();
-        async move {
-            c.add_learner(pb::AddLearnerRequest {
+    if added_by_hand {
+        tracing::info!(
+            id,
+            "this node is already a learner of the cluster (added by hand): it catches up, \
+             and becomes a voter when an operator runs `cairn member promote {id}`"
+        );
+        return Ok(());
+    }
+    let cluster = AdminClient::new(vec![address.to_string()], access.clone(), JOIN_TIMEOUT);
+    cluster
+        .at_leader(|mut c| {
+            let request = pb::AddLearnerRequest {
                 id,
-                peer_address: me.peer_address,
-                client_address: me.client_address,
-            })
+                peer_address: me.peer_address.clone(),
+                client_address: me.client_address.clone(),
+            };
+            async move { c.add_learner(request).await }
+        })
+        .await?;
+    tracing::info!(id, "joined the cluster as a learner; catching up");
+    // A busy leader can move ahead between the catch-up and the promotion: catch up again.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        cluster
+            .wait_caught_up(id, JOIN_CATCH_UP_TIMEOUT, |_, _| {})
+            .await?;
+        match cluster
+            .at_leader(|mut c| async move { c.promote(pb::PromoteRequest { id }).await })
             .await
+        {
+            Ok(_) => break,
+            Err(ApiError::Inconsistent(why)) if attempts < 5 => {
+                tracing::info!(id, %why, "promotion refused; catching up again");
+            }
+            Err(e) => return Err(e),
         }
-    })
-    .await?;
-    at_leader(address, access, |mut c| async move {
-        c.promote(pb::PromoteRequest { id }).await
-    })
-    .await?;
+    }
     tracing::info!(id, "joined the cluster as a voter");
     Ok(())
 }

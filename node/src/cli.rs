@@ -6,10 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::{self as pb};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::agent::{at_leader, Agent};
+use crate::admin_cmd::{EndpointCommand, MemberCommand, TransferArgs};
+use crate::agent::Agent;
 use crate::config::{parse_members, LogFormat};
 
 #[derive(Parser)]
@@ -19,6 +19,10 @@ use crate::config::{parse_members, LogFormat};
     about = "Cairn: a Raft-replicated resource store"
 )]
 pub struct Cli {
+    /// `--endpoints`, `--token`, TLS, `-o` and `--timeout-ms`: global, before or after any
+    /// subcommand (the data commands read the same flags).
+    #[command(flatten)]
+    global: cairn_client::cli::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,9 +33,13 @@ enum Command {
     Agent(AgentArgs),
     /// Run a local cluster of child processes on loopback (Ctrl-C stops it).
     Dev(crate::dev::DevArgs),
-    /// Show the cluster's members, leader, term and indices.
-    Status(StatusArgs),
-    /// Change the cluster's membership.
+    /// Ask every member for its own status: reachable or not, role, term, indices, lag,
+    /// version, uptime, data dir size. Exits 5 without a leader or a quorum.
+    Status,
+    /// Health and status of each endpoint (or of every member, with --cluster).
+    #[command(subcommand)]
+    Endpoint(EndpointCommand),
+    /// List the members, or change the membership.
     #[command(subcommand)]
     Member(MemberCommand),
     /// Hand leadership to another voter (the most up-to-date one by default).
@@ -188,13 +196,12 @@ enum LogFormatArg {
     Json,
 }
 
-/// How an admin command reaches the cluster: `cairn_client::cli`'s flags
-/// (`--endpoints`, `--token`, TLS), the same as the data commands'.
-pub type Endpoints = cairn_client::cli::ClusterArgs;
-
-/// [`Endpoints::access`], its error as the node's vocabulary.
-pub(crate) fn access(endpoints: &Endpoints) -> Result<cairn_client::Access, ApiError> {
-    endpoints.access().map_err(|e| match e {
+/// How the cluster flags say to reach the nodes (TLS, token), its error as the node's
+/// vocabulary.
+pub(crate) fn access(
+    cluster: &cairn_client::cli::ClusterArgs,
+) -> Result<cairn_client::Access, ApiError> {
+    cluster.access().map_err(|e| match e {
         cairn_client::ClientError::InvalidArgument { field, reason } => {
             ApiError::invalid(field, reason)
         }
@@ -202,56 +209,9 @@ pub(crate) fn access(endpoints: &Endpoints) -> Result<cairn_client::Access, ApiE
     })
 }
 
-#[derive(Clone, Copy, ValueEnum, Default, PartialEq, Eq)]
-pub enum Output {
-    #[default]
-    Table,
-    Json,
-}
-
-#[derive(Args)]
-struct StatusArgs {
-    #[command(flatten)]
-    endpoints: Endpoints,
-    #[arg(short, long, value_enum, default_value = "table")]
-    output: Output,
-}
-
-#[derive(Subcommand)]
-enum MemberCommand {
-    /// Add a node as a non-voting learner; waits until it has caught up.
-    AddLearner {
-        #[arg(long)]
-        id: u64,
-        #[arg(long)]
-        peer_address: String,
-        #[arg(long)]
-        client_address: String,
-        #[command(flatten)]
-        endpoints: Endpoints,
-    },
-    /// Make a learner a voter.
-    Promote {
-        id: u64,
-        #[command(flatten)]
-        endpoints: Endpoints,
-    },
-    /// Remove a member (voter or learner).
-    Remove {
-        id: u64,
-        #[command(flatten)]
-        endpoints: Endpoints,
-    },
-}
-
-#[derive(Args)]
-struct TransferArgs {
-    /// The voter to hand leadership to (default: the most up-to-date one).
-    #[arg(long, default_value_t = 0)]
-    to: u64,
-    #[command(flatten)]
-    endpoints: Endpoints,
-}
+/// `-o table|json`: one type for every command, since the global `-o` and a subcommand's
+/// own (`cairn bench`) share their values.
+pub use cairn_client::cli::OutputFormat as Output;
 
 /// Exit codes shared by every command: the one table of `cairn_client::cli`.
 pub use cairn_client::cli::exit;
@@ -283,45 +243,29 @@ fn runtime() -> tokio::runtime::Runtime {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    let global = &cli.global;
     let code = match cli.command {
         Command::Agent(args) => run_agent(args),
         Command::Dev(args) => crate::dev::run(args),
-        Command::Status(args) => runtime().block_on(status(args)),
-        Command::Member(m) => runtime().block_on(member(m)),
-        Command::Snapshot(s) => crate::snapshot_cmd::run(s),
+        Command::Status => runtime().block_on(crate::admin_cmd::status(global)),
+        Command::Endpoint(EndpointCommand::Health(args)) => {
+            runtime().block_on(crate::admin_cmd::endpoint_health(global, &args))
+        }
+        Command::Endpoint(EndpointCommand::Status(args)) => {
+            runtime().block_on(crate::admin_cmd::endpoint_status(global, &args))
+        }
+        Command::Member(m) => runtime().block_on(crate::admin_cmd::member(m, global)),
+        Command::TransferLeader(t) => {
+            runtime().block_on(crate::admin_cmd::transfer_leader(&t, global))
+        }
+        Command::Snapshot(s) => crate::snapshot_cmd::run(s, global),
         Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
         Command::Token(t) => token(t),
         Command::Bench(args) => crate::bench::run(args),
         Command::Check(c) => crate::check::run(c),
         Command::Tls(t) => crate::tls_init::run(t),
-        Command::TransferLeader(t) => runtime().block_on(async move {
-            let to = t.to;
-            let access = match access(&t.endpoints) {
-                Ok(a) => a,
-                Err(e) => return usage_error(&e),
-            };
-            report(first_endpoint(&t.endpoints), |address| async move {
-                at_leader(&address, &access, |mut c| async move {
-                    c.transfer_leader(pb::TransferLeaderRequest { to }).await
-                })
-                .await
-            })
-            .await
-        }),
     };
     ExitCode::from(code)
-}
-
-fn usage_error(e: &ApiError) -> u8 {
-    eprintln!("cairn: {e}");
-    exit_code_of(e)
-}
-
-fn first_endpoint(e: &Endpoints) -> String {
-    e.endpoints
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "127.0.0.1:7001".into())
 }
 
 /// `cairn token new | hash`.
@@ -360,26 +304,6 @@ fn token(command: TokenCommand) -> u8 {
                     exit::USAGE
                 }
             }
-        }
-    }
-}
-
-async fn report<F, Fut>(address: String, f: F) -> u8
-where
-    F: FnOnce(String) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<pb::MembershipResponse>, ApiError>>,
-{
-    match f(address).await {
-        Ok(r) => {
-            let r = r.into_inner();
-            if let Some(s) = r.status {
-                print_status(&s);
-            }
-            exit::OK
-        }
-        Err(e) => {
-            eprintln!("cairn: {e}");
-            exit_code_of(&e)
         }
     }
 }
@@ -581,154 +505,160 @@ fn print_config(source: &crate::config::ConfigSource) -> u8 {
     }
 }
 
-pub fn print_status(s: &pb::StatusResponse) {
-    println!(
-        "node {}  state {}  leader {}  term {}  commit {}  applied {}  last log {}  snapshot {}  resources {}",
-        s.node_id, s.state, s.leader_id, s.term, s.commit_index, s.applied_index, s.last_log_index, s.snapshot_index, s.resource_count
-    );
-    if let Some(p) = &s.pending_restore {
-        println!(
-            "pending restore {}: {}/{} resources received{}",
-            p.restore_id,
-            p.received,
-            p.resource_count,
-            if p.failure.is_empty() {
-                String::new()
-            } else {
-                format!(", failed: {}", p.failure)
-            }
-        );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("cairn").chain(args.iter().copied()))
     }
-    println!(
-        "{:<6} {:<10} {:<7} {:<22} {:<22} {:>10}",
-        "ID", "ROLE", "VOTER", "CLIENT", "PEER", "MATCHED"
-    );
-    for m in &s.members {
-        println!(
-            "{:<6} {:<10} {:<7} {:<22} {:<22} {:>10}",
-            m.id, m.role, m.voter, m.client_address, m.peer_address, m.matched_index
-        );
+
+    #[test]
+    fn cluster_flags_are_global_before_or_after_the_subcommand() {
+        // --endpoints, --timeout-ms and -o go anywhere, on the admin commands (member,
+        // snapshot, transfer-leader, status, endpoint) as on the data commands.
+        for args in [
+            &[
+                "--endpoints",
+                "a:1,http://b:2",
+                "-o",
+                "json",
+                "--timeout-ms",
+                "500",
+                "member",
+                "list",
+            ][..],
+            &[
+                "member",
+                "--endpoints",
+                "a:1,http://b:2",
+                "list",
+                "-o",
+                "json",
+                "--timeout-ms",
+                "500",
+            ],
+            &[
+                "member",
+                "remove",
+                "3",
+                "--endpoints",
+                "a:1,http://b:2",
+                "--output",
+                "json",
+                "--timeout-ms",
+                "500",
+            ],
+            &[
+                "transfer-leader",
+                "--to",
+                "2",
+                "--endpoints",
+                "a:1,http://b:2",
+                "-o",
+                "json",
+                "--timeout-ms",
+                "500",
+            ],
+            &[
+                "snapshot",
+                "--endpoints",
+                "a:1,http://b:2",
+                "-o",
+                "json",
+                "save",
+                "f",
+                "--timeout-ms",
+                "500",
+            ],
+            &[
+                "--endpoints",
+                "a:1,http://b:2",
+                "-o",
+                "json",
+                "--timeout-ms",
+                "500",
+                "status",
+            ],
+            &[
+                "endpoint",
+                "health",
+                "--cluster",
+                "--endpoints",
+                "a:1,http://b:2",
+                "-o",
+                "json",
+                "--timeout-ms",
+                "500",
+            ],
+        ] {
+            let cli = parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert_eq!(
+                cli.global.cluster.endpoints,
+                ["a:1", "http://b:2"],
+                "{args:?}"
+            );
+            assert_eq!(cli.global.timeout_ms, 500, "{args:?}");
+            assert_eq!(
+                cli.global.output,
+                cairn_client::cli::OutputFormat::Json,
+                "{args:?}"
+            );
+        }
+        // A global flag given before a data command reaches it.
+        let cli = parse(&[
+            "--endpoints",
+            "x:1",
+            "-o",
+            "json",
+            "read",
+            "--type",
+            "g.v1.K",
+            "--name",
+            "n",
+        ])
+        .unwrap();
+        let Command::Data(cairn_client::cli::DataCommand::Read(read)) = cli.command else {
+            panic!("read")
+        };
+        assert_eq!(read.common.cluster.endpoints, ["x:1"]);
+        assert_eq!(read.common.output, cairn_client::cli::OutputFormat::Json);
+        // The defaults: the dev cluster, 10 s, a table.
+        let cli = parse(&["status"]).unwrap();
+        assert_eq!(cli.global.cluster.endpoints.len(), 3);
+        assert_eq!(cli.global.timeout_ms, 10_000);
+        // The bench keeps its own flags.
+        assert!(parse(&["bench", "write", "--endpoints", "a:1", "-o", "json"]).is_ok());
     }
-}
 
-fn status_json(s: &pb::StatusResponse) -> serde_json::Value {
-    serde_json::json!({
-        "node_id": s.node_id, "cluster_id": s.cluster_id, "state": s.state, "leader_id": s.leader_id,
-        "term": s.term, "commit_index": s.commit_index, "applied_index": s.applied_index,
-        "last_log_index": s.last_log_index, "snapshot_index": s.snapshot_index,
-        "purged_index": s.purged_index, "resource_count": s.resource_count,
-        "pending_restore": s.pending_restore.as_ref().map(|p| serde_json::json!({
-            "restore_id": p.restore_id, "resource_count": p.resource_count,
-            "received": p.received, "failure": p.failure,
-        })),
-        "members": s.members.iter().map(|m| serde_json::json!({
-            "id": m.id, "role": m.role, "voter": m.voter, "client_address": m.client_address,
-            "peer_address": m.peer_address, "matched_index": m.matched_index,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// Asks each endpoint in turn; the first answer wins, and the leader's view
-/// (with replication progress) is preferred when it is reachable.
-async fn status(args: StatusArgs) -> u8 {
-    let access = match access(&args.endpoints) {
-        Ok(a) => a,
-        Err(e) => return usage_error(&e),
-    };
-    let mut last_error = None;
-    for endpoint in &args.endpoints.endpoints {
-        match fetch_status(endpoint, &access).await {
-            Ok(mut s) => {
-                if s.leader_id != 0 && s.leader_id != s.node_id {
-                    if let Some(leader) = s.members.iter().find(|m| m.id == s.leader_id) {
-                        if let Ok(ls) = fetch_status(&leader.client_address, &access).await {
-                            s = ls;
-                        }
-                    }
-                }
-                match args.output {
-                    Output::Json => println!(
-                        "{}",
-                        serde_json::to_string_pretty(&status_json(&s)).unwrap_or_default()
-                    ),
-                    Output::Table => print_status(&s),
-                }
-                return exit::OK;
-            }
-            // Credentials are the same everywhere: no other node would differ.
-            Err(e) if e.is_credential_refusal() => {
-                last_error = Some(e);
-                break;
-            }
-            Err(e) => last_error = Some(e),
-        }
-    }
-    let e = last_error.unwrap_or_else(|| ApiError::invalid("endpoints", "no endpoint given"));
-    eprintln!("cairn: {e}");
-    exit_code_of(&e)
-}
-
-pub async fn fetch_status(
-    endpoint: &str,
-    access: &cairn_client::Access,
-) -> Result<pb::StatusResponse, ApiError> {
-    let mut client = access
-        .admin(endpoint)
-        .await
-        .map_err(ApiError::Unavailable)?;
-    let mut request = tonic::Request::new(pb::StatusRequest {});
-    request.set_timeout(Duration::from_secs(3));
-    Ok(client.status(request).await?.into_inner())
-}
-
-async fn member(m: MemberCommand) -> u8 {
-    let endpoints = match &m {
-        MemberCommand::AddLearner { endpoints, .. }
-        | MemberCommand::Promote { endpoints, .. }
-        | MemberCommand::Remove { endpoints, .. } => endpoints,
-    };
-    let access = match access(endpoints) {
-        Ok(a) => a,
-        Err(e) => return usage_error(&e),
-    };
-    let access = &access;
-    match m {
-        MemberCommand::AddLearner {
-            id,
-            peer_address,
-            client_address,
-            endpoints,
-        } => {
-            report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, access, |mut c| {
-                    let request = pb::AddLearnerRequest {
-                        id,
-                        peer_address: peer_address.clone(),
-                        client_address: client_address.clone(),
-                    };
-                    async move { c.add_learner(request).await }
-                })
-                .await
+    #[test]
+    fn membership_commands_parse_their_safety_flags() {
+        let cli = parse(&["member", "remove", "3", "--force"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Member(MemberCommand::Remove { id: 3, force: true })
+        ));
+        let cli = parse(&[
+            "member",
+            "add-learner",
+            "--id",
+            "4",
+            "--peer-address",
+            "p:1",
+            "--client-address",
+            "c:1",
+            "--catch-up-timeout-ms",
+            "0",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Member(MemberCommand::AddLearner {
+                id: 4,
+                catch_up_timeout_ms: 0,
+                ..
             })
-            .await
-        }
-        MemberCommand::Promote { id, endpoints } => {
-            report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, access, |mut c| async move {
-                    c.promote(pb::PromoteRequest { id }).await
-                })
-                .await
-            })
-            .await
-        }
-        MemberCommand::Remove { id, endpoints } => {
-            report(first_endpoint(&endpoints), |address| async move {
-                at_leader(&address, access, |mut c| async move {
-                    c.remove_member(pb::RemoveMemberRequest { id }).await
-                })
-                .await
-            })
-            .await
-        }
+        ));
     }
 }

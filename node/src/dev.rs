@@ -185,17 +185,20 @@ pub fn run(args: DevArgs) -> u8 {
     let endpoints: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
     let started = Instant::now();
     let leader = runtime.block_on(async {
+        let client = crate::admin_client::AdminClient::new(
+            endpoints.clone(),
+            access.clone(),
+            crate::admin_client::ATTEMPT_TIMEOUT_MAX,
+        );
         while started.elapsed() < Duration::from_secs(30) {
             // A node that stopped (a configuration it refused, a port in use) will not
             // come back: say so now, with its last words, rather than after 30 s.
             if let Some(stopped) = stopped_node(&args.data_dir, &nodes, &mut children) {
                 return Err(stopped);
             }
-            for e in &endpoints {
-                if let Ok(s) = crate::cli::fetch_status(e, &access).await {
-                    if s.leader_id != 0 {
-                        return Ok(s);
-                    }
+            for status in client.statuses(&endpoints).await.into_iter().flatten() {
+                if status.leader_id != 0 {
+                    return Ok(status);
                 }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

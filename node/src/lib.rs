@@ -46,6 +46,8 @@
 //!   caller's read scope (see [`auth`]).
 
 pub mod admin;
+pub mod admin_client;
+pub mod admin_cmd;
 pub mod agent;
 pub mod auth;
 pub mod bench;

@@ -1,18 +1,28 @@
 //! `cairn snapshot save | inspect | restore`: operator backups in the format of
 //! `crate::snapshot_file`, with progress bars for everything a person waits for.
+//!
+//! The leader is found through [`crate::admin_client::AdminClient`] (the global
+//! `--endpoints`, tried in turn, each within its share of `--timeout-ms`); a transfer then
+//! fails if no chunk moves for `--timeout-ms`.
+//!
+//! An online restore replaces the running cluster's data: it asks first on a terminal,
+//! naming the cluster and what would be replaced, and is refused without `--yes` when stdin
+//! is not a terminal. The flags of an offline restore (`--data-dir`, `--members`,
+//! `--bump-index`) are refused without `--offline`, before anything is done.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use cairn_client::cli::GlobalArgs;
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::{exit, exit_code_of, Endpoints};
+use crate::admin_client::Leader;
+use crate::cli::exit;
 use crate::config::parse_members;
 use crate::raft::NodeInfo;
 use crate::snapshot_file::{
@@ -22,25 +32,24 @@ use crate::snapshot_file::{
 #[derive(Subcommand)]
 pub enum SnapshotCommand {
     /// Save a consistent point-in-time snapshot of the cluster to FILE.
-    Save {
-        file: PathBuf,
-        #[command(flatten)]
-        endpoints: Endpoints,
-    },
+    Save { file: PathBuf },
     /// Verify FILE and print its header and what it holds.
     Inspect { file: PathBuf },
-    /// Replace the cluster's state with FILE (online), or seed a new node's data dir (--offline).
+    /// Replace the RUNNING cluster's data with FILE (asks first; --yes when not on a
+    /// terminal), or with --offline seed a new cluster's data dir.
     Restore(RestoreArgs),
 }
 
 #[derive(Args)]
 pub struct RestoreArgs {
     file: PathBuf,
-    #[command(flatten)]
-    endpoints: Endpoints,
     /// Seed the data dir of one node of a NEW cluster instead (disaster recovery).
     #[arg(long)]
     offline: bool,
+    /// Online: replace the running cluster's data without asking (needed when stdin is not
+    /// a terminal).
+    #[arg(long, short = 'y')]
+    yes: bool,
     /// With --offline: the node's data dir (must not hold a cluster yet).
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -48,9 +57,30 @@ pub struct RestoreArgs {
     #[arg(long)]
     members: Option<String>,
     /// With --offline: start the new log this far above the snapshot's index, so that no
-    /// version the lost cluster handed out after the backup can match a new write.
-    #[arg(long, default_value_t = 1_000_000_000)]
-    bump_index: u64,
+    /// version the lost cluster handed out after the backup can match a new write
+    /// [default: 1000000000].
+    #[arg(long)]
+    bump_index: Option<u64>,
+}
+
+/// The default of `--bump-index`.
+const BUMP_INDEX_DEFAULT: u64 = 1_000_000_000;
+
+impl RestoreArgs {
+    /// The offline-only flags given, by name.
+    fn offline_flags(&self) -> Vec<&'static str> {
+        let mut given = Vec::new();
+        if self.data_dir.is_some() {
+            given.push("--data-dir");
+        }
+        if self.members.is_some() {
+            given.push("--members");
+        }
+        if self.bump_index.is_some() {
+            given.push("--bump-index");
+        }
+        given
+    }
 }
 
 fn bar(total_bytes: Option<u64>, message: &str) -> ProgressBar {
@@ -72,22 +102,23 @@ fn bar(total_bytes: Option<u64>, message: &str) -> ProgressBar {
     bar
 }
 
-pub fn run(command: SnapshotCommand) -> u8 {
+pub fn run(command: SnapshotCommand, global: &GlobalArgs) -> u8 {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     let result = match command {
-        SnapshotCommand::Save { file, endpoints } => runtime.block_on(save(&file, &endpoints)),
+        SnapshotCommand::Save { file } => runtime.block_on(save(&file, global)),
         SnapshotCommand::Inspect { file } => inspect(&file),
         SnapshotCommand::Restore(args) if args.offline => restore_offline(&args),
-        SnapshotCommand::Restore(args) => runtime.block_on(restore_online(&args)),
+        SnapshotCommand::Restore(args) => runtime.block_on(restore_online(&args, global)),
     };
     match result {
         Ok(()) => exit::OK,
-        Err(CommandError::Api(e)) => {
+        Err(CommandError::Api(e)) => crate::admin_cmd::fail(&e),
+        Err(e @ CommandError::Cancelled) => {
             eprintln!("cairn: {e}");
-            exit_code_of(&e)
+            exit::ERROR
         }
         Err(e @ CommandError::Damaged(_)) => {
             eprintln!("cairn: {e}");
@@ -114,6 +145,8 @@ enum CommandError {
     Usage(String),
     #[error("{0}")]
     Damaged(String),
+    #[error("restore cancelled: nothing was changed")]
+    Cancelled,
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> CommandError {
@@ -123,46 +156,35 @@ fn io_error(path: &Path, source: std::io::Error) -> CommandError {
     })
 }
 
-/// The leader's client address, asking the endpoints in turn.
-async fn leader_address(
-    endpoints: &[String],
-    access: &cairn_client::Access,
-) -> Result<String, ApiError> {
-    let mut last = ApiError::invalid("endpoints", "no endpoint given");
-    for endpoint in endpoints {
-        match crate::cli::fetch_status(endpoint, access).await {
-            Ok(s) if s.leader_id == s.node_id => return Ok(endpoint.clone()),
-            Ok(s) => match s.members.iter().find(|m| m.id == s.leader_id) {
-                Some(leader) => return Ok(leader.client_address.clone()),
-                None => last = ApiError::Inconsistent(format!("{endpoint} knows no leader")),
-            },
-            Err(e) if e.is_credential_refusal() => return Err(e),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
+/// Waits for `step` for at most `timeout`: a transfer in which nothing moves for that long
+/// fails.
+async fn moving<T>(
+    timeout: Duration,
+    what: &str,
+    step: impl std::future::Future<Output = T>,
+) -> Result<T, ApiError> {
+    tokio::time::timeout(timeout, step).await.map_err(|_| {
+        ApiError::Unavailable(format!(
+            "{what}: nothing moved for {} ms (--timeout-ms)",
+            timeout.as_millis()
+        ))
+    })
 }
 
-async fn admin(
-    address: &str,
-    access: &cairn_client::Access,
-) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, ApiError> {
-    Ok(access
-        .admin(address)
-        .await
-        .map_err(ApiError::Unavailable)?
-        .max_decoding_message_size(8 * 1024 * 1024))
-}
-
-async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
-    let access = crate::cli::access(endpoints)?;
-    let leader = leader_address(&endpoints.endpoints, &access).await?;
-    let mut stream = admin(&leader, &access)
-        .await?
-        .save_snapshot(pb::SaveSnapshotRequest {})
-        .await
-        .map_err(ApiError::from)?
-        .into_inner();
+async fn save(file: &Path, global: &GlobalArgs) -> Result<(), CommandError> {
+    let client = crate::admin_cmd::client_of(global)?;
+    let Leader { address, .. } = client.leader().await?;
+    let leader = address;
+    let timeout = client.timeout();
+    let mut admin = client.connect(&leader, client.attempt_timeout()).await?;
+    let mut stream = moving(
+        timeout,
+        "starting the snapshot",
+        admin.save_snapshot(pb::SaveSnapshotRequest {}),
+    )
+    .await?
+    .map_err(ApiError::from)?
+    .into_inner();
     // Removed on any failure below (TempFile's drop); kept once renamed into place.
     let part = file.with_extension("part");
     let (part, out) = TempFile::create(part.clone()).map_err(|e| io_error(&part, e))?;
@@ -170,7 +192,10 @@ async fn save(file: &Path, endpoints: &Endpoints) -> Result<(), CommandError> {
     let mut out = std::io::BufWriter::new(out);
     let progress = bar(None, &format!("saving from {leader}"));
     let received = async {
-        while let Some(chunk) = stream.message().await.map_err(ApiError::from)? {
+        while let Some(chunk) = moving(timeout, "saving the snapshot", stream.message())
+            .await?
+            .map_err(ApiError::from)?
+        {
             out.write_all(&chunk.data).map_err(|e| io_error(tmp, e))?;
             progress.inc(chunk.data.len() as u64);
         }
@@ -275,7 +300,71 @@ fn inspect(file: &Path) -> Result<(), CommandError> {
     Ok(())
 }
 
-async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
+/// Asks on the terminal whether to replace the running cluster's data (the answer must be
+/// `yes`); refuses without one unless `--yes` was given.
+fn confirm(
+    args: &RestoreArgs,
+    leader: &Leader,
+    header: &SnapshotHeader,
+    size: u64,
+) -> Result<(), CommandError> {
+    if args.yes {
+        return Ok(());
+    }
+    let s = &leader.status;
+    let members: Vec<String> = s
+        .members
+        .iter()
+        .map(|m| format!("node {} at {}", m.id, m.client_address))
+        .collect();
+    eprintln!(
+        "This REPLACES ALL THE DATA of the running cluster {cluster} ({count} members: \
+         {members}; {resources} resources at commit index {commit}) with {file} ({backup} \
+         resources of cluster {from} at index {index}, {size} bytes). Every node's data is \
+         replaced and every open watch is closed.",
+        cluster = s.cluster_id,
+        count = s.members.len(),
+        members = members.join(", "),
+        resources = s.resource_count,
+        commit = s.commit_index,
+        file = args.file.display(),
+        backup = header.resource_count,
+        from = header.cluster_id,
+        index = header.last_log_index,
+    );
+    eprint!("Type yes to restore: ");
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| CommandError::Usage(format!("cannot read the answer: {e}")))?;
+    if answer.trim() == "yes" {
+        Ok(())
+    } else {
+        Err(CommandError::Cancelled)
+    }
+}
+
+async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), CommandError> {
+    let offline_only = args.offline_flags();
+    if !offline_only.is_empty() {
+        return Err(CommandError::Usage(format!(
+            "{} {} for seeding a NEW cluster's data dir, with --offline; without --offline, \
+             restore replaces the RUNNING cluster's data. For a new cluster: `cairn snapshot \
+             restore --offline {} --data-dir DIR --members ID=PEER/CLIENT,...`",
+            offline_only.join(", "),
+            if offline_only.len() == 1 { "is" } else { "are" },
+            args.file.display()
+        )));
+    }
+    if !args.yes && !crate::admin_cmd::interactive() {
+        return Err(CommandError::Usage(format!(
+            "refusing to replace the running cluster's data without a confirmation: stdin is \
+             not a terminal. Pass --yes to restore {} into the running cluster (every node's \
+             data is replaced, every open watch closed), or --offline to seed a new cluster's \
+             data dir",
+            args.file.display()
+        )));
+    }
     let file = &args.file;
     let size = std::fs::metadata(file)
         .map_err(|e| io_error(file, e))?
@@ -285,8 +374,12 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
     let header = snapshot_file::verify(file, |_, _| {});
     check.finish_and_clear();
     let header = header?;
-    let access = crate::cli::access(&args.endpoints)?;
-    let leader = leader_address(&args.endpoints.endpoints, &access).await?;
+    let client = crate::admin_cmd::client_of(global)?;
+    let found = client.leader().await?;
+    confirm(args, &found, &header, size)?;
+    let leader = found.address.clone();
+    let timeout = client.timeout();
+    let mut admin = client.connect(&leader, client.attempt_timeout()).await?;
     let progress = bar(Some(size), &format!("uploading to {leader}"));
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
     let path = file.clone();
@@ -302,18 +395,19 @@ async fn restore_online(args: &RestoreArgs) -> Result<(), CommandError> {
                 return Ok(());
             }
             reading_progress.inc(n as u64);
-            if tx
-                .blocking_send(pb::SnapshotChunk {
-                    data: buf[..n].to_vec().into(),
-                })
-                .is_err()
-            {
+            let chunk = pb::SnapshotChunk {
+                data: buf[..n].to_vec().into(),
+            };
+            // A leader that takes nothing for the timeout fails the upload (the call's
+            // error, reported below, says so).
+            let sent = tokio::runtime::Handle::current()
+                .block_on(tokio::time::timeout(timeout, tx.send(chunk)));
+            if !matches!(sent, Ok(Ok(()))) {
                 return Ok(()); // the call ended early; its error is reported below
             }
         }
     });
-    let response = admin(&leader, &access)
-        .await?
+    let response = admin
         .restore_snapshot(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
         .map_err(ApiError::from);
@@ -351,7 +445,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     if members.is_empty() {
         return Err(CommandError::Usage("--members is empty".into()));
     }
-    if args.bump_index == 0 {
+    let bump_index = args.bump_index.unwrap_or(BUMP_INDEX_DEFAULT);
+    if bump_index == 0 {
         return Err(CommandError::Usage("--bump-index must be positive".into()));
     }
     if crate::raft::holds_node_state(data_dir) {
@@ -369,7 +464,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     let old = verified?;
     let index = old
         .last_log_index
-        .checked_add(args.bump_index)
+        .checked_add(bump_index)
         .ok_or_else(|| CommandError::Usage("--bump-index overflows".into()))?;
     let nodes: BTreeMap<u64, NodeInfo> = members
         .iter()
@@ -384,10 +479,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         })
         .collect();
     let (membership, term, leader) = crate::raft::seed_membership(&nodes, index);
-    let mut id_source = format!(
-        "{}|{}|{}|",
-        old.cluster_id, old.last_log_index, args.bump_index
-    );
+    let mut id_source = format!("{}|{}|{}|", old.cluster_id, old.last_log_index, bump_index);
     for m in &members {
         id_source.push_str(&format!(
             "{}={}/{};",

@@ -560,9 +560,12 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
                 ),
                 (
                     "remove_member",
-                    c.remove_member(pb::RemoveMemberRequest { id: follower })
-                        .await
-                        .map(drop),
+                    c.remove_member(pb::RemoveMemberRequest {
+                        id: follower,
+                        force: false,
+                    })
+                    .await
+                    .map(drop),
                 ),
                 (
                     "add_learner",
@@ -968,19 +971,25 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
             }
         }
         assert!(!Path::new(backup).exists(), "a refused save writes no file");
-        let run = succeeded(cairn_as(e, &admin, &["status"]).await, "admin status");
-        assert_eq!(
-            run.stdout.matches("true").count(),
-            3,
-            "three voters: {run:?}"
+        let run = succeeded(
+            cairn_as(e, &admin, &["status", "-o", "json"]).await,
+            "admin status",
         );
+        let status: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        let voters = status["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["voter"] == true && m["reachable"] == true)
+            .count();
+        assert_eq!(voters, 3, "three voters, each answering: {run:?}");
         succeeded(
             cairn_as(e, &admin, &["snapshot", "save", backup]).await,
             "admin saves a backup",
         );
         for (name, credential) in data_roles {
             refused(
-                cairn_as(e, credential, &["snapshot", "restore", backup]).await,
+                cairn_as(e, credential, &["snapshot", "restore", "--yes", backup]).await,
                 &format!("{name}: restore"),
                 &format!("\"{name}\" lacks admin"),
             );
@@ -1000,7 +1009,7 @@ async fn the_cli_takes_a_token_and_refuses_with_exit_code_6() {
             ])
         );
         succeeded(
-            cairn_as(e, &admin_env, &["snapshot", "restore", backup]).await,
+            cairn_as(e, &admin_env, &["snapshot", "restore", "--yes", backup]).await,
             "admin restores",
         );
         // After the restore, the reader still sees only its scope (and not `later`).

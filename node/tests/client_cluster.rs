@@ -511,6 +511,7 @@ async fn the_watch_cache_resyncs_after_an_online_restore_through_the_cli() {
         cairn(&[
             "snapshot",
             "restore",
+            "--yes",
             backup.to_str().unwrap(),
             "--endpoints",
             &endpoints,

@@ -285,7 +285,10 @@ async fn membership_add_promote_and_remove_while_serving() {
             .await
             .unwrap();
     admin
-        .remove_member(cairn_proto::v1::RemoveMemberRequest { id: removed })
+        .remove_member(cairn_proto::v1::RemoveMemberRequest {
+            id: removed,
+            force: false,
+        })
         .await
         .unwrap();
     cluster.kill(removed);
@@ -390,7 +393,10 @@ async fn a_wiped_node_is_refused_until_it_is_re_added_explicitly() {
             .await
             .unwrap();
     admin
-        .remove_member(cairn_proto::v1::RemoveMemberRequest { id: wiped })
+        .remove_member(cairn_proto::v1::RemoveMemberRequest {
+            id: wiped,
+            force: false,
+        })
         .await
         .unwrap();
     std::fs::remove_dir_all(&cluster.node(wiped).data_dir).ok();

@@ -170,6 +170,7 @@ async fn a_backup_restores_online_into_the_same_cluster_and_closes_every_watch()
     let out = cairn(&[
         "snapshot",
         "restore",
+        "--yes",
         backup.to_str().unwrap(),
         "--endpoints",
         &cluster.endpoints().join(","),

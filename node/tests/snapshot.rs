@@ -151,10 +151,7 @@ async fn a_backup_taken_under_load_restores_offline_into_a_new_cluster() {
             // not be mistaken for a wiped one when a member is already up.
             let first = format!("127.0.0.1:{client_port}");
             let deadline = Instant::now() + LEADER_TIMEOUT;
-            while cairn_node::cli::fetch_status(&first, &cairn_client::Access::plaintext())
-                .await
-                .is_err()
-            {
+            while status_of(&first).await.is_err() {
                 assert!(Instant::now() < deadline, "node 1 never answered");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -168,9 +165,7 @@ async fn a_backup_taken_under_load_restores_offline_into_a_new_cluster() {
     let new_status = loop {
         let mut found = None;
         for e in &new_endpoints {
-            if let Ok(s) =
-                cairn_node::cli::fetch_status(e, &cairn_client::Access::plaintext()).await
-            {
+            if let Ok(s) = status_of(e).await {
                 if s.leader_id != 0 && s.leader_id == s.node_id {
                     found = Some((e.clone(), s));
                 }
@@ -282,4 +277,15 @@ impl Drop for Processes {
             let _ = c.wait();
         }
     }
+}
+
+/// The admin status of the node at `address` (plaintext, within 3 s).
+async fn status_of(address: &str) -> Result<cairn_proto::v1::StatusResponse, ApiError> {
+    cairn_node::admin_client::AdminClient::new(
+        vec![address.to_string()],
+        cairn_client::Access::plaintext(),
+        Duration::from_secs(3),
+    )
+    .status_at(address)
+    .await
 }

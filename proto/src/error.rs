@@ -46,6 +46,17 @@ pub struct LeaderHint {
     pub peer_address: Option<String>,
 }
 
+impl std::fmt::Display for LeaderHint {
+    /// `the leader is node 2 at 10.0.0.2:7001`, or `no leader known`: what an operator reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.leader_id, &self.client_address) {
+            (Some(id), Some(address)) => write!(f, "the leader is node {id} at {address}"),
+            (Some(id), None) => write!(f, "the leader is node {id}"),
+            (None, _) => write!(f, "no leader known"),
+        }
+    }
+}
+
 /// An error as it crosses the wire. See the module docs for the code table.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -68,7 +79,7 @@ pub enum ApiError {
     Inconsistent(String),
     #[error("unavailable: {0}")]
     Unavailable(String),
-    #[error("not leader (leader: {hint:?})")]
+    #[error("not leader ({hint})")]
     NotLeader { hint: LeaderHint },
     #[error("watch closed: {0}")]
     WatchClosed(String),

@@ -512,10 +512,15 @@ pub(crate) struct ClusterView {
 /// answering is [`BenchError::Unreachable`], naming each endpoint and why; a refused
 /// credential is that refusal (every node would refuse it alike).
 async fn discover(endpoints: &[String], access: &Access) -> Result<ClusterView, BenchError> {
+    let client = crate::admin_client::AdminClient::new(
+        endpoints.to_vec(),
+        access.clone(),
+        crate::admin_client::TIMEOUT_DEFAULT,
+    );
     let mut statuses = Vec::new();
     let mut failures = Vec::new();
-    for endpoint in endpoints {
-        match crate::cli::fetch_status(endpoint, access).await {
+    for (endpoint, answer) in endpoints.iter().zip(client.statuses(endpoints).await) {
+        match answer {
             Ok(s) => statuses.push((endpoint.clone(), s)),
             Err(e) if e.is_credential_refusal() => return Err(BenchError::Api(e)),
             Err(e) => failures.push(format!("{endpoint}: {e}")),

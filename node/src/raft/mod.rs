@@ -4,6 +4,7 @@
 //! [`RaftHandle`] only, so a move to another openraft version is contained here.
 
 mod check_quorum;
+pub mod contacts;
 mod identity;
 mod log_growth;
 mod network;
@@ -327,8 +328,8 @@ pub struct RaftStatus {
     pub purged_index: u64,
     pub voters: BTreeMap<NodeId, NodeInfo>,
     pub learners: BTreeMap<NodeId, NodeInfo>,
-    /// Leader only: per member, the matched log index.
-    pub matched: BTreeMap<NodeId, u64>,
+    /// Leader only: per member, the matched log index (`None`: nothing matched yet).
+    pub matched: BTreeMap<NodeId, Option<u64>>,
     pub millis_since_quorum_ack: Option<u64>,
 }
 
@@ -362,6 +363,8 @@ pub struct RaftHandle {
     /// The Raft log (a handle shared with openraft): asked what stopped it.
     log_store: LogStore,
     log_dir: PathBuf,
+    /// When the peers and the leader were last heard from.
+    pub contacts: Arc<contacts::Contacts>,
 }
 
 fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint {
@@ -389,6 +392,31 @@ fn leader_view_of(
     LeaderView {
         hint: leader_hint_in(leader_id, membership),
         term: vote.leader_id().get_term(),
+    }
+}
+
+/// openraft's refusal of a membership change, in the operator's words (openraft's own
+/// messages print log ids and memberships as Rust values).
+fn membership_error(e: openraft::error::ChangeMembershipError<NodeId>) -> ApiError {
+    use openraft::error::ChangeMembershipError as E;
+    match e {
+        E::InProgress(p) => ApiError::Inconsistent(format!(
+            "another membership change is still in progress (the entry at index {} is not \
+             committed yet: it needs a quorum of the old and of the new voters); try again \
+             once it is, or once enough voters answer",
+            p.membership_log_id.map(|l| l.index).unwrap_or(0)
+        )),
+        E::EmptyMembership(_) => {
+            ApiError::invalid("id", "the change would leave the cluster without a voter")
+        }
+        E::LearnerNotFound(l) => ApiError::invalid(
+            "id",
+            format!(
+                "node {} is not a member: add it as a learner first \
+                 (`cairn member add-learner`)",
+                l.node_id
+            ),
+        ),
     }
 }
 
@@ -438,9 +466,8 @@ async fn propose_entry(
             .map(|applied| (response.log_id.index, applied)),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
             Err(ApiError::Inconsistent(format!(
-                "leadership was lost while the command was proposed (leader now {:?}); \
-                 it may still commit",
-                f.leader_id
+                "leadership was lost while the command was proposed ({}); it may still commit",
+                leader_hint(f.leader_id, f.leader_node)
             )))
         }
         Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
@@ -615,6 +642,8 @@ impl RaftHandle {
             settings.tls.clone(),
         );
         network.set_write_stages(stages.clone());
+        let contacts = Arc::new(contacts::Contacts::default());
+        network.set_contacts(contacts.clone());
         let raft = Raft::new(
             node_id,
             Arc::new(config),
@@ -658,6 +687,7 @@ impl RaftHandle {
             peer_message_bytes_max: settings.peer_message_bytes_max,
             log_store,
             log_dir,
+            contacts,
         })
     }
 
@@ -719,6 +749,7 @@ impl RaftHandle {
             snapshot_chunk_bytes_max: peer_gate::SNAPSHOT_CHUNK_BYTES_MAX,
         };
         RaftRpcService::new(self.raft.clone(), self.node_id, self.gate.clone(), limits)
+            .with_contacts(self.contacts.clone())
             .into_server()
     }
 
@@ -854,7 +885,7 @@ impl RaftHandle {
             .as_ref()
             .map(|r| {
                 r.iter()
-                    .map(|(id, log_id)| (*id, log_id.map(|l| l.index).unwrap_or(0)))
+                    .map(|(id, log_id)| (*id, log_id.map(|l| l.index)))
                     .collect()
             })
             .unwrap_or_default();
@@ -891,9 +922,10 @@ impl RaftHandle {
             .is_ok()
     }
 
-    /// Adds a learner and waits until it has caught up with the leader's log.
+    /// Adds a learner; returns once the change is committed, without waiting for the learner
+    /// to catch up (its progress shows in [`RaftHandle::status`]: `matched`).
     pub async fn add_learner(&self, id: NodeId, node: NodeInfo) -> Result<u64, ApiError> {
-        let r = self.raft.add_learner(id, node, true).await;
+        let r = self.raft.add_learner(id, node, false).await;
         self.membership_result(r)
     }
 
@@ -941,7 +973,7 @@ impl RaftHandle {
                 })
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                Err(ApiError::invalid("membership", e.to_string()))
+                Err(membership_error(e))
             }
             Err(RaftError::Fatal(e)) => Err(fatal(e)),
         }

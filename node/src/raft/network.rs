@@ -172,6 +172,8 @@ pub struct Network {
     tls: Option<cairn_tls::ClientTls>,
     /// Per peer, its network series (`None`: metrics are not recorded).
     series: Option<Arc<PeerSeriesMap>>,
+    /// When each peer last answered (for `cairn status` and the membership checks).
+    contacts: Arc<super::contacts::Contacts>,
 }
 
 impl Network {
@@ -190,7 +192,13 @@ impl Network {
             stages: Arc::new(WriteStages::new(false)),
             tls,
             series: PeerSeriesMap::when_recording(),
+            contacts: Default::default(),
         }
+    }
+
+    /// Records when each peer answers into `contacts`.
+    pub fn set_contacts(&mut self, contacts: Arc<super::contacts::Contacts>) {
+        self.contacts = contacts;
     }
 
     /// Records replication times into `stages`.
@@ -311,6 +319,8 @@ impl PeerClient {
             }
             _ => RPCError::Network(NetworkError::new(&status)),
         })?;
+        // The peer's Raft server answered: it is reachable, whatever it answered.
+        self.network.contacts.replied(self.target);
         let reply: Result<Resp, RaftError<NodeId, E>> =
             decode(&payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let reply = reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
@@ -581,6 +591,8 @@ pub struct RaftRpcService {
     budgets: Arc<SenderBudgets>,
     /// Per sender, its network series (`None`: metrics are not recorded).
     series: Option<Arc<PeerSeriesMap>>,
+    /// When this node last accepted a message of its leader.
+    contacts: Arc<super::contacts::Contacts>,
 }
 
 impl RaftRpcService {
@@ -597,6 +609,7 @@ impl RaftRpcService {
             budgets: Arc::new(SenderBudgets::new(limits.message_bytes_max)),
             limits,
             series: PeerSeriesMap::when_recording(),
+            contacts: Default::default(),
         }
     }
 
@@ -622,6 +635,12 @@ impl RaftRpcService {
         if let Ok(reply) = reply {
             series.sent(reply.get_ref().encoded_len());
         }
+    }
+
+    /// Records when this node accepts its leader's messages into `contacts`.
+    pub fn with_contacts(mut self, contacts: Arc<super::contacts::Contacts>) -> RaftRpcService {
+        self.contacts = contacts;
+        self
     }
 
     pub fn into_server(self) -> RaftServiceServer<RaftRpcService> {
@@ -708,6 +727,10 @@ impl RaftService for RaftRpcService {
                 peer_gate::check_append_entries(rpc, sender, entries_max)
             })?;
         let result = self.raft.append_entries(rpc).await;
+        // Only the leader of a term sends AppendEntries; one of an older term is refused.
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.contacts.heard_from_leader();
+        }
         let reply = self.reply(&result);
         self.count(sender, received, &reply);
         reply
@@ -742,6 +765,9 @@ impl RaftService for RaftRpcService {
                 peer_gate::check_install_snapshot(rpc, sender, chunk_max)
             })?;
         let result = self.raft.install_snapshot(rpc).await;
+        if result.is_ok() {
+            self.contacts.heard_from_leader();
+        }
         let reply = self.reply(&result);
         self.count(sender, received, &reply);
         reply

@@ -1,0 +1,477 @@
+//! The one way every admin caller reaches a cluster's `AdminService`: the `cairn` admin
+//! commands (status, member, endpoint, transfer-leader, snapshot), `cairn dev` and `cairn
+//! bench` finding the leader, and a node checking the cluster at start or joining it.
+//!
+//! An [`AdminClient`] holds the endpoints (`host:port`, `http://` or `https://`), the
+//! [`cairn_client::Access`] (TLS, token), an overall timeout, and a bound for each
+//! attempt at one endpoint (connection and answer), so that a dead or stopped (SIGSTOP)
+//! node costs one attempt, not the whole timeout:
+//!
+//! - [`AdminClient::status_at`], [`AdminClient::statuses`]: one node's status; many nodes',
+//!   concurrently.
+//! - [`AdminClient::first_status`]: the endpoints in turn, in rounds until the timeout, until
+//!   one answers with a status the caller accepts.
+//! - [`AdminClient::leader`]: the same rounds, following the leader each answer names.
+//! - [`AdminClient::at_leader`]: a call at the leader, found as above and found again when the
+//!   leader answers NotLeader or cannot be reached; the call itself gets what is left of the
+//!   timeout.
+//! - [`AdminClient::wait_caught_up`]: polls the leader until a member has caught up.
+//!
+//! A refusal of the caller's credentials ends every loop at once: the grants are the same on
+//! every node. Errors are [`ApiError`]s (the one vocabulary, and its exit codes); running out
+//! of time is `Unavailable`, naming what was tried last.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::time::Duration;
+
+use cairn_client::{Access, AuthenticatedChannel};
+use cairn_proto::error::ApiError;
+use cairn_proto::v1::admin_service_client::AdminServiceClient;
+use cairn_proto::v1::{self as pb};
+use tokio::time::Instant;
+
+/// The admin service of one node, as the client calls it.
+pub type AdminRpc = AdminServiceClient<AuthenticatedChannel>;
+
+/// The default overall timeout of an admin command (`--timeout-ms`).
+pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// The most one attempt at one endpoint gets, whatever the overall timeout.
+pub const ATTEMPT_TIMEOUT_MAX: Duration = Duration::from_secs(3);
+/// The least one attempt gets (unless the overall timeout is shorter).
+const ATTEMPT_TIMEOUT_MIN: Duration = Duration::from_millis(300);
+/// The pause between two rounds over the endpoints (an election takes about this long).
+const ROUND_PAUSE: Duration = Duration::from_millis(250);
+/// How often [`AdminClient::wait_caught_up`] asks the leader.
+const CATCH_UP_POLL: Duration = Duration::from_millis(200);
+/// Snapshot chunks are 1 MiB; status answers are small.
+const DECODING_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// How to reach a cluster's admin service: see the module docs.
+#[derive(Clone, Debug)]
+pub struct AdminClient {
+    endpoints: Vec<String>,
+    access: Access,
+    timeout: Duration,
+    attempt: Duration,
+}
+
+/// The leader as found: its client address and its status.
+#[derive(Clone, Debug)]
+pub struct Leader {
+    pub address: String,
+    pub status: pb::StatusResponse,
+}
+
+impl AdminClient {
+    /// Endpoints tried in the order given; each attempt gets the overall `timeout` shared
+    /// among the endpoints, within [300 ms, 3 s] (never more than `timeout`).
+    pub fn new(endpoints: Vec<String>, access: Access, timeout: Duration) -> AdminClient {
+        let share = timeout / endpoints.len().max(1) as u32;
+        let attempt = share
+            .clamp(ATTEMPT_TIMEOUT_MIN, ATTEMPT_TIMEOUT_MAX)
+            .min(timeout);
+        AdminClient {
+            endpoints,
+            access,
+            timeout,
+            attempt,
+        }
+    }
+
+    /// The same client, each attempt bounded by `attempt` instead.
+    pub fn with_attempt_timeout(mut self, attempt: Duration) -> AdminClient {
+        self.attempt = attempt.min(self.timeout);
+        self
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub fn attempt_timeout(&self) -> Duration {
+        self.attempt
+    }
+
+    /// The deadline of an operation starting now.
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// A connection to the admin service at `address`, made within `within`.
+    pub async fn connect(&self, address: &str, within: Duration) -> Result<AdminRpc, ApiError> {
+        match tokio::time::timeout(within, self.access.admin(address)).await {
+            Ok(Ok(client)) => Ok(client
+                .max_decoding_message_size(DECODING_BYTES_MAX)
+                .max_encoding_message_size(DECODING_BYTES_MAX)),
+            Ok(Err(e)) => Err(ApiError::Unavailable(e)),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "cannot reach {address} within {} ms",
+                within.as_millis()
+            ))),
+        }
+    }
+
+    /// `call` at `address`, connection included, within `within`.
+    pub async fn call_at<T, F, Fut>(
+        &self,
+        address: &str,
+        within: Duration,
+        call: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnOnce(AdminRpc) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + within;
+        let client = self.connect(address, within).await?;
+        match tokio::time::timeout_at(deadline, call(client)).await {
+            Ok(answer) => answer
+                .map(tonic::Response::into_inner)
+                .map_err(ApiError::from),
+            Err(_) => Err(ApiError::Unavailable(format!(
+                "{address} did not answer within {} ms",
+                within.as_millis()
+            ))),
+        }
+    }
+
+    /// The status of the node at `address`, within one attempt.
+    pub async fn status_at(&self, address: &str) -> Result<pb::StatusResponse, ApiError> {
+        self.call_at(address, self.attempt, |mut c| async move {
+            c.status(pb::StatusRequest {}).await
+        })
+        .await
+    }
+
+    /// The statuses of `addresses`, asked concurrently, each within one attempt.
+    pub async fn statuses(
+        &self,
+        addresses: &[String],
+    ) -> Vec<Result<pb::StatusResponse, ApiError>> {
+        futures::future::join_all(addresses.iter().map(|a| self.status_at(a))).await
+    }
+
+    /// The first endpoint (asked in turn, in rounds until the timeout) whose status `accept`
+    /// takes, with that status.
+    pub async fn first_status(
+        &self,
+        accept: impl Fn(&pb::StatusResponse) -> Result<(), String>,
+    ) -> Result<(String, pb::StatusResponse), ApiError> {
+        let deadline = self.deadline();
+        let mut last = None;
+        loop {
+            for address in &self.endpoints {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let answer = self
+                    .call_at(address, self.attempt.min(left), |mut c| async move {
+                        c.status(pb::StatusRequest {}).await
+                    })
+                    .await;
+                match answer {
+                    Ok(s) => match accept(&s) {
+                        Ok(()) => return Ok((address.clone(), s)),
+                        Err(why) => last = Some(ApiError::Unavailable(why)),
+                    },
+                    Err(e) if e.is_credential_refusal() => return Err(e),
+                    Err(e) => last = Some(e),
+                }
+            }
+            if !pause_before_next_round(deadline).await {
+                return Err(out_of_time(self, last));
+            }
+        }
+    }
+
+    /// The leader, asking the endpoints in turn and following the leader each one names.
+    pub async fn leader(&self) -> Result<Leader, ApiError> {
+        self.leader_by(self.deadline(), None).await
+    }
+
+    /// [`AdminClient::leader`] by `deadline`, trying `hint` (a leader's address) first.
+    async fn leader_by(&self, deadline: Instant, hint: Option<String>) -> Result<Leader, ApiError> {
+        let mut last = None;
+        let mut hint = hint;
+        loop {
+            let mut queue: VecDeque<String> = hint
+                .take()
+                .into_iter()
+                .chain(self.endpoints.iter().cloned())
+                .collect();
+            let mut asked = HashSet::new();
+            while let Some(address) = queue.pop_front() {
+                if !asked.insert(address.clone()) {
+                    continue;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let answer = self
+                    .call_at(&address, self.attempt.min(left), |mut c| async move {
+                        c.status(pb::StatusRequest {}).await
+                    })
+                    .await;
+                match answer {
+                    Ok(s) if s.state == "leader" && s.leader_id == s.node_id => {
+                        return Ok(Leader { address, status: s })
+                    }
+                    Ok(s) => {
+                        let named = s
+                            .members
+                            .iter()
+                            .find(|m| s.leader_id != 0 && m.id == s.leader_id);
+                        match named {
+                            Some(leader) => {
+                                queue.push_front(leader.client_address.clone());
+                                last = Some(ApiError::Unavailable(format!(
+                                    "node {} at {address} follows node {} at {}, which did not \
+                                     answer as leader",
+                                    s.node_id, leader.id, leader.client_address
+                                )));
+                            }
+                            None => {
+                                last = Some(ApiError::Unavailable(format!(
+                                    "node {} at {address} knows no leader (it is {} in term {})",
+                                    s.node_id, s.state, s.term
+                                )))
+                            }
+                        }
+                    }
+                    Err(e) if e.is_credential_refusal() => return Err(e),
+                    Err(e) => last = Some(e),
+                }
+            }
+            if !pause_before_next_round(deadline).await {
+                return Err(no_leader(self, last));
+            }
+        }
+    }
+
+    /// `call` at the leader (see the module docs). The call gets what is left of the
+    /// timeout; running out of it while the call runs says the outcome is unknown.
+    pub async fn at_leader<T, F, Fut>(&self, mut call: F) -> Result<T, ApiError>
+    where
+        F: FnMut(AdminRpc) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = self.deadline();
+        let mut hint = None;
+        loop {
+            let leader = self.leader_by(deadline, hint.take()).await?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let client = match self.connect(&leader.address, self.attempt.min(left)).await {
+                Ok(c) => c,
+                Err(_) => {
+                    if !pause_before_next_round(deadline).await {
+                        return Err(ApiError::Unavailable(format!(
+                            "the leader (node {} at {}) could not be reached within {} ms",
+                            leader.status.node_id,
+                            leader.address,
+                            self.timeout.as_millis()
+                        )));
+                    }
+                    continue;
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, call(client)).await {
+                Ok(Ok(answer)) => return Ok(answer.into_inner()),
+                Ok(Err(status)) => match ApiError::from(status) {
+                    // Leadership moved since it was found: the request was not done.
+                    ApiError::NotLeader { hint: h } => hint = h.client_address,
+                    e => return Err(e),
+                },
+                Err(_) => {
+                    return Err(ApiError::Unavailable(format!(
+                        "the leader (node {} at {}) did not answer within {} ms; the request \
+                         may still take effect (check with `cairn status`, or pass a longer \
+                         --timeout-ms)",
+                        leader.status.node_id,
+                        leader.address,
+                        self.timeout.as_millis()
+                    )))
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(no_leader(self, None));
+            }
+        }
+    }
+
+    /// Polls the leader until it reports member `id` caught up (`Member.caught_up`), for at
+    /// most `within`; `progress` sees the leader's view of the member at each poll.
+    pub async fn wait_caught_up(
+        &self,
+        id: u64,
+        within: Duration,
+        mut progress: impl FnMut(&pb::Member, &pb::StatusResponse),
+    ) -> Result<pb::Member, ApiError> {
+        let deadline = Instant::now() + within;
+        let mut last;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self
+                .leader_by(Instant::now() + left.min(self.timeout), None)
+                .await
+            {
+                Ok(leader) => {
+                    let status = &leader.status;
+                    let Some(member) = status.members.iter().find(|m| m.id == id) else {
+                        return Err(ApiError::Inconsistent(format!(
+                            "node {id} is no longer a member of the cluster"
+                        )));
+                    };
+                    progress(member, status);
+                    if member.caught_up {
+                        return Ok(member.clone());
+                    }
+                    last = describe_catch_up(member, status);
+                }
+                Err(e) if e.is_credential_refusal() => return Err(e),
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() + CATCH_UP_POLL >= deadline {
+                return Err(ApiError::Unavailable(format!(
+                    "node {id} has not caught up within {} ms: {}",
+                    within.as_millis(),
+                    last
+                )));
+            }
+            tokio::time::sleep(CATCH_UP_POLL).await;
+        }
+    }
+}
+
+/// Where a member's catch-up stands, as the leader's status shows it.
+pub fn describe_catch_up(member: &pb::Member, leader: &pb::StatusResponse) -> String {
+    if !member.matched_known {
+        if member.last_contact_ms < 0 {
+            return format!(
+                "the leader has never heard from node {} (is its process running, with peer \
+                 address {}?)",
+                member.id, member.peer_address
+            );
+        }
+        return format!("node {} has not received any entry yet", member.id);
+    }
+    format!(
+        "node {} is at index {} of {} ({} entries behind; caught up at {} or fewer{})",
+        member.id,
+        member.matched_index,
+        leader.last_log_index,
+        member.lag_entries.max(0),
+        leader.caught_up_lag_entries_max,
+        if member.last_contact_ms > 0 {
+            format!(", last heard {} ms ago", member.last_contact_ms)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Sleeps before another round unless that would pass `deadline`; false when no round is
+/// left.
+async fn pause_before_next_round(deadline: Instant) -> bool {
+    if Instant::now() + ROUND_PAUSE >= deadline {
+        return false;
+    }
+    tokio::time::sleep(ROUND_PAUSE).await;
+    true
+}
+
+fn out_of_time(client: &AdminClient, last: Option<ApiError>) -> ApiError {
+    match last {
+        Some(e) if client.endpoints.len() == 1 => e,
+        Some(e) => ApiError::Unavailable(format!(
+            "no endpoint of {} answered within {} ms (last: {})",
+            client.endpoints.join(","),
+            client.timeout.as_millis(),
+            strip_kind(&e)
+        )),
+        None => ApiError::invalid("endpoints", "no endpoint given"),
+    }
+}
+
+fn no_leader(client: &AdminClient, last: Option<ApiError>) -> ApiError {
+    match last {
+        None if client.endpoints.is_empty() => ApiError::invalid("endpoints", "no endpoint given"),
+        None => ApiError::Unavailable(format!(
+            "no leader found within {} ms",
+            client.timeout.as_millis()
+        )),
+        Some(e) => ApiError::Unavailable(format!(
+            "no leader found within {} ms through {} (last: {})",
+            client.timeout.as_millis(),
+            client.endpoints.join(","),
+            strip_kind(&e)
+        )),
+    }
+}
+
+/// An error's message without its kind's prefix (for an error quoted inside another).
+fn strip_kind(e: &ApiError) -> String {
+    match e {
+        ApiError::Unavailable(m) | ApiError::Inconsistent(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(endpoints: usize, timeout_ms: u64) -> AdminClient {
+        AdminClient::new(
+            (0..endpoints)
+                .map(|i| format!("127.0.0.1:{}", 1 + i))
+                .collect(),
+            Access::plaintext(),
+            Duration::from_millis(timeout_ms),
+        )
+    }
+
+    #[test]
+    fn each_attempt_gets_a_share_of_the_timeout_within_bounds() {
+        // 10 s over 3 endpoints: 3 s each (the cap); 2 s over 4: 500 ms; 1 s over 10: the
+        // 300 ms floor; a 100 ms timeout: never more than the timeout.
+        assert_eq!(client(3, 10_000).attempt_timeout(), ATTEMPT_TIMEOUT_MAX);
+        assert_eq!(
+            client(4, 2_000).attempt_timeout(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(client(10, 1_000).attempt_timeout(), ATTEMPT_TIMEOUT_MIN);
+        assert_eq!(client(1, 100).attempt_timeout(), Duration::from_millis(100));
+    }
+
+    #[tokio::test]
+    async fn dead_endpoints_end_within_the_timeout_naming_the_last_error() {
+        // Nothing listens on ports 1 and 2: the loops give up by their timeout, with an
+        // Unavailable that names what was tried.
+        let c = client(2, 1_000);
+        let started = std::time::Instant::now();
+        let e = c.leader().await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(3), "{e}");
+        assert!(
+            matches!(&e, ApiError::Unavailable(m) if m.contains("no leader found")),
+            "{e}"
+        );
+        let e = c.first_status(|_| Ok(())).await.unwrap_err();
+        assert!(
+            matches!(&e, ApiError::Unavailable(m) if m.contains("127.0.0.1:1")),
+            "{e}"
+        );
+        assert!(!e.to_string().contains("Some("), "{e}");
+    }
+}
