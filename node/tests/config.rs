@@ -207,15 +207,36 @@ fn cairn_dev_starts_with_unrelated_cairn_variables() {
     assert!(log.contains(WARNING) && log.contains("CAIRN_FOO"), "{log}");
 }
 
-/// `cairn agent ARGS` with `env`, for a configuration that must be refused at once.
+/// `cairn agent ARGS` with `env`, for a configuration that must be refused (or printed) at
+/// once: a node still running after 20 s is killed, and its output has no exit code.
 fn agent(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cairn"))
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .arg("agent")
         .args(args)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .output()
-        .expect("run cairn agent")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .expect("run cairn agent");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: std::fs::read(&out).unwrap(),
+        stderr: std::fs::read(&err).unwrap(),
+    }
 }
 
 const ONE_NODE: &[&str] = &[
