@@ -505,7 +505,6 @@ fn print_config(source: &crate::config::ConfigSource) -> u8 {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
