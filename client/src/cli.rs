@@ -169,26 +169,13 @@ pub enum DataCommand {
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub global: GlobalArgs,
     /// Consistency of the reads the command makes.
     #[arg(long, value_enum, default_value = "strong")]
     pub consistency: ConsistencyArg,
     /// PARTITION/NAMESPACE (list and watch accept `*` parts).
     #[arg(long, default_value = "default/default", value_parser = parse_tenancy)]
     pub tenancy: Tenancy,
-    /// Output format.
-    #[arg(
-        short = 'o',
-        long = "output",
-        value_enum,
-        default_value = "table",
-        global = true
-    )]
-    pub output: OutputFormat,
-    /// Deadline of each call to the cluster, failovers included (each
-    /// endpoint gets a share of it).
-    #[arg(long, default_value_t = 10_000, global = true)]
-    pub timeout_ms: u64,
 }
 
 /// The `cairn` binary's global flags: how to reach the cluster, the output
@@ -211,8 +198,15 @@ pub struct GlobalArgs {
     pub output: OutputFormat,
     /// Deadline of each call to the cluster, failovers included (each
     /// endpoint gets a share of it).
-    #[arg(long, default_value_t = 10_000, global = true)]
+    #[arg(long, default_value_t = 10_000, global = true, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_ms: u64,
+}
+
+impl GlobalArgs {
+    /// `--timeout-ms` (positive: clap refuses 0).
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
 }
 
 /// TLS options of every `cairn` command that talks to a cluster. Any of
@@ -513,17 +507,15 @@ fn common(command: &DataCommand) -> &CommonArgs {
 
 async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u8, ClientError> {
     let c = common(&command).clone();
-    if c.timeout_ms == 0 {
-        return Err(ClientError::invalid("timeout-ms", "must be positive"));
-    }
+    let cluster = &c.global.cluster;
     let options = ClientOptions {
-        request_timeout: Duration::from_millis(c.timeout_ms),
-        connect_timeout: Duration::from_millis(c.timeout_ms.min(1_000)),
-        token: c.cluster.bearer_token()?,
-        tls: c.cluster.tls.options(&c.cluster.endpoints),
+        request_timeout: c.global.timeout(),
+        connect_timeout: c.global.timeout().min(Duration::from_secs(1)),
+        token: cluster.bearer_token()?,
+        tls: cluster.tls.options(&cluster.endpoints),
         ..ClientOptions::default()
     };
-    let client = Client::new(&c.cluster.endpoints, options)?;
+    let client = Client::new(&cluster.endpoints, options)?;
     match command {
         DataCommand::Read(a) => {
             let id = Id {
@@ -533,11 +525,11 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
                 tenancy: Some(c.tenancy),
             };
             let r = client.read(id, c.consistency.into()).await?;
-            print_resources(out, c.output, &[r], None)?;
+            print_resources(out, c.global.output, &[r], None)?;
         }
         DataCommand::Write(a) => {
             let stored = write(&client, &c, a).await?;
-            print_resources(out, c.output, &[stored], None)?;
+            print_resources(out, c.global.output, &[stored], None)?;
         }
         DataCommand::Delete(a) => {
             let id = Id {
@@ -558,13 +550,18 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
                 }
                 None => client.delete_current(id).await?,
             };
-            print_deleted(out, c.output, deleted.as_ref())?;
+            print_deleted(out, c.global.output, deleted.as_ref())?;
         }
         DataCommand::List(a) => {
             let listed = client
                 .list(a.type_, c.tenancy, a.prefix, c.consistency.into())
                 .await?;
-            print_resources(out, c.output, &listed.resources, Some(listed.revision))?;
+            print_resources(
+                out,
+                c.global.output,
+                &listed.resources,
+                Some(listed.revision),
+            )?;
         }
         DataCommand::OwnedBy(a) => {
             let owner = Id {
@@ -579,7 +576,12 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
                 owner
             };
             let listed = client.list_by_owner(owner).await?;
-            print_resources(out, c.output, &listed.resources, Some(listed.revision))?;
+            print_resources(
+                out,
+                c.global.output,
+                &listed.resources,
+                Some(listed.revision),
+            )?;
         }
         DataCommand::Watch(a) => return watch(&client, &c, a, out).await,
     }
@@ -781,7 +783,7 @@ async fn watch(
     let mut resume_from = (a.from_revision > 0).then_some(a.from_revision);
     let mut open_revision: Option<(u64, std::collections::BTreeSet<crate::ResourceKey>)> = None;
     let mut printed: u64 = 0;
-    if c.output == OutputFormat::Table
+    if c.global.output == OutputFormat::Table
         && writeln!(
             out,
             "{:<16} {:>9}  {:<28} {:<24} {:<20} {:>9}  DATA",
@@ -836,7 +838,7 @@ async fn watch(
                     }
                     _ => {}
                 }
-                if print_event(out, c.output, &event).is_err() {
+                if print_event(out, c.global.output, &event).is_err() {
                     // The reader went away (a closed pipe): done.
                     return Ok(exit::OK);
                 }
@@ -1096,10 +1098,10 @@ mod tests {
         else {
             panic!("read")
         };
-        assert_eq!(r.common.cluster.endpoints.len(), 3);
+        assert_eq!(r.common.global.cluster.endpoints.len(), 3);
         assert_eq!(r.common.consistency, ConsistencyArg::Strong);
         assert_eq!(r.common.tenancy.partition, "default");
-        assert_eq!(r.common.output, OutputFormat::Table);
+        assert_eq!(r.common.global.output, OutputFormat::Table);
         let DataCommand::Write(w) = parse(&[
             "write",
             "--type",
@@ -1125,14 +1127,14 @@ mod tests {
             panic!("write")
         };
         assert_eq!(
-            w.common.cluster.endpoints,
+            w.common.global.cluster.endpoints,
             vec!["a:1".to_string(), "b:2".to_string()]
         );
         assert_eq!(
             w.metadata,
             vec![("k".into(), "v".into()), ("x".into(), "y=z".into())]
         );
-        assert_eq!(w.common.output, OutputFormat::Json);
+        assert_eq!(w.common.global.output, OutputFormat::Json);
         assert!(matches!(
             parse(&["write", "--file", "-"]).unwrap(),
             DataCommand::Write(_)

@@ -89,6 +89,9 @@ pub struct ClusterOptions {
     pub host: String,
     /// Environment variables set for every node process.
     pub env: Vec<(String, String)>,
+    /// Bootstrap members that [`Cluster::start`] places but does not spawn: a test starts
+    /// them later with [`Cluster::spawn`] (a member whose machine came up late).
+    pub started_later: Vec<u64>,
 }
 
 impl ClusterOptions {
@@ -109,6 +112,7 @@ impl ClusterOptions {
             admin_token: None,
             host: "127.0.0.1".into(),
             env: vec![],
+            started_later: vec![],
         }
     }
 }
@@ -270,7 +274,9 @@ impl Cluster {
             highest_id,
         };
         for id in 1..=cluster.nodes.len() as u64 {
-            cluster.spawn(id);
+            if !cluster.options.started_later.contains(&id) {
+                cluster.spawn(id);
+            }
         }
         Ok(cluster)
     }

@@ -115,6 +115,11 @@ pub fn caught_up(progress: Progress, last_log_index: u64, window: Duration) -> R
     Ok(())
 }
 
+/// How many of `voters` voters make a quorum (a majority).
+pub fn quorum_of(voters: usize) -> usize {
+    voters / 2 + 1
+}
+
 /// Whether removing voter `removed` leaves the cluster a quorum of reachable voters, in the
 /// current configuration and in the new one (a joint change needs both). `Err` says why
 /// not.
@@ -131,7 +136,7 @@ pub fn removal_keeps_quorum(
         ids.join(", ")
     };
     let now = voters.intersection(reachable).count();
-    let quorum = voters.len() / 2 + 1;
+    let quorum = quorum_of(voters.len());
     if now < quorum {
         return Err(format!(
             "the cluster has no quorum now: the leader hears from {now} of its {} voters \
@@ -142,7 +147,7 @@ pub fn removal_keeps_quorum(
     }
     let after: BTreeSet<u64> = voters.iter().copied().filter(|v| *v != removed).collect();
     let left = after.intersection(reachable).count();
-    let quorum_after = after.len() / 2 + 1;
+    let quorum_after = quorum_of(after.len());
     if left < quorum_after {
         return Err(format!(
             "it would leave {} voters of which the leader hears from {left}, fewer than a \
@@ -273,11 +278,7 @@ impl Admin {
 
     /// The status, on the leader; `NotLeader` elsewhere.
     fn leader_status(&self) -> Result<RaftStatus, ApiError> {
-        if !self.raft.is_leader() {
-            return Err(ApiError::NotLeader {
-                hint: self.raft.leader(),
-            });
-        }
+        self.raft.require_leader()?;
         Ok(self.raft.status())
     }
 
@@ -362,12 +363,7 @@ impl Admin {
     }
 
     pub async fn transfer_leader(&self, to: u64) -> Result<pb::MembershipResponse, ApiError> {
-        if !self.raft.is_leader() {
-            return Err(ApiError::NotLeader {
-                hint: self.raft.leader(),
-            });
-        }
-        let status = self.raft.status();
+        let status = self.leader_status()?;
         let me = self.raft.node_id;
         let target = if to != 0 {
             if to == me {
@@ -586,12 +582,8 @@ impl AdminService for Admin {
             ("peer_address", &r.peer_address),
             ("client_address", &r.client_address),
         ] {
-            if address.parse::<std::net::SocketAddr>().is_err() {
-                return Err(ApiError::invalid(
-                    field,
-                    format!("{address:?} is not an IP:port address"),
-                )
-                .into());
+            if let Err(reason) = crate::config::parse_host_port(address) {
+                return Err(ApiError::invalid(field, reason).into());
             }
         }
         let node = NodeInfo {

@@ -146,7 +146,16 @@ impl AdminClient {
 
     /// The status of the node at `address`, within one attempt.
     pub async fn status_at(&self, address: &str) -> Result<pb::StatusResponse, ApiError> {
-        self.call_at(address, self.attempt, |mut c| async move {
+        self.status_within(address, self.attempt).await
+    }
+
+    /// The status of the node at `address`, within `within`.
+    async fn status_within(
+        &self,
+        address: &str,
+        within: Duration,
+    ) -> Result<pb::StatusResponse, ApiError> {
+        self.call_at(address, within, |mut c| async move {
             c.status(pb::StatusRequest {}).await
         })
         .await
@@ -174,11 +183,7 @@ impl AdminClient {
                 if left.is_zero() {
                     break;
                 }
-                let answer = self
-                    .call_at(address, self.attempt.min(left), |mut c| async move {
-                        c.status(pb::StatusRequest {}).await
-                    })
-                    .await;
+                let answer = self.status_within(address, self.attempt.min(left)).await;
                 match answer {
                     Ok(s) => match accept(&s) {
                         Ok(()) => return Ok((address.clone(), s)),
@@ -218,15 +223,9 @@ impl AdminClient {
                 if left.is_zero() {
                     break;
                 }
-                let answer = self
-                    .call_at(&address, self.attempt.min(left), |mut c| async move {
-                        c.status(pb::StatusRequest {}).await
-                    })
-                    .await;
+                let answer = self.status_within(&address, self.attempt.min(left)).await;
                 match answer {
-                    Ok(s) if s.state == "leader" && s.leader_id == s.node_id => {
-                        return Ok(Leader { address, status: s })
-                    }
+                    Ok(s) if leads(&s) => return Ok(Leader { address, status: s }),
                     Ok(s) => {
                         let named = s
                             .members
@@ -352,6 +351,11 @@ impl AdminClient {
             tokio::time::sleep(CATCH_UP_POLL).await;
         }
     }
+}
+
+/// Whether the node that answered `s` says it leads.
+pub fn leads(s: &pb::StatusResponse) -> bool {
+    s.state == "leader" && s.leader_id == s.node_id
 }
 
 /// Where a member's catch-up stands, as the leader's status shows it.

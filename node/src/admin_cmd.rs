@@ -20,7 +20,7 @@ use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::admin_client::{describe_catch_up, AdminClient};
+use crate::admin_client::{describe_catch_up, leads, AdminClient};
 
 /// `println!` that ignores a closed stdout (`cairn status | head -1`) instead of panicking.
 macro_rules! out {
@@ -90,9 +90,6 @@ pub struct TransferArgs {
 
 /// The admin client the global flags describe.
 pub fn client_of(global: &GlobalArgs) -> Result<AdminClient, ApiError> {
-    if global.timeout_ms == 0 {
-        return Err(ApiError::invalid("timeout-ms", "must be positive"));
-    }
     let endpoints: Vec<String> = global
         .cluster
         .endpoints
@@ -104,11 +101,7 @@ pub fn client_of(global: &GlobalArgs) -> Result<AdminClient, ApiError> {
         return Err(ApiError::invalid("endpoints", "no endpoint given"));
     }
     let access = crate::cli::access(&global.cluster)?;
-    Ok(AdminClient::new(
-        endpoints,
-        access,
-        Duration::from_millis(global.timeout_ms),
-    ))
+    Ok(AdminClient::new(endpoints, access, global.timeout()))
 }
 
 /// Prints `e` and returns its exit code. A refusal (`Inconsistent`) is printed as its
@@ -205,7 +198,7 @@ impl ClusterReport {
         let leader = members
             .iter()
             .filter_map(|m| m.answer.as_ref().ok())
-            .filter(|s| s.state == "leader" && s.leader_id == s.node_id)
+            .filter(|s| leads(s))
             .max_by_key(|s| s.term)
             .cloned();
         let voters = members.iter().filter(|m| m.member.voter).count();
@@ -223,7 +216,7 @@ impl ClusterReport {
     }
 
     fn quorum(&self) -> usize {
-        self.voters / 2 + 1
+        crate::admin::quorum_of(self.voters)
     }
 
     /// What is wrong, if anything: no leader, no quorum.
@@ -314,10 +307,9 @@ impl ClusterReport {
             .members
             .iter()
             .map(|m| {
-                let kind = if m.member.voter { "voter" } else { "learner" };
                 let mut row = vec![
                     m.member.id.to_string(),
-                    kind.to_string(),
+                    member_kind(&m.member).to_string(),
                     m.member.client_address.clone(),
                 ];
                 match &m.answer {
@@ -325,7 +317,7 @@ impl ClusterReport {
                         "yes".to_string(),
                         s.state.clone(),
                         s.term.to_string(),
-                        if s.leader_id == s.node_id && s.state == "leader" {
+                        if leads(s) {
                             "-".to_string()
                         } else {
                             or_dash(
@@ -379,16 +371,23 @@ impl ClusterReport {
             .iter()
             .map(|m| {
                 let view = self.leaders_view(m.member.id);
-                let mut v = json!({
-                    "id": m.member.id,
-                    "voter": m.member.voter,
-                    "client_address": m.member.client_address,
-                    "peer_address": m.member.peer_address,
-                    "reachable": m.answer.is_ok(),
-                    "error": m.answer.as_ref().err().map(|e| e.to_string()),
-                    "matched_index": view.filter(|v| v.matched_known).map(|v| v.matched_index),
-                    "caught_up": view.map(|v| v.caught_up),
-                });
+                let mut v = member_json(&m.member);
+                if let Some(map) = v.as_object_mut() {
+                    for (key, value) in [
+                        ("reachable", json!(m.answer.is_ok())),
+                        (
+                            "error",
+                            json!(m.answer.as_ref().err().map(|e| e.to_string())),
+                        ),
+                        (
+                            "matched_index",
+                            json!(view.filter(|v| v.matched_known).map(|v| v.matched_index)),
+                        ),
+                        ("caught_up", json!(view.map(|v| v.caught_up))),
+                    ] {
+                        map.insert(key.to_string(), value);
+                    }
+                }
                 if let (Ok(s), Some(map)) = (&m.answer, v.as_object_mut()) {
                     for (key, value) in [
                         ("role", json!(s.state)),
@@ -494,20 +493,28 @@ pub async fn status(global: &GlobalArgs) -> u8 {
 
 // ---------------------------------------------------------------- endpoint ----
 
-/// The addresses an endpoint command covers: the endpoints, or every member's.
-async fn targets(client: &AdminClient, cluster: bool) -> Result<Vec<String>, ApiError> {
-    if !cluster {
-        return Ok(client.endpoints().to_vec());
+/// The client of an endpoint command, and the addresses it covers: the endpoints, or every
+/// member's (`--cluster`).
+async fn targets(
+    global: &GlobalArgs,
+    args: &EndpointArgs,
+) -> Result<(AdminClient, Vec<String>), ApiError> {
+    let client = client_of(global)?;
+    if !args.cluster {
+        let endpoints = client.endpoints().to_vec();
+        return Ok((client, endpoints));
     }
     let (address, status) = client.first_status(|_| Ok(())).await?;
-    if status.members.is_empty() {
-        return Ok(vec![address]);
-    }
-    Ok(status
-        .members
-        .iter()
-        .map(|m| m.client_address.clone())
-        .collect())
+    let targets = if status.members.is_empty() {
+        vec![address]
+    } else {
+        status
+            .members
+            .iter()
+            .map(|m| m.client_address.clone())
+            .collect()
+    };
+    Ok((client, targets))
 }
 
 /// gRPC health of the node at `address` ("" = the whole node), within one attempt.
@@ -549,12 +556,8 @@ async fn health_of(client: &AdminClient, address: &str) -> (Result<(), String>, 
 
 /// `cairn endpoint health [--cluster]`.
 pub async fn endpoint_health(global: &GlobalArgs, args: &EndpointArgs) -> u8 {
-    let client = match client_of(global) {
-        Ok(c) => c,
-        Err(e) => return fail(&e),
-    };
-    let targets = match targets(&client, args.cluster).await {
-        Ok(t) => t,
+    let (client, targets) = match targets(global, args).await {
+        Ok(found) => found,
         Err(e) => return fail(&e),
     };
     let results = futures::future::join_all(targets.iter().map(|t| health_of(&client, t))).await;
@@ -594,12 +597,8 @@ pub async fn endpoint_health(global: &GlobalArgs, args: &EndpointArgs) -> u8 {
 
 /// `cairn endpoint status [--cluster]`.
 pub async fn endpoint_status(global: &GlobalArgs, args: &EndpointArgs) -> u8 {
-    let client = match client_of(global) {
-        Ok(c) => c,
-        Err(e) => return fail(&e),
-    };
-    let targets = match targets(&client, args.cluster).await {
-        Ok(t) => t,
+    let (client, targets) = match targets(global, args).await {
+        Ok(found) => found,
         Err(e) => return fail(&e),
     };
     let answers = client.statuses(&targets).await;
@@ -619,7 +618,7 @@ pub async fn endpoint_status(global: &GlobalArgs, args: &EndpointArgs) -> u8 {
                         "endpoint": t, "reachable": true, "id": s.node_id,
                         "cluster_id": s.cluster_id, "version": s.version,
                         "data_dir_bytes": s.data_dir_bytes,
-                        "is_leader": s.state == "leader" && s.leader_id == s.node_id,
+                        "is_leader": leads(s),
                         "is_learner": s.state == "learner", "role": s.state,
                         "leader_id": s.leader_id, "term": s.term,
                         "commit_index": s.commit_index, "applied_index": s.applied_index,
@@ -640,7 +639,7 @@ pub async fn endpoint_status(global: &GlobalArgs, args: &EndpointArgs) -> u8 {
                         s.node_id.to_string(),
                         s.version.clone(),
                         human_bytes(s.data_dir_bytes),
-                        (s.state == "leader" && s.leader_id == s.node_id).to_string(),
+                        leads(s).to_string(),
                         (s.state == "learner").to_string(),
                         s.term.to_string(),
                         s.commit_index.to_string(),
@@ -690,14 +689,19 @@ fn member_kind(m: &pb::Member) -> &'static str {
     }
 }
 
+/// A member as the JSON outputs show it.
+fn member_json(m: &pb::Member) -> Value {
+    json!({
+        "id": m.id, "voter": m.voter,
+        "peer_address": m.peer_address, "client_address": m.client_address,
+    })
+}
+
 fn print_members(output: OutputFormat, cluster_id: &str, members: &[pb::Member]) {
     match output {
         OutputFormat::Json => print_json(&json!({
             "cluster_id": cluster_id,
-            "members": members.iter().map(|m| json!({
-                "id": m.id, "voter": m.voter,
-                "peer_address": m.peer_address, "client_address": m.client_address,
-            })).collect::<Vec<_>>(),
+            "members": members.iter().map(member_json).collect::<Vec<_>>(),
         })),
         OutputFormat::Table => print_table(
             &["ID", "MEMBER", "PEER ADDRESS", "CLIENT ADDRESS"],
@@ -725,12 +729,7 @@ fn print_change(output: OutputFormat, line: &str, r: &pb::MembershipResponse) {
                 .status
                 .iter()
                 .flat_map(|s| s.members.iter())
-                .map(|m| {
-                    json!({
-                        "id": m.id, "voter": m.voter,
-                        "peer_address": m.peer_address, "client_address": m.client_address,
-                    })
-                })
+                .map(member_json)
                 .collect();
             print_json(&json!({"result": line, "log_index": r.log_index, "members": members}))
         }

@@ -552,9 +552,12 @@ const JOIN_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Before Raft starts, asks the running cluster about this node and its data dir:
 /// - a dir of another cluster is refused, naming both cluster ids (checked against any member
 ///   that answers; nothing is refused when none does);
-/// - with `--members`, an empty dir while the cluster counts this node as a member and has
-///   committed data means the node lost its data: letting it vote again could elect a leader
-///   without the acknowledged writes. It is refused; the operator re-adds it explicitly;
+/// - with `--members`, an empty dir while the leader reports it has matched this node's log
+///   means the node lost its data: letting it vote again could elect a leader without the
+///   acknowledged writes. It is refused; the operator re-adds it explicitly. A member that
+///   merely starts late, after the others formed the cluster, was never matched and starts.
+///   (The leader's match is the evidence: a node that lost its data while another leader
+///   ruled is not recognised, which is why the runbook removes a wiped node first);
 /// - with `--join`, an empty dir while this node's id is still a voter is refused the same
 ///   way (adding it "as a learner" would be a no-op and leave a voter with an empty log).
 ///   The node it joins through must answer: its status (members and cluster id) is returned,
@@ -643,21 +646,23 @@ async fn check_against_cluster(
                 node = status.node_id,
             )));
         }
-        // Index 0 is the bootstrap membership, 1 the first leader's blank entry.
-        if fresh
-            && config.join.is_none()
-            && !theirs.is_empty()
-            && listed.is_some()
-            && status.commit_index > 1
-        {
-            return Err(refuse(format!(
-                "data dir {dir} is empty, but node {id} is already a member of running cluster \
-                 {theirs} (node {node} reports commit index {commit}). If this node lost its \
-                 data, re-add it explicitly: `cairn member remove {id}` against the cluster, \
-                 then start this node with `--join {address}`",
-                node = status.node_id,
-                commit = status.commit_index,
-            )));
+        // Evidence that this node held a log: the leader has matched it. A bootstrap member
+        // that starts late, after the others formed the cluster and took writes, has never
+        // been matched, and starts as it should.
+        let matched_by_leader =
+            listed.filter(|m| m.matched_known && status.leader_id == status.node_id);
+        if fresh && config.join.is_none() && !theirs.is_empty() {
+            if let Some(member) = matched_by_leader {
+                return Err(refuse(format!(
+                    "data dir {dir} is empty, but node {id} is already a member of running \
+                     cluster {theirs}: its leader, node {node}, replicated its log to this node \
+                     up to index {matched}. If this node lost its data, re-add it explicitly: \
+                     `cairn member remove {id}` against the cluster, then start this node with \
+                     `--join {address}`",
+                    node = status.node_id,
+                    matched = member.matched_index,
+                )));
+            }
         }
         if config.join.is_some() && !theirs.is_empty() {
             join_status = Some(status);

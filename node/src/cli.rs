@@ -243,6 +243,12 @@ fn runtime() -> tokio::runtime::Runtime {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Agent(_) | Command::Dev(_) | Command::Bench(_)
+    ) {
+        end_quietly_when_stdout_closes();
+    }
     let global = &cli.global;
     let code = match cli.command {
         Command::Agent(args) => run_agent(args),
@@ -266,6 +272,17 @@ pub fn main() -> ExitCode {
         Command::Tls(t) => crate::tls_init::run(t),
     };
     ExitCode::from(code)
+}
+
+/// A command that prints for a reader (`cairn snapshot inspect F | head`) ends quietly when
+/// the reader goes away, as Unix tools do, instead of panicking on the closed pipe: SIGPIPE
+/// gets its default action back (Rust ignores it). Not for the commands that run nodes
+/// (agent, dev, bench): a closed log pipe must never kill a node.
+fn end_quietly_when_stdout_closes() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler; it runs before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 /// `cairn token new | hash`.
@@ -621,8 +638,11 @@ mod tests {
         let Command::Data(cairn_client::cli::DataCommand::Read(read)) = cli.command else {
             panic!("read")
         };
-        assert_eq!(read.common.cluster.endpoints, ["x:1"]);
-        assert_eq!(read.common.output, cairn_client::cli::OutputFormat::Json);
+        assert_eq!(read.common.global.cluster.endpoints, ["x:1"]);
+        assert_eq!(
+            read.common.global.output,
+            cairn_client::cli::OutputFormat::Json
+        );
         // The defaults: the dev cluster, 10 s, a table.
         let cli = parse(&["status"]).unwrap();
         assert_eq!(cli.global.cluster.endpoints.len(), 3);

@@ -74,11 +74,7 @@ impl Restorer {
         self: &Arc<Self>,
         mut upload: impl futures::Stream<Item = Result<pb::SnapshotChunk, tonic::Status>> + Unpin + Send,
     ) -> Result<(u64, u64), ApiError> {
-        if !self.raft.is_leader() {
-            return Err(ApiError::NotLeader {
-                hint: self.raft.leader(),
-            });
-        }
+        self.raft.require_leader()?;
         let _slot = self.driver_slot.try_lock().map_err(|_| {
             ApiError::Inconsistent("a restore is already running on this node".into())
         })?;

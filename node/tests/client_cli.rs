@@ -483,3 +483,28 @@ async fn cli_watch_prints_events_as_they_come_until_interrupted() {
     .await
     .expect("the test finishes within 120 s");
 }
+
+#[test]
+fn a_command_whose_reader_went_away_ends_quietly() {
+    // `cairn snapshot inspect F | head -1`: the reader closes the pipe before the command
+    // has printed everything. Like any Unix tool, the command ends on SIGPIPE, without a
+    // panic message (it once printed "failed printing to stdout: Broken pipe", exit 101).
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .args(["token", "new"])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("cairn runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}

@@ -521,3 +521,31 @@ async fn health_reports_serving_once_a_leader_is_known() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_starts_after_the_cluster_took_writes_joins_it() {
+    // Two of three bootstrap members form the cluster and take writes before the
+    // third process starts (a machine that came up late). The third has an empty
+    // data dir and the others have committed data, but it never held a log: it
+    // must start, not be refused as a member that lost its data.
+    let mut o = options(3);
+    o.started_later = vec![3];
+    let mut cluster = Cluster::start(o);
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    for i in 0..5 {
+        let address = cluster.node(leader).client_address.clone();
+        write(&address, thing(&format!("early-{i}"), "u1", "", b"x"))
+            .await
+            .expect("two of three members take writes");
+    }
+    assert!(cluster.status(leader).await.unwrap().commit_index > 1);
+
+    cluster.spawn(3);
+    let expected: Vec<String> = (0..5).map(|i| format!("early-{i}")).collect();
+    wait_converged(&cluster, &[3], &expected, Duration::from_secs(30)).await;
+    assert!(
+        cluster.is_running(3),
+        "node 3 stopped: {}",
+        cluster.log_of(3)
+    );
+}

@@ -128,6 +128,14 @@ async fn a_cluster_with_host_names_and_unrelated_cairn_variables_starts_and_serv
             assert!(!line.contains("10.0.0.1"), "values are not logged: {line}");
         }
     }
+
+    // A fourth node joins under its host name: the learner it asks to be added as names
+    // its addresses `localhost:PORT` (once refused as "not an IP:port address").
+    let via = cluster.node(new_leader).client_address.clone();
+    let joined = cluster.add_joining_node(&via);
+    assert!(cluster.node(joined).peer_address.starts_with("localhost:"));
+    wait_converged(&cluster, &[joined], &names, Duration::from_secs(30)).await;
+    assert!(cluster.is_running(joined), "{}", cluster.log_of(joined));
 }
 
 /// A free block of ports for `cairn dev --base-port B`: B+1..=B+3 and B+1001..=B+1003,

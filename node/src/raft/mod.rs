@@ -861,6 +861,17 @@ impl RaftHandle {
         is_leader(&self.raft, self.node_id)
     }
 
+    /// `Ok` on the leader; elsewhere NotLeader with the leader this node knows.
+    pub fn require_leader(&self) -> Result<(), ApiError> {
+        if self.is_leader() {
+            Ok(())
+        } else {
+            Err(ApiError::NotLeader {
+                hint: self.leader(),
+            })
+        }
+    }
+
     /// The voter this node, leading, would hand leadership to (see
     /// [`check_quorum::best_successor`]); `None` when there is no other voter.
     pub fn best_successor(&self) -> Option<NodeId> {
