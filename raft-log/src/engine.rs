@@ -8,6 +8,8 @@ use std::fs::File;
 use std::ops::Bound;
 use std::path::Path;
 use std::path::PathBuf;
+use std::time::Duration;
+use std::time::Instant;
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
@@ -58,6 +60,11 @@ pub(crate) const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
 pub(crate) const SLED_LOG_FILE_NAME: &str = "db";
 /// The directory inside sled's where it keeps values too large for its log, one file each.
 pub(crate) const SLED_BLOBS_DIR_NAME: &str = "blobs";
+
+/// How long [`SledEngine::open`] waits for an earlier handle's lock on sled's log to go.
+const SLED_LOCK_RELEASE_WAIT: Duration = Duration::from_secs(10);
+/// How often it looks.
+const SLED_LOCK_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// The file a corruption error of the sled database in `dir` names: a blob
 /// (`dir/blobs/N`) or sled's log (`dir/db`). `None` when sled did not say where, or when
@@ -122,8 +129,9 @@ enum Stamp {
 }
 
 impl SledEngine {
-    /// Opens (creating if needed) a sled database at `path`. With `fsync = false` the engine
-    /// skips its fsyncs (sled still writes its buffers): only for tests.
+    /// Opens (creating if needed) a sled database at `path`, after waiting for a database just
+    /// dropped there to let go of its lock. With `fsync = false` the engine skips its fsyncs
+    /// (sled still writes its buffers): only for tests.
     pub fn open(path: &Path, fsync: bool) -> Result<SledEngine, LogError> {
         Self::open_with(path, fsync, fsync, CACHE_CAPACITY_BYTES)
     }
@@ -136,6 +144,7 @@ impl SledEngine {
         fsync_directories: bool,
         cache_capacity_bytes: u64,
     ) -> Result<SledEngine, LogError> {
+        wait_for_sled_lock_release(path)?;
         let damaged_blobs = damaged_blobs(path);
         for blob in &damaged_blobs {
             tracing::error!(blob = %blob.display(), "sled blob fails its checksum");
@@ -384,6 +393,33 @@ impl LogEngine for SledEngine {
     }
 }
 
+/// Waits (up to [`SLED_LOCK_RELEASE_WAIT`]) until no handle holds sled's lock on its log
+/// (`path/db`), since sled's own open fails at once (`WouldBlock`) if one does.
+///
+/// sled drops that lock when the last handle on its log closes, and its I/O threads keep one
+/// until the write they run returns, which is after the flush waiting on that write has
+/// returned. So a database just dropped (by this process, or by the process that held the
+/// directory before) can hold its lock a moment longer; the caller's [`crate::DirLock`] says
+/// that no live store uses the directory. Once the wait is over, sled's open reports a lock
+/// still held.
+fn wait_for_sled_lock_release(path: &Path) -> Result<(), LogError> {
+    let log = path.join(SLED_LOG_FILE_NAME);
+    let file = match File::open(&log) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LogError::io(format!("open {}", log.display()), e)),
+    };
+    let deadline = Instant::now() + SLED_LOCK_RELEASE_WAIT;
+    // Our probe's lock goes with `file`, before sled opens.
+    while !crate::lock::try_flock_exclusive(&file)
+        .map_err(|e| LogError::io(format!("flock {}", log.display()), e))?
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(SLED_LOCK_POLL_INTERVAL);
+    }
+    Ok(())
+}
+
 /// The blob files in the sled database at `path` whose contents fail sled's own check (a
 /// little-endian crc32 of the kind byte and the data, in the first 4 bytes), found before sled
 /// opens the database, because sled's recovery drops them. Unreadable files count as damaged.
@@ -423,6 +459,24 @@ fn decode_key(key: &[u8]) -> Result<u64, LogError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_waits_for_an_earlier_handle_to_release_sleds_lock() {
+        // sled's I/O threads can keep its log open (and locked) a moment after the database
+        // is dropped: open waits for that instead of failing with WouldBlock.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sled");
+        drop(SledEngine::open(&path, false).expect("create"));
+        wait_for_sled_lock_release(&path).expect("wait");
+        let straggler = File::open(path.join(SLED_LOG_FILE_NAME)).expect("open sled's log");
+        assert!(crate::lock::try_flock_exclusive(&straggler).expect("flock"));
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(straggler);
+        });
+        SledEngine::open(&path, false).expect("open once the straggler lets go");
+        release.join().expect("release");
+    }
 
     #[test]
     fn a_sled_corruption_names_the_same_file_in_its_message_and_as_the_damaged_file() {

@@ -47,22 +47,18 @@ impl DirLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| LogError::io(format!("open lock file {}", path.display()), e))?;
-        // SAFETY: flock on a file descriptor we own; no memory is passed.
-        let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if ret != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let mut contents = String::new();
-                let holder_pid = match file.read_to_string(&mut contents) {
-                    Ok(_) => contents.trim().parse::<u32>().ok(),
-                    Err(_) => None,
-                };
-                return Err(LogError::Locked {
-                    dir: dir.to_path_buf(),
-                    holder_pid,
-                });
-            }
-            return Err(LogError::io(format!("flock {}", path.display()), err));
+        let locked = try_flock_exclusive(&file)
+            .map_err(|e| LogError::io(format!("flock {}", path.display()), e))?;
+        if !locked {
+            let mut contents = String::new();
+            let holder_pid = match file.read_to_string(&mut contents) {
+                Ok(_) => contents.trim().parse::<u32>().ok(),
+                Err(_) => None,
+            };
+            return Err(LogError::Locked {
+                dir: dir.to_path_buf(),
+                holder_pid,
+            });
         }
         let pid = std::process::id();
         file.set_len(0)
@@ -79,6 +75,22 @@ impl DirLock {
     /// The locked directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// `flock(LOCK_EX | LOCK_NB)` on `file`: `Ok(false)` when another file description holds the
+/// lock. The lock goes when `file` (its last handle) closes.
+pub(crate) fn try_flock_exclusive(file: &File) -> std::io::Result<bool> {
+    // SAFETY: flock on a file descriptor we own; no memory is passed.
+    let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if ret == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
     }
 }
 

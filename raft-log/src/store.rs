@@ -409,9 +409,11 @@ where
     }
 
     /// The one read of both engines (`end = None`: to the last; `bytes_max = u64::MAX`: no
-    /// bound; see `read_budget.rs`). An entry missing from the range is [`LogError::Corrupt`],
-    /// never a short or empty result: openraft takes an empty read for a heartbeat and would
-    /// retry it for ever.
+    /// bound; see `read_budget.rs`). An entry missing where the read starts, or inside the run
+    /// it reads, is [`LogError::Corrupt`]: never an empty result (openraft takes an empty read
+    /// for a heartbeat and would retry it for ever). One missing just after the run ends it
+    /// there, as a bound would; the next read, which starts at it, fails (and openraft checks
+    /// that an unbounded read covers its range).
     async fn read_run(
         &self,
         start: u64,

@@ -69,8 +69,9 @@ pub(crate) enum Request {
     },
 }
 
-/// Someone waiting for the next durability point.
-enum Waiter {
+/// Someone waiting for the next durability point: the sled syncer's, or the WAL I/O thread's
+/// group (which has no barrier).
+pub(crate) enum Waiter {
     Callback(DurableCallback),
     Reply(Reply),
     /// The writer thread itself, waiting inside a purge.
@@ -78,7 +79,8 @@ enum Waiter {
 }
 
 impl Waiter {
-    fn release(self, result: &Result<(), String>) {
+    /// Tells the waiter how its durability point went (`Err`: the reason it failed).
+    pub(crate) fn release(self, result: &Result<(), String>) {
         match (self, result) {
             (Waiter::Callback(callback), Ok(())) => callback(Ok(())),
             (Waiter::Callback(callback), Err(reason)) => {

@@ -118,14 +118,6 @@ struct DamagingEngine {
 }
 
 impl DamagingEngine {
-    fn new(inner: SledEngine) -> DamagingEngine {
-        DamagingEngine {
-            inner,
-            corrupt_index: AtomicU64::new(u64::MAX),
-            missing_index: AtomicU64::new(u64::MAX),
-        }
-    }
-
     fn damage(&self, entries: &mut [(u64, Vec<u8>)]) {
         let target = self.corrupt_index.load(Ordering::SeqCst);
         for (index, bytes) in entries.iter_mut() {
@@ -181,17 +173,26 @@ impl LogEngine for DamagingEngine {
     }
 }
 
+/// Writes the entries in `dir`, then opens the store (cleanly: nothing is damaged yet) over a
+/// [`DamagingEngine`].
+fn open_over_damaging_engine(dir: &Path) -> (Arc<DamagingEngine>, Store) {
+    write_entries(dir);
+    let lock = DirLock::acquire(dir).expect("lock");
+    let engine = Arc::new(DamagingEngine {
+        inner: SledEngine::open(&dir.join("sled"), true).expect("sled"),
+        corrupt_index: AtomicU64::new(u64::MAX),
+        missing_index: AtomicU64::new(u64::MAX),
+    });
+    let store = Store::open_with_engine(lock, engine.clone()).expect("clean open");
+    (engine, store)
+}
+
 #[test]
 fn entry_damaged_after_open_fails_openraft_reads_naming_its_index() {
     // Open cleanly, then damage entry 21 on the read path: openraft's reader gets a
     // StorageError for LogIndex(21); reads that avoid 21 still work.
     let dir = tempfile::tempdir().expect("tempdir");
-    write_entries(dir.path());
-    let lock = DirLock::acquire(dir.path()).expect("lock");
-    let engine = Arc::new(DamagingEngine::new(
-        SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
-    ));
-    let mut store = Store::open_with_engine(lock, engine.clone()).expect("clean open");
+    let (engine, mut store) = open_over_damaging_engine(dir.path());
     engine.corrupt_index.store(21, Ordering::SeqCst);
     runtime().block_on(async {
         let error = store
@@ -226,12 +227,7 @@ fn entry_lost_after_open_fails_replication_reads_naming_its_index() {
     // LogIndex(21), never come back short or empty (openraft takes empty for a heartbeat and
     // retries for ever). The unbounded reader says the same.
     let dir = tempfile::tempdir().expect("tempdir");
-    write_entries(dir.path());
-    let lock = DirLock::acquire(dir.path()).expect("lock");
-    let engine = Arc::new(DamagingEngine::new(
-        SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
-    ));
-    let mut store = Store::open_with_engine(lock, engine.clone()).expect("clean open");
+    let (engine, mut store) = open_over_damaging_engine(dir.path());
     engine.missing_index.store(21, Ordering::SeqCst);
     runtime().block_on(async {
         for (start, end) in [(10, 30), (21, 30), (21, 22)] {

@@ -34,9 +34,7 @@ use super::SegmentFile;
 use super::Shared;
 use crate::engine::LogEngine;
 use crate::engine::SledEngine;
-use crate::poison::Poison;
-use crate::writer::DurableCallback;
-use crate::writer::Reply;
+use crate::writer::Waiter;
 use crate::writer::META_COMMITTED;
 use crate::writer::META_PURGED;
 use crate::writer::META_VOTE;
@@ -121,29 +119,6 @@ pub(crate) struct IoThread<C: RaftTypeConfig> {
     pub(crate) buffer_frames: u32,
     /// The last append operation taken from the queue: callers number them in queue order.
     pub(crate) last_seq: u64,
-}
-
-/// Someone waiting on the outcome of a group.
-enum Waiter {
-    Callback(DurableCallback),
-    Reply(Reply),
-}
-
-impl Waiter {
-    fn release(self, result: &Result<(), String>) {
-        match (self, result) {
-            (Waiter::Callback(callback), Ok(())) => callback(Ok(())),
-            (Waiter::Callback(callback), Err(reason)) => {
-                callback(Err(std::io::Error::other(reason.clone())))
-            }
-            (Waiter::Reply(reply), Ok(())) => {
-                let _ = reply.send(Ok(()));
-            }
-            (Waiter::Reply(reply), Err(reason)) => {
-                let _ = reply.send(Err(Poison::refusal(reason.clone())));
-            }
-        }
-    }
 }
 
 /// Creates segment `id` in `dir`: preallocated, header written, durable with its name.
