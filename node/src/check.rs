@@ -469,12 +469,7 @@ fn perf(args: PerfArgs) -> u8 {
         println!("{}: {}", if line.pass { "PASS" } else { "FAIL" }, line.text);
     }
     if !report.errors.is_empty() {
-        let kinds: Vec<String> = report
-            .errors
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect();
-        println!("failed writes by kind: {}", kinds.join(", "));
+        println!("failed writes by kind: {}", report.error_counts());
     }
     match removed {
         Ok(n) => println!("removed the {n} resources it wrote"),
