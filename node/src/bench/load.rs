@@ -14,16 +14,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::{self as pb, resource_service_client::ResourceServiceClient};
+use cairn_proto::v1 as pb;
 use hdrhistogram::Histogram;
 
 use super::report::{self, Latency, Progress, Report, SelfCpu, ServerWatch};
 use super::{
     bench_id, bench_resource, bench_tenancy, bench_type, connect, key_name, key_of,
     resource_client, targets, BenchChannel, BenchError, ConsistencyArg, FastRng, LoadOptions,
+    ResourceClient,
 };
-
-type ResourceClient = ResourceServiceClient<BenchChannel>;
 
 /// Which operations a run sends.
 #[derive(Clone, Copy, Debug)]

@@ -496,7 +496,10 @@ async fn connect(access: &Access, address: &str) -> Result<BenchChannel, BenchEr
     ))
 }
 
-fn resource_client(channel: BenchChannel) -> ResourceServiceClient<BenchChannel> {
+/// A resource client over a [`BenchChannel`], as every workload holds one.
+pub(crate) type ResourceClient = ResourceServiceClient<BenchChannel>;
+
+fn resource_client(channel: BenchChannel) -> ResourceClient {
     ResourceServiceClient::new(channel).max_decoding_message_size(DECODE_BYTES_MAX)
 }
 
