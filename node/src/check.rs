@@ -439,21 +439,14 @@ fn perf(args: PerfArgs) -> u8 {
         load.rate,
         ms(load.p99_max)
     );
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cairn check perf: cannot start the tokio runtime: {e}");
-            return exit::ERROR;
-        }
-    };
-    let outcome: Result<(Report, Result<u64, BenchError>), BenchError> = runtime.block_on(async {
-        let report = crate::bench::measure_writes(options.clone()).await?;
-        let removed = crate::bench::remove_keys(&options).await;
-        Ok((report, removed))
-    });
+    let outcome: Result<(Report, Result<u64, BenchError>), BenchError> = crate::bench::runtime()
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let report = crate::bench::measure_writes(options.clone()).await?;
+                let removed = crate::bench::remove_keys(&options).await;
+                Ok((report, removed))
+            })
+        });
     let (report, removed) = match outcome {
         Ok(r) => r,
         Err(e) => {

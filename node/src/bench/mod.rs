@@ -276,41 +276,42 @@ impl BenchError {
     }
 }
 
-pub fn run(args: BenchArgs) -> u8 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded runtime a load runs on (`cairn bench`, `cairn check perf`); not
+/// starting is a [`BenchError::Setup`].
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cairn bench: cannot start the tokio runtime: {e}");
-            return exit::ERROR;
-        }
-    };
-    let result = runtime.block_on(async move {
-        match args.workload {
-            Workload::Write(a) => load::run(a.load, load::Mix::Write).await,
-            Workload::Read(a) => load::run(a.load, load::Mix::Read(a.consistency)).await,
-            Workload::List(a) => load::run(a.load, load::Mix::List(a.consistency)).await,
-            Workload::Mixed(a) => {
-                if !(0.0..=1.0).contains(&a.read_fraction) {
-                    return Err(BenchError::Option {
-                        option: "--read-fraction",
-                        reason: "must be between 0 and 1".into(),
-                    });
+        .map_err(|e| BenchError::Setup(format!("cannot start the tokio runtime: {e}")))
+}
+
+pub fn run(args: BenchArgs) -> u8 {
+    let result = runtime().and_then(|runtime| {
+        runtime.block_on(async move {
+            match args.workload {
+                Workload::Write(a) => load::run(a.load, load::Mix::Write).await,
+                Workload::Read(a) => load::run(a.load, load::Mix::Read(a.consistency)).await,
+                Workload::List(a) => load::run(a.load, load::Mix::List(a.consistency)).await,
+                Workload::Mixed(a) => {
+                    if !(0.0..=1.0).contains(&a.read_fraction) {
+                        return Err(BenchError::Option {
+                            option: "--read-fraction",
+                            reason: "must be between 0 and 1".into(),
+                        });
+                    }
+                    load::run(
+                        a.load,
+                        load::Mix::Mixed {
+                            consistency: a.consistency,
+                            read_fraction: a.read_fraction,
+                        },
+                    )
+                    .await
                 }
-                load::run(
-                    a.load,
-                    load::Mix::Mixed {
-                        consistency: a.consistency,
-                        read_fraction: a.read_fraction,
-                    },
-                )
-                .await
+                Workload::Watch(a) => watch::run(a.load, a.watchers, a.write_interval_ms).await,
+                Workload::Failover(a) => failover::run(a).await,
             }
-            Workload::Watch(a) => watch::run(a.load, a.watchers, a.write_interval_ms).await,
-            Workload::Failover(a) => failover::run(a).await,
-        }
+        })
     });
     match result {
         Ok(()) => exit::OK,
