@@ -28,7 +28,7 @@ pub struct DevArgs {
     fresh: bool,
     /// Log level passed to every node (their logs go to DATA_DIR/node-N.log): error, warn,
     /// info, debug, trace, or a filter such as info,cairn_node::raft=debug.
-    #[arg(long, default_value = "info", value_parser = crate::config::parse_log_level)]
+    #[arg(long, default_value = "info", value_parser = crate::logging::parse_log_level)]
     log_level: String,
     /// Serve TLS (mutual TLS between nodes), with development certificates
     /// written by `cairn tls init DATA_DIR/tls` (kept across runs).
