@@ -11,10 +11,7 @@ use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
 
 mod sources;
-pub use sources::{
-    default_text, describe_flag, env_name, flag_name, ignored_environment, is_setting,
-    setting_keys, warn_ignored_environment, Explained, ENV_PREFIX, REQUIRED,
-};
+pub use sources::{describe_flag, warn_ignored_environment, Explained};
 
 /// One member of the initial (bootstrap) cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
