@@ -360,6 +360,11 @@ impl LoadOptions {
         Ok(())
     }
 
+    /// `--op-timeout-ms` (at least 1 ms): how long one operation may take.
+    fn op_timeout(&self) -> Duration {
+        Duration::from_millis(self.op_timeout_ms.max(1))
+    }
+
     /// How to reach the nodes: `--token` and the TLS flags.
     fn access(&self) -> Result<Access, BenchError> {
         cluster_access(&self.cluster)

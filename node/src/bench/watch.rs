@@ -145,7 +145,7 @@ pub(crate) async fn run(
                 interval: Duration::from_millis(write_interval_ms),
                 deadline,
                 max_ops: options.max_ops,
-                op_timeout: Duration::from_millis(options.op_timeout_ms.max(1)),
+                op_timeout: options.op_timeout(),
             },
         )));
     }
