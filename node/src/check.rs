@@ -31,6 +31,12 @@ pub const DISK_FSYNC_P99_MAX: Duration = Duration::from_millis(10);
 /// The namespace `check perf` writes in (resources of type `bench.v1.Item`).
 pub const PERF_NAMESPACE: &str = "check-perf";
 
+/// The size of each value `check perf` writes, in bytes.
+const PERF_VALUE_BYTES: usize = 256;
+
+/// The share of a load's rate that `check perf` must sustain to pass.
+const PERF_THROUGHPUT_SHARE: f64 = 0.9;
+
 #[derive(Subcommand)]
 pub enum CheckCommand {
     /// Measure fdatasync latency of small appends in a directory: is it fit for a data dir?
@@ -311,7 +317,8 @@ pub struct PerfLoad {
     pub clients: usize,
     /// Writes started per second, over all clients.
     pub rate: f64,
-    /// The least throughput that passes, in writes per second (90% of the rate).
+    /// The least throughput that passes, in writes per second ([`PERF_THROUGHPUT_SHARE`] of
+    /// the rate).
     pub throughput_min: f64,
     /// The highest p99 write latency that passes.
     pub p99_max: Duration,
@@ -328,7 +335,7 @@ impl LoadSize {
             name,
             clients,
             rate,
-            throughput_min: rate * 0.9,
+            throughput_min: rate * PERF_THROUGHPUT_SHARE,
             p99_max: Duration::from_millis(100),
         }
     }
@@ -423,37 +430,31 @@ fn perf(args: PerfArgs) -> u8 {
             duration_s: args.duration,
             warmup_s: 1.0,
             key_space: load.clients as u64 * 2,
-            value_bytes: 256,
+            value_bytes: PERF_VALUE_BYTES,
         },
         PERF_NAMESPACE,
     );
     println!(
-        "check perf: load {}: {} clients, {} writes/s of 256-byte values for {} s, through \
-         the leader, in namespace {PERF_NAMESPACE}",
+        "check perf: load {}: {} clients, {} writes/s of {PERF_VALUE_BYTES}-byte values for {} \
+         s, through the leader, in namespace {PERF_NAMESPACE}",
         load.name, load.clients, load.rate, args.duration
     );
     println!(
-        "thresholds: throughput at least {:.0} writes/s (90% of {}), p99 latency at most {}, \
+        "thresholds: throughput at least {:.0} writes/s ({:.0}% of {}), p99 latency at most {}, \
          no failed writes",
         load.throughput_min,
+        PERF_THROUGHPUT_SHARE * 100.0,
         load.rate,
         ms(load.p99_max)
     );
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cairn check perf: cannot start the tokio runtime: {e}");
-            return exit::ERROR;
-        }
-    };
-    let outcome: Result<(Report, Result<u64, BenchError>), BenchError> = runtime.block_on(async {
-        let report = crate::bench::measure_writes(options.clone()).await?;
-        let removed = crate::bench::remove_keys(&options).await;
-        Ok((report, removed))
-    });
+    let outcome: Result<(Report, Result<u64, BenchError>), BenchError> = crate::bench::runtime()
+        .and_then(|runtime| {
+            runtime.block_on(async {
+                let report = crate::bench::measure_writes(options.clone()).await?;
+                let removed = crate::bench::remove_keys(&options).await;
+                Ok((report, removed))
+            })
+        });
     let (report, removed) = match outcome {
         Ok(r) => r,
         Err(e) => {
@@ -469,12 +470,7 @@ fn perf(args: PerfArgs) -> u8 {
         println!("{}: {}", if line.pass { "PASS" } else { "FAIL" }, line.text);
     }
     if !report.errors.is_empty() {
-        let kinds: Vec<String> = report
-            .errors
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect();
-        println!("failed writes by kind: {}", kinds.join(", "));
+        println!("failed writes by kind: {}", report.error_counts());
     }
     match removed {
         Ok(n) => println!("removed the {n} resources it wrote"),

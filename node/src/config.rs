@@ -11,10 +11,7 @@ use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
 
 mod sources;
-pub use sources::{
-    default_text, describe_flag, env_name, flag_name, ignored_environment, is_setting,
-    setting_keys, warn_ignored_environment, Explained, ENV_PREFIX, REQUIRED,
-};
+pub use sources::{describe_flag, warn_ignored_environment, Explained};
 
 /// One member of the initial (bootstrap) cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -430,55 +427,6 @@ fn check_endpoint(field: &'static str, value: &str) -> Result<(), ConfigError> {
     check_address(field, bare.strip_suffix('/').unwrap_or(bare))
 }
 
-/// The log levels `log_level` takes, alone or after `TARGET=`.
-const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
-
-/// Checks a `log_level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`), or a
-/// comma-separated tracing filter of levels and `TARGET=LEVEL` directives
-/// (`warn,cairn_node::raft=debug`). A bare word that is no level (`verbose`) is refused:
-/// the filter syntax would read it as a target and log nothing of Cairn's.
-pub fn check_log_level(value: &str) -> Result<(), String> {
-    let levels = LOG_LEVELS.join(", ");
-    let directives: Vec<&str> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty())
-        .collect();
-    if directives.is_empty() {
-        return Err(format!("is empty: give one of {levels}"));
-    }
-    for directive in directives {
-        let level = match directive.rsplit_once('=') {
-            Some((target, level)) if !target.trim().is_empty() => level,
-            Some(_) => {
-                return Err(format!(
-                    "{directive:?} names no target: write TARGET=LEVEL, as in cairn_node=debug"
-                ))
-            }
-            None => directive,
-        };
-        if !LOG_LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
-            let within = if level == value {
-                String::new()
-            } else {
-                format!(" (in {value:?})")
-            };
-            return Err(format!(
-                "{level:?}{within} is not a log level: give one of {levels}, or a filter \
-                 such as warn,cairn_node=debug"
-            ));
-        }
-    }
-    tracing_subscriber::EnvFilter::try_new(value)
-        .map(|_| ())
-        .map_err(|e| format!("{value:?} is not a log filter: {e}"))
-}
-
-/// [`check_log_level`] as a clap value parser (`cairn dev --log-level`).
-pub fn parse_log_level(value: &str) -> Result<String, String> {
-    check_log_level(value).map(|()| value.to_string())
-}
-
 /// Where a node's configuration comes from: the file and the flags (the
 /// environment is read at each load). Kept by the node to read its
 /// configuration again on SIGHUP.
@@ -668,7 +616,8 @@ impl Config {
             0..=100_000_000,
         )?;
         check_range("request_timeout_ms", self.request_timeout_ms, 100..=600_000)?;
-        check_log_level(&self.log_level).map_err(|reason| invalid("log_level", reason))?;
+        crate::logging::check_log_level(&self.log_level)
+            .map_err(|reason| invalid("log_level", reason))?;
         self.validate_limits()?;
         crate::auth::GrantTable::from_config(&self.auth)?;
         self.validate_tls()?;
@@ -1050,26 +999,8 @@ mod tests {
     }
 
     #[test]
-    fn log_levels_are_levels_or_filters() {
-        for good in [
-            "warn",
-            "INFO",
-            "off",
-            "warn,cairn_node=debug",
-            "cairn_node::raft=trace",
-        ] {
-            check_log_level(good).unwrap_or_else(|e| panic!("{good}: {e}"));
-        }
-        for bad in [
-            "verbose",
-            "",
-            " , ",
-            "warn,loud",
-            "cairn_node=loud",
-            "=debug",
-        ] {
-            assert!(check_log_level(bad).is_err(), "{bad:?} was accepted");
-        }
+    fn a_log_level_that_is_no_level_is_refused_naming_log_level() {
+        // Which values are levels or filters: `logging`'s tests.
         let c = Config {
             node_id: 1,
             log_level: "verbose".into(),

@@ -28,7 +28,7 @@ pub struct DevArgs {
     fresh: bool,
     /// Log level passed to every node (their logs go to DATA_DIR/node-N.log): error, warn,
     /// info, debug, trace, or a filter such as info,cairn_node::raft=debug.
-    #[arg(long, default_value = "info", value_parser = crate::config::parse_log_level)]
+    #[arg(long, default_value = "info", value_parser = crate::logging::parse_log_level)]
     log_level: String,
     /// Serve TLS (mutual TLS between nodes), with development certificates
     /// written by `cairn tls init DATA_DIR/tls` (kept across runs).
@@ -75,6 +75,11 @@ fn prepare_dir(args: &DevArgs, nodes: &[Node]) -> std::io::Result<()> {
     std::fs::write(&marker, &wanted)
 }
 
+/// Where node `id` logs (its stdout and stderr).
+fn log_file(data_dir: &Path, id: u32) -> PathBuf {
+    data_dir.join(format!("node-{id}.log"))
+}
+
 fn tls_dir(args: &DevArgs) -> PathBuf {
     args.data_dir.join("tls")
 }
@@ -83,7 +88,7 @@ fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Res
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(args.data_dir.join(format!("node-{}.log", node.id)))?;
+        .open(log_file(&args.data_dir, node.id))?;
     let mut command = Command::new(exe);
     if args.tls {
         let dir = tls_dir(args);
@@ -285,7 +290,7 @@ fn stopped_node(
 ) -> Option<(String, String)> {
     for (node, child) in nodes.iter().zip(children.iter_mut()) {
         if let Ok(Some(status)) = child.try_wait() {
-            let log = data_dir.join(format!("node-{}.log", node.id));
+            let log = log_file(data_dir, node.id);
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(10)..].join("\n");

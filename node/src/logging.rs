@@ -1,4 +1,5 @@
-//! The log filter of `log_level`.
+//! `log_level`: which values it takes ([`check_log_level`]) and the log filter it stands for
+//! ([`filter`]).
 //!
 //! `log_level` takes `tracing`'s filter directives: a level (`info`), targets
 //! (`cairn_node=debug,warn`), or both. openraft logs its routine work at INFO: every vote it
@@ -17,15 +18,65 @@ use tracing_subscriber::EnvFilter;
 /// The directive added when openraft's INFO must stay below the node's level.
 const OPENRAFT_BELOW_INFO: &str = "openraft=warn";
 
+/// The log levels `log_level` takes, alone or after `TARGET=`.
+const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+/// The comma-separated directives of a `log_level`, trimmed, empty ones left out.
+fn parts(level: &str) -> Vec<&str> {
+    level
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// Checks a `log_level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`), or a
+/// comma-separated tracing filter of levels and `TARGET=LEVEL` directives
+/// (`warn,cairn_node::raft=debug`). A bare word that is no level (`verbose`) is refused:
+/// the filter syntax would read it as a target and log nothing of Cairn's.
+pub fn check_log_level(value: &str) -> Result<(), String> {
+    let levels = LOG_LEVELS.join(", ");
+    let directives = parts(value);
+    if directives.is_empty() {
+        return Err(format!("is empty: give one of {levels}"));
+    }
+    for directive in directives {
+        let level = match directive.rsplit_once('=') {
+            Some((target, level)) if !target.trim().is_empty() => level,
+            Some(_) => {
+                return Err(format!(
+                    "{directive:?} names no target: write TARGET=LEVEL, as in cairn_node=debug"
+                ))
+            }
+            None => directive,
+        };
+        if !LOG_LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
+            let within = if level == value {
+                String::new()
+            } else {
+                format!(" (in {value:?})")
+            };
+            return Err(format!(
+                "{level:?}{within} is not a log level: give one of {levels}, or a filter \
+                 such as warn,cairn_node=debug"
+            ));
+        }
+    }
+    EnvFilter::try_new(value)
+        .map(|_| ())
+        .map_err(|e| format!("{value:?} is not a log filter: {e}"))
+}
+
+/// [`check_log_level`] as a clap value parser (`cairn dev --log-level`).
+pub fn parse_log_level(value: &str) -> Result<String, String> {
+    check_log_level(value).map(|()| value.to_string())
+}
+
 /// The directives `log_level` stands for: `level` itself, plus [`OPENRAFT_BELOW_INFO`] when
 /// its default level is `info` and no directive of its own names openraft.
 pub fn directives(level: &str) -> String {
     let level = level.trim();
-    let parts: Vec<&str> = level
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
+    let parts = parts(level);
     let names_openraft = parts.iter().any(|p| p.starts_with("openraft"));
     // The default level: the last directive that is a bare level.
     let default = parts
@@ -50,6 +101,29 @@ mod tests {
     use super::*;
     use tracing::Level;
     use tracing_subscriber::layer::SubscriberExt as _;
+
+    #[test]
+    fn log_levels_are_levels_or_filters() {
+        for good in [
+            "warn",
+            "INFO",
+            "off",
+            "warn,cairn_node=debug",
+            "cairn_node::raft=trace",
+        ] {
+            check_log_level(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in [
+            "verbose",
+            "",
+            " , ",
+            "warn,loud",
+            "cairn_node=loud",
+            "=debug",
+        ] {
+            assert!(check_log_level(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
 
     #[test]
     fn openraft_info_stays_below_an_info_level_unless_named() {

@@ -72,8 +72,9 @@ pub fn recording() -> bool {
     RECORDER.get().is_some()
 }
 
-/// Latency buckets of the `*_duration_seconds` histograms, from 100 µs to 10 s (etcd's disk histograms start at
-/// 1 ms; a WAL sync here takes 0.1–0.2 ms).
+/// Latency buckets of the `*_duration_seconds` histograms and of the peer round-trip time,
+/// from 100 µs to 8.192 s (etcd's disk histograms start at 1 ms; a WAL sync here takes
+/// 0.1–0.2 ms).
 const LATENCY_BUCKETS_SECONDS: [f64; 16] = [
     0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
     1.024, 2.048, 8.192,

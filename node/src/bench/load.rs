@@ -14,16 +14,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::{self as pb, resource_service_client::ResourceServiceClient};
+use cairn_proto::v1 as pb;
 use hdrhistogram::Histogram;
 
 use super::report::{self, Latency, Progress, Report, SelfCpu, ServerWatch};
 use super::{
     bench_id, bench_resource, bench_tenancy, bench_type, connect, key_name, key_of,
     resource_client, targets, BenchChannel, BenchError, ConsistencyArg, FastRng, LoadOptions,
+    ResourceClient,
 };
-
-type ResourceClient = ResourceServiceClient<BenchChannel>;
 
 /// Which operations a run sends.
 #[derive(Clone, Copy, Debug)]
@@ -179,7 +178,7 @@ pub(crate) async fn measure(options: LoadOptions, mix: Mix) -> Result<Report, Be
         claimed: AtomicU64::new(0),
         finished: AtomicU64::new(0),
         failed: AtomicU64::new(0),
-        op_timeout: Duration::from_millis(options.op_timeout_ms.max(1)),
+        op_timeout: options.op_timeout(),
         pace: Pace::new(options.rate),
         options,
         mix,
@@ -294,22 +293,10 @@ pub(crate) async fn remove_keys(options: &LoadOptions) -> Result<u64, BenchError
         .await?
         .leader_address;
     let mut client = resource_client(connect(&access, &leader).await?);
-    let timeout = Duration::from_millis(options.op_timeout_ms.max(1));
-    let mut request = tonic::Request::new(pb::ListRequest {
-        r#type: Some(bench_type()),
-        tenancy: Some(bench_tenancy(&options.namespace)),
-        name_prefix: String::new(),
-        consistency: pb::Consistency::Strong as i32,
-        revision: 0,
-    });
-    request.set_timeout(timeout);
-    let listed = client
-        .list(request)
-        .await
-        .map_err(|s| BenchError::Api(ApiError::from_status(&s)))?
-        .into_inner();
+    let timeout = options.op_timeout();
+    let listed = list_stored(&mut client, &options.namespace, "", timeout).await?;
     let mut deleted = 0;
-    for resource in listed.resources {
+    for resource in listed {
         let mut request = tonic::Request::new(pb::DeleteRequest {
             id: resource.id,
             version: resource.version,
@@ -324,24 +311,37 @@ pub(crate) async fn remove_keys(options: &LoadOptions) -> Result<u64, BenchError
     Ok(deleted)
 }
 
-/// Reads the versions of the bench keys already stored (an earlier run's), so
-/// that the first writes are correct compare-and-sets.
-async fn learn_versions(shared: &Shared, mut client: ResourceClient) -> Result<(), BenchError> {
+/// The bench's resources stored in `namespace` whose names start with `name_prefix` (a
+/// strong list, given `timeout`).
+async fn list_stored(
+    client: &mut ResourceClient,
+    namespace: &str,
+    name_prefix: &str,
+    timeout: Duration,
+) -> Result<Vec<pb::Resource>, BenchError> {
     let mut request = tonic::Request::new(pb::ListRequest {
         r#type: Some(bench_type()),
-        tenancy: Some(bench_tenancy(&shared.options.namespace)),
-        name_prefix: "k".into(),
+        tenancy: Some(bench_tenancy(namespace)),
+        name_prefix: name_prefix.into(),
         consistency: pb::Consistency::Strong as i32,
         revision: 0,
     });
-    // A cluster without quorum answers nothing: the run fails instead of waiting for ever.
-    request.set_timeout(shared.op_timeout.max(Duration::from_secs(5)));
-    let response = client
+    request.set_timeout(timeout);
+    Ok(client
         .list(request)
         .await
         .map_err(|s| BenchError::Api(ApiError::from_status(&s)))?
-        .into_inner();
-    for r in response.resources {
+        .into_inner()
+        .resources)
+}
+
+/// Reads the versions of the bench keys already stored (an earlier run's), so
+/// that the first writes are correct compare-and-sets.
+async fn learn_versions(shared: &Shared, mut client: ResourceClient) -> Result<(), BenchError> {
+    // A cluster without quorum answers nothing: the run fails instead of waiting for ever.
+    let timeout = shared.op_timeout.max(Duration::from_secs(5));
+    let stored = list_stored(&mut client, &shared.options.namespace, "k", timeout).await?;
+    for r in stored {
         let Some(k) = r.id.as_ref().and_then(|id| key_of(&id.name)) else {
             continue;
         };

@@ -276,41 +276,42 @@ impl BenchError {
     }
 }
 
-pub fn run(args: BenchArgs) -> u8 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+/// The multi-threaded runtime a load runs on (`cairn bench`, `cairn check perf`); not
+/// starting is a [`BenchError::Setup`].
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cairn bench: cannot start the tokio runtime: {e}");
-            return exit::ERROR;
-        }
-    };
-    let result = runtime.block_on(async move {
-        match args.workload {
-            Workload::Write(a) => load::run(a.load, load::Mix::Write).await,
-            Workload::Read(a) => load::run(a.load, load::Mix::Read(a.consistency)).await,
-            Workload::List(a) => load::run(a.load, load::Mix::List(a.consistency)).await,
-            Workload::Mixed(a) => {
-                if !(0.0..=1.0).contains(&a.read_fraction) {
-                    return Err(BenchError::Option {
-                        option: "--read-fraction",
-                        reason: "must be between 0 and 1".into(),
-                    });
+        .map_err(|e| BenchError::Setup(format!("cannot start the tokio runtime: {e}")))
+}
+
+pub fn run(args: BenchArgs) -> u8 {
+    let result = runtime().and_then(|runtime| {
+        runtime.block_on(async move {
+            match args.workload {
+                Workload::Write(a) => load::run(a.load, load::Mix::Write).await,
+                Workload::Read(a) => load::run(a.load, load::Mix::Read(a.consistency)).await,
+                Workload::List(a) => load::run(a.load, load::Mix::List(a.consistency)).await,
+                Workload::Mixed(a) => {
+                    if !(0.0..=1.0).contains(&a.read_fraction) {
+                        return Err(BenchError::Option {
+                            option: "--read-fraction",
+                            reason: "must be between 0 and 1".into(),
+                        });
+                    }
+                    load::run(
+                        a.load,
+                        load::Mix::Mixed {
+                            consistency: a.consistency,
+                            read_fraction: a.read_fraction,
+                        },
+                    )
+                    .await
                 }
-                load::run(
-                    a.load,
-                    load::Mix::Mixed {
-                        consistency: a.consistency,
-                        read_fraction: a.read_fraction,
-                    },
-                )
-                .await
+                Workload::Watch(a) => watch::run(a.load, a.watchers, a.write_interval_ms).await,
+                Workload::Failover(a) => failover::run(a).await,
             }
-            Workload::Watch(a) => watch::run(a.load, a.watchers, a.write_interval_ms).await,
-            Workload::Failover(a) => failover::run(a).await,
-        }
+        })
     });
     match result {
         Ok(()) => exit::OK,
@@ -357,6 +358,11 @@ impl LoadOptions {
             return option("--value-size", "must be at most 16 MiB");
         }
         Ok(())
+    }
+
+    /// `--op-timeout-ms` (at least 1 ms): how long one operation may take.
+    fn op_timeout(&self) -> Duration {
+        Duration::from_millis(self.op_timeout_ms.max(1))
     }
 
     /// How to reach the nodes: `--token` and the TLS flags.
@@ -496,7 +502,10 @@ async fn connect(access: &Access, address: &str) -> Result<BenchChannel, BenchEr
     ))
 }
 
-fn resource_client(channel: BenchChannel) -> ResourceServiceClient<BenchChannel> {
+/// A resource client over a [`BenchChannel`], as every workload holds one.
+pub(crate) type ResourceClient = ResourceServiceClient<BenchChannel>;
+
+fn resource_client(channel: BenchChannel) -> ResourceClient {
     ResourceServiceClient::new(channel).max_decoding_message_size(DECODE_BYTES_MAX)
 }
 

@@ -274,6 +274,16 @@ impl Report {
         };
     }
 
+    /// The failed operations by kind, `KIND COUNT` joined by commas (`Unavailable 3,
+    /// ClientTimeout 1`); empty when none failed.
+    pub fn error_counts(&self) -> String {
+        self.errors
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub fn print(&self, output: Output) {
         match output {
             Output::Json => match serde_json::to_string_pretty(self) {
@@ -313,12 +323,7 @@ impl Report {
         if self.errors.is_empty() {
             println!("errors: none");
         } else {
-            let list: Vec<String> = self
-                .errors
-                .iter()
-                .map(|(k, n)| format!("{k} {n}"))
-                .collect();
-            println!("errors: {}", list.join(", "));
+            println!("errors: {}", self.error_counts());
         }
         if !self.latency.is_empty() {
             println!(

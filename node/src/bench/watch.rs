@@ -20,10 +20,8 @@ use cairn_proto::v1::{self as pb, watch_event};
 use super::report::{self, Latency, Progress, Report, SelfCpu, ServerWatch, WatchFigures};
 use super::{
     bench_resource, bench_tenancy, bench_type, connect, resource_client, run_id, targets,
-    BenchChannel, BenchError, FastRng, LoadOptions, WATCHERS_PER_CONNECTION,
+    BenchChannel, BenchError, FastRng, LoadOptions, ResourceClient, WATCHERS_PER_CONNECTION,
 };
-
-type ResourceClient = cairn_proto::v1::resource_service_client::ResourceServiceClient<BenchChannel>;
 
 /// How long watchers may lag behind the last write before the run ends.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -147,7 +145,7 @@ pub(crate) async fn run(
                 interval: Duration::from_millis(write_interval_ms),
                 deadline,
                 max_ops: options.max_ops,
-                op_timeout: Duration::from_millis(options.op_timeout_ms.max(1)),
+                op_timeout: options.op_timeout(),
             },
         )));
     }

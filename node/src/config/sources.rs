@@ -16,7 +16,7 @@ use figment::{Figment, Metadata, Profile, Provider};
 use super::{invalid, Config, ConfigError};
 
 /// The prefix of every environment variable that names a setting.
-pub const ENV_PREFIX: &str = "CAIRN_";
+const ENV_PREFIX: &str = "CAIRN_";
 
 /// The layer names figment records for each value (its metadata's name); files are named
 /// `file PATH`.
@@ -26,7 +26,7 @@ const FLAGS: &str = "flag";
 
 /// Every top-level setting, in [`Config`]'s order: the field names its `Deserialize` asks
 /// for (what the file, the environment and the flags may set).
-pub fn setting_keys() -> &'static [String] {
+fn setting_keys() -> &'static [String] {
     static KEYS: LazyLock<Vec<String>> = LazyLock::new(|| {
         struct_fields::<Config>()
             .iter()
@@ -66,17 +66,17 @@ fn struct_fields<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
 }
 
 /// Whether `key` (any case) names a top-level setting.
-pub fn is_setting(key: &str) -> bool {
+fn is_setting(key: &str) -> bool {
     setting_keys().iter().any(|k| k.eq_ignore_ascii_case(key))
 }
 
 /// The environment variable of a setting: `CAIRN_NODE_ID` for `node_id`.
-pub fn env_name(key: &str) -> String {
+fn env_name(key: &str) -> String {
     format!("{ENV_PREFIX}{}", key.to_ascii_uppercase())
 }
 
 /// The flag of a setting: `--node-id` for `node_id`.
-pub fn flag_name(key: &str) -> String {
+fn flag_name(key: &str) -> String {
     format!("--{}", key.replace('_', "-"))
 }
 
@@ -95,7 +95,7 @@ fn client_environment() -> Vec<String> {
 /// The `CAIRN_*` variables of this process that name no setting and that the command-line
 /// client does not read (Kubernetes' `CAIRN_PORT`, `CAIRN_SERVICE_HOST` for a Service
 /// named `cairn`, typos), sorted. The node ignores them and warns once.
-pub fn ignored_environment() -> Vec<String> {
+fn ignored_environment() -> Vec<String> {
     let client = client_environment();
     let mut names: Vec<String> = std::env::vars_os()
         .filter_map(|(name, _)| name.into_string().ok())
@@ -383,11 +383,11 @@ pub fn describe_flag(arg: clap::Arg) -> clap::Arg {
 
 /// Settings that must be given: their value in [`Config::default`] is a placeholder that
 /// validation refuses.
-pub const REQUIRED: &[&str] = &["node_id"];
+const REQUIRED: &[&str] = &["node_id"];
 
 /// A setting's default as the operator writes it; `None` when it is unset by default (or
 /// [`REQUIRED`]).
-pub fn default_text(key: &str) -> Option<String> {
+fn default_text(key: &str) -> Option<String> {
     if REQUIRED.contains(&key) {
         return None;
     }
