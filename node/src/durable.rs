@@ -12,16 +12,11 @@ use std::path::Path;
 
 /// Writes `bytes` to `path` durably: a crash leaves the old file or the new one.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+    let (Some(dir), Some(name)) = (parent(path), path.file_name().and_then(|n| n.to_str())) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{} names no file in a directory", path.display()),
         ));
-    };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
     };
     cairn_raft_log::write_file_atomically(dir, name, bytes, true).map_err(|e| match e {
         // The operating system's error, as a write here always returned it.
@@ -57,15 +52,21 @@ pub(crate) fn read_small(path: &Path, bytes_max: u64) -> io::Result<Option<Strin
 
 /// fsyncs the directory holding `path`, so that a name created in it (a rename) is durable.
 pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
-    let Some(dir) = path.parent() else {
+    let Some(dir) = parent(path) else {
         return Ok(());
     };
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// The directory holding `path`: `.` for a bare file name, `None` for a root.
+fn parent(path: &Path) -> Option<&Path> {
+    path.parent().map(|dir| {
+        if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        }
+    })
 }
 
 #[cfg(test)]

@@ -385,7 +385,7 @@ impl<R: Read> SnapshotReader<R> {
     /// after the table's last record. Does not check the trailer: use it on a
     /// file that passed [`verify`].
     pub fn next_table_resource(&mut self) -> Result<Option<Resource>> {
-        if self.records_read >= self.header.resource_count {
+        if self.next_section() != Section::Table {
             return Ok(None);
         }
         self.next_resource()
@@ -397,9 +397,24 @@ impl<R: Read> SnapshotReader<R> {
         self.records_read
     }
 
-    /// The next record's resource (see [`SnapshotReader::records_read`] for
-    /// which section it is in), or `None` after the last one once the
-    /// trailer and checksum have been verified.
+    /// The section the next record belongs to.
+    fn next_section(&self) -> Section {
+        if self.records_read < self.header.resource_count {
+            Section::Table
+        } else {
+            Section::PendingRestore
+        }
+    }
+
+    /// As [`SnapshotReader::next_resource`], with the section the record belongs to.
+    pub fn next_record(&mut self) -> Result<Option<(Resource, Section)>> {
+        let section = self.next_section();
+        Ok(self.next_resource()?.map(|resource| (resource, section)))
+    }
+
+    /// The next record's resource (see [`SnapshotReader::next_record`] for
+    /// its section), or `None` after the last one once the trailer and
+    /// checksum have been verified.
     pub fn next_resource(&mut self) -> Result<Option<Resource>> {
         if self.records_read == self.header.record_count() {
             let mut end = [0u8; 8];
@@ -462,12 +477,7 @@ impl<R: Read> SnapshotReader<R> {
 /// `visit` on every resource. Nothing is trusted until this returns Ok.
 pub fn verify(path: &Path, mut visit: impl FnMut(&Resource, Section)) -> Result<SnapshotHeader> {
     let mut reader = SnapshotReader::open(path)?;
-    while let Some(resource) = reader.next_resource()? {
-        let section = if reader.records_read() <= reader.header.resource_count {
-            Section::Table
-        } else {
-            Section::PendingRestore
-        };
+    while let Some((resource, section)) = reader.next_record()? {
         visit(&resource, section);
     }
     Ok(reader.header)

@@ -23,7 +23,7 @@ use super::log_growth::LogGrowth;
 use super::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
 use crate::fatal::FatalCause;
 use crate::snapshot_file::{
-    self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
+    self, Section, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
 };
 
 #[derive(Default)]
@@ -120,13 +120,11 @@ fn restore_from_file(
         restoration.begin_pending(p.restore_id.clone(), p.resource_count, p.failure.clone());
     }
     loop {
-        let in_table = reader.records_read() < header.resource_count;
-        match reader.next_resource() {
-            Ok(Some(resource)) => {
-                let added = if in_table {
-                    restoration.apply(resource)
-                } else {
-                    restoration.apply_pending(resource)
+        match reader.next_record() {
+            Ok(Some((resource, section))) => {
+                let added = match section {
+                    Section::Table => restoration.apply(resource),
+                    Section::PendingRestore => restoration.apply_pending(resource),
                 };
                 if let Err(e) = added {
                     restoration.abort();
