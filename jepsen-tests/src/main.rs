@@ -232,10 +232,12 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
             for key in &report.keys {
                 say!(
                 out,
-                    "key {:?}: {} (final read {}, {} acknowledged, {} indeterminate of which {} present, {} failed, {} unverified)",
+                    "key {:?}: {} (final read {}, {} reads of which {} stale, {} acknowledged, {} indeterminate of which {} present, {} failed, {} unverified)",
                     key.key,
                     verdict_word(key.verdict, false),
                     key.final_read.map_or_else(|| "none".to_owned(), |index| format!("#{index}")),
+                    key.reads,
+                    key.stale_reads,
                     key.acknowledged_elements,
                     key.indeterminate_elements,
                     key.indeterminate_elements_present,
@@ -247,6 +249,18 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
                     key.anomalies.iter().map(describe_set_anomaly),
                     args.print_max,
                 );
+                for fate in key.fates.iter().take(args.print_max) {
+                    say!(
+                        out,
+                        "  element {}: known at {} (#{}), lost at {}, {}",
+                        fate.element,
+                        fate.known_ns,
+                        fate.known_by,
+                        fate.lost_ns,
+                        fate.recovered_ns
+                            .map_or_else(|| "never recovered".to_owned(), |ns| format!("recovered at {ns}"))
+                    );
+                }
             }
             say!(out, "verdict: {}", verdict_word(report.verdict, false));
             Ok(report.verdict)
@@ -393,11 +407,22 @@ fn describe_set_anomaly(anomaly: &SetAnomaly) -> String {
     match anomaly {
         SetAnomaly::Lost {
             element,
-            add,
-            final_read,
-        } => {
-            format!("lost: {element} acknowledged by #{add} before final read #{final_read}, missing from it")
-        }
+            known_by,
+            first_missing_read,
+            last_read,
+            missing_reads,
+        } => format!(
+            "lost: {element} known from #{known_by}, missing from read #{first_missing_read} on ({missing_reads} reads), the last read #{last_read} included"
+        ),
+        SetAnomaly::Stale {
+            element,
+            known_by,
+            first_missing_read,
+            recovered_read,
+            missing_reads,
+        } => format!(
+            "stale: {element} known from #{known_by}, missing from read #{first_missing_read} ({missing_reads} reads), listed again by #{recovered_read}"
+        ),
         SetAnomaly::NeverAttempted { element, read } => {
             format!("never attempted: {element} in read #{read}")
         }

@@ -401,9 +401,11 @@ async fn run_scenario_inner(
             for key in &r.keys {
                 let _ = writeln!(
                     report,
-                    "  key {}: {:?}, {} acknowledged, {} indeterminate ({} present), {} failed, anomalies {:?}",
+                    "  key {}: {:?}, {} reads ({} stale), {} acknowledged, {} indeterminate ({} present), {} failed, anomalies {:?}",
                     key.key,
                     key.verdict,
+                    key.reads,
+                    key.stale_reads,
                     key.acknowledged_elements,
                     key.indeterminate_elements,
                     key.indeterminate_elements_present,

@@ -94,7 +94,7 @@ fn set_and_append_checkers_report_their_verdicts() {
     // The set example loses an acknowledged add; the append example is valid.
     let (code, stdout, _) = check(&["--model", "set", &path("examples/set-lost.jsonl")]);
     assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.contains("lost: 2 acknowledged by #1"), "{stdout}");
+    assert!(stdout.contains("lost: 2 known from #1"), "{stdout}");
     let (code, stdout, _) = check(&["--model", "append", &path("examples/append-valid.jsonl")]);
     assert_eq!(code, 0, "{stdout}");
     assert!(stdout.contains("verdict: VALID"), "{stdout}");
