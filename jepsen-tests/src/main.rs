@@ -1,6 +1,6 @@
 //! `jepsen-tests`: command-line entry point.
 //!
-//! `jepsen-tests check --model register|kv|set|append FILE` checks a recorded
+//! `jepsen-tests check --model register|kv|set|append|monotonic FILE` checks a recorded
 //! history (project JSONL or Jepsen log, detected automatically) and exits with
 //! 0 = valid (linearizable), 1 = invalid, 2 = unknown within the time budget,
 //! 3 = the command or the file could not be used.
@@ -35,6 +35,7 @@ use jepsen_tests::linearizability::{
     CheckOptions, KeyOutcome, LinearizabilityReport, UnknownReason,
 };
 use jepsen_tests::models::{self, ModelKind};
+use jepsen_tests::monotonic;
 use jepsen_tests::set::{self, SetAnomaly};
 use jepsen_tests::{Error, History, Verdict};
 
@@ -144,6 +145,9 @@ enum ModelArg {
     Set,
     /// List-append checker (append, read).
     Append,
+    /// Eventual reads never go backwards on one node (read with the node as
+    /// input and [version value] as output; a run's eventual.jsonl).
+    Monotonic,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -262,6 +266,23 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
                     );
                 }
             }
+            say!(out, "verdict: {}", verdict_word(report.verdict, false));
+            Ok(report.verdict)
+        }
+        ModelArg::Monotonic => {
+            let report = monotonic::check(&history)?;
+            say!(out, "checker: monotonic reads");
+            say!(
+                out,
+                "{} eventual reads on {} node/key pairs",
+                report.reads,
+                report.series
+            );
+            print_anomalies(
+                out,
+                report.anomalies.iter().map(ToString::to_string),
+                args.print_max,
+            );
             say!(out, "verdict: {}", verdict_word(report.verdict, false));
             Ok(report.verdict)
         }

@@ -30,7 +30,7 @@ use crate::nemesis::{self, NemesisContext, NemesisKind, NemesisLog};
 use crate::net::NetworkLab;
 use crate::watch_check::{self, Stored};
 use crate::workload::{self, Workload, WorkloadKind, WorkloadOptions};
-use crate::{append, set, Verdict};
+use crate::{append, monotonic, set, Verdict};
 
 /// One scenario of a run.
 #[derive(Clone, Debug)]
@@ -393,7 +393,23 @@ async fn run_scenario_inner(
                     }
                 }
             }
-            r.verdict
+            // Eventual reads: monotonic per node (checked offline with
+            // `check --model monotonic eventual.jsonl`).
+            let eventual = workload.eventual.history();
+            let mut jsonl = Vec::new();
+            if eventual.write_jsonl(&mut jsonl).is_ok() {
+                let _ = std::fs::write(folder.join("eventual.jsonl"), &jsonl);
+            }
+            let m = monotonic::check(&eventual).map_err(|e| e.to_string())?;
+            let _ = writeln!(
+                report,
+                "monotonic-reads checker: {:?} ({} eventual reads on {} node/key pairs)",
+                m.verdict, m.reads, m.series
+            );
+            for anomaly in m.anomalies.iter().take(20) {
+                let _ = writeln!(report, "  {anomaly}");
+            }
+            r.verdict.combine(m.verdict)
         }
         WorkloadKind::Set => {
             let r = set::check(&history).map_err(|e| e.to_string())?;

@@ -8,15 +8,18 @@
 //! reads are therefore served, or refused, by many different nodes.
 //!
 //! - **register** ([`WorkloadKind::Register`]): one resource per key, its data
-//!   a value unique to the write that stored it. `read` = strong read; `write v`
-//!   = strong read for the version, then a CAS write (retried after a definite
-//!   CAS failure: the write takes effect at its successful attempt); `cas
-//!   [from to]` = a CAS write whose expected version is the one observed with
-//!   `from` (values are unique, so "the stored version is the one that came with
-//!   `from`" is "the key holds `from`"). Outcomes: `ok`; `fail` only when the
-//!   store answered CasFailure/WrongUid (the compare was evaluated) or, for a
-//!   write, when every attempt certainly did not apply; `info` when the outcome
-//!   is unknown or the CAS was refused before the compare (no leader).
+//!   a value unique to the write that stored it. `read` = strong read; a
+//!   *write* (whatever is stored) is recorded as what it is: a strong `read`
+//!   for the version, then `cas [read value, new value]` (after a definite CAS
+//!   failure both are done again with a new value, up to 8 times), so the
+//!   checker sees its compare; `cas [from to]` = a CAS write whose expected
+//!   version is the one observed with `from` (values are unique, so "the
+//!   stored version is the one that came with `from`" is "the key holds
+//!   `from`"). Outcomes: `ok`; `fail` only when the store answered
+//!   CasFailure/WrongUid (the compare was evaluated); `info` when the outcome
+//!   is unknown or the CAS was refused before the compare (no leader). Some
+//!   reads are *eventual* reads on the process's home node alone, recorded in
+//!   [`Workload::eventual`] and checked by [`crate::monotonic`].
 //! - **set**: one resource per element (`set<k>-<element>`), `add` = create,
 //!   `read` = strong list of the key's prefix.
 //! - **append**: a list in a resource's data, `append` = strong read then CAS
@@ -299,6 +302,11 @@ pub struct WatchRecord {
 pub struct Workload {
     pub options: WorkloadOptions,
     pub recorder: Recorder,
+    /// Eventual reads, each served by one node alone (register workload):
+    /// `read` with the node's index as input and `[version, value]` as output
+    /// (version 0 = nothing stored). Kept apart from [`Workload::recorder`]:
+    /// they are not linearizable, only monotonic per node.
+    pub eventual: Recorder,
     pub watch_log: Arc<Mutex<Vec<WatchRecord>>>,
     stop: Arc<AtomicBool>,
     stop_watchers: Arc<AtomicBool>,
@@ -312,6 +320,7 @@ impl Workload {
     pub fn start(options: WorkloadOptions, endpoints: &[String]) -> Workload {
         assert!(!endpoints.is_empty(), "a workload needs at least one node");
         let recorder = Recorder::new();
+        let eventual = Recorder::new();
         let stop = Arc::new(AtomicBool::new(false));
         let stop_watchers = Arc::new(AtomicBool::new(false));
         let watch_log = Arc::new(Mutex::new(Vec::new()));
@@ -324,10 +333,14 @@ impl Workload {
                 continue;
             };
             let process_rng = StdRng::seed_from_u64(rng.random());
+            let home_client = Client::new(&[endpoints[home].clone()], options.client.clone()).ok();
             let p = Process {
                 id: process,
                 client,
                 recorder: recorder.clone(),
+                home,
+                home_client,
+                eventual: eventual.clone(),
                 kind: options.kind,
                 keys: options.keys,
                 pause_ms: options.pause_ms,
@@ -357,6 +370,7 @@ impl Workload {
         Workload {
             options,
             recorder,
+            eventual,
             watch_log,
             stop,
             stop_watchers,
@@ -508,11 +522,25 @@ async fn set_read(client: &Client, recorder: &Recorder, process: u64, prefix: &s
     }
 }
 
+/// How a recorded CAS ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CasResult {
+    Applied,
+    /// The compare was evaluated and did not match.
+    Failed,
+    /// Unknown, or refused before the compare.
+    Unknown,
+}
+
 /// One logical client process.
 struct Process {
     id: u64,
     client: Client,
     recorder: Recorder,
+    /// The home node and a client bound to it alone (eventual reads).
+    home: usize,
+    home_client: Option<Client>,
+    eventual: Recorder,
     kind: WorkloadKind,
     keys: usize,
     pause_ms: (u64, u64),
@@ -560,30 +588,26 @@ impl Process {
 
     async fn register_op(&mut self, name: &str) {
         let choice = self.rng.random_range(0..100);
-        if choice < 50 {
-            // Read.
-            let op = self
-                .recorder
-                .invoke(self.id, OpKind::Read, name, Value::Null);
-            match read_key(&self.client, WorkloadKind::Register, name).await {
-                Ok(Some(o)) => {
-                    op.ok(o.value.clone());
-                    self.remember(name, &o);
-                }
-                Ok(None) => op.ok(Value::Null),
-                Err(e) if e.outcome().is_definite() => op.fail(),
-                Err(_) => op.info(),
-            }
+        if choice < 40 {
+            self.recorded_read(name).await;
+        } else if choice < 50 {
+            self.eventual_read(name).await;
         } else if choice < 75 {
-            // Blind write.
-            let value = self.next_value();
-            let op = self
-                .recorder
-                .invoke(self.id, OpKind::Write, name, value.clone());
-            match blind_write(&self.client, WorkloadKind::Register, name, &value).await {
-                WriteResult::Written(_) => op.ok(Value::Null),
-                WriteResult::NotApplied => op.fail(),
-                WriteResult::Unknown => op.info(),
+            // A write whatever is stored: recorded as what it is, a strong
+            // read for the version, then a CAS from the value read (so the
+            // checker sees the compare); after a definite CAS failure it
+            // starts over with a new value (up to 8 attempts).
+            for _ in 0..8 {
+                let Some(observed) = self.recorded_read(name).await else {
+                    return;
+                };
+                let (from, uid, version) = match observed {
+                    Some(o) => (o.value, o.uid, o.version),
+                    None => (Value::Null, cairn_client::new_uid(), String::new()),
+                };
+                if self.recorded_cas(name, from, uid, version).await != CasResult::Failed {
+                    return;
+                }
             }
         } else {
             // CAS from a value this process observed (the latest, or an older
@@ -596,37 +620,112 @@ impl Process {
             } else {
                 seen[self.rng.random_range(0..seen.len())].clone()
             };
-            let to = self.next_value();
-            let op = self.recorder.invoke(
-                self.id,
-                OpKind::Cas,
+            self.recorded_cas(name, from, uid, version).await;
+        }
+    }
+
+    /// A strong read of a register, recorded: `None` when it did not succeed,
+    /// `Some(None)` when nothing is stored.
+    async fn recorded_read(&mut self, name: &str) -> Option<Option<Observed>> {
+        let op = self
+            .recorder
+            .invoke(self.id, OpKind::Read, name, Value::Null);
+        match read_key(&self.client, WorkloadKind::Register, name).await {
+            Ok(Some(o)) => {
+                op.ok(o.value.clone());
+                self.remember(name, &o);
+                Some(Some(o))
+            }
+            Ok(None) => {
+                op.ok(Value::Null);
+                Some(None)
+            }
+            Err(e) if e.outcome().is_definite() => {
+                op.fail();
+                None
+            }
+            Err(_) => {
+                op.info();
+                None
+            }
+        }
+    }
+
+    /// An eventual read of a register on the home node only, recorded in the
+    /// eventual history (see [`Workload::eventual`]).
+    async fn eventual_read(&mut self, name: &str) {
+        let Some(client) = &self.home_client else {
+            return;
+        };
+        let op = self.eventual.invoke(
+            self.id,
+            OpKind::Read,
+            name,
+            Value::Int(i64::try_from(self.home).unwrap_or(i64::MAX)),
+        );
+        match client
+            .read(
+                resource_id(WorkloadKind::Register, name, ""),
+                Consistency::Eventual,
+            )
+            .await
+        {
+            Ok(resource) => {
+                let version = resource.version.parse::<i64>().unwrap_or(-1);
+                op.ok(Value::List(vec![Value::Int(version), decode(&resource)]));
+            }
+            Err(ClientError::NotFound) => op.ok(Value::List(vec![Value::Int(0), Value::Null])),
+            Err(e) if e.outcome().is_definite() => op.fail(),
+            Err(_) => op.info(),
+        }
+    }
+
+    /// A CAS of a register from `from` (stored as `uid`/`version`) to a new
+    /// value, recorded as `cas [from to]`.
+    async fn recorded_cas(
+        &mut self,
+        name: &str,
+        from: Value,
+        uid: String,
+        version: String,
+    ) -> CasResult {
+        let to = self.next_value();
+        let op = self.recorder.invoke(
+            self.id,
+            OpKind::Cas,
+            name,
+            Value::List(vec![from, to.clone()]),
+        );
+        match self
+            .client
+            .write(new_resource(
+                WorkloadKind::Register,
                 name,
-                Value::List(vec![from, to.clone()]),
-            );
-            match self
-                .client
-                .write(new_resource(
-                    WorkloadKind::Register,
-                    name,
-                    &uid,
-                    &version,
-                    &to,
-                ))
-                .await
-            {
-                Ok(stored) => {
-                    op.ok(Value::Null);
-                    let observed = Observed {
-                        uid,
-                        version: stored.version,
-                        value: to,
-                    };
-                    self.remember(name, &observed);
-                }
-                // The store compared and refused: the key did not hold `from`.
-                Err(e) if e.is_cas_conflict() => op.fail(),
-                // Refused before the compare, or unknown: the weaker `info`.
-                Err(_) => op.info(),
+                &uid,
+                &version,
+                &to,
+            ))
+            .await
+        {
+            Ok(stored) => {
+                op.ok(Value::Null);
+                let observed = Observed {
+                    uid,
+                    version: stored.version,
+                    value: to,
+                };
+                self.remember(name, &observed);
+                CasResult::Applied
+            }
+            // The store compared and refused: the key did not hold `from`.
+            Err(e) if e.is_cas_conflict() => {
+                op.fail();
+                CasResult::Failed
+            }
+            // Refused before the compare, or unknown: the weaker `info`.
+            Err(_) => {
+                op.info();
+                CasResult::Unknown
             }
         }
     }
