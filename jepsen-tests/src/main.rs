@@ -1,7 +1,9 @@
 //! `jepsen-tests`: command-line entry point.
 //!
 //! `jepsen-tests check --model register|kv|set|append|monotonic FILE` checks a recorded
-//! history (project JSONL or Jepsen log, detected automatically) and exits with
+//! history (project JSONL or Jepsen log, detected automatically);
+//! `jepsen-tests check --model watch DIR` re-checks a watch scenario's results
+//! folder (history, watch log and final state). Both exit with
 //! 0 = valid (linearizable), 1 = invalid, 2 = unknown within the time budget,
 //! 3 = the command or the file could not be used.
 //!
@@ -36,6 +38,7 @@ use jepsen_tests::linearizability::{
 };
 use jepsen_tests::models::{self, ModelKind};
 use jepsen_tests::monotonic;
+use jepsen_tests::watch_check;
 use jepsen_tests::set::{self, SetAnomaly};
 use jepsen_tests::{Error, History, Verdict};
 
@@ -145,6 +148,9 @@ enum ModelArg {
     Set,
     /// List-append checker (append, read).
     Append,
+    /// Watch delivery (FILE is a watch scenario's results folder: history.jsonl,
+    /// watch.jsonl, watch-final.json).
+    Watch,
     /// Eventual reads never go backwards on one node (read with the node as
     /// input and [version value] as output; a run's eventual.jsonl).
     Monotonic,
@@ -198,6 +204,10 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
         FormatArg::Jsonl => Some(Format::Jsonl),
         FormatArg::JepsenLog => Some(Format::JepsenLog),
     };
+    // A watch run is a folder, not one history file.
+    if matches!(args.model, ModelArg::Watch) {
+        return check_watch(args, out);
+    }
     let (history, format) = History::load(&args.file, format)?;
     let key_count = history
         .operations()
@@ -269,6 +279,7 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
             say!(out, "verdict: {}", verdict_word(report.verdict, false));
             Ok(report.verdict)
         }
+        ModelArg::Watch => check_watch(args, out),
         ModelArg::Monotonic => {
             let report = monotonic::check(&history)?;
             say!(out, "checker: monotonic reads");
@@ -313,6 +324,34 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
             Ok(report.verdict)
         }
     }
+}
+
+/// `check --model watch DIR`: re-checks a watch scenario's folder.
+fn check_watch(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
+    let (history, log, last) = watch_check::load_run(&args.file)?;
+    say!(
+        out,
+        "watch run: {} ({} operations, {} watch records, {} nodes)",
+        args.file.display(),
+        history.len(),
+        log.len(),
+        last.nodes
+    );
+    let report = watch_check::check(
+        &log,
+        &history,
+        &last.state,
+        last.revision,
+        last.nodes,
+        &last.members_at_end,
+    );
+    say!(out, "checker: watch");
+    for line in &report.summary {
+        say!(out, "  {line}");
+    }
+    print_anomalies(out, report.anomalies.iter().cloned(), args.print_max);
+    say!(out, "verdict: {}", verdict_word(report.verdict, false));
+    Ok(report.verdict)
 }
 
 fn verdict_word(verdict: Verdict, linearizability: bool) -> &'static str {

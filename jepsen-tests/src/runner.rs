@@ -451,14 +451,18 @@ async fn run_scenario_inner(
         }
         WorkloadKind::Watch => {
             let log = workload.watch_log.lock().clone();
-            let mut text = String::new();
-            for record in &log {
-                if let Ok(line) = serde_json::to_string(record) {
-                    text.push_str(&line);
-                    text.push('\n');
-                }
+            // Saved for `check --model watch <folder>`.
+            let last = watch_final
+                .as_ref()
+                .map(|(state, revision)| watch_check::WatchFinal {
+                    state: state.clone(),
+                    revision: *revision,
+                    nodes: endpoints.len(),
+                    members_at_end: members_at_end.clone(),
+                });
+            if let Err(e) = watch_check::save_run(folder, &log, last.as_ref()) {
+                eprintln!("jepsen: {e}");
             }
-            write_file(&folder.join("watch.jsonl"), &text);
             match &watch_final {
                 Some((state, revision)) => {
                     let r = watch_check::check(

@@ -38,7 +38,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_client::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
+use cairn_client::v1::{
+    watch_event, Consistency, Id, ListRequest, Resource, Tenancy, Type, WatchListRequest,
+};
 use cairn_client::{Client, ClientError, ClientOptions, Outcome as ClientOutcome};
 use cairn_proto::google::protobuf::Any;
 use parking_lot::Mutex;
@@ -287,8 +289,11 @@ pub struct WatchRecord {
     /// The node watched (index into the endpoints).
     pub node: usize,
     /// "open" (revision = where it starts, 0 = with a snapshot), "upsert",
-    /// "delete", "end_of_snapshot", "progress", "resync" (history compacted:
-    /// the next open is a fresh snapshot) or "error" (version = the message).
+    /// "delete", "end_of_snapshot", "list" (right after an end_of_snapshot:
+    /// an eventual list on the same node at its revision, the value as
+    /// [`crate::watch_check::list_record_value`] writes it), "progress",
+    /// "resync" (history compacted: the next open is a fresh snapshot) or
+    /// "error" (version = the message).
     pub event: String,
     pub revision: u64,
     pub name: String,
@@ -844,6 +849,42 @@ impl Process {
     }
 }
 
+/// An eventual list of the watch workload's resources at `revision` on the
+/// client's one node, as a `list` watch record's value.
+async fn list_at(client: &Client, revision: u64) -> Option<Value> {
+    let request = ListRequest {
+        r#type: Some(resource_type(WorkloadKind::Watch)),
+        tenancy: Some(Tenancy {
+            partition: "*".into(),
+            namespace: "*".into(),
+        }),
+        name_prefix: String::new(),
+        consistency: Consistency::Eventual as i32,
+        revision,
+    };
+    let list = client.list_request(request).await.ok()?;
+    if list.revision != revision {
+        return Some(Value::Str(format!(
+            "<list asked for revision {revision} answered at {}>",
+            list.revision
+        )));
+    }
+    let resources = list
+        .resources
+        .iter()
+        .map(|r| {
+            (
+                r.id.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
+                crate::watch_check::Stored {
+                    version: r.version.clone(),
+                    value: decode(r),
+                },
+            )
+        })
+        .collect();
+    Some(crate::watch_check::list_record_value(resources))
+}
+
 /// One watcher: keeps a watch open on its node, reopening from the last
 /// revision it saw (or with a fresh snapshot when that history is compacted).
 async fn watcher(
@@ -950,6 +991,12 @@ async fn watcher(
                                 Value::Null,
                             );
                             in_snapshot = false;
+                            // A list at the snapshot's revision on the same
+                            // node, for the checker to compare with the
+                            // snapshot (nothing is logged if it fails).
+                            if let Some(listed) = list_at(&client, revision).await {
+                                push("list", revision, String::new(), String::new(), listed);
+                            }
                         }
                         Some(watch_event::Event::Progress(_)) => {
                             push(
