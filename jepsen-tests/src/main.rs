@@ -38,8 +38,8 @@ use jepsen_tests::linearizability::{
 };
 use jepsen_tests::models::{self, ModelKind};
 use jepsen_tests::monotonic;
-use jepsen_tests::watch_check;
 use jepsen_tests::set::{self, SetAnomaly};
+use jepsen_tests::watch_check;
 use jepsen_tests::{Error, History, Verdict};
 
 /// Appends a line to the report being built (writing to a `String` cannot fail).
@@ -271,8 +271,10 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
                         fate.known_ns,
                         fate.known_by,
                         fate.lost_ns,
-                        fate.recovered_ns
-                            .map_or_else(|| "never recovered".to_owned(), |ns| format!("recovered at {ns}"))
+                        fate.recovered_ns.map_or_else(
+                            || "never recovered".to_owned(),
+                            |ns| format!("recovered at {ns}")
+                        )
                     );
                 }
             }

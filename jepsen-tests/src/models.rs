@@ -367,9 +367,33 @@ mod tests {
         // 1 -> 3 cannot succeed after 1 -> 2, so it is not.
         let prefix = |process_zero: Vec<Operation>| {
             let mut operations = vec![
-                op(2, OpKind::Write, "", Value::Int(1), Value::Null, Outcome::Ok, (0, Some(1))),
-                op(1, OpKind::Cas, "", pair(Value::Int(1), Value::Int(2)), Value::Null, Outcome::Ok, (4, Some(5))),
-                op(2, OpKind::Read, "", Value::Null, Value::Int(3), Outcome::Ok, (10, Some(11))),
+                op(
+                    2,
+                    OpKind::Write,
+                    "",
+                    Value::Int(1),
+                    Value::Null,
+                    Outcome::Ok,
+                    (0, Some(1)),
+                ),
+                op(
+                    1,
+                    OpKind::Cas,
+                    "",
+                    pair(Value::Int(1), Value::Int(2)),
+                    Value::Null,
+                    Outcome::Ok,
+                    (4, Some(5)),
+                ),
+                op(
+                    2,
+                    OpKind::Read,
+                    "",
+                    Value::Null,
+                    Value::Int(3),
+                    Outcome::Ok,
+                    (10, Some(11)),
+                ),
             ];
             operations.extend(process_zero);
             operations
@@ -385,10 +409,29 @@ mod tests {
         )]);
         assert_eq!(verdict(blind, ModelKind::Register), Verdict::Valid);
         let read_then_cas = prefix(vec![
-            op(0, OpKind::Read, "", Value::Null, Value::Int(1), Outcome::Ok, (2, Some(3))),
-            op(0, OpKind::Cas, "", pair(Value::Int(1), Value::Int(3)), Value::Null, Outcome::Ok, (6, Some(8))),
+            op(
+                0,
+                OpKind::Read,
+                "",
+                Value::Null,
+                Value::Int(1),
+                Outcome::Ok,
+                (2, Some(3)),
+            ),
+            op(
+                0,
+                OpKind::Cas,
+                "",
+                pair(Value::Int(1), Value::Int(3)),
+                Value::Null,
+                Outcome::Ok,
+                (6, Some(8)),
+            ),
         ]);
-        assert_eq!(verdict(read_then_cas, ModelKind::Register), Verdict::Invalid);
+        assert_eq!(
+            verdict(read_then_cas, ModelKind::Register),
+            Verdict::Invalid
+        );
     }
 
     #[test]

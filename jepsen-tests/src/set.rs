@@ -305,7 +305,10 @@ fn check_key(key: &str, operations: &KeyOperations<'_>) -> SetKeyReport {
         let first = operations
             .reads
             .partition_point(|read| read.invoke_ns <= known_ns);
-        let Some(last) = operations.reads.last().filter(|_| first < operations.reads.len())
+        let Some(last) = operations
+            .reads
+            .last()
+            .filter(|_| first < operations.reads.len())
         else {
             report.unverified_elements += 1;
             continue;
@@ -536,7 +539,10 @@ mod tests {
         let key = &report.keys[0];
         assert_eq!(key.stale_reads, 0);
         assert_eq!(
-            (key.indeterminate_elements, key.indeterminate_elements_present),
+            (
+                key.indeterminate_elements,
+                key.indeterminate_elements_present
+            ),
             (1, 0)
         );
     }

@@ -929,7 +929,10 @@ mod tests {
         history.write_jsonl(&mut jsonl).unwrap();
         std::fs::write(folder.path().join(HISTORY_FILE), jsonl).unwrap();
         let (loaded_history, loaded_log, loaded_last) = load_run(folder.path()).unwrap();
-        assert_eq!((&loaded_history, &loaded_log, &loaded_last), (&history, &log, &last));
+        assert_eq!(
+            (&loaded_history, &loaded_log, &loaded_last),
+            (&history, &log, &last)
+        );
         let report = check(&loaded_log, &loaded_history, &last.state, 4, 2, &[0, 1]);
         assert_eq!(report.verdict, Verdict::Invalid);
         // A final state naming a node the run did not have is refused.

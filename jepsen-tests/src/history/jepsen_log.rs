@@ -58,9 +58,10 @@ fn event_of_line(line: &str) -> Result<Option<Event>, String> {
     // Bare columns: only when the second column is an event type, so that
     // other output is not mistaken for a broken event.
     let mut words = trimmed.split_whitespace();
-    let looks_like_event = words.next().is_some_and(|first| {
-        first.starts_with(':') || first.parse::<u64>().is_ok()
-    }) && words.next().is_some_and(|kind| KINDS.contains(&kind));
+    let looks_like_event = words
+        .next()
+        .is_some_and(|first| first.starts_with(':') || first.parse::<u64>().is_ok())
+        && words.next().is_some_and(|kind| KINDS.contains(&kind));
     if looks_like_event {
         columns(trimmed).map(Some)
     } else {
@@ -125,9 +126,9 @@ fn map_event(text: &str) -> Result<Event, String> {
         None => Err(format!("the operation map has no {name}")),
     };
     let process = match field(":process") {
-        Some(Value::Int(process)) => Some(
-            u64::try_from(*process).map_err(|_| format!("bad process {process}"))?,
-        ),
+        Some(Value::Int(process)) => {
+            Some(u64::try_from(*process).map_err(|_| format!("bad process {process}"))?)
+        }
         Some(Value::Str(word)) if word.starts_with(':') => None,
         Some(other) => return Err(format!("bad process {other}")),
         None => return Err("the operation map has no :process".to_owned()),
@@ -606,6 +607,9 @@ mod tests {
                     {:type :invoke, :f :read, :value nil, :process 1}\n\
                     {:type :ok, :f :read, :value #{1 2}, :process 1}\n";
         let operations = parse(sets).unwrap();
-        assert_eq!(operations[1].output, Value::List(vec![Value::Int(1), Value::Int(2)]));
+        assert_eq!(
+            operations[1].output,
+            Value::List(vec![Value::Int(1), Value::Int(2)])
+        );
     }
 }
