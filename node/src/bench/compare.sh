@@ -128,7 +128,12 @@ fi
 # through the leader, restore offline into a new data dir, then serve it and count).
 if [ "$SKIP_MEM" = 0 ]; then
   SNAP="$OUT/snap.cairn"; RESTORED=$(mktemp -d /tmp/cairn-bench-restored.XXXXXX)
-  source_count=$("$CAIRN" status -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["resource_count"])')
+  # The leader's resource count, from `cairn status -o json` (one entry per member).
+  resource_count() {
+    "$CAIRN" status "$@" -o json | python3 -c 'import json,sys
+print(next(m["resource_count"] for m in json.load(sys.stdin)["members"] if m.get("role") == "leader"))'
+  }
+  source_count=$(resource_count)
   wait_quiet; log "  snapshot save"
   t0=$(date +%s.%N); timeout 300 "$CAIRN" snapshot save "$SNAP" >"$OUT/snapshot-save.txt" 2>&1; t1=$(date +%s.%N)
   log "  snapshot restore --offline"
@@ -142,8 +147,7 @@ if [ "$SKIP_MEM" = 0 ]; then
   RPID=$!
   count="null"
   for _ in $(seq 1 120); do
-    count=$("$CAIRN" status --endpoints 127.0.0.1:18100 -o json 2>/dev/null \
-      | python3 -c 'import json,sys; print(json.load(sys.stdin)["resource_count"])' 2>/dev/null) && break
+    count=$(resource_count --endpoints 127.0.0.1:18100 2>/dev/null) && break
     count="null"; sleep 0.25
   done
   t4=$(date +%s.%N)

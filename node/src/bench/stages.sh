@@ -53,7 +53,7 @@ done
 leader=""
 for _ in $(seq 1 100); do
   leader=$("$CAIRN" status --endpoints "$ENDPOINTS" -o json 2>/dev/null \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_id"])' 2>/dev/null || true)
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_id"] or "")' 2>/dev/null || true)
   [ -n "$leader" ] && [ "$leader" != 0 ] && break
   sleep 0.2
 done
