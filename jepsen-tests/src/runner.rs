@@ -42,11 +42,166 @@ pub struct Scenario {
     /// How long the workload runs under the nemesis.
     pub duration: Duration,
     pub seed: u64,
-    /// Start the nodes with `--unsafe-local-strong-reads` (the broken node).
-    pub broken_reads: bool,
+    /// Start every node broken on purpose (`prove-broken`); `None` in every other run.
+    pub broken: Option<BrokenMode>,
     /// Run the scoped set workload on an authenticated cluster instead
     /// ([`crate::scoped`]: two tokens with disjoint scopes).
     pub auth: bool,
+}
+
+/// A node broken on purpose: one `--unsafe-*` switch of `cairn agent`, and the scenario
+/// whose checker must catch it (`jepsen-tests prove-broken`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BrokenMode {
+    /// `--unsafe-local-strong-reads`: stale strong reads; register checker, partitions.
+    LocalStrongReads,
+    /// `--unsafe-skip-fsync`: acknowledged writes lost by a power cut of every node; set
+    /// checker, power cuts.
+    SkipFsync,
+    /// `--unsafe-ack-before-commit`: writes acknowledged by a leader that is then cut
+    /// off never commit; set checker, partitions.
+    AckBeforeCommit,
+    /// `--unsafe-drop-watch-events 7`: gaps in every watch stream; watch checker.
+    DropWatchEvents,
+    /// `--unsafe-accept-stale-cas`: a CAS against a stale version succeeds; register
+    /// checker (it sees each `cas` and each `write`'s compare).
+    AcceptStaleCas,
+}
+
+impl BrokenMode {
+    pub const ALL: [BrokenMode; 5] = [
+        BrokenMode::LocalStrongReads,
+        BrokenMode::SkipFsync,
+        BrokenMode::AckBeforeCommit,
+        BrokenMode::DropWatchEvents,
+        BrokenMode::AcceptStaleCas,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BrokenMode::LocalStrongReads => "local-strong-reads",
+            BrokenMode::SkipFsync => "skip-fsync",
+            BrokenMode::AckBeforeCommit => "ack-before-commit",
+            BrokenMode::DropWatchEvents => "drop-watch-events",
+            BrokenMode::AcceptStaleCas => "accept-stale-cas",
+        }
+    }
+
+    /// The node flags of this mode.
+    pub fn flags(self) -> Vec<String> {
+        let flags: &[&str] = match self {
+            BrokenMode::LocalStrongReads => &["--unsafe-local-strong-reads"],
+            BrokenMode::SkipFsync => &["--unsafe-skip-fsync"],
+            BrokenMode::AckBeforeCommit => &["--unsafe-ack-before-commit"],
+            BrokenMode::DropWatchEvents => &["--unsafe-drop-watch-events", "7"],
+            BrokenMode::AcceptStaleCas => &["--unsafe-accept-stale-cas"],
+        };
+        flags.iter().map(|f| f.to_string()).collect()
+    }
+
+    /// The workload (hence the checker) and the nemesis that must catch it.
+    pub fn plan(self) -> (WorkloadKind, NemesisKind) {
+        match self {
+            BrokenMode::LocalStrongReads => (WorkloadKind::Register, NemesisKind::Partition),
+            BrokenMode::SkipFsync => (WorkloadKind::Set, NemesisKind::PowerCut),
+            BrokenMode::AckBeforeCommit => (WorkloadKind::Set, NemesisKind::Partition),
+            BrokenMode::DropWatchEvents => (WorkloadKind::Watch, NemesisKind::LeaderTransfer),
+            BrokenMode::AcceptStaleCas => (WorkloadKind::Register, NemesisKind::LeaderTransfer),
+        }
+    }
+
+    /// Attempt `attempt` (from 1) of this mode's scenario.
+    pub fn scenario(self, attempt: usize, seed: u64) -> Scenario {
+        let (workload, nemesis) = self.plan();
+        Scenario {
+            name: format!(
+                "broken-{}-{attempt:02}-{}-{}",
+                self.name(),
+                workload.name(),
+                nemesis.name()
+            ),
+            workload,
+            nemesis,
+            nodes: 3,
+            duration: Duration::from_secs(16),
+            seed,
+            broken: Some(self),
+            auth: false,
+        }
+    }
+}
+
+/// The least work a scenario must show, or it fails: a run that acknowledged few
+/// writes, read little or injected few faults proves nothing, whatever its checker says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Minimums {
+    /// Writes (write, cas, delete, append, add) acknowledged as done.
+    pub acknowledged_writes: usize,
+    /// Reads (register reads, set and list reads; the watch workload's final reads)
+    /// that succeeded.
+    pub successful_reads: usize,
+    /// Faults the nemesis injected (one per round that did something).
+    pub faults: usize,
+}
+
+impl Minimums {
+    /// The minimums of a 3- or 5-node scenario of at least 16 s. The clock nemesis
+    /// restarts each node it skews, so its rounds are long: one fault is enough; the
+    /// watch workload's only reads are its final reads (one per key).
+    pub fn of(workload: WorkloadKind, nemesis: NemesisKind) -> Minimums {
+        Minimums {
+            acknowledged_writes: 100,
+            successful_reads: if workload == WorkloadKind::Watch {
+                3
+            } else {
+                30
+            },
+            faults: if nemesis == NemesisKind::Clock { 1 } else { 2 },
+        }
+    }
+}
+
+/// What a history shows was done: (acknowledged writes, successful reads).
+pub fn work_done(history: &crate::History) -> (usize, usize) {
+    use crate::history::{OpKind, Outcome};
+    let ok = history
+        .operations()
+        .iter()
+        .filter(|op| op.outcome == Outcome::Ok);
+    let (reads, writes): (Vec<_>, Vec<_>) = ok.partition(|op| op.op == OpKind::Read);
+    (writes.len(), reads.len())
+}
+
+/// Why a scenario did too little to count, if it did.
+pub fn shortfall(scenario: &Scenario, history: &crate::History, faults: usize) -> Option<String> {
+    let minimums = Minimums::of(scenario.workload, scenario.nemesis);
+    let (writes, reads) = work_done(history);
+    let mut short = Vec::new();
+    if writes < minimums.acknowledged_writes {
+        short.push(format!(
+            "{writes} acknowledged writes (at least {} required)",
+            minimums.acknowledged_writes
+        ));
+    }
+    if reads < minimums.successful_reads {
+        short.push(format!(
+            "{reads} successful reads (at least {} required)",
+            minimums.successful_reads
+        ));
+    }
+    if faults < minimums.faults {
+        short.push(format!(
+            "{faults} faults injected (at least {} required)",
+            minimums.faults
+        ));
+    }
+    (!short.is_empty()).then(|| format!("too little work to count: {}", short.join(", ")))
+}
+
+/// Whether a skipped scenario is a failure: under `CI=true` (CI must run everything,
+/// so a missing package or privilege is an error there, not a reason to pass).
+pub fn skip_is_failure() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
 /// How a scenario ended.
@@ -65,6 +220,9 @@ pub struct ScenarioResult {
     pub verdict: Option<Verdict>,
     pub elapsed: Duration,
     pub operations: usize,
+    /// Operations of the history acknowledged as written / read successfully.
+    pub acknowledged_writes: usize,
+    pub successful_reads: usize,
     pub faults: usize,
     pub folder: PathBuf,
 }
@@ -99,7 +257,7 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             nodes: 3,
             duration: Duration::from_secs(18),
             seed: seed.wrapping_add(i as u64 * 7919),
-            broken_reads: false,
+            broken: None,
             auth: false,
         })
         .chain(std::iter::once(Scenario {
@@ -120,7 +278,7 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         nodes: 3,
         duration: Duration::from_secs(18),
         seed,
-        broken_reads: false,
+        broken: None,
         auth: true,
     }
 }
@@ -207,6 +365,8 @@ pub async fn run_scenario(scenario: &Scenario, env: &RunEnvironment) -> Scenario
         verdict: None,
         elapsed: Duration::ZERO,
         operations: 0,
+        acknowledged_writes: 0,
+        successful_reads: 0,
         faults: 0,
         folder: folder.clone(),
     };
@@ -260,10 +420,8 @@ async fn run_scenario_inner(
     options.powercut = scenario.nemesis == NemesisKind::PowerCut;
     options.die_with_parent = true;
     options.log_level = "info".into();
-    if scenario.broken_reads {
-        options
-            .extra_args
-            .push("--unsafe-local-strong-reads".into());
+    if let Some(mode) = scenario.broken {
+        options.extra_args.extend(mode.flags());
     }
     let mut cluster = Cluster::try_start(options)?;
     let endpoints = cluster.endpoints();
@@ -354,6 +512,10 @@ async fn run_scenario_inner(
 
     let history = workload.recorder.history();
     result.operations = history.len();
+    (result.acknowledged_writes, result.successful_reads) = work_done(&history);
+    if let Some(short) = shortfall(scenario, &history, result.faults) {
+        failure.get_or_insert(short);
+    }
     let mut jsonl = Vec::new();
     if history.write_jsonl(&mut jsonl).is_ok() {
         let _ = std::fs::write(folder.join("history.jsonl"), &jsonl);
@@ -592,6 +754,8 @@ pub async fn run_bounded(
         verdict: None,
         elapsed: started.elapsed(),
         operations: 0,
+        acknowledged_writes: 0,
+        successful_reads: 0,
         faults: 0,
         folder,
     }
@@ -601,17 +765,21 @@ pub async fn run_bounded(
 pub fn print_result(r: &ScenarioResult) {
     match &r.status {
         Status::Passed => println!(
-            "PASS {} ({:.1}s, {} ops, {} faults)",
+            "PASS {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults)",
             r.scenario.name,
             r.elapsed.as_secs_f64(),
             r.operations,
+            r.acknowledged_writes,
+            r.successful_reads,
             r.faults
         ),
         Status::Failed(why) => println!(
-            "FAIL {} ({:.1}s, {} ops, {} faults): {why}",
+            "FAIL {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults): {why}",
             r.scenario.name,
             r.elapsed.as_secs_f64(),
             r.operations,
+            r.acknowledged_writes,
+            r.successful_reads,
             r.faults
         ),
         Status::Skipped(why) => println!("SKIP {}: {why}", r.scenario.name),
@@ -638,13 +806,15 @@ pub fn write_summary(
         };
         let _ = writeln!(
             text,
-            "{} workload={} nemesis={} nodes={} seed={} ops={} faults={} elapsed={:.1}s verdict={:?} {status}",
+            "{} workload={} nemesis={} nodes={} seed={} ops={} acknowledged_writes={} successful_reads={} faults={} elapsed={:.1}s verdict={:?} {status}",
             r.scenario.name,
             r.scenario.workload.name(),
             r.scenario.nemesis.name(),
             r.scenario.nodes,
             r.scenario.seed,
             r.operations,
+            r.acknowledged_writes,
+            r.successful_reads,
             r.faults,
             r.elapsed.as_secs_f64(),
             r.verdict
@@ -685,7 +855,7 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         nodes: 5,
         duration: Duration::from_secs(30),
         seed: rng.random(),
-        broken_reads: false,
+        broken: None,
         auth: false,
     }
 }

@@ -605,6 +605,10 @@ pub async fn run(
 
     let history = workload.recorder.history();
     result.operations = history.len();
+    (result.acknowledged_writes, result.successful_reads) = crate::runner::work_done(&history);
+    if let Some(short) = crate::runner::shortfall(scenario, &history, result.faults) {
+        failure.get_or_insert(short);
+    }
     let mut jsonl = Vec::new();
     if history.write_jsonl(&mut jsonl).is_ok() {
         let _ = std::fs::write(folder.join("history.jsonl"), &jsonl);

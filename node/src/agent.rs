@@ -190,7 +190,11 @@ impl Agent {
             bootstrap_members: config.members.iter().map(|m| m.id).collect(),
             tls: access.tls.clone(),
             own_peer_address: config.peer_address.clone(),
+            unsafe_skip_fsync: config.unsafe_modes.unsafe_skip_fsync,
         };
+        for mode in config.unsafe_modes.enabled() {
+            tracing::warn!("{mode}: DANGEROUS test-only mode on; this node breaks its contract");
+        }
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(
             config.node_id,
@@ -256,6 +260,7 @@ impl Agent {
             request_timeout,
             config.client_message_bytes_max,
             access.tls.clone(),
+            config.unsafe_modes.clone(),
         );
 
         // Peer port.
@@ -285,13 +290,8 @@ impl Agent {
         let api = Arc::new(
             ResourceApi::new(forwarding.forwarder, auth.clone(), request_timeout)
                 .with_connection_limits(connection_limits.clone())
-                .with_unsafe_local_strong_reads(config.unsafe_local_strong_reads),
+                .with_unsafe_modes(config.unsafe_modes.clone()),
         );
-        if config.unsafe_local_strong_reads {
-            tracing::warn!(
-                "--unsafe-local-strong-reads: strong reads are served locally and may be stale"
-            );
-        }
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         let health = Arc::new(Health {
             reporter: health_reporter,
