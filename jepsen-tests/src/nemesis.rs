@@ -38,7 +38,7 @@ pub enum NemesisKind {
     /// `TransferLeader` drills.
     LeaderTransfer,
     /// Membership changes with a partition cut while each is in flight (the partition
-    /// starts just before the change is asked for and heals after it ended).
+    /// starts just before the change is asked for and heals 1.5–3.5 s later).
     MembershipPartition,
     /// A tiny history (`--history-changes-max` [`COMPACTION_HISTORY_CHANGES`]) and `kill -9`
     /// of a node for a few seconds: its watchers resume from a revision the history no
@@ -472,8 +472,9 @@ async fn membership_round(cx: &mut NemesisContext<'_>, round: usize) -> Result<(
 }
 
 /// A partition (one node isolated, the leader half the time) cut just before a
-/// membership change is asked for and healed after it ended: the change runs with a
-/// node unreachable, and may lose its leader half-way.
+/// membership change is asked for and healed 1.5–3.5 s later, while the change is
+/// usually still in flight: it runs with a node unreachable, and may lose its leader
+/// half-way.
 async fn membership_partition_round(
     cx: &mut NemesisContext<'_>,
     round: usize,
@@ -490,13 +491,23 @@ async fn membership_partition_round(
     };
     lab.partition(&shapes::isolate(target, &ids))?;
     cx.log.faults += 1;
+    let hold = millis(&mut cx.rng, (1500, 3500));
     cx.log.note(format!(
-        "partition: isolated node {target} for a membership change"
+        "partition: isolated node {target} for {hold:?}, across a membership change"
     ));
+    // The partition heals while the change is usually still in flight.
+    let healer = tokio::spawn({
+        let lab = lab.clone();
+        async move {
+            tokio::time::sleep(hold).await;
+            lab.heal()
+        }
+    });
     tokio::time::sleep(millis(&mut cx.rng, (200, 800))).await;
     let changed = membership_round(cx, round).await;
-    tokio::time::sleep(millis(&mut cx.rng, (500, 2000))).await;
-    lab.heal()?;
+    healer
+        .await
+        .map_err(|e| format!("the partition healer failed: {e}"))??;
     cx.log.note("healed the network");
     changed
 }

@@ -882,3 +882,93 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         auth: false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{OpKind, Recorder, Value};
+
+    #[test]
+    fn the_ci_suite_and_the_soak_run_every_nemesis() {
+        let ci: Vec<NemesisKind> = ci_scenarios(1).iter().map(|s| s.nemesis).collect();
+        let soak: Vec<NemesisKind> = (0..NemesisKind::ALL.len())
+            .map(|i| soak_scenario(i, 1).nemesis)
+            .collect();
+        for kind in NemesisKind::ALL {
+            assert!(
+                ci.contains(&kind),
+                "ci never runs the {} nemesis",
+                kind.name()
+            );
+            assert!(soak.contains(&kind), "soak never runs {}", kind.name());
+        }
+        // Compaction breaks only what watches see: it always runs with the watch workload.
+        for s in ci_scenarios(1).iter().chain(
+            (0..18)
+                .map(|i| soak_scenario(i, 1))
+                .collect::<Vec<_>>()
+                .iter(),
+        ) {
+            if s.nemesis == NemesisKind::Compaction {
+                assert_eq!(s.workload, WorkloadKind::Watch, "{}", s.name);
+            }
+            assert_eq!(s.broken, None, "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn every_broken_mode_is_one_unsafe_flag_and_a_scenario_of_its_own() {
+        let mut flags = std::collections::BTreeSet::new();
+        for mode in BrokenMode::ALL {
+            let f = mode.flags();
+            assert!(f[0].starts_with("--unsafe-"), "{f:?}");
+            assert!(flags.insert(f[0].clone()), "two modes share {}", f[0]);
+            let s = mode.scenario(1, 7);
+            assert_eq!(s.broken, Some(mode));
+            assert_eq!((s.workload, s.nemesis), mode.plan());
+            assert!(s.name.contains(mode.name()));
+        }
+    }
+
+    /// A history of `writes` acknowledged adds and `reads` successful reads, plus failed
+    /// and indeterminate operations that must not count.
+    fn history(writes: usize, reads: usize) -> crate::History {
+        let recorder = Recorder::new();
+        for i in 0..writes {
+            recorder
+                .invoke(0, OpKind::Add, "s", Value::Int(i as i64))
+                .ok(Value::Null);
+        }
+        for _ in 0..reads {
+            recorder
+                .invoke(1, OpKind::Read, "s", Value::Null)
+                .ok(Value::Null);
+        }
+        recorder.invoke(2, OpKind::Add, "s", Value::Int(-1)).info();
+        recorder.invoke(3, OpKind::Read, "s", Value::Null).fail();
+        recorder.history()
+    }
+
+    #[test]
+    fn a_scenario_that_did_too_little_fails_naming_what_it_lacked() {
+        let scenario = ci_scenarios(1)
+            .into_iter()
+            .find(|s| s.workload == WorkloadKind::Set && s.nemesis == NemesisKind::PowerCut)
+            .expect("a set power-cut scenario");
+        let minimums = Minimums::of(WorkloadKind::Set, NemesisKind::PowerCut);
+        let enough = history(minimums.acknowledged_writes, minimums.successful_reads);
+        assert_eq!(
+            work_done(&enough),
+            (minimums.acknowledged_writes, minimums.successful_reads)
+        );
+        assert_eq!(shortfall(&scenario, &enough, minimums.faults), None);
+        let few_writes = history(minimums.acknowledged_writes - 1, minimums.successful_reads);
+        let why = shortfall(&scenario, &few_writes, minimums.faults).expect("too few writes");
+        assert!(why.contains("acknowledged writes"), "{why}");
+        let few_reads = history(minimums.acknowledged_writes, minimums.successful_reads - 1);
+        let why = shortfall(&scenario, &few_reads, minimums.faults).expect("too few reads");
+        assert!(why.contains("successful reads"), "{why}");
+        let why = shortfall(&scenario, &enough, minimums.faults - 1).expect("too few faults");
+        assert!(why.contains("faults"), "{why}");
+    }
+}

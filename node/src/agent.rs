@@ -147,8 +147,9 @@ impl Agent {
     /// on SIGHUP, for what can change without a restart).
     pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Agent> {
         crate::config::warn_ignored_environment();
-        std::fs::create_dir_all(&config.data_dir)
-            .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+        // `DirLock::acquire` creates the data dir and makes its name durable (an fsync of
+        // its parent): a data dir created here first would never have its name synced, and
+        // a power cut soon after could lose the whole node's state.
         let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
             .with_context(|| format!("data dir {}", config.data_dir.display()))?;
         crate::fatal::check_marker(&config.data_dir)?;

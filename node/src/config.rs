@@ -958,6 +958,31 @@ mod tests {
     }
 
     #[test]
+    fn an_unsafe_mode_is_never_read_from_a_file_or_the_environment() {
+        // The test-only switches are `--unsafe-*` flags only: a file naming one is refused
+        // (unknown field), and the flags' layer cannot set one either.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let members = "[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n";
+        for key in [
+            "unsafe_local_strong_reads = true",
+            "unsafe_skip_fsync = true",
+            "unsafe_ack_before_commit = true",
+            "unsafe_drop_watch_events = 3",
+            "unsafe_accept_stale_cas = true",
+            "unsafe_modes = { unsafe_skip_fsync = true }",
+        ] {
+            std::fs::write(&file, format!("node_id = 1\n{key}\n{members}")).unwrap();
+            let e = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap_err();
+            assert!(e.to_string().contains("unsafe"), "{key}: {e}");
+        }
+        std::fs::write(&file, format!("node_id = 1\n{members}")).unwrap();
+        let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
+        assert_eq!(c.unsafe_modes, UnsafeModes::default());
+        assert!(c.unsafe_modes.enabled().is_empty());
+    }
+
+    #[test]
     fn log_engine_defaults_to_wal_and_a_bad_name_is_refused_naming_the_field() {
         // No setting: the WAL. `sled` is accepted; a typo fails naming `log_engine`.
         let dir = tempfile::tempdir().unwrap();
