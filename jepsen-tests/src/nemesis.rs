@@ -381,7 +381,7 @@ async fn power_cut_round(cx: &mut NemesisContext<'_>, round: usize) {
     let mut ids = cx.cluster.ids();
     ids.shuffle(&mut cx.rng);
     // Every other round cuts every node; the others a minority.
-    let all = round % 2 == 0;
+    let all = round.is_multiple_of(2);
     let targets: Vec<u64> = if all {
         ids.clone()
     } else {
@@ -438,7 +438,7 @@ async fn membership_round(cx: &mut NemesisContext<'_>, round: usize) -> Result<(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     } else {
-        let remove_leader = round % 4 == 0 && leader.is_some();
+        let remove_leader = round.is_multiple_of(4) && leader.is_some();
         let candidates: Vec<u64> = cx
             .cluster
             .ids()

@@ -415,8 +415,8 @@ impl ScopedWorkload {
         for (scope, token) in tokens.iter().enumerate() {
             let options = with_token(&client_options, token)?;
             for endpoint in endpoints {
-                let client =
-                    Client::new(&[endpoint.clone()], options.clone()).map_err(|e| e.to_string())?;
+                let client = Client::new(std::slice::from_ref(endpoint), options.clone())
+                    .map_err(|e| e.to_string())?;
                 watchers.push(tokio::spawn(watcher(
                     client,
                     scope,

@@ -958,7 +958,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unsafe_mode_is_never_read_from_a_file_or_the_environment() {
+    fn an_unsafe_mode_is_never_a_setting_read_from_a_file() {
         // The test-only switches are `--unsafe-*` flags only: a file naming one is refused
         // (unknown field), and the flags' layer cannot set one either.
         let dir = tempfile::tempdir().unwrap();
