@@ -303,16 +303,24 @@ impl fmt::Display for Operation {
 pub enum Format {
     /// One JSON [`Operation`] per line.
     Jsonl,
-    /// Jepsen's `INFO  jepsen.util - PROCESS\t:TYPE\t:F\tVALUE` event log.
+    /// Jepsen's event log (`INFO  jepsen.util - PROCESS :TYPE :F VALUE`, tabs
+    /// or spaces) or EDN operation maps (`{:type :ok, :f :read, ...}`).
     JepsenLog,
 }
 
 impl Format {
-    /// Guesses the format from the text: JSON lines start with `{`.
+    /// Guesses the format from the text: JSON lines start with `{"`; anything
+    /// else (EDN maps `{:type ...}` included) is a Jepsen log.
     pub fn detect(text: &str) -> Format {
         let first = text.lines().map(str::trim).find(|line| !line.is_empty());
         match first {
-            Some(line) if line.starts_with('{') => Format::Jsonl,
+            Some(line)
+                if line
+                    .strip_prefix('{')
+                    .is_some_and(|rest| rest.trim_start().starts_with('"')) =>
+            {
+                Format::Jsonl
+            }
             _ => Format::JepsenLog,
         }
     }

@@ -16,6 +16,7 @@
 //! - [`models`]: the sequential specifications checked against: a CAS register and
 //!   a key-value map partitioned by key.
 //! - [`set`] and [`append`]: cheaper checkers for the set and list-append workloads.
+//! - [`monotonic`]: eventual reads never go backwards on one node.
 //!
 //! The binary (`src/main.rs`) exposes them as `jepsen-tests check`.
 //!
@@ -84,6 +85,7 @@ pub mod error;
 pub mod history;
 pub mod linearizability;
 pub mod models;
+pub mod monotonic;
 pub mod nemesis;
 pub mod net;
 pub mod runner;

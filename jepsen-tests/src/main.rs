@@ -1,7 +1,9 @@
 //! `jepsen-tests`: command-line entry point.
 //!
-//! `jepsen-tests check --model register|kv|set|append FILE` checks a recorded
-//! history (project JSONL or Jepsen log, detected automatically) and exits with
+//! `jepsen-tests check --model register|kv|set|append|monotonic FILE` checks a recorded
+//! history (project JSONL or Jepsen log, detected automatically);
+//! `jepsen-tests check --model watch DIR` re-checks a watch scenario's results
+//! folder (history, watch log and final state). Both exit with
 //! 0 = valid (linearizable), 1 = invalid, 2 = unknown within the time budget,
 //! 3 = the command or the file could not be used.
 //!
@@ -34,7 +36,9 @@ use jepsen_tests::linearizability::{
     CheckOptions, KeyOutcome, LinearizabilityReport, UnknownReason,
 };
 use jepsen_tests::models::{self, ModelKind};
+use jepsen_tests::monotonic;
 use jepsen_tests::set::{self, SetAnomaly};
+use jepsen_tests::watch_check;
 use jepsen_tests::{Error, History, Verdict};
 
 /// Appends a line to the report being built (writing to a `String` cannot fail).
@@ -151,6 +155,12 @@ enum ModelArg {
     Set,
     /// List-append checker (append, read).
     Append,
+    /// Watch delivery (FILE is a watch scenario's results folder: history.jsonl,
+    /// watch.jsonl, watch-final.json).
+    Watch,
+    /// Eventual reads never go backwards on one node (read with the node as
+    /// input and [version value] as output; a run's eventual.jsonl).
+    Monotonic,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -201,6 +211,10 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
         FormatArg::Jsonl => Some(Format::Jsonl),
         FormatArg::JepsenLog => Some(Format::JepsenLog),
     };
+    // A watch run is a folder, not one history file.
+    if matches!(args.model, ModelArg::Watch) {
+        return check_watch(args, out);
+    }
     let (history, format) = History::load(&args.file, format)?;
     let key_count = history
         .operations()
@@ -239,10 +253,12 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
             for key in &report.keys {
                 say!(
                 out,
-                    "key {:?}: {} (final read {}, {} acknowledged, {} indeterminate of which {} present, {} failed, {} unverified)",
+                    "key {:?}: {} (final read {}, {} reads of which {} stale, {} acknowledged, {} indeterminate of which {} present, {} failed, {} unverified)",
                     key.key,
                     verdict_word(key.verdict, false),
                     key.final_read.map_or_else(|| "none".to_owned(), |index| format!("#{index}")),
+                    key.reads,
+                    key.stale_reads,
                     key.acknowledged_elements,
                     key.indeterminate_elements,
                     key.indeterminate_elements_present,
@@ -254,7 +270,39 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
                     key.anomalies.iter().map(describe_set_anomaly),
                     args.print_max,
                 );
+                for fate in key.fates.iter().take(args.print_max) {
+                    say!(
+                        out,
+                        "  element {}: known at {} (#{}), lost at {}, {}",
+                        fate.element,
+                        fate.known_ns,
+                        fate.known_by,
+                        fate.lost_ns,
+                        fate.recovered_ns.map_or_else(
+                            || "never recovered".to_owned(),
+                            |ns| format!("recovered at {ns}")
+                        )
+                    );
+                }
             }
+            say!(out, "verdict: {}", verdict_word(report.verdict, false));
+            Ok(report.verdict)
+        }
+        ModelArg::Watch => check_watch(args, out),
+        ModelArg::Monotonic => {
+            let report = monotonic::check(&history)?;
+            say!(out, "checker: monotonic reads");
+            say!(
+                out,
+                "{} eventual reads on {} node/key pairs",
+                report.reads,
+                report.series
+            );
+            print_anomalies(
+                out,
+                report.anomalies.iter().map(ToString::to_string),
+                args.print_max,
+            );
             say!(out, "verdict: {}", verdict_word(report.verdict, false));
             Ok(report.verdict)
         }
@@ -285,6 +333,34 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
             Ok(report.verdict)
         }
     }
+}
+
+/// `check --model watch DIR`: re-checks a watch scenario's folder.
+fn check_watch(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
+    let (history, log, last) = watch_check::load_run(&args.file)?;
+    say!(
+        out,
+        "watch run: {} ({} operations, {} watch records, {} nodes)",
+        args.file.display(),
+        history.len(),
+        log.len(),
+        last.nodes
+    );
+    let report = watch_check::check(
+        &log,
+        &history,
+        &last.state,
+        last.revision,
+        last.nodes,
+        &last.members_at_end,
+    );
+    say!(out, "checker: watch");
+    for line in &report.summary {
+        say!(out, "  {line}");
+    }
+    print_anomalies(out, report.anomalies.iter().cloned(), args.print_max);
+    say!(out, "verdict: {}", verdict_word(report.verdict, false));
+    Ok(report.verdict)
 }
 
 fn verdict_word(verdict: Verdict, linearizability: bool) -> &'static str {
@@ -400,11 +476,22 @@ fn describe_set_anomaly(anomaly: &SetAnomaly) -> String {
     match anomaly {
         SetAnomaly::Lost {
             element,
-            add,
-            final_read,
-        } => {
-            format!("lost: {element} acknowledged by #{add} before final read #{final_read}, missing from it")
-        }
+            known_by,
+            first_missing_read,
+            last_read,
+            missing_reads,
+        } => format!(
+            "lost: {element} known from #{known_by}, missing from read #{first_missing_read} on ({missing_reads} reads), the last read #{last_read} included"
+        ),
+        SetAnomaly::Stale {
+            element,
+            known_by,
+            first_missing_read,
+            recovered_read,
+            missing_reads,
+        } => format!(
+            "stale: {element} known from #{known_by}, missing from read #{first_missing_read} ({missing_reads} reads), listed again by #{recovered_read}"
+        ),
         SetAnomaly::NeverAttempted { element, read } => {
             format!("never attempted: {element} in read #{read}")
         }

@@ -357,6 +357,84 @@ mod tests {
     }
 
     #[test]
+    fn a_stale_cas_inside_a_write_is_seen_once_the_write_is_recorded_as_read_then_cas() {
+        // The register holds 1. Process 0 writes 3 the workload's way: it
+        // reads 1, then CASes 1 -> 3. Meanwhile process 1 CASes 1 -> 2 and is
+        // acknowledged before process 0's CAS starts; a store that accepts
+        // process 0's stale CAS anyway ends at 3, which a read then returns.
+        // Recorded as a blind `write 3` this is linearizable (the write may
+        // follow the CAS); recorded as the read and the CAS it was, the CAS
+        // 1 -> 3 cannot succeed after 1 -> 2, so it is not.
+        let prefix = |process_zero: Vec<Operation>| {
+            let mut operations = vec![
+                op(
+                    2,
+                    OpKind::Write,
+                    "",
+                    Value::Int(1),
+                    Value::Null,
+                    Outcome::Ok,
+                    (0, Some(1)),
+                ),
+                op(
+                    1,
+                    OpKind::Cas,
+                    "",
+                    pair(Value::Int(1), Value::Int(2)),
+                    Value::Null,
+                    Outcome::Ok,
+                    (4, Some(5)),
+                ),
+                op(
+                    2,
+                    OpKind::Read,
+                    "",
+                    Value::Null,
+                    Value::Int(3),
+                    Outcome::Ok,
+                    (10, Some(11)),
+                ),
+            ];
+            operations.extend(process_zero);
+            operations
+        };
+        let blind = prefix(vec![op(
+            0,
+            OpKind::Write,
+            "",
+            Value::Int(3),
+            Value::Null,
+            Outcome::Ok,
+            (2, Some(8)),
+        )]);
+        assert_eq!(verdict(blind, ModelKind::Register), Verdict::Valid);
+        let read_then_cas = prefix(vec![
+            op(
+                0,
+                OpKind::Read,
+                "",
+                Value::Null,
+                Value::Int(1),
+                Outcome::Ok,
+                (2, Some(3)),
+            ),
+            op(
+                0,
+                OpKind::Cas,
+                "",
+                pair(Value::Int(1), Value::Int(3)),
+                Value::Null,
+                Outcome::Ok,
+                (6, Some(8)),
+            ),
+        ]);
+        assert_eq!(
+            verdict(read_then_cas, ModelKind::Register),
+            Verdict::Invalid
+        );
+    }
+
+    #[test]
     fn failed_cas_proves_the_compare_did_not_match() {
         // A cas that failed while the register certainly held `from` is a violation.
         let write = op(

@@ -30,7 +30,7 @@ use crate::nemesis::{self, NemesisContext, NemesisKind, NemesisLog};
 use crate::net::NetworkLab;
 use crate::watch_check::{self, Stored};
 use crate::workload::{self, Workload, WorkloadKind, WorkloadOptions};
-use crate::{append, set, Verdict};
+use crate::{append, monotonic, set, Verdict};
 
 /// One scenario of a run.
 #[derive(Clone, Debug)]
@@ -573,7 +573,23 @@ async fn run_scenario_inner(
                     }
                 }
             }
-            r.verdict
+            // Eventual reads: monotonic per node (checked offline with
+            // `check --model monotonic eventual.jsonl`).
+            let eventual = workload.eventual.history();
+            let mut jsonl = Vec::new();
+            if eventual.write_jsonl(&mut jsonl).is_ok() {
+                let _ = std::fs::write(folder.join("eventual.jsonl"), &jsonl);
+            }
+            let m = monotonic::check(&eventual).map_err(|e| e.to_string())?;
+            let _ = writeln!(
+                report,
+                "monotonic-reads checker: {:?} ({} eventual reads on {} node/key pairs)",
+                m.verdict, m.reads, m.series
+            );
+            for anomaly in m.anomalies.iter().take(20) {
+                let _ = writeln!(report, "  {anomaly}");
+            }
+            r.verdict.combine(m.verdict)
         }
         WorkloadKind::Set => {
             let r = set::check(&history).map_err(|e| e.to_string())?;
@@ -581,9 +597,11 @@ async fn run_scenario_inner(
             for key in &r.keys {
                 let _ = writeln!(
                     report,
-                    "  key {}: {:?}, {} acknowledged, {} indeterminate ({} present), {} failed, anomalies {:?}",
+                    "  key {}: {:?}, {} reads ({} stale), {} acknowledged, {} indeterminate ({} present), {} failed, anomalies {:?}",
                     key.key,
                     key.verdict,
+                    key.reads,
+                    key.stale_reads,
                     key.acknowledged_elements,
                     key.indeterminate_elements,
                     key.indeterminate_elements_present,
@@ -613,14 +631,18 @@ async fn run_scenario_inner(
         }
         WorkloadKind::Watch => {
             let log = workload.watch_log.lock().clone();
-            let mut text = String::new();
-            for record in &log {
-                if let Ok(line) = serde_json::to_string(record) {
-                    text.push_str(&line);
-                    text.push('\n');
-                }
+            // Saved for `check --model watch <folder>`.
+            let last = watch_final
+                .as_ref()
+                .map(|(state, revision)| watch_check::WatchFinal {
+                    state: state.clone(),
+                    revision: *revision,
+                    nodes: endpoints.len(),
+                    members_at_end: members_at_end.clone(),
+                });
+            if let Err(e) = watch_check::save_run(folder, &log, last.as_ref()) {
+                eprintln!("jepsen: {e}");
             }
-            write_file(&folder.join("watch.jsonl"), &text);
             match &watch_final {
                 Some((state, revision)) => {
                     let r = watch_check::check(

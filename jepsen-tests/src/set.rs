@@ -1,17 +1,28 @@
-//! The set checker: cheaper than a linearizability search, for the "set" workload.
+//! The set checker, in the manner of Jepsen's `set-full`: cheaper than a
+//! linearizability search, for the "set" workload.
 //!
 //! Operations per key (one set per key): `add` with the element as input, and
-//! `read` whose `ok` output is the list of elements (`null` = empty). Checked:
-//! - every element of every read was attempted: some `add` of it was invoked before
-//!   the read completed (else [`SetAnomaly::NeverAttempted`]), and not every such
-//!   attempt is a certain failure (else [`SetAnomaly::FailedButPresent`]);
-//! - no read lists an element twice;
-//! - the final read (the `ok` read invoked last) holds every element whose `add` was
-//!   acknowledged before that read was invoked (else [`SetAnomaly::Lost`]).
-//!   Indeterminate adds may or may not appear. Adds acknowledged after the final read
-//!   began cannot be verified and are only counted.
+//! `read` whose `ok` output is the list of elements (`null` = empty). Reads are
+//! strong (linearizable), so elements never leave a set. Checked, per element:
+//! - it becomes *known* at the earliest of: the completion of an acknowledged
+//!   add of it, or the completion of a read that listed it (so an add whose
+//!   outcome was unknown is known once a read saw it);
+//! - every read invoked after it became known must list it. A read that does
+//!   not is *stale*; if a later read lists it again the element was
+//!   [`SetAnomaly::Stale`] (lost, then recovered), if the last read invoked
+//!   after it became known misses it, it is [`SetAnomaly::Lost`]. Each element's
+//!   report carries when it was lost (the first stale read's invocation) and
+//!   when it was recovered (the completion of the first later read listing it);
+//! - every element of every read was attempted: some `add` of it was invoked
+//!   before the read completed (else [`SetAnomaly::NeverAttempted`]), and not
+//!   every such attempt is a certain failure (else [`SetAnomaly::FailedButPresent`]);
+//! - no read lists an element twice ([`SetAnomaly::Duplicated`]).
 //!
-//! A key with adds but no successful read cannot be judged: its verdict is unknown.
+//! What it cannot see: a read concurrent with the add (or with the read) that
+//! made the element known may go either way; an acknowledged element no read
+//! started after is only counted as unverified; an indeterminate add no read
+//! ever listed may or may not have happened. A key with adds but no successful
+//! read cannot be judged: its verdict is unknown.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -20,11 +31,24 @@ use crate::{Error, Verdict};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SetAnomaly {
-    /// Acknowledged before the final read began, missing from it.
+    /// Known (acknowledged by `known_by`, or listed by the read `known_by`),
+    /// then missing from `first_missing_read` and from every later read.
     Lost {
         element: Value,
-        add: usize,
-        final_read: usize,
+        known_by: usize,
+        first_missing_read: usize,
+        /// The last read invoked after it became known (which misses it).
+        last_read: usize,
+        missing_reads: usize,
+    },
+    /// Known, then missing from `first_missing_read` (a stale read), then
+    /// listed again by `recovered_read`.
+    Stale {
+        element: Value,
+        known_by: usize,
+        first_missing_read: usize,
+        recovered_read: usize,
+        missing_reads: usize,
     },
     /// Present in a read although no add of it had been invoked by then.
     NeverAttempted { element: Value, read: usize },
@@ -38,23 +62,43 @@ pub enum SetAnomaly {
     Duplicated { element: Value, read: usize },
 }
 
+/// The timeline of one element that some read missed after it became known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElementFate {
+    pub element: Value,
+    /// When it became known (history time) and by which operation.
+    pub known_ns: u64,
+    pub known_by: usize,
+    /// The invocation of the first read that missed it after it became known.
+    pub lost_ns: u64,
+    /// The completion of the first read after that which listed it again;
+    /// `None` = never recovered (lost).
+    pub recovered_ns: Option<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SetKeyReport {
     pub key: String,
     pub verdict: Verdict,
     /// The `ok` read invoked last (history index).
     pub final_read: Option<usize>,
+    /// Successful reads of this key.
+    pub reads: usize,
     /// Distinct elements with at least one acknowledged add.
     pub acknowledged_elements: usize,
     /// Distinct elements whose adds were all indeterminate (none acknowledged).
     pub indeterminate_elements: usize,
-    /// Of those, how many the final read holds.
+    /// Of those, how many some read listed (which makes them known).
     pub indeterminate_elements_present: usize,
     /// Distinct elements whose adds all failed.
     pub failed_elements: usize,
-    /// Acknowledged elements that could not be verified (acknowledged only after
-    /// the final read was invoked, and absent from it).
+    /// Known elements that no read started after they became known (so
+    /// nothing could confirm they stayed).
     pub unverified_elements: usize,
+    /// Reads that missed a known element (each counted once).
+    pub stale_reads: usize,
+    /// The elements some read missed after they became known, by element.
+    pub fates: Vec<ElementFate>,
     pub anomalies: Vec<SetAnomaly>,
 }
 
@@ -78,6 +122,7 @@ struct Read<'h> {
     invoke_ns: u64,
     complete_ns: u64,
     elements: &'h [Value],
+    members: HashSet<&'h Value>,
 }
 
 #[derive(Default)]
@@ -120,6 +165,7 @@ pub fn check(history: &History) -> Result<SetReport, Error> {
                     invoke_ns: operation.invoke_ns,
                     complete_ns,
                     elements,
+                    members: elements.iter().collect(),
                 });
             }
             OpKind::Write | OpKind::Cas | OpKind::Delete | OpKind::Append => {
@@ -133,7 +179,12 @@ pub fn check(history: &History) -> Result<SetReport, Error> {
     }
     let keys: Vec<SetKeyReport> = keys
         .into_iter()
-        .map(|(key, operations)| check_key(key, &operations))
+        .map(|(key, mut operations)| {
+            operations
+                .reads
+                .sort_by_key(|read| (read.invoke_ns, read.complete_ns, read.index));
+            check_key(key, &operations)
+        })
         .collect();
     let verdict = keys
         .iter()
@@ -143,7 +194,9 @@ pub fn check(history: &History) -> Result<SetReport, Error> {
 
 fn check_key(key: &str, operations: &KeyOperations<'_>) -> SetKeyReport {
     let mut anomalies = Vec::new();
-    for read in &operations.reads {
+    // Reads (positions in the sorted reads) listing each element.
+    let mut listed_by: HashMap<&Value, Vec<usize>> = HashMap::new();
+    for (position, read) in operations.reads.iter().enumerate() {
         let mut seen = HashSet::with_capacity(read.elements.len());
         for element in read.elements {
             if !seen.insert(element) {
@@ -153,6 +206,7 @@ fn check_key(key: &str, operations: &KeyOperations<'_>) -> SetKeyReport {
                 });
                 continue;
             }
+            listed_by.entry(element).or_default().push(position);
             let attempts: Vec<&Attempt> = operations
                 .adds
                 .get(element)
@@ -189,54 +243,123 @@ fn check_key(key: &str, operations: &KeyOperations<'_>) -> SetKeyReport {
         }
     }
 
-    let final_read = operations
-        .reads
-        .iter()
-        .max_by_key(|read| (read.invoke_ns, read.complete_ns, read.index));
-    let final_elements: HashSet<&Value> = final_read
-        .map(|read| read.elements.iter().collect())
-        .unwrap_or_default();
+    let final_read = operations.reads.last();
     let mut report = SetKeyReport {
         key: key.to_owned(),
         verdict: Verdict::Valid,
         final_read: final_read.map(|read| read.index),
+        reads: operations.reads.len(),
         acknowledged_elements: 0,
         indeterminate_elements: 0,
         indeterminate_elements_present: 0,
         failed_elements: 0,
         unverified_elements: 0,
+        stale_reads: 0,
+        fates: Vec::new(),
         anomalies: Vec::new(),
     };
-    let mut elements: Vec<(&&Value, &Vec<Attempt>)> = operations.adds.iter().collect();
-    elements.sort_by(|a, b| a.0.cmp(b.0));
-    for (element, attempts) in elements {
-        let acknowledged = attempts
+    for (element, attempts) in &operations.adds {
+        if attempts
             .iter()
-            .filter(|attempt| attempt.outcome == Outcome::Ok && !attempt.indeterminate)
-            .min_by_key(|attempt| attempt.complete_ns);
-        let present = final_elements.contains(*element);
-        if let Some(add) = acknowledged {
+            .any(|attempt| attempt.outcome == Outcome::Ok && !attempt.indeterminate)
+        {
             report.acknowledged_elements += 1;
-            let verifiable = final_read.filter(|read| {
-                add.complete_ns
-                    .is_some_and(|complete_ns| complete_ns < read.invoke_ns)
-            });
-            match (verifiable, present) {
-                (Some(read), false) => anomalies.push(SetAnomaly::Lost {
-                    element: (*element).clone(),
-                    add: add.index,
-                    final_read: read.index,
-                }),
-                (None, false) => report.unverified_elements += 1,
-                (_, true) => {}
-            }
         } else if attempts.iter().any(|attempt| attempt.indeterminate) {
             report.indeterminate_elements += 1;
-            report.indeterminate_elements_present += usize::from(present);
+            report.indeterminate_elements_present += usize::from(listed_by.contains_key(element));
         } else {
             report.failed_elements += 1;
         }
     }
+
+    // When each element became known: (time, operation index).
+    let mut known: BTreeMap<&Value, (u64, usize)> = BTreeMap::new();
+    for (element, attempts) in &operations.adds {
+        let acknowledged = attempts
+            .iter()
+            .filter(|attempt| attempt.outcome == Outcome::Ok && !attempt.indeterminate)
+            .filter_map(|attempt| attempt.complete_ns.map(|ns| (ns, attempt.index)))
+            .min();
+        if let Some(at) = acknowledged {
+            known.insert(element, at);
+        }
+    }
+    for (element, positions) in &listed_by {
+        let seen = positions
+            .iter()
+            .map(|&position| {
+                let read = &operations.reads[position];
+                (read.complete_ns, read.index)
+            })
+            .min()
+            .expect("an element is listed by at least one read");
+        known
+            .entry(element)
+            .and_modify(|at| *at = (*at).min(seen))
+            .or_insert(seen);
+    }
+
+    let mut stale_reads: HashSet<usize> = HashSet::new();
+    for (element, (known_ns, known_by)) in known {
+        // Reads are sorted by invocation: those from `first` on started after.
+        let first = operations
+            .reads
+            .partition_point(|read| read.invoke_ns <= known_ns);
+        let Some(last) = operations
+            .reads
+            .last()
+            .filter(|_| first < operations.reads.len())
+        else {
+            report.unverified_elements += 1;
+            continue;
+        };
+        let mut first_missing: Option<&Read<'_>> = None;
+        let mut recovered: Option<&Read<'_>> = None;
+        let mut missing_reads = 0usize;
+        for read in &operations.reads[first..] {
+            if read.members.contains(element) {
+                if first_missing.is_some() && recovered.is_none() {
+                    recovered = Some(read);
+                }
+            } else {
+                missing_reads += 1;
+                stale_reads.insert(read.index);
+                first_missing.get_or_insert(read);
+            }
+        }
+        let Some(first_missing) = first_missing else {
+            continue;
+        };
+        let lost = !last.members.contains(element);
+        report.fates.push(ElementFate {
+            element: element.clone(),
+            known_ns,
+            known_by,
+            lost_ns: first_missing.invoke_ns,
+            recovered_ns: if lost {
+                None
+            } else {
+                recovered.map(|read| read.complete_ns)
+            },
+        });
+        anomalies.push(match (lost, recovered) {
+            (false, Some(recovered)) => SetAnomaly::Stale {
+                element: element.clone(),
+                known_by,
+                first_missing_read: first_missing.index,
+                recovered_read: recovered.index,
+                missing_reads,
+            },
+            _ => SetAnomaly::Lost {
+                element: element.clone(),
+                known_by,
+                first_missing_read: first_missing.index,
+                last_read: last.index,
+                missing_reads,
+            },
+        });
+    }
+    report.stale_reads = stale_reads.len();
 
     report.verdict = if !anomalies.is_empty() {
         Verdict::Invalid
@@ -326,9 +449,101 @@ mod tests {
             report.keys[0].anomalies,
             vec![SetAnomaly::Lost {
                 element: Value::Int(1),
-                add: 0,
-                final_read: 2
+                known_by: 0,
+                first_missing_read: 2,
+                last_read: 2,
+                missing_reads: 1,
             }]
+        );
+    }
+
+    #[test]
+    fn a_stale_strong_read_in_the_middle_of_a_run_is_reported_with_its_times() {
+        // 1 is acknowledged at 1; the read invoked at 4 misses it (stale), the
+        // read at 6..7 lists it again, and so does the final read: the final
+        // read alone would pass, the read in the middle may not.
+        let report = run(vec![
+            add(1, Outcome::Ok, 0, Some(1)),
+            read(&[1], 2, 3),
+            read(&[], 4, 5),
+            read(&[1], 6, 7),
+            read(&[1], 8, 9),
+        ]);
+        assert_eq!(report.verdict, Verdict::Invalid);
+        let key = &report.keys[0];
+        assert_eq!(
+            key.anomalies,
+            vec![SetAnomaly::Stale {
+                element: Value::Int(1),
+                known_by: 0,
+                first_missing_read: 2,
+                recovered_read: 3,
+                missing_reads: 1,
+            }]
+        );
+        assert_eq!(key.stale_reads, 1);
+        assert_eq!(
+            key.fates,
+            vec![ElementFate {
+                element: Value::Int(1),
+                known_ns: 1,
+                known_by: 0,
+                lost_ns: 4,
+                recovered_ns: Some(7),
+            }]
+        );
+    }
+
+    #[test]
+    fn an_unknown_add_seen_by_a_read_then_missing_is_lost() {
+        // The add of 1 never completed, so it may or may not have happened;
+        // once the read at 2..3 listed it, it happened, and the later reads
+        // (the final one included) may not miss it.
+        let report = run(vec![
+            add(1, Outcome::Info, 0, None),
+            read(&[1], 2, 3),
+            read(&[], 4, 5),
+            read(&[], 6, 7),
+        ]);
+        assert_eq!(report.verdict, Verdict::Invalid);
+        let key = &report.keys[0];
+        assert_eq!(
+            key.anomalies,
+            vec![SetAnomaly::Lost {
+                element: Value::Int(1),
+                known_by: 1,
+                first_missing_read: 2,
+                last_read: 3,
+                missing_reads: 2,
+            }]
+        );
+        assert_eq!(key.fates[0].recovered_ns, None);
+        assert_eq!(key.fates[0].lost_ns, 4);
+    }
+
+    #[test]
+    fn reads_concurrent_with_what_made_an_element_known_may_miss_it() {
+        // The add of 1 runs 0..10 and a read lists it at 7..8: it is known
+        // from 8. Reads invoked at or before 8 may miss it (they may have
+        // been served earlier); every read invoked after 8 lists it.
+        let report = run(vec![
+            add(1, Outcome::Ok, 0, Some(10)),
+            read(&[], 5, 6),
+            read(&[1], 7, 8),
+            read(&[], 8, 12),
+            read(&[1], 9, 11),
+            add(2, Outcome::Info, 13, None),
+            read(&[1], 14, 15),
+        ]);
+        assert_eq!(report.verdict, Verdict::Valid, "{report:?}");
+        let key = &report.keys[0];
+        assert_eq!(key.stale_reads, 0);
+        assert_eq!(
+            (
+                key.indeterminate_elements,
+                key.indeterminate_elements_present
+            ),
+            (1, 0)
         );
     }
 

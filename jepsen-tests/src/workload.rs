@@ -8,15 +8,18 @@
 //! reads are therefore served, or refused, by many different nodes.
 //!
 //! - **register** ([`WorkloadKind::Register`]): one resource per key, its data
-//!   a value unique to the write that stored it. `read` = strong read; `write v`
-//!   = strong read for the version, then a CAS write (retried after a definite
-//!   CAS failure: the write takes effect at its successful attempt); `cas
-//!   [from to]` = a CAS write whose expected version is the one observed with
-//!   `from` (values are unique, so "the stored version is the one that came with
-//!   `from`" is "the key holds `from`"). Outcomes: `ok`; `fail` only when the
-//!   store answered CasFailure/WrongUid (the compare was evaluated) or, for a
-//!   write, when every attempt certainly did not apply; `info` when the outcome
-//!   is unknown or the CAS was refused before the compare (no leader).
+//!   a value unique to the write that stored it. `read` = strong read; a
+//!   *write* (whatever is stored) is recorded as what it is: a strong `read`
+//!   for the version, then `cas [read value, new value]` (after a definite CAS
+//!   failure both are done again with a new value, up to 8 times), so the
+//!   checker sees its compare; `cas [from to]` = a CAS write whose expected
+//!   version is the one observed with `from` (values are unique, so "the
+//!   stored version is the one that came with `from`" is "the key holds
+//!   `from`"). Outcomes: `ok`; `fail` only when the store answered
+//!   CasFailure/WrongUid (the compare was evaluated); `info` when the outcome
+//!   is unknown or the CAS was refused before the compare (no leader). Some
+//!   reads are *eventual* reads on the process's home node alone, recorded in
+//!   [`Workload::eventual`] and checked by [`crate::monotonic`].
 //! - **set**: one resource per element (`set<k>-<element>`), `add` = create,
 //!   `read` = strong list of the key's prefix.
 //! - **append**: a list in a resource's data, `append` = strong read then CAS
@@ -35,7 +38,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_client::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
+use cairn_client::v1::{
+    watch_event, Consistency, Id, ListRequest, Resource, Tenancy, Type, WatchListRequest,
+};
 use cairn_client::{Client, ClientError, ClientOptions, Outcome as ClientOutcome};
 use cairn_proto::google::protobuf::Any;
 use parking_lot::Mutex;
@@ -284,8 +289,11 @@ pub struct WatchRecord {
     /// The node watched (index into the endpoints).
     pub node: usize,
     /// "open" (revision = where it starts, 0 = with a snapshot), "upsert",
-    /// "delete", "end_of_snapshot", "progress", "resync" (history compacted:
-    /// the next open is a fresh snapshot) or "error" (version = the message).
+    /// "delete", "end_of_snapshot", "list" (right after an end_of_snapshot:
+    /// an eventual list on the same node at its revision, the value as
+    /// [`crate::watch_check::list_record_value`] writes it), "progress",
+    /// "resync" (history compacted: the next open is a fresh snapshot) or
+    /// "error" (version = the message).
     pub event: String,
     pub revision: u64,
     pub name: String,
@@ -299,6 +307,11 @@ pub struct WatchRecord {
 pub struct Workload {
     pub options: WorkloadOptions,
     pub recorder: Recorder,
+    /// Eventual reads, each served by one node alone (register workload):
+    /// `read` with the node's index as input and `[version, value]` as output
+    /// (version 0 = nothing stored). Kept apart from [`Workload::recorder`]:
+    /// they are not linearizable, only monotonic per node.
+    pub eventual: Recorder,
     pub watch_log: Arc<Mutex<Vec<WatchRecord>>>,
     stop: Arc<AtomicBool>,
     stop_watchers: Arc<AtomicBool>,
@@ -312,6 +325,7 @@ impl Workload {
     pub fn start(options: WorkloadOptions, endpoints: &[String]) -> Workload {
         assert!(!endpoints.is_empty(), "a workload needs at least one node");
         let recorder = Recorder::new();
+        let eventual = Recorder::new();
         let stop = Arc::new(AtomicBool::new(false));
         let stop_watchers = Arc::new(AtomicBool::new(false));
         let watch_log = Arc::new(Mutex::new(Vec::new()));
@@ -324,10 +338,14 @@ impl Workload {
                 continue;
             };
             let process_rng = StdRng::seed_from_u64(rng.random());
+            let home_client = Client::new(&[endpoints[home].clone()], options.client.clone()).ok();
             let p = Process {
                 id: process,
                 client,
                 recorder: recorder.clone(),
+                home,
+                home_client,
+                eventual: eventual.clone(),
                 kind: options.kind,
                 keys: options.keys,
                 pause_ms: options.pause_ms,
@@ -357,6 +375,7 @@ impl Workload {
         Workload {
             options,
             recorder,
+            eventual,
             watch_log,
             stop,
             stop_watchers,
@@ -508,11 +527,25 @@ async fn set_read(client: &Client, recorder: &Recorder, process: u64, prefix: &s
     }
 }
 
+/// How a recorded CAS ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CasResult {
+    Applied,
+    /// The compare was evaluated and did not match.
+    Failed,
+    /// Unknown, or refused before the compare.
+    Unknown,
+}
+
 /// One logical client process.
 struct Process {
     id: u64,
     client: Client,
     recorder: Recorder,
+    /// The home node and a client bound to it alone (eventual reads).
+    home: usize,
+    home_client: Option<Client>,
+    eventual: Recorder,
     kind: WorkloadKind,
     keys: usize,
     pause_ms: (u64, u64),
@@ -560,30 +593,26 @@ impl Process {
 
     async fn register_op(&mut self, name: &str) {
         let choice = self.rng.random_range(0..100);
-        if choice < 50 {
-            // Read.
-            let op = self
-                .recorder
-                .invoke(self.id, OpKind::Read, name, Value::Null);
-            match read_key(&self.client, WorkloadKind::Register, name).await {
-                Ok(Some(o)) => {
-                    op.ok(o.value.clone());
-                    self.remember(name, &o);
-                }
-                Ok(None) => op.ok(Value::Null),
-                Err(e) if e.outcome().is_definite() => op.fail(),
-                Err(_) => op.info(),
-            }
+        if choice < 40 {
+            self.recorded_read(name).await;
+        } else if choice < 50 {
+            self.eventual_read(name).await;
         } else if choice < 75 {
-            // Blind write.
-            let value = self.next_value();
-            let op = self
-                .recorder
-                .invoke(self.id, OpKind::Write, name, value.clone());
-            match blind_write(&self.client, WorkloadKind::Register, name, &value).await {
-                WriteResult::Written(_) => op.ok(Value::Null),
-                WriteResult::NotApplied => op.fail(),
-                WriteResult::Unknown => op.info(),
+            // A write whatever is stored: recorded as what it is, a strong
+            // read for the version, then a CAS from the value read (so the
+            // checker sees the compare); after a definite CAS failure it
+            // starts over with a new value (up to 8 attempts).
+            for _ in 0..8 {
+                let Some(observed) = self.recorded_read(name).await else {
+                    return;
+                };
+                let (from, uid, version) = match observed {
+                    Some(o) => (o.value, o.uid, o.version),
+                    None => (Value::Null, cairn_client::new_uid(), String::new()),
+                };
+                if self.recorded_cas(name, from, uid, version).await != CasResult::Failed {
+                    return;
+                }
             }
         } else {
             // CAS from a value this process observed (the latest, or an older
@@ -596,37 +625,112 @@ impl Process {
             } else {
                 seen[self.rng.random_range(0..seen.len())].clone()
             };
-            let to = self.next_value();
-            let op = self.recorder.invoke(
-                self.id,
-                OpKind::Cas,
+            self.recorded_cas(name, from, uid, version).await;
+        }
+    }
+
+    /// A strong read of a register, recorded: `None` when it did not succeed,
+    /// `Some(None)` when nothing is stored.
+    async fn recorded_read(&mut self, name: &str) -> Option<Option<Observed>> {
+        let op = self
+            .recorder
+            .invoke(self.id, OpKind::Read, name, Value::Null);
+        match read_key(&self.client, WorkloadKind::Register, name).await {
+            Ok(Some(o)) => {
+                op.ok(o.value.clone());
+                self.remember(name, &o);
+                Some(Some(o))
+            }
+            Ok(None) => {
+                op.ok(Value::Null);
+                Some(None)
+            }
+            Err(e) if e.outcome().is_definite() => {
+                op.fail();
+                None
+            }
+            Err(_) => {
+                op.info();
+                None
+            }
+        }
+    }
+
+    /// An eventual read of a register on the home node only, recorded in the
+    /// eventual history (see [`Workload::eventual`]).
+    async fn eventual_read(&mut self, name: &str) {
+        let Some(client) = &self.home_client else {
+            return;
+        };
+        let op = self.eventual.invoke(
+            self.id,
+            OpKind::Read,
+            name,
+            Value::Int(i64::try_from(self.home).unwrap_or(i64::MAX)),
+        );
+        match client
+            .read(
+                resource_id(WorkloadKind::Register, name, ""),
+                Consistency::Eventual,
+            )
+            .await
+        {
+            Ok(resource) => {
+                let version = resource.version.parse::<i64>().unwrap_or(-1);
+                op.ok(Value::List(vec![Value::Int(version), decode(&resource)]));
+            }
+            Err(ClientError::NotFound) => op.ok(Value::List(vec![Value::Int(0), Value::Null])),
+            Err(e) if e.outcome().is_definite() => op.fail(),
+            Err(_) => op.info(),
+        }
+    }
+
+    /// A CAS of a register from `from` (stored as `uid`/`version`) to a new
+    /// value, recorded as `cas [from to]`.
+    async fn recorded_cas(
+        &mut self,
+        name: &str,
+        from: Value,
+        uid: String,
+        version: String,
+    ) -> CasResult {
+        let to = self.next_value();
+        let op = self.recorder.invoke(
+            self.id,
+            OpKind::Cas,
+            name,
+            Value::List(vec![from, to.clone()]),
+        );
+        match self
+            .client
+            .write(new_resource(
+                WorkloadKind::Register,
                 name,
-                Value::List(vec![from, to.clone()]),
-            );
-            match self
-                .client
-                .write(new_resource(
-                    WorkloadKind::Register,
-                    name,
-                    &uid,
-                    &version,
-                    &to,
-                ))
-                .await
-            {
-                Ok(stored) => {
-                    op.ok(Value::Null);
-                    let observed = Observed {
-                        uid,
-                        version: stored.version,
-                        value: to,
-                    };
-                    self.remember(name, &observed);
-                }
-                // The store compared and refused: the key did not hold `from`.
-                Err(e) if e.is_cas_conflict() => op.fail(),
-                // Refused before the compare, or unknown: the weaker `info`.
-                Err(_) => op.info(),
+                &uid,
+                &version,
+                &to,
+            ))
+            .await
+        {
+            Ok(stored) => {
+                op.ok(Value::Null);
+                let observed = Observed {
+                    uid,
+                    version: stored.version,
+                    value: to,
+                };
+                self.remember(name, &observed);
+                CasResult::Applied
+            }
+            // The store compared and refused: the key did not hold `from`.
+            Err(e) if e.is_cas_conflict() => {
+                op.fail();
+                CasResult::Failed
+            }
+            // Refused before the compare, or unknown: the weaker `info`.
+            Err(_) => {
+                op.info();
+                CasResult::Unknown
             }
         }
     }
@@ -745,6 +849,42 @@ impl Process {
     }
 }
 
+/// An eventual list of the watch workload's resources at `revision` on the
+/// client's one node, as a `list` watch record's value.
+async fn list_at(client: &Client, revision: u64) -> Option<Value> {
+    let request = ListRequest {
+        r#type: Some(resource_type(WorkloadKind::Watch)),
+        tenancy: Some(Tenancy {
+            partition: "*".into(),
+            namespace: "*".into(),
+        }),
+        name_prefix: String::new(),
+        consistency: Consistency::Eventual as i32,
+        revision,
+    };
+    let list = client.list_request(request).await.ok()?;
+    if list.revision != revision {
+        return Some(Value::Str(format!(
+            "<list asked for revision {revision} answered at {}>",
+            list.revision
+        )));
+    }
+    let resources = list
+        .resources
+        .iter()
+        .map(|r| {
+            (
+                r.id.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
+                crate::watch_check::Stored {
+                    version: r.version.clone(),
+                    value: decode(r),
+                },
+            )
+        })
+        .collect();
+    Some(crate::watch_check::list_record_value(resources))
+}
+
 /// One watcher: keeps a watch open on its node, reopening from the last
 /// revision it saw (or with a fresh snapshot when that history is compacted).
 async fn watcher(
@@ -851,6 +991,12 @@ async fn watcher(
                                 Value::Null,
                             );
                             in_snapshot = false;
+                            // A list at the snapshot's revision on the same
+                            // node, for the checker to compare with the
+                            // snapshot (nothing is logged if it fails).
+                            if let Some(listed) = list_at(&client, revision).await {
+                                push("list", revision, String::new(), String::new(), listed);
+                            }
                         }
                         Some(watch_event::Event::Progress(_)) => {
                             push(

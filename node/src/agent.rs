@@ -33,6 +33,7 @@
 //! cluster, and must not still count this node as a voter when the dir is empty.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -150,8 +151,11 @@ impl Agent {
         // `DirLock::acquire` creates the data dir and makes its name durable (an fsync of
         // its parent): a data dir created here first would never have its name synced, and
         // a power cut soon after could lose the whole node's state.
-        let lock = cairn_raft_log::DirLock::acquire(&config.data_dir)
-            .with_context(|| format!("data dir {}", config.data_dir.display()))?;
+        let lock = lock_data_dir(
+            &config.data_dir,
+            Duration::from_millis(config.shutdown_timeout_ms),
+        )
+        .await?;
         crate::fatal::check_marker(&config.data_dir)?;
         let fresh = !crate::raft::holds_node_state(&config.data_dir);
         let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
@@ -540,6 +544,45 @@ fn server_builder(
         .http2_keepalive_timeout(Some(Duration::from_millis(config.keepalive_timeout_ms)))
         .layer(ActivityLayer)
 }
+
+/// Takes the data dir's lock. A node restarted at once (a rolling restart by hand: `kill`,
+/// then start) finds it held by its predecessor, which may still be handing leadership off;
+/// that one exits within its `shutdown_timeout_ms`, so the lock is waited for that long
+/// (saying so once), and only then refused, naming the holder.
+async fn lock_data_dir(dir: &Path, wait: Duration) -> anyhow::Result<cairn_raft_log::DirLock> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match cairn_raft_log::DirLock::acquire(dir) {
+            Ok(lock) => return Ok(lock),
+            Err(cairn_raft_log::LogError::Locked { holder_pid, .. })
+                if tokio::time::Instant::now() < deadline =>
+            {
+                if !said {
+                    said = true;
+                    tracing::warn!(
+                        data_dir = %dir.display(),
+                        holder_pid,
+                        wait_ms = wait.as_millis() as u64,
+                        "the data dir is locked by another process (a node still stopping?); \
+                         waiting for it to exit"
+                    );
+                }
+                tokio::time::sleep(DATA_DIR_LOCK_POLL).await;
+            }
+            Err(e @ cairn_raft_log::LogError::Locked { .. }) => anyhow::bail!(
+                "data dir {}: {e}, still after {} ms (shutdown_timeout_ms): another node runs \
+                 on this data dir; stop it first",
+                dir.display(),
+                wait.as_millis()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("data dir {}", dir.display())),
+        }
+    }
+}
+
+/// How often a locked data dir is tried again.
+const DATA_DIR_LOCK_POLL: Duration = Duration::from_millis(100);
 
 /// How long one member gets to answer the start-up check (one that does not is skipped).
 const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);

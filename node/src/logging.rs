@@ -8,15 +8,32 @@
 //! the node's own INFO lines (its listeners, the cluster it joined, leader and health
 //! changes). So openraft's INFO is kept one level below the node's: when `log_level`'s
 //! default level is `info` and it says nothing of openraft, openraft logs at `warn` and
-//! above. From `debug` on everything shows, openraft's INFO included; openraft's warnings and
-//! errors always show; and a directive naming openraft (`info,openraft=info`) is taken as
-//! written.
+//! above. From `debug` on everything shows, openraft's INFO included; and a directive naming
+//! openraft (`info,openraft=info`) is taken as written.
+//!
+//! openraft also logs routine events as WARN and ERROR: every failed call to a peer (each
+//! AppendEntries retry, three lines every 200 ms while a peer is down; each vote request of an
+//! election; each heartbeat of a strong read), and every late reply its core ignores ("A
+//! message will be ignored because vote changed", after each election). While peers start, or
+//! while one is down, that is a flood that says one thing. So below `debug`, and unless a
+//! directive names openraft, those events ([`OPENRAFT_ROUTINE`]) are left out, and the node
+//! says it once instead: a peer that has not answered for a while is reported at WARN, and its
+//! return at INFO (`raft::contacts`). openraft's other warnings and errors show.
 
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::EnvFilter;
 
 /// The directive added when openraft's INFO must stay below the node's level.
 const OPENRAFT_BELOW_INFO: &str = "openraft=warn";
+
+/// openraft's routine warnings and errors, left out below `debug` (module docs): its
+/// replication tasks and the progress they report (each failed AppendEntries), the core's
+/// per-peer failures (its events with a `target` field: a vote request or a strong read's
+/// heartbeat that failed), and the core's warnings (each about a late reply it ignores, or a
+/// removed peer). The core's other errors show.
+const OPENRAFT_ROUTINE: &str = "openraft::replication=off,\
+openraft::engine::handler::replication_handler=off,openraft::core::raft_core=error,\
+openraft::core::raft_core[{target}]=off";
 
 /// The log levels `log_level` takes, alone or after `TARGET=`.
 const LOG_LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
@@ -72,8 +89,9 @@ pub fn parse_log_level(value: &str) -> Result<String, String> {
     check_log_level(value).map(|()| value.to_string())
 }
 
-/// The directives `log_level` stands for: `level` itself, plus [`OPENRAFT_BELOW_INFO`] when
-/// its default level is `info` and no directive of its own names openraft.
+/// The directives `log_level` stands for: `level` itself; unless a directive of its own names
+/// openraft, plus [`OPENRAFT_BELOW_INFO`] when its default level is `info`, and
+/// [`OPENRAFT_ROUTINE`] when it is `info`, `warn` or `error`.
 pub fn directives(level: &str) -> String {
     let level = level.trim();
     let parts = parts(level);
@@ -83,11 +101,20 @@ pub fn directives(level: &str) -> String {
         .iter()
         .rev()
         .find_map(|p| p.parse::<LevelFilter>().ok());
-    if !names_openraft && default == Some(LevelFilter::INFO) {
-        format!("{level},{OPENRAFT_BELOW_INFO}")
-    } else {
-        level.to_string()
+    let mut directives = level.to_string();
+    if names_openraft {
+        return directives;
     }
+    if default == Some(LevelFilter::INFO) {
+        directives = format!("{directives},{OPENRAFT_BELOW_INFO}");
+    }
+    if matches!(
+        default,
+        Some(LevelFilter::INFO | LevelFilter::WARN | LevelFilter::ERROR)
+    ) {
+        directives = format!("{directives},{OPENRAFT_ROUTINE}");
+    }
+    directives
 }
 
 /// The filter of `log_level` ([`directives`]); `warn` when it does not parse (the
@@ -127,16 +154,25 @@ mod tests {
 
     #[test]
     fn openraft_info_stays_below_an_info_level_unless_named() {
-        assert_eq!(directives("info"), "info,openraft=warn");
-        assert_eq!(directives(" INFO "), "INFO,openraft=warn");
+        let routine = OPENRAFT_ROUTINE;
+        assert_eq!(directives("info"), format!("info,openraft=warn,{routine}"));
+        assert_eq!(
+            directives(" INFO "),
+            format!("INFO,openraft=warn,{routine}")
+        );
         assert_eq!(
             directives("cairn_node=debug,info"),
-            "cairn_node=debug,info,openraft=warn"
+            format!("cairn_node=debug,info,openraft=warn,{routine}")
         );
-        // debug and trace show everything; warn and error hide openraft's INFO anyway.
-        for level in ["debug", "trace", "warn", "error", "off"] {
+        // warn and error hide openraft's INFO anyway, not its failed peer calls.
+        for level in ["warn", "error"] {
+            assert_eq!(directives(level), format!("{level},{routine}"));
+        }
+        // debug and trace show everything.
+        for level in ["debug", "trace", "off"] {
             assert_eq!(directives(level), level);
         }
+        EnvFilter::try_new(directives("info")).expect("the added directives parse");
         // A directive of openraft's own is taken as written.
         assert_eq!(directives("info,openraft=info"), "info,openraft=info");
         assert_eq!(
@@ -156,8 +192,14 @@ mod tests {
             .with(layer);
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(target: "openraft::engine", "handle vote request result");
+            // Routine: four events, left out below debug.
             tracing::warn!(target: "openraft::replication", "error replication");
-            tracing::error!(target: "openraft::core", "while requesting vote");
+            tracing::warn!(target: "openraft::engine::handler::replication_handler", "update progress error");
+            tracing::error!(target: "openraft::core::raft_core", target = 2, "while requesting vote");
+            tracing::warn!(target: "openraft::core::raft_core", "A message will be ignored because vote changed");
+            // Not routine.
+            tracing::warn!(target: "openraft::storage", "a warning of its own");
+            tracing::error!(target: "openraft::core::raft_core", "quit RaftCore::main on error");
             tracing::debug!(target: "openraft::core", "debug chatter");
             tracing::info!(target: "cairn_node::agent", "serving clients");
             tracing::debug!(target: "cairn_node::agent", "not ready");
@@ -187,7 +229,8 @@ mod tests {
     }
 
     #[test]
-    fn at_info_openraft_keeps_its_warnings_and_errors_and_the_node_its_info() {
+    fn at_info_openraft_keeps_its_warnings_and_errors_but_not_its_routine_ones() {
+        // Of openraft's six warnings and errors, four are routine: left out.
         assert_eq!(
             passes("info"),
             vec![
@@ -198,17 +241,13 @@ mod tests {
         );
         assert_eq!(
             passes("debug").len(),
-            6,
-            "debug shows openraft's INFO and DEBUG"
+            10,
+            "debug shows everything, openraft's INFO and DEBUG included"
         );
         assert_eq!(
-            passes("info,openraft=info"),
-            vec![
-                ("openraft", Level::INFO),
-                ("openraft", Level::WARN),
-                ("openraft", Level::ERROR),
-                ("cairn", Level::INFO)
-            ]
+            passes("info,openraft=info").len(),
+            8,
+            "named, openraft logs as written: INFO and every warning and error"
         );
         assert_eq!(
             passes("warn"),

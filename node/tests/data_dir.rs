@@ -426,3 +426,47 @@ async fn a_wiped_member_whose_status_call_is_refused_does_not_start() {
         "the refusal names the missing admin node token: {log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_at_once_waits_for_its_predecessor_to_release_the_data_dir() {
+    // A rolling restart by hand: the old process may still be stopping (handing leadership
+    // off) when the new one starts. The new one waits for the data dir's lock, up to its
+    // shutdown_timeout_ms, instead of failing at once; a lock held longer than that is
+    // another node on the same dir, and is refused naming the holder.
+    let mut o = options(1);
+    o.extra_args = vec!["--shutdown-timeout-ms".into(), "2000".into()];
+    let mut cluster = Cluster::start(o);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    cluster.kill(1);
+    let data_dir = cluster.node(1).data_dir.clone();
+
+    // The predecessor (here: this test) lets go after 1 s: the node starts and serves.
+    let held = cairn_raft_log::DirLock::acquire(&data_dir).expect("take the lock");
+    cluster.spawn(1);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        cluster.is_running(1),
+        "the node waits for the lock: {}",
+        cluster.log_of(1)
+    );
+    drop(held);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    assert!(
+        cluster.log_of(1).contains("waiting for it to exit"),
+        "the wait is said: {}",
+        cluster.log_of(1)
+    );
+
+    // Held for longer than shutdown_timeout_ms: refused, naming the holder's pid.
+    cluster.kill(1);
+    let _held = cairn_raft_log::DirLock::acquire(&data_dir).expect("take the lock");
+    cluster.spawn(1);
+    let status = cluster.wait_exit(1, Duration::from_secs(20));
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    let log = cluster.log_of(1);
+    assert!(
+        log.contains("another node runs on this data dir")
+            && log.contains(&format!("holder pid: {}", std::process::id())),
+        "{log}"
+    );
+}

@@ -1,11 +1,21 @@
-//! Parser for Jepsen's event log lines:
-//! `INFO  jepsen.util - PROCESS<TAB>:TYPE<TAB>:F<TAB>VALUE`.
+//! Parser for Jepsen's event logs, in every layout Jepsen writes them:
+//! - the logger's lines `INFO  jepsen.util - PROCESS :TYPE :F VALUE`, the
+//!   columns separated by tabs or padded with spaces (both occur in Jepsen's
+//!   own etcd logs), with or without a timestamp before the logger name;
+//! - the same columns without the logger's prefix (only when the second
+//!   column is an event type, so that other output is never taken for one);
+//! - EDN operation maps, one per line, as in `history.edn`:
+//!   `{:type :ok, :f :write, :value 3, :process 0, :time 12, :index 5}`
+//!   (`:type`, `:f`, `:process` and `:value` are used, other keys ignored; a
+//!   whole history's `[` and `]` are allowed around them).
 //!
 //! `:invoke` opens an operation of PROCESS; the next `:ok`, `:fail` or `:info` of
-//! the same PROCESS completes it. Lines without the `jepsen.util - ` marker (other
-//! log output) and events of non-numeric processes (`:nemesis`) are skipped. Values
-//! are a small EDN subset: `nil`, integers, strings, keywords (kept as strings with
-//! their colon) and vectors or lists.
+//! the same PROCESS completes it. Lines carrying no event (other log output) and
+//! events of non-numeric processes (`:nemesis`) are skipped. Values are a small
+//! EDN subset: `nil`, integers, strings, keywords (kept as strings with their
+//! colon), vectors, lists and sets (as lists), maps (as lists of `[key value]`),
+//! and other tokens (booleans, floats, symbols) kept as their text. A line that
+//! carries an event but cannot be read is an error naming the line.
 
 use std::collections::HashMap;
 
@@ -20,32 +30,139 @@ struct Pending {
     line: usize,
 }
 
+/// One event of the log, whatever its layout.
+struct Event {
+    /// `None` for events of non-client processes (`:nemesis`).
+    process: Option<u64>,
+    kind: String,
+    function: String,
+    value: Value,
+}
+
+const KINDS: [&str; 4] = [":invoke", ":ok", ":fail", ":info"];
+
+/// The event on a line, `Ok(None)` for a line that carries none (other log
+/// output). Layouts: `... jepsen.util - P :type :f VALUE` with its columns
+/// separated by tabs or by any run of spaces; the same columns without the
+/// logger's prefix; or an EDN operation map `{:type :ok, :f :write, :value 3,
+/// :process 0, ...}`, possibly inside the `[` `]` of a whole history.
+fn event_of_line(line: &str) -> Result<Option<Event>, String> {
+    if let Some(marker_at) = line.find(MARKER) {
+        return columns(&line[marker_at + MARKER.len()..]).map(Some);
+    }
+    let trimmed = line.trim();
+    let map_text = trimmed.trim_start_matches('[').trim_start();
+    if map_text.starts_with('{') {
+        return map_event(map_text.trim_end_matches(']').trim_end()).map(Some);
+    }
+    // Bare columns: only when the second column is an event type, so that
+    // other output is not mistaken for a broken event.
+    let mut words = trimmed.split_whitespace();
+    let looks_like_event = words
+        .next()
+        .is_some_and(|first| first.starts_with(':') || first.parse::<u64>().is_ok())
+        && words.next().is_some_and(|kind| KINDS.contains(&kind));
+    if looks_like_event {
+        columns(trimmed).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// `PROCESS :type :f VALUE`, columns separated by any whitespace; the value
+/// is the rest of the line.
+fn columns(event: &str) -> Result<Event, String> {
+    let mut rest = event.trim();
+    let mut column = || {
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let (word, tail) = rest.split_at(end);
+        rest = tail.trim_start();
+        word
+    };
+    let process_field = column();
+    let kind = column().to_owned();
+    let function = column().to_owned();
+    let process = match process_field.parse::<u64>() {
+        Ok(process) => Some(process),
+        // `:nemesis` and other non-client events carry no operation.
+        Err(_) if process_field.starts_with(':') => None,
+        Err(_) => return Err(format!("bad process {process_field:?}")),
+    };
+    let value = if process.is_some() {
+        parse_value(rest)?
+    } else {
+        Value::Null
+    };
+    Ok(Event {
+        process,
+        kind,
+        function,
+        value,
+    })
+}
+
+/// An EDN operation map: `:type`, `:f`, `:process` and `:value` are used,
+/// other keys (`:time`, `:index`, `:error`, ...) are ignored.
+fn map_event(text: &str) -> Result<Event, String> {
+    let mut parser = ValueParser {
+        bytes: text.trim_end_matches(',').as_bytes(),
+        position: 0,
+        depth: 0,
+    };
+    let entries = parser.map_entries()?;
+    parser.skip_separators();
+    if !parser.at_end() {
+        return Err(format!("trailing text after the operation map in {text:?}"));
+    }
+    let field = |name: &str| {
+        entries
+            .iter()
+            .find(|(key, _)| matches!(key, Value::Str(k) if k == name))
+            .map(|(_, value)| value)
+    };
+    let keyword = |name: &str| match field(name) {
+        Some(Value::Str(word)) if word.starts_with(':') => Ok(word.clone()),
+        Some(other) => Err(format!("{name} must be a keyword, got {other}")),
+        None => Err(format!("the operation map has no {name}")),
+    };
+    let process = match field(":process") {
+        Some(Value::Int(process)) => {
+            Some(u64::try_from(*process).map_err(|_| format!("bad process {process}"))?)
+        }
+        Some(Value::Str(word)) if word.starts_with(':') => None,
+        Some(other) => return Err(format!("bad process {other}")),
+        None => return Err("the operation map has no :process".to_owned()),
+    };
+    Ok(Event {
+        process,
+        kind: keyword(":type")?,
+        function: if process.is_some() {
+            keyword(":f")?
+        } else {
+            String::new()
+        },
+        value: field(":value").cloned().unwrap_or(Value::Null),
+    })
+}
+
 pub(super) fn parse(text: &str) -> Result<Vec<Operation>, Error> {
     let mut operations = Vec::new();
     let mut pending: HashMap<u64, Pending> = HashMap::new();
     for (line_index, line) in text.lines().enumerate() {
         let line_number = line_index + 1;
-        let Some(marker_at) = line.find(MARKER) else {
-            continue;
-        };
-        let event = &line[marker_at + MARKER.len()..];
-        let mut fields = event.splitn(4, '\t');
         let parse_error = |reason: String| Error::Parse {
             line: line_number,
             reason,
         };
-        let process_field = fields.next().unwrap_or("").trim();
-        let Ok(process) = process_field.parse::<u64>() else {
-            // `:nemesis` and other non-client events carry no operation.
-            if process_field.starts_with(':') {
-                continue;
-            }
-            return Err(parse_error(format!("bad process {process_field:?}")));
+        let Some(event) = event_of_line(line).map_err(parse_error)? else {
+            continue;
         };
-        let kind = fields.next().map(str::trim).unwrap_or("");
-        let function = fields.next().map(str::trim).unwrap_or("");
-        let value_text = fields.next().map(str::trim).unwrap_or("");
-        let op = match function {
+        let Some(process) = event.process else {
+            continue;
+        };
+        let kind = event.kind.as_str();
+        let value = event.value;
+        let op = match event.function.as_str() {
             ":read" => OpKind::Read,
             ":write" => OpKind::Write,
             ":cas" => OpKind::Cas,
@@ -54,7 +171,6 @@ pub(super) fn parse(text: &str) -> Result<Vec<Operation>, Error> {
             ":add" => OpKind::Add,
             other => return Err(parse_error(format!("unknown operation {other:?}"))),
         };
-        let value = parse_value(value_text).map_err(parse_error)?;
         match kind {
             ":invoke" => {
                 if let Some(previous) = pending.get(&process) {
@@ -184,7 +300,17 @@ impl ValueParser<'_> {
         while let Some(byte) = self.peek() {
             if matches!(
                 byte,
-                b' ' | b'\t' | b',' | b'\r' | b'\n' | b'[' | b']' | b'(' | b')' | b'"'
+                b' ' | b'\t'
+                    | b','
+                    | b'\r'
+                    | b'\n'
+                    | b'['
+                    | b']'
+                    | b'('
+                    | b')'
+                    | b'{'
+                    | b'}'
+                    | b'"'
             ) {
                 break;
             }
@@ -194,9 +320,54 @@ impl ValueParser<'_> {
         std::str::from_utf8(&self.bytes[start..self.position]).unwrap_or("")
     }
 
+    /// `{k v, k v ...}` as (key, value) pairs.
+    fn map_entries(&mut self) -> Result<Vec<(Value, Value)>, String> {
+        if self.peek() != Some(b'{') {
+            return Err("expected an EDN map".to_owned());
+        }
+        self.depth += 1;
+        if self.depth > NESTING_DEPTH_MAX {
+            return Err("values nested too deeply".to_owned());
+        }
+        self.position += 1;
+        let mut entries = Vec::new();
+        loop {
+            self.skip_separators();
+            match self.peek() {
+                None => return Err("unterminated map".to_owned()),
+                Some(b'}') => {
+                    self.position += 1;
+                    break;
+                }
+                Some(_) => {
+                    let key = self.value()?;
+                    self.skip_separators();
+                    if matches!(self.peek(), None | Some(b'}')) {
+                        return Err(format!("map key {key} has no value"));
+                    }
+                    entries.push((key, self.value()?));
+                }
+            }
+        }
+        self.depth -= 1;
+        Ok(entries)
+    }
+
     fn value(&mut self) -> Result<Value, String> {
         match self.peek() {
             None => Err("missing value".to_owned()),
+            // A nested map (say `:error {...}`) as a list of [key value] pairs.
+            Some(b'{') => Ok(Value::List(
+                self.map_entries()?
+                    .into_iter()
+                    .map(|(key, value)| Value::List(vec![key, value]))
+                    .collect(),
+            )),
+            // A set `#{...}` as a list.
+            Some(b'#') if self.bytes.get(self.position + 1) == Some(&b'{') => {
+                self.position += 1;
+                self.set_items().map(Value::List)
+            }
             Some(open @ (b'[' | b'(')) => {
                 let close = if open == b'[' { b']' } else { b')' };
                 self.depth += 1;
@@ -227,16 +398,42 @@ impl ValueParser<'_> {
                 }
                 if token == "nil" {
                     Ok(Value::Null)
-                } else if token.starts_with(':') {
-                    Ok(Value::Str(token))
+                } else if let Ok(int) = token.parse::<i64>() {
+                    Ok(Value::Int(int))
+                } else if token.starts_with(|c: char| c.is_ascii_digit() || c == '-')
+                    && token.parse::<f64>().is_err()
+                {
+                    Err(format!("malformed number {token:?}"))
                 } else {
-                    token
-                        .parse::<i64>()
-                        .map(Value::Int)
-                        .map_err(|_| format!("unsupported value {token:?}"))
+                    // Keywords (kept with their colon), booleans, symbols and
+                    // floats: compared as their text.
+                    Ok(Value::Str(token))
                 }
             }
         }
+    }
+
+    /// `{...}` after a `#`: the set's elements.
+    fn set_items(&mut self) -> Result<Vec<Value>, String> {
+        self.depth += 1;
+        if self.depth > NESTING_DEPTH_MAX {
+            return Err("values nested too deeply".to_owned());
+        }
+        self.position += 1; // `{`
+        let mut items = Vec::new();
+        loop {
+            self.skip_separators();
+            match self.peek() {
+                None => return Err("unterminated set".to_owned()),
+                Some(b'}') => {
+                    self.position += 1;
+                    break;
+                }
+                Some(_) => items.push(self.value()?),
+            }
+        }
+        self.depth -= 1;
+        Ok(items)
     }
 
     fn string(&mut self) -> Result<Value, String> {
@@ -300,7 +497,8 @@ mod tests {
         );
         assert!(parse_value("[1 2").is_err());
         assert!(parse_value("1 2").is_err());
-        assert!(parse_value("true").is_err());
+        assert_eq!(parse_value("true").unwrap(), Value::Str("true".into()));
+        assert!(parse_value("12abc").is_err());
         assert!(parse_value(&"[".repeat(100)).is_err());
     }
 
@@ -344,5 +542,74 @@ mod tests {
             "INFO  jepsen.util - 0\t:invoke\t:read\tnil\nINFO  jepsen.util - 0\t:ok\t:write\t1\n";
         assert!(matches!(parse(mismatch), Err(Error::Parse { line: 2, .. })));
         assert!(parse("no events here\n").is_err());
+    }
+
+    /// The same history in the layouts Jepsen writes: tab-separated, padded
+    /// with spaces (with a timestamp), bare columns, and EDN maps.
+    const TABS: &str = "INFO  jepsen.util - 0\t:invoke\t:write\t3\n\
+                        INFO  jepsen.util - 1\t:invoke\t:read\tnil\n\
+                        INFO  jepsen.util - 0\t:ok\t:write\t3\n\
+                        INFO  jepsen.util - :nemesis\t:info\t:start\tnil\n\
+                        INFO  jepsen.util - 1\t:ok\t:read\t3\n\
+                        INFO  jepsen.util - 2\t:invoke\t:cas\t[3 4]\n\
+                        INFO  jepsen.util - 2\t:fail\t:cas\t[3 4]\n";
+
+    #[test]
+    fn every_whitespace_layout_and_edn_maps_give_the_same_history() {
+        // Columns padded with spaces (as in some of Jepsen's etcd logs), bare
+        // columns, and history.edn maps all parse to the tab layout's history.
+        let padded = "INFO [2017-03-09 15:02:01,123] jepsen.util - 0  :invoke  :write  3\n\
+                      INFO [2017-03-09 15:02:01,124] jepsen.util - 1    :invoke :read   nil\n\
+                      INFO [2017-03-09 15:02:01,125] jepsen.util - 0  :ok     :write  3\n\
+                      INFO [2017-03-09 15:02:01,126] jepsen.util - :nemesis :info :start nil\n\
+                      INFO [2017-03-09 15:02:01,127] jepsen.util - 1    :ok     :read   3\n\
+                      INFO [2017-03-09 15:02:01,128] jepsen.util - 2  :invoke :cas    [3 4]\n\
+                      INFO [2017-03-09 15:02:01,129] jepsen.util - 2  :fail   :cas    [3 4]\n";
+        let bare = TABS.replace("INFO  jepsen.util - ", "");
+        let edn = "[{:type :invoke, :f :write, :value 3, :process 0, :time 10, :index 0}\n\
+                   {:type :invoke, :f :read, :value nil, :process 1, :time 11, :index 1}\n\
+                   {:type :ok, :f :write, :value 3, :process 0, :time 12, :index 2}\n\
+                   {:type :info, :f :start, :value nil, :process :nemesis, :time 13}\n\
+                   {:type :ok, :f :read, :value 3, :process 1, :time 14, :index 3}\n\
+                   {:type :invoke, :f :cas, :value [3 4], :process 2, :time 15}\n\
+                   {:type :fail, :f :cas, :value [3 4], :process 2, :time 16, :error {:cause :mismatch, :ok? false, :took 1.5}}]\n";
+        let expected = parse(TABS).unwrap();
+        assert_eq!(expected.len(), 3);
+        assert_eq!(expected[1].output, Value::Int(3));
+        for (name, text) in [("padded", padded), ("bare", bare.as_str()), ("edn", edn)] {
+            assert_eq!(parse(text).unwrap(), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn an_event_that_cannot_be_read_is_refused_naming_its_line() {
+        // Really malformed events are errors with their line; other output is not.
+        let cases = [
+            "INFO  jepsen.util - 0 :invoke :write [3\n",
+            "INFO  jepsen.util - x1 :invoke :read nil\n",
+            "{:type :invoke, :f :write, :value 3}\n",
+            "{:type :invoke :f :write :value}\n",
+            "{:type :invoke, :f :write, :value 3, :process 0\n",
+            "INFO  jepsen.util - 0 :invoke :write 12abc\n",
+        ];
+        for case in cases {
+            let text = format!("starting the test\n{case}");
+            assert!(
+                matches!(parse(&text), Err(Error::Parse { line: 2, .. })),
+                "{case:?}: {:?}",
+                parse(&text)
+            );
+        }
+        // A set value and a line of other output are fine.
+        let sets = "some other output: 3 things\n\
+                    {:type :invoke, :f :add, :value 1, :process 0}\n\
+                    {:type :ok, :f :add, :value 1, :process 0}\n\
+                    {:type :invoke, :f :read, :value nil, :process 1}\n\
+                    {:type :ok, :f :read, :value #{1 2}, :process 1}\n";
+        let operations = parse(sets).unwrap();
+        assert_eq!(
+            operations[1].output,
+            Value::List(vec![Value::Int(1), Value::Int(2)])
+        );
     }
 }

@@ -6,6 +6,12 @@
 //!
 //! Written by the peer client (replies) and the peer server (the leader's messages); read by
 //! [`super::RaftHandle::status`]. One short mutex, never held across an await.
+//!
+//! Also whether a peer is failing: the calls to a peer that failed since it last answered
+//! make one streak, and [`Contacts::failed`] / [`Contacts::replied`] say when the streak is
+//! news for the log: once when it has lasted [`PEER_LOST_AFTER`] (a peer still starting is
+//! not news), and once when the peer answers again after that. openraft's own line per failed
+//! call is left out of the log at the default levels (`crate::logging`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -13,21 +19,70 @@ use std::time::{Duration, Instant};
 
 use super::NodeId;
 
+/// How long a peer's calls must have failed before the log says so.
+pub const PEER_LOST_AFTER: Duration = Duration::from_secs(5);
+
 #[derive(Debug, Default)]
 pub struct Contacts {
-    /// Per peer, when it last answered a Raft message of this node.
-    replies: Mutex<HashMap<NodeId, Instant>>,
+    /// Per peer: when it last answered a Raft message of this node, and its failing streak.
+    peers: Mutex<HashMap<NodeId, Peer>>,
     /// When this node last accepted a message of the leader of its term.
     leader: Mutex<Option<Instant>>,
 }
 
+#[derive(Debug, Default)]
+struct Peer {
+    last_reply: Option<Instant>,
+    /// When the calls that failed since the last reply began failing (`None`: none did).
+    failing_since: Option<Instant>,
+    /// Whether that streak was reported ([`PeerNews::Lost`]).
+    reported: bool,
+}
+
+/// What the log should say after a call to a peer (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerNews {
+    Nothing,
+    /// Its calls have failed for `failing` (and this was not said before in the streak).
+    Lost {
+        failing: Duration,
+    },
+    /// It answers again, after `failing` of failed calls that were reported.
+    Back {
+        failing: Duration,
+    },
+}
+
 impl Contacts {
     /// `peer` answered a message of this node just now.
-    pub fn replied(&self, peer: NodeId) {
-        self.replies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(peer, Instant::now());
+    pub fn replied(&self, peer: NodeId) -> PeerNews {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = peers.entry(peer).or_default();
+        let now = Instant::now();
+        entry.last_reply = Some(now);
+        let news = match entry.failing_since.take() {
+            Some(since) if entry.reported => PeerNews::Back {
+                failing: now.saturating_duration_since(since),
+            },
+            _ => PeerNews::Nothing,
+        };
+        entry.reported = false;
+        news
+    }
+
+    /// A call to `peer` failed just now (it could not be reached, or it refused the call).
+    pub fn failed(&self, peer: NodeId) -> PeerNews {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = peers.entry(peer).or_default();
+        let now = Instant::now();
+        let since = *entry.failing_since.get_or_insert(now);
+        let failing = now.saturating_duration_since(since);
+        if !entry.reported && failing >= PEER_LOST_AFTER {
+            entry.reported = true;
+            PeerNews::Lost { failing }
+        } else {
+            PeerNews::Nothing
+        }
     }
 
     /// This node accepted a message of its leader just now.
@@ -37,11 +92,12 @@ impl Contacts {
 
     /// How long ago `peer` last answered this node (`None`: never).
     pub fn since_reply(&self, peer: NodeId) -> Option<Duration> {
-        self.replies
+        self.peers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&peer)
-            .map(Instant::elapsed)
+            .and_then(|p| p.last_reply)
+            .map(|t| t.elapsed())
     }
 
     /// How long ago this node last heard from a leader (`None`: never since it started).
@@ -68,5 +124,38 @@ mod tests {
         assert!(c.since_reply(2).unwrap() < Duration::from_secs(1));
         assert_eq!(c.since_reply(3), None);
         assert!(c.since_leader().unwrap() < Duration::from_secs(1));
+    }
+
+    /// Moves peer `peer`'s failing streak `by` into the past.
+    fn age_streak(c: &Contacts, peer: NodeId, by: Duration) {
+        let mut peers = c.peers.lock().unwrap();
+        let since = peers
+            .get_mut(&peer)
+            .unwrap()
+            .failing_since
+            .as_mut()
+            .unwrap();
+        *since -= by;
+    }
+
+    #[test]
+    fn a_failing_peer_is_news_once_after_a_while_and_once_when_it_answers_again() {
+        let c = Contacts::default();
+        // A peer still starting: failures, then an answer, and nothing to say.
+        assert_eq!(c.failed(2), PeerNews::Nothing);
+        assert_eq!(c.failed(2), PeerNews::Nothing);
+        assert_eq!(c.replied(2), PeerNews::Nothing);
+
+        // A peer down for longer than PEER_LOST_AFTER: said once.
+        assert_eq!(c.failed(2), PeerNews::Nothing);
+        age_streak(&c, 2, PEER_LOST_AFTER);
+        assert!(matches!(c.failed(2), PeerNews::Lost { failing } if failing >= PEER_LOST_AFTER));
+        assert_eq!(c.failed(2), PeerNews::Nothing, "said once per streak");
+        assert_eq!(c.failed(3), PeerNews::Nothing, "streaks are per peer");
+
+        // Its return is said once, and a new streak starts from nothing.
+        assert!(matches!(c.replied(2), PeerNews::Back { failing } if failing >= PEER_LOST_AFTER));
+        assert_eq!(c.replied(2), PeerNews::Nothing);
+        assert_eq!(c.failed(2), PeerNews::Nothing);
     }
 }

@@ -313,25 +313,54 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let payload = result.map_err(|status| match status.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                RPCError::Unreachable(Unreachable::new(&status))
+        let payload = result.map_err(|status| {
+            self.report(self.network.contacts.failed(self.target), Some(&status));
+            match status.code() {
+                tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled => RPCError::Unreachable(Unreachable::new(&status)),
+                _ => RPCError::Network(NetworkError::new(&status)),
             }
-            _ => RPCError::Network(NetworkError::new(&status)),
         })?;
         // The peer's Raft server answered: it is reachable, whatever it answered.
-        self.network.contacts.replied(self.target);
-        let reply: Result<Resp, RaftError<NodeId, E>> =
-            decode(&payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        self.report(self.network.contacts.replied(self.target), None);
+        let reply: Result<Resp, RaftError<NodeId, E>> = decode(&payload).map_err(|e| {
+            tracing::warn!(peer = self.target, error = %e, "undecodable reply from a peer");
+            RPCError::Network(NetworkError::new(&e))
+        })?;
         let reply = reply.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))?;
         // A reply's term is adopted by openraft: bounded like a request's.
         check_reply(&reply).map_err(|refusal| {
+            tracing::warn!(peer = self.target, %refusal, "refused a peer's reply");
             RPCError::Network(NetworkError::new(&std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!("reply from node {}: {refusal}", self.target),
             )))
         })?;
         Ok(reply)
+    }
+
+    /// Logs what a call's outcome is news of ([`super::contacts::PeerNews`]): a peer failing
+    /// for a while, or answering again after that.
+    fn report(&self, news: super::contacts::PeerNews, status: Option<&tonic::Status>) {
+        use super::contacts::PeerNews;
+        match news {
+            PeerNews::Nothing => {}
+            PeerNews::Lost { failing } => tracing::warn!(
+                peer = self.target,
+                address = %self.peer_address,
+                failing_ms = failing.as_millis() as u64,
+                error = status.map(|s| s.message()).unwrap_or_default(),
+                code = ?status.map(|s| s.code()),
+                "a peer has not answered this node's Raft calls for a while; retrying"
+            ),
+            PeerNews::Back { failing } => tracing::info!(
+                peer = self.target,
+                address = %self.peer_address,
+                failing_ms = failing.as_millis() as u64,
+                "a peer answers this node's Raft calls again"
+            ),
+        }
     }
 
     async fn call<Req, Resp, E>(

@@ -1,0 +1,301 @@
+//! The monotonic-reads checker: eventual reads never go backwards on one node.
+//!
+//! The contract: an eventual read is served by the local replica and is
+//! monotonic on one node — a later read never returns older state than an
+//! earlier one. Input: `read` operations whose input is the index of the node
+//! that served them (an integer) and whose `ok` output is `[version, value]`,
+//! the version being the resource's revision (0 = nothing stored). Versions
+//! of one key only grow (every write gets a new, larger one; the register
+//! workload never deletes), so "older state" is "a smaller version".
+//!
+//! Per (node, key): for every two successful reads A and B where A completed
+//! before B was invoked, B's version must be at least A's
+//! ([`MonotonicAnomaly::Backwards`]), and the same version must come with the
+//! same value ([`MonotonicAnomaly::VersionValueMismatch`]).
+//!
+//! What it cannot see: reads that overlap in time may be served in either
+//! order, so they are not compared; reads on different nodes are not compared
+//! (a follower may lag the leader); whether the values are right at all is
+//! the linearizability checker's business (strong reads), not this one's.
+//! Failed and indeterminate reads returned nothing and are skipped.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::history::{History, OpKind, Outcome, Value};
+use crate::{Error, Verdict};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MonotonicAnomaly {
+    /// Read `later` (invoked after `earlier` completed, on the same node)
+    /// returned an older version.
+    Backwards {
+        node: i64,
+        key: String,
+        earlier: usize,
+        earlier_version: i64,
+        later: usize,
+        later_version: i64,
+    },
+    /// Two reads of one key on one node returned the same version with
+    /// different values.
+    VersionValueMismatch {
+        node: i64,
+        key: String,
+        first: usize,
+        second: usize,
+        version: i64,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MonotonicReport {
+    pub verdict: Verdict,
+    /// Successful reads checked.
+    pub reads: usize,
+    /// Distinct (node, key) pairs.
+    pub series: usize,
+    pub anomalies: Vec<MonotonicAnomaly>,
+}
+
+struct Read {
+    index: usize,
+    invoke_ns: u64,
+    complete_ns: u64,
+    version: i64,
+    value: Value,
+}
+
+/// Checks the eventual reads of a history.
+pub fn check(history: &History) -> Result<MonotonicReport, Error> {
+    let mut series: BTreeMap<(i64, &str), Vec<Read>> = BTreeMap::new();
+    let mut reads = 0usize;
+    for (index, operation) in history.operations().iter().enumerate() {
+        if operation.op != OpKind::Read {
+            return Err(Error::UnsupportedOperation {
+                index,
+                checker: "monotonic",
+                op: operation.op,
+            });
+        }
+        let Value::Int(node) = operation.input else {
+            return Err(Error::InvalidOperation {
+                index,
+                reason: format!(
+                    "an eventual read names its node as input, got {}",
+                    operation.input
+                ),
+            });
+        };
+        let (Outcome::Ok, Some(complete_ns)) = (operation.outcome, operation.complete_ns) else {
+            continue;
+        };
+        let (version, value) = match operation.output.as_list() {
+            Some([Value::Int(version), value]) if *version >= 0 => (*version, value.clone()),
+            _ => {
+                return Err(Error::InvalidOperation {
+                    index,
+                    reason: format!(
+                        "an eventual read returns [version value] with a version >= 0, got {}",
+                        operation.output
+                    ),
+                })
+            }
+        };
+        reads += 1;
+        series
+            .entry((node, operation.key.as_str()))
+            .or_default()
+            .push(Read {
+                index,
+                invoke_ns: operation.invoke_ns,
+                complete_ns,
+                version,
+                value,
+            });
+    }
+    let mut anomalies = Vec::new();
+    let series_count = series.len();
+    for ((node, key), mut by_invoke) in series {
+        let mut values: HashMap<i64, (usize, &Value)> = HashMap::new();
+        for read in &by_invoke {
+            match values.get(&read.version) {
+                Some((first, value)) if **value != read.value => {
+                    anomalies.push(MonotonicAnomaly::VersionValueMismatch {
+                        node,
+                        key: key.to_owned(),
+                        first: *first,
+                        second: read.index,
+                        version: read.version,
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    values.insert(read.version, (read.index, &read.value));
+                }
+            }
+        }
+        // Sweep: reads by invocation; the newest version among the reads
+        // completed before each invocation is the floor it must not go under.
+        by_invoke.sort_by_key(|read| (read.invoke_ns, read.index));
+        let mut by_complete: Vec<&Read> = by_invoke.iter().collect();
+        by_complete.sort_by_key(|read| (read.complete_ns, read.index));
+        let mut floor: Option<&Read> = None;
+        let mut next = 0usize;
+        for read in &by_invoke {
+            while next < by_complete.len() && by_complete[next].complete_ns < read.invoke_ns {
+                let candidate = by_complete[next];
+                if floor.is_none_or(|floor| candidate.version > floor.version) {
+                    floor = Some(candidate);
+                }
+                next += 1;
+            }
+            if let Some(floor) = floor.filter(|floor| read.version < floor.version) {
+                anomalies.push(MonotonicAnomaly::Backwards {
+                    node,
+                    key: key.to_owned(),
+                    earlier: floor.index,
+                    earlier_version: floor.version,
+                    later: read.index,
+                    later_version: read.version,
+                });
+            }
+        }
+    }
+    let verdict = if anomalies.is_empty() {
+        Verdict::Valid
+    } else {
+        Verdict::Invalid
+    };
+    Ok(MonotonicReport {
+        verdict,
+        reads,
+        series: series_count,
+        anomalies,
+    })
+}
+
+impl std::fmt::Display for MonotonicAnomaly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MonotonicAnomaly::Backwards {
+                node,
+                key,
+                earlier,
+                earlier_version,
+                later,
+                later_version,
+            } => write!(
+                f,
+                "backwards: node {node}, key {key:?}: read #{later} returned version {later_version} after read #{earlier} had returned {earlier_version}"
+            ),
+            MonotonicAnomaly::VersionValueMismatch {
+                node,
+                key,
+                first,
+                second,
+                version,
+            } => write!(
+                f,
+                "version {version} of key {key:?} on node {node} came with two values (reads #{first} and #{second})"
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Operation;
+
+    fn read(node: i64, version: i64, invoke_ns: u64, complete_ns: u64) -> Operation {
+        Operation {
+            process: 0,
+            op: OpKind::Read,
+            key: "r".into(),
+            input: Value::Int(node),
+            output: Value::List(vec![
+                Value::Int(version),
+                if version == 0 {
+                    Value::Null
+                } else {
+                    Value::Int(version * 10)
+                },
+            ]),
+            outcome: Outcome::Ok,
+            invoke_ns,
+            complete_ns: Some(complete_ns),
+        }
+    }
+
+    fn run(operations: Vec<Operation>) -> MonotonicReport {
+        check(&History::new(operations).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_node_whose_reads_only_move_forward_passes() {
+        // Node 0 moves 0 -> 3 -> 5; node 1 lags at 2 (another node may lag);
+        // an overlapping read on node 0 returning 3 after 5 was served is
+        // allowed (overlapping reads are not ordered).
+        let report = run(vec![
+            read(0, 0, 0, 1),
+            read(0, 3, 2, 3),
+            read(0, 5, 4, 6),
+            read(0, 3, 5, 7),
+            read(1, 2, 8, 9),
+            read(0, 5, 10, 11),
+        ]);
+        assert_eq!(report.verdict, Verdict::Valid, "{report:?}");
+        assert_eq!((report.reads, report.series), (6, 2));
+    }
+
+    #[test]
+    fn a_node_going_back_to_an_older_version_is_reported() {
+        // Node 0 returned version 5, then (strictly later) version 3.
+        let report = run(vec![
+            read(0, 3, 0, 1),
+            read(0, 5, 2, 3),
+            read(1, 7, 3, 4),
+            read(0, 3, 4, 5),
+        ]);
+        assert_eq!(report.verdict, Verdict::Invalid);
+        assert_eq!(
+            report.anomalies,
+            vec![MonotonicAnomaly::Backwards {
+                node: 0,
+                key: "r".into(),
+                earlier: 1,
+                earlier_version: 5,
+                later: 3,
+                later_version: 3,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_node_forgetting_a_key_is_reported() {
+        // Present at version 4, then absent (version 0) on the same node.
+        let report = run(vec![read(2, 4, 0, 1), read(2, 0, 2, 3)]);
+        assert_eq!(report.verdict, Verdict::Invalid);
+        assert!(matches!(
+            report.anomalies[0],
+            MonotonicAnomaly::Backwards {
+                later_version: 0,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn malformed_eventual_reads_are_errors_not_verdicts() {
+        // No node, or an output that is not [version value]: the history is unusable.
+        let mut no_node = read(0, 1, 0, 1);
+        no_node.input = Value::Null;
+        assert!(matches!(
+            check(&History::new(vec![no_node]).unwrap()),
+            Err(Error::InvalidOperation { index: 0, .. })
+        ));
+        let mut bad_output = read(0, 1, 0, 1);
+        bad_output.output = Value::Int(3);
+        assert!(check(&History::new(vec![bad_output]).unwrap()).is_err());
+    }
+}
