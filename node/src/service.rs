@@ -319,7 +319,7 @@ fn drop_every_nth_change(events: WatchStream, n: u64) -> WatchStream {
         if change {
             changes += 1;
         }
-        std::future::ready(!(change && changes % n == 0))
+        std::future::ready(!(change && changes.is_multiple_of(n)))
     }))
 }
 
