@@ -16,6 +16,11 @@
 //!   (`LD_PRELOAD` + `FAKETIME`), for clock skew and rate changes — set
 //!   directly rather than through the `faketime` wrapper, which forks and
 //!   waits, so that the pid we signal is the node's own;
+//! - [`ClusterOptions::live_clocks`]: every node runs under libfaketime reading its
+//!   wall clock's offset and rate from a file of its own (`FAKETIME_TIMESTAMP_FILE`,
+//!   re-read every second), so [`Cluster::set_clock`] jumps or drifts the clock of a
+//!   *running* node; the monotonic clock is left alone, as an NTP step or a drifting
+//!   wall clock would leave it;
 //! - [`ClusterOptions::die_with_parent`]: nodes get `PR_SET_PDEATHSIG`, so they
 //!   die with the runner even if it is killed (the signal fires when the
 //!   *thread* that spawned them exits: spawn only from a long-lived thread).
@@ -76,6 +81,11 @@ pub struct ClusterOptions {
     pub network: Option<Arc<NetworkLab>>,
     /// Put every node's data dir on its own power-cut filesystem.
     pub powercut: bool,
+    /// Start every node under libfaketime with a clock file ([`Cluster::set_clock`]).
+    pub live_clocks: bool,
+    /// ... with these harsher behaviours (torn writes, strict directories; each node's
+    /// torn-write seed is this one plus its id).
+    pub powercut_options: cairn_powercut_fs::PowerCutOptions,
     /// Kill the nodes when the thread that spawned them exits.
     pub die_with_parent: bool,
     /// Serve each node's Prometheus metrics on a port of its own
@@ -107,6 +117,8 @@ impl ClusterOptions {
             log_level: "info".into(),
             network: None,
             powercut: false,
+            live_clocks: false,
+            powercut_options: Default::default(),
             die_with_parent: false,
             metrics: false,
             admin_token: None,
@@ -182,7 +194,9 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
         let mountpoint = root.join(format!("node-{id}-disk"));
         std::fs::create_dir_all(&mountpoint)
             .map_err(|e| format!("cannot create {}: {e}", mountpoint.display()))?;
-        let disk = PowerCutFs::mount(&mountpoint).map_err(|e| e.to_string())?;
+        let mut disk_options = options.powercut_options;
+        disk_options.torn_writes_seed = disk_options.torn_writes_seed.map(|s| s.wrapping_add(id));
+        let disk = PowerCutFs::mount_with(&mountpoint, disk_options).map_err(|e| e.to_string())?;
         (mountpoint.join("data"), Some(disk))
     } else {
         (root.join(format!("node-{id}")), None)
@@ -202,6 +216,19 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
         disk,
         child: None,
     })
+}
+
+/// The clock file of the node whose log is `log_path` (beside it).
+fn clock_file(log_path: &Path) -> PathBuf {
+    log_path.with_extension("faketime")
+}
+
+/// Replaces a clock file at once (libfaketime never reads half a spec).
+fn write_clock_file(file: &Path, spec: &str) {
+    let temporary = file.with_extension("faketime.new");
+    std::fs::write(&temporary, format!("{spec}\n"))
+        .and_then(|()| std::fs::rename(&temporary, file))
+        .unwrap_or_else(|e| panic!("cannot write the clock file {}: {e}", file.display()));
 }
 
 /// A loopback port no other node of this process was given, free when
@@ -340,6 +367,20 @@ impl Cluster {
                 .env("LD_PRELOAD", library)
                 .env("FAKETIME", spec)
                 .env("FAKETIME_DONT_RESET", "1");
+        } else if options.live_clocks {
+            let library = faketime_library().unwrap_or_else(|| {
+                panic!("libfaketime is not installed (Debian package `faketime`)")
+            });
+            let file = clock_file(&node.log_path);
+            if !file.exists() {
+                write_clock_file(&file, "+0");
+            }
+            command
+                .env("LD_PRELOAD", library)
+                .env("FAKETIME_TIMESTAMP_FILE", &file)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .env("FAKETIME_DONT_RESET", "1");
         }
         command.envs(options.env.iter().map(|(k, v)| (k, v)));
         if let Some(limit) = node.nofile_limit {
@@ -452,6 +493,19 @@ impl Cluster {
             .as_ref()
             .unwrap_or_else(|| panic!("node {id} has no power-cut disk"));
         disk.cut_power();
+    }
+
+    /// Whether the nodes run with clock files ([`ClusterOptions::live_clocks`]).
+    pub fn live_clocks(&self) -> bool {
+        self.options.live_clocks
+    }
+
+    /// With [`ClusterOptions::live_clocks`]: sets the running node `id`'s wall clock to
+    /// libfaketime's `spec` (`+9s`, `-120s`, `+0 x2`...; `+0` is the real clock) within
+    /// about a second, without a restart.
+    pub fn set_clock(&self, id: u64, spec: &str) {
+        assert!(self.options.live_clocks, "set_clock needs live_clocks");
+        write_clock_file(&clock_file(&self.node(id).log_path), spec);
     }
 
     /// Sets (or clears) node `id`'s libfaketime spec for its next start.

@@ -15,8 +15,9 @@
 //! scenarios, bounded to 10 minutes) and ends with the line `N passed, N
 //! failed`; `jepsen-tests soak --minutes M --seed S` runs 5-node scenarios with
 //! every nemesis until the time is up or the first failure; `jepsen-tests
-//! prove-broken` shows that the register workload under partitions catches a
-//! node started with `--unsafe-local-strong-reads`. Each writes its results
+//! prove-broken` runs the broken-node matrix: for every `--unsafe-*` mode of the node
+//! (`runner::BrokenMode`), a scenario whose checker must find the history INVALID.
+//! Under `CI=true` a skipped scenario or mode is a failure. Each writes its results
 //! (histories, node logs, nemesis logs, checker reports, `summary.txt` with
 //! the seed) to `--results` (default `./jepsen-results/<timestamp>`).
 
@@ -27,9 +28,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use jepsen_tests::nemesis::NemesisKind;
 use jepsen_tests::runner;
-use jepsen_tests::workload::WorkloadKind;
 
 use jepsen_tests::append::{self, AppendAnomaly};
 use jepsen_tests::history::Format;
@@ -75,8 +74,9 @@ enum Command {
     /// Two tokens with disjoint scopes run the set workload through partitions,
     /// kills and leader transfers; no token may see the other's resources.
     Auth(RunArgs),
-    /// Show that the suite catches a node serving strong reads locally
-    /// (exit 0 caught, 1 not caught, 2 skipped).
+    /// Show that the suite catches every broken node mode (`--unsafe-*`), each with the
+    /// checker meant for it (exit 0 all caught, 1 one not caught, 2 one skipped; a skip is
+    /// a failure under CI=true).
     ProveBroken(ProveArgs),
 }
 
@@ -109,9 +109,16 @@ struct SoakArgs {
 struct ProveArgs {
     #[command(flatten)]
     run: RunArgs,
-    /// Attempts (20 s each) before giving up.
+    /// Attempts per mode (a 16 s scenario each) before it counts as not caught.
     #[arg(long, default_value_t = 3)]
     attempts: usize,
+    /// Only these modes (repeatable): local-strong-reads, skip-fsync, ack-before-commit,
+    /// drop-watch-events, accept-stale-cas. Default: every one.
+    #[arg(long, value_parser = parse_mode)]
+    mode: Vec<ModeArg>,
+    /// The whole matrix ends within this many minutes; a mode not caught by then fails.
+    #[arg(long, default_value_t = 12)]
+    minutes: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -682,39 +689,69 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
             finish("soak", seed, &env, &results, started)
         }
         FaultCommand::ProveBroken(prove) => {
+            let modes: Vec<runner::BrokenMode> = if prove.mode.is_empty() {
+                runner::BrokenMode::ALL.to_vec()
+            } else {
+                prove.mode.iter().map(|m| m.0).collect()
+            };
+            // Bounded as a whole: CI runs it after the workspace tests and `ci`.
+            let deadline = started + Duration::from_secs(prove.minutes * 60);
             let mut results = Vec::new();
-            let mut caught = false;
-            for attempt in 0..prove.attempts.max(1) {
-                let scenario = runner::Scenario {
-                    name: format!("broken-{:02}-register-partition", attempt + 1),
-                    workload: WorkloadKind::Register,
-                    nemesis: NemesisKind::Partition,
-                    nodes: 3,
-                    duration: Duration::from_secs(20),
-                    seed: seed.wrapping_add(attempt as u64),
-                    broken_reads: true,
-                    auth: false,
-                };
-                let result =
-                    runner::run_bounded(scenario, env.clone(), Duration::from_secs(180)).await;
-                if let runner::Status::Skipped(why) = &result.status {
-                    println!("SKIP prove-broken: {why}");
-                    return ExitCode::from(2);
+            let mut verdicts = Vec::new();
+            for (m, mode) in modes.iter().enumerate() {
+                let mut outcome = ProveOutcome::NotCaught;
+                for attempt in 1..=prove.attempts.max(1) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left < Duration::from_secs(30) {
+                        outcome = ProveOutcome::OutOfTime;
+                        break;
+                    }
+                    let scenario =
+                        mode.scenario(attempt, seed.wrapping_add(m as u64 * 7919 + attempt as u64));
+                    let result = runner::run_bounded(
+                        scenario,
+                        env.clone(),
+                        left.min(Duration::from_secs(150)),
+                    )
+                    .await;
+                    runner::print_result(&result);
+                    let skipped = match &result.status {
+                        runner::Status::Skipped(why) => Some(why.clone()),
+                        _ => None,
+                    };
+                    let verdict = result.verdict;
+                    results.push(result);
+                    if let Some(why) = skipped {
+                        outcome = ProveOutcome::Skipped(why);
+                        break;
+                    }
+                    if verdict == Some(Verdict::Invalid) {
+                        outcome = ProveOutcome::Caught(attempt);
+                        break;
+                    }
                 }
-                let verdict = result.verdict;
-                println!(
-                    "attempt {}: checker verdict {:?} ({} ops, {} faults; {})",
-                    attempt + 1,
-                    verdict,
-                    result.operations,
-                    result.faults,
-                    result.folder.join("check.txt").display()
+                let (workload, nemesis) = mode.plan();
+                let line = format!(
+                    "--{} ({} checker, {} nemesis)",
+                    mode.flags().join(" ").trim_start_matches("--"),
+                    workload.name(),
+                    nemesis.name()
                 );
-                results.push(result);
-                if verdict == Some(Verdict::Invalid) {
-                    caught = true;
-                    break;
+                match &outcome {
+                    ProveOutcome::Caught(attempt) => {
+                        println!("CAUGHT {line} at attempt {attempt}")
+                    }
+                    ProveOutcome::NotCaught => println!(
+                        "NOT CAUGHT {line}: the broken nodes passed {} attempts",
+                        prove.attempts.max(1)
+                    ),
+                    ProveOutcome::Skipped(why) => println!("SKIPPED {line}: {why}"),
+                    ProveOutcome::OutOfTime => println!(
+                        "NOT CAUGHT {line}: the {}-minute bound ran out",
+                        prove.minutes
+                    ),
                 }
+                verdicts.push(outcome);
             }
             runner::write_summary(
                 &env.results,
@@ -723,15 +760,56 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
                 &results,
                 started.elapsed(),
             );
-            if caught {
-                println!("CAUGHT: the register checker found the node with --unsafe-local-strong-reads not linearizable");
-                ExitCode::SUCCESS
-            } else {
-                println!("NOT CAUGHT: the broken node passed every attempt");
+            let caught = verdicts
+                .iter()
+                .filter(|v| matches!(v, ProveOutcome::Caught(_)))
+                .count();
+            let skipped = verdicts
+                .iter()
+                .filter(|v| matches!(v, ProveOutcome::Skipped(_)))
+                .count();
+            let not_caught = verdicts.len() - caught - skipped;
+            println!("prove-broken: {caught} caught, {not_caught} not caught, {skipped} skipped");
+            if not_caught > 0 {
+                println!(
+                    "replay with: cargo run -p jepsen-tests --release -- prove-broken --seed {seed}"
+                );
                 ExitCode::from(1)
+            } else if skipped > 0 && runner::skip_is_failure() {
+                println!("CI=true: a skipped mode is a failure");
+                ExitCode::from(1)
+            } else if skipped > 0 {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
             }
         }
     }
+}
+
+/// How one broken mode fared.
+enum ProveOutcome {
+    /// Its checker said INVALID at this attempt.
+    Caught(usize),
+    NotCaught,
+    Skipped(String),
+    /// The run's time bound ended before it was caught.
+    OutOfTime,
+}
+
+/// A `--mode` of `prove-broken`: a [`runner::BrokenMode`] by name.
+#[derive(Clone, Debug)]
+struct ModeArg(runner::BrokenMode);
+
+fn parse_mode(text: &str) -> Result<ModeArg, String> {
+    runner::BrokenMode::ALL
+        .iter()
+        .find(|m| m.name() == text)
+        .map(|m| ModeArg(*m))
+        .ok_or_else(|| {
+            let names: Vec<&str> = runner::BrokenMode::ALL.iter().map(|m| m.name()).collect();
+            format!("unknown mode {text:?}; one of {}", names.join(", "))
+        })
 }
 
 fn finish(
@@ -746,10 +824,18 @@ fn finish(
         .iter()
         .filter(|r| r.status == runner::Status::Passed)
         .count();
-    let failed = results
+    let skipped = results
+        .iter()
+        .filter(|r| matches!(r.status, runner::Status::Skipped(_)))
+        .count();
+    let mut failed = results
         .iter()
         .filter(|r| matches!(r.status, runner::Status::Failed(_)))
         .count();
+    if skipped > 0 && runner::skip_is_failure() {
+        println!("CI=true: {skipped} skipped scenarios count as failed");
+        failed += skipped;
+    }
     println!(
         "{command}: {:.1}s, summary in {}",
         started.elapsed().as_secs_f64(),

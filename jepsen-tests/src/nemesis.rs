@@ -32,11 +32,23 @@ pub enum NemesisKind {
     Clock,
     /// Power cuts of a minority, or of every node at once.
     PowerCut,
-    /// Add a node (`--join`), remove one (`RemoveMember`), under load.
+    /// Add a node (`--join`), remove one (`RemoveMember`; the leader every other
+    /// time), under load.
     Membership,
     /// `TransferLeader` drills.
     LeaderTransfer,
+    /// Membership changes with a partition cut while each is in flight (the partition
+    /// starts just before the change is asked for and heals 1.5–3.5 s later).
+    MembershipPartition,
+    /// A tiny history (`--history-changes-max` [`COMPACTION_HISTORY_CHANGES`]) and `kill -9`
+    /// of a node for a few seconds: its watchers resume from a revision the history no
+    /// longer holds (Compacted) and must resynchronize from a snapshot.
+    Compaction,
 }
+
+/// The history a [`NemesisKind::Compaction`] cluster keeps: a node down for a second
+/// under load falls behind it.
+pub const COMPACTION_HISTORY_CHANGES: usize = 16;
 
 impl NemesisKind {
     pub fn name(self) -> &'static str {
@@ -48,10 +60,12 @@ impl NemesisKind {
             NemesisKind::PowerCut => "power-cut",
             NemesisKind::Membership => "membership",
             NemesisKind::LeaderTransfer => "leader-transfer",
+            NemesisKind::MembershipPartition => "membership-partition",
+            NemesisKind::Compaction => "compaction",
         }
     }
 
-    pub const ALL: [NemesisKind; 7] = [
+    pub const ALL: [NemesisKind; 9] = [
         NemesisKind::Kill,
         NemesisKind::Pause,
         NemesisKind::Partition,
@@ -59,12 +73,24 @@ impl NemesisKind {
         NemesisKind::PowerCut,
         NemesisKind::Membership,
         NemesisKind::LeaderTransfer,
+        NemesisKind::MembershipPartition,
+        NemesisKind::Compaction,
     ];
+
+    /// Whether its cluster runs in network namespaces (partitions).
+    pub fn needs_network(self) -> bool {
+        matches!(
+            self,
+            NemesisKind::Partition | NemesisKind::MembershipPartition
+        )
+    }
 
     /// Why this nemesis cannot run here, if it cannot.
     pub fn unavailable_reason(self) -> Option<String> {
         match self {
-            NemesisKind::Partition => crate::net::unavailable_reason(),
+            NemesisKind::Partition | NemesisKind::MembershipPartition => {
+                crate::net::unavailable_reason()
+            }
             NemesisKind::PowerCut => cairn_powercut_fs::fuse_unavailable_reason(),
             NemesisKind::Clock => match crate::cluster::faketime_library() {
                 Some(_) => None,
@@ -144,10 +170,12 @@ pub async fn run(
             NemesisKind::Kill => kill_round(cx).await,
             NemesisKind::Pause => pause_round(cx).await,
             NemesisKind::Partition => partition_round(cx).await?,
-            NemesisKind::Clock => clock_round(cx).await,
+            NemesisKind::Clock => clock_round(cx, round).await,
             NemesisKind::PowerCut => power_cut_round(cx, round).await,
-            NemesisKind::Membership => membership_round(cx).await?,
+            NemesisKind::Membership => membership_round(cx, round).await?,
             NemesisKind::LeaderTransfer => transfer_round(cx).await,
+            NemesisKind::MembershipPartition => membership_partition_round(cx, round).await?,
+            NemesisKind::Compaction => compaction_round(cx).await,
         }
         let quiet = millis(&mut cx.rng, (1000, 2500));
         tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;
@@ -176,10 +204,12 @@ pub async fn run_rotating(
             NemesisKind::Kill => kill_round(cx).await,
             NemesisKind::Pause => pause_round(cx).await,
             NemesisKind::Partition => partition_round(cx).await?,
-            NemesisKind::Clock => clock_round(cx).await,
+            NemesisKind::Clock => clock_round(cx, round).await,
             NemesisKind::PowerCut => power_cut_round(cx, round).await,
-            NemesisKind::Membership => membership_round(cx).await?,
+            NemesisKind::Membership => membership_round(cx, round).await?,
             NemesisKind::LeaderTransfer => transfer_round(cx).await,
+            NemesisKind::MembershipPartition => membership_partition_round(cx, round).await?,
+            NemesisKind::Compaction => compaction_round(cx).await,
         }
         let quiet = millis(&mut cx.rng, (1000, 2500));
         tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;
@@ -279,7 +309,13 @@ async fn partition_round(cx: &mut NemesisContext<'_>) -> Result<(), String> {
     Ok(())
 }
 
-async fn clock_round(cx: &mut NemesisContext<'_>) {
+/// Odd rounds (with [`crate::cluster::ClusterOptions::live_clocks`]): the wall clocks of
+/// running nodes jump or drift, then come back. Even rounds: nodes restart under a
+/// skewed or faster/slower clock (monotonic included), then restart on the real one.
+async fn clock_round(cx: &mut NemesisContext<'_>, round: usize) {
+    if round % 2 == 1 && cx.cluster.live_clocks() {
+        return live_clock_round(cx).await;
+    }
     const SPECS: [&str; 6] = ["+9s", "-9s", "+120s", "+0 x2", "+0 x0.5", "-3s x1.5"];
     let ids = cx.cluster.ids();
     let count = cx.rng.random_range(1..=ids.len());
@@ -309,11 +345,43 @@ async fn clock_round(cx: &mut NemesisContext<'_>) {
         .note(format!("restarted {targets:?} on the real clock"));
 }
 
+async fn live_clock_round(cx: &mut NemesisContext<'_>) {
+    const SPECS: [&str; 7] = [
+        "+9s",
+        "-9s",
+        "+300s",
+        "-300s",
+        "+0 x3",
+        "+0 x0.3",
+        "+20s x1.5",
+    ];
+    let mut targets = cx.cluster.ids();
+    targets.shuffle(&mut cx.rng);
+    targets.truncate(cx.rng.random_range(1..=targets.len()));
+    let mut applied = Vec::new();
+    for id in &targets {
+        let spec = *SPECS.choose(&mut cx.rng).expect("specs");
+        cx.cluster.set_clock(*id, spec);
+        applied.push(format!("{id}: {spec:?}"));
+    }
+    cx.log.faults += 1;
+    cx.log.note(format!(
+        "wall clocks of running nodes jumped or drift: {}",
+        applied.join(", ")
+    ));
+    tokio::time::sleep(millis(&mut cx.rng, (3000, 6000))).await;
+    for id in &targets {
+        cx.cluster.set_clock(*id, "+0");
+    }
+    cx.log
+        .note(format!("wall clocks of {targets:?} back to real time"));
+}
+
 async fn power_cut_round(cx: &mut NemesisContext<'_>, round: usize) {
     let mut ids = cx.cluster.ids();
     ids.shuffle(&mut cx.rng);
     // Every other round cuts every node; the others a minority.
-    let all = round % 2 == 0;
+    let all = round.is_multiple_of(2);
     let targets: Vec<u64> = if all {
         ids.clone()
     } else {
@@ -335,7 +403,9 @@ async fn power_cut_round(cx: &mut NemesisContext<'_>, round: usize) {
     tokio::time::sleep(millis(&mut cx.rng, (1500, 3000))).await;
 }
 
-async fn membership_round(cx: &mut NemesisContext<'_>) -> Result<(), String> {
+/// Adds a node when the cluster has its starting size, else removes one: the leader
+/// every other removal (round), another voter otherwise.
+async fn membership_round(cx: &mut NemesisContext<'_>, round: usize) -> Result<(), String> {
     let leader = cx.cluster.leader().await;
     if cx.cluster.ids().len() <= cx.voters {
         let Some(leader) = leader else {
@@ -368,14 +438,20 @@ async fn membership_round(cx: &mut NemesisContext<'_>) -> Result<(), String> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     } else {
+        let remove_leader = round.is_multiple_of(4) && leader.is_some();
         let candidates: Vec<u64> = cx
             .cluster
             .ids()
             .into_iter()
-            .filter(|id| Some(*id) != leader)
+            .filter(|id| (Some(*id) == leader) == remove_leader)
             .collect();
         let Some(&target) = candidates.choose(&mut cx.rng) else {
             return Ok(());
+        };
+        let what = if remove_leader {
+            "the leader"
+        } else {
+            "a follower"
         };
         match cx
             .cluster
@@ -386,13 +462,68 @@ async fn membership_round(cx: &mut NemesisContext<'_>) -> Result<(), String> {
                 cx.cluster.forget(target);
                 cx.log.faults += 1;
                 cx.log.note(format!(
-                    "removed node {target} (RemoveMember) and stopped it"
+                    "removed {what} {target} (RemoveMember) and stopped it"
                 ));
             }
-            Err(e) => cx.log.note(format!("removing node {target} failed: {e}")),
+            Err(e) => cx.log.note(format!("removing {what} {target} failed: {e}")),
         }
     }
     Ok(())
+}
+
+/// A partition (one node isolated, the leader half the time) cut just before a
+/// membership change is asked for and healed 1.5–3.5 s later, while the change is
+/// usually still in flight: it runs with a node unreachable, and may lose its leader
+/// half-way.
+async fn membership_partition_round(
+    cx: &mut NemesisContext<'_>,
+    round: usize,
+) -> Result<(), String> {
+    let lab = cx
+        .lab
+        .clone()
+        .ok_or("the membership-partition nemesis needs a network lab")?;
+    let ids = cx.cluster.ids();
+    let target = if cx.rng.random_bool(0.5) {
+        leader_or_random(cx).await
+    } else {
+        *ids.choose(&mut cx.rng).expect("nodes")
+    };
+    lab.partition(&shapes::isolate(target, &ids))?;
+    cx.log.faults += 1;
+    let hold = millis(&mut cx.rng, (1500, 3500));
+    cx.log.note(format!(
+        "partition: isolated node {target} for {hold:?}, across a membership change"
+    ));
+    // The partition heals while the change is usually still in flight.
+    let healer = tokio::spawn({
+        let lab = lab.clone();
+        async move {
+            tokio::time::sleep(hold).await;
+            lab.heal()
+        }
+    });
+    tokio::time::sleep(millis(&mut cx.rng, (200, 800))).await;
+    let changed = membership_round(cx, round).await;
+    healer
+        .await
+        .map_err(|e| format!("the partition healer failed: {e}"))??;
+    cx.log.note("healed the network");
+    changed
+}
+
+/// `kill -9` of a random node for 1.5–3 s under a tiny history (see
+/// [`NemesisKind::Compaction`]).
+async fn compaction_round(cx: &mut NemesisContext<'_>) {
+    let target = *cx.cluster.ids().choose(&mut cx.rng).expect("nodes");
+    cx.cluster.kill(target);
+    cx.log.faults += 1;
+    cx.log.note(format!(
+        "kill -9 node {target}: its watchers fall behind a history of {COMPACTION_HISTORY_CHANGES} changes"
+    ));
+    tokio::time::sleep(millis(&mut cx.rng, (1500, 3000))).await;
+    cx.cluster.spawn(target);
+    cx.log.note(format!("restarted {target}"));
 }
 
 async fn transfer_round(cx: &mut NemesisContext<'_>) {
@@ -423,6 +554,11 @@ pub fn heal_all(cx: &mut NemesisContext<'_>) -> Result<(), String> {
     cx.paused.clear();
     if let Some(lab) = &cx.lab {
         lab.heal()?;
+    }
+    if cx.cluster.live_clocks() {
+        for id in cx.cluster.ids() {
+            cx.cluster.set_clock(id, "+0");
+        }
     }
     for id in std::mem::take(&mut cx.skewed) {
         cx.cluster.stop(id);

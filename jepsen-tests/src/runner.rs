@@ -42,11 +42,166 @@ pub struct Scenario {
     /// How long the workload runs under the nemesis.
     pub duration: Duration,
     pub seed: u64,
-    /// Start the nodes with `--unsafe-local-strong-reads` (the broken node).
-    pub broken_reads: bool,
+    /// Start every node broken on purpose (`prove-broken`); `None` in every other run.
+    pub broken: Option<BrokenMode>,
     /// Run the scoped set workload on an authenticated cluster instead
     /// ([`crate::scoped`]: two tokens with disjoint scopes).
     pub auth: bool,
+}
+
+/// A node broken on purpose: one `--unsafe-*` switch of `cairn agent`, and the scenario
+/// whose checker must catch it (`jepsen-tests prove-broken`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BrokenMode {
+    /// `--unsafe-local-strong-reads`: stale strong reads; register checker, partitions.
+    LocalStrongReads,
+    /// `--unsafe-skip-fsync`: acknowledged writes lost by a power cut of every node; set
+    /// checker, power cuts.
+    SkipFsync,
+    /// `--unsafe-ack-before-commit`: writes acknowledged by a leader that is then cut
+    /// off never commit; set checker, partitions.
+    AckBeforeCommit,
+    /// `--unsafe-drop-watch-events 7`: gaps in every watch stream; watch checker.
+    DropWatchEvents,
+    /// `--unsafe-accept-stale-cas`: a CAS against a stale version succeeds; register
+    /// checker (it sees each `cas` and each `write`'s compare).
+    AcceptStaleCas,
+}
+
+impl BrokenMode {
+    pub const ALL: [BrokenMode; 5] = [
+        BrokenMode::LocalStrongReads,
+        BrokenMode::SkipFsync,
+        BrokenMode::AckBeforeCommit,
+        BrokenMode::DropWatchEvents,
+        BrokenMode::AcceptStaleCas,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BrokenMode::LocalStrongReads => "local-strong-reads",
+            BrokenMode::SkipFsync => "skip-fsync",
+            BrokenMode::AckBeforeCommit => "ack-before-commit",
+            BrokenMode::DropWatchEvents => "drop-watch-events",
+            BrokenMode::AcceptStaleCas => "accept-stale-cas",
+        }
+    }
+
+    /// The node flags of this mode.
+    pub fn flags(self) -> Vec<String> {
+        let flags: &[&str] = match self {
+            BrokenMode::LocalStrongReads => &["--unsafe-local-strong-reads"],
+            BrokenMode::SkipFsync => &["--unsafe-skip-fsync"],
+            BrokenMode::AckBeforeCommit => &["--unsafe-ack-before-commit"],
+            BrokenMode::DropWatchEvents => &["--unsafe-drop-watch-events", "7"],
+            BrokenMode::AcceptStaleCas => &["--unsafe-accept-stale-cas"],
+        };
+        flags.iter().map(|f| f.to_string()).collect()
+    }
+
+    /// The workload (hence the checker) and the nemesis that must catch it.
+    pub fn plan(self) -> (WorkloadKind, NemesisKind) {
+        match self {
+            BrokenMode::LocalStrongReads => (WorkloadKind::Register, NemesisKind::Partition),
+            BrokenMode::SkipFsync => (WorkloadKind::Set, NemesisKind::PowerCut),
+            BrokenMode::AckBeforeCommit => (WorkloadKind::Set, NemesisKind::Partition),
+            BrokenMode::DropWatchEvents => (WorkloadKind::Watch, NemesisKind::LeaderTransfer),
+            BrokenMode::AcceptStaleCas => (WorkloadKind::Register, NemesisKind::LeaderTransfer),
+        }
+    }
+
+    /// Attempt `attempt` (from 1) of this mode's scenario.
+    pub fn scenario(self, attempt: usize, seed: u64) -> Scenario {
+        let (workload, nemesis) = self.plan();
+        Scenario {
+            name: format!(
+                "broken-{}-{attempt:02}-{}-{}",
+                self.name(),
+                workload.name(),
+                nemesis.name()
+            ),
+            workload,
+            nemesis,
+            nodes: 3,
+            duration: Duration::from_secs(16),
+            seed,
+            broken: Some(self),
+            auth: false,
+        }
+    }
+}
+
+/// The least work a scenario must show, or it fails: a run that acknowledged few
+/// writes, read little or injected few faults proves nothing, whatever its checker says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Minimums {
+    /// Writes (write, cas, delete, append, add) acknowledged as done.
+    pub acknowledged_writes: usize,
+    /// Reads (register reads, set and list reads; the watch workload's final reads)
+    /// that succeeded.
+    pub successful_reads: usize,
+    /// Faults the nemesis injected (one per round that did something).
+    pub faults: usize,
+}
+
+impl Minimums {
+    /// The minimums of a 3- or 5-node scenario of at least 16 s. The clock nemesis
+    /// restarts each node it skews, so its rounds are long: one fault is enough; the
+    /// watch workload's only reads are its final reads (one per key).
+    pub fn of(workload: WorkloadKind, nemesis: NemesisKind) -> Minimums {
+        Minimums {
+            acknowledged_writes: 100,
+            successful_reads: if workload == WorkloadKind::Watch {
+                3
+            } else {
+                30
+            },
+            faults: if nemesis == NemesisKind::Clock { 1 } else { 2 },
+        }
+    }
+}
+
+/// What a history shows was done: (acknowledged writes, successful reads).
+pub fn work_done(history: &crate::History) -> (usize, usize) {
+    use crate::history::{OpKind, Outcome};
+    let ok = history
+        .operations()
+        .iter()
+        .filter(|op| op.outcome == Outcome::Ok);
+    let (reads, writes): (Vec<_>, Vec<_>) = ok.partition(|op| op.op == OpKind::Read);
+    (writes.len(), reads.len())
+}
+
+/// Why a scenario did too little to count, if it did.
+pub fn shortfall(scenario: &Scenario, history: &crate::History, faults: usize) -> Option<String> {
+    let minimums = Minimums::of(scenario.workload, scenario.nemesis);
+    let (writes, reads) = work_done(history);
+    let mut short = Vec::new();
+    if writes < minimums.acknowledged_writes {
+        short.push(format!(
+            "{writes} acknowledged writes (at least {} required)",
+            minimums.acknowledged_writes
+        ));
+    }
+    if reads < minimums.successful_reads {
+        short.push(format!(
+            "{reads} successful reads (at least {} required)",
+            minimums.successful_reads
+        ));
+    }
+    if faults < minimums.faults {
+        short.push(format!(
+            "{faults} faults injected (at least {} required)",
+            minimums.faults
+        ));
+    }
+    (!short.is_empty()).then(|| format!("too little work to count: {}", short.join(", ")))
+}
+
+/// Whether a skipped scenario is a failure: under `CI=true` (CI must run everything,
+/// so a missing package or privilege is an error there, not a reason to pass).
+pub fn skip_is_failure() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
 /// How a scenario ended.
@@ -65,6 +220,9 @@ pub struct ScenarioResult {
     pub verdict: Option<Verdict>,
     pub elapsed: Duration,
     pub operations: usize,
+    /// Operations of the history acknowledged as written / read successfully.
+    pub acknowledged_writes: usize,
+    pub successful_reads: usize,
     pub faults: usize,
     pub folder: PathBuf,
 }
@@ -80,7 +238,10 @@ pub struct RunEnvironment {
 /// The short suite: at least six scenarios on 3 nodes, the last one under
 /// authentication ([`auth_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
-    let plan: [(WorkloadKind, NemesisKind); 8] = [
+    // Every nemesis at least once, each with a checker that sees what it can break:
+    // stale or lost values (register, append), lost or resurrected elements (set), gaps
+    // and reordering in watch streams (watch).
+    let plan: [(WorkloadKind, NemesisKind); 10] = [
         (WorkloadKind::Register, NemesisKind::Partition),
         (WorkloadKind::Register, NemesisKind::Kill),
         (WorkloadKind::Append, NemesisKind::Pause),
@@ -89,6 +250,8 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
         (WorkloadKind::Register, NemesisKind::Clock),
         (WorkloadKind::Append, NemesisKind::Membership),
         (WorkloadKind::Set, NemesisKind::LeaderTransfer),
+        (WorkloadKind::Register, NemesisKind::MembershipPartition),
+        (WorkloadKind::Watch, NemesisKind::Compaction),
     ];
     plan.iter()
         .enumerate()
@@ -99,12 +262,12 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             nodes: 3,
             duration: Duration::from_secs(18),
             seed: seed.wrapping_add(i as u64 * 7919),
-            broken_reads: false,
+            broken: None,
             auth: false,
         })
         .chain(std::iter::once(Scenario {
-            name: "09-set-auth-partition-kill-transfer".into(),
-            ..auth_scenario(seed.wrapping_add(8 * 7919))
+            name: "11-set-auth-partition-kill-transfer".into(),
+            ..auth_scenario(seed.wrapping_add(10 * 7919))
         }))
         .collect()
 }
@@ -120,7 +283,7 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         nodes: 3,
         duration: Duration::from_secs(18),
         seed,
-        broken_reads: false,
+        broken: None,
         auth: true,
     }
 }
@@ -207,6 +370,8 @@ pub async fn run_scenario(scenario: &Scenario, env: &RunEnvironment) -> Scenario
         verdict: None,
         elapsed: Duration::ZERO,
         operations: 0,
+        acknowledged_writes: 0,
+        successful_reads: 0,
         faults: 0,
         folder: folder.clone(),
     };
@@ -247,7 +412,7 @@ async fn run_scenario_inner(
     result: &mut ScenarioResult,
 ) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(scenario.seed);
-    let lab = if scenario.nemesis == NemesisKind::Partition {
+    let lab = if scenario.nemesis.needs_network() {
         Some(Arc::new(NetworkLab::new()?))
     } else {
         None
@@ -258,12 +423,23 @@ async fn run_scenario_inner(
     options.snapshot_log_entries = 500;
     options.network = lab.clone();
     options.powercut = scenario.nemesis == NemesisKind::PowerCut;
+    options.live_clocks = scenario.nemesis == NemesisKind::Clock;
+    if scenario.nemesis == NemesisKind::Compaction {
+        options.extra_args.extend([
+            "--history-changes-max".to_owned(),
+            nemesis::COMPACTION_HISTORY_CHANGES.to_string(),
+        ]);
+    }
+    // Power cuts as harsh as the disk model allows: unsynced writes torn sector by sector,
+    // names lost unless their directory was synced.
+    options.powercut_options = cairn_powercut_fs::PowerCutOptions {
+        torn_writes_seed: Some(scenario.seed),
+        strict_directories: true,
+    };
     options.die_with_parent = true;
     options.log_level = "info".into();
-    if scenario.broken_reads {
-        options
-            .extra_args
-            .push("--unsafe-local-strong-reads".into());
+    if let Some(mode) = scenario.broken {
+        options.extra_args.extend(mode.flags());
     }
     let mut cluster = Cluster::try_start(options)?;
     let endpoints = cluster.endpoints();
@@ -354,6 +530,10 @@ async fn run_scenario_inner(
 
     let history = workload.recorder.history();
     result.operations = history.len();
+    (result.acknowledged_writes, result.successful_reads) = work_done(&history);
+    if let Some(short) = shortfall(scenario, &history, result.faults) {
+        failure.get_or_insert(short);
+    }
     let mut jsonl = Vec::new();
     if history.write_jsonl(&mut jsonl).is_ok() {
         let _ = std::fs::write(folder.join("history.jsonl"), &jsonl);
@@ -614,6 +794,8 @@ pub async fn run_bounded(
         verdict: None,
         elapsed: started.elapsed(),
         operations: 0,
+        acknowledged_writes: 0,
+        successful_reads: 0,
         faults: 0,
         folder,
     }
@@ -623,17 +805,21 @@ pub async fn run_bounded(
 pub fn print_result(r: &ScenarioResult) {
     match &r.status {
         Status::Passed => println!(
-            "PASS {} ({:.1}s, {} ops, {} faults)",
+            "PASS {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults)",
             r.scenario.name,
             r.elapsed.as_secs_f64(),
             r.operations,
+            r.acknowledged_writes,
+            r.successful_reads,
             r.faults
         ),
         Status::Failed(why) => println!(
-            "FAIL {} ({:.1}s, {} ops, {} faults): {why}",
+            "FAIL {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults): {why}",
             r.scenario.name,
             r.elapsed.as_secs_f64(),
             r.operations,
+            r.acknowledged_writes,
+            r.successful_reads,
             r.faults
         ),
         Status::Skipped(why) => println!("SKIP {}: {why}", r.scenario.name),
@@ -660,13 +846,15 @@ pub fn write_summary(
         };
         let _ = writeln!(
             text,
-            "{} workload={} nemesis={} nodes={} seed={} ops={} faults={} elapsed={:.1}s verdict={:?} {status}",
+            "{} workload={} nemesis={} nodes={} seed={} ops={} acknowledged_writes={} successful_reads={} faults={} elapsed={:.1}s verdict={:?} {status}",
             r.scenario.name,
             r.scenario.workload.name(),
             r.scenario.nemesis.name(),
             r.scenario.nodes,
             r.scenario.seed,
             r.operations,
+            r.acknowledged_writes,
+            r.successful_reads,
             r.faults,
             r.elapsed.as_secs_f64(),
             r.verdict
@@ -695,11 +883,16 @@ pub fn write_summary(
 }
 
 /// The soak plan: scenario `i` of a 5-node soak (every nemesis in turn, a
-/// random workload each).
+/// random workload each; the watch workload with compaction).
 pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(i as u64 * 104_729));
     let nemesis = NemesisKind::ALL[i % NemesisKind::ALL.len()];
-    let workload = *WorkloadKind::ALL.choose(&mut rng).expect("workloads");
+    // Compaction breaks only what watches see; every other nemesis meets every workload.
+    let workload = if nemesis == NemesisKind::Compaction {
+        WorkloadKind::Watch
+    } else {
+        *WorkloadKind::ALL.choose(&mut rng).expect("workloads")
+    };
     Scenario {
         name: format!("{:03}-{}-{}", i + 1, workload.name(), nemesis.name()),
         workload,
@@ -707,7 +900,97 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         nodes: 5,
         duration: Duration::from_secs(30),
         seed: rng.random(),
-        broken_reads: false,
+        broken: None,
         auth: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{OpKind, Recorder, Value};
+
+    #[test]
+    fn the_ci_suite_and_the_soak_run_every_nemesis() {
+        let ci: Vec<NemesisKind> = ci_scenarios(1).iter().map(|s| s.nemesis).collect();
+        let soak: Vec<NemesisKind> = (0..NemesisKind::ALL.len())
+            .map(|i| soak_scenario(i, 1).nemesis)
+            .collect();
+        for kind in NemesisKind::ALL {
+            assert!(
+                ci.contains(&kind),
+                "ci never runs the {} nemesis",
+                kind.name()
+            );
+            assert!(soak.contains(&kind), "soak never runs {}", kind.name());
+        }
+        // Compaction breaks only what watches see: it always runs with the watch workload.
+        for s in ci_scenarios(1).iter().chain(
+            (0..18)
+                .map(|i| soak_scenario(i, 1))
+                .collect::<Vec<_>>()
+                .iter(),
+        ) {
+            if s.nemesis == NemesisKind::Compaction {
+                assert_eq!(s.workload, WorkloadKind::Watch, "{}", s.name);
+            }
+            assert_eq!(s.broken, None, "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn every_broken_mode_is_one_unsafe_flag_and_a_scenario_of_its_own() {
+        let mut flags = std::collections::BTreeSet::new();
+        for mode in BrokenMode::ALL {
+            let f = mode.flags();
+            assert!(f[0].starts_with("--unsafe-"), "{f:?}");
+            assert!(flags.insert(f[0].clone()), "two modes share {}", f[0]);
+            let s = mode.scenario(1, 7);
+            assert_eq!(s.broken, Some(mode));
+            assert_eq!((s.workload, s.nemesis), mode.plan());
+            assert!(s.name.contains(mode.name()));
+        }
+    }
+
+    /// A history of `writes` acknowledged adds and `reads` successful reads, plus failed
+    /// and indeterminate operations that must not count.
+    fn history(writes: usize, reads: usize) -> crate::History {
+        let recorder = Recorder::new();
+        for i in 0..writes {
+            recorder
+                .invoke(0, OpKind::Add, "s", Value::Int(i as i64))
+                .ok(Value::Null);
+        }
+        for _ in 0..reads {
+            recorder
+                .invoke(1, OpKind::Read, "s", Value::Null)
+                .ok(Value::Null);
+        }
+        recorder.invoke(2, OpKind::Add, "s", Value::Int(-1)).info();
+        recorder.invoke(3, OpKind::Read, "s", Value::Null).fail();
+        recorder.history()
+    }
+
+    #[test]
+    fn a_scenario_that_did_too_little_fails_naming_what_it_lacked() {
+        let scenario = ci_scenarios(1)
+            .into_iter()
+            .find(|s| s.workload == WorkloadKind::Set && s.nemesis == NemesisKind::PowerCut)
+            .expect("a set power-cut scenario");
+        let minimums = Minimums::of(WorkloadKind::Set, NemesisKind::PowerCut);
+        let enough = history(minimums.acknowledged_writes, minimums.successful_reads);
+        assert_eq!(
+            work_done(&enough),
+            (minimums.acknowledged_writes, minimums.successful_reads)
+        );
+        assert_eq!(shortfall(&scenario, &enough, minimums.faults), None);
+        let few_writes = history(minimums.acknowledged_writes - 1, minimums.successful_reads);
+        let why = shortfall(&scenario, &few_writes, minimums.faults).expect("too few writes");
+        assert!(why.contains("acknowledged writes"), "{why}");
+        let few_reads = history(minimums.acknowledged_writes, minimums.successful_reads - 1);
+        let why = shortfall(&scenario, &few_reads, minimums.faults).expect("too few reads");
+        assert!(why.contains("successful reads"), "{why}");
+        let why = shortfall(&scenario, &enough, minimums.faults - 1).expect("too few faults");
+        assert!(why.contains("faults"), "{why}");
     }
 }

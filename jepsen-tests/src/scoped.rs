@@ -415,8 +415,8 @@ impl ScopedWorkload {
         for (scope, token) in tokens.iter().enumerate() {
             let options = with_token(&client_options, token)?;
             for endpoint in endpoints {
-                let client =
-                    Client::new(&[endpoint.clone()], options.clone()).map_err(|e| e.to_string())?;
+                let client = Client::new(std::slice::from_ref(endpoint), options.clone())
+                    .map_err(|e| e.to_string())?;
                 watchers.push(tokio::spawn(watcher(
                     client,
                     scope,
@@ -605,6 +605,10 @@ pub async fn run(
 
     let history = workload.recorder.history();
     result.operations = history.len();
+    (result.acknowledged_writes, result.successful_reads) = crate::runner::work_done(&history);
+    if let Some(short) = crate::runner::shortfall(scenario, &history, result.faults) {
+        failure.get_or_insert(short);
+    }
     let mut jsonl = Vec::new();
     if history.write_jsonl(&mut jsonl).is_ok() {
         let _ = std::fs::write(folder.join("history.jsonl"), &jsonl);

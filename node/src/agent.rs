@@ -148,8 +148,9 @@ impl Agent {
     /// on SIGHUP, for what can change without a restart).
     pub async fn start(config: Config, source: ConfigSource) -> anyhow::Result<Agent> {
         crate::config::warn_ignored_environment();
-        std::fs::create_dir_all(&config.data_dir)
-            .with_context(|| format!("cannot create data dir {}", config.data_dir.display()))?;
+        // `DirLock::acquire` creates the data dir and makes its name durable (an fsync of
+        // its parent): a data dir created here first would never have its name synced, and
+        // a power cut soon after could lose the whole node's state.
         let lock = lock_data_dir(
             &config.data_dir,
             Duration::from_millis(config.shutdown_timeout_ms),
@@ -194,7 +195,11 @@ impl Agent {
             bootstrap_members: config.members.iter().map(|m| m.id).collect(),
             tls: access.tls.clone(),
             own_peer_address: config.peer_address.clone(),
+            unsafe_skip_fsync: config.unsafe_modes.unsafe_skip_fsync,
         };
+        for mode in config.unsafe_modes.enabled() {
+            tracing::warn!("{mode}: DANGEROUS test-only mode on; this node breaks its contract");
+        }
         let limits = Arc::new(limits(&config));
         let raft = RaftHandle::start(
             config.node_id,
@@ -260,6 +265,7 @@ impl Agent {
             request_timeout,
             config.client_message_bytes_max,
             access.tls.clone(),
+            config.unsafe_modes.clone(),
         );
 
         // Peer port.
@@ -289,13 +295,8 @@ impl Agent {
         let api = Arc::new(
             ResourceApi::new(forwarding.forwarder, auth.clone(), request_timeout)
                 .with_connection_limits(connection_limits.clone())
-                .with_unsafe_local_strong_reads(config.unsafe_local_strong_reads),
+                .with_unsafe_modes(config.unsafe_modes.clone()),
         );
-        if config.unsafe_local_strong_reads {
-            tracing::warn!(
-                "--unsafe-local-strong-reads: strong reads are served locally and may be stale"
-            );
-        }
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         let health = Arc::new(Health {
             reporter: health_reporter,

@@ -177,10 +177,9 @@ struct AgentArgs {
     /// ... falling behind that rate by at most this long before it is closed.
     #[arg(long)]
     receive_stall_timeout_ms: Option<u64>,
-    /// DANGEROUS, test-only: serve strong reads and lists locally without
-    /// confirming leadership (stale reads). Used to prove the jepsen suite can fail.
-    #[arg(long)]
-    unsafe_local_strong_reads: bool,
+    /// The test-only `--unsafe-*` switches (flags only; see `config::UnsafeModes`).
+    #[command(flatten)]
+    unsafe_modes: crate::config::UnsafeModes,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -433,9 +432,6 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
             put(key, v.into())
         }
     }
-    if a.unsafe_local_strong_reads {
-        put("unsafe_local_strong_reads", true.into())
-    }
     Ok(serde_json::Value::Object(m))
 }
 
@@ -454,13 +450,14 @@ fn run_agent(args: AgentArgs) -> u8 {
     if args.print_config {
         return print_config(&source);
     }
-    let config = match source.load() {
+    let mut config = match source.load() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cairn: {e}");
             return exit::USAGE;
         }
     };
+    config.unsafe_modes = args.unsafe_modes.clone();
     init_logging(&config.log_level, config.log_format);
     runtime().block_on(async move {
         if config.metrics_address.is_some() {

@@ -234,13 +234,64 @@ pub struct Config {
     pub keepalive_interval_ms: u64,
     /// ... and close it when a ping is not answered within this time.
     pub keepalive_timeout_ms: u64,
-    /// DANGEROUS, for testing the test suite only: serve strong reads and
-    /// strong lists from the local state without `ensure_linearizable`, so a
-    /// follower or a deposed leader answers them with stale data. The jepsen
-    /// suite's `prove-broken` command starts nodes with it to show that its
-    /// register workload catches the violation. Never set it in production.
-    #[serde(default)]
+    /// The test-only switches ([`UnsafeModes`]): set by `--unsafe-*` flags only, never by
+    /// the file or the environment (a file naming one is refused as an unknown field).
+    #[serde(skip)]
+    pub unsafe_modes: UnsafeModes,
+}
+
+/// DANGEROUS, for testing the test suite only: every switch that makes a node break its
+/// contract, in one place. Each is an `--unsafe-*` flag of `cairn agent` and nothing else
+/// (no setting, no environment variable, no file key), off by default, and logged as a
+/// warning at start-up. The jepsen suite's `prove-broken` matrix starts nodes with each to
+/// show that the checker meant for it notices. Never use one in production.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct UnsafeModes {
+    /// DANGEROUS, test-only: serve strong reads and lists locally without confirming
+    /// leadership (stale reads).
+    #[arg(long)]
     pub unsafe_local_strong_reads: bool,
+    /// DANGEROUS, test-only: skip the Raft log's fdatasync/fsync (a power cut loses
+    /// acknowledged writes).
+    #[arg(long)]
+    pub unsafe_skip_fsync: bool,
+    /// DANGEROUS, test-only: answer a write as soon as it is handed to Raft, before it
+    /// commits (a write lost with its leader was acknowledged).
+    #[arg(long)]
+    pub unsafe_ack_before_commit: bool,
+    /// DANGEROUS, test-only: drop every Nth change event of each watch stream (0 = none).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub unsafe_drop_watch_events: u64,
+    /// DANGEROUS, test-only: accept a compare-and-set whose version is stale (the leader
+    /// replaces it with the stored version).
+    #[arg(long)]
+    pub unsafe_accept_stale_cas: bool,
+}
+
+impl UnsafeModes {
+    /// The flags of the switches that are on, for the start-up warning.
+    pub fn enabled(&self) -> Vec<String> {
+        let mut on = Vec::new();
+        if self.unsafe_local_strong_reads {
+            on.push("--unsafe-local-strong-reads".to_owned());
+        }
+        if self.unsafe_skip_fsync {
+            on.push("--unsafe-skip-fsync".to_owned());
+        }
+        if self.unsafe_ack_before_commit {
+            on.push("--unsafe-ack-before-commit".to_owned());
+        }
+        if self.unsafe_drop_watch_events > 0 {
+            on.push(format!(
+                "--unsafe-drop-watch-events {}",
+                self.unsafe_drop_watch_events
+            ));
+        }
+        if self.unsafe_accept_stale_cas {
+            on.push("--unsafe-accept-stale-cas".to_owned());
+        }
+        on
+    }
 }
 
 impl Default for Config {
@@ -298,7 +349,7 @@ impl Default for Config {
             receive_stall_timeout_ms: 10_000,
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 10_000,
-            unsafe_local_strong_reads: false,
+            unsafe_modes: UnsafeModes::default(),
         }
     }
 }
@@ -904,6 +955,31 @@ mod tests {
         assert!(e.to_string().contains("peer_address"), "{e}");
         let e = Config::load(Some(&file), flags(serde_json::json!({"node_id": 7}))).unwrap_err();
         assert!(e.to_string().contains("members"), "{e}");
+    }
+
+    #[test]
+    fn an_unsafe_mode_is_never_a_setting_read_from_a_file() {
+        // The test-only switches are `--unsafe-*` flags only: a file naming one is refused
+        // (unknown field), and the flags' layer cannot set one either.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        let members = "[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n";
+        for key in [
+            "unsafe_local_strong_reads = true",
+            "unsafe_skip_fsync = true",
+            "unsafe_ack_before_commit = true",
+            "unsafe_drop_watch_events = 3",
+            "unsafe_accept_stale_cas = true",
+            "unsafe_modes = { unsafe_skip_fsync = true }",
+        ] {
+            std::fs::write(&file, format!("node_id = 1\n{key}\n{members}")).unwrap();
+            let e = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap_err();
+            assert!(e.to_string().contains("unsafe"), "{key}: {e}");
+        }
+        std::fs::write(&file, format!("node_id = 1\n{members}")).unwrap();
+        let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
+        assert_eq!(c.unsafe_modes, UnsafeModes::default());
+        assert!(c.unsafe_modes.enabled().is_empty());
     }
 
     #[test]

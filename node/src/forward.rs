@@ -19,21 +19,80 @@ use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::forwarding_service_server::ForwardingServiceServer;
 use tonic::service::interceptor::InterceptedService;
 
+use crate::config::UnsafeModes;
 use crate::raft::RaftHandle;
 
 /// [`Handle`] over this node's Raft.
 pub struct NodeHandle {
     raft: RaftHandle,
+    /// The test-only switches that act where a command is proposed (on the leader, for
+    /// a write sent to it or forwarded to it): `--unsafe-accept-stale-cas` and
+    /// `--unsafe-ack-before-commit`.
+    unsafe_modes: UnsafeModes,
 }
 
 impl NodeHandle {
-    pub fn new(raft: RaftHandle) -> NodeHandle {
-        NodeHandle { raft }
+    pub fn new(raft: RaftHandle, unsafe_modes: UnsafeModes) -> NodeHandle {
+        NodeHandle { raft, unsafe_modes }
+    }
+
+    /// DANGEROUS, test-only (`--unsafe-accept-stale-cas`): a write's expected version
+    /// becomes the version stored here, so a compare against a stale version succeeds.
+    fn accept_stale_cas(&self, command: Command) -> Command {
+        match command {
+            Command::Write { mut resource } if !resource.version.is_empty() => {
+                if let Some(stored) = resource
+                    .id
+                    .as_ref()
+                    .and_then(|id| self.raft.store.view().read(id).ok())
+                {
+                    resource.version = stored.version().to_owned();
+                }
+                Command::Write { resource }
+            }
+            other => other,
+        }
+    }
+
+    /// DANGEROUS, test-only (`--unsafe-ack-before-commit`): a write is proposed in the
+    /// background and answered at once as written, at the index it would get if nothing
+    /// else came first; a write that never commits (its leader was cut off or died) was
+    /// acknowledged all the same.
+    fn ack_before_commit(&self, command: Command) -> (u64, Applied) {
+        let Command::Write { resource } = &command else {
+            unreachable!("only writes are acknowledged early")
+        };
+        let index = self
+            .raft
+            .raft
+            .metrics()
+            .borrow()
+            .last_log_index
+            .unwrap_or(0)
+            + 1;
+        let mut written = resource.clone();
+        written.version = index.to_string();
+        let raft = self.raft.clone();
+        tokio::spawn(async move {
+            let _ = raft.propose(command).await;
+        });
+        (
+            index,
+            Applied::Written(cairn_fsm::StoredResource::from_resource(&written)),
+        )
     }
 }
 
 impl Handle for NodeHandle {
     async fn apply(&self, command: Command) -> Result<(u64, Applied), ApiError> {
+        let command = if self.unsafe_modes.unsafe_accept_stale_cas {
+            self.accept_stale_cas(command)
+        } else {
+            command
+        };
+        if self.unsafe_modes.unsafe_ack_before_commit && matches!(command, Command::Write { .. }) {
+            return Ok(self.ack_before_commit(command));
+        }
         // `RaftHandle::propose` keeps the Handle contract itself: NotLeader or
         // Unavailable only before proposing, Inconsistent after.
         self.raft.propose(command).await
@@ -96,9 +155,10 @@ pub fn start(
     request_timeout: Duration,
     message_bytes_max: usize,
     tls: Option<cairn_tls::ClientTls>,
+    unsafe_modes: UnsafeModes,
 ) -> Forwarding {
     cairn_forwarding::metrics::describe();
-    let handle = Arc::new(NodeHandle::new(raft.clone()));
+    let handle = Arc::new(NodeHandle::new(raft.clone(), unsafe_modes));
     let channel = Arc::new(
         LeaderChannel::new(
             raft.node_id,

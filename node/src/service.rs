@@ -53,9 +53,10 @@ pub struct ResourceApi {
     request_timeout: Duration,
     /// Watches per connection and per node.
     connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
-    /// DANGEROUS, test-only (`--unsafe-local-strong-reads`): strong reads and
-    /// lists are answered as eventual ones, from this node's possibly stale state.
-    unsafe_local_strong_reads: bool,
+    /// DANGEROUS, test-only switches: `--unsafe-local-strong-reads` (strong reads and
+    /// lists are answered as eventual ones, from this node's possibly stale state) and
+    /// `--unsafe-drop-watch-events N` (every Nth change of each watch stream is dropped).
+    unsafe_modes: crate::config::UnsafeModes,
 }
 
 impl ResourceApi {
@@ -69,7 +70,7 @@ impl ResourceApi {
             auth,
             request_timeout,
             connection_limits: None,
-            unsafe_local_strong_reads: false,
+            unsafe_modes: crate::config::UnsafeModes::default(),
         }
     }
 
@@ -82,18 +83,19 @@ impl ResourceApi {
         self
     }
 
-    /// DANGEROUS, test-only: serve strong reads and lists locally, without
-    /// confirming leadership (see `Config::unsafe_local_strong_reads`). It
-    /// exists so that the jepsen suite can show it catches stale reads.
-    pub fn with_unsafe_local_strong_reads(mut self, enabled: bool) -> ResourceApi {
-        self.unsafe_local_strong_reads = enabled;
+    /// DANGEROUS, test-only (`config::UnsafeModes`): they exist so that the jepsen
+    /// suite can show it catches what each breaks.
+    pub fn with_unsafe_modes(mut self, modes: crate::config::UnsafeModes) -> ResourceApi {
+        self.unsafe_modes = modes;
         self
     }
 
     /// The read actually served: strong becomes eventual under the test-only
     /// unsafe flag, and only then.
     fn served(&self, mut r: pb::ReadRequest) -> pb::ReadRequest {
-        if self.unsafe_local_strong_reads && r.consistency == pb::Consistency::Strong as i32 {
+        if self.unsafe_modes.unsafe_local_strong_reads
+            && r.consistency == pb::Consistency::Strong as i32
+        {
             r.consistency = pb::Consistency::Eventual as i32;
         }
         r
@@ -101,7 +103,9 @@ impl ResourceApi {
 
     /// As [`ResourceApi::served`], for lists.
     fn served_list(&self, mut r: pb::ListRequest) -> pb::ListRequest {
-        if self.unsafe_local_strong_reads && r.consistency == pb::Consistency::Strong as i32 {
+        if self.unsafe_modes.unsafe_local_strong_reads
+            && r.consistency == pb::Consistency::Strong as i32
+        {
             r.consistency = pb::Consistency::Eventual as i32;
         }
         r
@@ -286,6 +290,7 @@ impl ResourceService for ResourceGrpc {
                 events.filter(move |event| std::future::ready(event_visible(&within, event))),
             ),
         };
+        let events = drop_every_nth_change(events, self.0.unsafe_modes.unsafe_drop_watch_events);
         let events = crate::auth::close_when_revoked(events, guard);
         let events = futures::StreamExt::map(events, move |event| {
             let _held = &permit;
@@ -293,6 +298,29 @@ impl ResourceService for ResourceGrpc {
         });
         Ok(Response::new(Box::pin(events)))
     }
+}
+
+/// DANGEROUS, test-only (`--unsafe-drop-watch-events N`): the stream without its Nth,
+/// 2Nth, ... change event (markers and errors pass); `n = 0` keeps every event.
+fn drop_every_nth_change(events: WatchStream, n: u64) -> WatchStream {
+    if n == 0 {
+        return events;
+    }
+    let mut changes = 0u64;
+    Box::pin(events.filter(move |event| {
+        use shared::watch_event::Event;
+        let change = matches!(
+            event,
+            Ok(shared::WatchEvent {
+                event: Some(Event::Upsert(_) | Event::Delete(_)),
+                ..
+            })
+        );
+        if change {
+            changes += 1;
+        }
+        std::future::ready(!(change && changes.is_multiple_of(n)))
+    }))
 }
 
 /// Whether a watch event may reach the caller: a change to a resource

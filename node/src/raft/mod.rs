@@ -313,6 +313,9 @@ pub struct RaftSettings {
     pub tls: Option<cairn_tls::ClientTls>,
     /// This node's peer address: settles the node id of a data dir that records none.
     pub own_peer_address: String,
+    /// DANGEROUS, test-only (`--unsafe-skip-fsync`): the Raft log skips its file and
+    /// directory syncs.
+    pub unsafe_skip_fsync: bool,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -603,6 +606,8 @@ impl RaftHandle {
             cairn_raft_log::LogOptions {
                 // openraft reads each AppendEntries through the log's bounded reader.
                 read_bytes_max: settings.replication_batch_bytes_max as u64,
+                unsafe_skip_fsync_for_tests: settings.unsafe_skip_fsync,
+                unsafe_skip_directory_fsync_for_tests: settings.unsafe_skip_fsync,
                 ..cairn_raft_log::LogOptions::with_engine(settings.log_engine)
             },
         )

@@ -170,7 +170,11 @@ impl StateMachine {
         identity: Arc<ClusterIdentity>,
         growth: Arc<LogGrowth>,
     ) -> anyhow::Result<StateMachine> {
-        std::fs::create_dir_all(dir)?;
+        if !dir.exists() {
+            std::fs::create_dir_all(dir)?;
+            // The new directory's name must survive a power cut, with the snapshots in it.
+            crate::durable::sync_parent(dir)?;
+        }
         let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)?
             .flatten()
             .map(|e| e.path())
