@@ -120,8 +120,8 @@ impl View {
             .filter(|(k, _)| matcher.matches_key(k))
             .map(|(_, r)| r)
             .filter(|r| visible.is_none_or(|v| v.shows_resource(r)))
-            .cloned()
             .take(results_max.saturating_add(1))
+            .cloned()
             .collect();
         (found.len() <= results_max).then_some(found)
     }
@@ -155,8 +155,8 @@ impl View {
             .take_while(|(k, _)| k.starts_with(prefix.as_str()))
             .map(|(_, r)| r)
             .filter(|r| visible.is_none_or(|v| v.shows_resource(r)))
-            .cloned()
             .take(results_max.saturating_add(1))
+            .cloned()
             .collect();
         (found.len() <= results_max).then_some(found)
     }

@@ -358,8 +358,9 @@ impl Workload {
         }
         let mut watchers = Vec::new();
         if options.kind == WorkloadKind::Watch {
-            for node in 0..endpoints.len() {
-                let Ok(client) = Client::new(&[endpoints[node].clone()], options.client.clone())
+            for (node, endpoint) in endpoints.iter().enumerate() {
+                let Ok(client) =
+                    Client::new(std::slice::from_ref(endpoint), options.client.clone())
                 else {
                     continue;
                 };
