@@ -330,6 +330,15 @@ impl Cluster {
         self.nodes.iter().map(|n| n.id).collect()
     }
 
+    /// Every node's id but `id`'s (the survivors of a killed leader, say).
+    pub fn ids_except(&self, id: u64) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|n| n.id)
+            .filter(|n| *n != id)
+            .collect()
+    }
+
     /// Client addresses of every node (running or not).
     pub fn endpoints(&self) -> Vec<String> {
         self.nodes

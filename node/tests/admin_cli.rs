@@ -33,33 +33,7 @@ fn options(nodes: usize) -> ClusterOptions {
 
 /// Runs `cairn ARGS` (stdin: nothing, not a terminal), killed after 60 s.
 async fn cairn(args: &[&str]) -> Run {
-    let mut command = tokio::process::Command::new(binary());
-    command.args(args);
-    for name in [
-        "CAIRN_ENDPOINTS",
-        "CAIRN_TOKEN",
-        "CAIRN_CACERT",
-        "CAIRN_CERT",
-        "CAIRN_KEY",
-    ] {
-        command.env_remove(name);
-    }
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("cairn starts");
-    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("cairn {args:?} did not finish within 60 s"))
-        .expect("cairn output");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+    client_support::run_cairn(&binary(), args, None, &[]).await
 }
 
 /// `cairn ARGS --endpoints ENDPOINTS`.
@@ -149,11 +123,7 @@ async fn status_asks_every_member_and_exits_5_without_a_quorum() {
     }
 
     let survivor = leader;
-    let dead: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let dead: Vec<u64> = cluster.ids_except(leader);
     for id in &dead {
         cluster.kill(*id);
     }
@@ -196,9 +166,8 @@ async fn member_remove_of_a_dead_node_tries_the_next_endpoint() {
     let mut endpoints = vec![cluster.node(dead).client_address.clone()];
     endpoints.extend(
         cluster
-            .ids()
+            .ids_except(dead)
             .into_iter()
-            .filter(|id| *id != dead)
             .map(|id| cluster.node(id).client_address.clone()),
     );
     let run = cairn_at(
@@ -268,9 +237,8 @@ async fn a_command_against_a_stopped_node_returns_within_its_timeout() {
     let mut endpoints = vec![stopped_address];
     endpoints.extend(
         cluster
-            .ids()
+            .ids_except(stopped)
             .into_iter()
-            .filter(|id| *id != stopped)
             .map(|id| cluster.node(id).client_address.clone()),
     );
     let started = Instant::now();
@@ -416,11 +384,7 @@ async fn remove_refuses_to_break_the_quorum_unless_forced() {
     let mut cluster = Cluster::start(options(3));
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let endpoints = cluster.endpoints().join(",");
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let others: Vec<u64> = cluster.ids_except(leader);
     let (stopped, removed) = (others[0], others[1]);
     cluster.kill(stopped);
     // The leader counts a voter unreachable once it has not heard from it for an election

@@ -168,9 +168,8 @@ async fn every_client_call_succeeds_with_one_of_three_nodes_dead() {
         let mut endpoints = vec![cluster.node(follower).client_address.clone()];
         endpoints.extend(
             cluster
-                .ids()
+                .ids_except(follower)
                 .into_iter()
-                .filter(|id| *id != follower)
                 .map(|id| cluster.node(id).client_address.clone()),
         );
         let client = client_for(&endpoints).await;
@@ -189,9 +188,8 @@ async fn every_client_call_succeeds_with_one_of_three_nodes_dead() {
         let mut endpoints = vec![cluster.node(leader).client_address.clone()];
         endpoints.extend(
             cluster
-                .ids()
+                .ids_except(leader)
                 .into_iter()
-                .filter(|id| *id != leader)
                 .map(|id| cluster.node(id).client_address.clone()),
         );
         let client = client_for(&endpoints).await;

@@ -71,11 +71,7 @@ async fn killing_the_leader_elects_another_and_loses_no_acknowledged_write() {
     }
     let killed_at = Instant::now();
     cluster.kill(leader);
-    let survivors: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let survivors: Vec<u64> = cluster.ids_except(leader);
     assert!(
         create_anywhere(&cluster, "after-000", b"x", Duration::from_secs(30))
             .await
@@ -215,12 +211,7 @@ async fn five_nodes_survive_two_failures_and_both_catch_up() {
     // come back and converge on the same data.
     let mut cluster = Cluster::start(options(5));
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
-    let victims: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .take(2)
-        .collect();
+    let victims: Vec<u64> = cluster.ids_except(leader).into_iter().take(2).collect();
     for v in &victims {
         cluster.kill(*v);
     }
@@ -474,11 +465,7 @@ async fn sigterm_on_the_leader_hands_off_before_stopping() {
         "{}",
         cluster.log_of(leader)
     );
-    let others: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let others: Vec<u64> = cluster.ids_except(leader);
     let new_leader = cluster.wait_for_leader_among(&others, LEADER_TIMEOUT).await;
     let s = cluster.status(new_leader).await.unwrap();
     assert!(

@@ -91,11 +91,7 @@ async fn a_cluster_with_host_names_and_unrelated_cairn_variables_starts_and_serv
     // The leader goes; the others elect a new one, dialling each other by name, and it
     // comes back under its name and catches up.
     cluster.kill(leader);
-    let survivors: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let survivors: Vec<u64> = cluster.ids_except(leader);
     let new_leader = cluster
         .wait_for_leader_among(&survivors, Duration::from_secs(30))
         .await;

@@ -137,9 +137,8 @@ async fn check_the_contract(cluster: &Cluster, access: &Access) {
     let mut targets = vec![(leader, "leader")];
     targets.extend(
         cluster
-            .ids()
+            .ids_except(leader)
             .into_iter()
-            .filter(|id| *id != leader)
             .map(|id| (id, "follower")),
     );
     for (run, (node, role)) in targets.into_iter().enumerate() {
@@ -226,9 +225,8 @@ impl Target {
         let address = cluster.node(node).client_address.clone();
         let mut t = Target::at(access, group, &address);
         t.others = cluster
-            .ids()
+            .ids_except(node)
             .into_iter()
-            .filter(|id| *id != node)
             .map(|id| cluster.node(id).client_address.clone())
             .collect();
         t

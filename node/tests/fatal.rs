@@ -402,7 +402,7 @@ async fn sigterm_of_a_leader_whose_peers_are_stopped_ends_within_the_deadline() 
             .await
             .expect("write")
     );
-    for id in cluster.ids().into_iter().filter(|id| *id != leader) {
+    for id in cluster.ids_except(leader).into_iter() {
         cluster.pause(id);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -140,11 +140,7 @@ async fn cas_writes_forwarded_by_a_follower_survive_the_leader_being_killed() {
     wait_for_acks(&acknowledged_count, ACKS_PER_PHASE).await;
     let killed_at = Instant::now();
     cluster.kill(leader);
-    let survivors: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let survivors: Vec<u64> = cluster.ids_except(leader);
     let new_leader = cluster
         .wait_for_leader_among(&survivors, LEADER_TIMEOUT)
         .await;

@@ -112,7 +112,7 @@ async fn a_forged_append_entries_from_a_made_up_leader_is_refused_and_nothing_fo
         }],
         leader_commit: Some(forged_log_id),
     };
-    for follower in cluster.ids().into_iter().filter(|id| *id != leader) {
+    for follower in cluster.ids_except(leader).into_iter() {
         let answer = raft_client(&cluster.node(follower).peer_address)
             .await
             .append_entries(RaftMessage {

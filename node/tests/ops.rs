@@ -239,11 +239,7 @@ async fn metrics_move_with_writes_watches_and_elections() {
     );
     // The peer network: on the leader, bytes to and from each follower and heartbeat round
     // trips to it; on a follower, bytes from the leader. All of them move.
-    let followers: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let followers: Vec<u64> = cluster.ids_except(leader);
     let peer_series = |peer: u64| {
         [
             format!("cairn_network_peer_sent_bytes_total{{to=\"{peer}\"}}"),

@@ -221,11 +221,7 @@ async fn a_lagging_follower_then_a_stopped_peer_leaves_a_cluster_that_serves_aga
 async fn a_leader_cut_off_from_both_followers_steps_down() {
     let mut cluster = Cluster::start(options(3));
     let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
-    let followers: Vec<u64> = cluster
-        .ids()
-        .into_iter()
-        .filter(|id| *id != leader)
-        .collect();
+    let followers: Vec<u64> = cluster.ids_except(leader);
     for id in &followers {
         cluster.pause(*id);
     }

@@ -167,7 +167,17 @@ const CLIENT_ENV: [&str; 5] = [
 /// As [`cairn`], with the variables `env` set (and no other `CAIRN_*`
 /// client variable from the test's environment).
 pub async fn cairn_env(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Run {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_cairn"));
+    run_cairn(env!("CARGO_BIN_EXE_cairn"), args, stdin, env).await
+}
+
+/// As [`cairn_env`], with the `cairn` binary at `binary` (a test may run another build).
+pub async fn run_cairn(
+    binary: &str,
+    args: &[&str],
+    stdin: Option<&str>,
+    env: &[(&str, &str)],
+) -> Run {
+    let mut command = tokio::process::Command::new(binary);
     command.args(args);
     for name in CLIENT_ENV {
         command.env_remove(name);
