@@ -271,17 +271,7 @@ async fn membership_add_promote_and_remove_while_serving() {
         .into_iter()
         .find(|id| *id != leader && *id != new_id)
         .unwrap();
-    let mut admin =
-        cairn_proto::v1::admin_service_client::AdminServiceClient::connect(format!("http://{via}"))
-            .await
-            .unwrap();
-    admin
-        .remove_member(cairn_proto::v1::RemoveMemberRequest {
-            id: removed,
-            force: false,
-        })
-        .await
-        .unwrap();
+    remove_member(&via, removed).await;
     cluster.kill(removed);
     assert!(
         create_anywhere(&cluster, "m-2", b"x", Duration::from_secs(10))
@@ -379,17 +369,7 @@ async fn a_wiped_node_is_refused_until_it_is_re_added_explicitly() {
     );
 
     let via = cluster.node(leader).client_address.clone();
-    let mut admin =
-        cairn_proto::v1::admin_service_client::AdminServiceClient::connect(format!("http://{via}"))
-            .await
-            .unwrap();
-    admin
-        .remove_member(cairn_proto::v1::RemoveMemberRequest {
-            id: wiped,
-            force: false,
-        })
-        .await
-        .unwrap();
+    remove_member(&via, wiped).await;
     std::fs::remove_dir_all(&cluster.node(wiped).data_dir).ok();
     cluster
         .nodes
@@ -535,4 +515,30 @@ async fn a_member_that_starts_after_the_cluster_took_writes_joins_it() {
         "node 3 stopped: {}",
         cluster.log_of(3)
     );
+}
+
+/// Removes member `id` through the node at `via` (the leader). The removal refuses
+/// (FailedPrecondition) while the leader has not heard from enough voters within an election
+/// timeout, as a loaded machine can make it for a moment: it is asked again for up to 20 s.
+async fn remove_member(via: &str, id: u64) {
+    let mut admin =
+        cairn_proto::v1::admin_service_client::AdminServiceClient::connect(format!("http://{via}"))
+            .await
+            .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match admin
+            .remove_member(cairn_proto::v1::RemoveMemberRequest { id, force: false })
+            .await
+        {
+            Ok(_) => return,
+            Err(status)
+                if status.code() == tonic::Code::FailedPrecondition
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("removing node {id}: {status:?}"),
+        }
+    }
 }
