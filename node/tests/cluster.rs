@@ -248,18 +248,7 @@ async fn membership_add_promote_and_remove_while_serving() {
     );
     let via = cluster.node(leader).client_address.clone();
     let new_id = cluster.add_joining_node(&via);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = cluster.status(leader).await.unwrap();
-        if s.members.iter().any(|m| m.id == new_id && m.voter) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {new_id} never became a voter: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_voter(&cluster, leader, new_id).await;
     assert!(
         create_anywhere(&cluster, "m-1", b"x", Duration::from_secs(10))
             .await
@@ -271,7 +260,10 @@ async fn membership_add_promote_and_remove_while_serving() {
         .into_iter()
         .find(|id| *id != leader && *id != new_id)
         .unwrap();
-    remove_member(&via, removed).await;
+    cluster
+        .remove_member(removed, Duration::from_secs(20))
+        .await
+        .unwrap();
     cluster.kill(removed);
     assert!(
         create_anywhere(&cluster, "m-2", b"x", Duration::from_secs(10))
@@ -369,7 +361,10 @@ async fn a_wiped_node_is_refused_until_it_is_re_added_explicitly() {
     );
 
     let via = cluster.node(leader).client_address.clone();
-    remove_member(&via, wiped).await;
+    cluster
+        .remove_member(wiped, Duration::from_secs(20))
+        .await
+        .unwrap();
     std::fs::remove_dir_all(&cluster.node(wiped).data_dir).ok();
     cluster
         .nodes
@@ -517,28 +512,66 @@ async fn a_member_that_starts_after_the_cluster_took_writes_joins_it() {
     );
 }
 
-/// Removes member `id` through the node at `via` (the leader). The removal refuses
-/// (FailedPrecondition) while the leader has not heard from enough voters within an election
-/// timeout, as a loaded machine can make it for a moment: it is asked again for up to 20 s.
-async fn remove_member(via: &str, id: u64) {
-    let mut admin =
-        cairn_proto::v1::admin_service_client::AdminServiceClient::connect(format!("http://{via}"))
-            .await
-            .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match admin
-            .remove_member(cairn_proto::v1::RemoveMemberRequest { id, force: false })
-            .await
-        {
-            Ok(_) => return,
-            Err(status)
-                if status.code() == tonic::Code::FailedPrecondition
-                    && Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(status) => panic!("removing node {id}: {status:?}"),
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_under_a_newer_leader_catches_up_from_a_snapshot_older_than_it() {
+    // Node 4 joins after the leader compacted its log, installs the leader's snapshot
+    // (taken when the members were 1-3), and becomes leader. Node 5 then joins through
+    // node 4 and installs that same snapshot: it names members 1-3 and not node 4, its
+    // leader. Node 5 must still hear node 4's entries and catch up. (Its peer gate used to
+    // hear only the members of the membership it held, and refused its leader forever:
+    // found by the soak, seed 1124.)
+    let mut o = options(3);
+    o.snapshot_log_entries = 100;
+    let mut cluster = Cluster::start(o);
+    let first = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let address = cluster.node(first).client_address.clone();
+    let mut written = 0;
+    while cluster.status(first).await.unwrap().purged_index == 0 {
+        for _ in 0..10 {
+            write(&address, thing(&format!("w-{written:04}"), "u1", "", b"x"))
+                .await
+                .unwrap();
+            written += 1;
         }
+        assert!(written < 2_000, "the leader never compacted its log");
+    }
+    let old_snapshot_index = cluster.status(first).await.unwrap().snapshot_index;
+    let four = cluster.add_joining_node(&address);
+    wait_until_voter(&cluster, first, four).await;
+    cluster.transfer_leader(four, LEADER_TIMEOUT).await.unwrap();
+    assert_eq!(cluster.wait_for_leader(LEADER_TIMEOUT).await, four);
+    let s4 = cluster.status(four).await.unwrap();
+    assert_eq!(
+        s4.snapshot_index, old_snapshot_index,
+        "the premise: node 4 still holds the snapshot it installed, from before it joined"
+    );
+
+    let via_four = cluster.node(four).client_address.clone();
+    let five = cluster.add_joining_node(&via_four);
+    let last = cluster.status(four).await.unwrap().last_log_index;
+    assert!(
+        cluster
+            .wait_applied(five, last, Duration::from_secs(30))
+            .await,
+        "node {five} never applied index {last}: {}",
+        cluster.log_of(five)
+    );
+    let expected: Vec<String> = (0..written).map(|i| format!("w-{i:04}")).collect();
+    wait_converged(&cluster, &[five], &expected, Duration::from_secs(20)).await;
+}
+
+/// Waits until node `id` is a voter in the membership the node `at` reports.
+async fn wait_until_voter(cluster: &Cluster, at: u64, id: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = cluster.status(at).await.unwrap();
+        if s.members.iter().any(|m| m.id == id && m.voter) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {id} never became a voter: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

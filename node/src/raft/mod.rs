@@ -662,13 +662,16 @@ impl RaftHandle {
             identity.clone(),
             move || {
                 let m = metrics.borrow();
-                let ids: BTreeSet<NodeId> = m
+                let members: BTreeSet<NodeId> = m
                     .membership_config
                     .membership()
                     .nodes()
                     .map(|(id, _)| *id)
                     .collect();
-                (!ids.is_empty()).then_some(ids)
+                (!members.is_empty()).then(|| peer_gate::LocalView {
+                    members,
+                    last_log_index: m.last_log_index,
+                })
             },
             settings.bootstrap_members.clone(),
         ));

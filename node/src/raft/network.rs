@@ -35,7 +35,8 @@
 //! `RaftMessage`, without gRPC, HTTP/2 or TLS framing), and the round-trip time of
 //! heartbeats, AppendEntries without entries, which a follower answers without touching its
 //! disk (as etcd's prober measures the network alone). A message received is counted once the
-//! peer gate admitted its sender, so only members ever become labels. A message sent is
+//! peer gate admitted its sender as a member (not a stranger), so only members ever become
+//! labels. A message sent is
 //! counted unless it could not be delivered (UNAVAILABLE: no connection, or the peer was
 //! busy).
 
@@ -64,7 +65,7 @@ use serde::Serialize;
 use std::sync::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
-use super::peer_gate::{self, PeerGate, Refusal};
+use super::peer_gate::{self, Claim, PeerGate, Refusal, Standing};
 use super::series::{PeerSeries, PeerSeriesMap};
 use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
@@ -567,9 +568,18 @@ pub const SMALL_MESSAGE_ROOM_BYTES: usize = 1024 * 1024;
 
 /// Per sender, a budget of the bytes of its AppendEntries and snapshot chunks being
 /// processed at once: `peer_message_bytes_max` plus [`SMALL_MESSAGE_ROOM_BYTES`].
+/// Senders outside this node's membership (strangers, see `peer_gate::Standing`) share
+/// one budget, so made-up node ids cannot grow the map.
 pub struct SenderBudgets {
     bytes_max: usize,
-    budgets: Mutex<HashMap<NodeId, Arc<Semaphore>>>,
+    budgets: Mutex<HashMap<BudgetKey, Arc<Semaphore>>>,
+}
+
+/// Whose budget a message takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum BudgetKey {
+    Member(NodeId),
+    Strangers,
 }
 
 impl SenderBudgets {
@@ -584,8 +594,13 @@ impl SenderBudgets {
     pub fn take(
         &self,
         sender: NodeId,
+        standing: Standing,
         bytes: usize,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
+        let key = match standing {
+            Standing::Member => BudgetKey::Member(sender),
+            Standing::Stranger => BudgetKey::Strangers,
+        };
         // A message over the budget was already refused by gRPC's size limit.
         assert!(
             bytes <= self.bytes_max,
@@ -593,9 +608,9 @@ impl SenderBudgets {
         );
         let budget = {
             let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
-            // Senders are members (the gate admitted them): a handful of entries.
+            // Members (the gate admitted them) and one entry for strangers: a handful.
             budgets
-                .entry(sender)
+                .entry(key)
                 .or_insert_with(|| Arc::new(Semaphore::new(self.bytes_max)))
                 .clone()
         };
@@ -653,12 +668,17 @@ impl RaftRpcService {
     fn count(
         &self,
         sender: NodeId,
+        standing: Standing,
         received: Option<usize>,
         reply: &Result<tonic::Response<RaftMessage>, tonic::Status>,
     ) {
         let (Some(peers), Some(received)) = (&self.series, received) else {
             return;
         };
+        // A stranger's id could be made up: only members become labels.
+        if standing == Standing::Stranger {
+            return;
+        }
         let series = peers.of(sender);
         series.received(received);
         if let Ok(reply) = reply {
@@ -683,37 +703,45 @@ impl RaftRpcService {
     fn admit<T: DeserializeOwned>(
         &self,
         request: tonic::Request<RaftMessage>,
+        claim: fn(&T) -> Claim,
         check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
-    ) -> Result<T, tonic::Status> {
-        self.admit_within_budget(request, false, check)
-            .map(|(rpc, _)| rpc)
+    ) -> Result<(T, Standing), tonic::Status> {
+        self.admit_within_budget(request, false, claim, check)
+            .map(|(rpc, standing, _)| (rpc, standing))
     }
 
     /// [`Self::admit`]; with `budgeted`, the sender's byte budget for this message is taken
     /// once the envelope is admitted and before the payload is decoded, and held by the
-    /// returned permit (see [`SenderBudgets`]).
+    /// returned permit (see [`SenderBudgets`]). A stranger's message is admitted only after
+    /// its bounds are checked and what it `claim`s passes the gate.
     fn admit_within_budget<T: DeserializeOwned>(
         &self,
         request: tonic::Request<RaftMessage>,
         budgeted: bool,
+        claim: fn(&T) -> Claim,
         check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
-    ) -> Result<(T, Option<tokio::sync::OwnedSemaphorePermit>), tonic::Status> {
+    ) -> Result<(T, Standing, Option<tokio::sync::OwnedSemaphorePermit>), tonic::Status> {
         let certified = peer_gate::certified_node_ids(&request);
         let message = request.into_inner();
         let sender = message.sender_node_id;
         let admitted = self
             .gate
             .admit(&message.cluster_id, sender, certified.as_deref())
-            .and_then(|()| {
-                budgeted
-                    .then(|| self.budgets.take(sender, message.payload.len()))
-                    .transpose()
+            .and_then(|standing| {
+                let permit = budgeted
+                    .then(|| self.budgets.take(sender, standing, message.payload.len()))
+                    .transpose()?;
+                Ok((standing, permit))
             })
-            .and_then(|permit| {
+            .and_then(|(standing, permit)| {
                 let rpc: T = decode(&message.payload)
                     .map_err(|e| Refusal::Malformed(format!("undecodable raft message: {e}")))?;
                 check(&rpc, sender)?;
-                Ok((rpc, permit))
+                if standing == Standing::Stranger {
+                    self.gate
+                        .admit_stranger(&message.cluster_id, sender, claim(&rpc))?;
+                }
+                Ok((rpc, standing, permit))
             });
         admitted.map_err(|refusal| {
             if matches!(refusal, Refusal::Busy { .. }) {
@@ -751,8 +779,8 @@ impl RaftService for RaftRpcService {
             self.received_bytes(&request),
         );
         // The budget is held until the core has answered.
-        let (rpc, _budget): (AppendEntriesRequest<TypeConfig>, _) =
-            self.admit_within_budget(request, true, |rpc, sender| {
+        let (rpc, standing, _budget): (AppendEntriesRequest<TypeConfig>, _, _) = self
+            .admit_within_budget(request, true, Claim::of_append_entries, |rpc, sender| {
                 peer_gate::check_append_entries(rpc, sender, entries_max)
             })?;
         let result = self.raft.append_entries(rpc).await;
@@ -761,7 +789,7 @@ impl RaftService for RaftRpcService {
             self.contacts.heard_from_leader();
         }
         let reply = self.reply(&result);
-        self.count(sender, received, &reply);
+        self.count(sender, standing, received, &reply);
         reply
     }
 
@@ -773,10 +801,14 @@ impl RaftService for RaftRpcService {
             request.get_ref().sender_node_id,
             self.received_bytes(&request),
         );
-        let rpc: VoteRequest<NodeId> = self.admit(request, peer_gate::check_vote_request)?;
+        let (rpc, standing): (VoteRequest<NodeId>, _) = self.admit(
+            request,
+            Claim::of_vote_request,
+            peer_gate::check_vote_request,
+        )?;
         let result = self.raft.vote(rpc).await;
         let reply = self.reply(&result);
-        self.count(sender, received, &reply);
+        self.count(sender, standing, received, &reply);
         reply
     }
 
@@ -789,8 +821,8 @@ impl RaftService for RaftRpcService {
             request.get_ref().sender_node_id,
             self.received_bytes(&request),
         );
-        let (rpc, _budget): (InstallSnapshotRequest<TypeConfig>, _) =
-            self.admit_within_budget(request, true, |rpc, sender| {
+        let (rpc, standing, _budget): (InstallSnapshotRequest<TypeConfig>, _, _) = self
+            .admit_within_budget(request, true, Claim::of_install_snapshot, |rpc, sender| {
                 peer_gate::check_install_snapshot(rpc, sender, chunk_max)
             })?;
         let result = self.raft.install_snapshot(rpc).await;
@@ -798,7 +830,7 @@ impl RaftService for RaftRpcService {
             self.contacts.heard_from_leader();
         }
         let reply = self.reply(&result);
-        self.count(sender, received, &reply);
+        self.count(sender, standing, received, &reply);
         reply
     }
 }
@@ -814,10 +846,14 @@ mod tests {
         // budget; once the first is done, the budget is whole again.
         const MAX: usize = 8 * 1024 * 1024;
         let budgets = SenderBudgets::new(MAX);
-        let large = budgets.take(2, MAX).expect("the first largest message");
-        let heartbeat = budgets.take(2, 200).expect("a heartbeat beside it");
+        let large = budgets
+            .take(2, Standing::Member, MAX)
+            .expect("the first largest message");
+        let heartbeat = budgets
+            .take(2, Standing::Member, 200)
+            .expect("a heartbeat beside it");
         let refused = budgets
-            .take(2, MAX / 2)
+            .take(2, Standing::Member, MAX / 2)
             .expect_err("a second large message");
         assert!(
             matches!(refused, Refusal::Busy { sender: 2, bytes_in_process } if bytes_in_process == MAX + 200),
@@ -825,9 +861,34 @@ mod tests {
         );
         let status = tonic::Status::from(refused);
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-        let _other = budgets.take(3, MAX).expect("another sender's budget");
+        let _other = budgets
+            .take(3, Standing::Member, MAX)
+            .expect("another sender's budget");
         drop((large, heartbeat));
-        let _whole = budgets.take(2, MAX).expect("the budget is whole again");
+        let _whole = budgets
+            .take(2, Standing::Member, MAX)
+            .expect("the budget is whole again");
+    }
+
+    #[test]
+    fn strangers_share_one_budget() {
+        // Senders outside the membership could be made up by the dozen: together they get
+        // one sender's budget, and a member keeps its own.
+        const MAX: usize = 8 * 1024 * 1024;
+        let budgets = SenderBudgets::new(MAX);
+        let _large = budgets
+            .take(7, Standing::Stranger, MAX)
+            .expect("a stranger's largest message");
+        let refused = budgets
+            .take(8, Standing::Stranger, MAX / 2)
+            .expect_err("another stranger shares the budget");
+        assert!(
+            matches!(refused, Refusal::Busy { sender: 8, .. }),
+            "{refused}"
+        );
+        let _member = budgets
+            .take(8, Standing::Member, MAX)
+            .expect("node 8 as a member has its own budget");
     }
 
     #[test]

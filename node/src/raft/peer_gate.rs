@@ -10,9 +10,20 @@
 //!    CA that names no node (a client's) or another node cannot speak for
 //!    the sender;
 //! 3. its sender, named by node id, is a member of this node's current
-//!    membership (voter or learner) or, while this node holds no membership
-//!    yet, one of the nodes it was told about at start (the bootstrap member
-//!    list, or the members of the cluster it joins through the admin path);
+//!    membership (voter or learner) or one of the nodes it was told about at
+//!    start (the bootstrap member list, or the members of the cluster it joins
+//!    through the admin path). The latter stay heard after this node holds a
+//!    membership: a learner that installs a snapshot taken before its leader
+//!    joined holds a membership without its leader, and must still hear it.
+//!    Over TLS, where the cluster's CA vouches for the sender's node id (2), a
+//!    sender outside both (a *stranger*: its joining was not seen here yet) is
+//!    heard when its message shows it may know a newer membership than this
+//!    node ([`stranger_may_speak`]): a leader's AppendEntries or
+//!    InstallSnapshot (its vote committed), or a candidate whose log is longer
+//!    than this node's; openraft's own checks (vote, leader lease, log
+//!    up-to-date) then refuse a stale or removed node's message as they would a
+//!    member's. Without TLS a made-up node id vouches for nothing, and a
+//!    stranger is refused;
 //! 4. (Raft messages) every term, index, size and count in it is within
 //!    bounds: a term at most [`PEER_TERM_MAX`], so no increment ever
 //!    overflows; entries numbered consecutively after `prev_log_id`; the
@@ -373,27 +384,93 @@ pub fn check_stored_term(what: &str, term: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// What this node knows that the gate checks a sender against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalView {
+    /// The node ids of this node's current membership (voters and learners).
+    pub members: BTreeSet<NodeId>,
+    /// The index of the last entry in this node's log.
+    pub last_log_index: Option<u64>,
+}
+
+/// What a peer message shows about its sender (see [`stranger_may_speak`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// A forwarded request: it shows nothing.
+    Nothing,
+    /// AppendEntries or InstallSnapshot, sent under a vote that is `committed`
+    /// (a leader's) or not.
+    Leader { committed: bool },
+    /// A vote request, from a candidate whose log ends at `last_log_index`.
+    Candidate { last_log_index: Option<u64> },
+}
+
+impl Claim {
+    pub fn of_append_entries(rpc: &AppendEntriesRequest<TypeConfig>) -> Claim {
+        Claim::Leader {
+            committed: rpc.vote.is_committed(),
+        }
+    }
+
+    pub fn of_install_snapshot(rpc: &InstallSnapshotRequest<TypeConfig>) -> Claim {
+        Claim::Leader {
+            committed: rpc.vote.is_committed(),
+        }
+    }
+
+    pub fn of_vote_request(rpc: &VoteRequest<NodeId>) -> Claim {
+        Claim::Candidate {
+            last_log_index: rpc.last_log_id.map(|l| l.index),
+        }
+    }
+}
+
+/// Whether a sender outside this node's membership may be heard: a leader
+/// (its vote committed) may know of a membership this node has not seen yet,
+/// and so may a candidate whose log is longer than this node's. Anything
+/// else from a stranger is refused. Pure.
+pub fn stranger_may_speak(claim: Claim, local_last_log_index: Option<u64>) -> bool {
+    match claim {
+        Claim::Nothing => false,
+        Claim::Leader { committed } => committed,
+        // `None` (an empty log) is shorter than any log.
+        Claim::Candidate { last_log_index } => last_log_index > local_last_log_index,
+    }
+}
+
+/// How the envelope of an admitted message stands (see [`PeerGate::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// A member of this node's membership, or (while it holds none) a node it
+    /// was told about. Admitted.
+    Member,
+    /// Outside this node's membership: admitted only if its message passes
+    /// [`PeerGate::admit_stranger`].
+    Stranger,
+}
+
 /// The node's state a peer message is checked against.
 pub struct PeerGate {
     identity: Arc<ClusterIdentity>,
-    /// This node's Raft metrics: the current membership lives there.
-    membership: Box<dyn Fn() -> Option<BTreeSet<NodeId>> + Send + Sync>,
-    /// The nodes this node may hear from while it holds no membership yet.
+    /// This node's Raft metrics: the current membership and log live there.
+    view: Box<dyn Fn() -> Option<LocalView> + Send + Sync>,
+    /// The nodes this node was told about at start (bootstrap members, or the members of
+    /// the cluster it joined): heard besides the current membership.
     provisional: Mutex<BTreeSet<NodeId>>,
 }
 
 impl PeerGate {
-    /// `membership` returns the node ids of the current membership, or
-    /// `None` while this node holds none; `provisional` are the nodes it may
-    /// hear from until then (the bootstrap member list).
+    /// `view` returns this node's membership and last log index, or `None`
+    /// while it holds no membership; `provisional` are the nodes it was told
+    /// about (the bootstrap member list), heard besides the membership.
     pub fn new(
         identity: Arc<ClusterIdentity>,
-        membership: impl Fn() -> Option<BTreeSet<NodeId>> + Send + Sync + 'static,
+        view: impl Fn() -> Option<LocalView> + Send + Sync + 'static,
         provisional: BTreeSet<NodeId>,
     ) -> PeerGate {
         PeerGate {
             identity,
-            membership: Box::new(membership),
+            view: Box::new(view),
             provisional: Mutex::new(provisional),
         }
     }
@@ -412,13 +489,14 @@ impl PeerGate {
 
     /// Checks the envelope of a peer message: the connection's certificate
     /// (`certified`: the node ids it names, `None` on a plaintext
-    /// connection), cluster id and sender.
+    /// connection), cluster id and sender. A [`Standing::Stranger`] is not
+    /// admitted yet: its decoded message must pass [`PeerGate::admit_stranger`].
     pub fn admit(
         &self,
         cluster_id: &str,
         sender: NodeId,
         certified: Option<&[NodeId]>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Standing, Refusal> {
         if let Some(named) = certified {
             if !named.contains(&sender) {
                 return Err(Refusal::Certificate {
@@ -434,19 +512,46 @@ impl PeerGate {
         if self.identity.is_other_cluster(cluster_id) {
             return Err(Refusal::ClusterId);
         }
-        let known = match (self.membership)() {
-            Some(members) => members.contains(&sender),
-            None => self
-                .provisional
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&sender),
+        let view = (self.view)();
+        let member = view.as_ref().is_some_and(|v| v.members.contains(&sender));
+        let told = self
+            .provisional
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&sender);
+        if !member && !told {
+            // A stranger is heard only over TLS, where the cluster's CA vouches for its node
+            // id (checked above), and only by a node that holds a membership to compare with.
+            return match (certified, view) {
+                (Some(_), Some(_)) => Ok(Standing::Stranger),
+                _ => Err(Refusal::NotMember { sender }),
+            };
+        }
+        self.adopt(cluster_id)?;
+        Ok(Standing::Member)
+    }
+
+    /// Admits the message of a [`Standing::Stranger`] (its envelope passed
+    /// [`PeerGate::admit`]) when what it `claim`s passes [`stranger_may_speak`]
+    /// against this node's log. A node that holds no membership hears no stranger.
+    pub fn admit_stranger(
+        &self,
+        cluster_id: &str,
+        sender: NodeId,
+        claim: Claim,
+    ) -> Result<(), Refusal> {
+        let Some(view) = (self.view)() else {
+            return Err(Refusal::NotMember { sender });
         };
-        if !known {
+        if !view.members.contains(&sender) && !stranger_may_speak(claim, view.last_log_index) {
             return Err(Refusal::NotMember { sender });
         }
-        // A new bootstrap member adopts the id of the initializer (or of another member that
-        // learned it from it), heard from first; the check above may be stale by now.
+        self.adopt(cluster_id)
+    }
+
+    /// A new bootstrap member adopts the id of the initializer (or of another member that
+    /// learned it from it), heard from first; the checks before may be stale by now.
+    fn adopt(&self, cluster_id: &str) -> Result<(), Refusal> {
         self.identity
             .adopt_or_check(cluster_id)
             .map_err(|e| match e {
@@ -481,7 +586,10 @@ impl PeerGate {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<NodeId>().ok())
             .ok_or_else(|| malformed(format!("missing or bad {NODE_ID_HEADER}")))?;
-        self.admit(cluster_id, sender, certified)
+        match self.admit(cluster_id, sender, certified)? {
+            Standing::Member => Ok(()),
+            Standing::Stranger => self.admit_stranger(cluster_id, sender, Claim::Nothing),
+        }
     }
 }
 
@@ -532,14 +640,18 @@ mod tests {
         let identity = Arc::new(ClusterIdentity::open(dir).unwrap());
         identity.set("c0ffee").unwrap();
         let members: BTreeSet<NodeId> = members.iter().copied().collect();
-        PeerGate::new(identity, move || Some(members.clone()), BTreeSet::new())
+        let view = LocalView {
+            members,
+            last_log_index: Some(40),
+        };
+        PeerGate::new(identity, move || Some(view.clone()), BTreeSet::new())
     }
 
     #[test]
     fn a_wrong_or_empty_cluster_id_is_refused_without_naming_the_right_one() {
         let dir = tempfile::tempdir().unwrap();
         let g = gate(dir.path(), &[1, 2, 3]);
-        assert_eq!(g.admit("c0ffee", 2, None), Ok(()));
+        assert_eq!(g.admit("c0ffee", 2, None), Ok(Standing::Member));
         for wrong in ["", "c0ffef", "c0ffee0", "other"] {
             let refusal = g.admit(wrong, 2, None).unwrap_err();
             assert_eq!(refusal, Refusal::ClusterId);
@@ -556,8 +668,8 @@ mod tests {
         // the refusal says which name the certificate needs.
         let dir = tempfile::tempdir().unwrap();
         let g = gate(dir.path(), &[1, 2, 3]);
-        assert_eq!(g.admit("c0ffee", 2, Some(&[2])), Ok(()));
-        assert_eq!(g.admit("c0ffee", 2, Some(&[1, 2])), Ok(()));
+        assert_eq!(g.admit("c0ffee", 2, Some(&[2])), Ok(Standing::Member));
+        assert_eq!(g.admit("c0ffee", 2, Some(&[1, 2])), Ok(Standing::Member));
         let client = g.admit("c0ffee", 2, Some(&[])).unwrap_err();
         assert_eq!(
             client,
@@ -580,13 +692,78 @@ mod tests {
     }
 
     #[test]
-    fn a_sender_outside_the_membership_is_refused() {
+    fn a_sender_outside_the_membership_is_heard_only_over_tls_as_a_leader_or_a_candidate_ahead() {
+        // This node (members 1-3) has its log up to index 40. Without TLS, node 9 is a
+        // made-up id and refused outright. Over TLS, with a certificate naming node 9, it is a
+        // stranger: its message must show it may know more than this node.
         let dir = tempfile::tempdir().unwrap();
         let g = gate(dir.path(), &[1, 2, 3]);
+        let refused = Err(Refusal::NotMember { sender: 9 });
+        assert_eq!(g.admit("c0ffee", 9, None).map(|_| ()), refused);
+        let mut m = MetadataMap::new();
+        stamp(&mut m, "c0ffee", 9);
+        assert_eq!(g.admit_metadata(&m, None), refused);
+
+        assert_eq!(g.admit("c0ffee", 9, Some(&[9])), Ok(Standing::Stranger));
+        // A forwarded request shows nothing; a candidate with no longer a log than this
+        // node's, or a sender whose vote is not committed, are refused.
+        for claim in [
+            Claim::Nothing,
+            Claim::Leader { committed: false },
+            Claim::Candidate {
+                last_log_index: Some(40),
+            },
+            Claim::Candidate {
+                last_log_index: None,
+            },
+        ] {
+            assert_eq!(g.admit_stranger("c0ffee", 9, claim), refused, "{claim:?}");
+        }
+        // A leader (committed vote) may run a membership this node has not seen, and a
+        // candidate with a longer log may too: openraft's checks decide what follows.
+        for claim in [
+            Claim::Leader { committed: true },
+            Claim::Candidate {
+                last_log_index: Some(41),
+            },
+        ] {
+            assert_eq!(g.admit_stranger("c0ffee", 9, claim), Ok(()), "{claim:?}");
+        }
+        assert_eq!(g.admit("c0ffef", 9, Some(&[9])), Err(Refusal::ClusterId));
+        assert_eq!(g.admit_metadata(&m, Some(&[9])), refused);
+    }
+
+    #[test]
+    fn the_nodes_it_was_told_about_stay_heard_once_a_node_holds_a_membership() {
+        // A learner that joined through node 4 installed a snapshot whose membership (1-3)
+        // predates node 4, its leader: node 4 stays heard, over plaintext too.
+        let dir = tempfile::tempdir().unwrap();
+        let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
+        identity.set("c0ffee").unwrap();
+        let view = LocalView {
+            members: BTreeSet::from([1, 2, 3, 5]),
+            last_log_index: Some(40),
+        };
+        let g = PeerGate::new(identity, move || Some(view.clone()), BTreeSet::new());
         assert_eq!(
-            g.admit("c0ffee", 9, None),
+            g.admit("c0ffee", 4, None),
+            Err(Refusal::NotMember { sender: 4 })
+        );
+        g.joining("c0ffee", BTreeSet::from([1, 2, 3, 4])).unwrap();
+        assert_eq!(g.admit("c0ffee", 4, None), Ok(Standing::Member));
+    }
+
+    #[test]
+    fn a_node_without_a_membership_hears_no_stranger() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
+        let g = PeerGate::new(identity.clone(), || None, BTreeSet::from([1, 2, 3]));
+        let leader = Claim::Leader { committed: true };
+        assert_eq!(
+            g.admit_stranger("abc", 9, leader),
             Err(Refusal::NotMember { sender: 9 })
         );
+        assert_eq!(identity.cluster_id(), "");
     }
 
     #[test]
@@ -599,7 +776,7 @@ mod tests {
             Err(Refusal::NotMember { sender: 9 })
         );
         assert_eq!(identity.cluster_id(), "");
-        assert_eq!(g.admit("abc", 1, None), Ok(()));
+        assert_eq!(g.admit("abc", 1, None), Ok(Standing::Member));
         assert_eq!(identity.cluster_id(), "abc");
         assert_eq!(g.admit("abd", 1, None), Err(Refusal::ClusterId));
     }
@@ -623,7 +800,7 @@ mod tests {
         );
         assert_eq!(g.admit("abc", 1, None), Err(Refusal::ClusterId));
         assert_eq!(identity.cluster_id(), "other");
-        assert_eq!(g.admit("other", 1, None), Ok(()));
+        assert_eq!(g.admit("other", 1, None), Ok(Standing::Member));
     }
 
     #[test]
