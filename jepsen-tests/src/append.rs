@@ -155,7 +155,7 @@ pub fn check(history: &History) -> Result<AppendReport, Error> {
                     list,
                 });
             }
-            OpKind::Write | OpKind::Cas | OpKind::Delete | OpKind::Add => {
+            OpKind::Write | OpKind::Cas | OpKind::Delete | OpKind::Add | OpKind::Restore => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: "append",

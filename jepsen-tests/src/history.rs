@@ -12,6 +12,12 @@
 //! | `delete` | `null`, or the expected value   | ignored                           |
 //! | `append` | the element appended            | ignored                           |
 //! | `add`    | the element added               | ignored                           |
+//! | `restore`| the backup: `[[key, [elements]], ...]` (every key not named is empty) | ignored |
+//!
+//! A `restore` (key `""`: it replaces every key at once) is the online restore of a
+//! backup into a set history ([`crate::set`]). Its `info` completion time is when
+//! the nemesis *settled* it (its driver was killed and a strong read succeeded
+//! afterwards): an unknown restore took effect before then, or never.
 //!
 //! Outcomes: `ok` = took effect, `fail` = certainly did not take effect (for a
 //! `cas` or a conditional `delete`: the compare was evaluated and failed),
@@ -193,6 +199,7 @@ pub enum OpKind {
     Delete,
     Append,
     Add,
+    Restore,
 }
 
 impl fmt::Display for OpKind {
@@ -204,6 +211,7 @@ impl fmt::Display for OpKind {
             OpKind::Delete => "delete",
             OpKind::Append => "append",
             OpKind::Add => "add",
+            OpKind::Restore => "restore",
         })
     }
 }

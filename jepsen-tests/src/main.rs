@@ -250,6 +250,19 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
         ModelArg::Set => {
             let report = set::check(&history)?;
             say!(out, "checker: set");
+            for fate in &report.restores {
+                say!(
+                    out,
+                    "restore #{}: {}, taken as {}",
+                    fate.restore,
+                    fate.outcome,
+                    if fate.applied {
+                        "applied"
+                    } else {
+                        "not applied"
+                    }
+                );
+            }
             for key in &report.keys {
                 say!(
                 out,
@@ -500,6 +513,10 @@ fn describe_set_anomaly(anomaly: &SetAnomaly) -> String {
         }
         SetAnomaly::Duplicated { element, read } => {
             format!("duplicated: {element} twice in read #{read}")
+        }
+        SetAnomaly::Unexplained { read, candidates } => {
+            let why: Vec<String> = candidates.iter().map(ToString::to_string).collect();
+            format!("unexplained: read #{read} is no state it may have seen; {}", why.join("; "))
         }
     }
 }

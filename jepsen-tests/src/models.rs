@@ -231,7 +231,7 @@ pub fn partitions(
                     }
                 }
             }
-            OpKind::Delete | OpKind::Append | OpKind::Add => {
+            OpKind::Delete | OpKind::Append | OpKind::Add | OpKind::Restore => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: kind.name(),

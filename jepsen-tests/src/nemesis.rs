@@ -19,6 +19,10 @@ use rand::Rng;
 use crate::cluster::Cluster;
 use crate::net::{shapes, NetworkLab};
 
+mod restore;
+
+pub use restore::{RecordedSet, RestoreRounds, NEMESIS_PROCESS};
+
 /// The kind of fault a scenario injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NemesisKind {
@@ -44,6 +48,10 @@ pub enum NemesisKind {
     /// of a node for a few seconds: its watchers resume from a revision the history no
     /// longer holds (Compacted) and must resynchronize from a snapshot.
     Compaction,
+    /// Online restores (`cairn snapshot restore` of a backup saved earlier) with a
+    /// `kill -9` of the driver, a follower or the leader part-way through or just
+    /// after the commit ([`restore`]); set workload only: its checker models restores.
+    RestoreKill,
 }
 
 /// The history a [`NemesisKind::Compaction`] cluster keeps: a node down for a second
@@ -62,10 +70,11 @@ impl NemesisKind {
             NemesisKind::LeaderTransfer => "leader-transfer",
             NemesisKind::MembershipPartition => "membership-partition",
             NemesisKind::Compaction => "compaction",
+            NemesisKind::RestoreKill => "restore-kill",
         }
     }
 
-    pub const ALL: [NemesisKind; 9] = [
+    pub const ALL: [NemesisKind; 10] = [
         NemesisKind::Kill,
         NemesisKind::Pause,
         NemesisKind::Partition,
@@ -75,6 +84,7 @@ impl NemesisKind {
         NemesisKind::LeaderTransfer,
         NemesisKind::MembershipPartition,
         NemesisKind::Compaction,
+        NemesisKind::RestoreKill,
     ];
 
     /// Whether its cluster runs in network namespaces (partitions).
@@ -136,6 +146,11 @@ pub struct NemesisContext<'a> {
     pub skewed: BTreeSet<u64>,
     /// Members at the start (membership changes keep this many voters).
     pub voters: usize,
+    /// The set workload's history, for a nemesis whose own operations the checker
+    /// must see (the restore nemesis records its backups and restores).
+    pub history: Option<RecordedSet>,
+    /// What the restore nemesis keeps between rounds.
+    pub restores: RestoreRounds,
 }
 
 fn millis(rng: &mut StdRng, range: (u64, u64)) -> Duration {
@@ -176,6 +191,7 @@ pub async fn run(
             NemesisKind::LeaderTransfer => transfer_round(cx).await,
             NemesisKind::MembershipPartition => membership_partition_round(cx, round).await?,
             NemesisKind::Compaction => compaction_round(cx).await,
+            NemesisKind::RestoreKill => restore::round(cx).await?,
         }
         let quiet = millis(&mut cx.rng, (1000, 2500));
         tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;
@@ -210,6 +226,7 @@ pub async fn run_rotating(
             NemesisKind::LeaderTransfer => transfer_round(cx).await,
             NemesisKind::MembershipPartition => membership_partition_round(cx, round).await?,
             NemesisKind::Compaction => compaction_round(cx).await,
+            NemesisKind::RestoreKill => restore::round(cx).await?,
         }
         let quiet = millis(&mut cx.rng, (1000, 2500));
         tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;

@@ -169,7 +169,9 @@ pub fn work_done(history: &crate::History) -> (usize, usize) {
         .iter()
         .filter(|op| op.outcome == Outcome::Ok);
     let (reads, writes): (Vec<_>, Vec<_>) = ok.partition(|op| op.op == OpKind::Read);
-    (writes.len(), reads.len())
+    // A restore (the restore nemesis's) is a fault, not a write.
+    let writes = writes.iter().filter(|op| op.op != OpKind::Restore).count();
+    (writes, reads.len())
 }
 
 /// Why a scenario did too little to count, if it did.
@@ -241,7 +243,7 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     // Every nemesis at least once, each with a checker that sees what it can break:
     // stale or lost values (register, append), lost or resurrected elements (set), gaps
     // and reordering in watch streams (watch).
-    let plan: [(WorkloadKind, NemesisKind); 10] = [
+    let plan: [(WorkloadKind, NemesisKind); 11] = [
         (WorkloadKind::Register, NemesisKind::Partition),
         (WorkloadKind::Register, NemesisKind::Kill),
         (WorkloadKind::Append, NemesisKind::Pause),
@@ -252,6 +254,7 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
         (WorkloadKind::Set, NemesisKind::LeaderTransfer),
         (WorkloadKind::Register, NemesisKind::MembershipPartition),
         (WorkloadKind::Watch, NemesisKind::Compaction),
+        (WorkloadKind::Set, NemesisKind::RestoreKill),
     ];
     plan.iter()
         .enumerate()
@@ -266,8 +269,8 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             auth: false,
         })
         .chain(std::iter::once(Scenario {
-            name: "11-set-auth-partition-kill-transfer".into(),
-            ..auth_scenario(seed.wrapping_add(10 * 7919))
+            name: "12-set-auth-partition-kill-transfer".into(),
+            ..auth_scenario(seed.wrapping_add(11 * 7919))
         }))
         .collect()
 }
@@ -458,6 +461,13 @@ async fn run_scenario_inner(
         paused: Default::default(),
         skewed: Default::default(),
         voters: scenario.nodes,
+        history: (scenario.workload == WorkloadKind::Set).then(|| nemesis::RecordedSet {
+            recorder: workload.recorder.clone(),
+            keys: (0..workload.options.keys)
+                .map(|key| workload::key_name(WorkloadKind::Set, key))
+                .collect(),
+        }),
+        restores: Default::default(),
     };
     cx.log.note(format!(
         "cluster of {} up, leader {first_leader}",
@@ -594,6 +604,19 @@ async fn run_scenario_inner(
         WorkloadKind::Set => {
             let r = set::check(&history).map_err(|e| e.to_string())?;
             let _ = writeln!(report, "set checker: {:?}", r.verdict);
+            for fate in &r.restores {
+                let _ = writeln!(
+                    report,
+                    "  restore #{}: {}, taken as {}",
+                    fate.restore,
+                    fate.outcome,
+                    if fate.applied {
+                        "applied"
+                    } else {
+                        "not applied"
+                    }
+                );
+            }
             for key in &r.keys {
                 let _ = writeln!(
                     report,
@@ -887,11 +910,12 @@ pub fn write_summary(
 pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(i as u64 * 104_729));
     let nemesis = NemesisKind::ALL[i % NemesisKind::ALL.len()];
-    // Compaction breaks only what watches see; every other nemesis meets every workload.
-    let workload = if nemesis == NemesisKind::Compaction {
-        WorkloadKind::Watch
-    } else {
-        *WorkloadKind::ALL.choose(&mut rng).expect("workloads")
+    // Compaction breaks only what watches see; restores are modelled by the set
+    // checker alone; every other nemesis meets every workload.
+    let workload = match nemesis {
+        NemesisKind::Compaction => WorkloadKind::Watch,
+        NemesisKind::RestoreKill => WorkloadKind::Set,
+        _ => *WorkloadKind::ALL.choose(&mut rng).expect("workloads"),
     };
     Scenario {
         name: format!("{:03}-{}-{}", i + 1, workload.name(), nemesis.name()),
@@ -933,6 +957,10 @@ mod tests {
         ) {
             if s.nemesis == NemesisKind::Compaction {
                 assert_eq!(s.workload, WorkloadKind::Watch, "{}", s.name);
+            }
+            // Only the set checker models a restore.
+            if s.nemesis == NemesisKind::RestoreKill {
+                assert_eq!(s.workload, WorkloadKind::Set, "{}", s.name);
             }
             assert_eq!(s.broken, None, "{}", s.name);
         }

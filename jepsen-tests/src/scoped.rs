@@ -566,6 +566,8 @@ pub async fn run(
         paused: Default::default(),
         skewed: Default::default(),
         voters: scenario.nodes,
+        history: None,
+        restores: Default::default(),
     };
     cx.log.note(format!(
         "authenticated cluster of {} up, leader {first_leader}",

@@ -29,6 +29,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::history::{History, OpKind, Outcome, Value};
 use crate::{Error, Verdict};
 
+mod restore;
+
+pub use restore::{StateMismatch, RESTORE_UNKNOWN_MAX};
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SetAnomaly {
     /// Known (acknowledged by `known_by`, or listed by the read `known_by`),
@@ -60,6 +64,13 @@ pub enum SetAnomaly {
     },
     /// Listed more than once by one read.
     Duplicated { element: Value, read: usize },
+    /// (Histories with restores.) A read that no state it may have seen explains:
+    /// for each candidate state (the initial one, or the one a restore left), why
+    /// not.
+    Unexplained {
+        read: usize,
+        candidates: Vec<StateMismatch>,
+    },
 }
 
 /// The timeline of one element that some read missed after it became known.
@@ -107,6 +118,8 @@ pub struct SetReport {
     pub verdict: Verdict,
     /// One report per key, sorted by key.
     pub keys: Vec<SetKeyReport>,
+    /// The restores of the history, in order of invocation (none: no restore).
+    pub restores: Vec<RestoreFate>,
 }
 
 struct Attempt {
@@ -131,20 +144,40 @@ struct KeyOperations<'h> {
     reads: Vec<Read<'h>>,
 }
 
-/// Checks a set history, key by key.
+/// How the checker took one restore of the history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreFate {
+    /// The restore (history index).
+    pub restore: usize,
+    pub outcome: Outcome,
+    /// Whether the explanation the checker settled on has it applied: always for
+    /// `ok`, never for `fail`; for an unknown one, what fits the reads (for an invalid
+    /// history: the choice that leaves the fewest anomalies).
+    pub applied: bool,
+}
+
+/// Checks a set history, key by key (with restores: [`restore`]).
 pub fn check(history: &History) -> Result<SetReport, Error> {
     let mut keys: BTreeMap<&str, KeyOperations<'_>> = BTreeMap::new();
+    let mut restores = Vec::new();
     for (index, operation) in history.operations().iter().enumerate() {
-        let key = keys.entry(operation.key.as_str()).or_default();
         match operation.op {
-            OpKind::Add => key.adds.entry(&operation.input).or_default().push(Attempt {
-                index,
-                outcome: operation.outcome,
-                indeterminate: operation.is_indeterminate(),
-                invoke_ns: operation.invoke_ns,
-                complete_ns: operation.complete_ns,
-            }),
+            OpKind::Restore => restores.push(restore::Restore::parse(index, operation)?),
+            OpKind::Add => keys
+                .entry(operation.key.as_str())
+                .or_default()
+                .adds
+                .entry(&operation.input)
+                .or_default()
+                .push(Attempt {
+                    index,
+                    outcome: operation.outcome,
+                    indeterminate: operation.is_indeterminate(),
+                    invoke_ns: operation.invoke_ns,
+                    complete_ns: operation.complete_ns,
+                }),
             OpKind::Read => {
+                let key = keys.entry(operation.key.as_str()).or_default();
                 let (Outcome::Ok, Some(complete_ns)) = (operation.outcome, operation.complete_ns)
                 else {
                     continue;
@@ -177,22 +210,40 @@ pub fn check(history: &History) -> Result<SetReport, Error> {
             }
         }
     }
+    for operations in keys.values_mut() {
+        operations
+            .reads
+            .sort_by_key(|read| (read.invoke_ns, read.complete_ns, read.index));
+    }
+    if !restores.is_empty() {
+        return restore::check(&keys, restores);
+    }
     let keys: Vec<SetKeyReport> = keys
-        .into_iter()
-        .map(|(key, mut operations)| {
-            operations
-                .reads
-                .sort_by_key(|read| (read.invoke_ns, read.complete_ns, read.index));
-            check_key(key, &operations)
-        })
+        .iter()
+        .map(|(key, operations)| check_key(key, operations))
         .collect();
     let verdict = keys
         .iter()
         .fold(Verdict::Valid, |verdict, key| verdict.combine(key.verdict));
-    Ok(SetReport { verdict, keys })
+    Ok(SetReport {
+        verdict,
+        keys,
+        restores: Vec::new(),
+    })
 }
 
-fn check_key(key: &str, operations: &KeyOperations<'_>) -> SetKeyReport {
+/// The checks that need no notion of time or state, shared with [`restore`]: every
+/// element listed was attempted, not only by failed adds, and listed once per read.
+/// Returns the key's report with its counts (valid, no anomaly yet), those anomalies
+/// and the reads (positions in the sorted reads) listing each element.
+fn attempts_report<'h>(
+    key: &str,
+    operations: &KeyOperations<'h>,
+) -> (
+    SetKeyReport,
+    Vec<SetAnomaly>,
+    HashMap<&'h Value, Vec<usize>>,
+) {
     let mut anomalies = Vec::new();
     // Reads (positions in the sorted reads) listing each element.
     let mut listed_by: HashMap<&Value, Vec<usize>> = HashMap::new();
@@ -271,6 +322,12 @@ fn check_key(key: &str, operations: &KeyOperations<'_>) -> SetKeyReport {
             report.failed_elements += 1;
         }
     }
+    (report, anomalies, listed_by)
+}
+
+fn check_key(key: &str, operations: &KeyOperations<'_>) -> SetKeyReport {
+    let (mut report, mut anomalies, listed_by) = attempts_report(key, operations);
+    let final_read = operations.reads.last();
 
     // When each element became known: (time, operation index).
     let mut known: BTreeMap<&Value, (u64, usize)> = BTreeMap::new();

@@ -133,7 +133,7 @@ pub fn resource_type(kind: WorkloadKind) -> Type {
     }
 }
 
-fn tenancy() -> Tenancy {
+pub(crate) fn tenancy() -> Tenancy {
     Tenancy {
         partition: "default".into(),
         namespace: "default".into(),
