@@ -8,8 +8,7 @@ use std::error::Error as StdError;
 use std::io::ErrorKind as IoErrorKind;
 
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::{ErrorDetails, ErrorKind, Resource, Type};
-use prost::Message;
+use cairn_proto::v1::{Resource, Type};
 
 /// Whether a failed operation may have taken effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,23 +212,14 @@ pub(crate) enum Failure {
 
 /// Classifies a status returned by a call.
 pub(crate) fn classify_status(status: &tonic::Status) -> Failure {
-    if carries_cairn_details(status) {
-        return Failure::Answered(ApiError::from_status(status));
+    if let Some(error) = ApiError::from_cairn_status(status) {
+        return Failure::Answered(error);
     }
     let text = format!("{:?}: {}", status.code(), status.message());
     match StdError::source(status) {
         Some(source) if is_connect_failure(source) => Failure::NotConnected(text),
         _ => Failure::Transport(text),
     }
-}
-
-/// Whether the status was produced by a Cairn node (its details name a kind),
-/// rather than by the transport, a proxy, or a foreign server.
-pub(crate) fn carries_cairn_details(status: &tonic::Status) -> bool {
-    !status.details().is_empty()
-        && ErrorDetails::decode(status.details())
-            .map(|d| d.kind() != ErrorKind::Unspecified)
-            .unwrap_or(false)
 }
 
 /// Whether an error chain holds an I/O error that can only happen while
