@@ -36,7 +36,9 @@ async fn every_error_kind_reads_as_a_standard_google_rpc_status_from_python() {
     if !python_has_the_modules() {
         let message = format!("python3 cannot import {PYTHON_MODULES} (.ci/run installs them)");
         assert!(std::env::var("CI").as_deref() != Ok("true"), "{message}");
-        eprintln!("SKIPPED every_error_kind_reads_as_a_standard_google_rpc_status_from_python: {message}");
+        eprintln!(
+            "SKIPPED every_error_kind_reads_as_a_standard_google_rpc_status_from_python: {message}"
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +90,10 @@ read = {{ types = ["demo.Thing"], tenancies = ["default/*"] }}
     for id in cluster.ids() {
         let deadline = std::time::Instant::now() + LEADER_TIMEOUT;
         while cluster.status(id).await.map(|s| s.leader_id) != Some(leader) {
-            assert!(std::time::Instant::now() < deadline, "node {id} never learned the leader");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {id} never learned the leader"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -70,6 +70,66 @@ pub fn reason_of(kind: ErrorKind) -> &'static str {
     name.strip_prefix("ERROR_KIND_").unwrap_or(name)
 }
 
+/// What an operator reads for a kind: the one human name of each kind
+/// (`not found`, `CAS failure`), which every layer's error message starts with.
+pub fn label_of(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::NotFound => "not found",
+        ErrorKind::CasFailure => "CAS failure",
+        ErrorKind::WrongUid => "wrong uid",
+        ErrorKind::GroupVersionMismatch => "group version mismatch",
+        ErrorKind::Inconsistent => "inconsistent",
+        ErrorKind::Unavailable => "unavailable",
+        ErrorKind::NotLeader => "not leader",
+        ErrorKind::WatchClosed => "watch closed",
+        ErrorKind::Compacted => "compacted",
+        ErrorKind::InvalidArgument => "invalid argument",
+        ErrorKind::ResourceExhausted => "resource exhausted",
+        ErrorKind::Internal | ErrorKind::Unspecified => "internal error",
+        ErrorKind::Unauthenticated => "unauthenticated",
+        ErrorKind::PermissionDenied => "permission denied",
+    }
+}
+
+/// `"{label}: {message}"`, without repeating the kind's label when the
+/// message already starts with it (display only: errors are never
+/// classified by their text).
+pub fn labelled(kind: ErrorKind, message: &str) -> String {
+    let label = label_of(kind);
+    let starts_with_label = message
+        .get(..label.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(label));
+    match (message.is_empty(), starts_with_label) {
+        (true, _) => label.to_string(),
+        (false, true) => message.to_string(),
+        (false, false) => format!("{label}: {message}"),
+    }
+}
+
+/// `group version mismatch: requested "v2", stored "v1"`: every layer's text of the kind.
+pub fn group_version_mismatch_text(requested: &Type, stored: &Resource) -> String {
+    let stored_group_version = stored
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .map(|t| t.group_version.as_str())
+        .unwrap_or("");
+    format!(
+        "{}: requested {:?}, stored {:?}",
+        label_of(ErrorKind::GroupVersionMismatch),
+        requested.group_version,
+        stored_group_version
+    )
+}
+
+/// `compacted: the oldest retained revision is 42`: every layer's text of the kind.
+pub fn compacted_text(oldest_retained_revision: u64) -> String {
+    format!(
+        "{}: the oldest retained revision is {oldest_retained_revision}",
+        label_of(ErrorKind::Compacted)
+    )
+}
+
 /// The kind an `ErrorInfo.reason` names, if any (the inverse of [`reason_of`]).
 fn kind_of_reason(reason: &str) -> Option<ErrorKind> {
     ErrorKind::from_str_name(&format!("ERROR_KIND_{reason}"))
@@ -138,30 +198,26 @@ impl std::fmt::Display for LeaderHint {
 /// An error as it crosses the wire. See the module docs for the code table.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
-    #[error("not found")]
+    #[error("{}", label_of(ErrorKind::NotFound))]
     NotFound,
-    #[error("CAS failure: {0}")]
+    #[error("{}", labelled(ErrorKind::CasFailure, .0))]
     CasFailure(String),
-    #[error("wrong uid: {0}")]
+    #[error("{}", labelled(ErrorKind::WrongUid, .0))]
     WrongUid(String),
-    #[error(
-        "group version mismatch: requested {:?}, stored {:?}",
-        requested.group_version,
-        stored.id.as_ref().and_then(|id| id.r#type.as_ref()).map(|t| t.group_version.as_str()).unwrap_or("")
-    )]
+    #[error("{}", group_version_mismatch_text(requested, stored))]
     GroupVersionMismatch {
         requested: Type,
         stored: Box<Resource>,
     },
-    #[error("inconsistent: {0}")]
+    #[error("{}", labelled(ErrorKind::Inconsistent, .0))]
     Inconsistent(String),
-    #[error("unavailable: {0}")]
+    #[error("{}", labelled(ErrorKind::Unavailable, .0))]
     Unavailable(String),
     #[error("not leader ({hint})")]
     NotLeader { hint: LeaderHint },
-    #[error("watch closed: {0}")]
+    #[error("{}", labelled(ErrorKind::WatchClosed, .0))]
     WatchClosed(String),
-    #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
+    #[error("{}", compacted_text(*oldest_retained_revision))]
     Compacted { oldest_retained_revision: u64 },
     #[error("invalid argument {field}: {reason}")]
     InvalidArgument { field: String, reason: String },
@@ -174,15 +230,15 @@ pub enum ApiError {
         value: u64,
         reason: String,
     },
-    #[error("internal error: {0}")]
+    #[error("{}", labelled(ErrorKind::Internal, .0))]
     Internal(String),
     /// No credentials, or credentials no grant of the node's config holds.
-    #[error("unauthenticated: {0}")]
+    #[error("{}", labelled(ErrorKind::Unauthenticated, .0))]
     Unauthenticated(String),
     /// Known credentials whose grant lacks a permission; the message names it
     /// (`write on demo.v1.Thing in default/default`) and never anything
     /// stored.
-    #[error("permission denied: {0}")]
+    #[error("{}", labelled(ErrorKind::PermissionDenied, .0))]
     PermissionDenied(String),
 }
 
@@ -370,7 +426,11 @@ impl ApiError {
         if info.domain != DOMAIN {
             return None;
         }
-        from_details(kind_of_reason(&info.reason)?, &rpc.details, status.message())
+        from_details(
+            kind_of_reason(&info.reason)?,
+            &rpc.details,
+            status.message(),
+        )
     }
 }
 
@@ -612,7 +672,8 @@ mod tests {
 
     #[test]
     fn an_invalid_argument_names_its_field_in_the_message_and_in_bad_request() {
-        let status = tonic::Status::from(ApiError::invalid("resource.id.name", "must not be empty"));
+        let status =
+            tonic::Status::from(ApiError::invalid("resource.id.name", "must not be empty"));
         assert_eq!(status.message(), "resource.id.name: must not be empty");
         let rpc = tonic_types::Status::decode(status.details()).unwrap();
         let bad: BadRequest = unpack(&rpc.details, BAD_REQUEST).unwrap();
