@@ -70,6 +70,7 @@ use serde_json::{json, Value};
 use crate::error::{ClientError, Outcome};
 use crate::json::{json_payload, payload_as_json, resource_from_json, resource_to_json};
 use crate::{BearerToken, Client, ClientOptions};
+use cairn_proto::error::ErrorKind;
 
 /// Exit codes of every `cairn` command (the data commands here, and the
 /// node binary's admin commands: one table).
@@ -83,29 +84,29 @@ pub mod exit {
     pub const DENIED: u8 = 6;
 }
 
-/// The exit code of a client error.
-pub fn exit_code(e: &ClientError) -> u8 {
-    match e {
-        ClientError::NotFound => exit::NOT_FOUND,
-        ClientError::CasFailure(_) | ClientError::WrongUid(_) => exit::CAS_CONFLICT,
-        ClientError::Unavailable { .. }
-        | ClientError::Inconsistent { .. }
-        | ClientError::DeadlineExceeded { .. } => exit::UNAVAILABLE,
-        ClientError::InvalidArgument { .. } => exit::USAGE,
-        ClientError::Unauthenticated(_) | ClientError::PermissionDenied(_) => exit::DENIED,
-        ClientError::GroupVersionMismatch { .. }
-        | ClientError::ResourceExhausted { .. }
-        | ClientError::WatchClosed(_)
-        | ClientError::Compacted { .. }
-        | ClientError::Internal { .. } => exit::ERROR,
+/// The one exit-code table of the `cairn` binary: every command's error,
+/// the client library's or a node's, exits by its kind.
+pub fn exit_code_of_kind(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::NotFound => exit::NOT_FOUND,
+        ErrorKind::CasFailure | ErrorKind::WrongUid => exit::CAS_CONFLICT,
+        ErrorKind::Unavailable | ErrorKind::NotLeader | ErrorKind::Inconsistent => {
+            exit::UNAVAILABLE
+        }
+        ErrorKind::InvalidArgument => exit::USAGE,
+        ErrorKind::Unauthenticated | ErrorKind::PermissionDenied => exit::DENIED,
+        ErrorKind::GroupVersionMismatch
+        | ErrorKind::ResourceExhausted
+        | ErrorKind::WatchClosed
+        | ErrorKind::Compacted
+        | ErrorKind::Internal
+        | ErrorKind::Unspecified => exit::ERROR,
     }
 }
 
-/// The exit code of a node's verdict, as [`exit_code`] gives it for the
-/// same error seen by the client library (so an admin command and a data
-/// command exit alike).
-pub fn exit_code_of_api(e: &cairn_proto::error::ApiError) -> u8 {
-    exit_code(&ClientError::from_api(e.clone(), Outcome::NotApplied))
+/// The exit code of a client error ([`exit_code_of_kind`]).
+pub fn exit_code(e: &ClientError) -> u8 {
+    exit_code_of_kind(e.kind())
 }
 
 /// How every `cairn` command that talks to a cluster reaches it: the nodes'
@@ -1261,7 +1262,7 @@ mod tests {
             (ApiError::PermissionDenied(String::new()), 6),
             (ApiError::Internal(String::new()), 1),
         ] {
-            assert_eq!(exit_code_of_api(&e), code, "{e:?}");
+            assert_eq!(exit_code_of_kind(e.kind()), code, "{e:?}");
         }
     }
 

@@ -7,9 +7,10 @@
 use std::error::Error as StdError;
 use std::io::ErrorKind as IoErrorKind;
 
-use cairn_proto::error::ApiError;
-use cairn_proto::v1::{ErrorDetails, ErrorKind, Resource, Type};
-use prost::Message;
+use cairn_proto::error::{
+    compacted_text, group_version_mismatch_text, label_of, labelled, ApiError, ErrorKind,
+};
+use cairn_proto::v1::{Resource, Type};
 
 /// Whether a failed operation may have taken effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,33 +41,29 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ClientError {
     /// Nothing stored at the key, or the requested uid is not the stored one.
-    #[error("not found")]
+    #[error("{}", label_of(ErrorKind::NotFound))]
     NotFound,
     /// The expected version is not the stored one.
-    #[error("{}", prefixed("CAS failure", .0))]
+    #[error("{}", labelled(ErrorKind::CasFailure, .0))]
     CasFailure(String),
     /// A write whose uid differs from the stored uid (an empty uid included).
-    #[error("{}", prefixed("wrong uid", .0))]
+    #[error("{}", labelled(ErrorKind::WrongUid, .0))]
     WrongUid(String),
     /// A read asked for another group version; carries the stored resource.
-    #[error(
-        "group version mismatch: requested {:?}, stored {:?}",
-        requested.group_version,
-        stored.id.as_ref().and_then(|id| id.r#type.as_ref()).map(|t| t.group_version.as_str()).unwrap_or("")
-    )]
+    #[error("{}", group_version_mismatch_text(requested, stored))]
     GroupVersionMismatch {
         requested: Type,
         stored: Box<Resource>,
     },
     /// The consistency asked for cannot be met now (no quorum, leadership not
     /// confirmed, or the node's own commit deadline passed on a write).
-    #[error("{}", prefixed("inconsistent", message))]
+    #[error("{}", labelled(ErrorKind::Inconsistent, message))]
     Inconsistent { message: String, outcome: Outcome },
     /// The server ended a watch (restore, lagging consumer, shutdown): re-list.
-    #[error("{}", prefixed("watch closed", .0))]
+    #[error("{}", labelled(ErrorKind::WatchClosed, .0))]
     WatchClosed(String),
     /// A read or watch asked for a revision older than the retained history.
-    #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
+    #[error("{}", compacted_text(*oldest_retained_revision))]
     Compacted { oldest_retained_revision: u64 },
     /// Malformed input; `field` is dotted (`resource.id.name`), or names the
     /// client setting at fault (`endpoints`).
@@ -83,7 +80,7 @@ pub enum ClientError {
     },
     /// No endpoint could serve the call: every one was unreachable, or no
     /// leader was known, or the connection dropped.
-    #[error("unavailable: {message}")]
+    #[error("{}", labelled(ErrorKind::Unavailable, message))]
     Unavailable { message: String, outcome: Outcome },
     /// The call's deadline passed before an answer arrived.
     #[error("deadline of {deadline_ms} ms exceeded ({detail})")]
@@ -94,15 +91,15 @@ pub enum ClientError {
     },
     /// A bug or an unexpected answer (a status from something that is not a
     /// Cairn node, an undecodable response).
-    #[error("internal error: {message}")]
+    #[error("{}", labelled(ErrorKind::Internal, message))]
     Internal { message: String, outcome: Outcome },
     /// No token was given, or the node knows no grant for it
     /// ([`crate::ClientOptions::token`]).
-    #[error("{}", prefixed("unauthenticated", .0))]
+    #[error("{}", labelled(ErrorKind::Unauthenticated, .0))]
     Unauthenticated(String),
     /// The token's grant lacks the permission the message names
     /// (`write on demo.v1.Thing in default/default`).
-    #[error("{}", prefixed("permission denied", .0))]
+    #[error("{}", labelled(ErrorKind::PermissionDenied, .0))]
     PermissionDenied(String),
 }
 
@@ -116,6 +113,28 @@ impl ClientError {
             | ClientError::DeadlineExceeded { outcome, .. }
             | ClientError::Internal { outcome, .. } => *outcome,
             _ => Outcome::NotApplied,
+        }
+    }
+
+    /// The kind, from the one vocabulary. A client-side deadline is
+    /// `Unavailable`: no node answered in time.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClientError::NotFound => ErrorKind::NotFound,
+            ClientError::CasFailure(_) => ErrorKind::CasFailure,
+            ClientError::WrongUid(_) => ErrorKind::WrongUid,
+            ClientError::GroupVersionMismatch { .. } => ErrorKind::GroupVersionMismatch,
+            ClientError::Inconsistent { .. } => ErrorKind::Inconsistent,
+            ClientError::WatchClosed(_) => ErrorKind::WatchClosed,
+            ClientError::Compacted { .. } => ErrorKind::Compacted,
+            ClientError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            ClientError::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
+            ClientError::Unavailable { .. } | ClientError::DeadlineExceeded { .. } => {
+                ErrorKind::Unavailable
+            }
+            ClientError::Internal { .. } => ErrorKind::Internal,
+            ClientError::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            ClientError::PermissionDenied(_) => ErrorKind::PermissionDenied,
         }
     }
 
@@ -184,20 +203,6 @@ impl ClientError {
     }
 }
 
-/// `"{kind}: {message}"`, without repeating the kind when the node's
-/// message already starts with it (display only: errors are never
-/// classified by their text).
-fn prefixed(kind: &str, message: &str) -> String {
-    let starts_with_kind = message
-        .get(..kind.len())
-        .is_some_and(|head| head.eq_ignore_ascii_case(kind));
-    match (message.is_empty(), starts_with_kind) {
-        (true, _) => kind.to_string(),
-        (false, true) => message.to_string(),
-        (false, false) => format!("{kind}: {message}"),
-    }
-}
-
 /// What one failed attempt tells the retry loop.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Failure {
@@ -213,23 +218,14 @@ pub(crate) enum Failure {
 
 /// Classifies a status returned by a call.
 pub(crate) fn classify_status(status: &tonic::Status) -> Failure {
-    if carries_cairn_details(status) {
-        return Failure::Answered(ApiError::from_status(status));
+    if let Some(error) = ApiError::from_cairn_status(status) {
+        return Failure::Answered(error);
     }
     let text = format!("{:?}: {}", status.code(), status.message());
     match StdError::source(status) {
         Some(source) if is_connect_failure(source) => Failure::NotConnected(text),
         _ => Failure::Transport(text),
     }
-}
-
-/// Whether the status was produced by a Cairn node (its details name a kind),
-/// rather than by the transport, a proxy, or a foreign server.
-pub(crate) fn carries_cairn_details(status: &tonic::Status) -> bool {
-    !status.details().is_empty()
-        && ErrorDetails::decode(status.details())
-            .map(|d| d.kind() != ErrorKind::Unspecified)
-            .unwrap_or(false)
 }
 
 /// Whether an error chain holds an I/O error that can only happen while
@@ -300,6 +296,42 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_node_verdict_keeps_its_kind_in_the_client() {
+        // One vocabulary: the client's kind is the node's, except NotLeader,
+        // which the retry loop follows and which surfaces only as Unavailable.
+        for api in [
+            ApiError::NotFound,
+            ApiError::CasFailure("x".into()),
+            ApiError::WrongUid("x".into()),
+            ApiError::GroupVersionMismatch {
+                requested: Type::default(),
+                stored: Box::default(),
+            },
+            ApiError::Inconsistent("x".into()),
+            ApiError::Unavailable("x".into()),
+            ApiError::WatchClosed("x".into()),
+            ApiError::Compacted {
+                oldest_retained_revision: 3,
+            },
+            ApiError::invalid("f", "r"),
+            ApiError::exhausted("list_results_max", 3, "a list of 4"),
+            ApiError::Internal("x".into()),
+            ApiError::Unauthenticated("x".into()),
+            ApiError::PermissionDenied("x".into()),
+        ] {
+            let kind = api.kind();
+            assert_eq!(ClientError::from_api(api, Outcome::Unknown).kind(), kind);
+        }
+        let not_leader = ApiError::NotLeader {
+            hint: LeaderHint::default(),
+        };
+        assert_eq!(
+            ClientError::from_api(not_leader, Outcome::Unknown).kind(),
+            ErrorKind::Unavailable
+        );
     }
 
     #[test]

@@ -51,8 +51,7 @@ use std::time::Duration;
 use cairn_fsm::ReadScope;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
-use cairn_proto::v1::{self as pb, shared, Consistency, ErrorDetails, ErrorKind};
-use prost::Message;
+use cairn_proto::v1::{self as pb, shared, Consistency};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -360,12 +359,8 @@ fn read_may_succeed_elsewhere(error: &ForwardError) -> bool {
 /// keeps its kind; a failure to connect means nothing was sent; anything
 /// else is a transport failure after the request may have been sent.
 fn classify(status: &Status, target: Target) -> ForwardError {
-    let from_cairn = !status.details().is_empty()
-        && ErrorDetails::decode(status.details())
-            .map(|d| d.kind() != ErrorKind::Unspecified)
-            .unwrap_or(false);
-    if from_cairn {
-        let error = match ApiError::from_status(status) {
+    if let Some(error) = ApiError::from_cairn_status(status) {
+        let error = match error {
             // The leader's peer port authenticates this node, not the client
             // (whose grant was checked here): its refusal means the request
             // was not taken, never that the client lacks a permission.

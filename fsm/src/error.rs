@@ -1,6 +1,6 @@
 //! The one error enum of the fsm layer, and its one conversion to the wire.
 
-use cairn_proto::error::ApiError;
+use cairn_proto::error::{compacted_text, label_of, ApiError, ErrorKind};
 use cairn_proto::v1::Type;
 
 use crate::StoredResource;
@@ -11,7 +11,7 @@ use crate::StoredResource;
 pub enum FsmError {
     /// Nothing is stored at the key, or a non-empty requested uid differs
     /// from the stored one.
-    #[error("not found")]
+    #[error("{}", label_of(ErrorKind::NotFound))]
     NotFound,
     /// The expected version is not the stored one. `stored` is `None` when
     /// nothing is stored at the key.
@@ -37,7 +37,7 @@ pub enum FsmError {
         stored: StoredResource,
     },
     /// The revision asked for is older than the retained history.
-    #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
+    #[error("{}", compacted_text(*oldest_retained_revision))]
     Compacted { oldest_retained_revision: u64 },
     /// Malformed input; `field` is dotted (`resource.id.name`).
     #[error("invalid argument {field}: {reason}")]
@@ -64,6 +64,22 @@ fn stored_version(stored: &Option<String>) -> String {
 }
 
 impl FsmError {
+    /// The kind, from the one vocabulary (the wire's, see [`ApiError`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            FsmError::NotFound => ErrorKind::NotFound,
+            FsmError::CasFailure { .. } => ErrorKind::CasFailure,
+            FsmError::WrongUid { .. } => ErrorKind::WrongUid,
+            FsmError::GroupVersionMismatch { .. } => ErrorKind::GroupVersionMismatch,
+            FsmError::Compacted { .. } => ErrorKind::Compacted,
+            FsmError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            FsmError::WatchClosed { .. } => ErrorKind::WatchClosed,
+            // Another restore is in the way: the consistency asked for cannot be met now.
+            FsmError::RestoreConflict(_) => ErrorKind::Inconsistent,
+            FsmError::Decode(_) => ErrorKind::Internal,
+        }
+    }
+
     pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> FsmError {
         FsmError::InvalidArgument {
             field: field.into(),
@@ -96,6 +112,48 @@ impl From<FsmError> for ApiError {
             FsmError::WatchClosed { reason } => ApiError::WatchClosed(reason),
             e @ FsmError::RestoreConflict(_) => ApiError::Inconsistent(e.to_string()),
             FsmError::Decode(message) => ApiError::Internal(format!("decode: {message}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_proto::v1::Resource;
+
+    #[test]
+    fn every_fsm_error_keeps_its_kind_on_the_wire() {
+        // One vocabulary: the kind an fsm error names is the kind its ApiError carries.
+        let every = [
+            FsmError::NotFound,
+            FsmError::CasFailure {
+                expected: "1".into(),
+                stored: None,
+            },
+            FsmError::WrongUid {
+                given: "a".into(),
+                stored: "b".into(),
+            },
+            FsmError::GroupVersionMismatch {
+                requested: Type::default(),
+                stored: StoredResource::from_resource(&Resource::default()),
+            },
+            FsmError::Compacted {
+                oldest_retained_revision: 3,
+            },
+            FsmError::invalid("resource.id.name", "must not be empty"),
+            FsmError::WatchClosed {
+                reason: "restore".into(),
+            },
+            FsmError::RestoreConflict("another restore".into()),
+            FsmError::Decode("truncated".into()),
+        ];
+        for error in every {
+            assert_eq!(
+                ApiError::from(error.clone()).kind(),
+                error.kind(),
+                "{error:?}"
+            );
         }
     }
 }

@@ -537,9 +537,9 @@ impl AdminService for Admin {
             })();
             if let Err(e) = result {
                 if e.kind() != std::io::ErrorKind::BrokenPipe {
-                    let _ = error_tx.blocking_send(Err(Status::internal(format!(
+                    let _ = error_tx.blocking_send(Err(Status::from(ApiError::Internal(format!(
                         "streaming the snapshot: {e}"
-                    ))));
+                    )))));
                 }
             }
         });

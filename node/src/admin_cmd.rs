@@ -29,7 +29,7 @@ macro_rules! out {
         let _ = writeln!(std::io::stdout(), $($arg)*);
     }};
 }
-use crate::cli::{exit, exit_code_of};
+use crate::cli::{exit, exit_code_of_kind};
 
 #[derive(Subcommand)]
 pub enum MemberCommand {
@@ -111,7 +111,7 @@ pub fn fail(e: &ApiError) -> u8 {
         ApiError::Inconsistent(message) => eprintln!("cairn: {message}"),
         other => eprintln!("cairn: {other}"),
     }
-    exit_code_of(e)
+    exit_code_of_kind(e.kind())
 }
 
 fn print_json(value: &Value) {

@@ -212,12 +212,9 @@ pub(crate) fn access(
 /// own (`cairn bench`) share their values.
 pub use cairn_client::cli::OutputFormat as Output;
 
-/// Exit codes shared by every command: the one table of `cairn_client::cli`.
-pub use cairn_client::cli::exit;
-
-pub fn exit_code_of(e: &ApiError) -> u8 {
-    cairn_client::cli::exit_code_of_api(e)
-}
+/// Exit codes shared by every command: the one table of `cairn_client::cli`,
+/// by error kind.
+pub use cairn_client::cli::{exit, exit_code_of_kind};
 
 pub fn init_logging(level: &str, format: LogFormat) {
     let filter = crate::logging::filter(level);

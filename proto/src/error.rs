@@ -1,40 +1,178 @@
 //! The one mapping between Cairn's error kinds and gRPC status codes.
 //!
 //! Every layer has its own error enum (`fsm::FsmError`, the node's, the
-//! client's); each converts into [`ApiError`] for the wire, and [`ApiError`] is
-//! the only type that turns into or out of a [`tonic::Status`]. The kind travels
-//! in the status's `details` as an [`ErrorDetails`] message, so it survives
-//! every hop (node → node → client) even where two kinds share a gRPC code.
+//! client's); each takes its kind from the one [`ErrorKind`] and converts into
+//! [`ApiError`] for the wire, and [`ApiError`] is the only type that turns into
+//! or out of a [`tonic::Status`] ([`ApiError::from_status`] is the one decoder).
+//!
+//! ## The wire: the standard gRPC error model
+//!
+//! `grpc-status-details-bin` carries a standard `google.rpc.Status` (the
+//! [`tonic_types`] messages), which any gRPC library decodes. Its `details` hold:
+//! - a `google.rpc.ErrorInfo` whose `reason` is the kind's name
+//!   ([`reason_of`]: `NOT_LEADER`, `CAS_FAILURE`, …) and whose `domain` is
+//!   [`DOMAIN`] (`cairn.v1`): the kind survives every hop (node → node →
+//!   client) even where two kinds share a gRPC code;
+//! - for `InvalidArgument`, a `google.rpc.BadRequest` with the field violation
+//!   (`resource.id.name`, `must not be empty`);
+//! - Cairn's own detail message, packed in `google.protobuf.Any`
+//!   (`type.googleapis.com/cairn.v1.NotLeaderDetails`), for the kinds that
+//!   have one (see the table).
+//!
+//! The status message is readable on its own: it names the field of an
+//! invalid argument (`resource.id.name: must not be empty`) and says what the
+//! kinds without a message of their own are (`not found`).
 //!
 //! | kind                  | gRPC code            | notes                                        |
 //! |-----------------------|----------------------|----------------------------------------------|
 //! | NotFound              | NOT_FOUND            |                                              |
 //! | CasFailure            | ABORTED              |                                              |
 //! | WrongUid              | ALREADY_EXISTS       |                                              |
-//! | GroupVersionMismatch  | OUT_OF_RANGE         | details: requested type + stored resource    |
+//! | GroupVersionMismatch  | OUT_OF_RANGE         | Any: `GroupVersionMismatchDetails` (requested type + stored resource) |
 //! | Inconsistent          | FAILED_PRECONDITION  | consistency cannot be met on this cluster now (no quorum, leadership unconfirmed) |
 //! | Unavailable           | UNAVAILABLE          | this node cannot serve now; another node may (retry elsewhere) |
-//! | NotLeader             | UNAVAILABLE          | details: the leader hint; retry at the leader |
+//! | NotLeader             | UNAVAILABLE          | Any: `NotLeaderDetails` (the leader hint); retry at the leader |
 //! | WatchClosed           | ABORTED              | the consumer must re-list                    |
-//! | Compacted             | OUT_OF_RANGE         | details: oldest retained revision            |
-//! | InvalidArgument       | INVALID_ARGUMENT     | details: the field named                     |
-//! | ResourceExhausted     | RESOURCE_EXHAUSTED   | details: the limit's config key and value; certainly not applied |
+//! | Compacted             | OUT_OF_RANGE         | Any: `CompactedDetails` (oldest retained revision) |
+//! | InvalidArgument       | INVALID_ARGUMENT     | `google.rpc.BadRequest`: the field named     |
+//! | ResourceExhausted     | RESOURCE_EXHAUSTED   | Any: `ResourceExhaustedDetails` (the limit's config key and value); certainly not applied |
 //! | Internal              | INTERNAL             | a bug or an unexpected failure               |
 //! | Unauthenticated       | UNAUTHENTICATED      | no token, or a token the node does not know  |
 //! | PermissionDenied      | PERMISSION_DENIED    | names the missing permission                 |
 //!
-//! A status without Cairn details (from a proxy, a transport failure, an older
-//! peer) is classified by its code alone; transport-level codes become
-//! `Unavailable`, so a caller never has to parse message text.
+//! A status without Cairn's `ErrorInfo` (from a proxy, a transport failure,
+//! an older peer) is classified by its code alone; transport-level codes
+//! become `Unavailable`, so a caller never has to parse message text.
 
 use bytes::Bytes;
 use prost::Message;
+use prost_types::Any;
 use tonic::Code;
+use tonic_types::pb::{bad_request::FieldViolation, BadRequest, ErrorInfo};
 
+pub use crate::v1::ErrorKind;
 use crate::v1::{
-    error_details::Detail, CompactedDetails, ErrorDetails, ErrorKind, GroupVersionMismatchDetails,
-    InvalidArgumentDetails, NotLeaderDetails, Resource, ResourceExhaustedDetails, Type,
+    CompactedDetails, GroupVersionMismatchDetails, NotLeaderDetails, Resource,
+    ResourceExhaustedDetails, Type,
 };
+
+/// The `google.rpc.ErrorInfo.domain` of every error a Cairn node answers.
+pub const DOMAIN: &str = "cairn.v1";
+
+/// The prefix of every `Any.type_url` Cairn writes (the protobuf convention).
+const TYPE_URL_PREFIX: &str = "type.googleapis.com/";
+
+/// The `ErrorInfo.reason` of a kind: its proto name without the
+/// `ERROR_KIND_` prefix (`NOT_LEADER`), the UPPER_SNAKE_CASE that
+/// `google.rpc.ErrorInfo` asks for.
+pub fn reason_of(kind: ErrorKind) -> &'static str {
+    let name = kind.as_str_name();
+    name.strip_prefix("ERROR_KIND_").unwrap_or(name)
+}
+
+/// What an operator reads for a kind: the one human name of each kind
+/// (`not found`, `CAS failure`), which every layer's error message starts with.
+pub fn label_of(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::NotFound => "not found",
+        ErrorKind::CasFailure => "CAS failure",
+        ErrorKind::WrongUid => "wrong uid",
+        ErrorKind::GroupVersionMismatch => "group version mismatch",
+        ErrorKind::Inconsistent => "inconsistent",
+        ErrorKind::Unavailable => "unavailable",
+        ErrorKind::NotLeader => "not leader",
+        ErrorKind::WatchClosed => "watch closed",
+        ErrorKind::Compacted => "compacted",
+        ErrorKind::InvalidArgument => "invalid argument",
+        ErrorKind::ResourceExhausted => "resource exhausted",
+        ErrorKind::Internal | ErrorKind::Unspecified => "internal error",
+        ErrorKind::Unauthenticated => "unauthenticated",
+        ErrorKind::PermissionDenied => "permission denied",
+    }
+}
+
+/// `"{label}: {message}"`, without repeating the kind's label when the
+/// message already starts with it (display only: errors are never
+/// classified by their text).
+pub fn labelled(kind: ErrorKind, message: &str) -> String {
+    let label = label_of(kind);
+    let starts_with_label = message
+        .get(..label.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(label));
+    match (message.is_empty(), starts_with_label) {
+        (true, _) => label.to_string(),
+        (false, true) => message.to_string(),
+        (false, false) => format!("{label}: {message}"),
+    }
+}
+
+/// `group version mismatch: requested "v2", stored "v1"`: every layer's text of the kind.
+pub fn group_version_mismatch_text(requested: &Type, stored: &Resource) -> String {
+    let stored_group_version = stored
+        .id
+        .as_ref()
+        .and_then(|id| id.r#type.as_ref())
+        .map(|t| t.group_version.as_str())
+        .unwrap_or("");
+    format!(
+        "{}: requested {:?}, stored {:?}",
+        label_of(ErrorKind::GroupVersionMismatch),
+        requested.group_version,
+        stored_group_version
+    )
+}
+
+/// `compacted: the oldest retained revision is 42`: every layer's text of the kind.
+pub fn compacted_text(oldest_retained_revision: u64) -> String {
+    format!(
+        "{}: the oldest retained revision is {oldest_retained_revision}",
+        label_of(ErrorKind::Compacted)
+    )
+}
+
+/// The kind an `ErrorInfo.reason` names, if any (the inverse of [`reason_of`]).
+fn kind_of_reason(reason: &str) -> Option<ErrorKind> {
+    ErrorKind::from_str_name(&format!("ERROR_KIND_{reason}"))
+        .filter(|kind| *kind != ErrorKind::Unspecified)
+}
+
+/// One of Cairn's own detail messages, and its full protobuf name.
+trait CairnDetail: Message + Default {
+    const FULL_NAME: &'static str;
+}
+impl CairnDetail for GroupVersionMismatchDetails {
+    const FULL_NAME: &'static str = "cairn.v1.GroupVersionMismatchDetails";
+}
+impl CairnDetail for CompactedDetails {
+    const FULL_NAME: &'static str = "cairn.v1.CompactedDetails";
+}
+impl CairnDetail for NotLeaderDetails {
+    const FULL_NAME: &'static str = "cairn.v1.NotLeaderDetails";
+}
+impl CairnDetail for ResourceExhaustedDetails {
+    const FULL_NAME: &'static str = "cairn.v1.ResourceExhaustedDetails";
+}
+const ERROR_INFO: &str = "google.rpc.ErrorInfo";
+const BAD_REQUEST: &str = "google.rpc.BadRequest";
+
+fn pack(full_name: &str, message: &impl Message) -> Any {
+    Any {
+        type_url: format!("{TYPE_URL_PREFIX}{full_name}"),
+        value: message.encode_to_vec(),
+    }
+}
+
+/// The first detail of type `full_name` that decodes, if any.
+fn unpack<M: Message + Default>(details: &[Any], full_name: &str) -> Option<M> {
+    details
+        .iter()
+        .filter(|any| any.type_url.strip_prefix(TYPE_URL_PREFIX) == Some(full_name))
+        .find_map(|any| M::decode(any.value.as_slice()).ok())
+}
+
+fn unpack_cairn<M: CairnDetail>(details: &[Any]) -> Option<M> {
+    unpack(details, M::FULL_NAME)
+}
 
 /// Where the leader is, as far as the answering node knows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,30 +198,26 @@ impl std::fmt::Display for LeaderHint {
 /// An error as it crosses the wire. See the module docs for the code table.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
-    #[error("not found")]
+    #[error("{}", label_of(ErrorKind::NotFound))]
     NotFound,
-    #[error("CAS failure: {0}")]
+    #[error("{}", labelled(ErrorKind::CasFailure, .0))]
     CasFailure(String),
-    #[error("wrong uid: {0}")]
+    #[error("{}", labelled(ErrorKind::WrongUid, .0))]
     WrongUid(String),
-    #[error(
-        "group version mismatch: requested {:?}, stored {:?}",
-        requested.group_version,
-        stored.id.as_ref().and_then(|id| id.r#type.as_ref()).map(|t| t.group_version.as_str()).unwrap_or("")
-    )]
+    #[error("{}", group_version_mismatch_text(requested, stored))]
     GroupVersionMismatch {
         requested: Type,
         stored: Box<Resource>,
     },
-    #[error("inconsistent: {0}")]
+    #[error("{}", labelled(ErrorKind::Inconsistent, .0))]
     Inconsistent(String),
-    #[error("unavailable: {0}")]
+    #[error("{}", labelled(ErrorKind::Unavailable, .0))]
     Unavailable(String),
     #[error("not leader ({hint})")]
     NotLeader { hint: LeaderHint },
-    #[error("watch closed: {0}")]
+    #[error("{}", labelled(ErrorKind::WatchClosed, .0))]
     WatchClosed(String),
-    #[error("compacted: the oldest retained revision is {oldest_retained_revision}")]
+    #[error("{}", compacted_text(*oldest_retained_revision))]
     Compacted { oldest_retained_revision: u64 },
     #[error("invalid argument {field}: {reason}")]
     InvalidArgument { field: String, reason: String },
@@ -96,15 +230,15 @@ pub enum ApiError {
         value: u64,
         reason: String,
     },
-    #[error("internal error: {0}")]
+    #[error("{}", labelled(ErrorKind::Internal, .0))]
     Internal(String),
     /// No credentials, or credentials no grant of the node's config holds.
-    #[error("unauthenticated: {0}")]
+    #[error("{}", labelled(ErrorKind::Unauthenticated, .0))]
     Unauthenticated(String),
     /// Known credentials whose grant lacks a permission; the message names it
     /// (`write on demo.v1.Thing in default/default`) and never anything
     /// stored.
-    #[error("permission denied: {0}")]
+    #[error("{}", labelled(ErrorKind::PermissionDenied, .0))]
     PermissionDenied(String),
 }
 
@@ -161,41 +295,47 @@ impl ApiError {
         code_of(self.kind())
     }
 
-    fn detail(&self) -> Option<Detail> {
+    /// Cairn's own detail message of this error, packed, for the kinds that have one.
+    fn packed_detail(&self) -> Option<Any> {
         match self {
-            ApiError::GroupVersionMismatch { requested, stored } => {
-                Some(Detail::GroupVersionMismatch(GroupVersionMismatchDetails {
+            ApiError::GroupVersionMismatch { requested, stored } => Some(pack(
+                GroupVersionMismatchDetails::FULL_NAME,
+                &GroupVersionMismatchDetails {
                     requested_type: Some(requested.clone()),
                     stored: Some((**stored).clone()),
-                }))
-            }
+                },
+            )),
             ApiError::Compacted {
                 oldest_retained_revision,
-            } => Some(Detail::Compacted(CompactedDetails {
-                oldest_retained_revision: *oldest_retained_revision,
-            })),
-            ApiError::NotLeader { hint } => Some(Detail::NotLeader(NotLeaderDetails {
-                leader_id: hint.leader_id.unwrap_or(0),
-                leader_client_address: hint.client_address.clone().unwrap_or_default(),
-                leader_peer_address: hint.peer_address.clone().unwrap_or_default(),
-            })),
-            ApiError::InvalidArgument { field, .. } => {
-                Some(Detail::InvalidArgument(InvalidArgumentDetails {
-                    field: field.clone(),
-                }))
-            }
-            ApiError::ResourceExhausted { limit, value, .. } => {
-                Some(Detail::ResourceExhausted(ResourceExhaustedDetails {
+            } => Some(pack(
+                CompactedDetails::FULL_NAME,
+                &CompactedDetails {
+                    oldest_retained_revision: *oldest_retained_revision,
+                },
+            )),
+            ApiError::NotLeader { hint } => Some(pack(
+                NotLeaderDetails::FULL_NAME,
+                &NotLeaderDetails {
+                    leader_id: hint.leader_id.unwrap_or(0),
+                    leader_client_address: hint.client_address.clone().unwrap_or_default(),
+                    leader_peer_address: hint.peer_address.clone().unwrap_or_default(),
+                },
+            )),
+            ApiError::ResourceExhausted { limit, value, .. } => Some(pack(
+                ResourceExhaustedDetails::FULL_NAME,
+                &ResourceExhaustedDetails {
                     limit: limit.clone(),
                     value: *value,
-                }))
-            }
+                },
+            )),
             _ => None,
         }
     }
 
-    /// The text part of the status (the kind and details travel separately).
-    fn reason(&self) -> String {
+    /// The status message: the kind's own text, which names the field of an
+    /// invalid argument (`resource.id.name: must not be empty`); the kinds
+    /// without text of their own say what they are (`not found`).
+    fn message(&self) -> String {
         match self {
             ApiError::CasFailure(m)
             | ApiError::WrongUid(m)
@@ -205,21 +345,54 @@ impl ApiError {
             | ApiError::Internal(m)
             | ApiError::Unauthenticated(m)
             | ApiError::PermissionDenied(m) => m.clone(),
-            ApiError::InvalidArgument { reason, .. }
-            | ApiError::ResourceExhausted { reason, .. } => reason.clone(),
-            _ => String::new(),
+            ApiError::InvalidArgument { field, reason } if field.is_empty() => reason.clone(),
+            ApiError::InvalidArgument { field, reason } => format!("{field}: {reason}"),
+            ApiError::ResourceExhausted { reason, .. } => reason.clone(),
+            ApiError::NotFound
+            | ApiError::GroupVersionMismatch { .. }
+            | ApiError::NotLeader { .. }
+            | ApiError::Compacted { .. } => self.to_string(),
         }
     }
 
-    /// Rebuilds the error from a status. Never fails: a status without Cairn
-    /// details is classified by its code.
-    pub fn from_status(status: &tonic::Status) -> ApiError {
-        let message = status.message().to_string();
-        if let Ok(details) = ErrorDetails::decode(status.details()) {
-            if let Some(error) = from_details(details, &message) {
-                return error;
-            }
+    /// The standard `google.rpc.Status` of this error (module docs).
+    fn rpc_status(&self) -> tonic_types::Status {
+        let mut details = vec![pack(
+            ERROR_INFO,
+            &ErrorInfo {
+                reason: reason_of(self.kind()).to_string(),
+                domain: DOMAIN.to_string(),
+                metadata: Default::default(),
+            },
+        )];
+        if let ApiError::InvalidArgument { field, reason } = self {
+            details.push(pack(
+                BAD_REQUEST,
+                &BadRequest {
+                    field_violations: vec![FieldViolation {
+                        field: field.clone(),
+                        description: reason.clone(),
+                        ..Default::default()
+                    }],
+                },
+            ));
         }
+        details.extend(self.packed_detail());
+        tonic_types::Status {
+            code: self.code() as i32,
+            message: self.message(),
+            details,
+        }
+    }
+
+    /// Rebuilds the error from a status: the one decoder of Cairn's errors.
+    /// Never fails: a status without Cairn's `ErrorInfo` is classified by its
+    /// code.
+    pub fn from_status(status: &tonic::Status) -> ApiError {
+        if let Some(error) = ApiError::from_cairn_status(status) {
+            return error;
+        }
+        let message = status.message().to_string();
         match status.code() {
             Code::NotFound => ApiError::NotFound,
             Code::AlreadyExists => ApiError::WrongUid(message),
@@ -238,6 +411,26 @@ impl ApiError {
             }
             other => ApiError::Internal(format!("{other:?}: {message}")),
         }
+    }
+
+    /// The error a Cairn node answered with, or `None` when the status does
+    /// not come from a Cairn node (no `ErrorInfo` of domain [`DOMAIN`] naming
+    /// a kind): a proxy's, the transport's, a foreign server's. The retry
+    /// loops tell a node's verdict from a transport failure with this.
+    pub fn from_cairn_status(status: &tonic::Status) -> Option<ApiError> {
+        if status.details().is_empty() {
+            return None;
+        }
+        let rpc = tonic_types::Status::decode(status.details()).ok()?;
+        let info: ErrorInfo = unpack(&rpc.details, ERROR_INFO)?;
+        if info.domain != DOMAIN {
+            return None;
+        }
+        from_details(
+            kind_of_reason(&info.reason)?,
+            &rpc.details,
+            status.message(),
+        )
     }
 }
 
@@ -260,25 +453,25 @@ fn code_of(kind: ErrorKind) -> Code {
     }
 }
 
-fn from_details(details: ErrorDetails, message: &str) -> Option<ApiError> {
+/// The error of `kind` from the status's details and message, or `None` when
+/// a detail the kind cannot do without is missing (then the code decides).
+fn from_details(kind: ErrorKind, details: &[Any], message: &str) -> Option<ApiError> {
     let m = message.to_string();
-    let error = match (details.kind(), details.detail) {
-        (ErrorKind::NotFound, _) => ApiError::NotFound,
-        (ErrorKind::CasFailure, _) => ApiError::CasFailure(m),
-        (ErrorKind::WrongUid, _) => ApiError::WrongUid(m),
-        (ErrorKind::GroupVersionMismatch, Some(Detail::GroupVersionMismatch(d))) => {
+    let error = match kind {
+        ErrorKind::NotFound => ApiError::NotFound,
+        ErrorKind::CasFailure => ApiError::CasFailure(m),
+        ErrorKind::WrongUid => ApiError::WrongUid(m),
+        ErrorKind::GroupVersionMismatch => {
+            let d: GroupVersionMismatchDetails = unpack_cairn(details)?;
             ApiError::GroupVersionMismatch {
                 requested: d.requested_type.unwrap_or_default(),
                 stored: Box::new(d.stored.unwrap_or_default()),
             }
         }
-        (ErrorKind::Inconsistent, _) => ApiError::Inconsistent(m),
-        (ErrorKind::Unavailable, _) => ApiError::Unavailable(m),
-        (ErrorKind::NotLeader, detail) => {
-            let d = match detail {
-                Some(Detail::NotLeader(d)) => d,
-                _ => NotLeaderDetails::default(),
-            };
+        ErrorKind::Inconsistent => ApiError::Inconsistent(m),
+        ErrorKind::Unavailable => ApiError::Unavailable(m),
+        ErrorKind::NotLeader => {
+            let d: NotLeaderDetails = unpack_cairn(details).unwrap_or_default();
             let non_empty = |s: String| if s.is_empty() { None } else { Some(s) };
             ApiError::NotLeader {
                 hint: LeaderHint {
@@ -292,48 +485,48 @@ fn from_details(details: ErrorDetails, message: &str) -> Option<ApiError> {
                 },
             }
         }
-        (ErrorKind::WatchClosed, _) => ApiError::WatchClosed(m),
-        (ErrorKind::Compacted, Some(Detail::Compacted(d))) => ApiError::Compacted {
-            oldest_retained_revision: d.oldest_retained_revision,
-        },
-        (ErrorKind::InvalidArgument, detail) => {
-            let field = match detail {
-                Some(Detail::InvalidArgument(d)) => d.field,
-                _ => String::new(),
-            };
-            ApiError::InvalidArgument { field, reason: m }
+        ErrorKind::WatchClosed => ApiError::WatchClosed(m),
+        ErrorKind::Compacted => {
+            let d: CompactedDetails = unpack_cairn(details)?;
+            ApiError::Compacted {
+                oldest_retained_revision: d.oldest_retained_revision,
+            }
         }
-        (ErrorKind::ResourceExhausted, detail) => {
-            let d = match detail {
-                Some(Detail::ResourceExhausted(d)) => d,
-                _ => ResourceExhaustedDetails::default(),
-            };
+        ErrorKind::InvalidArgument => {
+            let violation = unpack::<BadRequest>(details, BAD_REQUEST)
+                .and_then(|b| b.field_violations.into_iter().next());
+            match violation {
+                Some(v) => ApiError::InvalidArgument {
+                    field: v.field,
+                    reason: v.description,
+                },
+                None => ApiError::invalid("", m),
+            }
+        }
+        ErrorKind::ResourceExhausted => {
+            let d: ResourceExhaustedDetails = unpack_cairn(details).unwrap_or_default();
             ApiError::ResourceExhausted {
                 limit: d.limit,
                 value: d.value,
                 reason: m,
             }
         }
-        (ErrorKind::Internal, _) => ApiError::Internal(m),
-        (ErrorKind::Unauthenticated, _) => ApiError::Unauthenticated(m),
-        (ErrorKind::PermissionDenied, _) => ApiError::PermissionDenied(m),
-        // A kind whose required detail is missing, or an unknown kind: fall
-        // back to classifying by code.
-        _ => return None,
+        ErrorKind::Internal => ApiError::Internal(m),
+        ErrorKind::Unauthenticated => ApiError::Unauthenticated(m),
+        ErrorKind::PermissionDenied => ApiError::PermissionDenied(m),
+        ErrorKind::Unspecified => return None,
     };
     Some(error)
 }
 
 impl From<ApiError> for tonic::Status {
+    /// Every `tonic::Status` Cairn answers with is built here.
     fn from(error: ApiError) -> tonic::Status {
-        let details = ErrorDetails {
-            kind: error.kind() as i32,
-            detail: error.detail(),
-        };
+        let rpc = error.rpc_status();
         tonic::Status::with_details(
             error.code(),
-            error.reason(),
-            Bytes::from(details.encode_to_vec()),
+            rpc.message.clone(),
+            Bytes::from(rpc.encode_to_vec()),
         )
     }
 }
@@ -439,6 +632,91 @@ mod tests {
             ApiError::from_status(&tonic::Status::data_loss("x")),
             ApiError::Internal(_)
         ));
+    }
+
+    #[test]
+    fn the_details_are_a_standard_google_rpc_status() {
+        // What a client in any language reads: ErrorInfo names the kind in
+        // Cairn's domain, BadRequest names the field, and the kind's own
+        // detail is an Any of Cairn's message.
+        for error in every_kind() {
+            let status = tonic::Status::from(error.clone());
+            let rpc = tonic_types::Status::decode(status.details()).expect("a google.rpc.Status");
+            assert_eq!(rpc.code, status.code() as i32);
+            assert_eq!(rpc.message, status.message());
+            let info: ErrorInfo = unpack(&rpc.details, ERROR_INFO).expect("an ErrorInfo");
+            assert_eq!(info.domain, "cairn.v1");
+            assert_eq!(info.reason, reason_of(error.kind()));
+            assert!(!info.reason.starts_with("ERROR_KIND"));
+            let type_urls: Vec<&str> = rpc.details.iter().map(|a| a.type_url.as_str()).collect();
+            let expected_own = match error.kind() {
+                ErrorKind::GroupVersionMismatch => Some("cairn.v1.GroupVersionMismatchDetails"),
+                ErrorKind::Compacted => Some("cairn.v1.CompactedDetails"),
+                ErrorKind::NotLeader => Some("cairn.v1.NotLeaderDetails"),
+                ErrorKind::ResourceExhausted => Some("cairn.v1.ResourceExhaustedDetails"),
+                _ => None,
+            };
+            let own = type_urls
+                .iter()
+                .find(|url| url.contains("cairn.v1."))
+                .map(|url| url.trim_start_matches(TYPE_URL_PREFIX));
+            assert_eq!(own, expected_own, "{error:?}: {type_urls:?}");
+            assert_eq!(
+                type_urls.contains(&"type.googleapis.com/google.rpc.BadRequest"),
+                error.kind() == ErrorKind::InvalidArgument,
+                "{error:?}"
+            );
+            assert!(!status.message().is_empty(), "{error:?} has no message");
+        }
+    }
+
+    #[test]
+    fn an_invalid_argument_names_its_field_in_the_message_and_in_bad_request() {
+        let status =
+            tonic::Status::from(ApiError::invalid("resource.id.name", "must not be empty"));
+        assert_eq!(status.message(), "resource.id.name: must not be empty");
+        let rpc = tonic_types::Status::decode(status.details()).unwrap();
+        let bad: BadRequest = unpack(&rpc.details, BAD_REQUEST).unwrap();
+        assert_eq!(bad.field_violations[0].field, "resource.id.name");
+        assert_eq!(bad.field_violations[0].description, "must not be empty");
+    }
+
+    #[test]
+    fn an_error_info_of_another_domain_is_not_a_cairn_answer() {
+        // A proxy or another service may use ErrorInfo too: only Cairn's domain names a kind.
+        let foreign = tonic_types::Status {
+            code: Code::Aborted as i32,
+            message: "m".into(),
+            details: vec![pack(
+                ERROR_INFO,
+                &ErrorInfo {
+                    reason: "CAS_FAILURE".into(),
+                    domain: "example.com".into(),
+                    metadata: Default::default(),
+                },
+            )],
+        };
+        let status =
+            tonic::Status::with_details(Code::Aborted, "m", Bytes::from(foreign.encode_to_vec()));
+        assert_eq!(ApiError::from_cairn_status(&status), None);
+        let ours = tonic::Status::from(ApiError::CasFailure("m".into()));
+        assert_eq!(
+            ApiError::from_cairn_status(&ours),
+            Some(ApiError::CasFailure("m".into()))
+        );
+        assert_eq!(
+            ApiError::from_cairn_status(&tonic::Status::aborted("m")),
+            None
+        );
+    }
+
+    #[test]
+    fn every_kind_has_a_reason_that_names_it_back() {
+        for error in every_kind() {
+            assert_eq!(kind_of_reason(reason_of(error.kind())), Some(error.kind()));
+        }
+        assert_eq!(kind_of_reason("UNSPECIFIED"), None);
+        assert_eq!(kind_of_reason("no such kind"), None);
     }
 
     #[test]

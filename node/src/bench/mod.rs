@@ -267,7 +267,7 @@ impl BenchError {
             BenchError::Option { .. } | BenchError::Access(_) | BenchError::Endpoint { .. } => {
                 exit::USAGE
             }
-            BenchError::Api(e) => crate::cli::exit_code_of(e),
+            BenchError::Api(e) => crate::cli::exit_code_of_kind(e.kind()),
             BenchError::Connect { .. } | BenchError::Unreachable(_) | BenchError::NoLeader(_) => {
                 exit::UNAVAILABLE
             }

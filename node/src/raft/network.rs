@@ -757,8 +757,11 @@ impl RaftRpcService {
         &self,
         value: &T,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let payload = encode(value)
-            .map_err(|e| tonic::Status::internal(format!("encoding raft reply: {e}")))?;
+        let payload = encode(value).map_err(|e| {
+            tonic::Status::from(cairn_proto::error::ApiError::Internal(format!(
+                "encoding raft reply: {e}"
+            )))
+        })?;
         Ok(tonic::Response::new(RaftMessage {
             cluster_id: self.gate.cluster_id(),
             payload,
