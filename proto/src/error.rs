@@ -214,30 +214,42 @@ impl ApiError {
     /// Rebuilds the error from a status. Never fails: a status without Cairn
     /// details is classified by its code.
     pub fn from_status(status: &tonic::Status) -> ApiError {
-        let message = status.message().to_string();
-        if let Ok(details) = ErrorDetails::decode(status.details()) {
-            if let Some(error) = from_details(details, &message) {
-                return error;
-            }
+        ApiError::from_cairn_status(status).unwrap_or_else(|| by_code(status))
+    }
+
+    /// The error a Cairn node answered, when `status` carries Cairn's details
+    /// (they name a kind); `None` for a status made by the transport, a proxy
+    /// or a server that is not Cairn. Callers deciding whether to retry tell
+    /// the two apart with this, never by reading the details themselves.
+    pub fn from_cairn_status(status: &tonic::Status) -> Option<ApiError> {
+        let details = ErrorDetails::decode(status.details()).ok()?;
+        if details.kind() == ErrorKind::Unspecified {
+            return None;
         }
-        match status.code() {
-            Code::NotFound => ApiError::NotFound,
-            Code::AlreadyExists => ApiError::WrongUid(message),
-            Code::Aborted => ApiError::CasFailure(message),
-            Code::FailedPrecondition => ApiError::Inconsistent(message),
-            Code::InvalidArgument => ApiError::invalid("", message),
-            Code::ResourceExhausted => ApiError::ResourceExhausted {
-                limit: String::new(),
-                value: 0,
-                reason: message,
-            },
-            Code::Unauthenticated => ApiError::Unauthenticated(message),
-            Code::PermissionDenied => ApiError::PermissionDenied(message),
-            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-                ApiError::Unavailable(format!("{:?}: {message}", status.code()))
-            }
-            other => ApiError::Internal(format!("{other:?}: {message}")),
+        Some(from_details(details, status.message()).unwrap_or_else(|| by_code(status)))
+    }
+}
+
+/// A status classified by its code alone (no usable Cairn details).
+fn by_code(status: &tonic::Status) -> ApiError {
+    let message = status.message().to_string();
+    match status.code() {
+        Code::NotFound => ApiError::NotFound,
+        Code::AlreadyExists => ApiError::WrongUid(message),
+        Code::Aborted => ApiError::CasFailure(message),
+        Code::FailedPrecondition => ApiError::Inconsistent(message),
+        Code::InvalidArgument => ApiError::invalid("", message),
+        Code::ResourceExhausted => ApiError::ResourceExhausted {
+            limit: String::new(),
+            value: 0,
+            reason: message,
+        },
+        Code::Unauthenticated => ApiError::Unauthenticated(message),
+        Code::PermissionDenied => ApiError::PermissionDenied(message),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            ApiError::Unavailable(format!("{:?}: {message}", status.code()))
         }
+        other => ApiError::Internal(format!("{other:?}: {message}")),
     }
 }
 
