@@ -219,6 +219,56 @@ pub fn next_step(operation: Operation, effect: Effect, attempt: u32, attempts_ma
     }
 }
 
+/// The error a node's caller gets when a request it sent on (or ran here)
+/// got no answer in time: a write may still commit (Inconsistent, outcome
+/// unknown); a read had no effect (Unavailable: retry here or elsewhere).
+pub fn unanswered(operation: Operation, what: impl fmt::Display) -> ApiError {
+    match operation {
+        Operation::Mutation => ApiError::Inconsistent(format!("outcome unknown: {what}")),
+        Operation::Read => ApiError::Unavailable(what.to_string()),
+    }
+}
+
+impl crate::Ended {
+    /// The error a node answers its caller with when [`crate::run`] ended
+    /// without an answer: a Cairn node's answer as it came (a NotLeader it
+    /// could not follow is Unavailable); nothing sent is Unavailable; a write
+    /// whose outcome is unknown is Inconsistent; a message over a size limit
+    /// is ResourceExhausted. Never a raw transport error.
+    pub fn into_api_error(self, operation: Operation) -> ApiError {
+        let (failure, outcome) = match self {
+            crate::Ended::OutOfTime { last } => {
+                return match last {
+                    Some(Failure::Answered(
+                        ApiError::NotLeader { .. } | ApiError::Unavailable(_),
+                    ))
+                    | None => ApiError::Unavailable(format!(
+                        "no leader answered in time ({})",
+                        last.map_or_else(|| "no attempt could be made".into(), |f| f.to_string())
+                    )),
+                    Some(Failure::Answered(error)) => error,
+                    Some(other) => ApiError::Unavailable(format!("no answer in time ({other})")),
+                }
+            }
+            crate::Ended::Stopped { failure, outcome } => (failure, outcome),
+        };
+        match (failure, outcome) {
+            (Failure::Answered(ApiError::NotLeader { hint }), _) => {
+                ApiError::Unavailable(format!("not redirected in time ({hint})"))
+            }
+            (Failure::Answered(error), _) => error,
+            (failure, Outcome::Unknown) => unanswered(operation, failure),
+            (Failure::TooLarge(reason), Outcome::NotApplied) => ApiError::ResourceExhausted {
+                limit: String::new(),
+                value: 0,
+                reason,
+            },
+            (Failure::Foreign(m), Outcome::NotApplied) => ApiError::Internal(m),
+            (failure, Outcome::NotApplied) => ApiError::Unavailable(failure.to_string()),
+        }
+    }
+}
+
 /// The metrics label of an error kind.
 pub fn kind_label(error: &ApiError) -> &'static str {
     match error {

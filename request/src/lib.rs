@@ -26,7 +26,7 @@ pub mod attempts;
 pub mod decide;
 
 pub use attempts::{run, Attempts, Ended, Pacing};
-pub use decide::{classify, next_step, Effect, Failure, Operation, Outcome, Step};
+pub use decide::{classify, next_step, unanswered, Effect, Failure, Operation, Outcome, Step};
 
 #[cfg(test)]
 mod tests;
