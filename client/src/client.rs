@@ -2,27 +2,22 @@
 //! failover, leader hints, deadlines and the retry rules that keep a write's
 //! outcome honest.
 //!
-//! ## Retry rules (why a write is retried only when it certainly did not apply)
+//! ## Retry rules
 //!
-//! Every write is a compare-and-set. If a write that *did* apply were sent
-//! again, the second attempt would fail with CasFailure (the version moved
-//! on) — and the caller would be told "failed" about a write that happened.
-//! So a write or delete is sent again (to the same or another node) only
-//! after an attempt that certainly did not apply:
-//! - the connection could not be opened (connection refused, connect
-//!   timeout): no byte of the request left this process;
-//! - a node answered NotLeader: a follower refuses before proposing;
-//! - a node answered Unavailable: by the node's contract (`cairn-proto`'s
-//!   error table, "retry elsewhere") it answers that only before the write
-//!   entered the log.
+//! Decided by `cairn_request` (its module docs hold the table), the same
+//! decision a node's forwarder takes: a write or delete is sent again (to the
+//! same or another node) only after an attempt that certainly did not apply
+//! (the connection could not be opened, a node answered NotLeader or
+//! Unavailable); any other failure after it may have been sent ends the call
+//! with [`Outcome::Unknown`]. Reads, lists and watch openings have no effect,
+//! so they are retried after any failure that another node or a later
+//! attempt might not have. A failure every node would repeat — a verdict of
+//! the contract, a refused credential, an answer over the message size
+//! limit — ends the call at once, whatever is left of its deadline.
 //!
-//! Every other failure of a write after it may have been sent is returned at
-//! once with [`Outcome::Unknown`]: the deadline passing while waiting for the
-//! answer, the connection dropping, a status without Cairn details, and the
-//! node's own Inconsistent (its commit timeout: the entry may still commit)
-//! or Internal. Reads, lists and watch openings have no effect, so they are
-//! retried after any failure that another node might not have (transport,
-//! Unavailable, NotLeader, Inconsistent) until the deadline.
+//! This module is the client's transport for the shared loop
+//! (`cairn_request::run`): which endpoint to try, following a leader hint,
+//! and when a round of failures calls for a pause.
 //!
 //! ## Deadlines
 //!
@@ -38,7 +33,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_proto::error::ApiError;
+use cairn_proto::error::LeaderHint;
 use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::{
     Consistency, DeleteRequest, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
@@ -50,7 +45,9 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{AuthenticatedChannel, BearerToken, Credentials};
-use crate::error::{classify_status, ClientError, Failure, Outcome};
+use cairn_request::{Attempts, Ended, Failure, Operation, Pacing};
+
+use crate::error::{ClientError, Outcome};
 
 /// Settings of a [`Client`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,13 +124,6 @@ struct Routing {
     /// transport failure, so the next attempt reconnects eagerly and a
     /// connect failure is recognised as such.
     channels: HashMap<String, Channel>,
-}
-
-/// Whether an operation changes the store (decides what may be retried).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Effect {
-    ReadOnly,
-    Mutating,
 }
 
 /// Turns `host:port` (or a URI) into the URI form used as the channel key.
@@ -225,10 +215,10 @@ impl WatchStream {
         match self.stream.message().await {
             Ok(Some(event)) => Some(Ok(event)),
             Ok(None) => None,
-            Err(status) => Some(Err(match classify_status(&status) {
+            Err(status) => Some(Err(match Failure::from_status(&status) {
                 Failure::Answered(api) => ClientError::from_api(api, Outcome::NotApplied),
-                Failure::NotConnected(m) | Failure::Transport(m) => ClientError::Unavailable {
-                    message: format!("watch stream from {} broke: {m}", self.endpoint),
+                other => ClientError::Unavailable {
+                    message: format!("watch stream from {} broke: {other}", self.endpoint),
                     outcome: Outcome::NotApplied,
                 },
             })),
@@ -332,7 +322,7 @@ impl Client {
     /// Read with every field of the request (a past revision, too); the
     /// answer carries the revision it reflects.
     pub async fn read_request(&self, request: ReadRequest) -> Result<ReadResponse, ClientError> {
-        self.call(Effect::ReadOnly, move |mut c, remaining| {
+        self.call(Operation::Read, move |mut c, remaining| {
             let mut r = tonic::Request::new(request.clone());
             r.set_timeout(remaining);
             async move { c.read(r).await }
@@ -345,7 +335,7 @@ impl Client {
     /// resource with its new version.
     pub async fn write(&self, resource: Resource) -> Result<Resource, ClientError> {
         let response = self
-            .call(Effect::Mutating, move |mut c, remaining| {
+            .call(Operation::Mutation, move |mut c, remaining| {
                 let mut r = tonic::Request::new(WriteRequest {
                     resource: Some(resource.clone()),
                 });
@@ -369,7 +359,7 @@ impl Client {
             version: version.into(),
         };
         let response = self
-            .call(Effect::Mutating, move |mut c, remaining| {
+            .call(Operation::Mutation, move |mut c, remaining| {
                 let mut r = tonic::Request::new(request.clone());
                 r.set_timeout(remaining);
                 async move { c.delete(r).await }
@@ -399,7 +389,7 @@ impl Client {
 
     /// List with every field of the request (a past revision, too).
     pub async fn list_request(&self, request: ListRequest) -> Result<ListResponse, ClientError> {
-        self.call(Effect::ReadOnly, move |mut c, remaining| {
+        self.call(Operation::Read, move |mut c, remaining| {
             let mut r = tonic::Request::new(request.clone());
             r.set_timeout(remaining);
             async move { c.list(r).await }
@@ -411,7 +401,7 @@ impl Client {
     /// node's local state.
     pub async fn list_by_owner(&self, owner: Id) -> Result<ListByOwnerResponse, ClientError> {
         let request = ListByOwnerRequest { owner: Some(owner) };
-        self.call(Effect::ReadOnly, move |mut c, remaining| {
+        self.call(Operation::Read, move |mut c, remaining| {
             let mut r = tonic::Request::new(request.clone());
             r.set_timeout(remaining);
             async move { c.list_by_owner(r).await }
@@ -424,7 +414,7 @@ impl Client {
     /// ends it or the connection drops.
     pub async fn watch_list(&self, request: WatchListRequest) -> Result<WatchStream, ClientError> {
         let (stream, endpoint) = self
-            .call_at(Effect::ReadOnly, move |mut c, _remaining| {
+            .call_at(Operation::Read, move |mut c, _remaining| {
                 // No gRPC deadline: it would end the stream.
                 let r = tonic::Request::new(request.clone());
                 async move { c.watch_list(r).await }
@@ -449,177 +439,46 @@ impl Client {
     }
 
     /// Runs one call with failover; see the module docs for the rules.
-    async fn call<T, F, Fut>(&self, effect: Effect, attempt: F) -> Result<T, ClientError>
+    async fn call<T, F, Fut>(&self, operation: Operation, attempt: F) -> Result<T, ClientError>
     where
         F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
         Fut: Future<Output = Answer<T>>,
     {
-        self.call_at(effect, attempt)
+        self.call_at(operation, attempt)
             .await
             .map(|(response, _)| response.into_inner())
     }
 
-    /// As [`Client::call`], also returning the endpoint that answered.
+    /// As [`Client::call`], also returning the endpoint that answered: the
+    /// shared loop (`cairn_request::run`) over [`Endpoints`].
     async fn call_at<T, F, Fut>(
         &self,
-        effect: Effect,
-        mut attempt: F,
+        operation: Operation,
+        call: F,
     ) -> Result<(tonic::Response<T>, String), ClientError>
     where
         F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
         Fut: Future<Output = Answer<T>>,
     {
         let options = &self.inner.options;
-        let deadline_ms = u64::try_from(options.request_timeout.as_millis()).unwrap_or(u64::MAX);
         let deadline = Instant::now() + options.request_timeout;
         let preferred = self.inner.routing.lock().preferred.clone();
-        let (mut route, mut target) = Route::new(&self.inner.endpoints, &preferred);
-        let mut backoff = options.backoff_initial;
-        // What to report if the deadline passes between attempts: every
-        // attempt so far certainly did not apply.
-        let mut last = String::from("no endpoint tried");
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ClientError::DeadlineExceeded {
-                    deadline_ms,
-                    detail: last,
-                    outcome: Outcome::NotApplied,
-                });
-            }
-            let remaining = deadline - now;
-            let attempt_limit = match effect {
-                Effect::ReadOnly => remaining.min(options.read_attempt_timeout),
-                Effect::Mutating => remaining,
-            };
-            let channel = match self.channel(&target, deadline).await {
-                Ok(channel) => channel,
-                Err(message) => {
-                    // Nothing was sent: safe to try elsewhere.
-                    last = message;
-                    target = route.next();
-                    if route.failed() {
-                        pause(&mut backoff, options.backoff_max, deadline).await;
-                    }
-                    continue;
-                }
-            };
-            let answer = tokio::time::timeout(
-                attempt_limit,
-                attempt(
-                    ResourceServiceClient::with_interceptor(
-                        channel,
-                        self.inner.credentials.clone(),
-                    ),
-                    attempt_limit,
-                ),
-            )
-            .await;
-            let status = match answer {
-                Ok(Ok(response)) => {
-                    self.inner.routing.lock().preferred = target.clone();
-                    return Ok((response, target));
-                }
-                Ok(Err(status)) => status,
-                Err(_elapsed) if effect == Effect::ReadOnly && Instant::now() < deadline => {
-                    // A slow or silent node: ask another one.
-                    last = format!(
-                        "no answer from {target} within {} ms",
-                        attempt_limit.as_millis()
-                    );
-                    target = route.next();
-                    if route.failed() {
-                        pause(&mut backoff, options.backoff_max, deadline).await;
-                    }
-                    continue;
-                }
-                Err(_elapsed) => {
-                    // The request was sent and no answer came: a write may
-                    // still apply.
-                    return Err(ClientError::DeadlineExceeded {
-                        deadline_ms,
-                        detail: format!("waiting for {target}"),
-                        outcome: unsure(effect),
-                    });
-                }
-            };
-            match classify_status(&status) {
-                Failure::Answered(ApiError::NotLeader { hint }) => {
-                    // A follower refused before proposing: definitely not
-                    // applied. Go to the leader it names, else to the next
-                    // node (an election may be under way: pause per round).
-                    last = format!("{target} is not the leader");
-                    let hinted = hint
-                        .client_address
-                        .as_deref()
-                        .and_then(|a| endpoint_uri(a).ok())
-                        .filter(|a| *a != target);
-                    let no_hint = hinted.is_none();
-                    target = hinted.unwrap_or_else(|| route.next());
-                    if route.failed() || no_hint {
-                        pause(&mut backoff, options.backoff_max, deadline).await;
-                    }
-                }
-                Failure::Answered(ApiError::Unavailable(message)) => {
-                    // The node could not serve and says so before applying
-                    // anything: another node may.
-                    last = format!("{target}: {message}");
-                    target = route.next();
-                    if route.failed() {
-                        pause(&mut backoff, options.backoff_max, deadline).await;
-                    }
-                }
-                Failure::Answered(ApiError::Inconsistent(message))
-                    if effect == Effect::ReadOnly =>
-                {
-                    // This node cannot confirm the read now (no quorum on its
-                    // side of a partition?); another node may.
-                    last = format!("{target}: {message}");
-                    target = route.next();
-                    if route.failed() {
-                        pause(&mut backoff, options.backoff_max, deadline).await;
-                    }
-                }
-                Failure::Answered(api) => {
-                    // A verdict. For a write, Inconsistent (the node's commit
-                    // timeout) and Internal leave the outcome open.
-                    return Err(ClientError::from_api(api, unsure(effect)));
-                }
-                Failure::NotConnected(message) => {
-                    self.evict(&target);
-                    last = format!("{target}: {message}");
-                    target = route.next();
-                    if route.failed() {
-                        pause(&mut backoff, options.backoff_max, deadline).await;
-                    }
-                }
-                Failure::Transport(message) => {
-                    self.evict(&target);
-                    if Instant::now() >= deadline {
-                        // tonic enforces the gRPC deadline it sent and
-                        // answers Cancelled when it passes.
-                        return Err(ClientError::DeadlineExceeded {
-                            deadline_ms,
-                            detail: format!("waiting for {target}: {message}"),
-                            outcome: unsure(effect),
-                        });
-                    }
-                    if effect == Effect::Mutating {
-                        // The request may have reached the node before the
-                        // connection failed.
-                        return Err(ClientError::Unavailable {
-                            message: format!("{target}: {message}"),
-                            outcome: Outcome::Unknown,
-                        });
-                    }
-                    last = format!("{target}: {message}");
-                    target = route.next();
-                    if route.failed() {
-                        pause(&mut backoff, options.backoff_max, deadline).await;
-                    }
-                }
-            }
-        }
+        let (route, target) = Route::new(&self.inner.endpoints, &preferred);
+        let mut endpoints = Endpoints {
+            client: self,
+            operation,
+            route,
+            target,
+            call,
+        };
+        let pacing = Pacing {
+            pause_initial: options.backoff_initial,
+            pause_max: options.backoff_max,
+            attempts_max: u32::MAX,
+        };
+        cairn_request::run(operation, &mut endpoints, &pacing, deadline)
+            .await
+            .map_err(|ended| call_error(ended, options.request_timeout))
     }
 
     /// The cached channel to `uri`, or a new eagerly connected one (bounded by
@@ -665,28 +524,130 @@ impl Client {
     }
 }
 
-/// What one attempt returns.
-type Answer<T> = Result<tonic::Response<T>, tonic::Status>;
+/// The client's transport for the shared loop: one call at the current
+/// endpoint; after a failure, the leader a node named, else the next
+/// endpoint, pausing once every endpoint failed in a row.
+struct Endpoints<'a, F> {
+    client: &'a Client,
+    operation: Operation,
+    route: Route,
+    target: String,
+    call: F,
+}
 
-fn unsure(effect: Effect) -> Outcome {
-    match effect {
-        Effect::ReadOnly => Outcome::NotApplied,
-        Effect::Mutating => Outcome::Unknown,
+impl<T, F, Fut> Attempts for Endpoints<'_, F>
+where
+    F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
+    Fut: Future<Output = Answer<T>>,
+{
+    type Response = (tonic::Response<T>, String);
+
+    async fn attempt(&mut self, deadline: Instant) -> Result<Self::Response, Failure> {
+        let client = self.client;
+        let options = &client.inner.options;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        // A read waits at most `read_attempt_timeout` for one node; a write
+        // up to the deadline (giving up on a sent write leaves it unknown).
+        let limit = match self.operation {
+            Operation::Read => remaining.min(options.read_attempt_timeout),
+            Operation::Mutation => remaining,
+        };
+        let target = &self.target;
+        let channel = client
+            .channel(target, deadline)
+            .await
+            .map_err(Failure::NotSent)?;
+        let rpc =
+            ResourceServiceClient::with_interceptor(channel, client.inner.credentials.clone());
+        match tokio::time::timeout(limit, (self.call)(rpc, limit)).await {
+            Ok(Ok(response)) => {
+                client.inner.routing.lock().preferred = target.clone();
+                Ok((response, target.clone()))
+            }
+            Ok(Err(status)) => {
+                let failure = Failure::from_status(&status);
+                if !matches!(failure, Failure::Answered(_)) {
+                    // Reconnect eagerly next time, so that a connect failure
+                    // is recognised as one.
+                    client.evict(target);
+                }
+                Err(at(failure, target))
+            }
+            Err(_elapsed) => Err(Failure::NoAnswer(format!(
+                "no answer from {target} within {} ms",
+                limit.as_millis()
+            ))),
+        }
+    }
+
+    fn move_on(&mut self, failure: &Failure, leader: Option<&LeaderHint>) -> bool {
+        let hinted = leader
+            .and_then(|hint| hint.client_address.as_deref())
+            .and_then(|a| endpoint_uri(a).ok())
+            .filter(|a| *a != self.target);
+        // NotLeader without a usable hint: an election may be under way.
+        let no_hint = hinted.is_none()
+            && matches!(failure, Failure::Answered(e) if e.kind() == cairn_proto::v1::ErrorKind::NotLeader);
+        self.target = hinted.unwrap_or_else(|| self.route.next());
+        self.route.failed() || no_hint
     }
 }
+
+/// The failure with the endpoint it happened at (a node's answer names itself).
+fn at(failure: Failure, target: &str) -> Failure {
+    match failure {
+        Failure::NotSent(m) => Failure::NotSent(format!("{target}: {m}")),
+        Failure::Lost(m) => Failure::Lost(format!("{target}: {m}")),
+        Failure::NoAnswer(m) => Failure::NoAnswer(format!("waiting for {target}: {m}")),
+        Failure::TooLarge(m) => Failure::TooLarge(format!("{target}: {m}")),
+        Failure::Foreign(m) => Failure::Foreign(format!("{target}: {m}")),
+        answered => answered,
+    }
+}
+
+/// The error a caller gets when the loop ended without an answer.
+fn call_error(ended: Ended, timeout: Duration) -> ClientError {
+    let deadline_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let (failure, outcome) = match ended {
+        Ended::OutOfTime { last } => {
+            return ClientError::DeadlineExceeded {
+                deadline_ms,
+                detail: last.map_or_else(|| "no endpoint tried".to_string(), |f| f.to_string()),
+                outcome: Outcome::NotApplied,
+            }
+        }
+        Ended::Stopped { failure, outcome } => (failure, outcome),
+    };
+    match failure {
+        Failure::Answered(api) => ClientError::from_api(api, outcome),
+        Failure::NotSent(message) | Failure::Lost(message) => {
+            ClientError::Unavailable { message, outcome }
+        }
+        Failure::NoAnswer(detail) => ClientError::DeadlineExceeded {
+            deadline_ms,
+            detail,
+            outcome,
+        },
+        // Over a message size limit: the same at every node.
+        Failure::TooLarge(reason) if outcome.is_definite() => ClientError::ResourceExhausted {
+            limit: String::new(),
+            value: 0,
+            reason,
+        },
+        Failure::TooLarge(message) | Failure::Foreign(message) => {
+            ClientError::Internal { message, outcome }
+        }
+    }
+}
+
+/// What one attempt returns.
+type Answer<T> = Result<tonic::Response<T>, tonic::Status>;
 
 fn unexpected(what: &str) -> ClientError {
     ClientError::Internal {
         message: what.to_string(),
         outcome: Outcome::NotApplied,
     }
-}
-
-/// Sleeps `backoff` (never past the deadline) and doubles it up to `max`.
-async fn pause(backoff: &mut Duration, max: Duration, deadline: Instant) {
-    let wake = (Instant::now() + *backoff).min(deadline);
-    tokio::time::sleep_until(wake).await;
-    *backoff = (*backoff * 2).min(max);
 }
 
 /// "outer: inner: innermost" for an error and its sources.

@@ -1,39 +1,17 @@
-//! The client's one error enum, and how a failed attempt is classified.
+//! The client's one error enum.
 //!
 //! Every error says whether the operation's outcome is known ([`Outcome`]):
 //! a linearizability checker records a definite failure as `fail` and an
 //! unknown one as `info` (it may or may not have taken effect).
-
-use std::error::Error as StdError;
-use std::io::ErrorKind as IoErrorKind;
 
 use cairn_proto::error::{
     compacted_text, group_version_mismatch_text, label_of, labelled, ApiError, ErrorKind,
 };
 use cairn_proto::v1::{Resource, Type};
 
-/// Whether a failed operation may have taken effect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Certainly not applied: the store rejected it (CAS failure, not found,
-    /// invalid argument...), or no node that could apply it ever received it
-    /// (connection refused, "not leader", an Unavailable answered before the
-    /// write entered the log). Reads and lists always fail this way: they have
-    /// no effect to be unsure about.
-    NotApplied,
-    /// May or may not have been applied, now or later: a write or delete was
-    /// sent and the answer was lost (deadline, connection dropped, the node's
-    /// own commit timeout). Callers must not assume either way; re-read to
-    /// find out (a create can be recognised by the uid it carried).
-    Unknown,
-}
-
-impl Outcome {
-    /// Whether the outcome is known (the operation certainly did not apply).
-    pub fn is_definite(self) -> bool {
-        self == Outcome::NotApplied
-    }
-}
+/// Whether a failed operation may have taken effect: decided by
+/// `cairn_request` (the one decision the client and the nodes share).
+pub use cairn_request::Outcome;
 
 /// Every way a client call can fail. The kinds are the contract's (section 2);
 /// the cluster-level kinds (`Inconsistent`, `Unavailable`, `DeadlineExceeded`,
@@ -203,56 +181,9 @@ impl ClientError {
     }
 }
 
-/// What one failed attempt tells the retry loop.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Failure {
-    /// A Cairn node answered with this verdict (the status carried Cairn
-    /// error details), so the request reached a node and was decided there.
-    Answered(ApiError),
-    /// No connection could be established: nothing was sent.
-    NotConnected(String),
-    /// The transport failed after the request may have been sent (connection
-    /// reset, stream error, a status without Cairn details).
-    Transport(String),
-}
-
-/// Classifies a status returned by a call.
-pub(crate) fn classify_status(status: &tonic::Status) -> Failure {
-    if let Some(error) = ApiError::from_cairn_status(status) {
-        return Failure::Answered(error);
-    }
-    let text = format!("{:?}: {}", status.code(), status.message());
-    match StdError::source(status) {
-        Some(source) if is_connect_failure(source) => Failure::NotConnected(text),
-        _ => Failure::Transport(text),
-    }
-}
-
-/// Whether an error chain holds an I/O error that can only happen while
-/// opening a TCP connection, before any byte of a request is sent.
-pub(crate) fn is_connect_failure(error: &(dyn StdError + 'static)) -> bool {
-    let mut current: Option<&(dyn StdError + 'static)> = Some(error);
-    while let Some(e) = current {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                IoErrorKind::ConnectionRefused
-                    | IoErrorKind::AddrNotAvailable
-                    | IoErrorKind::NetworkUnreachable
-                    | IoErrorKind::HostUnreachable
-            ) {
-                return true;
-            }
-        }
-        current = e.source();
-    }
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use cairn_proto::error::LeaderHint;
 
     #[test]
@@ -357,44 +288,5 @@ mod tests {
         assert!(ClientError::CasFailure(String::new()).is_cas_conflict());
         assert!(ClientError::WrongUid(String::new()).is_cas_conflict());
         assert!(!ClientError::NotFound.is_cas_conflict());
-    }
-
-    #[test]
-    fn a_status_with_cairn_details_is_an_answer_and_one_without_is_transport() {
-        // Only statuses carrying Cairn details count as a node's verdict.
-        let answered = tonic::Status::from(ApiError::Unavailable("shutting down".into()));
-        assert!(matches!(
-            classify_status(&answered),
-            Failure::Answered(ApiError::Unavailable(_))
-        ));
-        let bare = tonic::Status::unavailable("connection reset");
-        assert!(matches!(classify_status(&bare), Failure::Transport(_)));
-        let garbage = tonic::Status::with_details(
-            tonic::Code::Unavailable,
-            "x",
-            Bytes::from_static(&[0xff, 0x01]),
-        );
-        assert!(matches!(classify_status(&garbage), Failure::Transport(_)));
-    }
-
-    #[test]
-    fn connection_refused_in_the_chain_is_a_connect_failure() {
-        // ECONNREFUSED can only happen before a request is sent; a reset can happen after.
-        #[derive(Debug)]
-        struct Wrapper(std::io::Error);
-        impl std::fmt::Display for Wrapper {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                write!(f, "wrapped")
-            }
-        }
-        impl StdError for Wrapper {
-            fn source(&self) -> Option<&(dyn StdError + 'static)> {
-                Some(&self.0)
-            }
-        }
-        let refused = Wrapper(std::io::Error::from(IoErrorKind::ConnectionRefused));
-        assert!(is_connect_failure(&refused));
-        let reset = Wrapper(std::io::Error::from(IoErrorKind::ConnectionReset));
-        assert!(!is_connect_failure(&reset));
     }
 }

@@ -304,6 +304,41 @@ async fn every_endpoint_dead_fails_definitely_within_the_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_over_the_message_limit_fails_at_once_instead_of_retrying() {
+    // Every node would send the same 5.4 MB answer, over the client's 4 MiB
+    // decoding limit: the list fails on the first attempt, with the deadline
+    // (20 s) nowhere near, as a definite ResourceExhausted.
+    let (backing, leader, follower, _) = cluster().await;
+    let payload = "x".repeat(900 * 1024);
+    for i in 0..6 {
+        backing.put(resource("g", "Big", &format!("big-{i}"), "u1", &payload));
+    }
+    let client = Client::connect_with(&[&leader.address, &follower.address], options(20_000))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let error = client
+        .list(
+            unversioned("g", "Big"),
+            any_tenancy(),
+            "",
+            Consistency::Eventual,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}: {error}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(&error, ClientError::ResourceExhausted { reason, .. } if reason.contains("too large")),
+        "{error:?}"
+    );
+    assert_eq!(error.outcome(), Outcome::NotApplied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_verdicts_arrive_as_typed_errors() {
     // NotFound, CasFailure, WrongUid, GroupVersionMismatch and InvalidArgument keep their kinds.
     let (_backing, leader, _follower, _dead) = cluster().await;

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::ForwardError;
 use crate::metrics;
+use cairn_request::Failure;
 
 /// A leader to forward to: its id and peer address (never this node's).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -213,11 +213,11 @@ impl LeaderChannel {
     /// callers share one dial. `NoLeader` when none is known; `Dial` when the
     /// connection could not be opened (nothing was sent);
     /// `DeadlineExceeded { sent: false }` when the deadline passed first.
-    pub async fn get(&self, deadline: Instant) -> Result<(Target, Channel), ForwardError> {
+    pub async fn get(&self, deadline: Instant) -> Result<(Target, Channel), Failure> {
         loop {
             let (target, round) = {
                 let s = self.state.lock();
-                let target = s.target().ok_or(ForwardError::NoLeader)?;
+                let target = s.target().ok_or_else(no_leader)?;
                 if let Some((cached, channel)) = &s.cached {
                     if *cached == target {
                         return Ok((target, channel.clone()));
@@ -232,7 +232,7 @@ impl LeaderChannel {
             {
                 // Another caller may have dialled (or failed to) while we waited.
                 let s = self.state.lock();
-                let current = s.target().ok_or(ForwardError::NoLeader)?;
+                let current = s.target().ok_or_else(no_leader)?;
                 if current != target {
                     continue;
                 }
@@ -243,10 +243,7 @@ impl LeaderChannel {
                 }
                 if let Some((failed_round, failed, reason)) = &s.last_failure {
                     if *failed_round > round && *failed == target {
-                        return Err(ForwardError::Dial {
-                            target,
-                            reason: reason.clone(),
-                        });
+                        return Err(dial_failed(&target, reason));
                     }
                 }
             }
@@ -269,18 +266,14 @@ impl LeaderChannel {
                     if Instant::now() >= deadline {
                         return Err(self.deadline_error(&target));
                     }
-                    return Err(ForwardError::Dial { target, reason });
+                    return Err(dial_failed(&target, &reason));
                 }
             }
         }
     }
 
-    fn deadline_error(&self, target: &Target) -> ForwardError {
-        ForwardError::DeadlineExceeded {
-            waited_ms: 0,
-            sent: false,
-            detail: format!("connecting to leader {target}"),
-        }
+    fn deadline_error(&self, target: &Target) -> Failure {
+        Failure::NotSent(format!("the deadline passed connecting to leader {target}"))
     }
 
     /// Opens one connection to `target` (bounded by the connect timeout and
@@ -312,7 +305,7 @@ impl LeaderChannel {
         let connecting = cairn_tls::connect_channel(endpoint, self.tls.as_ref());
         let result = match tokio::time::timeout_at(bound, connecting).await {
             Ok(Ok(channel)) => Ok(channel),
-            Ok(Err(e)) => Err(error_chain(&e)),
+            Ok(Err(e)) => Err(cairn_request::decide::error_chain(&e)),
             Err(_) => Err(format!(
                 "connect timed out after {} ms",
                 self.options.connect_timeout.as_millis()
@@ -324,20 +317,12 @@ impl LeaderChannel {
     }
 }
 
-/// An error and its sources, joined (tonic's top-level message alone is
-/// often just "transport error").
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let s = e.to_string();
-        if !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-        source = e.source();
-    }
-    text
+fn no_leader() -> Failure {
+    Failure::NotSent("no leader is known".into())
+}
+
+fn dial_failed(target: &Target, reason: &str) -> Failure {
+    Failure::NotSent(format!("cannot connect to leader {target}: {reason}"))
 }
 
 #[cfg(test)]
@@ -406,13 +391,13 @@ mod tests {
         c.leader_changed(&hint(2, &format!("127.0.0.1:{port}")));
         let deadline = Instant::now() + Duration::from_secs(2);
         match c.get(deadline).await {
-            Err(ForwardError::Dial { target, .. }) => assert_eq!(target.leader_id, 2),
+            Err(Failure::NotSent(reason)) => assert!(reason.contains("node 2"), "{reason}"),
             other => panic!("expected a dial error, got {other:?}"),
         }
         assert_eq!(c.dial_count(), 1);
         assert_eq!(c.cached_target(), None);
         c.leader_changed(&LeaderHint::default());
-        assert!(matches!(c.get(deadline).await, Err(ForwardError::NoLeader)));
+        assert!(matches!(c.get(deadline).await, Err(Failure::NotSent(_))));
         assert_eq!(c.dial_count(), 1);
     }
 }

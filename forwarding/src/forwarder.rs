@@ -7,36 +7,22 @@
 //!
 //! ## When an attempt is retried
 //!
-//! Every write is a compare-and-set, so a write that did apply and is sent
-//! again fails with CasFailure (or WrongUid): the client would be told
-//! "failed" about a write that happened, and a create that another client
-//! deleted in between would even be applied twice. So a write or delete is
-//! sent again only after an attempt that **certainly did not apply**
-//! ([`ForwardError::certainly_not_applied`]):
-//! - nothing was sent: no leader known, the connection could not be opened
-//!   (connect refused or timed out — tonic reports these as a `ConnectError`
-//!   before any byte of the request leaves), or the deadline passed before
-//!   sending;
-//! - the receiver refused with NotLeader or Unavailable, which by the
-//!   [`Handle`] contract it answers only before proposing (the
-//!   [`crate::ForwardingServer`] checks leadership first; the node's handle
-//!   turns every failure after proposing into Inconsistent).
-//!
-//! Any other failure of a sent write — the connection dropping, no answer
-//! before the deadline, a status without Cairn details — ends the request
-//! with Inconsistent ("outcome unknown"), which clients treat as possibly
-//! applied. The same holds on this node when it leads: a local apply that
-//! times out is Inconsistent, a local NotLeader (refused before proposing)
-//! turns the request into a forwarded one.
-//!
-//! Strong reads and lists have no effect, so they are retried after any
-//! failure that another attempt or another leader might not have (no
-//! leader, dial failure, transport failure, NotLeader, Unavailable). A
-//! verdict of the contract (NotFound, Compacted, Inconsistent, ...) is
-//! returned as it is.
-//!
-//! When the deadline passes with no attempt in flight the answer is
-//! Unavailable: nothing was applied, and a retry (here or elsewhere) can help.
+//! Decided by `cairn_request` (its table), the same decision the client
+//! takes: this module is only the transport for the shared loop
+//! (`cairn_request::run`). An attempt runs the request here when this node
+//! leads, else sends it over the [`LeaderChannel`]. A write or delete is sent
+//! again only after an attempt that certainly did not apply: nothing was
+//! sent (no leader known, the connection could not be opened, the deadline
+//! passed first), or the receiver refused with NotLeader or Unavailable,
+//! which by the [`Handle`] contract it answers only before proposing (the
+//! [`crate::ForwardingServer`] checks leadership first; the node's handle
+//! turns every failure after proposing into Inconsistent). Any other
+//! failure of a sent write ends the request with Inconsistent ("outcome
+//! unknown"). Strong reads and lists have no effect and are retried after
+//! anything another attempt may not meet, until the deadline. A failure
+//! every node would repeat (a verdict of the contract, a refused credential,
+//! a message over the size limit) is never retried, and a refusal by the
+//! leader (PermissionDenied included) reaches the caller as it was answered.
 //!
 //! Answers come back as the leader's stored encodings (`cairn.v1.shared`)
 //! and are handed on as they are: a follower neither decodes nor re-encodes
@@ -50,14 +36,15 @@ use std::time::Duration;
 
 use cairn_fsm::ReadScope;
 use cairn_proto::error::ApiError;
+use cairn_proto::error::LeaderHint;
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
 use cairn_proto::v1::{self as pb, shared, Consistency};
+use cairn_request::{Attempts, Failure, Pacing};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::channel::{error_chain, LeaderChannel, Target};
-use crate::error::ForwardError;
+use crate::channel::{LeaderChannel, Target};
 use crate::executor::{Executor, WatchStream};
 use crate::handle::Handle;
 use crate::metrics::{self, Method};
@@ -199,117 +186,50 @@ impl<H: Handle> Forwarder<H> {
     }
 
     /// Runs a validated request on the leader: here if this node leads,
-    /// else forwarded, retrying by the rules in the module docs.
+    /// else forwarded; the shared loop decides what follows a failure.
     async fn route<R: Forwardable>(
         &self,
         request: R,
         deadline: Instant,
     ) -> Result<R::Response, ApiError> {
-        let method = R::METHOD;
-        let started = Instant::now();
-        let mut pause = self.options.retry_pause_initial;
-        // The last failure of an attempt that certainly had no effect.
-        let mut last: Option<ForwardError> = None;
-        loop {
-            if Instant::now() >= deadline {
-                let detail = match &last {
-                    Some(e) => e.to_string(),
-                    None => "no attempt could be made".to_string(),
-                };
-                return Err(ForwardError::DeadlineExceeded {
-                    waited_ms: millis(started.elapsed()),
-                    sent: false,
-                    detail,
-                }
-                .into());
-            }
-            let handle = self.executor.handle();
-            if handle.is_leader() {
-                match tokio::time::timeout_at(deadline, request.clone().local(&self.executor)).await
-                {
-                    Err(_elapsed) => {
-                        // A local write may still commit: Inconsistent, never Unavailable.
-                        return Err(ApiError::Inconsistent(format!(
-                            "no answer from the cluster within {} ms",
-                            millis(started.elapsed())
-                        )));
-                    }
-                    Ok(Err(ApiError::NotLeader { .. })) => {
-                        // Refused before proposing (the Handle contract): this
-                        // node just lost leadership; continue as a follower.
-                        last = Some(ForwardError::NoLeader);
-                        self.pause(&mut pause, deadline).await;
-                        continue;
-                    }
-                    Ok(result) => return result,
-                }
-            }
-            // The host's leader-change hook normally keeps the channel in
-            // step; a request racing that hook still goes to the right node.
-            self.channel.observe(&handle.leader());
-            let previous_target = self.channel.target();
-            let attempt_started = Instant::now();
-            let result = self.forward_once(&request, deadline).await;
-            let outcome = match &result {
-                Ok(_) => "ok",
-                Err(e) => metrics::forward_label(e),
-            };
-            metrics::record_call(method, outcome, attempt_started.elapsed());
-            let error = match result {
-                Ok(response) => return Ok(response),
-                Err(e) => e,
-            };
-            let retry = if method.mutates() {
-                error.certainly_not_applied()
-            } else {
-                read_may_succeed_elsewhere(&error)
-            };
-            match &error {
-                ForwardError::Answered {
-                    target,
-                    error: ApiError::NotLeader { hint },
-                } => self.channel.not_leader(target, hint),
-                ForwardError::Answered {
-                    target,
-                    error: ApiError::Unavailable(_),
-                }
-                | ForwardError::Transport { target, .. } => self.channel.failed(target),
-                _ => {}
-            }
-            if !retry {
-                tracing::debug!(method = method.label(), %error, "forwarding: not retried");
-                return Err(error.into());
-            }
-            tracing::debug!(method = method.label(), %error, "forwarding: retrying");
-            let redirected = matches!(
-                &error,
-                ForwardError::Answered {
-                    error: ApiError::NotLeader { .. },
-                    ..
-                }
-            ) && self.channel.target().is_some()
-                && self.channel.target() != previous_target;
-            last = Some(error);
-            if !redirected {
-                self.pause(&mut pause, deadline).await;
-            }
-        }
+        let operation = R::METHOD.operation();
+        let mut leader = ToLeader {
+            forwarder: self,
+            request,
+            target: None,
+            previous_target: None,
+        };
+        let pacing = Pacing {
+            pause_initial: self.options.retry_pause_initial,
+            pause_max: self.options.retry_pause_max,
+            attempts_max: u32::MAX,
+        };
+        cairn_request::run(operation, &mut leader, &pacing, deadline)
+            .await
+            .map_err(|ended| {
+                tracing::debug!(
+                    method = R::METHOD.label(),
+                    ?ended,
+                    "forwarding: not retried"
+                );
+                ended.into_api_error(operation)
+            })
     }
 
-    /// One forwarded call to the current leader.
+    /// One forwarded call to the current leader; `target` is set once it is known.
     async fn forward_once<R: Forwardable>(
         &self,
         request: &R,
+        target: &mut Option<Target>,
         deadline: Instant,
-    ) -> Result<R::Response, ForwardError> {
-        let (target, channel) = self.channel.get(deadline).await?;
+    ) -> Result<R::Response, Failure> {
+        let (to, channel) = self.channel.get(deadline).await?;
+        *target = Some(to.clone());
         let now = Instant::now();
         if now >= deadline {
-            return Err(ForwardError::DeadlineExceeded {
-                waited_ms: 0,
-                sent: false,
-                detail: format!("before sending to leader {target}"),
-            });
+            return Err(Failure::NotSent(format!(
+                "deadline passed before sending to leader {to}"
+            )));
         }
         let remaining = deadline - now;
         let mut client = ForwardingServiceClient::new(channel)
@@ -323,92 +243,84 @@ impl<H: Handle> Forwarder<H> {
         call.set_timeout(remaining);
         match tokio::time::timeout(remaining, R::remote(&mut client, call)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(classify(&status, target)),
-            Err(_elapsed) => Err(ForwardError::DeadlineExceeded {
-                waited_ms: millis(remaining),
-                sent: true,
-                detail: format!("waiting for leader {target}"),
-            }),
+            Ok(Err(status)) => Err(Failure::from_status(&status)),
+            Err(_elapsed) => Err(Failure::NoAnswer(format!(
+                "waiting {} ms for leader {to}",
+                millis(remaining)
+            ))),
         }
     }
+}
 
-    async fn pause(&self, pause: &mut Duration, deadline: Instant) {
-        let until = deadline.min(Instant::now() + *pause);
-        tokio::time::sleep_until(until).await;
-        *pause = (*pause * 2).min(self.options.retry_pause_max);
+/// The forwarder's transport for the shared loop: this node when it leads,
+/// else the leader over the [`LeaderChannel`], kept in step with what each
+/// failure says about the leader.
+struct ToLeader<'a, H, R> {
+    forwarder: &'a Forwarder<H>,
+    request: R,
+    /// The leader the last attempt was sent to (none: run here, or unsent).
+    target: Option<Target>,
+    /// The channel's target before the last attempt.
+    previous_target: Option<Target>,
+}
+
+impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
+    type Response = R::Response;
+
+    async fn attempt(&mut self, deadline: Instant) -> Result<R::Response, Failure> {
+        let forwarder = self.forwarder;
+        let handle = forwarder.executor.handle();
+        self.target = None;
+        self.previous_target = forwarder.channel.target();
+        if handle.is_leader() {
+            let started = Instant::now();
+            let local = self.request.clone().local(&forwarder.executor);
+            return match tokio::time::timeout_at(deadline, local).await {
+                Ok(result) => result.map_err(Failure::Answered),
+                Err(_elapsed) => Err(Failure::NoAnswer(format!(
+                    "no answer from the cluster within {} ms",
+                    millis(started.elapsed())
+                ))),
+            };
+        }
+        // The host's leader-change hook normally keeps the channel in
+        // step; a request racing that hook still goes to the right node.
+        forwarder.channel.observe(&handle.leader());
+        self.previous_target = forwarder.channel.target();
+        let started = Instant::now();
+        let result = forwarder
+            .forward_once(&self.request, &mut self.target, deadline)
+            .await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(failure) => failure.label(),
+        };
+        metrics::record_call(R::METHOD, outcome, started.elapsed());
+        result
+    }
+
+    fn move_on(&mut self, failure: &Failure, leader: Option<&LeaderHint>) -> bool {
+        let channel = &self.forwarder.channel;
+        tracing::debug!(method = R::METHOD.label(), %failure, "forwarding: retrying");
+        if let Some(target) = &self.target {
+            match failure {
+                Failure::Answered(ApiError::NotLeader { hint }) => channel.not_leader(target, hint),
+                Failure::Answered(ApiError::Unavailable(_)) | Failure::Lost(_) => {
+                    channel.failed(target)
+                }
+                _ => {}
+            }
+        }
+        // A NotLeader naming a new leader is followed at once.
+        let redirected = leader.is_some()
+            && channel.target().is_some()
+            && channel.target() != self.previous_target;
+        !redirected
     }
 }
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Whether a strong read or list that failed this way may succeed on a
-/// later attempt (it had no effect either way).
-fn read_may_succeed_elsewhere(error: &ForwardError) -> bool {
-    match error {
-        ForwardError::NoLeader | ForwardError::Dial { .. } | ForwardError::Transport { .. } => true,
-        ForwardError::Answered { error, .. } => {
-            matches!(error, ApiError::NotLeader { .. } | ApiError::Unavailable(_))
-        }
-        ForwardError::DeadlineExceeded { .. } => false,
-    }
-}
-
-/// Sorts a failed call: an answer of a Cairn node (its details name a kind)
-/// keeps its kind; a failure to connect means nothing was sent; anything
-/// else is a transport failure after the request may have been sent.
-fn classify(status: &Status, target: Target) -> ForwardError {
-    if let Some(error) = ApiError::from_cairn_status(status) {
-        let error = match error {
-            // The leader's peer port authenticates this node, not the client
-            // (whose grant was checked here): its refusal means the request
-            // was not taken, never that the client lacks a permission.
-            ApiError::PermissionDenied(reason) | ApiError::Unauthenticated(reason) => {
-                ApiError::Unavailable(format!(
-                    "{target} refused this node's forwarded request: {reason}"
-                ))
-            }
-            error => error,
-        };
-        return ForwardError::Answered { target, error };
-    }
-    let reason = format!(
-        "{:?}: {}",
-        status.code(),
-        std::error::Error::source(status)
-            .map(error_chain)
-            .unwrap_or_else(|| status.message().to_string())
-    );
-    if std::error::Error::source(status).is_some_and(is_connect_failure) {
-        ForwardError::Dial { target, reason }
-    } else {
-        ForwardError::Transport { target, reason }
-    }
-}
-
-/// Whether an error chain shows a failure to open the connection, which
-/// happens before any byte of a request is sent.
-fn is_connect_failure(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if e.downcast_ref::<tonic::ConnectError>().is_some() {
-            return true;
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused
-                    | std::io::ErrorKind::AddrNotAvailable
-                    | std::io::ErrorKind::NetworkUnreachable
-                    | std::io::ErrorKind::HostUnreachable
-            ) {
-                return true;
-            }
-        }
-        current = e.source();
-    }
-    false
 }
 
 /// A request that can run on the leader: locally through the [`Executor`]
@@ -512,54 +424,5 @@ impl Forwardable for ScopedList {
             request: Some(list.request),
             read_scope: list.visible.map(|v| v.to_wire()),
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn target() -> Target {
-        Target {
-            leader_id: 1,
-            peer_address: "127.0.0.1:8101".into(),
-        }
-    }
-
-    #[test]
-    fn a_refusal_of_the_leaders_peer_port_reaches_the_client_as_unavailable() {
-        // The leader's peer gate refused this node (not the client): the client is told the
-        // request was not taken (UNAVAILABLE, retry), not that it lacks a permission.
-        for refusal in [
-            ApiError::PermissionDenied("refused: node 3 is not a member".into()),
-            ApiError::Unauthenticated("no cluster id".into()),
-        ] {
-            match classify(&Status::from(refusal), target()) {
-                ForwardError::Answered {
-                    error: ApiError::Unavailable(reason),
-                    ..
-                } => assert!(
-                    reason.contains("refused this node's forwarded request"),
-                    "{reason}"
-                ),
-                other => panic!("expected UNAVAILABLE, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn other_answers_of_the_leader_keep_their_kind() {
-        match classify(&Status::from(ApiError::NotFound), target()) {
-            ForwardError::Answered {
-                error: ApiError::NotFound,
-                ..
-            } => {}
-            other => panic!("expected NotFound, got {other:?}"),
-        }
-        // No Cairn details: a transport failure, whose outcome is unknown.
-        assert!(matches!(
-            classify(&Status::unavailable("connection reset"), target()),
-            ForwardError::Transport { .. }
-        ));
     }
 }

@@ -35,11 +35,15 @@
 //!
 //! ## Error kinds on the forwarding path
 //!
-//! | what happened                                         | kind the client gets |
+//! What follows a failed attempt is decided by `cairn_request` (one table,
+//! shared with `cairn-client`); the [`Forwarder`] is its transport.
+//!
+//! | what happened                                         | kind the caller gets |
 //! |-------------------------------------------------------|----------------------|
-//! | the leader answered (any kind)                        | that kind, intact    |
+//! | the leader answered (any kind, PermissionDenied included) | that kind, intact (a NotLeader not followed in time: Unavailable) |
 //! | no leader known / leader unreachable until the deadline (nothing sent) | Unavailable |
-//! | request sent, connection lost or no answer in time    | Inconsistent (a write's outcome is unknown) |
+//! | a write sent, then the connection lost or no answer in time | Inconsistent (its outcome is unknown) |
+//! | a message over the size limit                         | ResourceExhausted (a write: Inconsistent) |
 //!
 //! Unavailable therefore always means "certainly not applied, retry here or
 //! elsewhere", and Inconsistent on a write means "may have applied" — the
@@ -66,7 +70,6 @@
 #![forbid(unsafe_code)]
 
 mod channel;
-mod error;
 mod executor;
 mod forwarder;
 mod handle;
@@ -74,7 +77,6 @@ pub mod metrics;
 mod server;
 
 pub use channel::{LeaderChannel, LeaderChannelOptions, Target};
-pub use error::ForwardError;
 pub use executor::{checks, Executor, WatchStream};
 pub use forwarder::{Forwarder, ForwarderOptions, RequestStamp};
 pub use handle::Handle;

@@ -12,12 +12,9 @@
 //!
 //! `method` is `write`, `delete`, `read` or `list`. `outcome` is `ok`, the
 //! snake-case kind of the contract error answered (`cas_failure`,
-//! `not_leader`, ...), or a forwarding failure: `no_leader`, `dial_failed`,
-//! `transport`, `deadline`.
-
-use cairn_proto::error::ApiError;
-
-use crate::error::ForwardError;
+//! `not_leader`, ...), or how the call failed (`cairn_request::Failure::label`):
+//! `not_sent` (no leader known, or the dial failed), `lost`, `no_answer`,
+//! `too_large`, `foreign`.
 
 pub const CALLS_TOTAL: &str = "cairn_forwarding_calls_total";
 pub const DIALS_TOTAL: &str = "cairn_forwarding_dials_total";
@@ -67,41 +64,16 @@ impl Method {
 
     /// Whether a call of this method changes state (and so may be retried
     /// only when it certainly did not apply).
-    pub(crate) fn mutates(self) -> bool {
-        matches!(self, Method::Write | Method::Delete)
+    pub(crate) fn operation(self) -> cairn_request::Operation {
+        match self {
+            Method::Write | Method::Delete => cairn_request::Operation::Mutation,
+            Method::Read | Method::List => cairn_request::Operation::Read,
+        }
     }
 }
 
 /// The label of a contract error kind.
-pub(crate) fn kind_label(error: &ApiError) -> &'static str {
-    match error {
-        ApiError::NotFound => "not_found",
-        ApiError::CasFailure(_) => "cas_failure",
-        ApiError::WrongUid(_) => "wrong_uid",
-        ApiError::GroupVersionMismatch { .. } => "group_version_mismatch",
-        ApiError::Inconsistent(_) => "inconsistent",
-        ApiError::Unavailable(_) => "unavailable",
-        ApiError::NotLeader { .. } => "not_leader",
-        ApiError::WatchClosed(_) => "watch_closed",
-        ApiError::Compacted { .. } => "compacted",
-        ApiError::InvalidArgument { .. } => "invalid_argument",
-        ApiError::ResourceExhausted { .. } => "resource_exhausted",
-        ApiError::Internal(_) => "internal",
-        ApiError::Unauthenticated(_) => "unauthenticated",
-        ApiError::PermissionDenied(_) => "permission_denied",
-    }
-}
-
-/// The outcome label of one forwarded call.
-pub(crate) fn forward_label(error: &ForwardError) -> &'static str {
-    match error {
-        ForwardError::NoLeader => "no_leader",
-        ForwardError::Dial { .. } => "dial_failed",
-        ForwardError::Answered { error, .. } => kind_label(error),
-        ForwardError::Transport { .. } => "transport",
-        ForwardError::DeadlineExceeded { .. } => "deadline",
-    }
-}
+pub(crate) use cairn_request::decide::kind_label;
 
 pub(crate) fn record_call(method: Method, outcome: &'static str, elapsed: std::time::Duration) {
     metrics::counter!(CALLS_TOTAL, "method" => method.label(), "outcome" => outcome).increment(1);

@@ -61,11 +61,11 @@ impl<H: Handle> ForwardingServer<H> {
         let limit = bounded_timeout(caller_timeout, self.request_timeout);
         let result = match tokio::time::timeout_at(Instant::now() + limit, work).await {
             Ok(r) => r,
-            // A write may still commit: Inconsistent, never Unavailable.
-            Err(_) => Err(ApiError::Inconsistent(format!(
-                "no answer from the cluster within {} ms",
-                limit.as_millis()
-            ))),
+            // A write may still commit (the one rule: cairn_request::unanswered).
+            Err(_) => Err(cairn_request::unanswered(
+                method.operation(),
+                format_args!("no answer from the cluster within {} ms", limit.as_millis()),
+            )),
         };
         let outcome = match &result {
             Ok(_) => "ok",
