@@ -21,10 +21,13 @@
 //!   re-read every second), so [`Cluster::set_clock`] jumps or drifts the clock of a
 //!   *running* node; the monotonic clock is left alone, as an NTP step or a drifting
 //!   wall clock would leave it;
+//! - [`Cluster::lifetimes`]: how many times each node has been started, a cheap handle
+//!   that others (the workloads) read while the nemesis kills and restarts nodes;
 //! - [`ClusterOptions::die_with_parent`]: nodes get `PR_SET_PDEATHSIG`, so they
 //!   die with the runner even if it is killed (the signal fires when the
 //!   *thread* that spawned them exits: spawn only from a long-lived thread).
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -164,9 +167,35 @@ impl NodeProcess {
     }
 }
 
+/// Each node's lifetime: how many times its process has been started (0 = never).
+/// Bumped by [`Cluster::spawn`] *before* the process starts, under a lock, and only after
+/// the previous process is gone; so a reader that sees lifetime L of a node before
+/// sending a request, and L again after the answer, was answered by lifetime L's
+/// process (or by no process). Clones share the counters.
+#[derive(Clone, Debug, Default)]
+pub struct Lifetimes {
+    started: Arc<parking_lot::Mutex<HashMap<u64, u64>>>,
+}
+
+impl Lifetimes {
+    /// Node `id`'s current lifetime: the number of times it has been started.
+    pub fn of(&self, id: u64) -> u64 {
+        self.started.lock().get(&id).copied().unwrap_or(0)
+    }
+
+    /// Begins node `id`'s next lifetime; returns it.
+    fn begin(&self, id: u64) -> u64 {
+        let mut started = self.started.lock();
+        let lifetime = started.entry(id).or_insert(0);
+        *lifetime += 1;
+        *lifetime
+    }
+}
+
 pub struct Cluster {
     pub options: ClusterOptions,
     pub nodes: Vec<NodeProcess>,
+    lifetimes: Lifetimes,
     root: PathBuf,
     _temp: Option<ScratchDir>,
     /// The highest node id ever used here: ids of removed nodes are never reused.
@@ -299,6 +328,7 @@ impl Cluster {
             root,
             _temp: temp,
             highest_id,
+            lifetimes: Lifetimes::default(),
         };
         for id in 1..=cluster.nodes.len() as u64 {
             if !cluster.options.started_later.contains(&id) {
@@ -310,6 +340,12 @@ impl Cluster {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// A handle on every node's lifetime (see [`Lifetimes`]), kept up to date by
+    /// [`Cluster::spawn`] for as long as the cluster lives.
+    pub fn lifetimes(&self) -> Lifetimes {
+        self.lifetimes.clone()
     }
 
     pub fn node(&self, id: u64) -> &NodeProcess {
@@ -347,14 +383,18 @@ impl Cluster {
             .collect()
     }
 
-    /// Starts node `id`'s process with its data dir (a restart keeps the data).
+    /// Starts node `id`'s process with its data dir (a restart keeps the data), in
+    /// the node's next lifetime ([`Cluster::lifetimes`]).
     pub fn spawn(&mut self, id: u64) {
         let options = self.options.clone();
+        let lifetimes = self.lifetimes.clone();
         let node = self.node_mut(id);
         assert!(
             node.child.is_none() || !node.is_running(),
             "node {id} is already running"
         );
+        // Before the process exists: nothing it answers can be taken for the old lifetime's.
+        lifetimes.begin(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -158,8 +158,9 @@ enum ModelArg {
     /// Watch delivery (FILE is a watch scenario's results folder: history.jsonl,
     /// watch.jsonl, watch-final.json).
     Watch,
-    /// Eventual reads never go backwards on one node (read with the node as
-    /// input and [version value] as output; a run's eventual.jsonl).
+    /// Eventual reads never go backwards on one node in one lifetime (read with
+    /// [node lifetime], or the node alone, as input and [version value] as
+    /// output; a run's eventual.jsonl).
     Monotonic,
 }
 

@@ -2,24 +2,30 @@
 //!
 //! The contract: an eventual read is served by the local replica and is
 //! monotonic on one node — a later read never returns older state than an
-//! earlier one. Input: `read` operations whose input is the index of the node
-//! that served them (an integer) and whose `ok` output is `[version, value]`,
-//! the version being the resource's revision (0 = nothing stored). Versions
-//! of one key only grow (every write gets a new, larger one; the register
-//! workload never deletes), so "older state" is "a smaller version".
+//! earlier one. Input: `read` operations whose input is `[node, lifetime]` —
+//! the index of the node that served them and how many times that node had
+//! been started when the read was invoked (a read during which the node was
+//! restarted is recorded indeterminate) — or, in histories recorded before
+//! lifetimes were, the node alone (an integer); and whose `ok` output is
+//! `[version, value]`, the version being the resource's revision (0 = nothing
+//! stored). Versions of one key only grow (every write gets a new, larger one;
+//! the register workload never deletes), so "older state" is "a smaller version".
 //!
-//! Per (node, key): for every two successful reads A and B where A completed
-//! before B was invoked, B's version must be at least A's
-//! ([`MonotonicAnomaly::Backwards`]), and the same version must come with the
-//! same value ([`MonotonicAnomaly::VersionValueMismatch`]).
+//! Per (node, lifetime, key): for every two successful reads A and B where A
+//! completed before B was invoked, B's version must be at least A's
+//! ([`MonotonicAnomaly::Backwards`]). Per (node, key), across lifetimes: the same
+//! version must come with the same value ([`MonotonicAnomaly::VersionValueMismatch`]).
 //!
 //! One node's lifetimes: a node that is killed and restarted serves what it
 //! replayed from its disk until the leader tells it the commit index again, which
 //! may be older than what it served before (a known gap of the product, see
-//! `docs/contract.md`). So two reads are compared only if no read on that node
-//! failed or went unanswered in between: a read that the node did not answer
-//! (it was down) marks a possible restart. A backwards read across such a gap
-//! is not reported; within one lifetime, every one is.
+//! `docs/contract.md`). So reads are compared only within one lifetime of a node.
+//! With `[node, lifetime]` input the lifetimes are known from the harness, and
+//! within one every backwards read is reported, whatever reads failed in between.
+//! With the node alone they are guessed: two reads are compared only if no read
+//! on that node failed or went unanswered in between (a read the node did not
+//! answer marks a possible restart). That guess misses a restart no read saw,
+//! and would then report the replayed state as going backwards.
 //!
 //! What it cannot see: reads that overlap in time may be served in either
 //! order, so they are not compared; reads on different nodes are not compared
@@ -34,10 +40,12 @@ use crate::{Error, Verdict};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MonotonicAnomaly {
-    /// Read `later` (invoked after `earlier` completed, on the same node)
-    /// returned an older version.
+    /// Read `later` (invoked after `earlier` completed, on the same node in the
+    /// same lifetime) returned an older version.
     Backwards {
         node: i64,
+        /// The node's lifetime (`None`: the history does not record lifetimes).
+        lifetime: Option<i64>,
         key: String,
         earlier: usize,
         earlier_version: i64,
@@ -67,16 +75,39 @@ pub struct MonotonicReport {
 
 struct Read {
     index: usize,
+    lifetime: Option<i64>,
     invoke_ns: u64,
     complete_ns: u64,
     version: i64,
     value: Value,
 }
 
+/// The node and (if recorded) the lifetime an eventual read names as its input.
+fn node_and_lifetime(index: usize, input: &Value) -> Result<(i64, Option<i64>), Error> {
+    match input {
+        Value::Int(node) => return Ok((*node, None)),
+        Value::List(pair) => {
+            if let [Value::Int(node), Value::Int(lifetime)] = pair.as_slice() {
+                if *lifetime >= 0 {
+                    return Ok((*node, Some(*lifetime)));
+                }
+            }
+        }
+        _ => {}
+    }
+    Err(Error::InvalidOperation {
+        index,
+        reason: format!(
+            "an eventual read names its node as input, as [node lifetime] (lifetime >= 0) or node, got {input}"
+        ),
+    })
+}
+
 /// Checks the eventual reads of a history.
 pub fn check(history: &History) -> Result<MonotonicReport, Error> {
     let mut series: BTreeMap<(i64, &str), Vec<Read>> = BTreeMap::new();
-    // Per node, when reads it did not answer were invoked (possible restarts).
+    // Per node, when reads it did not answer were invoked (possible restarts; used
+    // only for reads that do not record their lifetime).
     let mut gaps: HashMap<i64, Vec<u64>> = HashMap::new();
     let mut reads = 0usize;
     for (index, operation) in history.operations().iter().enumerate() {
@@ -87,17 +118,11 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
                 op: operation.op,
             });
         }
-        let Value::Int(node) = operation.input else {
-            return Err(Error::InvalidOperation {
-                index,
-                reason: format!(
-                    "an eventual read names its node as input, got {}",
-                    operation.input
-                ),
-            });
-        };
+        let (node, lifetime) = node_and_lifetime(index, &operation.input)?;
         let (Outcome::Ok, Some(complete_ns)) = (operation.outcome, operation.complete_ns) else {
-            gaps.entry(node).or_default().push(operation.invoke_ns);
+            if lifetime.is_none() {
+                gaps.entry(node).or_default().push(operation.invoke_ns);
+            }
             continue;
         };
         let (version, value) = match operation.output.as_list() {
@@ -118,6 +143,7 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
             .or_default()
             .push(Read {
                 index,
+                lifetime,
                 invoke_ns: operation.invoke_ns,
                 complete_ns,
                 version,
@@ -126,9 +152,9 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
     }
     let mut anomalies = Vec::new();
     let series_count = series.len();
-    for ((node, key), mut by_invoke) in series {
+    for ((node, key), reads_of_key) in series {
         let mut values: HashMap<i64, (usize, &Value)> = HashMap::new();
-        for read in &by_invoke {
+        for read in &reads_of_key {
             match values.get(&read.version) {
                 Some((first, value)) if **value != read.value => {
                     anomalies.push(MonotonicAnomaly::VersionValueMismatch {
@@ -145,34 +171,27 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
                 }
             }
         }
-        // For each read, the floor it must not go under: the newest version among
-        // the reads of this lifetime (after the node's last gap before it) that
-        // completed before it was invoked.
-        by_invoke.sort_by_key(|read| (read.invoke_ns, read.index));
-        let mut by_complete: Vec<&Read> = by_invoke.iter().collect();
-        by_complete.sort_by_key(|read| (read.complete_ns, read.index));
-        let mut node_gaps = gaps.get(&node).cloned().unwrap_or_default();
-        node_gaps.sort_unstable();
-        for read in &by_invoke {
-            let before = node_gaps.partition_point(|gap| *gap < read.invoke_ns);
-            let lifetime_start = before.checked_sub(1).map(|i| node_gaps[i]);
-            let from = lifetime_start.map_or(0, |start| {
-                by_complete.partition_point(|candidate| candidate.complete_ns <= start)
-            });
-            let to =
-                by_complete.partition_point(|candidate| candidate.complete_ns < read.invoke_ns);
-            let floor = by_complete[from..to.max(from)]
-                .iter()
-                .copied()
-                .max_by_key(|candidate| (candidate.version, std::cmp::Reverse(candidate.index)));
-            if let Some(floor) = floor.filter(|floor| read.version < floor.version) {
+        let mut lifetimes: BTreeMap<Option<i64>, Vec<&Read>> = BTreeMap::new();
+        for read in &reads_of_key {
+            lifetimes.entry(read.lifetime).or_default().push(read);
+        }
+        for (lifetime, reads_of_lifetime) in lifetimes {
+            // A known lifetime has no gaps; an unknown one is split at every read
+            // the node did not answer.
+            let mut node_gaps = match lifetime {
+                Some(_) => Vec::new(),
+                None => gaps.get(&node).cloned().unwrap_or_default(),
+            };
+            node_gaps.sort_unstable();
+            for (earlier, later) in backwards(reads_of_lifetime, &node_gaps) {
                 anomalies.push(MonotonicAnomaly::Backwards {
                     node,
+                    lifetime,
                     key: key.to_owned(),
-                    earlier: floor.index,
-                    earlier_version: floor.version,
-                    later: read.index,
-                    later_version: read.version,
+                    earlier: earlier.index,
+                    earlier_version: earlier.version,
+                    later: later.index,
+                    later_version: later.version,
                 });
             }
         }
@@ -190,20 +209,54 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
     })
 }
 
+/// The reads of one (node, lifetime, key) that went backwards, each with the
+/// read it went back from: for each read, the floor it must not go under is
+/// the newest version among the reads after the last gap (sorted) before it
+/// that completed before it was invoked.
+fn backwards<'a>(mut by_invoke: Vec<&'a Read>, gaps: &[u64]) -> Vec<(&'a Read, &'a Read)> {
+    by_invoke.sort_by_key(|read| (read.invoke_ns, read.index));
+    let mut by_complete = by_invoke.clone();
+    by_complete.sort_by_key(|read| (read.complete_ns, read.index));
+    let mut found = Vec::new();
+    for read in &by_invoke {
+        let before = gaps.partition_point(|gap| *gap < read.invoke_ns);
+        let lifetime_start = before.checked_sub(1).map(|i| gaps[i]);
+        let from = lifetime_start.map_or(0, |start| {
+            by_complete.partition_point(|candidate| candidate.complete_ns <= start)
+        });
+        let to = by_complete.partition_point(|candidate| candidate.complete_ns < read.invoke_ns);
+        let floor = by_complete[from..to.max(from)]
+            .iter()
+            .copied()
+            .max_by_key(|candidate| (candidate.version, std::cmp::Reverse(candidate.index)));
+        if let Some(floor) = floor.filter(|floor| read.version < floor.version) {
+            found.push((floor, *read));
+        }
+    }
+    found
+}
+
 impl std::fmt::Display for MonotonicAnomaly {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MonotonicAnomaly::Backwards {
                 node,
+                lifetime,
                 key,
                 earlier,
                 earlier_version,
                 later,
                 later_version,
-            } => write!(
-                f,
-                "backwards: node {node}, key {key:?}: read #{later} returned version {later_version} after read #{earlier} had returned {earlier_version}"
-            ),
+            } => {
+                write!(f, "backwards: node {node}")?;
+                if let Some(lifetime) = lifetime {
+                    write!(f, " (lifetime {lifetime})")?;
+                }
+                write!(
+                    f,
+                    ", key {key:?}: read #{later} returned version {later_version} after read #{earlier} had returned {earlier_version}"
+                )
+            }
             MonotonicAnomaly::VersionValueMismatch {
                 node,
                 key,
@@ -278,6 +331,7 @@ mod tests {
             report.anomalies,
             vec![MonotonicAnomaly::Backwards {
                 node: 0,
+                lifetime: None,
                 key: "r".into(),
                 earlier: 1,
                 earlier_version: 5,
@@ -321,11 +375,95 @@ mod tests {
             report.anomalies,
             vec![MonotonicAnomaly::Backwards {
                 node: 0,
+                lifetime: None,
                 key: "r".into(),
                 earlier: 3,
                 earlier_version: 4,
                 later: 4,
                 later_version: 3,
+            }]
+        );
+    }
+
+    /// An eventual read on `node` in its `lifetime`, as the workload records it.
+    fn read_in(
+        node: i64,
+        lifetime: i64,
+        version: i64,
+        invoke_ns: u64,
+        complete_ns: u64,
+    ) -> Operation {
+        let mut operation = read(node, version, invoke_ns, complete_ns);
+        operation.input = Value::List(vec![Value::Int(node), Value::Int(lifetime)]);
+        operation
+    }
+
+    #[test]
+    fn a_restart_no_read_saw_splits_lifetimes_recorded_by_the_harness() {
+        // The seed-7 case: node 1 served version 85, was killed and restarted
+        // while no read went to it, then served version 0 (replayed from its disk,
+        // before the leader told it the commit index): another lifetime, not compared.
+        // Node 0 read nothing in between, so the guess from failed reads could not
+        // have split it.
+        let report = run(vec![
+            read_in(1, 1, 85, 0, 1),
+            read_in(1, 2, 0, 5, 6),
+            read_in(1, 2, 86, 7, 8),
+        ]);
+        assert_eq!(report.verdict, Verdict::Valid, "{report:?}");
+        assert_eq!((report.reads, report.series), (3, 1));
+        // The same pair recorded without lifetimes (and no failed read between) is
+        // taken as one lifetime: the old input is still read, with the old rule.
+        let report = run(vec![read(1, 85, 0, 1), read(1, 0, 5, 6)]);
+        assert_eq!(report.verdict, Verdict::Invalid, "{report:?}");
+    }
+
+    #[test]
+    fn within_one_recorded_lifetime_going_backwards_is_reported_even_across_failed_reads() {
+        // One lifetime (the harness did not restart the node): a read that failed
+        // in between (a partition, a timeout) does not excuse going back from 85 to 0.
+        let mut failed = read_in(1, 1, 0, 2, 3);
+        failed.outcome = Outcome::Info;
+        failed.output = Value::Null;
+        let report = run(vec![
+            read_in(1, 1, 85, 0, 1),
+            failed,
+            read_in(1, 1, 0, 5, 6),
+            read_in(2, 1, 0, 7, 8),
+        ]);
+        assert_eq!(report.verdict, Verdict::Invalid, "{report:?}");
+        assert_eq!(
+            report.anomalies,
+            vec![MonotonicAnomaly::Backwards {
+                node: 1,
+                lifetime: Some(1),
+                key: "r".into(),
+                earlier: 0,
+                earlier_version: 85,
+                later: 2,
+                later_version: 0,
+            }]
+        );
+        assert_eq!(
+            report.anomalies[0].to_string(),
+            "backwards: node 1 (lifetime 1), key \"r\": read #2 returned version 0 after read #0 had returned 85"
+        );
+    }
+
+    #[test]
+    fn one_version_with_two_values_is_reported_across_lifetimes() {
+        // A restart may serve older state, never a different value for one version.
+        let mut other_value = read_in(0, 2, 5, 2, 3);
+        other_value.output = Value::List(vec![Value::Int(5), Value::Int(7)]);
+        let report = run(vec![read_in(0, 1, 5, 0, 1), other_value]);
+        assert_eq!(
+            report.anomalies,
+            vec![MonotonicAnomaly::VersionValueMismatch {
+                node: 0,
+                key: "r".into(),
+                first: 0,
+                second: 1,
+                version: 5,
             }]
         );
     }
@@ -342,5 +480,19 @@ mod tests {
         let mut bad_output = read(0, 1, 0, 1);
         bad_output.output = Value::Int(3);
         assert!(check(&History::new(vec![bad_output]).unwrap()).is_err());
+        // A lifetime that is negative, missing or not an integer.
+        for input in [
+            Value::List(vec![Value::Int(0), Value::Int(-1)]),
+            Value::List(vec![Value::Int(0)]),
+            Value::List(vec![Value::Int(0), Value::Null]),
+            Value::List(vec![Value::Int(0), Value::Int(1), Value::Int(2)]),
+        ] {
+            let mut bad_lifetime = read(0, 1, 0, 1);
+            bad_lifetime.input = input;
+            assert!(matches!(
+                check(&History::new(vec![bad_lifetime]).unwrap()),
+                Err(Error::InvalidOperation { index: 0, .. })
+            ));
+        }
     }
 }

@@ -452,7 +452,8 @@ async fn run_scenario_inner(
     if scenario.nodes >= 5 {
         workload_options.processes = 10;
     }
-    let mut workload = Workload::start(workload_options, &endpoints);
+    let lifetimes = workload::NodeLifetimes::new(cluster.lifetimes(), cluster.ids());
+    let mut workload = Workload::start(workload_options, &endpoints, lifetimes);
     let mut cx = NemesisContext {
         cluster: &mut cluster,
         lab: lab.clone(),

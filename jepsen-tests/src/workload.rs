@@ -19,7 +19,8 @@
 //!   CasFailure/WrongUid (the compare was evaluated); `info` when the outcome
 //!   is unknown or the CAS was refused before the compare (no leader). Some
 //!   reads are *eventual* reads on the process's home node alone, recorded in
-//!   [`Workload::eventual`] and checked by [`crate::monotonic`].
+//!   [`Workload::eventual`] with the home node's lifetime ([`NodeLifetimes`])
+//!   and checked by [`crate::monotonic`].
 //! - **set**: one resource per element (`set<k>-<element>`), `add` = create,
 //!   `read` = strong list of the key's prefix.
 //! - **append**: a list in a resource's data, `append` = strong read then CAS
@@ -47,6 +48,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::cluster::Lifetimes;
 use crate::history::{OpKind, Recorder, Value};
 
 /// Group of every resource the workloads write.
@@ -121,6 +123,28 @@ impl WorkloadOptions {
             client,
             seed,
         }
+    }
+}
+
+/// The lifetime of the node behind each endpoint of a workload (from
+/// [`crate::cluster::Cluster::lifetimes`]): an eventual read records its node's
+/// lifetime when it is invoked and checks it again when it completes.
+#[derive(Clone, Debug)]
+pub struct NodeLifetimes {
+    lifetimes: Lifetimes,
+    /// The node id of each endpoint, in the endpoints' order.
+    ids: Vec<u64>,
+}
+
+impl NodeLifetimes {
+    pub fn new(lifetimes: Lifetimes, ids: Vec<u64>) -> NodeLifetimes {
+        NodeLifetimes { lifetimes, ids }
+    }
+
+    /// The current lifetime of the node behind endpoint `endpoint` (one of the
+    /// workload's: [`Workload::start`] checks there is an id for each).
+    fn of(&self, endpoint: usize) -> u64 {
+        self.lifetimes.of(self.ids[endpoint])
     }
 }
 
@@ -308,9 +332,12 @@ pub struct Workload {
     pub options: WorkloadOptions,
     pub recorder: Recorder,
     /// Eventual reads, each served by one node alone (register workload):
-    /// `read` with the node's index as input and `[version, value]` as output
-    /// (version 0 = nothing stored). Kept apart from [`Workload::recorder`]:
-    /// they are not linearizable, only monotonic per node.
+    /// `read` with `[node, lifetime]` as input (the node's index among the
+    /// endpoints, and how many times it had been started when the read was
+    /// invoked) and `[version, value]` as output (version 0 = nothing stored).
+    /// A read during which the node was restarted is recorded `info`: either
+    /// lifetime may have served it. Kept apart from [`Workload::recorder`]:
+    /// they are not linearizable, only monotonic per node lifetime.
     pub eventual: Recorder,
     pub watch_log: Arc<Mutex<Vec<WatchRecord>>>,
     stop: Arc<AtomicBool>,
@@ -322,8 +349,18 @@ pub struct Workload {
 
 impl Workload {
     /// Starts the processes (and, for the watch workload, one watcher per node).
-    pub fn start(options: WorkloadOptions, endpoints: &[String]) -> Workload {
+    /// `lifetimes` names the node behind each endpoint.
+    pub fn start(
+        options: WorkloadOptions,
+        endpoints: &[String],
+        lifetimes: NodeLifetimes,
+    ) -> Workload {
         assert!(!endpoints.is_empty(), "a workload needs at least one node");
+        assert_eq!(
+            lifetimes.ids.len(),
+            endpoints.len(),
+            "one node id per endpoint"
+        );
         let recorder = Recorder::new();
         let eventual = Recorder::new();
         let stop = Arc::new(AtomicBool::new(false));
@@ -346,6 +383,7 @@ impl Workload {
                 home,
                 home_client,
                 eventual: eventual.clone(),
+                lifetimes: lifetimes.clone(),
                 kind: options.kind,
                 keys: options.keys,
                 pause_ms: options.pause_ms,
@@ -547,6 +585,7 @@ struct Process {
     home: usize,
     home_client: Option<Client>,
     eventual: Recorder,
+    lifetimes: NodeLifetimes,
     kind: WorkloadKind,
     keys: usize,
     pause_ms: (u64, u64),
@@ -658,24 +697,33 @@ impl Process {
     }
 
     /// An eventual read of a register on the home node only, recorded in the
-    /// eventual history (see [`Workload::eventual`]).
+    /// eventual history with the node's lifetime (see [`Workload::eventual`]).
     async fn eventual_read(&mut self, name: &str) {
         let Some(client) = &self.home_client else {
             return;
         };
+        let lifetime = self.lifetimes.of(self.home);
         let op = self.eventual.invoke(
             self.id,
             OpKind::Read,
             name,
-            Value::Int(i64::try_from(self.home).unwrap_or(i64::MAX)),
+            Value::List(vec![
+                Value::Int(i64::try_from(self.home).unwrap_or(i64::MAX)),
+                Value::Int(i64::try_from(lifetime).unwrap_or(i64::MAX)),
+            ]),
         );
-        match client
+        let answer = client
             .read(
                 resource_id(WorkloadKind::Register, name, ""),
                 Consistency::Eventual,
             )
-            .await
-        {
+            .await;
+        if self.lifetimes.of(self.home) != lifetime {
+            // Restarted meanwhile: the answer may come from either lifetime.
+            op.info();
+            return;
+        }
+        match answer {
             Ok(resource) => {
                 let version = resource.version.parse::<i64>().unwrap_or(-1);
                 op.ok(Value::List(vec![Value::Int(version), decode(&resource)]));
