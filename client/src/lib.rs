@@ -69,10 +69,10 @@ pub use watch_cache::{
     WatchCacheOptions, WatchSpec,
 };
 
-/// The generated protobuf types, re-exported for convenience.
-pub use cairn_proto::v1;
 /// A resource's `data`: `google.protobuf.Any`, re-exported with [`v1`].
 pub use cairn_proto::google::protobuf::Any;
+/// The generated protobuf types, re-exported for convenience.
+pub use cairn_proto::v1;
 
 /// `README.md`'s example, compiled with the doc-tests so that it cannot drift.
 #[cfg(doctest)]

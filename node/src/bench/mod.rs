@@ -43,8 +43,8 @@ pub(crate) mod watch;
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use crate::cli::common::ClusterArgs;
+use bytes::Bytes;
 use cairn_client::{Access, AuthenticatedChannel};
 use cairn_proto::error::ApiError;
 use cairn_proto::google::protobuf::Any;

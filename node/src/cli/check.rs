@@ -317,7 +317,7 @@ pub struct PerfLoad {
     pub clients: usize,
     /// Writes started per second, over all clients.
     pub rate: f64,
-    /// The least throughput that passes, in writes per second ([`PERF_THROUGHPUT_SHARE`] of
+    /// The least throughput that passes, in writes per second (`PERF_THROUGHPUT_SHARE` of
     /// the rate).
     pub throughput_min: f64,
     /// The highest p99 write latency that passes.

@@ -54,18 +54,16 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::Bytes;
+use cairn_client::{Client, ClientError, ClientOptions, Outcome};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{
     watch_event, Consistency, Id, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
 };
 use clap::{Args, Subcommand, ValueEnum};
-use cairn_client::{Client, ClientError, ClientOptions, Outcome};
 use serde_json::{json, Value};
 
 use super::common::{exit, exit_code, GlobalArgs, OutputFormat};
 use super::json::{json_payload, payload_as_json, resource_from_json, resource_to_json};
-
-
 
 /// The data commands of `cairn`.
 #[derive(Subcommand, Debug, Clone)]
@@ -99,8 +97,6 @@ pub struct CommonArgs {
     pub tenancy: Tenancy,
 }
 
-
-
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsistencyArg {
     Strong,
@@ -115,7 +111,6 @@ impl From<ConsistencyArg> for Consistency {
         }
     }
 }
-
 
 #[derive(Args, Debug, Clone)]
 pub struct ReadArgs {
@@ -631,7 +626,8 @@ async fn watch(
     // one (or a progress event) arrives; after a resume, the changes of that
     // revision that were already printed are skipped by key.
     let mut resume_from = (a.from_revision > 0).then_some(a.from_revision);
-    let mut open_revision: Option<(u64, std::collections::BTreeSet<cairn_client::ResourceKey>)> = None;
+    let mut open_revision: Option<(u64, std::collections::BTreeSet<cairn_client::ResourceKey>)> =
+        None;
     let mut printed: u64 = 0;
     if c.global.output == OutputFormat::Table
         && writeln!(

@@ -10,7 +10,7 @@
 //! | [`dev`] | `dev`: a local cluster of child processes |
 //! | [`check`] | `check disk`, `check perf` |
 //! | [`tls`] | `tls init`: development certificates |
-//! | [`bench`] | `bench`: its workloads and flags (the load generator is [`crate::bench`]) |
+//! | [`bench`](mod@bench) | `bench`: its workloads and flags (the load generator is [`crate::bench`]) |
 //!
 //! [`common`] holds what they share: the cluster flags (endpoints, token, TLS),
 //! `-o` and `--timeout-ms`, global before or after any subcommand, and the one
@@ -222,9 +222,9 @@ enum LogFormatArg {
     Json,
 }
 
+pub(crate) use common::access;
 /// `-o table|json` and the one exit-code table, by error kind ([`common`]).
 pub use common::{exit, exit_code_of_kind, OutputFormat as Output};
-pub(crate) use common::access;
 
 pub fn init_logging(level: &str, format: LogFormat) {
     let filter = crate::logging::filter(level);
@@ -267,9 +267,7 @@ pub fn main() -> ExitCode {
             runtime().block_on(admin::endpoint_status(global, &args))
         }
         Command::Member(m) => runtime().block_on(admin::member(m, global)),
-        Command::TransferLeader(t) => {
-            runtime().block_on(admin::transfer_leader(&t, global))
-        }
+        Command::TransferLeader(t) => runtime().block_on(admin::transfer_leader(&t, global)),
         Command::Snapshot(s) => snapshot::run(s, global),
         Command::Data(d) => runtime().block_on(data::run(d)),
         Command::Token(t) => token(t),
@@ -620,11 +618,7 @@ mod tests {
                 "{args:?}"
             );
             assert_eq!(cli.global.timeout_ms, 500, "{args:?}");
-            assert_eq!(
-                cli.global.output,
-                common::OutputFormat::Json,
-                "{args:?}"
-            );
+            assert_eq!(cli.global.output, common::OutputFormat::Json, "{args:?}");
         }
         // A global flag given before a data command reaches it.
         let cli = parse(&[
@@ -643,10 +637,7 @@ mod tests {
             panic!("read")
         };
         assert_eq!(read.common.global.cluster.endpoints, ["x:1"]);
-        assert_eq!(
-            read.common.global.output,
-            common::OutputFormat::Json
-        );
+        assert_eq!(read.common.global.output, common::OutputFormat::Json);
         // The defaults: the dev cluster, 10 s, a table.
         let cli = parse(&["status"]).unwrap();
         assert_eq!(cli.global.cluster.endpoints.len(), 3);
