@@ -121,7 +121,8 @@ impl ClientError {
         matches!(self, ClientError::CasFailure(_) | ClientError::WrongUid(_))
     }
 
-    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ClientError {
+    /// A [`ClientError::InvalidArgument`] naming `field`.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ClientError {
         ClientError::InvalidArgument {
             field: field.into(),
             reason: reason.into(),

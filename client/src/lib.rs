@@ -8,8 +8,11 @@
 //! say whether the outcome is known ([`Outcome`]). On top of it: the helpers
 //! every controller needs ([`Client::create`], [`Client::create_if_absent`],
 //! [`Client::read_modify_write`], [`Client::delete_current`]); the primed
-//! [`WatchCache`]; the JSON form of resources ([`json`]); and the `cairn`
-//! data commands ([`cli`]).
+//! [`WatchCache`]; how to reach the nodes ([`TlsOptions`], [`BearerToken`]).
+//!
+//! A library only: no command line, no argument parsing. The `cairn` data
+//! commands (`cairn read`, `write`, ...) are built on it in the node crate
+//! (`cairn_node::cli::data`).
 //!
 //! **What it must not do.** Retry a write or delete after an attempt whose
 //! outcome is unknown (it could then report "CAS failure" for a write that
@@ -50,11 +53,9 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
-pub mod cli;
 pub mod client;
 mod error;
 mod helpers;
-pub mod json;
 pub mod tls;
 pub mod watch_cache;
 
@@ -68,5 +69,12 @@ pub use watch_cache::{
     WatchCacheOptions, WatchSpec,
 };
 
+/// A resource's `data`: `google.protobuf.Any`, re-exported with [`v1`].
+pub use cairn_proto::google::protobuf::Any;
 /// The generated protobuf types, re-exported for convenience.
 pub use cairn_proto::v1;
+
+/// `README.md`'s example, compiled with the doc-tests so that it cannot drift.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,7 +1,8 @@
 //! # cairn-node
 //!
 //! The `cairn` binary's library: wires `cairn-fsm` (state), `cairn-raft-log`
-//! (durable log) and openraft into a node serving gRPC, plus the CLI.
+//! (durable log) and openraft into a node serving gRPC, plus the `cairn`
+//! command line ([`cli`]: every command, one module each).
 //!
 //! Must not: put contract rules here (they are in `cairn-fsm`), or let an
 //! openraft type escape the [`raft`] module.
@@ -47,15 +48,12 @@
 
 pub mod admin;
 pub mod admin_client;
-pub mod admin_cmd;
 pub mod agent;
 pub mod auth;
 pub mod bench;
-pub mod check;
 pub mod cli;
 pub mod config;
 pub mod connections;
-pub mod dev;
 mod durable;
 pub mod fatal;
 pub mod forward;
@@ -67,7 +65,5 @@ pub mod raft;
 pub mod reload;
 pub mod restore;
 pub mod service;
-pub mod snapshot_cmd;
 pub mod snapshot_file;
 pub mod tls;
-pub mod tls_init;

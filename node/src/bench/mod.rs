@@ -1,4 +1,5 @@
-//! `cairn bench`: a load generator against a running cluster.
+//! The load generator behind `cairn bench` (its flags: `crate::cli::bench`) and
+//! `cairn check perf`: load against a running cluster.
 //!
 //! Workloads: `write` (compare-and-set creates and updates), `read` (strong or
 //! eventual), `list`, `mixed` (reads and writes in a ratio), `watch` (N
@@ -34,21 +35,21 @@
 //! - Writes, strong reads and lists go to the leader (found with
 //!   `AdminService.Status`) unless `--target all` is given.
 
-mod failover;
-mod load;
+pub(crate) mod failover;
+pub(crate) mod load;
 mod procfs;
 mod report;
-mod watch;
+pub(crate) mod watch;
 
 use std::time::Duration;
 
+use crate::cli::common::ClusterArgs;
 use bytes::Bytes;
-use cairn_client::cli::ClusterArgs;
 use cairn_client::{Access, AuthenticatedChannel};
 use cairn_proto::error::ApiError;
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{self as pb, resource_service_client::ResourceServiceClient};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 
 use crate::cli::{exit, Output};
 
@@ -63,28 +64,6 @@ pub(crate) type BenchChannel = AuthenticatedChannel;
 const DECODE_BYTES_MAX: usize = 1 << 30;
 /// Watch streams per HTTP/2 connection.
 const WATCHERS_PER_CONNECTION: usize = 100;
-
-#[derive(Args)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    workload: Workload,
-}
-
-#[derive(Subcommand)]
-enum Workload {
-    /// Compare-and-set writes: creates of new keys, then updates of known ones.
-    Write(WriteArgs),
-    /// Reads of random keys (the key space is created first if missing).
-    Read(ReadArgs),
-    /// Lists of the whole bench namespace (size it with --key-space).
-    List(ReadArgs),
-    /// Reads and writes of random keys, in a ratio.
-    Mixed(MixedArgs),
-    /// N watchers on random nodes; writers at the leader; delivery latency.
-    Watch(WatchArgs),
-    /// kill -9 the leader, then time the first successful write through a survivor.
-    Failover(FailoverArgs),
-}
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
 pub(crate) enum Target {
@@ -170,45 +149,9 @@ pub(crate) struct LoadOptions {
     output: Output,
 }
 
+/// `cairn bench failover`'s options.
 #[derive(Args)]
-struct WriteArgs {
-    #[command(flatten)]
-    load: LoadOptions,
-}
-
-#[derive(Args)]
-struct ReadArgs {
-    #[command(flatten)]
-    load: LoadOptions,
-    #[arg(long, value_enum, default_value = "strong")]
-    consistency: ConsistencyArg,
-}
-
-#[derive(Args)]
-struct MixedArgs {
-    #[command(flatten)]
-    load: LoadOptions,
-    #[arg(long, value_enum, default_value = "strong")]
-    consistency: ConsistencyArg,
-    /// Fraction of operations that are reads (the rest are writes).
-    #[arg(long, default_value_t = 0.9)]
-    read_fraction: f64,
-}
-
-#[derive(Args)]
-struct WatchArgs {
-    #[command(flatten)]
-    load: LoadOptions,
-    /// Watch streams, each on a node picked at random.
-    #[arg(long, default_value_t = 1_000)]
-    watchers: usize,
-    /// Pause between two writes of one writer (--clients is the writer count), in ms.
-    #[arg(long = "write-interval-ms", default_value_t = 20)]
-    write_interval_ms: u64,
-}
-
-#[derive(Args)]
-struct FailoverArgs {
+pub(crate) struct FailoverArgs {
     /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS.
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -283,43 +226,6 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         .enable_all()
         .build()
         .map_err(|e| BenchError::Setup(format!("cannot start the tokio runtime: {e}")))
-}
-
-pub fn run(args: BenchArgs) -> u8 {
-    let result = runtime().and_then(|runtime| {
-        runtime.block_on(async move {
-            match args.workload {
-                Workload::Write(a) => load::run(a.load, load::Mix::Write).await,
-                Workload::Read(a) => load::run(a.load, load::Mix::Read(a.consistency)).await,
-                Workload::List(a) => load::run(a.load, load::Mix::List(a.consistency)).await,
-                Workload::Mixed(a) => {
-                    if !(0.0..=1.0).contains(&a.read_fraction) {
-                        return Err(BenchError::Option {
-                            option: "--read-fraction",
-                            reason: "must be between 0 and 1".into(),
-                        });
-                    }
-                    load::run(
-                        a.load,
-                        load::Mix::Mixed {
-                            consistency: a.consistency,
-                            read_fraction: a.read_fraction,
-                        },
-                    )
-                    .await
-                }
-                Workload::Watch(a) => watch::run(a.load, a.watchers, a.write_interval_ms).await,
-                Workload::Failover(a) => failover::run(a).await,
-            }
-        })
-    });
-    match result {
-        Ok(()) => exit::OK,
-        Err(e) => {
-            eprintln!("cairn bench: {e}");
-            e.exit_code()
-        }
-    }
 }
 
 impl LoadOptions {

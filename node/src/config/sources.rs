@@ -85,7 +85,7 @@ fn flag_name(key: &str) -> String {
 /// reads them nor warns about them.
 fn client_environment() -> Vec<String> {
     use clap::Args;
-    cairn_client::cli::ClusterArgs::augment_args(clap::Command::new("client"))
+    crate::cli::common::ClusterArgs::augment_args(clap::Command::new("client"))
         .get_arguments()
         .filter_map(|arg| arg.get_env())
         .map(|name| name.to_string_lossy().into_owned())

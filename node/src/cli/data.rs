@@ -19,7 +19,7 @@
 //!   uid; `delete` and `write --upsert` always read strongly (their CAS needs
 //!   the latest version), `owned-by` and `watch` are served by one node's
 //!   local state.
-//! - `-o table|json` (default table). JSON is the form of [`crate::json`]:
+//! - `-o table|json` (default table). JSON is the form of [`super::json`]:
 //!   `cairn read -o json ... | cairn write --file -` writes back what was read.
 //!
 //! `cairn write` takes either `--file PATH` (`-` = stdin) holding a resource
@@ -41,17 +41,11 @@
 //! output goes on without gaps or repeats; if the node no longer has that
 //! history it exits with code 1.
 //!
-//! ## Exit codes (shared with the admin commands)
+//! ## Exit codes
 //!
-//! | code | meaning |
-//! |------|---------|
-//! | 0 | success |
-//! | 1 | any other error (group version mismatch, history compacted, internal) |
-//! | 2 | usage error or invalid argument |
-//! | 3 | not found |
-//! | 4 | CAS conflict (CasFailure or WrongUid) |
-//! | 5 | unavailable or inconsistent (no node, no leader, no quorum, deadline) |
-//! | 6 | not authorized: no token or an unknown one, or a permission missing |
+//! By the one table of [`super::common`]: 0 ok, 1 other error, 2 usage or
+//! invalid argument, 3 not found, 4 CAS conflict, 5 unavailable, 6 not
+//! authorized.
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write};
@@ -60,6 +54,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use bytes::Bytes;
+use cairn_client::{Client, ClientError, ClientOptions, Outcome};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{
     watch_event, Consistency, Id, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
@@ -67,85 +62,8 @@ use cairn_proto::v1::{
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
-use crate::error::{ClientError, Outcome};
-use crate::json::{json_payload, payload_as_json, resource_from_json, resource_to_json};
-use crate::{BearerToken, Client, ClientOptions};
-use cairn_proto::error::ErrorKind;
-
-/// Exit codes of every `cairn` command (the data commands here, and the
-/// node binary's admin commands: one table).
-pub mod exit {
-    pub const OK: u8 = 0;
-    pub const ERROR: u8 = 1;
-    pub const USAGE: u8 = 2;
-    pub const NOT_FOUND: u8 = 3;
-    pub const CAS_CONFLICT: u8 = 4;
-    pub const UNAVAILABLE: u8 = 5;
-    pub const DENIED: u8 = 6;
-}
-
-/// The one exit-code table of the `cairn` binary: every command's error,
-/// the client library's or a node's, exits by its kind.
-pub fn exit_code_of_kind(kind: ErrorKind) -> u8 {
-    match kind {
-        ErrorKind::NotFound => exit::NOT_FOUND,
-        ErrorKind::CasFailure | ErrorKind::WrongUid => exit::CAS_CONFLICT,
-        ErrorKind::Unavailable | ErrorKind::NotLeader | ErrorKind::Inconsistent => {
-            exit::UNAVAILABLE
-        }
-        ErrorKind::InvalidArgument => exit::USAGE,
-        ErrorKind::Unauthenticated | ErrorKind::PermissionDenied => exit::DENIED,
-        ErrorKind::GroupVersionMismatch
-        | ErrorKind::ResourceExhausted
-        | ErrorKind::WatchClosed
-        | ErrorKind::Compacted
-        | ErrorKind::Internal
-        | ErrorKind::Unspecified => exit::ERROR,
-    }
-}
-
-/// The exit code of a client error ([`exit_code_of_kind`]).
-pub fn exit_code(e: &ClientError) -> u8 {
-    exit_code_of_kind(e.kind())
-}
-
-/// How every `cairn` command that talks to a cluster reaches it: the nodes'
-/// client addresses, a bearer token, TLS. The data commands take it inside
-/// [`CommonArgs`]; the `cairn` binary takes it at its top, in [`GlobalArgs`].
-/// Every flag is global: it may come before or after the subcommand.
-#[derive(Args, Debug, Clone)]
-pub struct ClusterArgs {
-    /// Client addresses of cluster nodes, comma-separated (`host:port`,
-    /// `http://host:port`, or `https://host:port` for TLS); tried in turn.
-    #[arg(
-        long,
-        env = "CAIRN_ENDPOINTS",
-        default_value = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003",
-        value_delimiter = ',',
-        global = true
-    )]
-    pub endpoints: Vec<String>,
-    /// Bearer token, for a cluster that requires one (admin commands need
-    /// one with the admin role).
-    #[arg(long, env = "CAIRN_TOKEN", hide_env_values = true, global = true)]
-    pub token: Option<String>,
-    #[command(flatten)]
-    pub tls: TlsArgs,
-}
-
-impl ClusterArgs {
-    /// `--token`, checked ([`BearerToken::new`]).
-    pub fn bearer_token(&self) -> Result<Option<BearerToken>, ClientError> {
-        self.token.clone().map(BearerToken::new).transpose()
-    }
-
-    /// How to reach the nodes: TLS per the flags (or an `https://`
-    /// endpoint), else plaintext; presenting `--token`, if given.
-    pub fn access(&self) -> Result<crate::Access, ClientError> {
-        let token = self.bearer_token()?;
-        Ok(self.tls.access(&self.endpoints)?.with_token(token.as_ref()))
-    }
-}
+use super::common::{exit, exit_code, GlobalArgs, OutputFormat};
+use super::json::{json_payload, payload_as_json, resource_from_json, resource_to_json};
 
 /// The data commands of `cairn`.
 #[derive(Subcommand, Debug, Clone)]
@@ -179,73 +97,6 @@ pub struct CommonArgs {
     pub tenancy: Tenancy,
 }
 
-/// The `cairn` binary's global flags: how to reach the cluster, the output
-/// format and the overall timeout. Given before or after any subcommand
-/// (`cairn --endpoints A member list`, `cairn member list --endpoints A`);
-/// the data commands read the same flags through [`CommonArgs`].
-#[derive(Args, Debug, Clone)]
-#[command(next_help_heading = "Cluster options")]
-pub struct GlobalArgs {
-    #[command(flatten)]
-    pub cluster: ClusterArgs,
-    /// Output format.
-    #[arg(
-        short = 'o',
-        long = "output",
-        value_enum,
-        default_value = "table",
-        global = true
-    )]
-    pub output: OutputFormat,
-    /// Deadline of each call to the cluster, failovers included (each
-    /// endpoint gets a share of it).
-    #[arg(long, default_value_t = 10_000, global = true, value_parser = clap::value_parser!(u64).range(1..))]
-    pub timeout_ms: u64,
-}
-
-impl GlobalArgs {
-    /// `--timeout-ms` (positive: clap refuses 0).
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-}
-
-/// TLS options of every `cairn` command that talks to a cluster. Any of
-/// them, or an `https://` endpoint, turns TLS on for every node dialled.
-#[derive(Args, Debug, Clone, Default)]
-pub struct TlsArgs {
-    /// CA certificate (PEM) that signed the nodes' certificates (default:
-    /// the system's CAs).
-    #[arg(long, env = "CAIRN_CACERT", global = true)]
-    pub cacert: Option<std::path::PathBuf>,
-    /// Client certificate (PEM), for nodes that ask for one.
-    #[arg(long, env = "CAIRN_CERT", requires = "key", global = true)]
-    pub cert: Option<std::path::PathBuf>,
-    /// The client certificate's private key (PEM).
-    #[arg(long, env = "CAIRN_KEY", requires = "cert", global = true)]
-    pub key: Option<std::path::PathBuf>,
-}
-
-impl TlsArgs {
-    /// The TLS options these flags and `endpoints` ask for, if any.
-    pub fn options(&self, endpoints: &[String]) -> Option<crate::TlsOptions> {
-        let wanted = self.cacert.is_some()
-            || self.cert.is_some()
-            || self.key.is_some()
-            || endpoints.iter().any(|e| e.trim().starts_with("https://"));
-        wanted.then(|| crate::TlsOptions {
-            ca_file: self.cacert.clone(),
-            cert_file: self.cert.clone(),
-            key_file: self.key.clone(),
-        })
-    }
-
-    /// How to reach the nodes (TLS files read now; a bad one is InvalidArgument).
-    pub fn access(&self, endpoints: &[String]) -> Result<crate::Access, ClientError> {
-        crate::Access::from_options(self.options(endpoints).as_ref())
-    }
-}
-
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConsistencyArg {
     Strong,
@@ -259,13 +110,6 @@ impl From<ConsistencyArg> for Consistency {
             ConsistencyArg::Eventual => Consistency::Eventual,
         }
     }
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OutputFormat {
-    #[default]
-    Table,
-    Json,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -782,7 +626,8 @@ async fn watch(
     // one (or a progress event) arrives; after a resume, the changes of that
     // revision that were already printed are skipped by key.
     let mut resume_from = (a.from_revision > 0).then_some(a.from_revision);
-    let mut open_revision: Option<(u64, std::collections::BTreeSet<crate::ResourceKey>)> = None;
+    let mut open_revision: Option<(u64, std::collections::BTreeSet<cairn_client::ResourceKey>)> =
+        None;
     let mut printed: u64 = 0;
     if c.global.output == OutputFormat::Table
         && writeln!(
@@ -820,7 +665,7 @@ async fn watch(
                     | Some(watch_event::Event::Delete(watch_event::Delete { resource }))
                         if resume_from.is_some() =>
                     {
-                        let key = crate::ResourceKey::of(
+                        let key = cairn_client::ResourceKey::of(
                             resource.as_ref().unwrap_or(&Default::default()),
                         );
                         match &mut open_revision {
@@ -1218,51 +1063,6 @@ mod tests {
             ],
         ] {
             assert!(parse(args).is_err(), "{args:?} parsed");
-        }
-    }
-
-    #[test]
-    fn exit_codes_follow_the_shared_table() {
-        // 3 not found, 4 CAS conflict, 5 unavailable, 2 invalid, 1 the rest.
-        assert_eq!(exit_code(&ClientError::NotFound), 3);
-        assert_eq!(exit_code(&ClientError::CasFailure(String::new())), 4);
-        assert_eq!(exit_code(&ClientError::WrongUid(String::new())), 4);
-        assert_eq!(
-            exit_code(&ClientError::Unavailable {
-                message: String::new(),
-                outcome: Outcome::Unknown
-            }),
-            5
-        );
-        assert_eq!(
-            exit_code(&ClientError::DeadlineExceeded {
-                deadline_ms: 1,
-                detail: String::new(),
-                outcome: Outcome::NotApplied
-            }),
-            5
-        );
-        assert_eq!(exit_code(&ClientError::invalid("f", "r")), 2);
-        assert_eq!(exit_code(&ClientError::WatchClosed(String::new())), 1);
-        // The node's admin commands exit by the same table.
-        use cairn_proto::error::{ApiError, LeaderHint};
-        for (e, code) in [
-            (ApiError::NotFound, 3),
-            (ApiError::CasFailure(String::new()), 4),
-            (ApiError::Unavailable(String::new()), 5),
-            (ApiError::Inconsistent(String::new()), 5),
-            (
-                ApiError::NotLeader {
-                    hint: LeaderHint::default(),
-                },
-                5,
-            ),
-            (ApiError::invalid("f", "r"), 2),
-            (ApiError::Unauthenticated(String::new()), 6),
-            (ApiError::PermissionDenied(String::new()), 6),
-            (ApiError::Internal(String::new()), 1),
-        ] {
-            assert_eq!(exit_code_of_kind(e.kind()), code, "{e:?}");
         }
     }
 

@@ -96,11 +96,11 @@ fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Res
         command
             .arg("agent")
             .arg("--tls-cert-file")
-            .arg(crate::tls_init::node_cert_file(&dir, id))
+            .arg(crate::cli::tls::node_cert_file(&dir, id))
             .arg("--tls-key-file")
-            .arg(crate::tls_init::node_key_file(&dir, id))
+            .arg(crate::cli::tls::node_key_file(&dir, id))
             .arg("--tls-ca-file")
-            .arg(crate::tls_init::ca_file(&dir));
+            .arg(crate::cli::tls::ca_file(&dir));
     } else {
         command.arg("agent");
     }
@@ -131,14 +131,14 @@ pub fn run(args: DevArgs) -> u8 {
     }
     let access = if args.tls {
         let dir = tls_dir(&args);
-        let init = crate::tls_init::InitArgs {
+        let init = crate::cli::tls::InitArgs {
             dir: dir.clone(),
             nodes: args.nodes,
             hosts: vec![],
             client_name: "cairn-dev-client".into(),
             force: false,
         };
-        if let Err(e) = crate::tls_init::init(&init) {
+        if let Err(e) = crate::cli::tls::init(&init) {
             eprintln!(
                 "cairn dev: cannot write certificates in {}: {e}",
                 dir.display()
@@ -146,9 +146,9 @@ pub fn run(args: DevArgs) -> u8 {
             return exit::ERROR;
         }
         let options = cairn_client::TlsOptions {
-            ca_file: Some(crate::tls_init::ca_file(&dir)),
-            cert_file: Some(crate::tls_init::client_cert_file(&dir)),
-            key_file: Some(crate::tls_init::client_key_file(&dir)),
+            ca_file: Some(crate::cli::tls::ca_file(&dir)),
+            cert_file: Some(crate::cli::tls::client_cert_file(&dir)),
+            key_file: Some(crate::cli::tls::client_key_file(&dir)),
         };
         match cairn_client::Access::from_options(Some(&options)) {
             Ok(a) => a,
@@ -260,9 +260,9 @@ pub fn run(args: DevArgs) -> u8 {
         let dir = tls_dir(&args);
         println!(
             "  export CAIRN_CACERT={} CAIRN_CERT={} CAIRN_KEY={}",
-            crate::tls_init::ca_file(&dir).display(),
-            crate::tls_init::client_cert_file(&dir).display(),
-            crate::tls_init::client_key_file(&dir).display()
+            crate::cli::tls::ca_file(&dir).display(),
+            crate::cli::tls::client_cert_file(&dir).display(),
+            crate::cli::tls::client_key_file(&dir).display()
         );
     }
     println!("  cairn status");

@@ -1,16 +1,43 @@
-//! The `cairn` command line: `agent` runs a node, `dev` a local cluster, and
-//! the admin commands talk to a running cluster.
+//! The `cairn` command line: every command of the binary, one module each.
+//! This module parses the arguments ([`Cli`]), runs `agent` (one node) and
+//! `token`, and hands every other command to its module:
+//!
+//! | module | commands |
+//! |--------|----------|
+//! | [`data`] (+ [`json`], the JSON form of resources) | `read`, `write`, `delete`, `list`, `owned-by`, `watch` |
+//! | [`admin`] | `status`, `endpoint`, `member`, `transfer-leader` |
+//! | [`snapshot`] | `snapshot save / inspect / restore` |
+//! | [`dev`] | `dev`: a local cluster of child processes |
+//! | [`check`] | `check disk`, `check perf` |
+//! | [`tls`] | `tls init`: development certificates |
+//! | [`bench`](mod@bench) | `bench`: its workloads and flags (the load generator is [`crate::bench`]) |
+//!
+//! [`common`] holds what they share: the cluster flags (endpoints, token, TLS),
+//! `-o` and `--timeout-ms`, global before or after any subcommand, and the one
+//! exit-code table. What the commands call and the node shares stays outside
+//! this folder ([`cairn_client`] for the data commands,
+//! [`crate::admin_client`] for the admin ones, [`crate::snapshot_file`],
+//! [`crate::bench`]'s load generator).
+
+pub mod admin;
+pub mod bench;
+pub mod check;
+pub mod common;
+pub mod data;
+pub mod dev;
+pub mod json;
+pub mod snapshot;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use cairn_proto::error::ApiError;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::admin_cmd::{EndpointCommand, MemberCommand, TransferArgs};
 use crate::agent::Agent;
 use crate::config::{parse_members, LogFormat};
+use admin::{EndpointCommand, MemberCommand, TransferArgs};
 
 #[derive(Parser)]
 #[command(
@@ -22,7 +49,7 @@ pub struct Cli {
     /// `--endpoints`, `--token`, TLS, `-o` and `--timeout-ms`: global, before or after any
     /// subcommand (the data commands read the same flags).
     #[command(flatten)]
-    global: cairn_client::cli::GlobalArgs,
+    global: common::GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -32,7 +59,7 @@ enum Command {
     /// Run one node.
     Agent(AgentArgs),
     /// Run a local cluster of child processes on loopback (Ctrl-C stops it).
-    Dev(crate::dev::DevArgs),
+    Dev(dev::DevArgs),
     /// Ask every member for its own status: reachable or not, role, term, indices, lag,
     /// version, uptime, data dir size. Exits 5 without a leader or a quorum.
     Status,
@@ -45,21 +72,21 @@ enum Command {
     /// Hand leadership to another voter (the most up-to-date one by default).
     TransferLeader(TransferArgs),
     /// Load generator: measure a running cluster (write, read, list, mixed, watch).
-    Bench(crate::bench::BenchArgs),
+    Bench(bench::BenchArgs),
     /// Is this disk, this cluster, fit to run Cairn? `check disk`, `check perf`.
     #[command(subcommand)]
-    Check(crate::check::CheckCommand),
+    Check(check::CheckCommand),
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
-    Snapshot(crate::snapshot_cmd::SnapshotCommand),
+    Snapshot(snapshot::SnapshotCommand),
     /// Make and hash bearer tokens for `[[auth.grants]]`.
     #[command(subcommand)]
     Token(TokenCommand),
     /// Development certificates: a CA, one certificate per node, one for a client.
     #[command(subcommand)]
-    Tls(crate::tls_init::TlsCommand),
+    Tls(tls::TlsCommand),
     #[command(flatten)]
-    Data(cairn_client::cli::DataCommand),
+    Data(data::DataCommand),
 }
 
 #[derive(Subcommand)]
@@ -195,26 +222,9 @@ enum LogFormatArg {
     Json,
 }
 
-/// How the cluster flags say to reach the nodes (TLS, token), its error as the node's
-/// vocabulary.
-pub(crate) fn access(
-    cluster: &cairn_client::cli::ClusterArgs,
-) -> Result<cairn_client::Access, ApiError> {
-    cluster.access().map_err(|e| match e {
-        cairn_client::ClientError::InvalidArgument { field, reason } => {
-            ApiError::invalid(field, reason)
-        }
-        other => ApiError::invalid("endpoints", other.to_string()),
-    })
-}
-
-/// `-o table|json`: one type for every command, since the global `-o` and a subcommand's
-/// own (`cairn bench`) share their values.
-pub use cairn_client::cli::OutputFormat as Output;
-
-/// Exit codes shared by every command: the one table of `cairn_client::cli`,
-/// by error kind.
-pub use cairn_client::cli::{exit, exit_code_of_kind};
+pub(crate) use common::access;
+/// `-o table|json` and the one exit-code table, by error kind ([`common`]).
+pub use common::{exit, exit_code_of_kind, OutputFormat as Output};
 
 pub fn init_logging(level: &str, format: LogFormat) {
     let filter = crate::logging::filter(level);
@@ -248,24 +258,22 @@ pub fn main() -> ExitCode {
     let global = &cli.global;
     let code = match cli.command {
         Command::Agent(args) => run_agent(args),
-        Command::Dev(args) => crate::dev::run(args),
-        Command::Status => runtime().block_on(crate::admin_cmd::status(global)),
+        Command::Dev(args) => dev::run(args),
+        Command::Status => runtime().block_on(admin::status(global)),
         Command::Endpoint(EndpointCommand::Health(args)) => {
-            runtime().block_on(crate::admin_cmd::endpoint_health(global, &args))
+            runtime().block_on(admin::endpoint_health(global, &args))
         }
         Command::Endpoint(EndpointCommand::Status(args)) => {
-            runtime().block_on(crate::admin_cmd::endpoint_status(global, &args))
+            runtime().block_on(admin::endpoint_status(global, &args))
         }
-        Command::Member(m) => runtime().block_on(crate::admin_cmd::member(m, global)),
-        Command::TransferLeader(t) => {
-            runtime().block_on(crate::admin_cmd::transfer_leader(&t, global))
-        }
-        Command::Snapshot(s) => crate::snapshot_cmd::run(s, global),
-        Command::Data(d) => runtime().block_on(cairn_client::cli::run(d)),
+        Command::Member(m) => runtime().block_on(admin::member(m, global)),
+        Command::TransferLeader(t) => runtime().block_on(admin::transfer_leader(&t, global)),
+        Command::Snapshot(s) => snapshot::run(s, global),
+        Command::Data(d) => runtime().block_on(data::run(d)),
         Command::Token(t) => token(t),
-        Command::Bench(args) => crate::bench::run(args),
-        Command::Check(c) => crate::check::run(c),
-        Command::Tls(t) => crate::tls_init::run(t),
+        Command::Bench(args) => bench::run(args),
+        Command::Check(c) => check::run(c),
+        Command::Tls(t) => tls::run(t),
     };
     ExitCode::from(code)
 }
@@ -610,11 +618,7 @@ mod tests {
                 "{args:?}"
             );
             assert_eq!(cli.global.timeout_ms, 500, "{args:?}");
-            assert_eq!(
-                cli.global.output,
-                cairn_client::cli::OutputFormat::Json,
-                "{args:?}"
-            );
+            assert_eq!(cli.global.output, common::OutputFormat::Json, "{args:?}");
         }
         // A global flag given before a data command reaches it.
         let cli = parse(&[
@@ -629,14 +633,11 @@ mod tests {
             "n",
         ])
         .unwrap();
-        let Command::Data(cairn_client::cli::DataCommand::Read(read)) = cli.command else {
+        let Command::Data(data::DataCommand::Read(read)) = cli.command else {
             panic!("read")
         };
         assert_eq!(read.common.global.cluster.endpoints, ["x:1"]);
-        assert_eq!(
-            read.common.global.output,
-            cairn_client::cli::OutputFormat::Json
-        );
+        assert_eq!(read.common.global.output, common::OutputFormat::Json);
         // The defaults: the dev cluster, 10 s, a table.
         let cli = parse(&["status"]).unwrap();
         assert_eq!(cli.global.cluster.endpoints.len(), 3);

@@ -67,7 +67,7 @@ pub struct PerfArgs {
     /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS. The token needs
     /// `admin` (to find the leader) and `write` on `bench.Item` in `default/check-perf`.
     #[command(flatten)]
-    cluster: cairn_client::cli::ClusterArgs,
+    cluster: crate::cli::common::ClusterArgs,
     /// The load: s (50 clients, 150 writes/s), m (200 clients, 1000 writes/s) or l (500
     /// clients, 8000 writes/s).
     #[arg(long, value_enum, default_value = "s")]
@@ -317,7 +317,7 @@ pub struct PerfLoad {
     pub clients: usize,
     /// Writes started per second, over all clients.
     pub rate: f64,
-    /// The least throughput that passes, in writes per second ([`PERF_THROUGHPUT_SHARE`] of
+    /// The least throughput that passes, in writes per second (`PERF_THROUGHPUT_SHARE` of
     /// the rate).
     pub throughput_min: f64,
     /// The highest p99 write latency that passes.

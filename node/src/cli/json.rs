@@ -50,7 +50,7 @@ use cairn_proto::google::protobuf::{Any, Timestamp};
 use cairn_proto::v1::{condition, Condition, Id, Reference, Resource, Status, Tenancy, Type};
 use serde_json::{json, Map, Value};
 
-use crate::error::ClientError;
+use cairn_client::ClientError;
 
 /// A JSON document that does not describe a resource; `path` is dotted
 /// (`status.x.conditions[0].state`).

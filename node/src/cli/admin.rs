@@ -14,7 +14,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use cairn_client::cli::{GlobalArgs, OutputFormat};
+use crate::cli::common::{GlobalArgs, OutputFormat};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};

@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use cairn_client::cli::GlobalArgs;
+use crate::cli::common::GlobalArgs;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
@@ -115,7 +115,7 @@ pub fn run(command: SnapshotCommand, global: &GlobalArgs) -> u8 {
     };
     match result {
         Ok(()) => exit::OK,
-        Err(CommandError::Api(e)) => crate::admin_cmd::fail(&e),
+        Err(CommandError::Api(e)) => crate::cli::admin::fail(&e),
         Err(e @ CommandError::Cancelled) => {
             eprintln!("cairn: {e}");
             exit::ERROR
@@ -172,7 +172,7 @@ async fn moving<T>(
 }
 
 async fn save(file: &Path, global: &GlobalArgs) -> Result<(), CommandError> {
-    let client = crate::admin_cmd::client_of(global)?;
+    let client = crate::cli::admin::client_of(global)?;
     let Leader { address, .. } = client.leader().await?;
     let leader = address;
     let timeout = client.timeout();
@@ -356,7 +356,7 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
             args.file.display()
         )));
     }
-    if !args.yes && !crate::admin_cmd::interactive() {
+    if !args.yes && !crate::cli::admin::interactive() {
         return Err(CommandError::Usage(format!(
             "refusing to replace the running cluster's data without a confirmation: stdin is \
              not a terminal. Pass --yes to restore {} into the running cluster (every node's \
@@ -374,7 +374,7 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
     let header = snapshot_file::verify(file, |_, _| {});
     check.finish_and_clear();
     let header = header?;
-    let client = crate::admin_cmd::client_of(global)?;
+    let client = crate::cli::admin::client_of(global)?;
     let found = client.leader().await?;
     confirm(args, &found, &header, size)?;
     let leader = found.address.clone();
