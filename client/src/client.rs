@@ -45,6 +45,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{AuthenticatedChannel, BearerToken, Credentials};
+use cairn_request::decide::error_chain;
 use cairn_request::{Attempts, Ended, Failure, Operation, Pacing};
 
 use crate::error::{ClientError, Outcome};
@@ -648,21 +649,6 @@ fn unexpected(what: &str) -> ClientError {
         message: what.to_string(),
         outcome: Outcome::NotApplied,
     }
-}
-
-/// "outer: inner: innermost" for an error and its sources.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut current = error.source();
-    while let Some(e) = current {
-        let s = e.to_string();
-        if !text.contains(&s) {
-            text.push_str(": ");
-            text.push_str(&s);
-        }
-        current = e.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -96,7 +96,7 @@ impl Access {
             Ok(Ok(channel)) => Ok(channel),
             Ok(Err(e)) => Err(format!(
                 "cannot reach {address}: {}",
-                crate::client::error_chain(&e)
+                cairn_request::decide::error_chain(&e)
             )),
             Err(_) => Err(format!(
                 "cannot reach {address} within {} ms",

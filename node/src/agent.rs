@@ -32,7 +32,6 @@
 //! for a new dir); the running cluster, when one answers, must be the dir's
 //! cluster, and must not still count this node as a voter when the dir is empty.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -801,19 +800,7 @@ async fn bootstrap(raft: &RaftHandle, config: &Config) -> anyhow::Result<()> {
         raft.identity
             .set(&format!("{:032x}", rand::random::<u128>()))?;
     }
-    let members: BTreeMap<u64, NodeInfo> = config
-        .members
-        .iter()
-        .map(|m| {
-            (
-                m.id,
-                NodeInfo {
-                    peer_address: m.peer_address.clone(),
-                    client_address: m.client_address.clone(),
-                },
-            )
-        })
-        .collect();
+    let members = crate::config::membership_nodes(&config.members);
     if raft.initialize(members).await? {
         tracing::info!(cluster_id = %raft.identity.cluster_id(), "initialized a new cluster");
     }

@@ -22,6 +22,24 @@ pub struct MemberConfig {
     pub client_address: String,
 }
 
+/// `members` as the Raft membership stores them: id → addresses.
+pub fn membership_nodes(
+    members: &[MemberConfig],
+) -> std::collections::BTreeMap<u64, crate::raft::NodeInfo> {
+    members
+        .iter()
+        .map(|m| {
+            (
+                m.id,
+                crate::raft::NodeInfo {
+                    peer_address: m.peer_address.clone(),
+                    client_address: m.client_address.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {

@@ -24,7 +24,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::admin_client::Leader;
 use crate::cli::exit;
 use crate::config::parse_members;
-use crate::raft::NodeInfo;
 use crate::snapshot_file::{
     self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter, TempFile,
 };
@@ -466,18 +465,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         .last_log_index
         .checked_add(bump_index)
         .ok_or_else(|| CommandError::Usage("--bump-index overflows".into()))?;
-    let nodes: BTreeMap<u64, NodeInfo> = members
-        .iter()
-        .map(|m| {
-            (
-                m.id,
-                NodeInfo {
-                    peer_address: m.peer_address.clone(),
-                    client_address: m.client_address.clone(),
-                },
-            )
-        })
-        .collect();
+    let nodes = crate::config::membership_nodes(&members);
     let (membership, term, leader) = crate::raft::seed_membership(&nodes, index);
     let mut id_source = format!("{}|{}|{}|", old.cluster_id, old.last_log_index, bump_index);
     for m in &members {
