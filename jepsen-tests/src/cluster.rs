@@ -770,6 +770,20 @@ impl Cluster {
         self.wait_for_leader_among(&ids, timeout).await
     }
 
+    /// Waits until the membership node `at` reports has node `id` as a voter.
+    pub async fn wait_voter(&self, at: u64, id: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(s) = self.status(at).await {
+                if s.members.iter().any(|m| m.id == id && m.voter) {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
     /// Waits until node `id` has applied at least `index`.
     pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;

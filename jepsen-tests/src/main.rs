@@ -252,17 +252,7 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
             let report = set::check(&history)?;
             say!(out, "checker: set");
             for fate in &report.restores {
-                say!(
-                    out,
-                    "restore #{}: {}, taken as {}",
-                    fate.restore,
-                    fate.outcome,
-                    if fate.applied {
-                        "applied"
-                    } else {
-                        "not applied"
-                    }
-                );
+                say!(out, "{fate}");
             }
             for key in &report.keys {
                 say!(

@@ -606,17 +606,7 @@ async fn run_scenario_inner(
             let r = set::check(&history).map_err(|e| e.to_string())?;
             let _ = writeln!(report, "set checker: {:?}", r.verdict);
             for fate in &r.restores {
-                let _ = writeln!(
-                    report,
-                    "  restore #{}: {}, taken as {}",
-                    fate.restore,
-                    fate.outcome,
-                    if fate.applied {
-                        "applied"
-                    } else {
-                        "not applied"
-                    }
-                );
+                let _ = writeln!(report, "  {fate}");
             }
             for key in &r.keys {
                 let _ = writeln!(

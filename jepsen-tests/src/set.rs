@@ -156,6 +156,23 @@ pub struct RestoreFate {
     pub applied: bool,
 }
 
+impl std::fmt::Display for RestoreFate {
+    /// `restore #12: ok, taken as applied`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "restore #{}: {}, taken as {}",
+            self.restore,
+            self.outcome,
+            if self.applied {
+                "applied"
+            } else {
+                "not applied"
+            }
+        )
+    }
+}
+
 /// Checks a set history, key by key (with restores: [`restore`]).
 pub fn check(history: &History) -> Result<SetReport, Error> {
     let mut keys: BTreeMap<&str, KeyOperations<'_>> = BTreeMap::new();
@@ -434,7 +451,13 @@ mod tests {
     use super::*;
     use crate::history::Operation;
 
-    fn add(element: i64, outcome: Outcome, invoke_ns: u64, complete_ns: Option<u64>) -> Operation {
+    /// An add of `element` to key "s" (shared with the restore checker's tests).
+    pub(super) fn add(
+        element: i64,
+        outcome: Outcome,
+        invoke_ns: u64,
+        complete_ns: Option<u64>,
+    ) -> Operation {
         Operation {
             process: 0,
             op: OpKind::Add,
@@ -447,7 +470,8 @@ mod tests {
         }
     }
 
-    fn read(elements: &[i64], invoke_ns: u64, complete_ns: u64) -> Operation {
+    /// A successful read of key "s" (shared with the restore checker's tests).
+    pub(super) fn read(elements: &[i64], invoke_ns: u64, complete_ns: u64) -> Operation {
         Operation {
             process: 1,
             op: OpKind::Read,

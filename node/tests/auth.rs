@@ -1401,14 +1401,8 @@ async fn joining_as_a_voter_needs_an_admin_token() {
         // With the admin token it joins as a voter.
         cluster.options.extra_args = admin_args;
         let joined = cluster.add_joining_node(&via);
-        let c = &cluster;
         assert!(
-            eventually(Duration::from_secs(30), move || async move {
-                c.status(1)
-                    .await
-                    .is_some_and(|s| s.members.iter().any(|m| m.id == joined && m.voter))
-            })
-            .await,
+            cluster.wait_voter(1, joined, Duration::from_secs(30)).await,
             "node {joined} did not become a voter: {}",
             cluster.log_of(joined)
         );

@@ -248,7 +248,13 @@ async fn membership_add_promote_and_remove_while_serving() {
     );
     let via = cluster.node(leader).client_address.clone();
     let new_id = cluster.add_joining_node(&via);
-    wait_until_voter(&cluster, leader, new_id).await;
+    assert!(
+        cluster
+            .wait_voter(leader, new_id, Duration::from_secs(30))
+            .await,
+        "node {new_id} never became a voter: {:?}",
+        cluster.status(leader).await
+    );
     assert!(
         create_anywhere(&cluster, "m-1", b"x", Duration::from_secs(10))
             .await
@@ -376,15 +382,13 @@ async fn a_wiped_node_is_refused_until_it_is_re_added_explicitly() {
     let expected: Vec<String> = (0..5).map(|i| format!("p-{i}")).collect();
     wait_converged(&cluster, &[wiped], &expected, Duration::from_secs(30)).await;
     // Promotion follows the catch-up: wait for it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = cluster.status(leader).await.unwrap();
-        if s.members.iter().any(|m| m.id == wiped && m.voter) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not a voter again: {s:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert!(
+        cluster
+            .wait_voter(leader, wiped, Duration::from_secs(20))
+            .await,
+        "not a voter again: {:?}",
+        cluster.status(leader).await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -537,7 +541,13 @@ async fn a_node_joining_under_a_newer_leader_catches_up_from_a_snapshot_older_th
     }
     let old_snapshot_index = cluster.status(first).await.unwrap().snapshot_index;
     let four = cluster.add_joining_node(&address);
-    wait_until_voter(&cluster, first, four).await;
+    assert!(
+        cluster
+            .wait_voter(first, four, Duration::from_secs(30))
+            .await,
+        "node {four} never became a voter: {:?}",
+        cluster.status(first).await
+    );
     cluster.transfer_leader(four, LEADER_TIMEOUT).await.unwrap();
     assert_eq!(cluster.wait_for_leader(LEADER_TIMEOUT).await, four);
     let s4 = cluster.status(four).await.unwrap();
@@ -558,20 +568,4 @@ async fn a_node_joining_under_a_newer_leader_catches_up_from_a_snapshot_older_th
     );
     let expected: Vec<String> = (0..written).map(|i| format!("w-{i:04}")).collect();
     wait_converged(&cluster, &[five], &expected, Duration::from_secs(20)).await;
-}
-
-/// Waits until node `id` is a voter in the membership the node `at` reports.
-async fn wait_until_voter(cluster: &Cluster, at: u64, id: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = cluster.status(at).await.unwrap();
-        if s.members.iter().any(|m| m.id == id && m.voter) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {id} never became a voter: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

@@ -26,7 +26,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_client::v1::{Consistency, Id, Resource, Type};
+use cairn_client::v1::{Consistency, Id, ListResponse, Resource, Type};
 use cairn_client::{Client, ClientOptions};
 use cairn_proto::google::protobuf::Any;
 use rand::seq::IndexedRandom as _;
@@ -161,16 +161,12 @@ async fn write_ballast(endpoints: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// The set workload's elements by key, from a strong list, keeping those whose
-/// version is at most `index`.
-async fn set_at(
-    endpoints: &[String],
-    keys: &[String],
-    index: u64,
-) -> Result<Vec<Vec<Value>>, String> {
+/// A strong list of the set workload's resources, asked again until one succeeds or
+/// `timeout` passes (then the last error).
+async fn strong_list(endpoints: &[String], timeout: Duration) -> Result<ListResponse, String> {
     let client = client(endpoints)?;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let list = loop {
+    let deadline = Instant::now() + timeout;
+    loop {
         match client
             .list(
                 workload::resource_type(WorkloadKind::Set),
@@ -180,11 +176,23 @@ async fn set_at(
             )
             .await
         {
-            Ok(list) => break list,
-            Err(e) if Instant::now() > deadline => return Err(format!("strong list: {e}")),
+            Ok(list) => return Ok(list),
+            Err(e) if Instant::now() > deadline => return Err(e.to_string()),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
-    };
+    }
+}
+
+/// The set workload's elements by key, from a strong list, keeping those whose
+/// version is at most `index`.
+async fn set_at(
+    endpoints: &[String],
+    keys: &[String],
+    index: u64,
+) -> Result<Vec<Vec<Value>>, String> {
+    let list = strong_list(endpoints, Duration::from_secs(15))
+        .await
+        .map_err(|e| format!("strong list: {e}"))?;
     let mut by_key = vec![Vec::new(); keys.len()];
     for resource in &list.resources {
         let version: u64 = resource
@@ -464,28 +472,9 @@ async fn settle(
                 "settling: killed and restarted the driver {driver}"
             ));
         }
-        let endpoints = cx.cluster.endpoints();
-        let client = client(&endpoints)?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match client
-                .list(
-                    workload::resource_type(WorkloadKind::Set),
-                    workload::tenancy(),
-                    "",
-                    Consistency::Strong,
-                )
-                .await
-            {
-                Ok(_) => break,
-                Err(e) if Instant::now() > deadline => {
-                    return Err(format!(
-                        "could not settle a restore: no strong list within 30 s: {e}"
-                    ))
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
+        strong_list(&cx.cluster.endpoints(), Duration::from_secs(30))
+            .await
+            .map_err(|e| format!("could not settle a restore: no strong list within 30 s: {e}"))?;
         op.info();
         cx.log
             .note("settled the restore (a strong list after its driver died)");

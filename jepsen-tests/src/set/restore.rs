@@ -410,34 +410,9 @@ fn compare(
 #[cfg(test)]
 mod tests {
     use super::super::check;
+    use super::super::tests::{add, read};
     use super::*;
     use crate::history::{History, OpKind};
-
-    fn add(element: i64, outcome: Outcome, invoke_ns: u64, complete_ns: Option<u64>) -> Operation {
-        Operation {
-            process: 0,
-            op: OpKind::Add,
-            key: "s".into(),
-            input: Value::Int(element),
-            output: Value::Null,
-            outcome,
-            invoke_ns,
-            complete_ns,
-        }
-    }
-
-    fn read(elements: &[i64], invoke_ns: u64, complete_ns: u64) -> Operation {
-        Operation {
-            process: 1,
-            op: OpKind::Read,
-            key: "s".into(),
-            input: Value::Null,
-            output: Value::List(elements.iter().map(|&e| Value::Int(e)).collect()),
-            outcome: Outcome::Ok,
-            invoke_ns,
-            complete_ns: Some(complete_ns),
-        }
-    }
 
     /// A restore of a backup holding `elements` in key "s".
     fn restore(elements: &[i64], outcome: Outcome, invoke_ns: u64, complete_ns: u64) -> Operation {
