@@ -569,3 +569,44 @@ async fn a_node_joining_under_a_newer_leader_catches_up_from_a_snapshot_older_th
     let expected: Vec<String> = (0..written).map(|i| format!("w-{i:04}")).collect();
     wait_converged(&cluster, &[five], &expected, Duration::from_secs(20)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_away_while_a_node_joined_and_took_the_lead_catches_up_from_it() {
+    // Without TLS. Node 3 is paused while node 4 joins and becomes leader; when node 3
+    // wakes, its membership still names 1-3 and node 4, its leader now, is a stranger to
+    // it. Nodes 1 and 2, members it knows, vouch that node 4 is in the cluster, so node 3
+    // hears node 4 and catches up. (Its peer gate used to refuse a stranger leader on a
+    // plaintext peer port forever: found by the `ci` scenario 09-register-membership-partition.)
+    let mut cluster = Cluster::start(options(3));
+    let first = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let away = cluster.ids_except(first)[0];
+    let address = cluster.node(first).client_address.clone();
+    write(&address, thing("before", "u1", "", b"x"))
+        .await
+        .unwrap();
+    cluster.pause(away);
+    let four = cluster.add_joining_node(&address);
+    assert!(
+        cluster
+            .wait_voter(first, four, Duration::from_secs(30))
+            .await,
+        "node {four} never became a voter: {:?}",
+        cluster.status(first).await
+    );
+    cluster.transfer_leader(four, LEADER_TIMEOUT).await.unwrap();
+    let via_four = cluster.node(four).client_address.clone();
+    write(&via_four, thing("after", "u1", "", b"x"))
+        .await
+        .unwrap();
+    cluster.resume(away);
+    let last = cluster.status(four).await.unwrap().last_log_index;
+    assert!(
+        cluster
+            .wait_applied(away, last, Duration::from_secs(30))
+            .await,
+        "node {away} never applied index {last} from its new leader: {}",
+        cluster.log_of(away)
+    );
+    let expected = vec!["after".to_string(), "before".to_string()];
+    wait_converged(&cluster, &[away], &expected, Duration::from_secs(20)).await;
+}

@@ -15,6 +15,7 @@ pub mod stages;
 mod state_machine;
 #[cfg(test)]
 mod suite_test;
+mod vouch;
 pub mod write_batch;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -362,6 +363,8 @@ pub struct RaftHandle {
     pub identity: Arc<ClusterIdentity>,
     /// Checks every message arriving on the peer port.
     pub gate: Arc<PeerGate>,
+    /// Asks the members this node knows about a stranger on a plaintext peer port.
+    vouching: Arc<vouch::Vouching>,
     peer_message_bytes_max: usize,
     /// The Raft log (a handle shared with openraft): asked what stopped it.
     log_store: LogStore,
@@ -652,7 +655,7 @@ impl RaftHandle {
         let raft = Raft::new(
             node_id,
             Arc::new(config),
-            network,
+            network.clone(),
             log_store.clone(),
             state_machine.clone(),
         )
@@ -675,6 +678,12 @@ impl RaftHandle {
             },
             settings.bootstrap_members.clone(),
         ));
+        let vouching = Arc::new(vouch::Vouching::new(
+            network,
+            raft.clone(),
+            gate.clone(),
+            node_id,
+        ));
         tokio::spawn(growth.run(raft.clone()));
         tokio::spawn(check_quorum::run(
             raft.clone(),
@@ -692,6 +701,7 @@ impl RaftHandle {
             store,
             identity,
             gate,
+            vouching,
             peer_message_bytes_max: settings.peer_message_bytes_max,
             log_store,
             log_dir,
@@ -758,6 +768,7 @@ impl RaftHandle {
         };
         RaftRpcService::new(self.raft.clone(), self.node_id, self.gate.clone(), limits)
             .with_contacts(self.contacts.clone())
+            .with_vouching(self.vouching.clone())
             .into_server()
     }
 

@@ -69,6 +69,7 @@ use super::peer_gate::{self, Claim, PeerGate, Refusal, Standing};
 use super::series::{PeerSeries, PeerSeriesMap};
 use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
+use super::vouch::Vouching;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 
 /// bincode's own bound on what one decode may claim, and the largest
@@ -224,6 +225,32 @@ impl Network {
         let channel = cairn_tls::lazy_channel(endpoint, self.tls.as_ref());
         channels.insert(peer_address.to_string(), channel.clone());
         Ok(channel)
+    }
+
+    /// Asks the node at `peer_address` for the node ids of its current membership
+    /// (`RaftService.Members`), for at most `timeout`.
+    pub(super) async fn members_of(
+        &self,
+        peer_address: &str,
+        timeout: Duration,
+    ) -> Result<Vec<NodeId>, String> {
+        let channel = self.channel(peer_address)?;
+        let payload = encode(&()).map_err(|e| e.to_string())?;
+        let mut request = tonic::Request::new(RaftMessage {
+            cluster_id: self.identity.cluster_id(),
+            payload,
+            sender_node_id: self.node_id,
+        });
+        request.set_timeout(timeout);
+        let reply = RaftServiceClient::new(channel)
+            .max_decoding_message_size(self.message_bytes_max)
+            .members(request)
+            .await
+            .map_err(|status| status.message().to_string())?;
+        let members: Vec<NodeId> = decode(&reply.into_inner().payload)
+            .map_err(|e| format!("undecodable members reply: {e}"))?;
+        peer_gate::check_members_reply(&members).map_err(|refusal| refusal.to_string())?;
+        Ok(members)
     }
 }
 
@@ -599,7 +626,7 @@ impl SenderBudgets {
     ) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
         let key = match standing {
             Standing::Member => BudgetKey::Member(sender),
-            Standing::Stranger => BudgetKey::Strangers,
+            Standing::Stranger | Standing::Unvouched => BudgetKey::Strangers,
         };
         // A message over the budget was already refused by gRPC's size limit.
         assert!(
@@ -637,6 +664,36 @@ pub struct RaftRpcService {
     series: Option<Arc<PeerSeriesMap>>,
     /// When this node last accepted a message of its leader.
     contacts: Arc<super::contacts::Contacts>,
+    /// Asks the members this node knows about an unvouched stranger (`None`: it stays
+    /// refused).
+    vouching: Option<Arc<Vouching>>,
+    /// Refusals are logged at most once per [`REFUSAL_LOG_INTERVAL`].
+    refusal_log: Arc<Mutex<RefusalLog>>,
+}
+
+/// The shortest time between two logged refusals: a refused peer retries many times a
+/// second.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct RefusalLog {
+    last_logged: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl RefusalLog {
+    /// Whether a refusal may be logged now, and how many were not since the last one.
+    fn due(&mut self) -> Option<u64> {
+        if self
+            .last_logged
+            .is_some_and(|t| t.elapsed() < REFUSAL_LOG_INTERVAL)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last_logged = Some(std::time::Instant::now());
+        Some(std::mem::take(&mut self.suppressed))
+    }
 }
 
 impl RaftRpcService {
@@ -654,7 +711,15 @@ impl RaftRpcService {
             limits,
             series: PeerSeriesMap::when_recording(),
             contacts: Default::default(),
+            vouching: None,
+            refusal_log: Default::default(),
         }
+    }
+
+    /// Asks the members this node knows about an unvouched stranger through `vouching`.
+    pub fn with_vouching(mut self, vouching: Arc<Vouching>) -> RaftRpcService {
+        self.vouching = Some(vouching);
+        self
     }
 
     /// The size of a message received, when it will be counted (metrics are recorded).
@@ -676,7 +741,7 @@ impl RaftRpcService {
             return;
         };
         // A stranger's id could be made up: only members become labels.
-        if standing == Standing::Stranger {
+        if standing.is_stranger() {
             return;
         }
         let series = peers.of(sender);
@@ -737,20 +802,44 @@ impl RaftRpcService {
                 let rpc: T = decode(&message.payload)
                     .map_err(|e| Refusal::Malformed(format!("undecodable raft message: {e}")))?;
                 check(&rpc, sender)?;
-                if standing == Standing::Stranger {
+                if standing.is_stranger() {
                     self.gate
-                        .admit_stranger(&message.cluster_id, sender, claim(&rpc))?;
+                        .admit_stranger(&message.cluster_id, sender, standing, claim(&rpc))?;
                 }
                 Ok((rpc, standing, permit))
             });
-        admitted.map_err(|refusal| {
-            if matches!(refusal, Refusal::Busy { .. }) {
+        admitted.map_err(|refusal| self.refused(sender, refusal))
+    }
+
+    /// Logs a refusal (operating conditions at debug, the rest at most once per
+    /// [`REFUSAL_LOG_INTERVAL`]), asks about an unvouched stranger, and answers the sender.
+    fn refused(&self, sender: NodeId, refusal: Refusal) -> tonic::Status {
+        match refusal {
+            Refusal::Busy { .. } => tracing::debug!(sender, %refusal, "refused a raft message"),
+            Refusal::Unvouched { sender } => {
                 tracing::debug!(sender, %refusal, "refused a raft message");
-            } else {
-                tracing::warn!(sender, %refusal, "refused a raft message");
+                if let Some(vouching) = &self.vouching {
+                    vouching.ask_about(sender);
+                }
             }
-            tonic::Status::from(refusal)
-        })
+            _ => {
+                let due = self
+                    .refusal_log
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .due();
+                if let Some(suppressed) = due {
+                    tracing::warn!(
+                        sender,
+                        %refusal,
+                        suppressed,
+                        "refused a raft message (suppressed: refusals not logged since the \
+                         last one)"
+                    );
+                }
+            }
+        }
+        tonic::Status::from(refusal)
     }
 
     fn reply<T: Serialize>(
@@ -835,6 +924,25 @@ impl RaftService for RaftRpcService {
         let reply = self.reply(&result);
         self.count(sender, standing, received, &reply);
         reply
+    }
+
+    /// Answers a member this node knows with the node ids of its current membership (see
+    /// [`Vouching`]). A stranger's question is refused: it shows nothing.
+    async fn members(
+        &self,
+        request: tonic::Request<RaftMessage>,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let ((), _): ((), _) = self.admit(request, |_| Claim::Nothing, |_, _| Ok(()))?;
+        let members: Vec<NodeId> = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect();
+        self.reply(&members)
     }
 }
 

@@ -22,8 +22,11 @@
 //!    InstallSnapshot (its vote committed), or a candidate whose log is longer
 //!    than this node's; openraft's own checks (vote, leader lease, log
 //!    up-to-date) then refuse a stale or removed node's message as they would a
-//!    member's. Without TLS a made-up node id vouches for nothing, and a
-//!    stranger is refused;
+//!    member's. Without TLS a node id vouches for nothing: a stranger whose
+//!    message passes the same test is refused until a member this node knows
+//!    vouches for it ([`Standing::Unvouched`]: its current membership names
+//!    the stranger, asked over the peer port), and heard from then on like a
+//!    node it was told about;
 //! 4. (Raft messages) every term, index, size and count in it is within
 //!    bounds: a term at most [`PEER_TERM_MAX`], so no increment ever
 //!    overflows; entries numbered consecutively after `prev_log_id`; the
@@ -94,6 +97,10 @@ pub enum Refusal {
     Malformed(String),
     /// This node could not persist the cluster id it adopted.
     Internal(String),
+    /// A sender outside the membership, on a plaintext connection, whose message shows it
+    /// may know a newer membership: refused until a member this node knows vouches for it
+    /// (an operating condition: the sender retries).
+    Unvouched { sender: NodeId },
     /// The sender's byte budget is taken by its earlier messages, still being processed
     /// (an operating condition: the sender backs off and retries).
     Busy {
@@ -136,6 +143,11 @@ impl fmt::Display for Refusal {
                     )
                 }
             }
+            Refusal::Unvouched { sender } => write!(
+                f,
+                "refused for now: node {sender} is not in this node's membership; asking the \
+                 members this node knows whether it joined the cluster"
+            ),
             Refusal::Malformed(why) => write!(f, "refused: malformed peer message: {why}"),
             Refusal::Internal(why) => write!(f, "cannot admit the peer: {why}"),
             Refusal::Busy {
@@ -166,7 +178,9 @@ impl From<Refusal> for cairn_proto::error::ApiError {
                 reason: refusal.to_string(),
             },
             Refusal::Internal(_) => ApiError::Internal(refusal.to_string()),
-            Refusal::Busy { .. } => ApiError::Unavailable(refusal.to_string()),
+            Refusal::Busy { .. } | Refusal::Unvouched { .. } => {
+                ApiError::Unavailable(refusal.to_string())
+            }
         }
     }
 }
@@ -361,6 +375,17 @@ pub fn check_vote_reply(reply: &VoteResponse<NodeId>) -> Result<(), Refusal> {
     check_log_id("reply last_log_id", &reply.last_log_id)
 }
 
+/// A member's answer to this node's question of who its members are.
+pub fn check_members_reply(members: &Vec<NodeId>) -> Result<(), Refusal> {
+    if members.len() > MEMBERS_MAX {
+        return Err(malformed(format!(
+            "a membership of {} nodes, more than {MEMBERS_MAX}",
+            members.len()
+        )));
+    }
+    Ok(())
+}
+
 pub fn check_install_snapshot_reply(
     reply: &InstallSnapshotResponse<NodeId>,
 ) -> Result<(), Refusal> {
@@ -444,9 +469,21 @@ pub enum Standing {
     /// A member of this node's membership, or (while it holds none) a node it
     /// was told about. Admitted.
     Member,
-    /// Outside this node's membership: admitted only if its message passes
-    /// [`PeerGate::admit_stranger`].
+    /// Outside this node's membership, its node id vouched for by the cluster's CA (TLS):
+    /// admitted only if its message passes [`PeerGate::admit_stranger`].
     Stranger,
+    /// Outside this node's membership on a plaintext connection, where its node id could be
+    /// made up: its message is refused ([`Refusal::Unvouched`]) even when it passes
+    /// [`PeerGate::admit_stranger`], until a member this node knows vouches for it
+    /// ([`PeerGate::vouched`]).
+    Unvouched,
+}
+
+impl Standing {
+    /// Whether the sender is outside this node's membership (see [`PeerGate::admit_stranger`]).
+    pub fn is_stranger(self) -> bool {
+        self != Standing::Member
+    }
 }
 
 /// The node's state a peer message is checked against.
@@ -520,33 +557,53 @@ impl PeerGate {
             .unwrap_or_else(|e| e.into_inner())
             .contains(&sender);
         if !member && !told {
-            // A stranger is heard only over TLS, where the cluster's CA vouches for its node
-            // id (checked above), and only by a node that holds a membership to compare with.
+            // A stranger is compared with a membership: a node that holds none hears none.
+            // Over TLS the cluster's CA vouches for its node id (checked above); on a
+            // plaintext connection a member this node knows must.
             return match (certified, view) {
+                (_, None) => Err(Refusal::NotMember { sender }),
                 (Some(_), Some(_)) => Ok(Standing::Stranger),
-                _ => Err(Refusal::NotMember { sender }),
+                (None, Some(_)) => Ok(Standing::Unvouched),
             };
         }
         self.adopt(cluster_id)?;
         Ok(Standing::Member)
     }
 
-    /// Admits the message of a [`Standing::Stranger`] (its envelope passed
-    /// [`PeerGate::admit`]) when what it `claim`s passes [`stranger_may_speak`]
-    /// against this node's log. A node that holds no membership hears no stranger.
+    /// Admits the message of a stranger (its envelope passed [`PeerGate::admit`] as
+    /// `standing`) when what it `claim`s passes [`stranger_may_speak`] against this node's
+    /// log; an [`Standing::Unvouched`] one that passes is refused with
+    /// [`Refusal::Unvouched`], for the caller to ask the members it knows. A node that holds
+    /// no membership hears no stranger.
     pub fn admit_stranger(
         &self,
         cluster_id: &str,
         sender: NodeId,
+        standing: Standing,
         claim: Claim,
     ) -> Result<(), Refusal> {
+        assert!(standing.is_stranger(), "a member's message needs no claim");
         let Some(view) = (self.view)() else {
             return Err(Refusal::NotMember { sender });
         };
-        if !view.members.contains(&sender) && !stranger_may_speak(claim, view.last_log_index) {
-            return Err(Refusal::NotMember { sender });
+        if !view.members.contains(&sender) {
+            if !stranger_may_speak(claim, view.last_log_index) {
+                return Err(Refusal::NotMember { sender });
+            }
+            if standing == Standing::Unvouched {
+                return Err(Refusal::Unvouched { sender });
+            }
         }
         self.adopt(cluster_id)
+    }
+
+    /// A member this node knows says `sender` is in its membership: `sender` is heard from
+    /// now on, as the nodes this node was told about at start are.
+    pub fn vouched(&self, sender: NodeId) {
+        self.provisional
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sender);
     }
 
     /// A new bootstrap member adopts the id of the initializer (or of another member that
@@ -588,7 +645,7 @@ impl PeerGate {
             .ok_or_else(|| malformed(format!("missing or bad {NODE_ID_HEADER}")))?;
         match self.admit(cluster_id, sender, certified)? {
             Standing::Member => Ok(()),
-            Standing::Stranger => self.admit_stranger(cluster_id, sender, Claim::Nothing),
+            standing => self.admit_stranger(cluster_id, sender, standing, Claim::Nothing),
         }
     }
 }
@@ -693,18 +750,19 @@ mod tests {
 
     #[test]
     fn a_sender_outside_the_membership_is_heard_only_over_tls_as_a_leader_or_a_candidate_ahead() {
-        // This node (members 1-3) has its log up to index 40. Without TLS, node 9 is a
-        // made-up id and refused outright. Over TLS, with a certificate naming node 9, it is a
-        // stranger: its message must show it may know more than this node.
+        // This node (members 1-3) has its log up to index 40. Over TLS, with a certificate
+        // naming node 9, it is a stranger: its message must show it may know more than this
+        // node. Without TLS, node 9 may be a made-up id: such a message is refused until a
+        // member vouches for node 9.
         let dir = tempfile::tempdir().unwrap();
         let g = gate(dir.path(), &[1, 2, 3]);
         let refused = Err(Refusal::NotMember { sender: 9 });
-        assert_eq!(g.admit("c0ffee", 9, None).map(|_| ()), refused);
         let mut m = MetadataMap::new();
         stamp(&mut m, "c0ffee", 9);
         assert_eq!(g.admit_metadata(&m, None), refused);
 
         assert_eq!(g.admit("c0ffee", 9, Some(&[9])), Ok(Standing::Stranger));
+        assert_eq!(g.admit("c0ffee", 9, None), Ok(Standing::Unvouched));
         // A forwarded request shows nothing; a candidate with no longer a log than this
         // node's, or a sender whose vote is not committed, are refused.
         for claim in [
@@ -717,7 +775,10 @@ mod tests {
                 last_log_index: None,
             },
         ] {
-            assert_eq!(g.admit_stranger("c0ffee", 9, claim), refused, "{claim:?}");
+            for standing in [Standing::Stranger, Standing::Unvouched] {
+                let got = g.admit_stranger("c0ffee", 9, standing, claim);
+                assert_eq!(got, refused, "{claim:?} {standing:?}");
+            }
         }
         // A leader (committed vote) may run a membership this node has not seen, and a
         // candidate with a longer log may too: openraft's checks decide what follows.
@@ -727,10 +788,22 @@ mod tests {
                 last_log_index: Some(41),
             },
         ] {
-            assert_eq!(g.admit_stranger("c0ffee", 9, claim), Ok(()), "{claim:?}");
+            let tls = g.admit_stranger("c0ffee", 9, Standing::Stranger, claim);
+            assert_eq!(tls, Ok(()), "{claim:?}");
+            let plaintext = g.admit_stranger("c0ffee", 9, Standing::Unvouched, claim);
+            assert_eq!(
+                plaintext,
+                Err(Refusal::Unvouched { sender: 9 }),
+                "{claim:?}"
+            );
         }
         assert_eq!(g.admit("c0ffef", 9, Some(&[9])), Err(Refusal::ClusterId));
         assert_eq!(g.admit_metadata(&m, Some(&[9])), refused);
+        // Vouched for by a member, node 9 is heard over plaintext like a node this one was
+        // told about.
+        g.vouched(9);
+        assert_eq!(g.admit("c0ffee", 9, None), Ok(Standing::Member));
+        assert_eq!(g.admit_metadata(&m, None), Ok(()));
     }
 
     #[test]
@@ -745,10 +818,7 @@ mod tests {
             last_log_index: Some(40),
         };
         let g = PeerGate::new(identity, move || Some(view.clone()), BTreeSet::new());
-        assert_eq!(
-            g.admit("c0ffee", 4, None),
-            Err(Refusal::NotMember { sender: 4 })
-        );
+        assert_eq!(g.admit("c0ffee", 4, None), Ok(Standing::Unvouched));
         g.joining("c0ffee", BTreeSet::from([1, 2, 3, 4])).unwrap();
         assert_eq!(g.admit("c0ffee", 4, None), Ok(Standing::Member));
     }
@@ -759,8 +829,14 @@ mod tests {
         let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
         let g = PeerGate::new(identity.clone(), || None, BTreeSet::from([1, 2, 3]));
         let leader = Claim::Leader { committed: true };
+        for standing in [Standing::Stranger, Standing::Unvouched] {
+            assert_eq!(
+                g.admit_stranger("abc", 9, standing, leader),
+                Err(Refusal::NotMember { sender: 9 })
+            );
+        }
         assert_eq!(
-            g.admit_stranger("abc", 9, leader),
+            g.admit("abc", 9, None),
             Err(Refusal::NotMember { sender: 9 })
         );
         assert_eq!(identity.cluster_id(), "");
