@@ -130,7 +130,7 @@ impl<H: Handle> Executor<H> {
     /// confirmed its leadership and caught up.
     async fn view_for(&self, consistency: Consistency, revision: u64) -> Result<View, ApiError> {
         let confirmed_index = match consistency {
-            Consistency::Strong => Some(self.handle.ensure_strong_consistency().await?),
+            Consistency::Strong => Some(self.handle.confirm_read().await?),
             Consistency::Eventual => None,
         };
         let view = self.handle.store().view_at(revision)?;
@@ -189,27 +189,16 @@ impl<H: Handle> Executor<H> {
         })
     }
 
-    /// Refuses, before proposing anything, on a node that does not lead: the
-    /// answer a follower's forwarder may safely retry elsewhere.
-    fn require_leader(&self) -> Result<(), ApiError> {
-        if self.handle.is_leader() {
-            Ok(())
-        } else {
-            Err(ApiError::NotLeader {
-                hint: self.handle.leader(),
-            })
-        }
-    }
-
     pub(crate) async fn write_checked(
         &self,
         r: pb::WriteRequest,
     ) -> Result<shared::WriteResponse, ApiError> {
-        self.require_leader()?;
         let resource = r
             .resource
             .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
-        match self.handle.apply(Command::Write { resource }).await? {
+        // `propose` checks leadership (the one check of this request): on a node that does
+        // not lead it answers NotLeader, certainly not proposed.
+        match self.handle.propose(Command::Write { resource }).await? {
             (index, Applied::Written(resource)) => {
                 assert_eq!(
                     resource.version(),
@@ -230,11 +219,10 @@ impl<H: Handle> Executor<H> {
         &self,
         r: pb::DeleteRequest,
     ) -> Result<pb::DeleteResponse, ApiError> {
-        self.require_leader()?;
         let id = r.id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
         match self
             .handle
-            .apply(Command::Delete {
+            .propose(Command::Delete {
                 id,
                 version: r.version,
             })

@@ -269,23 +269,25 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
 
     async fn attempt(&mut self, deadline: Instant) -> Result<R::Response, Failure> {
         let forwarder = self.forwarder;
-        let handle = forwarder.executor.handle();
         self.target = None;
         self.previous_target = forwarder.channel.target();
-        if handle.is_leader() {
-            let started = Instant::now();
-            let local = self.request.clone().local(&forwarder.executor);
-            return match tokio::time::timeout_at(deadline, local).await {
-                Ok(result) => result.map_err(Failure::Answered),
-                Err(_elapsed) => Err(Failure::NoAnswer(format!(
+        // Run here first: the handle checks leadership (the one check of this request) and
+        // answers NotLeader, certainly not proposed, on a node that does not lead.
+        let started = Instant::now();
+        let local = self.request.clone().local(&forwarder.executor);
+        let hint = match tokio::time::timeout_at(deadline, local).await {
+            Ok(Err(ApiError::NotLeader { hint })) => hint,
+            Ok(result) => return result.map_err(Failure::Answered),
+            Err(_elapsed) => {
+                return Err(Failure::NoAnswer(format!(
                     "no answer from the cluster within {} ms",
                     millis(started.elapsed())
-                ))),
-            };
-        }
+                )))
+            }
+        };
         // The host's leader-change hook normally keeps the channel in
         // step; a request racing that hook still goes to the right node.
-        forwarder.channel.observe(&handle.leader());
+        forwarder.channel.observe(&hint);
         self.previous_target = forwarder.channel.target();
         let started = Instant::now();
         let result = forwarder

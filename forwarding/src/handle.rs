@@ -5,39 +5,41 @@ use std::future::Future;
 use cairn_fsm::{Applied, Command, Store};
 use cairn_proto::error::{ApiError, LeaderHint};
 
-/// What executing and forwarding requests needs from Raft — nothing more.
+/// What executing and forwarding requests needs from Raft — nothing more:
+/// propose a command, confirm a read, name the leader, and the table.
 ///
-/// The node implements it over openraft; the tests implement it with an
-/// in-process leader and lagging follower.
+/// The node implements it once, directly over openraft; the tests implement it
+/// with an in-process leader and lagging follower.
 ///
 /// ## Contract on errors
 /// The retry rules of the [`crate::Forwarder`] rest on these:
-/// - [`Handle::apply`] answers `NotLeader` or `Unavailable` **only when the
+/// - Leadership is checked once per request, inside [`Handle::propose`] and
+///   [`Handle::confirm_read`]: nothing above them asks whether this node
+///   leads. On a node that does not lead they answer `NotLeader` with the
+///   leader it knows, and the forwarder sends the request there.
+/// - [`Handle::propose`] answers `NotLeader` or `Unavailable` **only when the
 ///   command certainly did not enter the log** (refused before proposing).
 ///   Any failure after the command may have been appended — leadership lost
 ///   while waiting, Raft stopping, a timeout — is `Inconsistent` (the
 ///   outcome is unknown; the entry may still commit).
-/// - [`Handle::ensure_strong_consistency`] answers `NotLeader` when this node
-///   does not lead, `Inconsistent` when leadership could not be confirmed by
-///   a quorum, and on success returns an index `i` such that every write
-///   acknowledged before the call is at or below `i` and this node's store
-///   has applied at least `i`.
+/// - [`Handle::confirm_read`] answers `NotLeader` when this node does not
+///   lead, `Inconsistent` when leadership could not be confirmed by a quorum,
+///   and on success returns an index `i` such that every write acknowledged
+///   before the call is at or below `i` and this node's store has applied at
+///   least `i`.
 pub trait Handle: Send + Sync + 'static {
     /// Appends `command` to the Raft log and waits until this node has
     /// applied it; returns the entry's index and what applying it did. A
     /// contract verdict (CasFailure, WrongUid, InvalidArgument) is an `Err`
     /// with that kind, the same on every replica.
-    fn apply(
+    fn propose(
         &self,
         command: Command,
     ) -> impl Future<Output = Result<(u64, Applied), ApiError>> + Send;
 
-    /// Whether this node currently believes it is the leader.
-    fn is_leader(&self) -> bool;
-
     /// Confirms leadership with a quorum and waits until this node has
     /// applied everything committed before the call (see the trait docs).
-    fn ensure_strong_consistency(&self) -> impl Future<Output = Result<u64, ApiError>> + Send;
+    fn confirm_read(&self) -> impl Future<Output = Result<u64, ApiError>> + Send;
 
     /// The current leader as this node knows it (its id and addresses).
     fn leader(&self) -> LeaderHint;

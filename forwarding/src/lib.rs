@@ -62,7 +62,7 @@
 //! - [`ForwardingServer`] never forwards: it executes on its own node or
 //!   answers NotLeader with its current hint.
 //! - A strong read or list is served only after
-//!   [`Handle::ensure_strong_consistency`] succeeded on the serving node, and
+//!   [`Handle::confirm_read`] succeeded on the serving node, and
 //!   then from a view at least as new as the index it returned (asserted).
 //! - Every request is validated on the node that receives it and again on
 //!   the node that executes it.

@@ -83,7 +83,11 @@ async fn a_follower_forwards_writes_deletes_strong_reads_and_strong_lists() {
         .read(read_request(id("a", ""), Consistency::Strong), deadline())
         .await;
     assert_eq!(gone.unwrap_err(), ApiError::NotFound);
-    assert_eq!(h.apply_calls(2), 0, "the follower never applied locally");
+    assert_eq!(
+        h.proposed_by(2),
+        0,
+        "the follower never proposed anything itself"
+    );
     assert_eq!(h.proposed(), 2);
     assert_eq!(h.node(2).channel.dial_count(), 1);
 }

@@ -519,7 +519,7 @@ impl AdminService for Admin {
     ) -> Result<Response<SnapshotStream>, Status> {
         self.auth.require_admin(&r, AdminOperation::SaveSnapshot)?;
         // A linearizable point: leadership confirmed, everything committed applied.
-        self.raft.ensure_linearizable().await?;
+        self.raft.confirm_read().await?;
         let (snapshot, header) = self.raft.point_in_time_snapshot()?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::task::spawn_blocking(move || {

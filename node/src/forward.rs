@@ -84,7 +84,7 @@ impl NodeHandle {
 }
 
 impl Handle for NodeHandle {
-    async fn apply(&self, command: Command) -> Result<(u64, Applied), ApiError> {
+    async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
         let command = if self.unsafe_modes.unsafe_accept_stale_cas {
             self.accept_stale_cas(command)
         } else {
@@ -98,12 +98,8 @@ impl Handle for NodeHandle {
         self.raft.propose(command).await
     }
 
-    fn is_leader(&self) -> bool {
-        self.raft.is_leader()
-    }
-
-    async fn ensure_strong_consistency(&self) -> Result<u64, ApiError> {
-        self.raft.ensure_linearizable().await
+    async fn confirm_read(&self) -> Result<u64, ApiError> {
+        self.raft.confirm_read().await
     }
 
     fn leader(&self) -> LeaderHint {

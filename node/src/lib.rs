@@ -26,7 +26,7 @@
 //! - Only validated commands enter the log: every request is validated before
 //!   it is proposed.
 //! - A strong read never degrades to a local read: it follows a successful
-//!   `ensure_linearizable` on the leader, or fails.
+//!   `confirm_read` on the leader, or fails.
 //! - A node initializes a cluster at most once (only with an empty log).
 //! - A node never runs on a data dir recorded for another node id or another
 //!   cluster (when a member answers), nor as a voter with a wiped dir.

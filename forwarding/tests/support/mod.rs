@@ -29,12 +29,12 @@ use tokio::time::Instant;
 /// Faults a test can inject into one node's handle; each fires once.
 #[derive(Default)]
 pub struct Faults {
-    /// Returned by the next `apply`, before proposing.
+    /// Returned by the next `propose`, before proposing.
     pub apply_error: Option<ApiError>,
-    /// The next `apply` proposes (the entry commits and applies) but answers
+    /// The next `propose` proposes (the entry commits and applies) but answers
     /// only after this delay: a lost or late answer.
     pub apply_stall: Option<Duration>,
-    /// Returned by the next `ensure_strong_consistency`.
+    /// Returned by the next `confirm_read`.
     pub consistency_error: Option<ApiError>,
 }
 
@@ -49,7 +49,7 @@ struct SimNode {
     peer_address: String,
     entries: mpsc::UnboundedSender<Entry>,
     faults: Faults,
-    /// Every call of `apply` on this node, refused or not.
+    /// Every call of `propose` on this node, refused or not.
     apply_calls: u64,
     /// Every entry this node proposed.
     proposed: u64,
@@ -93,7 +93,7 @@ pub struct SimHandle {
 }
 
 impl Handle for SimHandle {
-    async fn apply(&self, command: Command) -> Result<(u64, Applied), ApiError> {
+    async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
         let (reply, index, stall) = {
             let mut guard = self.sim.state.lock();
             let s = &mut *guard;
@@ -141,11 +141,7 @@ impl Handle for SimHandle {
             .map_err(ApiError::from)
     }
 
-    fn is_leader(&self) -> bool {
-        self.sim.state.lock().leader == Some(self.id)
-    }
-
-    async fn ensure_strong_consistency(&self) -> Result<u64, ApiError> {
+    async fn confirm_read(&self) -> Result<u64, ApiError> {
         let committed = {
             let mut s = self.sim.state.lock();
             if s.leader != Some(self.id) {
@@ -347,6 +343,11 @@ impl Harness {
 
     pub fn apply_calls(&self, id: u64) -> u64 {
         self.sim.state.lock().nodes[&id].apply_calls
+    }
+
+    /// Entries proposed by node `id`.
+    pub fn proposed_by(&self, id: u64) -> u64 {
+        self.sim.state.lock().nodes[&id].proposed
     }
 
     /// Entries proposed by every node together.

@@ -449,22 +449,14 @@ pub fn holds_node_state(data_dir: &Path) -> bool {
 /// Proposes one entry and waits until it is committed and applied here (the
 /// outcomes are those of [`RaftHandle::propose`]).
 ///
-/// This is the one leadership check of a proposal, and the one place that
-/// decides what a lost leadership means: a node that does not lead answers
-/// `NotLeader` without proposing (the command certainly is not in the log, so
-/// the caller may redirect it); once `client_write` was called, openraft's
+/// The one mapping of openraft's errors for a proposal. The caller checked
+/// leadership first ([`not_leader_hint`]: `NotLeader`, certainly not in the log,
+/// so the client may redirect it); once `client_write` was called, openraft's
 /// `ForwardToLeader` is ambiguous — it answers so both when its core refuses
 /// the entry and when an entry it had appended was truncated by a new leader
 /// (in clusters of five or more another node may still hold and commit it) —
 /// so it is `Inconsistent`, an unknown outcome.
-async fn propose_entry(
-    raft: &Raft,
-    node_id: NodeId,
-    payload: Bytes,
-) -> Result<(u64, Applied), ApiError> {
-    if let Some(hint) = not_leader_hint(raft, node_id) {
-        return Err(ApiError::NotLeader { hint });
-    }
+async fn propose_entry(raft: &Raft, payload: Bytes) -> Result<(u64, Applied), ApiError> {
     match raft.client_write(LogPayload(payload)).await {
         Ok(response) => response
             .data
@@ -795,15 +787,21 @@ impl RaftHandle {
     /// flight may still see it committed by the next leader: that is reported
     /// as `Inconsistent` (outcome unknown), never as a definite failure.
     ///
+    /// Leadership is checked here, once per request, before anything is
+    /// encoded or queued; nothing above asks whether this node leads.
+    ///
     /// A write or delete may share its entry with other writes (see
     /// [`write_batch`]); every other command is an entry of its own.
     pub async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
         let pending = series::Pending::start();
-        let result = match command {
-            Command::Write { .. } | Command::Delete { .. } => {
-                self.write_batch.propose(command).await
-            }
-            other => propose_entry(&self.raft, self.node_id, other.encode()).await,
+        let result = match not_leader_hint(&self.raft, self.node_id) {
+            Some(hint) => Err(ApiError::NotLeader { hint }),
+            None => match command {
+                Command::Write { .. } | Command::Delete { .. } => {
+                    self.write_batch.propose(command).await
+                }
+                other => propose_entry(&self.raft, other.encode()).await,
+            },
         };
         pending.answered(series::failure_of(&result));
         result
@@ -813,7 +811,7 @@ impl RaftHandle {
     /// everything committed before the call: a read after this is linearizable.
     /// Concurrent callers share one confirmation that started after each of
     /// them arrived (see [`read_batch`]).
-    pub async fn ensure_linearizable(&self) -> Result<u64, ApiError> {
+    pub async fn confirm_read(&self) -> Result<u64, ApiError> {
         let raft = self.raft.clone();
         let (read_index, applied_index) = self
             .read_batch
@@ -822,7 +820,7 @@ impl RaftHandle {
         if read_index > applied_index && self.applied_index() < read_index {
             self.raft
                 .wait(None)
-                .applied_index_at_least(Some(read_index), "ensure_linearizable")
+                .applied_index_at_least(Some(read_index), "confirm_read")
                 .await
                 .map_err(fatal)?;
         }

@@ -45,7 +45,7 @@ use cairn_proto::error::ApiError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::stages::{WriteStages, WriteTimes};
-use super::{propose_entry, NodeId, Raft};
+use super::{not_leader_hint, propose_entry, NodeId, Raft};
 
 /// At most this many commands per batch entry.
 pub const BATCH_COMMANDS_MAX: usize = 256;
@@ -73,7 +73,6 @@ pub struct WriteBatcher {
     /// One permit: held by whoever has a proposal in flight.
     proposer: Arc<Semaphore>,
     raft: Raft,
-    node_id: NodeId,
 }
 
 impl WriteBatcher {
@@ -92,7 +91,6 @@ impl WriteBatcher {
             stages,
             proposer,
             raft,
-            node_id,
         }
     }
 
@@ -113,7 +111,7 @@ impl WriteBatcher {
             // here. (Should the caller give up waiting, the permit goes with
             // it while the entry may still be in flight: a second proposal
             // may then overlap it, which openraft allows.)
-            let lone = propose_entry(&self.raft, self.node_id, encoded);
+            let lone = propose_entry(&self.raft, encoded);
             let batched = self.stages.now();
             return propose_timed(&self.stages, [received], batched, lone, applied_index).await;
         }
@@ -198,10 +196,24 @@ fn applied_index(outcome: &Outcome) -> Option<u64> {
 
 /// Proposes `batch` as one entry and sends every command its outcome;
 /// returns the entry's index when it was applied.
+///
+/// Each command's request checked leadership when it arrived
+/// (`RaftHandle::propose`); leadership may have moved while it queued, so the
+/// entry is checked once more before it is proposed: `NotLeader` to every
+/// command (certainly not in the log) rather than the `Inconsistent` that
+/// openraft's refusal would mean after `client_write`.
 async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) -> Option<u64> {
+    if let Some(hint) = not_leader_hint(raft, node_id) {
+        for p in batch {
+            let _ = p
+                .reply
+                .send(Err(ApiError::NotLeader { hint: hint.clone() }));
+        }
+        return None;
+    }
     if batch.len() == 1 {
         let p = batch.pop().expect("one");
-        let outcome = propose_entry(raft, node_id, p.encoded).await;
+        let outcome = propose_entry(raft, p.encoded).await;
         let index = applied_index(&outcome);
         let _ = p.reply.send(outcome);
         return index;
@@ -209,7 +221,7 @@ async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) ->
     let (encoded, replies): (Vec<Bytes>, Vec<oneshot::Sender<Outcome>>) =
         batch.into_iter().map(|p| (p.encoded, p.reply)).unzip();
     let count = encoded.len();
-    match propose_entry(raft, node_id, Command::encode_batch(&encoded)).await {
+    match propose_entry(raft, Command::encode_batch(&encoded)).await {
         Ok((index, Applied::Batch(results))) => {
             assert_eq!(results.len(), count, "one outcome per batched command");
             for (result, reply) in results.into_iter().zip(replies) {
