@@ -1,10 +1,15 @@
-//! `cairn agent`: one node. Tasks (all on one tokio runtime):
+//! `cairn agent`: one node. Tasks (all on one tokio runtime; every long-lived
+//! one is started through `crate::tasks::Tasks`, owned by the [`Agent`], and
+//! stopped and joined in [`Agent::shutdown`] before Raft stops):
 //!
 //! - openraft's core, log writer and state-machine tasks (inside `raft`);
 //! - the peer gRPC server (Raft RPCs, forwarding) and the client gRPC server
 //!   (resources, admin, health, reflection);
+//! - the write batcher, the read-batch driver, the log-growth watcher and the
+//!   check-quorum task (`RaftHandle::start`);
 //! - the leader watcher (`forward::start`): calls the forwarding channel's
 //!   leader-change hook on every leader change seen in Raft's metrics;
+//! - the orphan-restore check (`restore`): aborts restores whose driver is gone;
 //! - the bootstrap or join task (once, at start);
 //! - the health task: gRPC health is SERVING while the readiness checks of
 //!   `ops::Probes` pass (no storage fault, a known leader, a linearizable read,
@@ -73,10 +78,9 @@ pub struct Agent {
     pub raft: RaftHandle,
     /// The admin service (also used to hand leadership off on shutdown).
     admin: Admin,
-    /// Aborts restores whose driver is gone; stopped with the agent.
-    orphan_check: tokio::task::JoinHandle<()>,
-    stop: watch::Sender<bool>,
-    servers: Vec<tokio::task::JoinHandle<()>>,
+    /// Every long-lived task of the node (servers, batchers, watchers), stopped and joined
+    /// in [`Agent::shutdown`] before Raft stops.
+    tasks: crate::tasks::Tasks,
     health: Arc<Health>,
     /// Set before a requested shutdown: the core stopping then is no fatal condition.
     stopping: Arc<AtomicBool>,
@@ -200,12 +204,15 @@ impl Agent {
             tracing::warn!("{mode}: DANGEROUS test-only mode on; this node breaks its contract");
         }
         let limits = Arc::new(limits(&config));
+        // Every long-lived task of the node, owned here and stopped in `shutdown`.
+        let mut tasks = crate::tasks::Tasks::new();
         let raft = RaftHandle::start(
             config.node_id,
             &config.data_dir,
             &settings,
             (*limits).clone(),
             identity.clone(),
+            &mut tasks,
         )
         .await?;
         if let Some(status) = &join_status {
@@ -226,8 +233,7 @@ impl Agent {
             Some(address) => Some(bind("metrics_address", address).await?),
             None => None,
         };
-        let (stop, stopped) = watch::channel(false);
-        let mut servers = Vec::new();
+        let stopped = tasks.stopped();
         match &tls {
             Some(_) => tracing::info!(
                 client = %config.client_address,
@@ -242,18 +248,21 @@ impl Agent {
                  can read and change the cluster (set tls_cert_file, tls_key_file and tls_ca_file)"
             ),
         }
-        servers.push(crate::reload::spawn(
-            crate::reload::Reloader {
-                source,
-                started: config.clone(),
-                tls: tls.clone(),
-                auth: auth.clone(),
-                node_credentials: access.credentials.clone(),
-            },
-            (config.tls_reload_interval_ms > 0)
-                .then(|| Duration::from_millis(config.tls_reload_interval_ms)),
-            stopped.clone(),
-        )?);
+        tasks.adopt(
+            "reload",
+            crate::reload::spawn(
+                crate::reload::Reloader {
+                    source,
+                    started: config.clone(),
+                    tls: tls.clone(),
+                    auth: auth.clone(),
+                    node_credentials: access.credentials.clone(),
+                },
+                (config.tls_reload_interval_ms > 0)
+                    .then(|| Duration::from_millis(config.tls_reload_interval_ms)),
+                stopped.clone(),
+            )?,
+        );
 
         // Forwarding: the client port's forwarder, the peer port's service,
         // and the task feeding leader changes to the cached leader channel.
@@ -265,6 +274,7 @@ impl Agent {
             config.client_message_bytes_max,
             access.tls.clone(),
             config.unsafe_modes.clone(),
+            &mut tasks,
         );
 
         // Peer port.
@@ -276,13 +286,16 @@ impl Agent {
         let peer_router = server_builder(&config)
             .add_service(raft.rpc_service())
             .add_service(forwarding.service);
-        servers.push(tokio::spawn(crate::connections::serve(
-            peer_listener,
-            tls.as_ref().map(|t| t.peer_port.clone()),
-            peer_limits,
-            peer_router,
-            stopped.clone(),
-        )));
+        tasks.spawn_graceful(
+            "peer server",
+            crate::connections::serve(
+                peer_listener,
+                tls.as_ref().map(|t| t.peer_port.clone()),
+                peer_limits,
+                peer_router,
+                stopped.clone(),
+            ),
+        );
 
         // Client port.
         let connection_limits =
@@ -311,7 +324,8 @@ impl Agent {
             &config.data_dir,
             config.restore_upload_bytes_max,
         );
-        let orphan_check = tokio::spawn(
+        tasks.spawn(
+            "orphan-restore check",
             restorer
                 .clone()
                 .abort_orphans(Duration::from_millis(config.election_timeout_ms)),
@@ -352,13 +366,16 @@ impl Agent {
             tls = tls.is_some(),
             "serving clients on the client port (resources, admin, health)"
         );
-        servers.push(tokio::spawn(crate::connections::serve(
-            client_listener,
-            tls.as_ref().map(|t| t.client_port.clone()),
-            client_limits,
-            client_router,
-            stopped.clone(),
-        )));
+        tasks.spawn_graceful(
+            "client server",
+            crate::connections::serve(
+                client_listener,
+                tls.as_ref().map(|t| t.client_port.clone()),
+                client_limits,
+                client_router,
+                stopped.clone(),
+            ),
+        );
 
         let self_info = NodeInfo {
             peer_address: config.peer_address.clone(),
@@ -370,7 +387,7 @@ impl Agent {
             let added_by_hand = join_status
                 .as_ref()
                 .is_some_and(|s| s.members.iter().any(|m| m.id == config.node_id && !m.voter));
-            tokio::spawn(async move {
+            tasks.spawn("join", async move {
                 if let Err(e) = join_cluster(&raft, &join, &access, self_info, added_by_hand).await
                 {
                     tracing::error!(error = %e, "joining the cluster failed");
@@ -383,13 +400,16 @@ impl Agent {
 
         let stopping = Arc::new(AtomicBool::new(false));
         let (fatal_sender, fatal) = watch::channel(None);
-        tokio::spawn(watch_core(
-            raft.clone(),
-            health.clone(),
-            stopping.clone(),
-            fatal_sender,
-            NodeContext::of(&config),
-        ));
+        tasks.spawn(
+            "core watcher",
+            watch_core(
+                raft.clone(),
+                health.clone(),
+                stopping.clone(),
+                fatal_sender,
+                NodeContext::of(&config),
+            ),
+        );
         let probes = crate::ops::Probes {
             raft: raft.clone(),
             api,
@@ -403,21 +423,21 @@ impl Agent {
                 address = %bound(&listener, config.metrics_address.as_deref().unwrap_or_default()),
                 "serving /metrics, /livez and /readyz on the ops port (plain HTTP)"
             );
-            servers.push(crate::ops::spawn(listener, probes.clone(), stopped.clone()));
+            tasks.adopt(
+                "ops server",
+                crate::ops::spawn(listener, probes.clone(), stopped.clone()),
+            );
         }
-        tokio::spawn(run_health(
-            probes,
-            health.clone(),
-            fatal.clone(),
-            stopping.clone(),
-        ));
+        tasks.spawn(
+            "health",
+            run_health(probes, health.clone(), fatal.clone(), stopping.clone()),
+        );
+        tracing::debug!(tasks = ?tasks.names(), "started");
 
         Ok(Agent {
             raft,
             admin,
-            orphan_check,
-            stop,
-            servers,
+            tasks,
             health,
             stopping,
             fatal,
@@ -467,13 +487,10 @@ impl Agent {
                 Err(_) => tracing::warn!("leadership hand-off timed out"),
             }
         }
-        progress.set("stopping the client and peer servers");
-        let _ = self.stop.send(true);
-        let servers_by = Instant::now() + Duration::from_secs(2).min(left() / 2);
-        for s in self.servers {
-            let _ = tokio::time::timeout_at(servers_by.into(), s).await;
-        }
-        self.orphan_check.abort();
+        progress.set("stopping the node's tasks (servers, batchers, watchers)");
+        self.tasks
+            .stop(Duration::from_secs(2).min(left() / 2))
+            .await;
         progress.set("stopping Raft (the openraft core, the state machine and the Raft log)");
         self.raft.shutdown().await;
         progress.set("closing the Raft log");

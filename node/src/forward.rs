@@ -152,6 +152,7 @@ pub fn start(
     message_bytes_max: usize,
     tls: Option<cairn_tls::ClientTls>,
     unsafe_modes: UnsafeModes,
+    tasks: &mut crate::tasks::Tasks,
 ) -> Forwarding {
     cairn_forwarding::metrics::describe();
     let handle = Arc::new(NodeHandle::new(raft.clone(), unsafe_modes));
@@ -166,7 +167,10 @@ pub fn start(
         )
         .with_tls(tls),
     );
-    tokio::spawn(watch_leader(raft.clone(), channel.clone()));
+    tasks.spawn(
+        "leader watcher",
+        watch_leader(raft.clone(), channel.clone()),
+    );
     let gate = raft.gate.clone();
     let node_id = raft.node_id;
     let stamp: cairn_forwarding::RequestStamp = Arc::new(move |metadata| {

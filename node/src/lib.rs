@@ -66,4 +66,5 @@ pub mod reload;
 pub mod restore;
 pub mod service;
 pub mod snapshot_file;
+pub mod tasks;
 pub mod tls;

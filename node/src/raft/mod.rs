@@ -574,6 +574,7 @@ impl RaftHandle {
         settings: &RaftSettings,
         limits: cairn_fsm::Limits,
         identity: Arc<ClusterIdentity>,
+        tasks: &mut crate::tasks::Tasks,
     ) -> anyhow::Result<RaftHandle> {
         let config = openraft::Config {
             cluster_name: "cairn".into(),
@@ -676,17 +677,28 @@ impl RaftHandle {
             gate.clone(),
             node_id,
         ));
-        tokio::spawn(growth.run(raft.clone()));
-        tokio::spawn(check_quorum::run(
-            raft.clone(),
-            node_id,
-            Duration::from_millis(settings.election_timeout_ms),
-            Duration::from_millis(settings.heartbeat_interval_ms),
-        ));
-        let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id, stages);
+        tasks.spawn("log-growth watcher", growth.run(raft.clone()));
+        tasks.spawn(
+            "check-quorum",
+            check_quorum::run(
+                raft.clone(),
+                node_id,
+                Duration::from_millis(settings.election_timeout_ms),
+                Duration::from_millis(settings.heartbeat_interval_ms),
+            ),
+        );
+        let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id, stages, tasks);
+        let read_batch = read_batch::ReadBatcher::new();
+        let confirming = raft.clone();
+        tasks.spawn(
+            "read-batch driver",
+            read_batch
+                .clone()
+                .drive(move || read_batch::confirm_with_raft(confirming.clone())),
+        );
         Ok(RaftHandle {
             raft,
-            read_batch: read_batch::ReadBatcher::new(),
+            read_batch,
             write_batch,
             state_machine,
             node_id,
@@ -812,11 +824,7 @@ impl RaftHandle {
     /// Concurrent callers share one confirmation that started after each of
     /// them arrived (see [`read_batch`]).
     pub async fn confirm_read(&self) -> Result<u64, ApiError> {
-        let raft = self.raft.clone();
-        let (read_index, applied_index) = self
-            .read_batch
-            .confirm(move || read_batch::confirm_with_raft(raft.clone()))
-            .await?;
+        let (read_index, applied_index) = self.read_batch.confirm().await?;
         if read_index > applied_index && self.applied_index() < read_index {
             self.raft
                 .wait(None)

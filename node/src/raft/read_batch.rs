@@ -21,18 +21,20 @@
 //! drop a request silently (every queued sender gets the batch's outcome; a
 //! request whose caller went away is simply not listened to).
 //!
-//! Concurrency: one mutex-guarded queue; at most one driver task, spawned by
-//! the request that finds no driver running, loops until the queue is empty.
+//! Concurrency: one mutex-guarded queue and one driver task for the life of
+//! the node ([`ReadBatcher::drive`], owned by the agent's tasks), woken by a
+//! `Notify` whenever a request queues.
 //!
 //! ## Invariants
-//! - `driving` is true exactly while a driver task is alive; at most one runs.
-//! - Every request pushed while `driving` is true is served by a later loop of
-//!   that driver (the driver re-checks the queue under the lock before leaving).
+//! - Every request pushed is served by a later loop of the driver (a
+//!   `Notify` permit is stored when the driver is busy, so no wake-up is lost),
+//!   or, once the driver is gone, answered Unavailable.
+//! - A request is answered only by a confirmation started after it was pushed.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cairn_proto::error::ApiError;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use super::Raft;
 
@@ -44,14 +46,16 @@ type Waiter = oneshot::Sender<Confirmation>;
 
 #[derive(Default)]
 struct Queue {
-    driving: bool,
     waiting: Vec<Waiter>,
+    /// The driver is gone: nothing queued will be confirmed.
+    closed: bool,
 }
 
 /// Shares leadership confirmations among concurrent strong reads.
 #[derive(Clone)]
 pub struct ReadBatcher {
     queue: Arc<Mutex<Queue>>,
+    queued: Arc<Notify>,
 }
 
 impl Default for ReadBatcher {
@@ -64,62 +68,69 @@ impl ReadBatcher {
     pub fn new() -> ReadBatcher {
         ReadBatcher {
             queue: Arc::new(Mutex::new(Queue::default())),
+            queued: Arc::new(Notify::new()),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        // The queue holds only senders and a flag, both valid after a panic.
+        // The queue holds only senders and a flag, valid after a panic.
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits for a leadership confirmation that started after this call, and
-    /// returns its outcome. `confirm` runs one confirmation (in production,
-    /// openraft's `get_read_log_id` mapped to Cairn's errors).
-    pub async fn confirm<F, Fut>(&self, confirm: F) -> Confirmation
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: std::future::Future<Output = Confirmation> + Send + 'static,
-    {
-        let (tx, rx) = oneshot::channel();
-        let start_driver = {
-            let mut queue = self.lock();
-            queue.waiting.push(tx);
-            !std::mem::replace(&mut queue.driving, true)
-        };
-        if start_driver {
-            let me = self.clone();
-            tokio::spawn(async move { me.drive(confirm).await });
-        }
-        rx.await.unwrap_or_else(|_| {
+    /// Waits for a leadership confirmation that started after this call, run
+    /// by the driver ([`ReadBatcher::drive`]), and returns its outcome.
+    pub async fn confirm(&self) -> Confirmation {
+        let abandoned = || {
             Err(ApiError::Unavailable(
                 "the read confirmation was abandoned (shutting down)".into(),
             ))
-        })
+        };
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut queue = self.lock();
+            if queue.closed {
+                return abandoned();
+            }
+            queue.waiting.push(tx);
+        }
+        self.queued.notify_one();
+        rx.await.unwrap_or_else(|_| abandoned())
     }
 
-    /// The driver: takes the queue, runs one confirmation for all of it, hands
-    /// out the result; stops when the queue is empty.
-    async fn drive<F, Fut>(&self, confirm: F)
+    /// The driver, for the life of the node: takes the queue, runs one
+    /// confirmation for all of it (`confirm`: in production, openraft's
+    /// `get_read_log_id` mapped to Cairn's errors), hands out the result, and
+    /// waits for the next request when the queue is empty. Stopped by its
+    /// owner; the requests still queued then are answered Unavailable.
+    pub async fn drive<F, Fut>(self, confirm: F)
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Confirmation>,
     {
+        /// Closes the queue when the driver ends (stopped by its owner): the requests
+        /// still queued, and any that come later, are answered at once.
+        struct CloseOnDrop(ReadBatcher);
+        impl Drop for CloseOnDrop {
+            fn drop(&mut self) {
+                let mut queue = self.0.lock();
+                queue.closed = true;
+                queue.waiting.clear();
+            }
+        }
+        let _close = CloseOnDrop(self.clone());
         loop {
-            let batch = {
-                let mut queue = self.lock();
-                assert!(queue.driving, "a driver runs only while `driving` is set");
-                if queue.waiting.is_empty() {
-                    queue.driving = false;
-                    return;
+            self.queued.notified().await;
+            loop {
+                let batch = std::mem::take(&mut self.lock().waiting);
+                if batch.is_empty() {
+                    break;
                 }
-                std::mem::take(&mut queue.waiting)
-            };
-            assert!(!batch.is_empty());
-            // Taken before it starts: every request in `batch` arrived before
-            // this confirmation began.
-            let outcome = confirm().await;
-            for waiter in batch {
-                let _ = waiter.send(outcome.clone());
+                // Taken before it starts: every request in `batch` arrived before
+                // this confirmation began.
+                let outcome = confirm().await;
+                for waiter in batch {
+                    let _ = waiter.send(outcome.clone());
+                }
             }
         }
     }
@@ -156,7 +167,7 @@ pub async fn confirm_with_raft(raft: Raft) -> Confirmation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::Duration;
 
     /// A fake confirmation: counts rounds, takes `delay`, answers with the
@@ -178,17 +189,26 @@ mod tests {
         }
     }
 
+    /// A batcher whose driver runs `confirm`.
+    fn driven<F, Fut>(confirm: F) -> ReadBatcher
+    where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Confirmation> + Send + 'static,
+    {
+        let batcher = ReadBatcher::new();
+        tokio::spawn(batcher.clone().drive(confirm));
+        batcher
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_concurrent_reads_share_few_confirmations() {
         // 200 reads at once are served by far fewer than 200 quorum rounds.
-        let batcher = ReadBatcher::new();
         let rounds = Arc::new(AtomicU64::new(0));
+        let batcher = driven(counting(rounds.clone(), Duration::from_millis(5)));
         let mut tasks = Vec::new();
         for _ in 0..200 {
-            let (b, r) = (batcher.clone(), rounds.clone());
-            tasks.push(tokio::spawn(async move {
-                b.confirm(counting(r, Duration::from_millis(5))).await
-            }));
+            let b = batcher.clone();
+            tasks.push(tokio::spawn(async move { b.confirm().await }));
         }
         for t in tasks {
             assert!(t.await.expect("task").is_ok());
@@ -200,31 +220,39 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_read_never_joins_a_confirmation_already_in_flight() {
         // A read that arrives while round 1 is in flight is answered by round 2.
-        let batcher = ReadBatcher::new();
         let rounds = Arc::new(AtomicU64::new(0));
+        let batcher = driven(counting(rounds.clone(), Duration::from_millis(100)));
         let first = {
-            let (b, r) = (batcher.clone(), rounds.clone());
-            tokio::spawn(async move { b.confirm(counting(r, Duration::from_millis(100))).await })
+            let b = batcher.clone();
+            tokio::spawn(async move { b.confirm().await })
         };
         while rounds.load(Ordering::SeqCst) == 0 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let second = batcher
-            .confirm(counting(rounds.clone(), Duration::from_millis(100)))
-            .await;
+        let second = batcher.confirm().await;
         assert_eq!(first.await.expect("task"), Ok((1, 0)));
         assert_eq!(second, Ok((2, 0)));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_confirmation_fails_every_read_of_its_batch_and_the_next_batch_retries() {
-        // An error reaches every waiter of its round; a later read starts a new round.
-        let batcher = ReadBatcher::new();
-        let failing = || async { Err(ApiError::Inconsistent("no quorum".into())) };
+        // An error reaches every waiter of its round; a later read gets a new round.
+        let failing = Arc::new(AtomicBool::new(true));
+        let f = failing.clone();
+        let batcher = driven(move || {
+            let fail = f.load(Ordering::SeqCst);
+            async move {
+                if fail {
+                    Err(ApiError::Inconsistent("no quorum".into()))
+                } else {
+                    Ok((7, 7))
+                }
+            }
+        });
         let mut tasks = Vec::new();
         for _ in 0..10 {
             let b = batcher.clone();
-            tasks.push(tokio::spawn(async move { b.confirm(failing).await }));
+            tasks.push(tokio::spawn(async move { b.confirm().await }));
         }
         for t in tasks {
             assert!(matches!(
@@ -232,16 +260,30 @@ mod tests {
                 Err(ApiError::Inconsistent(_))
             ));
         }
-        let ok = batcher.confirm(|| async { Ok((7, 7)) }).await;
-        assert_eq!(ok, Ok((7, 7)));
-        // The driver clears `driving` just after answering the last waiter: give it a moment.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while batcher.lock().driving && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert!(
-            !batcher.lock().driving,
-            "the driver stops when the queue is empty"
-        );
+        failing.store(false, Ordering::SeqCst);
+        assert_eq!(batcher.confirm().await, Ok((7, 7)));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_queued_when_the_driver_is_stopped_is_answered_unavailable() {
+        let batcher = ReadBatcher::new();
+        let driver = tokio::spawn(batcher.clone().drive(std::future::pending::<Confirmation>));
+        let read = {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.confirm().await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        driver.abort();
+        let _ = driver.await;
+        // Whether the driver had taken it or not, the read hears Unavailable, and so does
+        // every read after the driver is gone.
+        assert!(matches!(
+            read.await.expect("task"),
+            Err(ApiError::Unavailable(_))
+        ));
+        assert!(matches!(
+            batcher.confirm().await,
+            Err(ApiError::Unavailable(_))
+        ));
     }
 }

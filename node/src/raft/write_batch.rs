@@ -76,16 +76,25 @@ pub struct WriteBatcher {
 }
 
 impl WriteBatcher {
-    pub fn start(raft: Raft, node_id: NodeId, stages: Arc<WriteStages>) -> WriteBatcher {
+    /// Starts the batcher task among `tasks` (it runs until they stop).
+    pub fn start(
+        raft: Raft,
+        node_id: NodeId,
+        stages: Arc<WriteStages>,
+        tasks: &mut crate::tasks::Tasks,
+    ) -> WriteBatcher {
         let (queue, receiver) = mpsc::channel(QUEUE_MAX);
         let proposer = Arc::new(Semaphore::new(1));
-        tokio::spawn(run(
-            raft.clone(),
-            node_id,
-            receiver,
-            stages.clone(),
-            proposer.clone(),
-        ));
+        tasks.spawn(
+            "write batcher",
+            run(
+                raft.clone(),
+                node_id,
+                receiver,
+                stages.clone(),
+                proposer.clone(),
+            ),
+        );
         WriteBatcher {
             queue,
             stages,
@@ -133,7 +142,8 @@ impl WriteBatcher {
 }
 
 /// Proposes what queued, one proposal at a time (holding `proposer`), until
-/// every sender is gone.
+/// every sender is gone or its owner stops it (the writes still queued then
+/// are answered `Inconsistent`: their outcome is lost).
 async fn run(
     raft: Raft,
     node_id: NodeId,

@@ -1,0 +1,157 @@
+//! The agent's long-lived tasks, owned.
+//!
+//! Every task the agent starts for the life of the node is started here, under a name,
+//! and kept: none is detached. [`Tasks::stop`] ends them all on shutdown, before Raft
+//! stops, and joins each one; a task still running at the deadline is aborted and named in
+//! the log. Two kinds:
+//! - [`Tasks::spawn`]: a loop that may be cancelled at any await point (the write batcher,
+//!   the read-batch driver, the log-growth watcher, the check-quorum task, the leader
+//!   watcher, the orphan-restore check, the health and core watchers, the join task);
+//! - [`Tasks::spawn_graceful`]: a server that watches [`Tasks::stopped`] itself and
+//!   finishes its work (closes its connections) before it returns.
+//!
+//! Short tasks bounded by their own timeouts (one replication send, one vouching round, a
+//! connection's handler under its server) are not listed here.
+//!
+//! Invariants: after [`Tasks::stop`] returns, no task started here is running; a task is
+//! started at most once under its name.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub struct Tasks {
+    stop: watch::Sender<bool>,
+    running: Vec<(&'static str, JoinHandle<()>)>,
+}
+
+impl Default for Tasks {
+    fn default() -> Self {
+        Tasks::new()
+    }
+}
+
+impl Tasks {
+    pub fn new() -> Tasks {
+        Tasks {
+            stop: watch::channel(false).0,
+            running: Vec::new(),
+        }
+    }
+
+    /// Becomes `true` when the tasks are told to stop.
+    pub fn stopped(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    /// Starts `task`; it is cancelled (dropped at its next await point) when the tasks stop.
+    pub fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        let mut stopped = self.stopped();
+        self.spawn_graceful(name, async move {
+            tokio::select! {
+                () = task => {}
+                _ = stopped.wait_for(|stop| *stop) => {}
+            }
+        });
+    }
+
+    /// Starts `task`, which watches [`Tasks::stopped`] itself and returns once it has
+    /// finished its work.
+    pub fn spawn_graceful(
+        &mut self,
+        name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        assert!(
+            self.running.iter().all(|(n, _)| *n != name),
+            "task {name} started twice"
+        );
+        self.running.push((name, tokio::spawn(task)));
+    }
+
+    /// Keeps a task started elsewhere (a server that watches [`Tasks::stopped`]).
+    pub fn adopt(&mut self, name: &'static str, task: JoinHandle<()>) {
+        assert!(
+            self.running.iter().all(|(n, _)| *n != name),
+            "task {name} started twice"
+        );
+        self.running.push((name, task));
+    }
+
+    /// The names of the tasks started, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.running.iter().map(|(name, _)| *name).collect()
+    }
+
+    /// Tells every task to stop and waits for each, for at most `timeout` in all; one still
+    /// running then is aborted, and named in the log.
+    pub async fn stop(self, timeout: Duration) {
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + timeout;
+        for (name, mut task) in self.running {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_panic() => {
+                    tracing::error!(task = name, error = %e, "a task panicked")
+                }
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    tracing::warn!(
+                        task = name,
+                        timeout_ms = timeout.as_millis() as u64,
+                        "a task did not stop in time: aborted"
+                    );
+                    task.abort();
+                    let _ = task.await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn stop_ends_a_loop_a_graceful_server_and_a_task_that_ignores_it() {
+        let mut tasks = Tasks::new();
+        tasks.spawn("loop", std::future::pending());
+        let finished = Arc::new(AtomicBool::new(false));
+        let (f, mut stopped) = (finished.clone(), tasks.stopped());
+        tasks.spawn_graceful("server", async move {
+            let _ = stopped.wait_for(|s| *s).await;
+            f.store(true, Ordering::SeqCst);
+        });
+        tasks.adopt("stubborn", tokio::spawn(std::future::pending()));
+        assert_eq!(tasks.names(), ["loop", "server", "stubborn"]);
+        // The stubborn task is aborted at the deadline: `stop` returns.
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            tasks.stop(Duration::from_millis(200)),
+        )
+        .await
+        .expect("stop returns once the stubborn task is aborted");
+        assert!(
+            finished.load(Ordering::SeqCst),
+            "the server finished its work"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "task loop started twice")]
+    fn a_name_is_started_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut tasks = Tasks::new();
+            tasks.spawn("loop", async {});
+            tasks.spawn("loop", async {});
+        });
+    }
+}
