@@ -26,9 +26,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use cairn_client::{Access, AuthenticatedChannel};
-use cairn_proto::error::ApiError;
+use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::{self as pb};
+pub use cairn_request::Operation;
+use cairn_request::{Attempts, Failure, Pacing};
 use tokio::time::Instant;
 
 /// The admin service of one node, as the client calls it.
@@ -258,55 +260,29 @@ impl AdminClient {
         }
     }
 
-    /// `call` at the leader (see the module docs). The call gets what is left of the
-    /// timeout; running out of it while the call runs says the outcome is unknown.
-    pub async fn at_leader<T, F, Fut>(&self, mut call: F) -> Result<T, ApiError>
+    /// `call` at the leader (see the module docs): `cairn_request`'s one retry loop, whose
+    /// transport finds the leader and makes the call, and whose decision says what follows a
+    /// failure — a NotLeader is followed, a refusal of the credentials ends it, and a
+    /// `Mutation` whose answer was lost (the deadline passed while it ran) is Inconsistent:
+    /// it may still take effect.
+    pub async fn at_leader<T, F, Fut>(&self, operation: Operation, call: F) -> Result<T, ApiError>
     where
         F: FnMut(AdminRpc) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let deadline = self.deadline();
-        let mut hint = None;
-        loop {
-            let leader = self.leader_by(deadline, hint.take()).await?;
-            let left = deadline.saturating_duration_since(Instant::now());
-            let client = match self.connect(&leader.address, self.attempt.min(left)).await {
-                Ok(c) => c,
-                Err(_) => {
-                    if !pause_before_next_round(deadline).await {
-                        return Err(ApiError::Unavailable(format!(
-                            "the leader (node {} at {}) could not be reached within {} ms",
-                            leader.status.node_id,
-                            leader.address,
-                            self.timeout.as_millis()
-                        )));
-                    }
-                    continue;
-                }
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, call(client)).await {
-                Ok(Ok(answer)) => return Ok(answer.into_inner()),
-                Ok(Err(status)) => match ApiError::from(status) {
-                    // Leadership moved since it was found: the request was not done.
-                    ApiError::NotLeader { hint: h } => hint = h.client_address,
-                    e => return Err(e),
-                },
-                Err(_) => {
-                    return Err(ApiError::Unavailable(format!(
-                        "the leader (node {} at {}) did not answer within {} ms; the request \
-                         may still take effect (check with `cairn status`, or pass a longer \
-                         --timeout-ms)",
-                        leader.status.node_id,
-                        leader.address,
-                        self.timeout.as_millis()
-                    )))
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(no_leader(self, None));
-            }
-        }
+        let pacing = Pacing {
+            pause_initial: ROUND_PAUSE,
+            pause_max: ROUND_PAUSE,
+            attempts_max: u32::MAX,
+        };
+        let mut at = AtLeader {
+            client: self,
+            call,
+            hint: None,
+        };
+        cairn_request::run(operation, &mut at, &pacing, self.deadline())
+            .await
+            .map_err(|ended| ended.into_api_error(operation))
     }
 
     /// Polls the leader until it reports member `id` caught up (`Member.caught_up`), for at
@@ -350,6 +326,55 @@ impl AdminClient {
             }
             tokio::time::sleep(CATCH_UP_POLL).await;
         }
+    }
+}
+
+/// The transport of [`AdminClient::at_leader`]: each attempt finds the leader (following the
+/// last NotLeader's hint first) and makes the call there, by the deadline.
+struct AtLeader<'a, F> {
+    client: &'a AdminClient,
+    call: F,
+    /// The leader's client address, as the last NotLeader named it.
+    hint: Option<String>,
+}
+
+impl<T, F, Fut> Attempts for AtLeader<'_, F>
+where
+    F: FnMut(AdminRpc) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    type Response = T;
+
+    async fn attempt(&mut self, deadline: Instant) -> Result<T, Failure> {
+        let client = self.client;
+        let leader = match client.leader_by(deadline, self.hint.take()).await {
+            Ok(leader) => leader,
+            // The same on every node: the decision stops at once.
+            Err(e) if e.is_credential_refusal() => return Err(Failure::Answered(e)),
+            Err(e) => return Err(Failure::NotSent(strip_kind(&e))),
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let rpc = client
+            .connect(&leader.address, client.attempt.min(left))
+            .await
+            .map_err(|e| Failure::NotSent(strip_kind(&e)))?;
+        match tokio::time::timeout_at(deadline, (self.call)(rpc)).await {
+            Ok(Ok(answer)) => Ok(answer.into_inner()),
+            Ok(Err(status)) => Err(Failure::from_status(&status)),
+            Err(_) => Err(Failure::NoAnswer(format!(
+                "the leader (node {} at {}) did not answer within {} ms (check with `cairn \
+                 status`, or pass a longer --timeout-ms)",
+                leader.status.node_id,
+                leader.address,
+                client.timeout.as_millis()
+            ))),
+        }
+    }
+
+    fn move_on(&mut self, _failure: &Failure, leader: Option<&LeaderHint>) -> bool {
+        // A NotLeader naming the new leader is followed at once.
+        self.hint = leader.and_then(|l| l.client_address.clone());
+        self.hint.is_none()
     }
 }
 
@@ -477,5 +502,16 @@ mod tests {
             "{e}"
         );
         assert!(!e.to_string().contains("Some("), "{e}");
+        // A change that was never sent (no leader found) is Unavailable: certainly not done.
+        let e = c
+            .at_leader(Operation::Mutation, |mut c| async move {
+                c.promote(pb::PromoteRequest { id: 9 }).await
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, ApiError::Unavailable(m) if m.contains("no leader found")),
+            "{e}"
+        );
     }
 }

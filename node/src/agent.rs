@@ -50,7 +50,7 @@ use cairn_proto::v1::{self as pb};
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use crate::admin_client::AdminClient;
+use crate::admin_client::{AdminClient, Operation};
 use crate::config::{Config, ConfigSource};
 use crate::connections::{ActivityLayer, PortLimits};
 use crate::fatal::{FatalCause, NodeContext, ShutdownProgress};
@@ -879,7 +879,7 @@ async fn join_cluster(
     }
     let cluster = AdminClient::new(vec![address.to_string()], access.clone(), JOIN_TIMEOUT);
     cluster
-        .at_leader(|mut c| {
+        .at_leader(Operation::Mutation, |mut c| {
             let request = pb::AddLearnerRequest {
                 id,
                 peer_address: me.peer_address.clone(),
@@ -897,7 +897,9 @@ async fn join_cluster(
             .wait_caught_up(id, JOIN_CATCH_UP_TIMEOUT, |_, _| {})
             .await?;
         match cluster
-            .at_leader(|mut c| async move { c.promote(pb::PromoteRequest { id }).await })
+            .at_leader(Operation::Mutation, |mut c| async move {
+                c.promote(pb::PromoteRequest { id }).await
+            })
             .await
         {
             Ok(_) => break,

@@ -62,6 +62,7 @@ pub mod limits;
 pub mod logging;
 pub mod ops;
 pub mod raft;
+pub mod rate_limit;
 pub mod reload;
 pub mod restore;
 pub mod service;

@@ -38,22 +38,19 @@ fn garbage_cluster(idle_timeout_ms: u64) -> Cluster {
 }
 
 /// Offending connections of `port` the log tells of: one line each, plus
-/// those counted in `suppressed=N` lines.
+/// those counted as `suppressed=N` (in the next line logged, or in a line of their own).
 fn offences(log: &str, port: &str) -> u64 {
     let port_field = format!("port=\"{port}\"");
     log.lines()
         .filter(|l| l.contains(&port_field))
         .map(|l| {
-            if l.contains("offending connection closed") {
-                1
-            } else if let Some(rest) = l.split("suppressed=").nth(1) {
-                rest.split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0)
-            } else {
-                0
-            }
+            let suppressed = l
+                .split("suppressed=")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+            u64::from(l.contains("offending connection closed")) + suppressed
         })
         .sum()
 }

@@ -18,12 +18,17 @@ import sys
 import tempfile
 
 import grpc
+from google.protobuf import any_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from grpc_tools import protoc
 
 DOMAIN = "cairn.v1"
 HISTORY_WRITES = 40  # more than the cluster's --history-changes-max
+# Written while a watch is not read: far more bytes than HTTP/2 flow control and the
+# node's watch buffer (the cluster's watch_buffer_events) hold together.
+BURST_WRITES = 200
+BURST_VALUE_BYTES = 64 * 1024
 
 
 def generate(proto_dir):
@@ -172,6 +177,23 @@ def main():
     if hint.leader_client_address != leader or hint.leader_id == 0:
         fail(f"NOT_LEADER: hint {hint} does not name the leader at {leader}")
     print("checked NOT_LEADER", flush=True)
+
+    # WATCH_CLOSED: a consumer that stops reading falls behind by more than the node
+    # buffers for one watch; the watch is closed, and the consumer must list again.
+    burst = resource_pb2.Type(group="demo", group_version="v1", kind="Burst")
+    watch = data.WatchList(resource_pb2.WatchListRequest(type=burst, tenancy=default),
+                           metadata=ops, timeout=120)
+    value = any_pb2.Any(type_url="type.googleapis.com/demo.Blob", value=b"x" * BURST_VALUE_BYTES)
+    for i in range(BURST_WRITES):
+        resource = resource_pb2.Resource(id=ident(f"burst-{i}", type_=burst), data=value)
+        data.Write(resource_pb2.WriteRequest(resource=resource), metadata=ops, timeout=10)
+
+    def read_to_the_end():
+        for _ in watch:
+            pass
+
+    expect_error("WATCH_CLOSED", grpc.StatusCode.ABORTED, read_to_the_end)
+    print("checked WATCH_CLOSED", flush=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const HISTORY_CHANGES_MAX: &str = "10";
 /// Smaller than the script's filler writes, so listing them is refused.
 const LIST_RESULTS_MAX: &str = "5";
+/// Far fewer than the script's burst of writes to a watch it does not read.
+const WATCH_BUFFER_EVENTS: &str = "8";
 const PYTHON_MODULES: &str = "grpc, grpc_status, grpc_tools, google.rpc.error_details_pb2";
 
 fn python_has_the_modules() -> bool {
@@ -52,6 +54,7 @@ async fn every_error_kind_reads_as_a_standard_google_rpc_status_from_python() {
         &config,
         format!(
             r#"list_results_max = {LIST_RESULTS_MAX}
+watch_buffer_events = {WATCH_BUFFER_EVENTS}
 
 [auth]
 node_token_file = "{}"
@@ -124,6 +127,7 @@ read = {{ types = ["demo.Thing"], tenancies = ["default/*"] }}
         "UNAUTHENTICATED",
         "PERMISSION_DENIED",
         "NOT_LEADER",
+        "WATCH_CLOSED",
     ] {
         assert!(
             stdout.lines().any(|l| l == format!("checked {kind}")),

@@ -20,7 +20,7 @@ use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::admin_client::{describe_catch_up, leads, AdminClient};
+use crate::admin_client::{describe_catch_up, leads, AdminClient, Operation};
 
 /// `println!` that ignores a closed stdout (`cairn status | head -1`) instead of panicking.
 macro_rules! out {
@@ -771,7 +771,9 @@ pub async fn member(command: MemberCommand, global: &GlobalArgs) -> u8 {
         }
         MemberCommand::Promote { id } => {
             match client
-                .at_leader(|mut c| async move { c.promote(pb::PromoteRequest { id }).await })
+                .at_leader(Operation::Mutation, |mut c| async move {
+                    c.promote(pb::PromoteRequest { id }).await
+                })
                 .await
             {
                 Ok(r) => {
@@ -790,7 +792,7 @@ pub async fn member(command: MemberCommand, global: &GlobalArgs) -> u8 {
         }
         MemberCommand::Remove { id, force } => {
             match client
-                .at_leader(|mut c| async move {
+                .at_leader(Operation::Mutation, |mut c| async move {
                     c.remove_member(pb::RemoveMemberRequest { id, force }).await
                 })
                 .await
@@ -822,7 +824,7 @@ async fn add_learner(
 ) -> u8 {
     let id = request.id;
     let added = client
-        .at_leader(|mut c| {
+        .at_leader(Operation::Mutation, |mut c| {
             let request = request.clone();
             async move { c.add_learner(request).await }
         })
@@ -890,7 +892,9 @@ pub async fn transfer_leader(args: &TransferArgs, global: &GlobalArgs) -> u8 {
     };
     let to = args.to;
     match client
-        .at_leader(|mut c| async move { c.transfer_leader(pb::TransferLeaderRequest { to }).await })
+        .at_leader(Operation::Mutation, |mut c| async move {
+            c.transfer_leader(pb::TransferLeaderRequest { to }).await
+        })
         .await
     {
         Ok(r) => {

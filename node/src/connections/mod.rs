@@ -81,6 +81,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
 use self::receive::{FrameTracker, ReceiveMeter};
+use crate::rate_limit::RateLimit;
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
 pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -324,50 +325,42 @@ impl Drop for RequestGuard {
 /// Rate-limited log lines about offending connections of one port.
 struct OffenceLog {
     port: &'static str,
-    window: Mutex<(Instant, u32, u64)>,
+    lines: RateLimit,
 }
 
 impl OffenceLog {
     fn new(port: &'static str) -> OffenceLog {
         OffenceLog {
             port,
-            window: Mutex::new((Instant::now(), 0, 0)),
+            lines: RateLimit::new(LOG_LINES_PER_SECOND, Duration::from_secs(1)),
         }
     }
 
     fn offending(&self, remote: SocketAddr, reason: &str, idle: bool) {
-        let mut w = self.window.lock();
-        self.roll(&mut w);
-        if w.1 >= LOG_LINES_PER_SECOND {
-            w.2 += 1;
+        let Some(suppressed) = self.lines.take() else {
             return;
-        }
-        w.1 += 1;
-        drop(w);
+        };
         if idle {
-            tracing::info!(port = self.port, %remote, reason, "idle connection closed");
+            tracing::info!(port = self.port, %remote, reason, suppressed, "idle connection closed");
         } else {
-            tracing::warn!(port = self.port, %remote, reason, "offending connection closed");
+            tracing::warn!(
+                port = self.port,
+                %remote,
+                reason,
+                suppressed,
+                "offending connection closed"
+            );
         }
     }
 
     fn flush(&self) {
-        let mut w = self.window.lock();
-        self.roll(&mut w);
-    }
-
-    fn roll(&self, w: &mut (Instant, u32, u64)) {
-        if w.0.elapsed() < Duration::from_secs(1) {
-            return;
-        }
-        if w.2 > 0 {
+        if let Some(suppressed) = self.lines.flush() {
             tracing::warn!(
                 port = self.port,
-                suppressed = w.2,
+                suppressed,
                 "offending connections closed without a line each (log rate limit)"
             );
         }
-        *w = (Instant::now(), 0, 0);
     }
 }
 
@@ -391,7 +384,7 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(limits.connections_max));
     let log = Arc::new(OffenceLog::new(limits.port));
     let mut flush = tokio::time::interval(Duration::from_secs(1));
-    let mut last_exhaustion_log: Option<Instant> = None;
+    let exhaustion_lines = RateLimit::once_a_second();
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -431,13 +424,13 @@ pub async fn serve(
                 ));
             }
             Err(e) if is_exhaustion(&e) => {
-                if last_exhaustion_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                if let Some(suppressed) = exhaustion_lines.take() {
                     tracing::error!(
                         port = limits.port,
                         error = %e,
+                        suppressed,
                         "cannot accept connections (out of descriptors or memory); retrying"
                     );
-                    last_exhaustion_log = Some(Instant::now());
                 }
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
             }

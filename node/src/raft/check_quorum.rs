@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use openraft::raft::VoteRequest;
-use openraft::{CommittedLeaderId, LogId, RaftMetrics, ServerState, Vote};
+use openraft::{CommittedLeaderId, LogId, RaftMetrics, Vote};
 
 use super::{NodeId, NodeInfo, Raft};
 
@@ -68,7 +68,7 @@ pub(super) async fn run(raft: Raft, node_id: NodeId, election_timeout: Duration,
             if m.running_state.is_err() {
                 return;
             }
-            if m.state != ServerState::Leader || m.current_leader != Some(node_id) {
+            if !super::leads(&m, node_id) {
                 leading_since = None;
                 continue;
             }

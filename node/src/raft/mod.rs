@@ -450,7 +450,7 @@ pub fn holds_node_state(data_dir: &Path) -> bool {
 /// outcomes are those of [`RaftHandle::propose`]).
 ///
 /// The one mapping of openraft's errors for a proposal. The caller checked
-/// leadership first ([`not_leader_hint`]: `NotLeader`, certainly not in the log,
+/// leadership first ([`require_leader`]: `NotLeader`, certainly not in the log,
 /// so the client may redirect it); once `client_write` was called, openraft's
 /// `ForwardToLeader` is ambiguous — it answers so both when its core refuses
 /// the entry and when an entry it had appended was truncated by a new leader
@@ -477,16 +477,23 @@ async fn propose_entry(raft: &Raft, payload: Bytes) -> Result<(u64, Applied), Ap
     }
 }
 
-/// `None` when this node leads; else the leader as it knows it. Reads
+/// Whether metrics `m` say node `node_id` leads: the one definition of leading.
+fn leads(m: &openraft::RaftMetrics<NodeId, NodeInfo>, node_id: NodeId) -> bool {
+    m.current_leader == Some(node_id) && m.state == ServerState::Leader
+}
+
+/// `Ok` when this node leads; else `NotLeader` with the leader it knows. Reads
 /// openraft's metrics in place (under their read lock), cloning only the
 /// leader's addresses when it is another node.
-fn not_leader_hint(raft: &Raft, node_id: NodeId) -> Option<LeaderHint> {
+fn require_leader(raft: &Raft, node_id: NodeId) -> Result<(), ApiError> {
     let metrics = raft.metrics();
     let m = metrics.borrow();
-    if m.current_leader == Some(node_id) && m.state == ServerState::Leader {
-        return None;
+    if leads(&m, node_id) {
+        return Ok(());
     }
-    Some(leader_hint_in(m.current_leader, &m.membership_config))
+    Err(ApiError::NotLeader {
+        hint: leader_hint_in(m.current_leader, &m.membership_config),
+    })
 }
 
 /// Refuses to start on a vote or log whose term no node can reach: openraft
@@ -558,12 +565,6 @@ async fn check_snapshot_covers_log(
         },
     };
     Err(cause.into())
-}
-
-fn is_leader(raft: &Raft, node_id: NodeId) -> bool {
-    let metrics = raft.metrics();
-    let m = metrics.borrow();
-    m.current_leader == Some(node_id) && m.state == ServerState::Leader
 }
 
 impl RaftHandle {
@@ -806,9 +807,9 @@ impl RaftHandle {
     /// [`write_batch`]); every other command is an entry of its own.
     pub async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
         let pending = series::Pending::start();
-        let result = match not_leader_hint(&self.raft, self.node_id) {
-            Some(hint) => Err(ApiError::NotLeader { hint }),
-            None => match command {
+        let result = match self.require_leader() {
+            Err(not_leader) => Err(not_leader),
+            Ok(()) => match command {
                 Command::Write { .. } | Command::Delete { .. } => {
                     self.write_batch.propose(command).await
                 }
@@ -883,18 +884,12 @@ impl RaftHandle {
     }
 
     pub fn is_leader(&self) -> bool {
-        is_leader(&self.raft, self.node_id)
+        leads(&self.raft.metrics().borrow(), self.node_id)
     }
 
     /// `Ok` on the leader; elsewhere NotLeader with the leader this node knows.
     pub fn require_leader(&self) -> Result<(), ApiError> {
-        if self.is_leader() {
-            Ok(())
-        } else {
-            Err(ApiError::NotLeader {
-                hint: self.leader(),
-            })
-        }
+        require_leader(&self.raft, self.node_id)
     }
 
     /// The voter this node, leading, would hand leadership to (see

@@ -71,6 +71,7 @@ use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
 use super::vouch::Vouching;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
+use crate::rate_limit::RateLimit;
 
 /// bincode's own bound on what one decode may claim, and the largest
 /// `peer_message_bytes_max` the config accepts: a message is never larger
@@ -667,33 +668,8 @@ pub struct RaftRpcService {
     /// Asks the members this node knows about an unvouched stranger (`None`: it stays
     /// refused).
     vouching: Option<Arc<Vouching>>,
-    /// Refusals are logged at most once per [`REFUSAL_LOG_INTERVAL`].
-    refusal_log: Arc<Mutex<RefusalLog>>,
-}
-
-/// The shortest time between two logged refusals: a refused peer retries many times a
-/// second.
-const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
-
-#[derive(Default)]
-struct RefusalLog {
-    last_logged: Option<std::time::Instant>,
-    suppressed: u64,
-}
-
-impl RefusalLog {
-    /// Whether a refusal may be logged now, and how many were not since the last one.
-    fn due(&mut self) -> Option<u64> {
-        if self
-            .last_logged
-            .is_some_and(|t| t.elapsed() < REFUSAL_LOG_INTERVAL)
-        {
-            self.suppressed += 1;
-            return None;
-        }
-        self.last_logged = Some(std::time::Instant::now());
-        Some(std::mem::take(&mut self.suppressed))
-    }
+    /// Refusals are logged at most once a second.
+    refusal_lines: Arc<RateLimit>,
 }
 
 impl RaftRpcService {
@@ -712,7 +688,7 @@ impl RaftRpcService {
             series: PeerSeriesMap::when_recording(),
             contacts: Default::default(),
             vouching: None,
-            refusal_log: Default::default(),
+            refusal_lines: Arc::new(RateLimit::once_a_second()),
         }
     }
 
@@ -811,8 +787,8 @@ impl RaftRpcService {
         admitted.map_err(|refusal| self.refused(sender, refusal))
     }
 
-    /// Logs a refusal (operating conditions at debug, the rest at most once per
-    /// [`REFUSAL_LOG_INTERVAL`]), asks about an unvouched stranger, and answers the sender.
+    /// Logs a refusal (operating conditions at debug, the rest at most once a second),
+    /// asks about an unvouched stranger, and answers the sender.
     fn refused(&self, sender: NodeId, refusal: Refusal) -> tonic::Status {
         match refusal {
             Refusal::Busy { .. } => tracing::debug!(sender, %refusal, "refused a raft message"),
@@ -823,12 +799,7 @@ impl RaftRpcService {
                 }
             }
             _ => {
-                let due = self
-                    .refusal_log
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .due();
-                if let Some(suppressed) = due {
+                if let Some(suppressed) = self.refusal_lines.take() {
                     tracing::warn!(
                         sender,
                         %refusal,

@@ -9,12 +9,14 @@
 //! the stranger, the gate hears it from then on ([`PeerGate::vouched`]); the stranger
 //! retries its message, and openraft's own checks (vote, lease, log) decide the rest.
 //!
-//! Invariants: at most one round of questions runs at a time, and rounds start at most
-//! once per [`ROUND_INTERVAL`], whatever strangers send; only a member of this node's
-//! current membership is asked, never the stranger itself.
+//! Invariants: rounds of questions start at most once per [`ROUND_INTERVAL`], whatever
+//! strangers send, and each asks each member once, for at most [`ASK_TIMEOUT`]; only a
+//! member of this node's current membership is asked, never the stranger itself.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::rate_limit::RateLimit;
 
 use super::network::Network;
 use super::{NodeId, PeerGate, Raft};
@@ -29,8 +31,8 @@ pub struct Vouching {
     raft: Raft,
     gate: Arc<PeerGate>,
     node_id: NodeId,
-    /// When the last round started.
-    last_round: Mutex<Option<Instant>>,
+    /// At most one round per [`ROUND_INTERVAL`].
+    rounds: RateLimit,
 }
 
 impl Vouching {
@@ -40,7 +42,7 @@ impl Vouching {
             raft,
             gate,
             node_id,
-            last_round: Mutex::new(None),
+            rounds: RateLimit::new(1, ROUND_INTERVAL),
         }
     }
 
@@ -48,12 +50,8 @@ impl Vouching {
     /// started less than [`ROUND_INTERVAL`] ago. Returns at once; the round runs in a task
     /// of its own, bounded by [`ASK_TIMEOUT`] per member.
     pub fn ask_about(self: &Arc<Self>, stranger: NodeId) {
-        {
-            let mut last = self.last_round.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|t| t.elapsed() < ROUND_INTERVAL) {
-                return;
-            }
-            *last = Some(Instant::now());
+        if self.rounds.take().is_none() {
+            return;
         }
         let this = self.clone();
         tokio::spawn(async move { this.round(stranger).await });

@@ -45,7 +45,7 @@ use cairn_proto::error::ApiError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::stages::{WriteStages, WriteTimes};
-use super::{not_leader_hint, propose_entry, NodeId, Raft};
+use super::{propose_entry, require_leader, NodeId, Raft};
 
 /// At most this many commands per batch entry.
 pub const BATCH_COMMANDS_MAX: usize = 256;
@@ -213,11 +213,9 @@ fn applied_index(outcome: &Outcome) -> Option<u64> {
 /// command (certainly not in the log) rather than the `Inconsistent` that
 /// openraft's refusal would mean after `client_write`.
 async fn propose_batch(raft: &Raft, node_id: NodeId, mut batch: Vec<Pending>) -> Option<u64> {
-    if let Some(hint) = not_leader_hint(raft, node_id) {
+    if let Err(not_leader) = require_leader(raft, node_id) {
         for p in batch {
-            let _ = p
-                .reply
-                .send(Err(ApiError::NotLeader { hint: hint.clone() }));
+            let _ = p.reply.send(Err(not_leader.clone()));
         }
         return None;
     }
