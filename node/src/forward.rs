@@ -91,6 +91,8 @@ impl Handle for NodeHandle {
             command
         };
         if self.unsafe_modes.unsafe_ack_before_commit && matches!(command, Command::Write { .. }) {
+            // Only a leader acknowledges a write (early, here); a follower forwards it.
+            self.raft.require_leader()?;
             return Ok(self.ack_before_commit(command));
         }
         // `RaftHandle::propose` keeps the Handle contract itself: NotLeader or

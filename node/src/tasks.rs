@@ -64,11 +64,7 @@ impl Tasks {
         name: &'static str,
         task: impl Future<Output = ()> + Send + 'static,
     ) {
-        assert!(
-            self.running.iter().all(|(n, _)| *n != name),
-            "task {name} started twice"
-        );
-        self.running.push((name, tokio::spawn(task)));
+        self.adopt(name, tokio::spawn(task));
     }
 
     /// Keeps a task started elsewhere (a server that watches [`Tasks::stopped`]).

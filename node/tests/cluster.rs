@@ -11,6 +11,30 @@ use support::*;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Starts a node that joins through the client address `via`, and waits until node `at`
+/// counts it a voter; returns its id.
+async fn join_as_voter(cluster: &mut Cluster, at: u64, via: &str) -> u64 {
+    let id = cluster.add_joining_node(via);
+    assert!(
+        cluster.wait_voter(at, id, Duration::from_secs(30)).await,
+        "node {id} never became a voter: {:?}",
+        cluster.status(at).await
+    );
+    id
+}
+
+/// Waits until node `id` has applied node `leader`'s log as it stands now.
+async fn assert_catches_up_with(cluster: &Cluster, id: u64, leader: u64) {
+    let last = cluster.status(leader).await.unwrap().last_log_index;
+    assert!(
+        cluster
+            .wait_applied(id, last, Duration::from_secs(30))
+            .await,
+        "node {id} never applied index {last} from node {leader}: {}",
+        cluster.log_of(id)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_node_bootstrap_and_a_write_is_readable_on_every_node() {
     // Three fresh nodes elect a leader; a write acknowledged by the leader is
@@ -247,14 +271,7 @@ async fn membership_add_promote_and_remove_while_serving() {
             .unwrap()
     );
     let via = cluster.node(leader).client_address.clone();
-    let new_id = cluster.add_joining_node(&via);
-    assert!(
-        cluster
-            .wait_voter(leader, new_id, Duration::from_secs(30))
-            .await,
-        "node {new_id} never became a voter: {:?}",
-        cluster.status(leader).await
-    );
+    let new_id = join_as_voter(&mut cluster, leader, &via).await;
     assert!(
         create_anywhere(&cluster, "m-1", b"x", Duration::from_secs(10))
             .await
@@ -540,14 +557,7 @@ async fn a_node_joining_under_a_newer_leader_catches_up_from_a_snapshot_older_th
         assert!(written < 2_000, "the leader never compacted its log");
     }
     let old_snapshot_index = cluster.status(first).await.unwrap().snapshot_index;
-    let four = cluster.add_joining_node(&address);
-    assert!(
-        cluster
-            .wait_voter(first, four, Duration::from_secs(30))
-            .await,
-        "node {four} never became a voter: {:?}",
-        cluster.status(first).await
-    );
+    let four = join_as_voter(&mut cluster, first, &address).await;
     cluster.transfer_leader(four, LEADER_TIMEOUT).await.unwrap();
     assert_eq!(cluster.wait_for_leader(LEADER_TIMEOUT).await, four);
     let s4 = cluster.status(four).await.unwrap();
@@ -558,14 +568,7 @@ async fn a_node_joining_under_a_newer_leader_catches_up_from_a_snapshot_older_th
 
     let via_four = cluster.node(four).client_address.clone();
     let five = cluster.add_joining_node(&via_four);
-    let last = cluster.status(four).await.unwrap().last_log_index;
-    assert!(
-        cluster
-            .wait_applied(five, last, Duration::from_secs(30))
-            .await,
-        "node {five} never applied index {last}: {}",
-        cluster.log_of(five)
-    );
+    assert_catches_up_with(&cluster, five, four).await;
     let expected: Vec<String> = (0..written).map(|i| format!("w-{i:04}")).collect();
     wait_converged(&cluster, &[five], &expected, Duration::from_secs(20)).await;
 }
@@ -585,28 +588,14 @@ async fn a_member_away_while_a_node_joined_and_took_the_lead_catches_up_from_it(
         .await
         .unwrap();
     cluster.pause(away);
-    let four = cluster.add_joining_node(&address);
-    assert!(
-        cluster
-            .wait_voter(first, four, Duration::from_secs(30))
-            .await,
-        "node {four} never became a voter: {:?}",
-        cluster.status(first).await
-    );
+    let four = join_as_voter(&mut cluster, first, &address).await;
     cluster.transfer_leader(four, LEADER_TIMEOUT).await.unwrap();
     let via_four = cluster.node(four).client_address.clone();
     write(&via_four, thing("after", "u1", "", b"x"))
         .await
         .unwrap();
     cluster.resume(away);
-    let last = cluster.status(four).await.unwrap().last_log_index;
-    assert!(
-        cluster
-            .wait_applied(away, last, Duration::from_secs(30))
-            .await,
-        "node {away} never applied index {last} from its new leader: {}",
-        cluster.log_of(away)
-    );
+    assert_catches_up_with(&cluster, away, four).await;
     let expected = vec!["after".to_string(), "before".to_string()];
     wait_converged(&cluster, &[away], &expected, Duration::from_secs(20)).await;
 }

@@ -806,15 +806,15 @@ impl RaftHandle {
     /// A write or delete may share its entry with other writes (see
     /// [`write_batch`]); every other command is an entry of its own.
     pub async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
+        // Refused before proposing: not a proposal (a follower's forwarded writes come
+        // here first, and must not count as failed proposals).
+        self.require_leader()?;
         let pending = series::Pending::start();
-        let result = match self.require_leader() {
-            Err(not_leader) => Err(not_leader),
-            Ok(()) => match command {
-                Command::Write { .. } | Command::Delete { .. } => {
-                    self.write_batch.propose(command).await
-                }
-                other => propose_entry(&self.raft, other.encode()).await,
-            },
+        let result = match command {
+            Command::Write { .. } | Command::Delete { .. } => {
+                self.write_batch.propose(command).await
+            }
+            other => propose_entry(&self.raft, other.encode()).await,
         };
         pending.answered(series::failure_of(&result));
         result
@@ -824,7 +824,11 @@ impl RaftHandle {
     /// everything committed before the call: a read after this is linearizable.
     /// Concurrent callers share one confirmation that started after each of
     /// them arrived (see [`read_batch`]).
+    ///
+    /// A node that does not lead answers NotLeader at once (the request's one leadership
+    /// check), without a round through the read batcher and openraft's core.
     pub async fn confirm_read(&self) -> Result<u64, ApiError> {
+        self.require_leader()?;
         let (read_index, applied_index) = self.read_batch.confirm().await?;
         if read_index > applied_index && self.applied_index() < read_index {
             self.raft

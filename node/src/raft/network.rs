@@ -228,6 +228,15 @@ impl Network {
         Ok(channel)
     }
 
+    /// A message from this node: its cluster id and node id around `payload`.
+    fn envelope(&self, payload: Bytes) -> RaftMessage {
+        RaftMessage {
+            cluster_id: self.identity.cluster_id(),
+            payload,
+            sender_node_id: self.node_id,
+        }
+    }
+
     /// Asks the node at `peer_address` for the node ids of its current membership
     /// (`RaftService.Members`), for at most `timeout`.
     pub(super) async fn members_of(
@@ -237,11 +246,7 @@ impl Network {
     ) -> Result<Vec<NodeId>, String> {
         let channel = self.channel(peer_address)?;
         let payload = encode(&()).map_err(|e| e.to_string())?;
-        let mut request = tonic::Request::new(RaftMessage {
-            cluster_id: self.identity.cluster_id(),
-            payload,
-            sender_node_id: self.node_id,
-        });
+        let mut request = tonic::Request::new(self.envelope(payload));
         request.set_timeout(timeout);
         let reply = RaftServiceClient::new(channel)
             .max_decoding_message_size(self.message_bytes_max)
@@ -290,11 +295,7 @@ impl PeerClient {
     ) -> impl std::future::Future<Output = SendResult> + Send + 'static {
         let channel = self.network.channel(&self.peer_address);
         let message_bytes_max = self.network.message_bytes_max;
-        let envelope = RaftMessage {
-            cluster_id: self.network.identity.cluster_id(),
-            payload,
-            sender_node_id: self.network.node_id,
-        };
+        let envelope = self.network.envelope(payload);
         let series = self.series.clone();
         async move {
             // A peer that cannot be dialled is unreachable: openraft backs off (`finish`).
