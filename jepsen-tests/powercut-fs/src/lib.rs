@@ -148,6 +148,9 @@ pub struct PowerCutOptions {
 /// The unit of a torn write.
 pub const SECTOR_BYTES: u64 = 512;
 
+/// How long [`PowerCutHandle::unmount`] waits for files still open on the filesystem to close.
+pub const UNMOUNT_WAIT_FOR_CLOSE: Duration = Duration::from_secs(10);
+
 /// Torn-writes mode: how long a sync takes (the filesystem's lock is free meanwhile), like a
 /// disk flushing its cache, so that a power cut can land while a sync is in flight and find
 /// the writes before it still unsynced. A sync overtaken by a cut fails with `EIO`.
@@ -315,6 +318,9 @@ struct State {
     /// Bumped by every power cut; handles carry the epoch they were opened in.
     epoch: u64,
     open_handles: HashMap<u64, u32>,
+    /// Handles the kernel holds, of every epoch: each open is matched by one release, which
+    /// the kernel sends only after the last `close` of that file. Unmounting waits for zero.
+    handles_held: u64,
     stats: PowerCutStats,
     options: PowerCutOptions,
     /// Torn-writes mode: per inode, the content changes since its last sync.
@@ -337,6 +343,7 @@ impl State {
             next_ino: ROOT + 1,
             epoch: 1,
             open_handles: HashMap::new(),
+            handles_held: 0,
             stats: PowerCutStats::default(),
             options,
             pending: HashMap::new(),
@@ -479,11 +486,15 @@ impl State {
     }
 
     fn open_handle(&mut self, ino: u64) -> FileHandle {
+        self.handles_held += 1;
         *self.open_handles.entry(ino).or_insert(0) += 1;
         FileHandle(self.epoch)
     }
 
     fn release_handle(&mut self, ino: u64, fh: FileHandle) {
+        // The kernel releases each handle once; saturating, so a confused kernel cannot
+        // panic the serving thread (which would hang every process using the mount).
+        self.handles_held = self.handles_held.saturating_sub(1);
         if fh.0 != self.epoch {
             return;
         }
@@ -1380,12 +1391,27 @@ impl PowerCutHandle {
         self.state.lock().stats
     }
 
-    /// Unmounts and waits for the serving thread to stop.
+    /// Unmounts and waits for the serving thread to stop. Files still open on the filesystem
+    /// (a killed process's, or a library's I/O thread that closes its files a moment after its
+    /// owner let go) are waited for, up to [`UNMOUNT_WAIT_FOR_CLOSE`]; the kernel refuses to
+    /// unmount (`EBUSY`) while any is open.
     pub fn unmount(mut self) -> Result<(), PowerCutError> {
         self.unmount_inner()
     }
 
+    /// Handles the kernel still holds on this filesystem.
+    pub fn handles_held(&self) -> u64 {
+        self.state.lock().handles_held
+    }
+
     fn unmount_inner(&mut self) -> Result<(), PowerCutError> {
+        let deadline = std::time::Instant::now() + UNMOUNT_WAIT_FOR_CLOSE;
+        while self.session.is_some()
+            && self.handles_held() > 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         match self.session.take() {
             Some(session) => session
                 .umount_and_join()

@@ -112,6 +112,36 @@ fn directory_fsync_makes_renames_durable() {
 }
 
 #[test]
+fn unmount_waits_for_a_file_closed_a_moment_later() {
+    // A library's I/O thread may close its files a moment after its owner let go of it (sled's
+    // do): unmounting then must wait for the close, not fail with EBUSY.
+    if skip_without_fuse("unmount_waits_for_a_file_closed_a_moment_later") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fs = PowerCutFs::mount(dir.path()).expect("mount");
+    // The straggler is another process (as sled's threads are, to the kernel, another file
+    // holder): if unmount gave up at once, this test would fail with EBUSY rather than hang.
+    let held = dir.path().join("held");
+    std::fs::write(&held, b"x").expect("write");
+    let mut straggler = Command::new("sh")
+        .arg("-c")
+        .arg("exec 3<\"$0\"; sleep 0.3")
+        .arg(&held)
+        .spawn()
+        .expect("spawn sh");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fs.handles_held() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the straggler never opened its file");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    fs.cut_power();
+    assert_eq!(fs.handles_held(), 1, "a handle from before the cut is still held");
+    fs.unmount().expect("unmount once the straggler closed its file");
+    assert!(straggler.wait().expect("wait for sh").success());
+}
+
+#[test]
 fn binary_cuts_power_on_sigusr1_and_unmounts_on_sigterm() {
     // The binary prints `mounted`, cuts power on SIGUSR1 (`power-cut 1`), exits 0 on SIGTERM.
     if skip_without_fuse("binary_cuts_power_on_sigusr1_and_unmounts_on_sigterm") {
