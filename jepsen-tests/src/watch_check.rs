@@ -90,7 +90,9 @@ pub struct WatchReport {
 /// changes nothing a watch matches (a new leader's blank entry, a failed
 /// compare-and-set) moves the final list's revision but no watch. This is the
 /// newest version in the final state or the newest change any watcher
-/// delivered, whichever is larger, capped at `final_revision`. A trailing
+/// delivered (an Upsert's version: a snapshot's Upserts carry the snapshot's
+/// revision, which may be such an entry), whichever is larger, capped at
+/// `final_revision`. A trailing
 /// delete that every watcher missed still fails the check: the watchers' final
 /// state then differs from the final read.
 pub fn revision_to_reach(
@@ -101,10 +103,11 @@ pub fn revision_to_reach(
     let newest_stored = final_state
         .values()
         .filter_map(|s| s.version.parse::<u64>().ok());
-    let newest_delivered = log
-        .iter()
-        .filter(|r| r.event == "upsert" || r.event == "delete")
-        .map(|r| r.revision);
+    let newest_delivered = log.iter().filter_map(|r| match r.event.as_str() {
+        "upsert" => Some(r.version.parse::<u64>().unwrap_or(r.revision)),
+        "delete" => Some(r.revision),
+        _ => None,
+    });
     newest_stored
         .chain(newest_delivered)
         .max()
@@ -666,6 +669,29 @@ mod tests {
         .unwrap();
         let mut log = stream(0, None);
         log.extend(stream(1, None));
+        let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 5, 2, &[0, 1]);
+        assert_eq!(report.verdict, Verdict::Valid, "{:?}", report.anomalies);
+    }
+
+    #[test]
+    fn a_snapshot_taken_after_a_blank_entry_does_not_raise_the_revision_to_reach() {
+        // Node 0 re-watched after the last change (4) and a blank entry (5): its
+        // snapshot's Upserts carry revision 5. Node 1 stayed live and delivered 4,
+        // the last change: it reached everything a watch could deliver.
+        let history = History::new(vec![
+            write("a", 10, 2),
+            write("a", 11, 3),
+            write("a", 12, 4),
+        ])
+        .unwrap();
+        let mut log = stream(0, None);
+        log.push(rec(0, "open", 0, "", 0));
+        let mut snapshot_upsert = rec(0, "upsert", 5, "a", 12);
+        snapshot_upsert.version = "4".into();
+        log.push(snapshot_upsert);
+        log.push(rec(0, "end_of_snapshot", 5, "", 0));
+        log.extend(stream(1, None));
+        assert_eq!(revision_to_reach(&log, &final_state(&[("a", 4, 12)]), 5), 4);
         let report = check(&log, &history, &final_state(&[("a", 4, 12)]), 5, 2, &[0, 1]);
         assert_eq!(report.verdict, Verdict::Valid, "{:?}", report.anomalies);
     }
