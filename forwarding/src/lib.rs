@@ -74,12 +74,14 @@ mod executor;
 mod forwarder;
 mod handle;
 pub mod metrics;
+mod read_index;
 mod server;
 
 pub use channel::{LeaderChannel, LeaderChannelOptions, Target};
 pub use executor::{checks, Executor, WatchStream};
 pub use forwarder::{Forwarder, ForwarderOptions, RequestStamp};
-pub use handle::Handle;
+pub use handle::{Handle, ReadAt};
+pub use read_index::LeaderReadIndex;
 pub use server::{bounded_timeout, caller_timeout, ForwardingServer};
 
 /// Largest forwarded message, sent or received (a strong list can be large;
