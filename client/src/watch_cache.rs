@@ -16,9 +16,15 @@
 //!    restore), it takes a fresh snapshot and sweeps: every cached key of the
 //!    type that the snapshot lacks gets a Delete.
 //!
-//! A fresh snapshot older than R (from a follower that lags behind the node
-//! the cache read before) is discarded and taken again, from the next
-//! endpoint, after a pause: showing it would move resources back in time.
+//! Snapshots are taken STRONG by default ([`WatchCacheOptions::snapshot_consistency`]):
+//! the node, leader or follower, opens the watch at a revision no older than a
+//! quorum-confirmed read index, so a primed cache holds every write
+//! acknowledged before it asked; a controller acting on it never rewinds a
+//! resource to a state older than one it, or anyone, was told was written.
+//! A fresh snapshot older than R (an EVENTUAL snapshot from a follower that
+//! lags behind the node the cache read before) is discarded and taken again,
+//! from the next endpoint, after a pause: showing it would move resources
+//! back in time.
 //!
 //! Each change also passes a per-key check before it reaches the table and
 //! the subscribers: versions are decimal log indices, compared numerically;
@@ -43,7 +49,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_proto::v1::{watch_event, Id, Resource, Tenancy, Type, WatchListRequest};
+use cairn_proto::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -140,6 +146,12 @@ pub struct WatchCacheOptions {
     /// by every event received.
     pub retry_backoff_initial: Duration,
     pub retry_backoff_max: Duration,
+    /// The consistency of every snapshot the cache takes (when it primes, and
+    /// when it resyncs after Compacted). STRONG (the default): the snapshot
+    /// holds every write acknowledged before the watch was opened. EVENTUAL:
+    /// whatever the node applied, cheaper, possibly older. A watch resumed
+    /// from the cache's revision replays every change after it either way.
+    pub snapshot_consistency: Consistency,
 }
 
 impl Default for WatchCacheOptions {
@@ -147,6 +159,7 @@ impl Default for WatchCacheOptions {
         WatchCacheOptions {
             retry_backoff_initial: Duration::from_millis(50),
             retry_backoff_max: Duration::from_secs(2),
+            snapshot_consistency: Consistency::Strong,
         }
     }
 }
@@ -500,11 +513,16 @@ impl TypeWatcher {
                 (false, Some(r)) => crate::watch_resume_revision(r),
                 _ => 0,
             };
+            let consistency = match start_revision {
+                0 => self.options.snapshot_consistency,
+                _ => Consistency::Eventual,
+            };
             let request = WatchListRequest {
                 r#type: Some(spec.type_.clone()),
                 tenancy: Some(spec.tenancy.clone()),
                 name_prefix: spec.name_prefix.clone(),
                 start_revision,
+                consistency: consistency as i32,
             };
             let mut stream = match self.client.watch_list(request).await {
                 Ok(stream) => stream,

@@ -93,6 +93,7 @@ async fn every_call_succeeds_with_one_of_three_endpoints_dead() {
             tenancy: Some(any_tenancy()),
             name_prefix: String::new(),
             start_revision: 0,
+            ..Default::default()
         })
         .await
         .unwrap();

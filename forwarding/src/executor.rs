@@ -11,7 +11,7 @@ use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, shared, Consistency};
 use futures::Stream;
 
-use crate::handle::Handle;
+use crate::handle::{Handle, ReadAt};
 
 /// The refusal of a list that matches more than `list_results_max` resources.
 fn too_many_results(results_max: usize) -> ApiError {
@@ -31,12 +31,15 @@ pub type WatchStream =
 /// Validates and executes requests against this node's [`Handle`].
 pub struct Executor<H> {
     handle: Arc<H>,
+    /// Where a strong read or list may be confirmed ([`Handle::confirm_read`]).
+    strong_reads: ReadAt,
 }
 
 impl<H> Clone for Executor<H> {
     fn clone(&self) -> Self {
         Executor {
             handle: self.handle.clone(),
+            strong_reads: self.strong_reads,
         }
     }
 }
@@ -53,8 +56,15 @@ fn consistency(value: i32) -> Result<Consistency, ApiError> {
 }
 
 impl<H: Handle> Executor<H> {
-    pub fn new(handle: Arc<H>) -> Executor<H> {
-        Executor { handle }
+    /// `strong_reads`: where strong reads and lists are confirmed. The
+    /// `ForwardingServer` runs what followers sent with [`ReadAt::Leader`]
+    /// (it never passes a request on); the client port's forwarder with the
+    /// node's `follower_strong_reads`.
+    pub fn new(handle: Arc<H>, strong_reads: ReadAt) -> Executor<H> {
+        Executor {
+            handle,
+            strong_reads,
+        }
     }
 
     pub fn handle(&self) -> &Arc<H> {
@@ -88,8 +98,9 @@ impl<H: Handle> Executor<H> {
         checks::list(self.limits(), r)
     }
 
-    /// Validates a WatchList request (the same filter rules as a List).
-    pub fn check_watch(&self, r: &pb::WatchListRequest) -> Result<(), ApiError> {
+    /// Validates a WatchList request (the same filter rules as a List);
+    /// returns the consistency it asks for.
+    pub fn check_watch(&self, r: &pb::WatchListRequest) -> Result<Consistency, ApiError> {
         checks::watch(self.limits(), r)
     }
 
@@ -126,11 +137,11 @@ impl<H: Handle> Executor<H> {
         self.list_checked(r, consistency, None).await
     }
 
-    /// The view a request reads: for a strong request, after this node
-    /// confirmed its leadership and caught up.
+    /// The view a request reads: for a strong request, after a read index
+    /// was confirmed (here on the leader, or through it) and applied here.
     async fn view_for(&self, consistency: Consistency, revision: u64) -> Result<View, ApiError> {
         let confirmed_index = match consistency {
-            Consistency::Strong => Some(self.handle.confirm_read().await?),
+            Consistency::Strong => Some(self.handle.confirm_read(self.strong_reads).await?),
             Consistency::Eventual => None,
         };
         let view = self.handle.store().view_at(revision)?;
@@ -261,10 +272,27 @@ impl<H: Handle> Executor<H> {
         })
     }
 
-    /// WatchList: always local. The stream yields the fsm's events and ends
-    /// after the first error (WatchClosed, Compacted).
-    pub fn watch(&self, r: pb::WatchListRequest) -> Result<WatchStream, ApiError> {
+    /// WatchList: always local, opened at what this node has applied; with
+    /// `confirmed_index` (a strong watch), that is at least this read index,
+    /// which [`Handle::confirm_read`] confirmed and this node applied. The
+    /// stream yields the fsm's events and ends after the first error
+    /// (WatchClosed, Compacted).
+    pub fn watch(
+        &self,
+        r: pb::WatchListRequest,
+        confirmed_index: Option<u64>,
+    ) -> Result<WatchStream, ApiError> {
         self.check_watch(&r)?;
+        if let Some(index) = confirmed_index {
+            // The Handle contract: this node applied the confirmed index, so the
+            // snapshot (taken from the latest state, at or above it) holds every
+            // write acknowledged before the watch was requested.
+            let applied = self.handle.store().view().revision();
+            assert!(
+                applied >= index,
+                "a strong watch opens at {applied}, below the confirmed index {index}"
+            );
+        }
         let type_ = r.r#type.expect("checked: a watch names its type");
         let tenancy = r.tenancy.unwrap_or_default();
         let filter = WatchFilter {
@@ -346,14 +374,17 @@ pub mod checks {
         Ok(consistency)
     }
 
-    /// A WatchList request (the same filter rules as a List).
-    pub fn watch(limits: &Limits, r: &pb::WatchListRequest) -> Result<(), ApiError> {
+    /// A WatchList request (the same filter rules as a List); returns the
+    /// consistency it asks for.
+    pub fn watch(limits: &Limits, r: &pb::WatchListRequest) -> Result<Consistency, ApiError> {
+        let consistency = consistency(r.consistency)?;
         filter(
             limits,
             r.r#type.as_ref(),
             r.tenancy.as_ref(),
             &r.name_prefix,
-        )
+        )?;
+        Ok(consistency)
     }
 
     /// A ListByOwner request: its owner id.

@@ -1,9 +1,12 @@
 //! [`Forwarder`]: where each client request runs.
 //!
-//! Eventual reads, eventual lists, ListByOwner and watches run here. Writes,
-//! deletes, strong reads and strong lists run here when this node leads and
-//! are forwarded to the leader over the [`LeaderChannel`] otherwise, retrying
-//! across leader changes until the request's deadline.
+//! Eventual reads, eventual lists, ListByOwner and watches run here. Writes
+//! and deletes run here when this node leads and are forwarded to the leader
+//! over the [`LeaderChannel`] otherwise, retrying across leader changes until
+//! the request's deadline. Strong reads and lists run here too, on a follower
+//! after a read index from the leader (`follower_strong_reads = "read-index"`,
+//! the executor's [`ReadAt::AnyNode`]), or are forwarded like writes
+//! ([`ReadAt::Leader`]); a strong watch waits here for a read index first.
 //!
 //! ## When an attempt is retried
 //!
@@ -46,7 +49,7 @@ use tonic::{Request, Response, Status};
 
 use crate::channel::{LeaderChannel, Target};
 use crate::executor::{Executor, WatchStream};
-use crate::handle::Handle;
+use crate::handle::{Handle, ReadAt};
 use crate::metrics::{self, Method};
 
 /// Retry pacing of a [`Forwarder`].
@@ -180,9 +183,39 @@ impl<H: Handle> Forwarder<H> {
         self.executor.list_by_owner(r, visible)
     }
 
-    /// WatchList: always here.
-    pub fn watch(&self, r: pb::WatchListRequest) -> Result<WatchStream, ApiError> {
-        self.executor.watch(r)
+    /// WatchList: always here. A strong watch first gets a read index
+    /// confirmed by a quorum and applied here (retried, like a strong read,
+    /// until `deadline`; Inconsistent if none could be), so that its snapshot
+    /// holds every write acknowledged before the request arrived.
+    pub async fn watch(
+        &self,
+        r: pb::WatchListRequest,
+        deadline: Instant,
+    ) -> Result<WatchStream, ApiError> {
+        let confirmed_index = match self.executor.check_watch(&r)? {
+            Consistency::Eventual => None,
+            Consistency::Strong => {
+                let mut here = ConfirmHere { forwarder: self };
+                let index = cairn_request::run(
+                    cairn_request::Operation::Read,
+                    &mut here,
+                    &self.pacing(),
+                    deadline,
+                )
+                .await
+                .map_err(|ended| ended.into_api_error(cairn_request::Operation::Read))?;
+                Some(index)
+            }
+        };
+        self.executor.watch(r, confirmed_index)
+    }
+
+    fn pacing(&self) -> Pacing {
+        Pacing {
+            pause_initial: self.options.retry_pause_initial,
+            pause_max: self.options.retry_pause_max,
+            attempts_max: u32::MAX,
+        }
     }
 
     /// Runs a validated request on the leader: here if this node leads,
@@ -199,12 +232,7 @@ impl<H: Handle> Forwarder<H> {
             target: None,
             previous_target: None,
         };
-        let pacing = Pacing {
-            pause_initial: self.options.retry_pause_initial,
-            pause_max: self.options.retry_pause_max,
-            attempts_max: u32::MAX,
-        };
-        cairn_request::run(operation, &mut leader, &pacing, deadline)
+        cairn_request::run(operation, &mut leader, &self.pacing(), deadline)
             .await
             .map_err(|ended| {
                 tracing::debug!(
@@ -278,12 +306,7 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
         let hint = match tokio::time::timeout_at(deadline, local).await {
             Ok(Err(ApiError::NotLeader { hint })) => hint,
             Ok(result) => return result.map_err(Failure::Answered),
-            Err(_elapsed) => {
-                return Err(Failure::NoAnswer(format!(
-                    "no answer from the cluster within {} ms",
-                    millis(started.elapsed())
-                )))
-            }
+            Err(_elapsed) => return Err(not_done_here(started)),
         };
         // The host's leader-change hook normally keeps the channel in
         // step; a request racing that hook still goes to the right node.
@@ -318,6 +341,48 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
             && channel.target().is_some()
             && channel.target() != self.previous_target;
         !redirected
+    }
+}
+
+/// A request run here that did not end by its deadline: a strong read whose
+/// read index was not confirmed or applied in time, or a write not answered
+/// in time (it may still commit). Inconsistent either way: never a stale read,
+/// never "certainly not applied".
+fn not_done_here(started: Instant) -> Failure {
+    Failure::Answered(ApiError::Inconsistent(format!(
+        "not done on this node within {} ms (no quorum-confirmed answer in time)",
+        millis(started.elapsed())
+    )))
+}
+
+/// The transport of a strong watch's confirmation: [`Handle::confirm_read`]
+/// here, on any node; a NotLeader from the leader asked names the next one.
+struct ConfirmHere<'a, H> {
+    forwarder: &'a Forwarder<H>,
+}
+
+impl<H: Handle> Attempts for ConfirmHere<'_, H> {
+    type Response = u64;
+
+    async fn attempt(&mut self, deadline: Instant) -> Result<u64, Failure> {
+        let started = Instant::now();
+        let confirm = self
+            .forwarder
+            .executor
+            .handle()
+            .confirm_read(ReadAt::AnyNode);
+        match tokio::time::timeout_at(deadline, confirm).await {
+            Ok(result) => result.map_err(Failure::Answered),
+            Err(_elapsed) => Err(not_done_here(started)),
+        }
+    }
+
+    fn move_on(&mut self, failure: &Failure, leader: Option<&LeaderHint>) -> bool {
+        if let Failure::Answered(ApiError::NotLeader { hint }) = failure {
+            self.forwarder.channel.observe(hint);
+        }
+        // A NotLeader naming a new leader is followed at once.
+        leader.is_none()
     }
 }
 

@@ -5,6 +5,18 @@ use std::future::Future;
 use cairn_fsm::{Applied, Command, Store};
 use cairn_proto::error::{ApiError, LeaderHint};
 
+/// Where a strong read may be confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadAt {
+    /// Only on the leader: a node that does not lead answers NotLeader (and
+    /// the forwarder sends the whole request to the leader). The path of a
+    /// forwarded request, and of `follower_strong_reads = "forward"`.
+    Leader,
+    /// On any node: a follower asks the leader for a read index, waits until
+    /// it has applied it, and serves the read from its own table.
+    AnyNode,
+}
+
 /// What executing and forwarding requests needs from Raft — nothing more:
 /// propose a command, confirm a read, name the leader, and the table.
 ///
@@ -22,11 +34,15 @@ use cairn_proto::error::{ApiError, LeaderHint};
 ///   Any failure after the command may have been appended — leadership lost
 ///   while waiting, Raft stopping, a timeout — is `Inconsistent` (the
 ///   outcome is unknown; the entry may still commit).
-/// - [`Handle::confirm_read`] answers `NotLeader` when this node does not
-///   lead, `Inconsistent` when leadership could not be confirmed by a quorum,
-///   and on success returns an index `i` such that every write acknowledged
-///   before the call is at or below `i` and this node's store has applied at
-///   least `i`.
+/// - [`Handle::confirm_read`] on success returns an index `i` such that every
+///   write acknowledged before the call is at or below `i` and this node's
+///   store has applied at least `i`. On a node that does not lead it answers
+///   `NotLeader` with [`ReadAt::Leader`]; with [`ReadAt::AnyNode`] it asks the
+///   leader for a read index (`NotLeader` when the leader it asked had lost
+///   its role, with the new hint). It answers `Inconsistent` when the read
+///   index could not be confirmed (no quorum; no leader reachable), and never
+///   returns an index it could not confirm. It does not bound its own wait:
+///   the caller cuts it off at its deadline.
 pub trait Handle: Send + Sync + 'static {
     /// Appends `command` to the Raft log and waits until this node has
     /// applied it; returns the entry's index and what applying it did. A
@@ -37,9 +53,10 @@ pub trait Handle: Send + Sync + 'static {
         command: Command,
     ) -> impl Future<Output = Result<(u64, Applied), ApiError>> + Send;
 
-    /// Confirms leadership with a quorum and waits until this node has
-    /// applied everything committed before the call (see the trait docs).
-    fn confirm_read(&self) -> impl Future<Output = Result<u64, ApiError>> + Send;
+    /// Confirms a read index with a quorum (here on the leader, or through
+    /// the leader with [`ReadAt::AnyNode`]) and waits until this node has
+    /// applied it (see the trait docs).
+    fn confirm_read(&self, at: ReadAt) -> impl Future<Output = Result<u64, ApiError>> + Send;
 
     /// The current leader as this node knows it (its id and addresses).
     fn leader(&self) -> LeaderHint;

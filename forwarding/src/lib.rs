@@ -3,8 +3,8 @@
 //! **Purpose.** Everything between a request arriving on any node and the
 //! node that can answer it:
 //! - [`Handle`]: the narrow interface to the host's Raft (apply a command and
-//!   wait for its result, am I the leader, ensure strong consistency, the
-//!   leader hint, the local [`cairn_fsm::Store`]). The node implements it over
+//!   wait for its result, confirm a read index here or through the leader,
+//!   the leader hint, the local [`cairn_fsm::Store`]). The node implements it over
 //!   openraft; the tests implement it with an in-process leader and follower.
 //! - [`Executor`]: the ONE place where requests are validated and executed on
 //!   this node (reads, lists, writes, deletes, ListByOwner, watches). The
@@ -13,9 +13,12 @@
 //! - [`LeaderChannel`]: one cached tonic channel to the leader's peer address.
 //! - [`ForwardingServer`]: the `ForwardingService` on the peer port.
 //! - [`Forwarder`]: the client-facing router: eventual reads, eventual lists,
-//!   ListByOwner and watches are local; writes, deletes, strong reads and
-//!   strong lists run locally on the leader and are forwarded to it from a
-//!   follower, with retries across leader changes inside the request deadline.
+//!   ListByOwner and watches are local; writes and deletes run locally on the
+//!   leader and are forwarded to it from a follower, with retries across
+//!   leader changes inside the request deadline; strong reads, lists and
+//!   watches run locally after a read index ([`ReadAt::AnyNode`]: a follower
+//!   asks the leader with [`LeaderReadIndex`]), or, with [`ReadAt::Leader`],
+//!   strong reads and lists are forwarded like writes.
 //!
 //! **What it must not do.** Hold any rule of the contract (they live in
 //! `cairn-fsm`); know openraft; map an error to a gRPC code anywhere but
@@ -61,9 +64,11 @@
 //!   before proposing). Every other failure of a sent write ends the request.
 //! - [`ForwardingServer`] never forwards: it executes on its own node or
 //!   answers NotLeader with its current hint.
-//! - A strong read or list is served only after
+//! - A strong read, list or watch is served only after
 //!   [`Handle::confirm_read`] succeeded on the serving node, and
 //!   then from a view at least as new as the index it returned (asserted).
+//!   A strong request that could not be confirmed by its deadline is
+//!   Inconsistent, never a plain local read.
 //! - Every request is validated on the node that receives it and again on
 //!   the node that executes it.
 
@@ -74,12 +79,14 @@ mod executor;
 mod forwarder;
 mod handle;
 pub mod metrics;
+mod read_index;
 mod server;
 
 pub use channel::{LeaderChannel, LeaderChannelOptions, Target};
 pub use executor::{checks, Executor, WatchStream};
 pub use forwarder::{Forwarder, ForwarderOptions, RequestStamp};
-pub use handle::Handle;
+pub use handle::{Handle, ReadAt};
+pub use read_index::LeaderReadIndex;
 pub use server::{bounded_timeout, caller_timeout, ForwardingServer};
 
 /// Largest forwarded message, sent or received (a strong list can be large;

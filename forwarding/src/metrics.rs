@@ -10,7 +10,8 @@
 //! - [`SERVED_TOTAL`] `{method, outcome}`: requests served by the
 //!   `ForwardingService` on the leader.
 //!
-//! `method` is `write`, `delete`, `read` or `list`. `outcome` is `ok`, the
+//! `method` is `write`, `delete`, `read`, `list` or `read_index` (a
+//! follower's request for a read index, [`crate::LeaderReadIndex`]). `outcome` is `ok`, the
 //! snake-case kind of the contract error answered (`cas_failure`,
 //! `not_leader`, ...), or how the call failed (`cairn_request::Failure::label`):
 //! `not_sent` (no leader known, or the dial failed), `lost`, `no_answer`,
@@ -50,6 +51,7 @@ pub(crate) enum Method {
     Delete,
     Read,
     List,
+    ReadIndex,
 }
 
 impl Method {
@@ -59,6 +61,7 @@ impl Method {
             Method::Delete => "delete",
             Method::Read => "read",
             Method::List => "list",
+            Method::ReadIndex => "read_index",
         }
     }
 
@@ -67,7 +70,7 @@ impl Method {
     pub(crate) fn operation(self) -> cairn_request::Operation {
         match self {
             Method::Write | Method::Delete => cairn_request::Operation::Mutation,
-            Method::Read | Method::List => cairn_request::Operation::Read,
+            Method::Read | Method::List | Method::ReadIndex => cairn_request::Operation::Read,
         }
     }
 }

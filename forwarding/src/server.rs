@@ -3,7 +3,8 @@
 //! It executes what a follower forwarded on this node, through the same
 //! [`Executor`] as the client port, and never forwards again: a node that
 //! does not (or no longer) lead answers NotLeader with its current hint,
-//! before proposing anything.
+//! before proposing anything. It also answers followers' `ReadIndex` calls
+//! with a read index confirmed here, as leader ([`ReadAt::Leader`]).
 
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::executor::Executor;
-use crate::handle::Handle;
+use crate::handle::{Handle, ReadAt};
 use crate::metrics::{self, Method};
 
 /// Serves forwarded requests on this node.
@@ -26,9 +27,11 @@ pub struct ForwardingServer<H> {
 }
 
 impl<H: Handle> ForwardingServer<H> {
-    pub fn new(executor: Executor<H>, request_timeout: Duration) -> ForwardingServer<H> {
+    /// Serves over `handle`, confirming strong reads only as leader: what a
+    /// follower sent is never passed on.
+    pub fn new(handle: std::sync::Arc<H>, request_timeout: Duration) -> ForwardingServer<H> {
         ForwardingServer {
-            executor,
+            executor: Executor::new(handle, ReadAt::Leader),
             request_timeout,
         }
     }
@@ -162,6 +165,18 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
             self.executor
                 .list_checked(request, consistency, visible.as_ref())
                 .await
+        })
+        .await
+    }
+
+    async fn read_index(
+        &self,
+        r: Request<pb::ReadIndexRequest>,
+    ) -> Result<Response<pb::ReadIndexResponse>, Status> {
+        let timeout = caller_timeout(&r);
+        self.serve(Method::ReadIndex, timeout, async {
+            let index = self.executor.handle().confirm_read(ReadAt::Leader).await?;
+            Ok(pb::ReadIndexResponse { index })
         })
         .await
     }

@@ -352,6 +352,7 @@ async fn watcher(client: Client, scope: usize, audit: Arc<Audit>, stop: Arc<Atom
             tenancy: Some(every_tenancy()),
             name_prefix: String::new(),
             start_revision,
+            consistency: Consistency::Eventual as i32,
         };
         let mut stream = match client.watch_list(request).await {
             Ok(s) => s,

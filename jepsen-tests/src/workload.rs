@@ -967,6 +967,7 @@ async fn watcher(
             }),
             name_prefix: String::new(),
             start_revision,
+            consistency: Consistency::Eventual as i32,
         };
         let mut stream = match client.watch_list(request).await {
             Ok(s) => s,

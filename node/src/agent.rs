@@ -267,15 +267,7 @@ impl Agent {
         // Forwarding: the client port's forwarder, the peer port's service,
         // and the task feeding leader changes to the cached leader channel.
         let request_timeout = Duration::from_millis(config.request_timeout_ms);
-        let forwarding = crate::forward::start(
-            &raft,
-            &config.peer_address,
-            request_timeout,
-            config.client_message_bytes_max,
-            access.tls.clone(),
-            config.unsafe_modes.clone(),
-            &mut tasks,
-        );
+        let forwarding = crate::forward::start(&raft, &config, access.tls.clone(), &mut tasks);
 
         // Peer port.
         tracing::info!(

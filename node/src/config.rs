@@ -48,6 +48,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where a follower serves a strong read or list (`follower_strong_reads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FollowerStrongReads {
+    /// Here, from this node's table, after the leader confirmed a read index and this node
+    /// applied it (the default): strong traffic spreads over every node.
+    #[default]
+    ReadIndex,
+    /// At the leader: the whole request is forwarded to it and its answer handed back.
+    Forward,
+}
+
 /// `[auth]`: the grants of the client port, and this node's own token.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -199,6 +211,11 @@ pub struct Config {
     /// off it costs one atomic load per stage.
     #[serde(default)]
     pub write_stage_timing: bool,
+    /// Where a follower serves strong reads and lists: `read-index` (here, after a read
+    /// index from the leader; the default) or `forward` (at the leader). Strong watches
+    /// always use a read index.
+    #[serde(default)]
+    pub follower_strong_reads: FollowerStrongReads,
     /// The Raft log's storage engine: `wal` (the segmented write-ahead log, default) or
     /// `sled`. A data dir records the engine that wrote it; starting it with the other one
     /// is refused with a message saying what to do.
@@ -352,6 +369,7 @@ impl Default for Config {
             ready_apply_lag_entries_max: 1000,
             write_stage_timing: false,
             log_engine: cairn_raft_log::LogEngineKind::Wal,
+            follower_strong_reads: FollowerStrongReads::ReadIndex,
             auth: AuthConfig::default(),
             tls_cert_file: None,
             tls_key_file: None,
@@ -998,6 +1016,31 @@ mod tests {
         let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
         assert_eq!(c.unsafe_modes, UnsafeModes::default());
         assert!(c.unsafe_modes.enabled().is_empty());
+    }
+
+    #[test]
+    fn follower_strong_reads_default_to_read_index_and_a_bad_value_is_refused_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
+        assert_eq!(c.follower_strong_reads, FollowerStrongReads::ReadIndex);
+        let c = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"follower_strong_reads": "forward"})),
+        )
+        .unwrap();
+        assert_eq!(c.follower_strong_reads, FollowerStrongReads::Forward);
+        let e = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"follower_strong_reads": "leader"})),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("follower_strong_reads"), "{e}");
     }
 
     #[test]

@@ -4,27 +4,42 @@
 //! peer port, and the task that feeds every leader change seen in Raft's
 //! metrics to the cached leader channel.
 //!
-//! Tasks: one, the leader watcher; it ends when Raft stops (its metrics
-//! channel closes).
+//! A strong read on a follower (`follower_strong_reads = "read-index"`, and
+//! every strong watch) is confirmed through the leader: the follower asks it
+//! for a read index (`cairn_forwarding::LeaderReadIndex`), concurrent requests
+//! sharing one call that began after each of them arrived (a second
+//! [`ReadBatcher`], as the leader batches its own confirmations), then waits
+//! until it has applied that index and reads its own table.
+//!
+//! Tasks: the leader watcher, which ends when Raft stops (its metrics channel
+//! closes), and the follower read-index driver.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_forwarding::{
     Executor, Forwarder, ForwarderOptions, ForwardingServer, Handle, LeaderChannel,
-    LeaderChannelOptions,
+    LeaderChannelOptions, LeaderReadIndex, ReadAt,
 };
 use cairn_fsm::{Applied, Command, Store};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::forwarding_service_server::ForwardingServiceServer;
 use tonic::service::interceptor::InterceptedService;
 
-use crate::config::UnsafeModes;
+use crate::config::{Config, FollowerStrongReads, UnsafeModes};
+use crate::raft::read_batch::ReadBatcher;
 use crate::raft::RaftHandle;
+
+/// The longest one follower read-index call may take: the leader's election timeout (a
+/// leader that cannot confirm within it is about to lose its role), at least this.
+const READ_INDEX_ROUND_MIN: Duration = Duration::from_millis(100);
 
 /// [`Handle`] over this node's Raft.
 pub struct NodeHandle {
     raft: RaftHandle,
+    /// Read indexes asked of the leader when this node does not lead, shared by concurrent
+    /// requests (its driver is started by [`start`]).
+    follower_reads: ReadBatcher,
     /// The test-only switches that act where a command is proposed (on the leader, for
     /// a write sent to it or forwarded to it): `--unsafe-accept-stale-cas` and
     /// `--unsafe-ack-before-commit`.
@@ -32,8 +47,16 @@ pub struct NodeHandle {
 }
 
 impl NodeHandle {
-    pub fn new(raft: RaftHandle, unsafe_modes: UnsafeModes) -> NodeHandle {
-        NodeHandle { raft, unsafe_modes }
+    pub fn new(
+        raft: RaftHandle,
+        follower_reads: ReadBatcher,
+        unsafe_modes: UnsafeModes,
+    ) -> NodeHandle {
+        NodeHandle {
+            raft,
+            follower_reads,
+            unsafe_modes,
+        }
     }
 
     /// DANGEROUS, test-only (`--unsafe-accept-stale-cas`): a write's expected version
@@ -100,8 +123,15 @@ impl Handle for NodeHandle {
         self.raft.propose(command).await
     }
 
-    async fn confirm_read(&self) -> Result<u64, ApiError> {
-        self.raft.confirm_read().await
+    async fn confirm_read(&self, at: ReadAt) -> Result<u64, ApiError> {
+        match self.raft.confirm_read().await {
+            Err(ApiError::NotLeader { .. }) if at == ReadAt::AnyNode => {
+                let read_index = self.follower_reads.confirm().await?;
+                self.raft.wait_applied_index(read_index).await?;
+                Ok(read_index)
+            }
+            other => other,
+        }
     }
 
     fn leader(&self) -> LeaderHint {
@@ -143,25 +173,23 @@ impl tonic::service::Interceptor for PeerCheck {
     }
 }
 
-/// Builds the forwarding pieces of a node and spawns its leader watcher.
-/// `request_timeout` bounds every forwarded request served here;
-/// `message_bytes_max` every forwarded message, sent or received.
-/// `tls`: dial the leader's peer port over mutual TLS with it.
+/// Builds the forwarding pieces of a node and spawns its leader watcher and follower
+/// read-index driver. From `config`: `request_timeout_ms` bounds every forwarded request
+/// served here, `client_message_bytes_max` every forwarded message, sent or received,
+/// `follower_strong_reads` where strong reads and lists run. `tls`: dial the leader's peer
+/// port over mutual TLS with it.
 pub fn start(
     raft: &RaftHandle,
-    peer_address: &str,
-    request_timeout: Duration,
-    message_bytes_max: usize,
+    config: &Config,
     tls: Option<cairn_tls::ClientTls>,
-    unsafe_modes: UnsafeModes,
     tasks: &mut crate::tasks::Tasks,
 ) -> Forwarding {
     cairn_forwarding::metrics::describe();
-    let handle = Arc::new(NodeHandle::new(raft.clone(), unsafe_modes));
+    let message_bytes_max = config.client_message_bytes_max;
     let channel = Arc::new(
         LeaderChannel::new(
             raft.node_id,
-            peer_address,
+            &config.peer_address,
             LeaderChannelOptions {
                 message_bytes_max,
                 ..LeaderChannelOptions::default()
@@ -178,11 +206,34 @@ pub fn start(
     let stamp: cairn_forwarding::RequestStamp = Arc::new(move |metadata| {
         crate::raft::peer_gate::stamp(metadata, &gate.cluster_id(), node_id)
     });
-    let service = ForwardingServer::new(Executor::new(handle.clone()), request_timeout)
+    let follower_reads = ReadBatcher::new();
+    let read_index = LeaderReadIndex::new(channel.clone(), Some(stamp.clone()));
+    let round_max = Duration::from_millis(config.election_timeout_ms).max(READ_INDEX_ROUND_MIN);
+    tasks.spawn(
+        "follower read-index driver",
+        follower_reads.clone().drive(move || {
+            let read_index = read_index.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + round_max;
+                read_index.ask(deadline).await
+            }
+        }),
+    );
+    let handle = Arc::new(NodeHandle::new(
+        raft.clone(),
+        follower_reads,
+        config.unsafe_modes.clone(),
+    ));
+    let request_timeout = Duration::from_millis(config.request_timeout_ms);
+    let service = ForwardingServer::new(handle.clone(), request_timeout)
         .into_service_with_limit(message_bytes_max);
+    let strong_reads = match config.follower_strong_reads {
+        FollowerStrongReads::ReadIndex => ReadAt::AnyNode,
+        FollowerStrongReads::Forward => ReadAt::Leader,
+    };
     Forwarding {
         forwarder: Forwarder::new(
-            Executor::new(handle),
+            Executor::new(handle, strong_reads),
             channel,
             ForwarderOptions {
                 message_bytes_max,

@@ -1,9 +1,12 @@
 //! `ResourceService` on the client port: a thin shell over
 //! `cairn_forwarding::Forwarder`, which validates and executes every request
 //! (the one place that does): eventual reads and lists, ListByOwner and
-//! watches from the local table; writes, deletes, strong reads and strong
-//! lists through Raft here on the leader, forwarded to the leader from a
-//! follower. Strong requests never degrade to a plain local read.
+//! watches from the local table; writes and deletes through Raft here on the
+//! leader, forwarded to the leader from a follower; strong reads, strong lists
+//! and strong watches from the local table after a read index confirmed by a
+//! quorum (through the leader, on a follower) and applied here, or, with
+//! `follower_strong_reads = "forward"`, strong reads and lists at the leader.
+//! Strong requests never degrade to a plain local read.
 //!
 //! Before anything else, every call is authenticated and authorized here,
 //! on the node the client talks to ([`crate::auth`]): the caller is
@@ -283,7 +286,9 @@ impl ResourceService for ResourceGrpc {
             }
             None => None,
         };
-        let events = self.0.forwarder.watch(r.into_inner())?;
+        // A strong watch waits for a read index within the request's deadline.
+        let deadline = self.0.deadline(&r);
+        let events = self.0.forwarder.watch(r.into_inner(), deadline).await?;
         let events: WatchStream = match visible {
             Visibility::Everything => events,
             within => Box::pin(

@@ -255,6 +255,7 @@ fn every_thing() -> WatchListRequest {
         tenancy: Some(tenancy("*", "*")),
         name_prefix: String::new(),
         start_revision: 0,
+        ..Default::default()
     }
 }
 

@@ -118,6 +118,7 @@ async fn every_call_succeeds(client: &Client, tag: &str) {
             tenancy: Some(any_tenancy()),
             name_prefix: format!("child-{tag}"),
             start_revision: 0,
+            ..Default::default()
         })
         .await
         .expect("watch opens");

@@ -464,6 +464,7 @@ async fn requests_dribbled_at_one_byte_a_second_are_closed_while_a_watch_and_oth
             tenancy: Some(tenancy()),
             name_prefix: "watched-".into(),
             start_revision: 0,
+            ..Default::default()
         })
         .await
         .expect("watch")

@@ -394,6 +394,7 @@ impl Target {
                 tenancy: Some(tenancy("*", "*")),
                 name_prefix: prefix.into(),
                 start_revision,
+                ..Default::default()
             })
             .await
             .map(|r| r.into_inner())
@@ -1052,6 +1053,7 @@ async fn invalid_arguments_name_their_field(t: &Target) {
             tenancy: Some(default_tenancy()),
             name_prefix: String::new(),
             start_revision: 0,
+            ..Default::default()
         })
         .await
         .map(|_| ())

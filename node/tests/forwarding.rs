@@ -197,6 +197,7 @@ async fn cas_writes_forwarded_by_a_follower_survive_the_leader_being_killed() {
             tenancy: Some(tenancy()),
             name_prefix: "counter".into(),
             start_revision: created.version.parse::<u64>().unwrap() - 1,
+            ..Default::default()
         })
         .await
         .expect("a replay from the counter's creation")

@@ -132,6 +132,7 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
                 tenancy: list.tenancy.clone(),
                 name_prefix: "a".into(),
                 start_revision: 9,
+                ..Default::default()
             }
             .encode_to_vec(),
         ),

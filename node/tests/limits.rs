@@ -316,6 +316,7 @@ async fn open_watch(
         tenancy: Some(tenancy()),
         name_prefix: String::new(),
         start_revision: 0,
+        ..Default::default()
     })
     .await
     .map(|r| r.into_inner())

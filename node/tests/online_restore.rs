@@ -153,6 +153,7 @@ async fn a_backup_restores_online_into_the_same_cluster_and_closes_every_watch()
                 tenancy: Some(tenancy()),
                 name_prefix: String::new(),
                 start_revision: 0,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -228,6 +229,7 @@ async fn a_backup_restores_online_into_the_same_cluster_and_closes_every_watch()
             tenancy: Some(tenancy()),
             name_prefix: "b-".into(),
             start_revision: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

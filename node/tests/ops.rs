@@ -202,6 +202,7 @@ async fn metrics_move_with_writes_watches_and_elections() {
             tenancy: Some(any_tenancy()),
             name_prefix: String::new(),
             start_revision: 0,
+            ..Default::default()
         })
         .await
         .expect("watch")

@@ -245,6 +245,7 @@ fn every_thing() -> WatchListRequest {
         tenancy: Some(any_tenancy()),
         name_prefix: String::new(),
         start_revision: 0,
+        ..Default::default()
     }
 }
 

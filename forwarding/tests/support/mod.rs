@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use cairn_forwarding::{
     Executor, Forwarder, ForwarderOptions, ForwardingServer, Handle, LeaderChannel,
-    LeaderChannelOptions,
+    LeaderChannelOptions, LeaderReadIndex, ReadAt,
 };
 use cairn_fsm::{Applied, Command, FsmError, Limits, Store};
 use cairn_proto::error::{ApiError, LeaderHint};
@@ -34,8 +34,11 @@ pub struct Faults {
     /// The next `propose` proposes (the entry commits and applies) but answers
     /// only after this delay: a lost or late answer.
     pub apply_stall: Option<Duration>,
-    /// Returned by the next `confirm_read`.
+    /// Returned by the next `confirm_read` (on the leader: also the answer to
+    /// a follower's read-index call).
     pub consistency_error: Option<ApiError>,
+    /// While set, this node (leading) cannot confirm a read index: no quorum.
+    pub no_quorum: bool,
 }
 
 struct Entry {
@@ -53,6 +56,9 @@ struct SimNode {
     apply_calls: u64,
     /// Every entry this node proposed.
     proposed: u64,
+    /// Every read index this node confirmed as leader (its own strong reads and
+    /// followers' read-index calls).
+    confirmed: u64,
     /// When set, this node's own (stale) view of the leader, returned by
     /// `leader()` instead of the simulation's truth.
     view: Option<LeaderHint>,
@@ -90,6 +96,20 @@ pub struct SimHandle {
     id: u64,
     store: Store,
     applied: watch::Receiver<u64>,
+    /// A follower's read indexes: the real `ReadIndex` call to the leader's
+    /// `ForwardingService`, over this node's leader channel.
+    read_index: LeaderReadIndex,
+}
+
+impl SimHandle {
+    async fn wait_applied(&self, index: u64) -> Result<(), ApiError> {
+        let mut applied = self.applied.clone();
+        applied
+            .wait_for(|i| *i >= index)
+            .await
+            .map_err(|_| ApiError::Inconsistent("the applier stopped".into()))?;
+        Ok(())
+    }
 }
 
 impl Handle for SimHandle {
@@ -141,29 +161,37 @@ impl Handle for SimHandle {
             .map_err(ApiError::from)
     }
 
-    async fn confirm_read(&self) -> Result<u64, ApiError> {
-        let committed = {
+    async fn confirm_read(&self, at: ReadAt) -> Result<u64, ApiError> {
+        let confirmed = {
             let mut s = self.sim.state.lock();
-            if s.leader != Some(self.id) {
-                return Err(ApiError::NotLeader {
-                    hint: Sim::hint(&s),
-                });
-            }
-            if let Some(e) = s
-                .nodes
-                .get_mut(&self.id)
-                .and_then(|n| n.faults.consistency_error.take())
-            {
+            let leads = s.leader == Some(self.id);
+            let committed = s.committed;
+            let hint = Sim::hint(&s);
+            let me = s.nodes.get_mut(&self.id).expect("a node of the sim");
+            if let Some(e) = me.faults.consistency_error.take() {
                 return Err(e);
             }
-            s.committed
+            match (leads, at) {
+                (true, _) if me.faults.no_quorum => {
+                    return Err(ApiError::Inconsistent(
+                        "leadership not confirmed by a quorum".into(),
+                    ))
+                }
+                (true, _) => {
+                    me.confirmed += 1;
+                    Some(committed)
+                }
+                (false, ReadAt::Leader) => return Err(ApiError::NotLeader { hint }),
+                (false, ReadAt::AnyNode) => None,
+            }
         };
-        let mut applied = self.applied.clone();
-        applied
-            .wait_for(|i| *i >= committed)
-            .await
-            .map_err(|_| ApiError::Inconsistent("the applier stopped".into()))?;
-        Ok(committed)
+        // A follower asks the leader over the real ReadIndex call.
+        let index = match confirmed {
+            Some(index) => index,
+            None => self.read_index.ask(deadline()).await?,
+        };
+        self.wait_applied(index).await?;
+        Ok(index)
     }
 
     fn leader(&self) -> LeaderHint {
@@ -210,6 +238,12 @@ impl Harness {
     }
 
     pub async fn start_with(count: usize, limits: Limits) -> Harness {
+        Harness::start_with_reads(count, limits, ReadAt::Leader).await
+    }
+
+    /// As [`Harness::start_with`]; every forwarder confirms strong reads
+    /// `strong_reads` (`AnyNode`: a follower asks the leader for a read index).
+    pub async fn start_with_reads(count: usize, limits: Limits, strong_reads: ReadAt) -> Harness {
         let seed = std::env::var("CAIRN_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -254,26 +288,28 @@ impl Harness {
                     faults: Faults::default(),
                     apply_calls: 0,
                     proposed: 0,
+                    confirmed: 0,
                     view: None,
                 },
             );
-            let handle = Arc::new(SimHandle {
-                sim: sim.clone(),
-                id,
-                store,
-                applied: applied_rx,
-            });
             let channel = Arc::new(LeaderChannel::new(
                 id,
                 peer_address.clone(),
                 LeaderChannelOptions::default(),
             ));
+            let handle = Arc::new(SimHandle {
+                sim: sim.clone(),
+                id,
+                store,
+                applied: applied_rx,
+                read_index: LeaderReadIndex::new(channel.clone(), None),
+            });
             let forwarder = Arc::new(Forwarder::new(
-                Executor::new(handle.clone()),
+                Executor::new(handle.clone(), strong_reads),
                 channel.clone(),
                 ForwarderOptions::default(),
             ));
-            let server = ForwardingServer::new(Executor::new(handle.clone()), DEADLINE);
+            let server = ForwardingServer::new(handle.clone(), DEADLINE);
             let (stop_tx, stop_rx) = oneshot::channel::<()>();
             let task = tokio::spawn(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -339,6 +375,11 @@ impl Harness {
             .get_mut(&id)
             .expect("a node of the sim")
             .view = view;
+    }
+
+    /// The read indexes node `id` confirmed as leader.
+    pub fn confirmed_by(&self, id: u64) -> u64 {
+        self.sim.state.lock().nodes[&id].confirmed
     }
 
     pub fn apply_calls(&self, id: u64) -> u64 {

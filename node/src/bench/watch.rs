@@ -100,6 +100,7 @@ pub(crate) async fn run(
             tenancy: Some(bench_tenancy(&options.namespace)),
             name_prefix: prefix.clone(),
             start_revision: 0,
+            consistency: pb::Consistency::Eventual as i32,
         };
         watcher_tasks.push(tokio::spawn(watcher(shared.clone(), channel, request)));
     }

@@ -16,9 +16,10 @@
 //!   requires one (see `docs/security.md`).
 //! - `--consistency strong|eventual` (default strong) applies to `read`,
 //!   `list`, and to the reads that `write` and `owned-by` make to fill in a
-//!   uid; `delete` and `write --upsert` always read strongly (their CAS needs
-//!   the latest version), `owned-by` and `watch` are served by one node's
-//!   local state.
+//!   uid, and to `watch`'s snapshot (strong: it holds every write acknowledged
+//!   before the watch was opened); `delete` and `write --upsert` always read
+//!   strongly (their CAS needs the latest version), `owned-by` is served by
+//!   one node's local state.
 //! - `-o table|json` (default table). JSON is the form of [`super::json`]:
 //!   `cairn read -o json ... | cairn write --file -` writes back what was read.
 //!
@@ -617,6 +618,7 @@ async fn watch(
         tenancy: Some(c.tenancy.clone()),
         name_prefix: a.prefix.clone(),
         start_revision: a.from_revision,
+        consistency: Consistency::from(c.consistency) as i32,
     };
     // The revision from which a re-opened watch continues without gap: the
     // last one whose changes were all printed. Known once the snapshot ended

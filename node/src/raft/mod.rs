@@ -829,18 +829,9 @@ impl RaftHandle {
     /// check), without a round through the read batcher and openraft's core.
     pub async fn confirm_read(&self) -> Result<u64, ApiError> {
         self.require_leader()?;
-        let (read_index, applied_index) = self.read_batch.confirm().await?;
-        if read_index > applied_index && self.applied_index() < read_index {
-            self.raft
-                .wait(None)
-                .applied_index_at_least(Some(read_index), "confirm_read")
-                .await
-                .map_err(fatal)?;
-        }
-        assert!(
-            self.applied_index() >= read_index,
-            "a linearizable read waits until the read index is applied"
-        );
+        let read_index = self.read_batch.confirm().await?;
+        // A linearizable read waits until the read index is applied.
+        self.wait_applied_index(read_index).await?;
         Ok(read_index)
     }
 
@@ -946,6 +937,23 @@ impl RaftHandle {
             .with_raft_state(|s| s.committed.map(|l| l.index).unwrap_or(0))
             .await
             .unwrap_or(0)
+    }
+
+    /// Waits until this node's applied index reaches `index` (unbounded: the caller cuts it
+    /// off at its deadline); Unavailable once Raft stops.
+    pub async fn wait_applied_index(&self, index: u64) -> Result<(), ApiError> {
+        if self.applied_index() < index {
+            self.raft
+                .wait(None)
+                .applied_index_at_least(Some(index), "wait_applied_index")
+                .await
+                .map_err(fatal)?;
+        }
+        assert!(
+            self.applied_index() >= index,
+            "waited until the applied index reached {index}"
+        );
+        Ok(())
     }
 
     /// Waits until this node's applied index reaches `index`, or the timeout passes.

@@ -1,5 +1,7 @@
 //! Read-index batching: many concurrent strong reads share one leadership
-//! confirmation.
+//! confirmation. The leader confirms its leadership with openraft
+//! ([`confirm_with_raft`]); a follower runs a second batcher whose rounds ask
+//! the leader for a read index (`crate::forward`).
 //!
 //! openraft's `get_read_log_id` confirms leadership by sending a heartbeat to
 //! every voter and waiting for a quorum; doing that once per strong read costs
@@ -38,9 +40,9 @@ use tokio::sync::{oneshot, Notify};
 
 use super::Raft;
 
-/// The outcome of one confirmation: the read index and the applied index at
-/// the time of the check, or why leadership could not be confirmed.
-pub type Confirmation = Result<(u64, u64), ApiError>;
+/// The outcome of one confirmation: the read index, or why it could not be
+/// confirmed.
+pub type Confirmation = Result<u64, ApiError>;
 
 type Waiter = oneshot::Sender<Confirmation>;
 
@@ -148,10 +150,7 @@ pub async fn confirm_with_raft(raft: Raft) -> Confirmation {
     // it is applied makes the read reflect it.
     let last_log_index = raft.metrics().borrow().last_log_index.unwrap_or(0);
     match raft.get_read_log_id().await {
-        Ok((read, applied)) => Ok((
-            read.map(|l| l.index).unwrap_or(0).max(last_log_index),
-            applied.map(|l| l.index).unwrap_or(0),
-        )),
+        Ok((read, _applied)) => Ok(read.map(|l| l.index).unwrap_or(0).max(last_log_index)),
         Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
             Err(ApiError::NotLeader {
                 hint: super::leader_hint(f.leader_id, f.leader_node),
@@ -184,7 +183,7 @@ mod tests {
             Box::pin(async move {
                 let round = rounds.fetch_add(1, Ordering::SeqCst) + 1;
                 tokio::time::sleep(delay).await;
-                Ok((round, 0))
+                Ok(round)
             })
         }
     }
@@ -230,8 +229,8 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let second = batcher.confirm().await;
-        assert_eq!(first.await.expect("task"), Ok((1, 0)));
-        assert_eq!(second, Ok((2, 0)));
+        assert_eq!(first.await.expect("task"), Ok(1));
+        assert_eq!(second, Ok(2));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,7 +244,7 @@ mod tests {
                 if fail {
                     Err(ApiError::Inconsistent("no quorum".into()))
                 } else {
-                    Ok((7, 7))
+                    Ok(7)
                 }
             }
         });
@@ -261,7 +260,7 @@ mod tests {
             ));
         }
         failing.store(false, Ordering::SeqCst);
-        assert_eq!(batcher.confirm().await, Ok((7, 7)));
+        assert_eq!(batcher.confirm().await, Ok(7));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
