@@ -33,7 +33,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_proto::error::LeaderHint;
+use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::{
     Consistency, DeleteRequest, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
@@ -415,9 +415,16 @@ impl Client {
     /// ends it or the connection drops.
     pub async fn watch_list(&self, request: WatchListRequest) -> Result<WatchStream, ClientError> {
         let (stream, endpoint) = self
-            .call_at(Operation::Read, move |mut c, _remaining| {
-                // No gRPC deadline: it would end the stream.
-                let r = tonic::Request::new(request.clone());
+            .call_at(Operation::Read, move |mut c, remaining| {
+                // No gRPC deadline: it would end the stream. How long this attempt waits
+                // for the watch to open bounds what the node does first (a STRONG
+                // watch's read index), so that it answers within it.
+                let mut r = tonic::Request::new(request.clone());
+                let open_timeout = format!("{}m", remaining.as_millis().max(1));
+                if let Ok(value) = open_timeout.parse() {
+                    r.metadata_mut()
+                        .insert(cairn_proto::WATCH_OPEN_TIMEOUT_HEADER, value);
+                }
                 async move { c.watch_list(r).await }
             })
             .await?;
@@ -606,10 +613,16 @@ fn at(failure: Failure, target: &str) -> Failure {
     }
 }
 
-/// The error a caller gets when the loop ended without an answer.
+/// The error a caller gets when the loop ended without an answer. A read that ran out of
+/// time while the nodes answered Inconsistent (no read index could be confirmed) gets
+/// Inconsistent, as the nodes answer it: never a stale read, and more telling than the
+/// deadline.
 fn call_error(ended: Ended, timeout: Duration) -> ClientError {
     let deadline_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
     let (failure, outcome) = match ended {
+        Ended::OutOfTime {
+            last: Some(Failure::Answered(api @ ApiError::Inconsistent(_))),
+        } => return ClientError::from_api(api, Outcome::NotApplied),
         Ended::OutOfTime { last } => {
             return ClientError::DeadlineExceeded {
                 deadline_ms,
@@ -674,6 +687,29 @@ mod tests {
         assert!(matches!(
             Client::new::<&str>(&[], ClientOptions::default()),
             Err(ClientError::InvalidArgument { .. })
+        ));
+    }
+
+    #[test]
+    fn a_call_out_of_time_after_inconsistent_answers_is_inconsistent() {
+        // A strong read on a node cut off from its leader: every attempt answered
+        // Inconsistent until the deadline. The caller gets Inconsistent, not the deadline.
+        let timeout = Duration::from_secs(3);
+        let after_inconsistent = Ended::OutOfTime {
+            last: Some(Failure::Answered(ApiError::Inconsistent(
+                "no read index".into(),
+            ))),
+        };
+        match call_error(after_inconsistent, timeout) {
+            ClientError::Inconsistent { outcome, .. } => assert_eq!(outcome, Outcome::NotApplied),
+            other => panic!("expected Inconsistent, got {other:?}"),
+        }
+        let after_no_answer = Ended::OutOfTime {
+            last: Some(Failure::NoAnswer("slow".into())),
+        };
+        assert!(matches!(
+            call_error(after_no_answer, timeout),
+            ClientError::DeadlineExceeded { .. }
         ));
     }
 

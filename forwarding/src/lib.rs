@@ -87,7 +87,7 @@ pub use executor::{checks, Executor, WatchStream};
 pub use forwarder::{Forwarder, ForwarderOptions, RequestStamp};
 pub use handle::{Handle, ReadAt};
 pub use read_index::LeaderReadIndex;
-pub use server::{bounded_timeout, caller_timeout, ForwardingServer};
+pub use server::{bounded_timeout, caller_timeout, watch_open_timeout, ForwardingServer};
 
 /// Largest forwarded message, sent or received (a strong list can be large;
 /// the node's client port accepts the same).

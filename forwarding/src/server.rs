@@ -93,7 +93,19 @@ pub fn bounded_timeout(caller_timeout: Option<Duration>, cap: Duration) -> Durat
 
 /// The caller's deadline as sent in `grpc-timeout`, if any and well formed.
 pub fn caller_timeout<T>(r: &Request<T>) -> Option<Duration> {
-    let value = r.metadata().get("grpc-timeout")?.to_str().ok()?;
+    timeout_header(r, "grpc-timeout")
+}
+
+/// How long the caller of a `WatchList` waits for it to open
+/// ([`cairn_proto::WATCH_OPEN_TIMEOUT_HEADER`]), if given and well formed.
+pub fn watch_open_timeout<T>(r: &Request<T>) -> Option<Duration> {
+    timeout_header(r, cairn_proto::WATCH_OPEN_TIMEOUT_HEADER)
+}
+
+/// A duration in the `grpc-timeout` format (digits, then one unit of H M S m u n) from
+/// the metadata `name`; `None` when absent or malformed.
+fn timeout_header<T>(r: &Request<T>, name: &str) -> Option<Duration> {
+    let value = r.metadata().get(name)?.to_str().ok()?;
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
     let n: u64 = digits.parse().ok()?;
     Some(match unit {

@@ -286,8 +286,11 @@ impl ResourceService for ResourceGrpc {
             }
             None => None,
         };
-        // A strong watch waits for a read index within the request's deadline.
-        let deadline = self.0.deadline(&r);
+        // A strong watch waits for a read index within the time its caller waits for it
+        // to open (a watch has no gRPC deadline), at most the node's request timeout.
+        let open_timeout = cairn_forwarding::watch_open_timeout(&r);
+        let deadline = Instant::now()
+            + cairn_forwarding::bounded_timeout(open_timeout, self.0.request_timeout);
         let events = self.0.forwarder.watch(r.into_inner(), deadline).await?;
         let events: WatchStream = match visible {
             Visibility::Everything => events,

@@ -203,7 +203,10 @@ async fn a_follower_cut_off_from_the_leader_answers_strong_requests_inconsistent
         consistency: Consistency::Strong as i32,
         ..Default::default()
     };
-    match at_follower.watch_list(strong_watch).await {
+    // A watch carries no gRPC deadline (it would end the stream): the node gives its
+    // confirmation its own request timeout (5 s), so this client waits longer than that.
+    let patient = client_of(&cluster, follower, Duration::from_secs(8));
+    match patient.watch_list(strong_watch).await {
         Err(ClientError::Inconsistent { .. }) => {}
         Err(other) => panic!("strong watch: expected Inconsistent, got {other:?}"),
         Ok(_) => panic!("strong watch: expected Inconsistent, it opened"),

@@ -60,4 +60,10 @@ pub use cairn::v1;
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
 
+/// Request metadata a client sets on `WatchList`: how long it waits for the watch to open,
+/// in the `grpc-timeout` format (`250m`, `5S`). A watch carries no gRPC deadline (that would
+/// end the stream), so a node bounds what it does before the first event (a STRONG watch's
+/// read index) by this, and by its own request timeout.
+pub const WATCH_OPEN_TIMEOUT_HEADER: &str = "cairn-watch-open-timeout";
+
 pub use v1::{Condition, Consistency, Id, Reference, Resource, Status, Tenancy, Type, WatchEvent};

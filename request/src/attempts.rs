@@ -43,7 +43,10 @@ pub enum Ended {
     /// The decision was to stop after this failure.
     Stopped { failure: Failure, outcome: Outcome },
     /// The deadline passed between attempts; every attempt so far certainly
-    /// did not apply. `last`: the last failure, if any attempt was made.
+    /// did not apply. `last`: the last answer a node gave (a failure without
+    /// an answer, such as the final attempt the deadline cut short, does not
+    /// hide why the nodes refused), else the last failure; `None` if no
+    /// attempt was made.
     OutOfTime { last: Option<Failure> },
 }
 
@@ -72,7 +75,10 @@ pub async fn run<A: Attempts>(
             Step::Redirect(leader) => attempts.move_on(&failure, Some(&leader)),
             Step::Retry => attempts.move_on(&failure, None),
         };
-        last = Some(failure);
+        let answered = |f: &Failure| matches!(f, Failure::Answered(_));
+        if answered(&failure) || !last.as_ref().is_some_and(answered) {
+            last = Some(failure);
+        }
         if wait {
             tokio::time::sleep_until(deadline.min(Instant::now() + pause)).await;
             pause = (pause * 2).min(pacing.pause_max);

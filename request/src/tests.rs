@@ -382,4 +382,23 @@ async fn the_loop_retries_what_did_not_apply_and_stops_at_once_on_the_rest() {
         ),
         "{ended:?}"
     );
+    // Nodes answer Inconsistent (no read index confirmed), then the deadline cuts the
+    // last attempt short: out of time, naming the nodes' answer, not the cut.
+    let inconsistent = Failure::Answered(ApiError::Inconsistent("no read index".into()));
+    let mut script = vec![inconsistent.clone(); 3];
+    script.extend(vec![Failure::NoAnswer("cut short".into()); 100_000]);
+    let mut t = scripted(script);
+    let ended = run(
+        Read,
+        &mut t,
+        &pacing(),
+        Instant::now() + Duration::from_millis(50),
+    )
+    .await;
+    assert_eq!(
+        ended,
+        Err(Ended::OutOfTime {
+            last: Some(inconsistent)
+        })
+    );
 }
