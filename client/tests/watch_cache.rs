@@ -26,6 +26,7 @@ fn fast_retries() -> WatchCacheOptions {
     WatchCacheOptions {
         retry_backoff_initial: Duration::from_millis(10),
         retry_backoff_max: Duration::from_millis(50),
+        ..WatchCacheOptions::default()
     }
 }
 

@@ -153,15 +153,17 @@ fn free_dev_base() -> u16 {
     panic!("no free port block for cairn dev");
 }
 
-#[test]
-fn cairn_dev_starts_with_unrelated_cairn_variables() {
-    // `cairn dev` waited 30 s and said "no leader" while each child exited at once.
-    let dir = tempfile::tempdir().unwrap();
+/// Starts `cairn dev` in `dir/dev` with `env` and waits (up to 40 s) for it to report its
+/// cluster; returns the process and whether it did, with what it printed.
+fn start_dev(
+    dir: &std::path::Path,
+    env: Vec<(String, String)>,
+) -> (std::process::Child, bool, Vec<String>) {
     let base = free_dev_base();
     let mut dev = Command::new(env!("CARGO_BIN_EXE_cairn"))
         .args(["dev", "--base-port", &base.to_string(), "--data-dir"])
-        .arg(dir.path().join("dev"))
-        .envs(unrelated_environment())
+        .arg(dir.join("dev"))
+        .envs(env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -196,6 +198,27 @@ fn cairn_dev_starts_with_unrelated_cairn_variables() {
             Err(_) => {}
         }
     };
+    (dev, started, seen)
+}
+
+/// The processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[test]
+fn cairn_dev_starts_with_unrelated_cairn_variables() {
+    // `cairn dev` waited 30 s and said "no leader" while each child exited at once.
+    let dir = tempfile::tempdir().unwrap();
+    let (dev, started, seen) = start_dev(dir.path(), unrelated_environment());
     // SAFETY: kill(2) on our own child; Ctrl-C stops the cluster.
     unsafe {
         libc::kill(dev.id() as i32, libc::SIGINT);
@@ -209,6 +232,43 @@ fn cairn_dev_starts_with_unrelated_cairn_variables() {
     );
     let log = std::fs::read_to_string(dir.path().join("dev/node-1.log")).unwrap_or_default();
     assert!(log.contains(WARNING) && log.contains("CAIRN_FOO"), "{log}");
+}
+
+#[test]
+fn a_killed_cairn_dev_leaves_no_node_running() {
+    // `cairn dev` killed outright (SIGKILL, or a Ctrl-C that came before it listened for
+    // one) left its three nodes running, orphaned, on their ports and data dirs.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut dev, started, seen) = start_dev(dir.path(), vec![]);
+    let data_dir = dir.path().join("dev").display().to_string();
+    let nodes: Vec<u32> = processes_mentioning(&data_dir)
+        .into_iter()
+        .filter(|pid| *pid != dev.id())
+        .collect();
+    let _ = dev.kill();
+    let _ = dev.wait();
+    assert!(
+        started,
+        "cairn dev did not report a cluster: {}",
+        seen.join("\n")
+    );
+    assert_eq!(nodes.len(), 3, "three nodes ran: {nodes:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut left = processes_mentioning(&data_dir);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        left = processes_mentioning(&data_dir);
+    }
+    for pid in &left {
+        // SAFETY: kill(2) of a leftover node of this test, so that it does not outlive it.
+        unsafe {
+            libc::kill(*pid as i32, libc::SIGKILL);
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "nodes still running after cairn dev died: {left:?}"
+    );
 }
 
 /// `cairn agent ARGS` with `env`, for a configuration that must be refused (or printed) at

@@ -119,8 +119,21 @@ fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Res
         .args(["--log-level", &args.log_level])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
+        .stderr(log);
+    // A node gets SIGTERM when `cairn dev` dies, however it dies (SIGKILL included): a dev
+    // cluster never outlives the command that started it.
+    // SAFETY: prctl(PR_SET_PDEATHSIG) in the child between fork and exec: async-signal-safe,
+    // touches no memory of ours.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.spawn()
 }
 
 pub fn run(args: DevArgs) -> u8 {
@@ -172,6 +185,22 @@ pub fn run(args: DevArgs) -> u8 {
         .map(|n| format!("{}={}/{}", n.id, n.peer, n.client))
         .collect::<Vec<_>>()
         .join(",");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // Listening before any node starts: from now on Ctrl-C or SIGTERM stops the nodes
+    // (their default action would end this process at once and leave the nodes running).
+    let mut stop_signals = {
+        let _entered = runtime.enter();
+        match StopSignals::listen() {
+            Ok(signals) => signals,
+            Err(e) => {
+                eprintln!("cairn dev: cannot listen for Ctrl-C and SIGTERM: {e}");
+                return exit::ERROR;
+            }
+        }
+    };
     let mut children = Vec::new();
     for node in &nodes {
         match spawn(&exe, &args, node, &members) {
@@ -183,13 +212,9 @@ pub fn run(args: DevArgs) -> u8 {
             }
         }
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
     let endpoints: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
     let started = Instant::now();
-    let leader = runtime.block_on(async {
+    let waiting = async {
         let client = crate::admin_client::AdminClient::new(
             endpoints.clone(),
             access.clone(),
@@ -215,10 +240,21 @@ pub fn run(args: DevArgs) -> u8 {
             ),
             String::new(),
         ))
+    };
+    let leader = runtime.block_on(async {
+        tokio::select! {
+            leader = waiting => Some(leader),
+            () = stop_signals.recv() => None,
+        }
     });
     let status = match leader {
-        Ok(status) => status,
-        Err((why, log)) => {
+        None => {
+            println!("\nStopping {} nodes...", children.len());
+            stop_all(&mut children);
+            return exit::OK;
+        }
+        Some(Ok(status)) => status,
+        Some(Err((why, log))) => {
             eprintln!("cairn dev: {why}");
             if !log.is_empty() {
                 eprintln!("{log}");
@@ -269,14 +305,7 @@ pub fn run(args: DevArgs) -> u8 {
     println!("  cairn write --type demo.v1.Thing --name hello --data-json '{{\"hi\": 1}}'");
     println!("  cairn watch --type demo.v1.Thing");
     println!("\nPress Ctrl-C to stop the cluster.");
-    runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("signal handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = term.recv() => {},
-        }
-    });
+    runtime.block_on(stop_signals.recv());
     println!("\nStopping {} nodes...", children.len());
     stop_all(&mut children);
     exit::OK
@@ -307,6 +336,31 @@ fn stopped_node(
         }
     }
     None
+}
+
+/// Ctrl-C (SIGINT) and SIGTERM, listened to from before the first node starts.
+struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Starts listening (inside a tokio runtime).
+    fn listen() -> std::io::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Waits for the first of them.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {},
+            _ = self.terminate.recv() => {},
+        }
+    }
 }
 
 fn stop_all(children: &mut [Child]) {
