@@ -132,12 +132,20 @@ fn unmount_waits_for_a_file_closed_a_moment_later() {
         .expect("spawn sh");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while fs.handles_held() == 0 {
-        assert!(std::time::Instant::now() < deadline, "the straggler never opened its file");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the straggler never opened its file"
+        );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     fs.cut_power();
-    assert_eq!(fs.handles_held(), 1, "a handle from before the cut is still held");
-    fs.unmount().expect("unmount once the straggler closed its file");
+    assert_eq!(
+        fs.handles_held(),
+        1,
+        "a handle from before the cut is still held"
+    );
+    fs.unmount()
+        .expect("unmount once the straggler closed its file");
     assert!(straggler.wait().expect("wait for sh").success());
 }
 
