@@ -61,9 +61,13 @@
 //!   before proposing). Every other failure of a sent write ends the request.
 //! - [`ForwardingServer`] never forwards: it executes on its own node or
 //!   answers NotLeader with its current hint.
-//! - A strong read or list is served only after
+//! - A strong read or a strong listing's first page is served only after
 //!   [`Handle::confirm_read`] succeeded on the serving node, and
 //!   then from a view at least as new as the index it returned (asserted).
+//!   A later page of any listing is read from the view at its token's
+//!   revision (asserted), which holds the same on every node that applied
+//!   it: it is Unavailable on a node that has not, Compacted on one whose
+//!   history no longer reaches it.
 //! - Every request is validated on the node that receives it and again on
 //!   the node that executes it.
 
@@ -82,6 +86,7 @@ pub use forwarder::{Forwarder, ForwarderOptions, RequestStamp};
 pub use handle::Handle;
 pub use server::{bounded_timeout, caller_timeout, ForwardingServer};
 
-/// Largest forwarded message, sent or received (a strong list can be large;
+/// Largest forwarded message, sent or received (a list page is bounded by
+/// `cairn_fsm::LIST_PAGE_BYTES_MAX`, but a single resource can be larger;
 /// the node's client port accepts the same).
 pub const FORWARD_MESSAGE_BYTES_MAX: usize = 32 * 1024 * 1024;
