@@ -368,6 +368,7 @@ impl Target {
             name_prefix: prefix.into(),
             consistency: consistency as i32,
             revision: 0,
+            ..ListRequest::default()
         })
         .await
     }
@@ -720,6 +721,7 @@ async fn list_rules(t: &Target) {
             name_prefix: String::new(),
             consistency: Consistency::Strong as i32,
             revision: version_number(&last) - 1,
+            ..ListRequest::default()
         })
         .await
         .unwrap();
@@ -1016,6 +1018,7 @@ async fn invalid_arguments_name_their_field(t: &Target) {
                 name_prefix: String::new(),
                 consistency,
                 revision: 0,
+                ..ListRequest::default()
             })
             .await,
             "consistency",
@@ -1035,6 +1038,7 @@ async fn invalid_arguments_name_their_field(t: &Target) {
             name_prefix: String::new(),
             consistency: 0,
             revision: 0,
+            ..ListRequest::default()
         })
         .await,
         "type",
@@ -1098,6 +1102,7 @@ async fn compacted_history(t: &Target) {
             name_prefix: String::new(),
             consistency: Consistency::Strong as i32,
             revision: old,
+            ..ListRequest::default()
         })
         .await;
     assert!(
