@@ -89,7 +89,10 @@ fn page_token(filter: &cairn_fsm::ListFilter<'_>) -> String {
             .apply(
                 index,
                 &cairn_fsm::Command::Write {
-                    resource: resource(name),
+                    resource: pb::Resource {
+                        version: String::new(),
+                        ..resource(name)
+                    },
                 },
             )
             .expect("a seed resource applies");
