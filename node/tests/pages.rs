@@ -344,7 +344,7 @@ async fn the_client_starts_a_listing_again_when_its_revision_is_compacted_betwee
     let address = cluster.node(leader).client_address.clone();
     let ops = cluster.node(leader).metrics_address.clone().unwrap();
     let client = Client::connect_with(
-        &[address.clone()],
+        std::slice::from_ref(&address),
         ClientOptions {
             request_timeout: Duration::from_secs(30),
             ..ClientOptions::default()
@@ -437,7 +437,7 @@ async fn cairn_list_pages_a_hundred_thousand_resources_with_the_nodes_memory_bou
     let address = cluster.node(leader).client_address.clone();
     let node_pid = cluster.node(leader).pid().expect("the node runs");
     let client = Client::connect_with(
-        &[address.clone()],
+        std::slice::from_ref(&address),
         ClientOptions {
             request_timeout: Duration::from_secs(60),
             ..ClientOptions::default()
