@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cairn_forwarding::metrics as names;
-use cairn_forwarding::Target;
+use cairn_forwarding::{Handle as _, Target};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
 use cairn_proto::v1::*;
@@ -763,9 +763,10 @@ fn page_names(page: &cairn_proto::v1::shared::ListResponse) -> Vec<String> {
 async fn a_strong_listing_through_a_follower_pages_at_its_first_revision() {
     // A follower forwards a strong list's first page to the leader with its
     // limit (2 resources come back, with a token); writes, a delete and a
-    // re-creation follow; the later pages, asked of the follower with no
-    // leader left at all, read the listing's revision there and add up to
-    // exactly the six names of the first page's revision.
+    // re-creation follow, and the follower applies them; the later pages,
+    // asked of the follower with no leader left at all, read the listing's
+    // revision there and add up to exactly the six names of the first
+    // page's revision.
     let h = Harness::start(2).await;
     let leader = &h.node(1).forwarder;
     let follower = &h.node(2).forwarder;
@@ -804,6 +805,12 @@ async fn a_strong_listing_through_a_follower_pages_at_its_first_revision() {
             .write(write_request(thing(name, "u2", "", b"y")), deadline())
             .await
             .unwrap();
+    }
+    // The follower holds the changes too, so its latest state is not the listing's.
+    let until = Instant::now() + Duration::from_secs(2);
+    while h.node(2).handle.store().applied_index() < h.committed() {
+        assert!(Instant::now() < until, "the follower never caught up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     h.elect(None);
     let mut names = page_names(&first);
