@@ -495,11 +495,11 @@ async fn cairn_list_pages_a_hundred_thousand_resources_with_the_nodes_memory_bou
             (node_max, cli_peak)
         })
     };
+    // Read as it comes; judged once the measurements are printed.
     let stdout = child.stdout.take().unwrap();
     let mut lines = std::io::BufReader::new(stdout).lines();
-    let header = lines.next().expect("a header").unwrap();
-    assert!(header.starts_with("TYPE"), "{header}");
-    let mut printed = 0usize;
+    let header = lines.next().and_then(Result::ok).unwrap_or_default();
+    let (mut printed, mut out_of_order) = (0usize, Vec::new());
     let mut previous = String::new();
     for line in lines {
         let line = line.unwrap();
@@ -508,10 +508,9 @@ async fn cairn_list_pages_a_hundred_thousand_resources_with_the_nodes_memory_bou
             .nth(1)
             .unwrap_or_default()
             .to_string();
-        assert!(
-            name > previous,
-            "{name:?} after {previous:?}: printed once, in order"
-        );
+        if name <= previous {
+            out_of_order.push(format!("{name:?} after {previous:?}"));
+        }
         previous = name;
         printed += 1;
     }
@@ -521,8 +520,6 @@ async fn cairn_list_pages_a_hundred_thousand_resources_with_the_nodes_memory_bou
     let after = rss_bytes(node_pid, false).expect("the node's RSS");
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(status.success(), "cairn list failed: {stderr}");
-    assert_eq!(printed, COUNT, "{stderr}");
     let growth = node_max.saturating_sub(before);
     println!(
         "cairn list printed {printed} Things in {:?}; node RSS {} MiB before, at most {} MiB \
@@ -533,6 +530,14 @@ async fn cairn_list_pages_a_hundred_thousand_resources_with_the_nodes_memory_bou
         growth / MIB,
         after / MIB,
         cli_peak / MIB,
+    );
+    assert!(status.success(), "cairn list failed: {stderr}");
+    assert!(header.starts_with("TYPE"), "{header}");
+    assert_eq!(printed, COUNT, "{stderr}");
+    assert!(
+        out_of_order.is_empty(),
+        "printed once each, in order: {:?}",
+        &out_of_order[..out_of_order.len().min(5)]
     );
     assert!(growth < 24 * MIB, "the node grew by {} MiB", growth / MIB);
     assert!(
