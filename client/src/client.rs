@@ -197,6 +197,73 @@ pub fn watch_resume_revision(last_seen: u64) -> u64 {
     last_seen.saturating_sub(1)
 }
 
+/// How many times [`Client::list_request`] starts a listing of the latest
+/// state again after its revision was compacted between two pages (each
+/// time within the call's one deadline).
+pub const LIST_RESTARTS_MAX: u32 = 3;
+
+/// An error unless `page` continues the listing at `revision`: every page of
+/// a listing reflects its first page's revision.
+fn check_same_listing(revision: u64, page: &ListResponse) -> Result<(), ClientError> {
+    if page.revision == revision {
+        return Ok(());
+    }
+    Err(ClientError::Internal {
+        message: format!(
+            "a page of a listing at revision {revision} answered at revision {}",
+            page.revision
+        ),
+        outcome: Outcome::NotApplied,
+    })
+}
+
+/// The pages of one listing, fetched one at a time ([`Client::list_pages`]).
+///
+/// Each [`ListPages::next`] is one call with its own deadline
+/// ([`ClientOptions::request_timeout`]), so a caller may take its time
+/// between pages; but the listing's revision must stay in the nodes' history
+/// meanwhile, or the next page is `Compacted`. Nothing is restarted behind
+/// the caller's back (it already holds the earlier pages): it may start a
+/// new listing. After any error, `next` asks for the same page again.
+pub struct ListPages {
+    client: Client,
+    request: ListRequest,
+    /// The token of the next page (`""`: the first); `None` once the
+    /// listing has ended.
+    next_page_token: Option<String>,
+    /// The listing's revision, once the first page came.
+    revision: Option<u64>,
+}
+
+impl ListPages {
+    /// The next page, or `None` once the last page was returned.
+    pub async fn next(&mut self) -> Option<Result<ListResponse, ClientError>> {
+        let token = self.next_page_token.clone()?;
+        let request = ListRequest {
+            page_token: token,
+            ..self.request.clone()
+        };
+        let page = match self.client.list_page(request).await {
+            Ok(page) => page,
+            Err(e) => return Some(Err(e)),
+        };
+        if let Some(revision) = self.revision {
+            if let Err(e) = check_same_listing(revision, &page) {
+                return Some(Err(e));
+            }
+        }
+        self.revision = Some(page.revision);
+        self.next_page_token = Some(page.next_page_token.clone()).filter(|t| !t.is_empty());
+        Some(Ok(page))
+    }
+
+    /// The revision every page of this listing reflects, once the first
+    /// page came.
+    pub fn revision(&self) -> Option<u64> {
+        self.revision
+    }
+}
+
 /// A server stream of watch events from one node.
 pub struct WatchStream {
     endpoint: String,
@@ -370,7 +437,8 @@ impl Client {
     }
 
     /// Lists every resource of an unversioned type (group + kind) whose
-    /// tenancy matches (`*` = any) and whose name starts with `name_prefix`.
+    /// tenancy matches (`*` = any) and whose name starts with `name_prefix`:
+    /// the whole listing, every page of it (see [`Client::list_request`]).
     pub async fn list(
         &self,
         type_: Type,
@@ -383,19 +451,99 @@ impl Client {
             tenancy: Some(tenancy),
             name_prefix: name_prefix.into(),
             consistency: consistency as i32,
-            revision: 0,
+            ..ListRequest::default()
         })
         .await
     }
 
-    /// List with every field of the request (a past revision, too).
+    /// List with every field of the request (a past revision, a page size,
+    /// a page token to continue from), paged transparently: it follows
+    /// `next_page_token` to the end and returns every resource of the
+    /// listing, in the order the pages came, with the revision of the first
+    /// page (which every page reflects) and no next token.
+    ///
+    /// One deadline ([`ClientOptions::request_timeout`]) covers every page.
+    /// When the listing's revision leaves the nodes' history between pages
+    /// (`Compacted`), a listing of the latest state (no `revision`, no
+    /// `page_token` asked) starts again from the first page, at most
+    /// [`LIST_RESTARTS_MAX`] times and within that deadline; otherwise the
+    /// error is returned. To hold one page at a time, use
+    /// [`Client::list_pages`].
     pub async fn list_request(&self, request: ListRequest) -> Result<ListResponse, ClientError> {
-        self.call(Operation::Read, move |mut c, remaining| {
+        let deadline = Instant::now() + self.inner.options.request_timeout;
+        let restartable = request.revision == 0 && request.page_token.is_empty();
+        let mut restarts = 0;
+        loop {
+            match self.whole_listing(&request, deadline).await {
+                Err(ClientError::Compacted {
+                    oldest_retained_revision,
+                }) if restartable && restarts < LIST_RESTARTS_MAX && Instant::now() < deadline => {
+                    restarts += 1;
+                    tracing::debug!(
+                        oldest_retained_revision,
+                        restarts,
+                        "list: the listing's revision was compacted between pages; starting again"
+                    );
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Every page of the listing `request` starts, gathered, by `deadline`.
+    async fn whole_listing(
+        &self,
+        request: &ListRequest,
+        deadline: Instant,
+    ) -> Result<ListResponse, ClientError> {
+        let mut listing = self.list_page_by(request.clone(), deadline).await?;
+        let mut token = std::mem::take(&mut listing.next_page_token);
+        while !token.is_empty() {
+            let next = ListRequest {
+                page_token: token,
+                ..request.clone()
+            };
+            let page = self.list_page_by(next, deadline).await?;
+            check_same_listing(listing.revision, &page)?;
+            listing.resources.extend(page.resources);
+            token = page.next_page_token;
+        }
+        Ok(listing)
+    }
+
+    /// One page of a listing: the request as given (its `limit`, and its
+    /// `page_token` to continue a listing), with failover and one deadline
+    /// ([`ClientOptions::request_timeout`]). The answer's `next_page_token`
+    /// is empty on the last page.
+    pub async fn list_page(&self, request: ListRequest) -> Result<ListResponse, ClientError> {
+        let deadline = Instant::now() + self.inner.options.request_timeout;
+        self.list_page_by(request, deadline).await
+    }
+
+    /// The pages of the listing `request` starts, one at a time
+    /// ([`ListPages::next`]): a caller with a huge type holds one page at a
+    /// time. Nothing is sent until the first `next`.
+    pub fn list_pages(&self, request: ListRequest) -> ListPages {
+        ListPages {
+            client: self.clone(),
+            next_page_token: Some(request.page_token.clone()),
+            request,
+            revision: None,
+        }
+    }
+
+    async fn list_page_by(
+        &self,
+        request: ListRequest,
+        deadline: Instant,
+    ) -> Result<ListResponse, ClientError> {
+        self.call_at_until(Operation::Read, deadline, move |mut c, remaining| {
             let mut r = tonic::Request::new(request.clone());
             r.set_timeout(remaining);
             async move { c.list(r).await }
         })
         .await
+        .map(|(response, _)| response.into_inner())
     }
 
     /// Every resource owned by exactly `owner` (uid included). Served by the
@@ -457,8 +605,7 @@ impl Client {
             .map(|(response, _)| response.into_inner())
     }
 
-    /// As [`Client::call`], also returning the endpoint that answered: the
-    /// shared loop (`cairn_request::run`) over [`Endpoints`].
+    /// As [`Client::call`], also returning the endpoint that answered.
     async fn call_at<T, F, Fut>(
         &self,
         operation: Operation,
@@ -468,8 +615,23 @@ impl Client {
         F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
         Fut: Future<Output = Answer<T>>,
     {
+        let deadline = Instant::now() + self.inner.options.request_timeout;
+        self.call_at_until(operation, deadline, call).await
+    }
+
+    /// As [`Client::call_at`], ending by `deadline`: the shared loop
+    /// (`cairn_request::run`) over [`Endpoints`].
+    async fn call_at_until<T, F, Fut>(
+        &self,
+        operation: Operation,
+        deadline: Instant,
+        call: F,
+    ) -> Result<(tonic::Response<T>, String), ClientError>
+    where
+        F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
+        Fut: Future<Output = Answer<T>>,
+    {
         let options = &self.inner.options;
-        let deadline = Instant::now() + options.request_timeout;
         let preferred = self.inner.routing.lock().preferred.clone();
         let (route, target) = Route::new(&self.inner.endpoints, &preferred);
         let mut endpoints = Endpoints {

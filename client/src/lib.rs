@@ -10,6 +10,13 @@
 //! [`Client::read_modify_write`], [`Client::delete_current`]); the primed
 //! [`WatchCache`]; how to reach the nodes ([`TlsOptions`], [`BearerToken`]).
 //!
+//! Lists are paged by the nodes: [`Client::list`] and
+//! [`Client::list_request`] follow the pages to the end (every page reflects
+//! the first page's revision, and a listing whose revision was compacted
+//! between pages starts again, a bounded number of times);
+//! [`Client::list_page`] asks for one page and [`Client::list_pages`] hands
+//! them out one at a time.
+//!
 //! A library only: no command line, no argument parsing. The `cairn` data
 //! commands (`cairn read`, `write`, ...) are built on it in the node crate
 //! (`cairn_node::cli::data`).
@@ -60,7 +67,9 @@ pub mod tls;
 pub mod watch_cache;
 
 pub use auth::{AuthenticatedChannel, BearerToken, Credentials};
-pub use client::{watch_resume_revision, Client, ClientOptions, WatchStream};
+pub use client::{
+    watch_resume_revision, Client, ClientOptions, ListPages, WatchStream, LIST_RESTARTS_MAX,
+};
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;
 pub use tls::{Access, TlsOptions};

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cairn_client::{Client, ClientError, ClientOptions, Outcome};
 use cairn_fsm::Limits;
-use cairn_proto::v1::{Consistency, Resource, Tenancy, Type, WatchListRequest};
+use cairn_proto::v1::{Consistency, ListRequest, Resource, Tenancy, Type, WatchListRequest};
 use serde_json::Value;
 use support::{id, resource, Backing, TestNode};
 
@@ -303,28 +303,24 @@ async fn every_endpoint_dead_fails_definitely_within_the_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_list_over_the_message_limit_fails_at_once_instead_of_retrying() {
-    // Every node would send the same 5.4 MB answer, over the client's 4 MiB
-    // decoding limit: the list fails on the first attempt, with the deadline
-    // (20 s) nowhere near, as a definite ResourceExhausted.
+async fn an_answer_over_the_message_limit_fails_at_once_instead_of_retrying() {
+    // Every node would send the same 5.4 MB ListByOwner answer (it is not
+    // paged), over the client's 4 MiB decoding limit: the call fails on the
+    // first attempt, with the deadline (20 s) nowhere near, as a definite
+    // ResourceExhausted.
     let (backing, leader, follower, _) = cluster().await;
     let payload = "x".repeat(900 * 1024);
+    let owner = id("g", "Owner", "owner", "u0");
     for i in 0..6 {
-        backing.put(resource("g", "Big", &format!("big-{i}"), "u1", &payload));
+        let mut big = resource("g", "Big", &format!("big-{i}"), "u1", &payload);
+        big.owner = Some(Box::new(owner.clone()));
+        backing.put(big);
     }
     let client = Client::connect_with(&[&leader.address, &follower.address], options(20_000))
         .await
         .unwrap();
     let started = Instant::now();
-    let error = client
-        .list(
-            unversioned("g", "Big"),
-            any_tenancy(),
-            "",
-            Consistency::Eventual,
-        )
-        .await
-        .unwrap_err();
+    let error = client.list_by_owner(owner).await.unwrap_err();
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "took {:?}: {error}",
@@ -335,6 +331,172 @@ async fn a_list_over_the_message_limit_fails_at_once_instead_of_retrying() {
         "{error:?}"
     );
     assert_eq!(error.outcome(), Outcome::NotApplied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_of_large_resources_arrives_in_pages_under_the_message_limit() {
+    // The same 5.4 MB of resources as a List: the node pages it under its
+    // byte budget (3 MiB), so each answer fits the client's 4 MiB limit and
+    // the transparent list returns all six.
+    let (backing, leader, _follower, _) = cluster().await;
+    let payload = "x".repeat(900 * 1024);
+    for i in 0..6 {
+        backing.put(resource("g", "Big", &format!("big-{i}"), "u1", &payload));
+    }
+    let client = Client::connect_with(&[&leader.address], options(20_000))
+        .await
+        .unwrap();
+    let request = ListRequest {
+        r#type: Some(unversioned("g", "Big")),
+        tenancy: Some(any_tenancy()),
+        ..ListRequest::default()
+    };
+    let first = client.list_page(request.clone()).await.unwrap();
+    assert_eq!(first.resources.len(), 3, "a page ends before 3 MiB");
+    assert!(!first.next_page_token.is_empty());
+    let listed = client.list_request(request).await.unwrap();
+    assert_eq!(listed.resources.len(), 6);
+    assert!(listed.next_page_token.is_empty());
+}
+
+/// A leader and a follower whose pages hold at most 3 resources, with ten
+/// Things stored (revision 10).
+async fn paged_cluster() -> (Backing, TestNode, TestNode) {
+    let backing = Backing::new(Limits {
+        list_page_size_max: 3,
+        ..Limits::default()
+    });
+    for i in 0..10 {
+        backing.put(resource("g", "Thing", &format!("t{i}"), "u1", "{}"));
+    }
+    let leader = TestNode::start(backing.clone()).await;
+    let follower = TestNode::start(backing.clone()).await;
+    *follower.control.follower_of.lock() = Some(leader.address.clone());
+    (backing, leader, follower)
+}
+
+fn names(resources: &[Resource]) -> Vec<String> {
+    resources
+        .iter()
+        .map(|r| r.id.clone().unwrap_or_default().name)
+        .collect()
+}
+
+fn things() -> ListRequest {
+    ListRequest {
+        r#type: Some(unversioned("g", "Thing")),
+        tenancy: Some(any_tenancy()),
+        ..ListRequest::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_follows_every_page_and_reports_the_first_pages_revision() {
+    // Pages of at most 3: list() gathers the ten Things from four pages;
+    // list_page() hands out one page and its token; list_pages() walks the
+    // same four pages one by one, and a change after the first page shows in
+    // none of them (they all reflect revision 10). A limit smaller than the
+    // node's page size is kept, a larger one capped.
+    let (backing, leader, follower) = paged_cluster().await;
+    let client = Client::connect_with(&[&follower.address, &leader.address], options(5_000))
+        .await
+        .unwrap();
+    let all: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    let listed = client
+        .list(
+            unversioned("g", "Thing"),
+            any_tenancy(),
+            "",
+            Consistency::Strong,
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&listed.resources), all);
+    assert_eq!(listed.revision, 10);
+    assert!(listed.next_page_token.is_empty());
+
+    let first = client.list_page(things()).await.unwrap();
+    assert_eq!(names(&first.resources), ["t0", "t1", "t2"]);
+    let mut pages = client.list_pages(things());
+    let mut seen = Vec::new();
+    let mut sizes = Vec::new();
+    while let Some(page) = pages.next().await {
+        let page = page.unwrap();
+        if sizes.is_empty() {
+            backing.put(resource("g", "Thing", "t00-new", "u1", "{}"));
+            backing.remove(&id("g", "Thing", "t9", ""));
+        }
+        assert_eq!(page.revision, 10);
+        sizes.push(page.resources.len());
+        seen.extend(names(&page.resources));
+    }
+    assert_eq!(sizes, [3, 3, 3, 1]);
+    assert_eq!(seen, all);
+    assert_eq!(pages.revision(), Some(10));
+    assert!(pages.next().await.is_none(), "an ended listing stays ended");
+
+    for (limit, page_size) in [(2, 2), (3, 3), (50, 3)] {
+        let page = client
+            .list_page(ListRequest { limit, ..things() })
+            .await
+            .unwrap();
+        assert_eq!(page.resources.len(), page_size, "limit {limit}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_compacted_between_pages_starts_again_a_bounded_number_of_times() {
+    // Two later pages answered Compacted: list() starts the listing over
+    // twice and still returns the ten Things, from a third first page. With
+    // every later page compacted it gives up after LIST_RESTARTS_MAX
+    // restarts with Compacted; a listing at a fixed revision, or one the
+    // caller continues from a token, is never restarted; and list_pages
+    // hands the Compacted to its caller.
+    let (_backing, leader, _follower) = paged_cluster().await;
+    let client = Client::connect_with(&[&leader.address], options(5_000))
+        .await
+        .unwrap();
+    let control = &leader.control;
+    control.compact_later_pages.store(2, Ordering::SeqCst);
+    let listed = client.list_request(things()).await.unwrap();
+    assert_eq!(listed.resources.len(), 10);
+    assert_eq!(control.first_pages_served.load(Ordering::SeqCst), 3);
+
+    control.first_pages_served.store(0, Ordering::SeqCst);
+    control
+        .compact_later_pages
+        .store(u32::MAX, Ordering::SeqCst);
+    let error = client.list_request(things()).await.unwrap_err();
+    assert!(matches!(error, ClientError::Compacted { .. }), "{error:?}");
+    assert_eq!(
+        control.first_pages_served.load(Ordering::SeqCst),
+        1 + u64::from(cairn_client::LIST_RESTARTS_MAX)
+    );
+
+    control.first_pages_served.store(0, Ordering::SeqCst);
+    let at_revision = client
+        .list_request(ListRequest {
+            revision: 10,
+            ..things()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(at_revision, ClientError::Compacted { .. }));
+    assert_eq!(control.first_pages_served.load(Ordering::SeqCst), 1);
+
+    let mut pages = client.list_pages(things());
+    assert!(pages.next().await.unwrap().is_ok());
+    assert!(matches!(
+        pages.next().await,
+        Some(Err(ClientError::Compacted { .. }))
+    ));
+    control.compact_later_pages.store(0, Ordering::SeqCst);
+    let retried = pages.next().await.unwrap().unwrap();
+    assert_eq!(
+        names(&retried.resources),
+        ["t3", "t4", "t5"],
+        "the same page, asked again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,19 +6,22 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_fsm::{Applied, Command, ReadScope, View, WatchFilter};
+use cairn_fsm::{
+    Applied, Command, ListFilter, PageBounds, PageToken, ReadScope, View, WatchFilter,
+};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, shared, Consistency};
 use futures::Stream;
 
 use crate::handle::{Handle, ReadAt};
 
-/// The refusal of a list that matches more than `list_results_max` resources.
+/// The refusal of an owner lookup that matches more than `list_results_max`
+/// resources.
 fn too_many_results(results_max: usize) -> ApiError {
     ApiError::exhausted(
         "list_results_max",
         results_max as u64,
-        format!("the list matches more than {results_max} resources; narrow its filter"),
+        format!("the owner lookup matches more than {results_max} resources"),
     )
 }
 
@@ -130,8 +133,9 @@ impl<H: Handle> Executor<H> {
         self.delete_checked(r).await
     }
 
-    /// Validates, then lists here: a strong list first ensures strong
-    /// consistency on this node (NotLeader on a follower).
+    /// Validates, then lists one page here: a strong list's first page
+    /// first ensures strong consistency on this node (NotLeader on a
+    /// follower).
     pub async fn list(&self, r: pb::ListRequest) -> Result<shared::ListResponse, ApiError> {
         let consistency = self.check_list(&r)?;
         self.list_checked(r, consistency, None).await
@@ -173,31 +177,63 @@ impl<H: Handle> Executor<H> {
         })
     }
 
-    /// Lists what `visible` shows (`None`: everything): only that is
-    /// counted against `list_results_max`.
+    /// One page of a listing, of what `visible` shows (`None`: everything):
+    /// only that is counted against the page's bounds. The first page reads
+    /// the view the request asks for (a strong one confirmed first, as any
+    /// strong read); a later page reads the view at its token's revision, so
+    /// every page of a listing reflects its first page's revision.
     pub(crate) async fn list_checked(
         &self,
         r: pb::ListRequest,
         consistency: Consistency,
         visible: Option<&ReadScope>,
     ) -> Result<shared::ListResponse, ApiError> {
-        let view = self.view_for(consistency, r.revision).await?;
         let type_ = r
             .r#type
             .as_ref()
             .ok_or_else(|| ApiError::invalid("type", "is required"))?;
-        let tenancy = r.tenancy.unwrap_or_default();
-        let results_max = self.limits().list_results_max;
-        let resources = view
-            .list_at_most(type_, &tenancy, &r.name_prefix, visible, results_max)
-            .ok_or_else(|| too_many_results(results_max))?
-            .iter()
-            .map(|r| r.encoded().clone())
-            .collect();
+        let tenancy = r.tenancy.clone().unwrap_or_default();
+        let filter = ListFilter {
+            type_,
+            tenancy: &tenancy,
+            name_prefix: &r.name_prefix,
+        };
+        let token = checks::page_token(&r, &filter)?;
+        let view = match &token {
+            None => self.view_for(consistency, r.revision).await?,
+            Some(token) => self.page_view(token)?,
+        };
+        let bounds = PageBounds::for_request(r.limit, self.limits());
+        let page = view.list_page(&filter, visible, token.as_ref(), bounds);
         Ok(shared::ListResponse {
-            resources,
+            resources: page.resources.iter().map(|r| r.encoded().clone()).collect(),
             revision: view.revision(),
+            next_page_token: page.next.map(|t| t.encode()).unwrap_or_default(),
         })
+    }
+
+    /// The view a later page of a listing reads: the one at its token's
+    /// revision. A revision this node has not applied yet (the token came
+    /// from a node further ahead) is Unavailable, to retry here later or
+    /// elsewhere; one older than the retained history is Compacted (the
+    /// listing must start again).
+    fn page_view(&self, token: &PageToken) -> Result<View, ApiError> {
+        let store = self.handle.store();
+        let applied = store.applied_index();
+        if token.revision() > applied {
+            return Err(ApiError::Unavailable(format!(
+                "page_token: the listing's revision {} is not applied on this node yet \
+                 (applied {applied}); retry",
+                token.revision()
+            )));
+        }
+        let view = store.view_at(token.revision())?;
+        assert_eq!(
+            view.revision(),
+            token.revision(),
+            "a later page reads its listing's revision"
+        );
+        Ok(view)
     }
 
     pub(crate) async fn write_checked(
@@ -317,7 +353,7 @@ impl<H: Handle> Executor<H> {
 /// them, and so can anything that must validate exactly as a node does
 /// (the decoders' fuzz harness).
 pub mod checks {
-    use cairn_fsm::Limits;
+    use cairn_fsm::{Limits, ListFilter, PageToken};
     use cairn_proto::error::ApiError;
     use cairn_proto::v1::{self as pb, Consistency};
 
@@ -362,7 +398,8 @@ pub mod checks {
         Ok(())
     }
 
-    /// A list; returns the consistency it asks for.
+    /// A list; returns the consistency it asks for. Its page token, if
+    /// any, must be one of this listing (see [`page_token`]).
     pub fn list(limits: &Limits, r: &pb::ListRequest) -> Result<Consistency, ApiError> {
         let consistency = consistency(r.consistency)?;
         filter(
@@ -371,7 +408,43 @@ pub mod checks {
             r.tenancy.as_ref(),
             &r.name_prefix,
         )?;
+        let type_ = r
+            .r#type
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("type", "is required"))?;
+        let default_tenancy = pb::Tenancy::default();
+        let list_filter = ListFilter {
+            type_,
+            tenancy: r.tenancy.as_ref().unwrap_or(&default_tenancy),
+            name_prefix: &r.name_prefix,
+        };
+        page_token(r, &list_filter)?;
         Ok(consistency)
+    }
+
+    /// The page token of a list of `filter` (`None`: a first page), decoded
+    /// and checked: a malformed token, one of another listing, or one whose
+    /// revision disagrees with the request's `revision` (0 = follow the
+    /// token) is InvalidArgument on `page_token`.
+    pub fn page_token(
+        r: &pb::ListRequest,
+        filter: &ListFilter<'_>,
+    ) -> Result<Option<PageToken>, ApiError> {
+        if r.page_token.is_empty() {
+            return Ok(None);
+        }
+        let token = PageToken::decode(&r.page_token, filter)?;
+        if r.revision != 0 && r.revision != token.revision() {
+            return Err(ApiError::invalid(
+                "page_token",
+                format!(
+                    "continues a listing at revision {}, but the request asks for revision {}",
+                    token.revision(),
+                    r.revision
+                ),
+            ));
+        }
+        Ok(Some(token))
     }
 
     /// A WatchList request (the same filter rules as a List); returns the

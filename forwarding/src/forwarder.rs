@@ -148,9 +148,12 @@ impl<H: Handle> Forwarder<H> {
         self.route(r, deadline).await
     }
 
-    /// List: eventual here, strong here on the leader or at the leader.
-    /// Only what `visible` shows (`None`: everything) is listed and counted
-    /// against `list_results_max`; a forwarded list carries it to the leader.
+    /// List (one page): eventual here, strong here on the leader or at the
+    /// leader. Only what `visible` shows (`None`: everything) is listed and
+    /// counted against the page's bounds; a forwarded list carries it to the
+    /// leader, with the whole request (limit and page token included). A
+    /// later page of a strong listing reads the listing's fixed revision and
+    /// needs no leader: it is served here once this node applied it.
     pub async fn list(
         &self,
         r: pb::ListRequest,

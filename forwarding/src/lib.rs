@@ -64,11 +64,15 @@
 //!   before proposing). Every other failure of a sent write ends the request.
 //! - [`ForwardingServer`] never forwards: it executes on its own node or
 //!   answers NotLeader with its current hint.
-//! - A strong read, list or watch is served only after
-//!   [`Handle::confirm_read`] succeeded on the serving node, and
-//!   then from a view at least as new as the index it returned (asserted).
-//!   A strong request that could not be confirmed by its deadline is
-//!   Inconsistent, never a plain local read.
+//! - A strong read, a strong listing's first page, or a strong watch is
+//!   served only after [`Handle::confirm_read`] succeeded on the serving
+//!   node, and then from a view at least as new as the index it returned
+//!   (asserted). A strong request that could not be confirmed by its
+//!   deadline is Inconsistent, never a plain local read.
+//!   A later page of any listing is read from the view at its token's
+//!   revision (asserted), which holds the same on every node that applied
+//!   it: it is Unavailable on a node that has not, Compacted on one whose
+//!   history no longer reaches it.
 //! - Every request is validated on the node that receives it and again on
 //!   the node that executes it.
 
@@ -89,6 +93,7 @@ pub use handle::{Handle, ReadAt};
 pub use read_index::LeaderReadIndex;
 pub use server::{bounded_timeout, caller_timeout, watch_open_timeout, ForwardingServer};
 
-/// Largest forwarded message, sent or received (a strong list can be large;
+/// Largest forwarded message, sent or received (a list page is bounded by
+/// `cairn_fsm::LIST_PAGE_BYTES_MAX`, but a single resource can be larger;
 /// the node's client port accepts the same).
 pub const FORWARD_MESSAGE_BYTES_MAX: usize = 32 * 1024 * 1024;

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cairn_forwarding::metrics as names;
-use cairn_forwarding::{ReadAt, Target};
+use cairn_forwarding::{Handle as _, ReadAt, Target};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::forwarding_service_client::ForwardingServiceClient;
 use cairn_proto::v1::*;
@@ -972,6 +972,212 @@ async fn with_no_reachable_leader_the_caller_gets_unavailable_at_its_deadline() 
     }
     assert_eq!(h.proposed(), 0);
     assert_eq!(h.node(2).channel.cached_target(), None);
+}
+
+/// The names in a page, in order.
+fn page_names(page: &cairn_proto::v1::shared::ListResponse) -> Vec<String> {
+    page.public()
+        .resources
+        .into_iter()
+        .map(|r| r.id.unwrap_or_default().name)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strong_listing_through_a_follower_pages_at_its_first_revision() {
+    // A follower forwards a strong list's first page to the leader with its
+    // limit (2 resources come back, with a token); writes, a delete and a
+    // re-creation follow, and the follower applies them; the later pages,
+    // asked of the follower with no leader left at all, read the listing's
+    // revision there and add up to exactly the six names of the first
+    // page's revision.
+    let h = Harness::start(2).await;
+    let leader = &h.node(1).forwarder;
+    let follower = &h.node(2).forwarder;
+    for i in 0..6 {
+        let name = format!("n{i}");
+        leader
+            .write(write_request(thing(&name, "u1", "", b"x")), deadline())
+            .await
+            .unwrap();
+    }
+    let mut request = list_request(Consistency::Strong);
+    request.limit = 2;
+    let first = follower
+        .list(request.clone(), None, deadline())
+        .await
+        .unwrap();
+    assert_eq!(page_names(&first), ["n0", "n1"]);
+    assert_eq!(first.revision, 6);
+    assert_eq!(
+        h.node(2).channel.dial_count(),
+        1,
+        "the first page was forwarded"
+    );
+    leader
+        .delete(
+            DeleteRequest {
+                id: Some(id("n3", "u1")),
+                version: "4".into(),
+            },
+            deadline(),
+        )
+        .await
+        .unwrap();
+    for name in ["n3", "n2a", "n9"] {
+        leader
+            .write(write_request(thing(name, "u2", "", b"y")), deadline())
+            .await
+            .unwrap();
+    }
+    // The follower holds the changes too, so its latest state is not the listing's.
+    let until = Instant::now() + Duration::from_secs(2);
+    while h.node(2).handle.store().applied_index() < h.committed() {
+        assert!(Instant::now() < until, "the follower never caught up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    h.elect(None);
+    let mut names = page_names(&first);
+    let mut token = first.next_page_token;
+    while !token.is_empty() {
+        request.page_token = token;
+        let page = follower
+            .list(request.clone(), None, deadline())
+            .await
+            .unwrap();
+        assert_eq!(
+            page.revision, 6,
+            "every page reflects the first page's revision"
+        );
+        assert!(page.resources.len() <= 2);
+        for r in page.public().resources {
+            assert_eq!(r.id.as_ref().unwrap().uid, "u1", "a resource of revision 6");
+        }
+        names.extend(page_names(&page));
+        token = page.next_page_token;
+    }
+    assert_eq!(names, ["n0", "n1", "n2", "n3", "n4", "n5"]);
+    assert_eq!(h.proposed(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_token_ahead_of_a_node_is_unavailable_until_it_applies_that_revision() {
+    // A token of revision 3 (issued by another replica of the same log)
+    // given to a node that has applied nothing: Unavailable at once, no
+    // waiting; once the node has applied revision 3 it serves the page.
+    let h = Harness::start(2).await;
+    let other = cairn_fsm::Store::new(cairn_fsm::Limits::default());
+    for index in 1..=3 {
+        other
+            .apply(
+                index,
+                &cairn_fsm::Command::Write {
+                    resource: thing(&format!("n{index}"), "u1", "", b"x"),
+                },
+            )
+            .unwrap();
+    }
+    let (t, ten) = (thing_type(), tenancy());
+    let filter = cairn_fsm::ListFilter {
+        type_: &t,
+        tenancy: &ten,
+        name_prefix: "",
+    };
+    let bounds = cairn_fsm::PageBounds {
+        resources_max: 1,
+        bytes_max: cairn_fsm::LIST_PAGE_BYTES_MAX,
+    };
+    let token = other
+        .view()
+        .list_page(&filter, None, None, bounds)
+        .next
+        .unwrap();
+    let mut request = list_request(Consistency::Eventual);
+    request.page_token = token.encode();
+    let executor = h.node(2).forwarder.executor();
+    let started = Instant::now();
+    let early = executor.list(request.clone()).await;
+    assert!(matches!(early, Err(ApiError::Unavailable(_))), "{early:?}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    for i in 1..=3 {
+        h.node(1)
+            .forwarder
+            .write(
+                write_request(thing(&format!("n{i}"), "u1", "", b"x")),
+                deadline(),
+            )
+            .await
+            .unwrap();
+    }
+    let until = Instant::now() + Duration::from_secs(2);
+    let page = loop {
+        match executor.list(request.clone()).await {
+            Ok(page) => break page,
+            Err(ApiError::Unavailable(_)) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            other => panic!("expected the page once applied, got {other:?}"),
+        }
+    };
+    assert_eq!(page.revision, 3);
+    assert_eq!(page_names(&page), ["n2", "n3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_page_token_is_refused_on_page_token_on_both_sides_of_the_hop() {
+    // Garbage, a token of another listing, and a revision that disagrees
+    // with the token's: InvalidArgument naming page_token, from a follower's
+    // strong list (checked before forwarding) and from the leader's
+    // forwarding service (checked again where it runs).
+    let h = Harness::start(2).await;
+    let leader = &h.node(1).forwarder;
+    for i in 0..3 {
+        leader
+            .write(
+                write_request(thing(&format!("n{i}"), "u1", "", b"x")),
+                deadline(),
+            )
+            .await
+            .unwrap();
+    }
+    let mut first = list_request(Consistency::Strong);
+    first.limit = 1;
+    let token = leader
+        .list(first.clone(), None, deadline())
+        .await
+        .unwrap()
+        .next_page_token;
+    assert!(!token.is_empty());
+    let mut garbage = first.clone();
+    garbage.page_token = "not a token".into();
+    let mut other_listing = first.clone();
+    other_listing.page_token = token.clone();
+    other_listing.name_prefix = "n".into();
+    let mut other_revision = first.clone();
+    other_revision.page_token = token.clone();
+    other_revision.revision = 1;
+    let mut raw = raw_client(&h.node(1).peer_address).await;
+    for bad in [garbage, other_listing, other_revision] {
+        for result in [
+            h.node(2)
+                .forwarder
+                .list(bad.clone(), None, deadline())
+                .await,
+            raw.list(ForwardedList {
+                request: Some(bad.clone()),
+                read_scope: None,
+            })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(ApiError::from),
+        ] {
+            match result {
+                Err(ApiError::InvalidArgument { field, .. }) => assert_eq!(field, "page_token"),
+                other => panic!("expected InvalidArgument on page_token, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(h.node(2).channel.dial_count(), 0, "nothing was forwarded");
 }
 
 #[test]

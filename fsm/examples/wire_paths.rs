@@ -100,6 +100,8 @@ fn measured_list(store: &Store) -> usize {
     let response = shared::ListResponse {
         resources: listed.iter().map(|r| r.encoded().clone()).collect(),
         revision: view.revision(),
+        // All 1,000: one page of the default list_page_size_max.
+        next_page_token: String::new(),
     };
     response.encode_to_vec().len()
 }

@@ -5,7 +5,9 @@
 //! ([`Command`]), compare-and-set writes and deletes applied in log order
 //! ([`Store::apply`]), consistent reads and lists at the latest or a past
 //! revision ([`View`]), owner lookups, watches (a snapshot or a history replay
-//! followed by live events, [`Watch`]), and snapshot / restore.
+//! followed by live events, [`Watch`]), paginated lists whose pages all
+//! reflect their first page's revision ([`View::list_page`], [`PageToken`]),
+//! and snapshot / restore.
 //!
 //! **What it must not do.** No I/O, no async runtime, no clock, no
 //! randomness, no threads: the node feeds it committed entries and gets back
@@ -74,6 +76,10 @@
 //!   once, in commit order, or is closed with `WatchClosed` after delivering
 //!   what it buffered; it is never silently skipped. Events are sent only
 //!   after readers can see the state they describe.
+//! - Every page of one listing is read at the listing's first revision
+//!   (asserted against the token), in storage-key order, strictly after the
+//!   last key the previous page served; a page holds at most its bounds'
+//!   resources and, but for a lone resource, at most their bytes.
 //! - The watch registry holds exactly the open, unclosed watches: dropping a
 //!   [`Watch`] removes it; a restore removes them all.
 
@@ -83,6 +89,7 @@ mod command;
 mod error;
 mod history;
 mod key;
+mod page;
 mod restore;
 mod scope;
 mod snapshot;
@@ -94,6 +101,10 @@ mod watch;
 
 pub use command::{Command, COMMAND_FORMAT_VERSION};
 pub use error::FsmError;
+pub use page::{
+    ListFilter, Page, PageBounds, PageToken, LIST_PAGE_BYTES_MAX, PAGE_TOKEN_CHARS_MAX,
+    PAGE_TOKEN_FORMAT_VERSION,
+};
 pub use restore::{PendingRestoreStatus, RESTORE_ID_BYTES_MAX};
 pub use scope::{ReadScope, Scope, READ_SCOPE_PATTERNS_MAX, READ_SCOPE_SCOPES_MAX};
 pub use snapshot::{PendingSnapshot, Restoration, Snapshot, SNAPSHOT_FORMAT_VERSION};

@@ -6,7 +6,7 @@
 //! A [`ReadScope`] is the union of scopes a caller may read. The node's
 //! `[auth]` grants are written in these patterns; a follower sends a
 //! client's read scope with a forwarded strong list (`cairn.v1.ReadScope`),
-//! so that the leader lists, and counts against `list_results_max`, only
+//! so that the leader lists, and counts against the page's bounds, only
 //! what that client may see.
 //!
 //! Scopes ignore the group version: a scope on `demo.Thing` covers every

@@ -31,9 +31,13 @@ pub struct Limits {
     pub watch_buffer_events: usize,
     /// Most metadata entries on one resource.
     pub metadata_entries_max: usize,
-    /// Most resources one list or owner lookup answers (enforced by the
-    /// node's executor with [`crate::View::list_at_most`]).
+    /// Most resources one owner lookup (ListByOwner) answers (enforced by
+    /// the node's executor with [`crate::View::list_by_owner_at_most`]).
+    /// Lists are paged instead ([`Limits::list_page_size_max`]).
     pub list_results_max: usize,
+    /// Most resources in one page of a List, whatever the request's `limit`
+    /// ([`crate::PageBounds::for_request`]).
+    pub list_page_size_max: usize,
     /// Most status conditions on one resource, over all its status entries.
     pub status_conditions_max: usize,
     /// Bytes of live events one watch may hold unread; a watch that would go
@@ -80,6 +84,7 @@ impl Default for Limits {
             watch_buffer_events: 4096,
             metadata_entries_max: 64,
             list_results_max: 100_000,
+            list_page_size_max: 1000,
             status_conditions_max: 64,
             watch_buffer_bytes_max: 8 * 1024 * 1024,
             watch_buffers_bytes_max: 512 * 1024 * 1024,

@@ -910,6 +910,7 @@ async fn list_at(client: &Client, revision: u64) -> Option<Value> {
         name_prefix: String::new(),
         consistency: Consistency::Eventual as i32,
         revision,
+        ..ListRequest::default()
     };
     let list = client.list_request(request).await.ok()?;
     if list.revision != revision {

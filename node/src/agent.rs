@@ -67,6 +67,7 @@ pub fn limits(config: &Config) -> cairn_fsm::Limits {
         watch_buffer_events: config.watch_buffer_events,
         metadata_entries_max: config.metadata_entries_max,
         list_results_max: config.list_results_max,
+        list_page_size_max: config.list_page_size_max,
         status_conditions_max: config.status_conditions_max,
         watch_buffer_bytes_max: config.watch_buffer_bytes_max,
         watch_buffers_bytes_max: config.watch_buffers_bytes_max,

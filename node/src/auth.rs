@@ -44,8 +44,9 @@
 //!   without decoding it). A watch never outlives a change of its caller's
 //!   grant.
 //! - A denial depends only on the grant and the request, never on what is
-//!   stored, so the error itself leaks nothing; nor does a list's
-//!   `list_results_max`, which counts only what the caller may see.
+//!   stored, so the error itself leaks nothing; nor does a list's page size
+//!   (`list_page_size_max`) or ListByOwner's `list_results_max`, which count
+//!   only what the caller may see.
 //! - Scopes ignore the group version (see `cairn_fsm::Scope`).
 
 use std::borrow::Cow;

@@ -175,9 +175,11 @@ pub struct Config {
     pub metadata_entries_max: usize,
     /// Most status conditions on one resource, over all its status entries.
     pub status_conditions_max: usize,
-    /// Most resources one List or ListByOwner answers; a larger result is
-    /// refused (narrow the filter).
+    /// Most resources one ListByOwner answers; a larger result is refused.
+    /// (Lists are paged instead: `list_page_size_max`.)
     pub list_results_max: usize,
+    /// Most resources in one page of a List, whatever the request's limit.
+    pub list_page_size_max: usize,
     /// Most open watches on one client connection, and on the node.
     pub watches_per_connection_max: usize,
     pub watches_max: usize,
@@ -355,6 +357,7 @@ impl Default for Config {
             metadata_entries_max: fsm.metadata_entries_max,
             status_conditions_max: fsm.status_conditions_max,
             list_results_max: fsm.list_results_max,
+            list_page_size_max: fsm.list_page_size_max,
             watches_per_connection_max: 128,
             watches_max: 10_000,
             requests_per_connection_max: 256,
@@ -866,6 +869,7 @@ impl Config {
             0..=cairn_fsm::STATUS_CONDITIONS_HARD_MAX,
         )?;
         check_range("list_results_max", self.list_results_max, 1..=100_000_000)?;
+        check_range("list_page_size_max", self.list_page_size_max, 1..=1_000_000)?;
         check_range(
             "watches_per_connection_max",
             self.watches_per_connection_max,

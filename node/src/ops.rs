@@ -169,7 +169,9 @@ fn probe_list() -> pb::ListRequest {
         tenancy: None,
         name_prefix: String::new(),
         consistency: pb::Consistency::Strong as i32,
-        revision: 0,
+        // One resource is enough to learn the revision.
+        limit: 1,
+        ..pb::ListRequest::default()
     }
 }
 

@@ -16,8 +16,9 @@
 //! against the caller's grant, and only then executed or forwarded.
 //! Lists and ListByOwner carry the caller's read scope to the executor, on
 //! this node or, with a forwarded strong list, on the leader: only what the
-//! caller may see is listed and counted against `list_results_max`, so a
-//! refusal says nothing of what lies outside. Watch events are filtered
+//! caller may see is listed and counted (against a List page's
+//! `list_page_size_max`, or ListByOwner's `list_results_max`), so neither a
+//! page's end nor a refusal says anything of what lies outside. Watch events are filtered
 //! here, so nothing outside the caller's read scope leaves this node. An
 //! open watch is decided again whenever the
 //! grants are reloaded, and ends when its caller's grant changed

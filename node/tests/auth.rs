@@ -19,7 +19,7 @@ use std::time::Duration;
 use cairn_client::{BearerToken, Client, ClientError, ClientOptions, TlsOptions};
 use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::{
-    self as pb, watch_event, Consistency, Id, Resource, Tenancy, WatchListRequest,
+    self as pb, watch_event, Consistency, Id, ListRequest, Resource, Tenancy, WatchListRequest,
 };
 use client_support::*;
 
@@ -1263,7 +1263,7 @@ read = { types = ["demo.Thing"], tenancies = ["default/*"] }
     .expect("the test finished within 300 s");
 }
 
-/// Whether a list was refused by `list_results_max`.
+/// Whether a ListByOwner was refused by `list_results_max`.
 fn over_the_list_limit<T: std::fmt::Debug>(result: Result<T, ClientError>) -> bool {
     match result {
         Err(ClientError::ResourceExhausted { limit, .. }) => limit == "list_results_max",
@@ -1271,22 +1271,47 @@ fn over_the_list_limit<T: std::fmt::Debug>(result: Result<T, ClientError>) -> bo
     }
 }
 
+/// The first page of a list of every Thing in every tenancy: its names,
+/// and whether a next page follows.
+async fn first_page_of_things(
+    c: &Client,
+    consistency: Consistency,
+) -> Result<(BTreeSet<String>, bool), ClientError> {
+    let page = c
+        .list_page(ListRequest {
+            r#type: Some(type_of("Thing")),
+            tenancy: Some(tenancy("*", "*")),
+            consistency: consistency as i32,
+            ..ListRequest::default()
+        })
+        .await?;
+    Ok((names(&page.resources), !page.next_page_token.is_empty()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_list_limit_counts_only_what_the_caller_may_see() {
-    // With list_results_max = 3: seven Things match a list of every tenancy,
-    // two of them (and two children of one owner) inside the reader's scope.
-    // The reader lists its two, eventual and strong, at the leader and
-    // through a follower (whose strong list is forwarded with the reader's
-    // scope), and so does its ListByOwner: a refusal would tell it that more
-    // than three resources exist outside its scope. ops, who sees all seven,
-    // is refused; once the reader's own resources pass three, so is it.
+async fn list_pages_and_the_owner_limit_count_only_what_the_caller_may_see() {
+    // With list_page_size_max = 3 and list_results_max = 3: seven Things
+    // match a list of every tenancy, two of them (and two children of one
+    // owner) inside the reader's scope, first in key order but for one
+    // outside it. The reader's first page holds its two and ends the
+    // listing, eventual and strong, at the leader and through a follower
+    // (whose strong list is forwarded with the reader's scope): a page that
+    // counted what the reader may not see would end early, with a token,
+    // and tell it that more exists. Its ListByOwner lists its two. ops, who
+    // sees all seven, gets a page of three and a token, all seven by
+    // following the pages, and a refused ListByOwner; once the reader's own
+    // Things pass three, its page fills and its ListByOwner is refused too.
     tokio::time::timeout(Duration::from_secs(300), async {
         let dir = tempfile::tempdir().unwrap();
         let (o, tokens) = auth_options(3, dir.path(), "").await;
-        // A top-level key goes before `[auth]`.
+        // Top-level keys go before `[auth]`.
         let config = dir.path().join("auth.toml");
         let grants = std::fs::read_to_string(&config).unwrap();
-        std::fs::write(&config, format!("list_results_max = 3\n{grants}")).unwrap();
+        std::fs::write(
+            &config,
+            format!("list_results_max = 3\nlist_page_size_max = 3\n{grants}"),
+        )
+        .unwrap();
         let cluster = Cluster::start(o);
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
         let follower = cluster.ids().into_iter().find(|id| *id != leader).unwrap();
@@ -1305,12 +1330,12 @@ async fn the_list_limit_counts_only_what_the_caller_may_see() {
             .id;
         for (name, t) in [
             ("d1", dd()),
+            ("c1", tenancy("", "web")),
             ("d2", tenancy("default", "x")),
             ("a1", tenancy("team-a", "web")),
             ("a2", tenancy("team-a", "web")),
             ("a3", tenancy("team-a", "db")),
             ("b1", tenancy("team-b", "web")),
-            ("b2", tenancy("team-b", "db")),
         ] {
             ops.create(resource("Thing", name, t, owner.clone()))
                 .await
@@ -1324,22 +1349,32 @@ async fn the_list_limit_counts_only_what_the_caller_may_see() {
                         let c = c.clone();
                         let mine = mine.clone();
                         async move {
-                            list_things(&c, tenancy("*", "*"), consistency)
-                                .await
-                                .unwrap()
-                                == mine
+                            first_page_of_things(&c, consistency).await.unwrap()
+                                == (mine, false)
                         }
                     })
                     .await,
-                    "the reader lists its two Things ({consistency:?})"
+                    "the reader's first page is its two Things, and the last ({consistency:?})"
+                );
+                assert_eq!(
+                    list_things(c, tenancy("*", "*"), consistency).await.unwrap(),
+                    mine
                 );
             }
             let owned = c.list_by_owner(owner.clone().unwrap()).await.unwrap();
             assert_eq!(names(&owned.resources), mine);
         }
-        assert!(over_the_list_limit(
-            list_things(&ops, tenancy("*", "*"), Consistency::Strong).await
-        ));
+        let (page, more) = first_page_of_things(&ops, Consistency::Strong)
+            .await
+            .unwrap();
+        assert_eq!((page.len(), more), (3, true));
+        assert_eq!(
+            list_things(&ops, tenancy("*", "*"), Consistency::Strong)
+                .await
+                .unwrap()
+                .len(),
+            7
+        );
         assert!(over_the_list_limit(
             ops.list_by_owner(owner.clone().unwrap()).await
         ));
@@ -1349,10 +1384,30 @@ async fn the_list_limit_counts_only_what_the_caller_may_see() {
                 .unwrap();
         }
         for c in [&reader, &reader_on_follower] {
-            assert!(over_the_list_limit(
-                list_things(c, tenancy("*", "*"), Consistency::Strong).await
-            ));
+            let (page, more) = first_page_of_things(c, Consistency::Strong).await.unwrap();
+            assert_eq!((page.len(), more), (3, true));
+            assert_eq!(
+                list_things(c, tenancy("*", "*"), Consistency::Strong)
+                    .await
+                    .unwrap()
+                    .len(),
+                4
+            );
         }
+        // ListByOwner is served locally: a follower may lag a moment.
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let (reader, owner) = (reader.clone(), owner.clone().unwrap());
+                async move {
+                    matches!(
+                        reader.list_by_owner(owner).await,
+                        Err(ClientError::ResourceExhausted { limit, .. }) if limit == "list_results_max"
+                    )
+                }
+            })
+            .await,
+            "the reader's ListByOwner is refused once four of its Things are owned"
+        );
         drop(cluster);
     })
     .await

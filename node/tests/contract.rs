@@ -368,6 +368,7 @@ impl Target {
             name_prefix: prefix.into(),
             consistency: consistency as i32,
             revision: 0,
+            ..ListRequest::default()
         })
         .await
     }
@@ -721,6 +722,7 @@ async fn list_rules(t: &Target) {
             name_prefix: String::new(),
             consistency: Consistency::Strong as i32,
             revision: version_number(&last) - 1,
+            ..ListRequest::default()
         })
         .await
         .unwrap();
@@ -1017,6 +1019,7 @@ async fn invalid_arguments_name_their_field(t: &Target) {
                 name_prefix: String::new(),
                 consistency,
                 revision: 0,
+                ..ListRequest::default()
             })
             .await,
             "consistency",
@@ -1036,6 +1039,7 @@ async fn invalid_arguments_name_their_field(t: &Target) {
             name_prefix: String::new(),
             consistency: 0,
             revision: 0,
+            ..ListRequest::default()
         })
         .await,
         "type",
@@ -1100,6 +1104,7 @@ async fn compacted_history(t: &Target) {
             name_prefix: String::new(),
             consistency: Consistency::Strong as i32,
             revision: old,
+            ..ListRequest::default()
         })
         .await;
     assert!(

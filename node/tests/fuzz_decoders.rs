@@ -80,17 +80,50 @@ fn resource(name: &str) -> pb::Resource {
     r
 }
 
+/// A page token a node issues for a listing of `filter` at revision 2 (the
+/// first of two resources served), so that mutations reach its decoder.
+fn page_token(filter: &cairn_fsm::ListFilter<'_>) -> String {
+    let store = cairn_fsm::Store::new(cairn_fsm::Limits::default());
+    for (index, name) in [(1, "a1"), (2, "a2")] {
+        store
+            .apply(
+                index,
+                &cairn_fsm::Command::Write {
+                    resource: pb::Resource {
+                        version: String::new(),
+                        ..resource(name)
+                    },
+                },
+            )
+            .expect("a seed resource applies");
+    }
+    let bounds = cairn_fsm::PageBounds {
+        resources_max: 1,
+        bytes_max: cairn_fsm::LIST_PAGE_BYTES_MAX,
+    };
+    let page = store.view().list_page(filter, None, None, bounds);
+    page.next.expect("a second page").encode()
+}
+
 /// Valid encodings of every request message, tagged with their type.
 fn request_seeds() -> Vec<(usize, Vec<u8>)> {
+    let list_tenancy = pb::Tenancy {
+        partition: "*".into(),
+        namespace: "default".into(),
+    };
+    let list_type = id("x").r#type.expect("a type");
     let list = pb::ListRequest {
-        r#type: id("x").r#type,
-        tenancy: Some(pb::Tenancy {
-            partition: "*".into(),
-            namespace: "default".into(),
+        page_token: page_token(&cairn_fsm::ListFilter {
+            type_: &list_type,
+            tenancy: &list_tenancy,
+            name_prefix: "a",
         }),
+        r#type: Some(list_type.clone()),
+        tenancy: Some(list_tenancy.clone()),
         name_prefix: "a".into(),
         consistency: 1,
-        revision: 4,
+        revision: 2,
+        limit: 10,
     };
     vec![
         (
@@ -400,6 +433,7 @@ const CONFIG_SEED: &str = r#"node_id = 1
 data_dir = "/tmp/cairn-fuzz"
 election_timeout_ms = 2000
 list_results_max = 500
+list_page_size_max = 50
 watches_max = 100
 [[members]]
 id = 1
@@ -493,6 +527,11 @@ fn the_seeds_are_valid_so_that_mutations_reach_deep() {
             let r = pb::WriteRequest::decode(bytes.as_slice()).unwrap();
             cairn_forwarding::checks::write(&Default::default(), &r).unwrap();
         }
+        if kind == 3 {
+            // The list seed's page token is one a node accepts.
+            let r = pb::ListRequest::decode(bytes.as_slice()).unwrap();
+            cairn_forwarding::checks::list(&Default::default(), &r).unwrap();
+        }
         if kind == 7 {
             let r = pb::ForwardedList::decode(bytes.as_slice()).unwrap();
             cairn_fsm::ReadScope::from_wire(r.read_scope.as_ref().unwrap()).unwrap();
@@ -504,4 +543,5 @@ fn the_seeds_are_valid_so_that_mutations_reach_deep() {
     let flags = figment::providers::Serialized::defaults(serde_json::json!({}));
     let config = cairn_node::config::Config::load(Some(&path), flags).unwrap();
     assert_eq!(config.list_results_max, 500);
+    assert_eq!(config.list_page_size_max, 50);
 }

@@ -25,6 +25,7 @@ from grpc_tools import protoc
 
 DOMAIN = "cairn.v1"
 HISTORY_WRITES = 40  # more than the cluster's --history-changes-max
+PAGE_SIZE_MAX = 7  # the cluster's list_page_size_max
 # Written while a watch is not read: far more bytes than HTTP/2 flow control and the
 # node's watch buffer (the cluster's watch_buffer_events) hold together.
 BURST_WRITES = 200
@@ -106,11 +107,20 @@ def main():
     def ident(name, uid="u1", type_=thing):
         return resource_pb2.ID(name=name, uid=uid, type=type_, tenancy=default)
 
-    def write(name, uid="u1", version=""):
-        resource = resource_pb2.Resource(id=ident(name, uid), version=version)
+    def write(name, uid="u1", version="", owner=None):
+        resource = resource_pb2.Resource(id=ident(name, uid), version=version, owner=owner)
         return data.Write(resource_pb2.WriteRequest(resource=resource), metadata=ops, timeout=10)
 
+    def list_things(**fields):
+        return data.List(resource_pb2.ListRequest(type=thing, tenancy=default, **fields),
+                         metadata=ops, timeout=10)
+
     first = write("first").resource
+    write("second")
+    # A listing's next page, kept until the history has moved past its revision.
+    early = list_things(limit=1)
+    if len(early.resources) != 1 or not early.next_page_token:
+        fail(f"a page of limit 1 of two Things: {early}")
 
     # INVALID_ARGUMENT: the message names the field, and so does BadRequest.
     status, details = expect_error(
@@ -144,17 +154,52 @@ def main():
     print("checked GROUP_VERSION_MISMATCH", flush=True)
 
     for i in range(HISTORY_WRITES):
-        write(f"filler-{i}")
+        write(f"filler-{i}", owner=first.id)
     _, details = expect_error("COMPACTED", grpc.StatusCode.OUT_OF_RANGE, lambda: data.Read(
         resource_pb2.ReadRequest(id=ident("first"), revision=1), metadata=ops, timeout=10))
     compacted = unpack("COMPACTED", details, errors_pb2.CompactedDetails)
     if compacted.oldest_retained_revision <= 1:
         fail(f"COMPACTED: details {compacted}")
+    # The listing begun before the fillers can no longer be continued.
+    _, details = expect_error("COMPACTED", grpc.StatusCode.OUT_OF_RANGE,
+                              lambda: list_things(page_token=early.next_page_token))
+    compacted = unpack("COMPACTED", details, errors_pb2.CompactedDetails)
+    if compacted.oldest_retained_revision <= early.revision:
+        fail(f"COMPACTED (a page token): details {compacted}")
     print("checked COMPACTED", flush=True)
 
-    # The cluster's list_results_max is smaller than the filler written above.
-    _, details = expect_error("RESOURCE_EXHAUSTED", grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: data.List(
-        resource_pb2.ListRequest(type=thing, tenancy=default), metadata=ops, timeout=10))
+    # A List is paged: follow next_page_token; every page holds at most the
+    # cluster's list_page_size_max and reflects the first page's revision,
+    # also after a write between pages.
+    page = list_things()
+    listing, revision = [], page.revision
+    while True:
+        if len(page.resources) > PAGE_SIZE_MAX or page.revision != revision:
+            fail(f"PAGES: a page of {len(page.resources)} at revision {page.revision} "
+                 f"in a listing at {revision}")
+        listing += [r.id.name for r in page.resources]
+        if not page.next_page_token:
+            break
+        if len(listing) == PAGE_SIZE_MAX:
+            write("between-pages")
+        page = list_things(page_token=page.next_page_token)
+    expected = ["first", "second"] + [f"filler-{i}" for i in range(HISTORY_WRITES)]
+    if sorted(listing) != sorted(expected):
+        fail(f"PAGES: listed {listing}")
+    print("checked PAGES", flush=True)
+
+    # A page token that is not one: INVALID_ARGUMENT naming page_token.
+    _, details = expect_error("INVALID_ARGUMENT", grpc.StatusCode.INVALID_ARGUMENT,
+                              lambda: list_things(page_token="not-a-token"))
+    violation = unpack("INVALID_ARGUMENT", details, error_details_pb2.BadRequest).field_violations[0]
+    if violation.field != "page_token":
+        fail(f"INVALID_ARGUMENT (a page token): field violation {violation}")
+    print("checked INVALID_ARGUMENT page_token", flush=True)
+
+    # ListByOwner is not paged: the cluster's list_results_max is smaller than
+    # the fillers owned by `first`.
+    _, details = expect_error("RESOURCE_EXHAUSTED", grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: data.ListByOwner(
+        resource_pb2.ListByOwnerRequest(owner=first.id), metadata=ops, timeout=10))
     exhausted = unpack("RESOURCE_EXHAUSTED", details, errors_pb2.ResourceExhaustedDetails)
     if exhausted.limit != "list_results_max" or exhausted.value == 0:
         fail(f"RESOURCE_EXHAUSTED: details {exhausted}")

@@ -19,8 +19,11 @@ use support::*;
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Smaller than the script's filler writes, so an old revision is compacted.
 const HISTORY_CHANGES_MAX: &str = "10";
-/// Smaller than the script's filler writes, so listing them is refused.
+/// Smaller than the script's filler writes (owned by one resource), so
+/// listing them by owner is refused.
 const LIST_RESULTS_MAX: &str = "5";
+/// The script's PAGE_SIZE_MAX: its listing of the fillers takes several pages.
+const LIST_PAGE_SIZE_MAX: &str = "7";
 /// Far fewer than the script's burst of writes to a watch it does not read.
 const WATCH_BUFFER_EVENTS: &str = "8";
 const PYTHON_MODULES: &str = "grpc, grpc_status, grpc_tools, google.rpc.error_details_pb2";
@@ -54,6 +57,7 @@ async fn every_error_kind_reads_as_a_standard_google_rpc_status_from_python() {
         &config,
         format!(
             r#"list_results_max = {LIST_RESULTS_MAX}
+list_page_size_max = {LIST_PAGE_SIZE_MAX}
 watch_buffer_events = {WATCH_BUFFER_EVENTS}
 
 [auth]
@@ -124,6 +128,8 @@ read = {{ types = ["demo.Thing"], tenancies = ["default/*"] }}
         "GROUP_VERSION_MISMATCH",
         "COMPACTED",
         "RESOURCE_EXHAUSTED",
+        "PAGES",
+        "INVALID_ARGUMENT page_token",
         "UNAUTHENTICATED",
         "PERMISSION_DENIED",
         "NOT_LEADER",

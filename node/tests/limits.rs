@@ -25,6 +25,7 @@ name_bytes_max = 32
 metadata_entries_max = 4
 status_conditions_max = 3
 list_results_max = 5
+list_page_size_max = 5
 watches_per_connection_max = 3
 watches_max = 5
 requests_per_connection_max = 4
@@ -86,7 +87,7 @@ async fn bystander_is_served(address: &str) {
             tenancy: Some(tenancy()),
             name_prefix: "zzz-none".into(),
             consistency: Consistency::Strong as i32,
-            revision: 0,
+            ..ListRequest::default()
         })
         .await;
     assert!(listed.is_ok(), "the bystander was refused: {listed:?}");
@@ -253,10 +254,14 @@ async fn each_limit_serves_the_request_just_under_it_and_refuses_the_one_just_ov
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_results_beyond_the_limit_are_refused_and_the_filter_narrows_them() {
-    // Five matching resources list fine (eventual and strong); a sixth makes
-    // the same list RESOURCE_EXHAUSTED, while a narrower filter still lists.
-    // ListByOwner follows the same limit.
+async fn list_pages_stop_at_list_page_size_max_and_list_by_owner_at_list_results_max() {
+    // Five matching resources list in one page that ends the listing
+    // (eventual and strong). A sixth: the same list answers a page of five
+    // and a token, also when the request asks for more (a larger limit is
+    // capped, not refused), and the next page holds the sixth; a narrower
+    // filter lists in one page. ListByOwner is not paged: five owned
+    // resources are served, six are RESOURCE_EXHAUSTED naming
+    // list_results_max.
     let dir = tempfile::tempdir().unwrap();
     let (_cluster, address) = limited_node(&dir).await;
     let mut c = resources(&connection(&address).await);
@@ -266,20 +271,25 @@ async fn list_results_beyond_the_limit_are_refused_and_the_filter_narrows_them()
         r.owner = Some(Box::new(owner.clone()));
         write_on(&mut c, r).await.unwrap();
     }
-    let list = |prefix: &str, consistency: Consistency| ListRequest {
+    let list = |prefix: &str, consistency: Consistency, limit: u32| ListRequest {
         r#type: Some(thing_type()),
         tenancy: Some(tenancy()),
         name_prefix: prefix.into(),
         consistency: consistency as i32,
-        revision: 0,
+        limit,
+        ..ListRequest::default()
     };
     for consistency in [Consistency::Eventual, Consistency::Strong] {
         let listed = c
-            .list(list("item-", consistency))
+            .list(list("item-", consistency, 0))
             .await
             .unwrap()
             .into_inner();
         assert_eq!(listed.resources.len(), 5);
+        assert!(
+            listed.next_page_token.is_empty(),
+            "one page ends the listing"
+        );
     }
     let by_owner = ListByOwnerRequest {
         owner: Some(owner.clone()),
@@ -297,14 +307,42 @@ async fn list_results_beyond_the_limit_are_refused_and_the_filter_narrows_them()
     sixth.owner = Some(Box::new(owner));
     write_on(&mut c, sixth).await.unwrap();
     for consistency in [Consistency::Eventual, Consistency::Strong] {
-        let e = ApiError::from(c.list(list("item-", consistency)).await.unwrap_err());
-        let (limit, value, _) = exhausted(e);
-        assert_eq!((limit.as_str(), value), ("list_results_max", 5));
+        for limit in [0, 6, u32::MAX] {
+            let first = c
+                .list(list("item-", consistency, limit))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(first.resources.len(), 5, "limit {limit}");
+            assert!(!first.next_page_token.is_empty());
+            let second = c
+                .list(ListRequest {
+                    page_token: first.next_page_token,
+                    ..list("item-", consistency, limit)
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(second.revision, first.revision);
+            let names: Vec<String> = second
+                .resources
+                .iter()
+                .map(|r| r.id.clone().unwrap().name)
+                .collect();
+            assert_eq!(names, ["item-5"]);
+            assert!(second.next_page_token.is_empty());
+        }
     }
     let e = ApiError::from(c.list_by_owner(by_owner).await.unwrap_err());
-    assert_eq!(exhausted(e).0, "list_results_max");
-    let narrow = c.list(list("item-5", Consistency::Strong)).await.unwrap();
-    assert_eq!(narrow.into_inner().resources.len(), 1);
+    let (limit, value, _) = exhausted(e);
+    assert_eq!((limit.as_str(), value), ("list_results_max", 5));
+    let narrow = c
+        .list(list("item-5", Consistency::Strong, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(narrow.resources.len(), 1);
+    assert!(narrow.next_page_token.is_empty());
     bystander_is_served(&address).await;
 }
 

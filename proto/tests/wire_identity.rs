@@ -62,16 +62,21 @@ fn assert_every_answer(resources: &[Resource], revision: u64) {
             resource: first.cloned(),
         },
     );
-    assert_twins(
-        &shared::ListResponse {
-            resources: resources.iter().map(encoded).collect(),
-            revision,
-        },
-        &pb::ListResponse {
-            resources: resources.to_vec(),
-            revision,
-        },
-    );
+    // A last page (no token) and a page with a next one.
+    for next_page_token in [String::new(), format!("AQ-_{revision}")] {
+        assert_twins(
+            &shared::ListResponse {
+                resources: resources.iter().map(encoded).collect(),
+                revision,
+                next_page_token: next_page_token.clone(),
+            },
+            &pb::ListResponse {
+                resources: resources.to_vec(),
+                revision,
+                next_page_token,
+            },
+        );
+    }
     assert_twins(
         &shared::ListByOwnerResponse {
             resources: resources.iter().map(encoded).collect(),

@@ -1,7 +1,8 @@
 //! An in-process stand-in for Cairn nodes: a tonic `ResourceService` backed
 //! by `cairn_fsm::Store`, with switches for the failures the client must
 //! handle (follower answering NotLeader, Unavailable, a write whose answer
-//! never comes, dropped connections, slow or compacted watches).
+//! never comes, dropped connections, slow or compacted watches, listings
+//! compacted between pages). Lists are paged as a node pages them.
 //!
 //! Several nodes may share one [`Backing`] (one store: a perfectly
 //! replicated cluster) or have their own (a lagging replica).
@@ -16,7 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_client::{CacheEvent, ResourceKey};
-use cairn_fsm::{Applied, Command, FsmError, Limits, Store, StoredResource, WatchFilter};
+use cairn_fsm::{
+    Applied, Command, FsmError, Limits, ListFilter, PageBounds, PageToken, Store, StoredResource,
+    WatchFilter,
+};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::resource_service_server::{ResourceService, ResourceServiceServer};
@@ -140,6 +144,12 @@ pub struct Control {
     pub writes_received: AtomicU64,
     /// Watches opened.
     pub watches_opened: AtomicU64,
+    /// Answer this many later pages of listings (those with a page token)
+    /// with Compacted, as a node whose history moved past the listing's
+    /// revision does.
+    pub compact_later_pages: AtomicU32,
+    /// First pages of listings served (requests without a page token).
+    pub first_pages_served: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -281,15 +291,49 @@ impl ResourceService for Service {
             self.backing.store.limits(),
         )
         .map_err(status)?;
-        let view = self.backing.store.view_at(r.revision).map_err(status)?;
-        let resources = view
-            .list(&type_, &tenancy, &r.name_prefix)
-            .iter()
-            .map(StoredResource::resource)
-            .collect();
+        // Paged as a node pages (`cairn_forwarding`'s executor): later pages
+        // at the token's revision.
+        let filter = ListFilter {
+            type_: &type_,
+            tenancy: &tenancy,
+            name_prefix: &r.name_prefix,
+        };
+        let token = match r.page_token.as_str() {
+            "" => None,
+            text => Some(PageToken::decode(text, &filter).map_err(status)?),
+        };
+        let revision = match &token {
+            None => {
+                self.control
+                    .first_pages_served
+                    .fetch_add(1, Ordering::SeqCst);
+                r.revision
+            }
+            Some(token) => {
+                let compact = self
+                    .control
+                    .compact_later_pages
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                if compact {
+                    return Err(status(ApiError::Compacted {
+                        oldest_retained_revision: token.revision() + 1,
+                    }));
+                }
+                token.revision()
+            }
+        };
+        let view = self.backing.store.view_at(revision).map_err(status)?;
+        let bounds = PageBounds::for_request(r.limit, self.backing.store.limits());
+        let page = view.list_page(&filter, None, token.as_ref(), bounds);
         Ok(Response::new(pb::ListResponse {
-            resources,
+            resources: page
+                .resources
+                .iter()
+                .map(StoredResource::resource)
+                .collect(),
             revision: view.revision(),
+            next_page_token: page.next.map(|t| t.encode()).unwrap_or_default(),
         }))
     }
 

@@ -515,6 +515,6 @@ pub fn list_request(consistency: Consistency) -> ListRequest {
         tenancy: Some(tenancy()),
         name_prefix: String::new(),
         consistency: consistency as i32,
-        revision: 0,
+        ..ListRequest::default()
     }
 }

@@ -312,27 +312,36 @@ pub(crate) async fn remove_keys(options: &LoadOptions) -> Result<u64, BenchError
 }
 
 /// The bench's resources stored in `namespace` whose names start with `name_prefix` (a
-/// strong list, given `timeout`).
+/// strong listing, every page of it, each page given `timeout`).
 async fn list_stored(
     client: &mut ResourceClient,
     namespace: &str,
     name_prefix: &str,
     timeout: Duration,
 ) -> Result<Vec<pb::Resource>, BenchError> {
-    let mut request = tonic::Request::new(pb::ListRequest {
-        r#type: Some(bench_type()),
-        tenancy: Some(bench_tenancy(namespace)),
-        name_prefix: name_prefix.into(),
-        consistency: pb::Consistency::Strong as i32,
-        revision: 0,
-    });
-    request.set_timeout(timeout);
-    Ok(client
-        .list(request)
-        .await
-        .map_err(|s| BenchError::Api(ApiError::from_status(&s)))?
-        .into_inner()
-        .resources)
+    let mut resources = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let mut request = tonic::Request::new(pb::ListRequest {
+            r#type: Some(bench_type()),
+            tenancy: Some(bench_tenancy(namespace)),
+            name_prefix: name_prefix.into(),
+            consistency: pb::Consistency::Strong as i32,
+            page_token,
+            ..pb::ListRequest::default()
+        });
+        request.set_timeout(timeout);
+        let page = client
+            .list(request)
+            .await
+            .map_err(|s| BenchError::Api(ApiError::from_status(&s)))?
+            .into_inner();
+        resources.extend(page.resources);
+        if page.next_page_token.is_empty() {
+            return Ok(resources);
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 /// Reads the versions of the bench keys already stored (an earlier run's), so
@@ -572,12 +581,13 @@ async fn one_op(
                 .map_err(|s| ApiError::from_status(&s))
         }
         OpKind::List => {
+            // One page (at most list_page_size_max): what a List costs.
             let request = pb::ListRequest {
                 r#type: Some(bench_type()),
                 tenancy: Some(bench_tenancy(&shared.options.namespace)),
                 name_prefix: String::new(),
                 consistency,
-                revision: 0,
+                ..pb::ListRequest::default()
             };
             client
                 .list(request)

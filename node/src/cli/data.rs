@@ -36,6 +36,11 @@
 //! the lifetime `--uid`); with `--version` (and `--uid`, or the stored uid
 //! read first) it deletes only that version. Deleting nothing is success.
 //!
+//! `cairn list` asks for the listing one page at a time (`--page-size N`, 0
+//! = the node's `list_page_size_max`) and prints each page as it comes, so
+//! its memory stays bounded however large the type; every page reflects the
+//! first page's revision, which the JSON form prints last.
+//!
 //! `cairn watch` prints one line per event (a table line, or a JSON object
 //! per line with `-o json`) until Ctrl-C or `--max-events`. When the stream
 //! breaks it re-opens the watch from the last revision it printed, so the
@@ -58,7 +63,8 @@ use bytes::Bytes;
 use cairn_client::{Client, ClientError, ClientOptions, Outcome};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{
-    watch_event, Consistency, Id, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
+    watch_event, Consistency, Id, ListRequest, Resource, Tenancy, Type, WatchEvent,
+    WatchListRequest,
 };
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -192,6 +198,10 @@ pub struct ListArgs {
     /// Only names starting with this.
     #[arg(long, default_value = "")]
     pub prefix: String,
+    /// Resources asked for per page (0 = the node's list_page_size_max;
+    /// more is capped to it). The listing is printed page by page.
+    #[arg(long, default_value_t = 0)]
+    pub page_size: u32,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -399,15 +409,25 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
             print_deleted(out, c.global.output, deleted.as_ref())?;
         }
         DataCommand::List(a) => {
-            let listed = client
-                .list(a.type_, c.tenancy, a.prefix, c.consistency.into())
-                .await?;
-            print_resources(
-                out,
-                c.global.output,
-                &listed.resources,
-                Some(listed.revision),
-            )?;
+            let request = ListRequest {
+                r#type: Some(a.type_),
+                tenancy: Some(c.tenancy),
+                name_prefix: a.prefix,
+                consistency: Consistency::from(c.consistency) as i32,
+                limit: a.page_size,
+                ..ListRequest::default()
+            };
+            // One page at a time: printed, then dropped.
+            let mut pages = client.list_pages(request);
+            let mut printer = ListingPrinter::new(c.global.output);
+            while let Some(page) = pages.next().await {
+                printer.page(out, &page?.resources).map_err(output_error)?;
+            }
+            let revision = pages.revision().ok_or_else(|| ClientError::Internal {
+                message: "a listing ended without a page".into(),
+                outcome: Outcome::NotApplied,
+            })?;
+            printer.finish(out, revision).map_err(output_error)?;
         }
         DataCommand::OwnedBy(a) => {
             let owner = Id {
@@ -826,33 +846,144 @@ fn print_resources(
             write_table(out, &rows)
         }
     };
-    written
-        .and_then(|_| out.flush())
-        .map_err(|e| ClientError::Internal {
-            message: format!("cannot write the output: {e}"),
-            outcome: Outcome::NotApplied,
-        })
+    written.and_then(|_| out.flush()).map_err(output_error)
+}
+
+/// An error writing to stdout, as the commands report it.
+fn output_error(e: std::io::Error) -> ClientError {
+    ClientError::Internal {
+        message: format!("cannot write the output: {e}"),
+        outcome: Outcome::NotApplied,
+    }
 }
 
 fn write_table(out: &mut (dyn Write + Send), rows: &[Vec<String>]) -> std::io::Result<()> {
-    let mut widths: Vec<usize> = HEADER.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+    let mut table = Table::default();
+    table.rows(out, rows)?;
+    table.finish(out)
+}
+
+/// A table written a batch of rows at a time: the header and the column
+/// widths come from the first batch; a wider cell of a later batch widens
+/// its column from there on (rows already printed stay as they are).
+#[derive(Default)]
+struct Table {
+    /// `None` until the header is printed.
+    widths: Option<Vec<usize>>,
+}
+
+impl Table {
+    fn rows(&mut self, out: &mut (dyn Write + Send), rows: &[Vec<String>]) -> std::io::Result<()> {
+        let first = self.widths.is_none();
+        let widths = self
+            .widths
+            .get_or_insert_with(|| HEADER.iter().map(|h| h.chars().count()).collect());
+        for row in rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let line = |cells: &mut dyn Iterator<Item = &str>| -> String {
+            let padded: Vec<String> = cells
+                .zip(widths.iter())
+                .map(|(c, w)| format!("{c:<w$}", w = *w))
+                .collect();
+            padded.join("  ").trim_end().to_string()
+        };
+        if first {
+            writeln!(out, "{}", line(&mut HEADER.iter().copied()))?;
+        }
+        for row in rows {
+            writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
+        }
+        Ok(())
+    }
+
+    /// The header, if no batch printed it.
+    fn finish(&mut self, out: &mut (dyn Write + Send)) -> std::io::Result<()> {
+        if self.widths.is_none() {
+            self.rows(out, &[])?;
+        }
+        Ok(())
+    }
+}
+
+/// `cairn list`'s output, written page by page as the pages arrive, so that
+/// only one page is held at a time. The JSON form is the one document
+/// `print_resources` writes for a whole list (`{"resources": [...],
+/// "revision": N}`, pretty-printed the same way): the revision, which every
+/// page reflects, closes it. A listing that fails after some pages were
+/// printed leaves the document unclosed (not valid JSON) and the command
+/// exits non-zero.
+struct ListingPrinter {
+    format: OutputFormat,
+    table: Table,
+    /// Resources printed so far.
+    printed: usize,
+    /// Whether the JSON document has been opened.
+    opened: bool,
+}
+
+impl ListingPrinter {
+    fn new(format: OutputFormat) -> ListingPrinter {
+        ListingPrinter {
+            format,
+            table: Table::default(),
+            printed: 0,
+            opened: false,
         }
     }
-    let line = |cells: &mut dyn Iterator<Item = &str>| -> String {
-        let padded: Vec<String> = cells
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}", w = *w))
-            .collect();
-        padded.join("  ").trim_end().to_string()
-    };
-    writeln!(out, "{}", line(&mut HEADER.iter().copied()))?;
-    for row in rows {
-        writeln!(out, "{}", line(&mut row.iter().map(String::as_str)))?;
+
+    fn page(
+        &mut self,
+        out: &mut (dyn Write + Send),
+        resources: &[Resource],
+    ) -> std::io::Result<()> {
+        match self.format {
+            OutputFormat::Table => {
+                let rows: Vec<Vec<String>> = resources.iter().map(row_of).collect();
+                self.table.rows(out, &rows)?;
+                self.printed += resources.len();
+            }
+            OutputFormat::Json => {
+                self.open(out)?;
+                for r in resources {
+                    let separator = if self.printed == 0 { "\n" } else { ",\n" };
+                    let text = format!("{:#}", resource_to_json(r));
+                    out.write_all(separator.as_bytes())?;
+                    for (i, line) in text.lines().enumerate() {
+                        if i > 0 {
+                            out.write_all(b"\n")?;
+                        }
+                        write!(out, "    {line}")?;
+                    }
+                    self.printed += 1;
+                }
+            }
+        }
+        out.flush()
     }
-    Ok(())
+
+    fn open(&mut self, out: &mut (dyn Write + Send)) -> std::io::Result<()> {
+        if !self.opened {
+            out.write_all(b"{\n  \"resources\": [")?;
+            self.opened = true;
+        }
+        Ok(())
+    }
+
+    /// Ends the output of a listing at `revision`.
+    fn finish(mut self, out: &mut (dyn Write + Send), revision: u64) -> std::io::Result<()> {
+        match self.format {
+            OutputFormat::Table => self.table.finish(out)?,
+            OutputFormat::Json => {
+                self.open(out)?;
+                let close = if self.printed == 0 { "]" } else { "\n  ]" };
+                write!(out, "{close},\n  \"revision\": {revision}\n}}\n")?;
+            }
+        }
+        out.flush()
+    }
 }
 
 fn print_deleted(
@@ -1123,5 +1254,79 @@ mod tests {
             "{text}"
         );
         assert!(lines[1].ends_with('…'), "{text}");
+    }
+
+    fn named(name: &str, data: &str) -> Resource {
+        Resource {
+            id: Some(Id {
+                uid: "u".into(),
+                name: name.into(),
+                r#type: Some(parse_type("g.v1.K").unwrap()),
+                tenancy: Some(parse_tenancy("default/default").unwrap()),
+            }),
+            version: "3".into(),
+            data: Some(Any {
+                type_url: "t".into(),
+                value: Bytes::from(json_payload(&json!({ "d": data }))),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_listing_printed_page_by_page_is_the_document_of_the_whole_list() {
+        // JSON: pages of any split (empty pages included) give exactly the bytes
+        // print_resources writes for the whole list, and an empty listing too.
+        let all: Vec<Resource> = (0..5).map(|i| named(&format!("n{i}"), "x")).collect();
+        for splits in [
+            vec![],
+            vec![5],
+            vec![1, 1, 1, 1, 1],
+            vec![0, 2, 0, 3],
+            vec![4, 1],
+        ] {
+            let mut whole = Vec::new();
+            let count: usize = splits.iter().sum();
+            print_resources(&mut whole, OutputFormat::Json, &all[..count], Some(9)).unwrap();
+            let mut paged = Vec::new();
+            let mut printer = ListingPrinter::new(OutputFormat::Json);
+            let mut at = 0;
+            for n in &splits {
+                printer.page(&mut paged, &all[at..at + n]).unwrap();
+                at += n;
+            }
+            printer.finish(&mut paged, 9).unwrap();
+            assert_eq!(
+                String::from_utf8(paged).unwrap(),
+                String::from_utf8(whole).unwrap(),
+                "{splits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_table_printed_page_by_page_has_one_header_and_widens_later_columns() {
+        // One header (also for an empty listing); a wider later cell widens its column.
+        let mut out = Vec::new();
+        let mut printer = ListingPrinter::new(OutputFormat::Table);
+        printer.page(&mut out, &[named("a", "x")]).unwrap();
+        printer.page(&mut out, &[]).unwrap();
+        printer
+            .page(&mut out, &[named("a-much-longer-name", "x")])
+            .unwrap();
+        printer.finish(&mut out, 4).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("TYPE    NAME  TENANCY"), "{text}");
+        assert!(
+            lines[2].contains("a-much-longer-name  default/default"),
+            "{text}"
+        );
+        let mut empty = Vec::new();
+        ListingPrinter::new(OutputFormat::Table)
+            .finish(&mut empty, 4)
+            .unwrap();
+        assert_eq!(String::from_utf8(empty).unwrap().lines().count(), 1);
     }
 }

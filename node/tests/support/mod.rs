@@ -102,19 +102,30 @@ pub async fn read(
     .map_err(ApiError::from)
 }
 
+/// Every Thing of every tenancy on the node at `address`: every page of the
+/// listing.
 pub async fn list(address: &str, consistency: Consistency) -> Result<Vec<Resource>, ApiError> {
     let mut c = client(address).await;
-    let t = thing_type();
-    c.list(ListRequest {
-        r#type: Some(t),
-        tenancy: Some(any_tenancy()),
-        name_prefix: String::new(),
-        consistency: consistency as i32,
-        revision: 0,
-    })
-    .await
-    .map(|r| r.into_inner().resources)
-    .map_err(ApiError::from)
+    let mut resources = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = c
+            .list(ListRequest {
+                r#type: Some(thing_type()),
+                tenancy: Some(any_tenancy()),
+                consistency: consistency as i32,
+                page_token,
+                ..ListRequest::default()
+            })
+            .await
+            .map_err(ApiError::from)?
+            .into_inner();
+        resources.extend(page.resources);
+        if page.next_page_token.is_empty() {
+            return Ok(resources);
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 /// Creates `name` through whichever node leads, retrying while there is no
