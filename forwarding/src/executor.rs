@@ -6,9 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_fsm::{
-    Applied, Command, ListFilter, PageBounds, PageToken, ReadScope, View, WatchFilter,
-};
+use cairn_fsm::{Applied, Command, PageBounds, PageToken, ReadScope, View, WatchFilter};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, shared, Consistency};
 use futures::Stream;
@@ -188,16 +186,7 @@ impl<H: Handle> Executor<H> {
         consistency: Consistency,
         visible: Option<&ReadScope>,
     ) -> Result<shared::ListResponse, ApiError> {
-        let type_ = r
-            .r#type
-            .as_ref()
-            .ok_or_else(|| ApiError::invalid("type", "is required"))?;
-        let tenancy = r.tenancy.clone().unwrap_or_default();
-        let filter = ListFilter {
-            type_,
-            tenancy: &tenancy,
-            name_prefix: &r.name_prefix,
-        };
+        let filter = checks::list_filter(&r)?;
         let token = checks::page_token(&r, &filter)?;
         let view = match &token {
             None => self.view_for(consistency, r.revision).await?,
@@ -323,7 +312,7 @@ impl<H: Handle> Executor<H> {
             // The Handle contract: this node applied the confirmed index, so the
             // snapshot (taken from the latest state, at or above it) holds every
             // write acknowledged before the watch was requested.
-            let applied = self.handle.store().view().revision();
+            let applied = self.handle.store().applied_index();
             assert!(
                 applied >= index,
                 "a strong watch opens at {applied}, below the confirmed index {index}"
@@ -408,18 +397,27 @@ pub mod checks {
             r.tenancy.as_ref(),
             &r.name_prefix,
         )?;
+        page_token(r, &list_filter(r)?)?;
+        Ok(consistency)
+    }
+
+    /// The filter of a list request: its type (required) and tenancy (none:
+    /// the default one) and name prefix.
+    pub fn list_filter(r: &pb::ListRequest) -> Result<ListFilter<'_>, ApiError> {
+        /// The tenancy of a request that names none.
+        static DEFAULT_TENANCY: pb::Tenancy = pb::Tenancy {
+            partition: String::new(),
+            namespace: String::new(),
+        };
         let type_ = r
             .r#type
             .as_ref()
             .ok_or_else(|| ApiError::invalid("type", "is required"))?;
-        let default_tenancy = pb::Tenancy::default();
-        let list_filter = ListFilter {
+        Ok(ListFilter {
             type_,
-            tenancy: r.tenancy.as_ref().unwrap_or(&default_tenancy),
+            tenancy: r.tenancy.as_ref().unwrap_or(&DEFAULT_TENANCY),
             name_prefix: &r.name_prefix,
-        };
-        page_token(r, &list_filter)?;
-        Ok(consistency)
+        })
     }
 
     /// The page token of a list of `filter` (`None`: a first page), decoded

@@ -118,6 +118,12 @@ pub struct PageBounds {
 }
 
 impl PageBounds {
+    /// No bound: the whole listing in one page ([`View::list`]).
+    pub const UNBOUNDED: PageBounds = PageBounds {
+        resources_max: usize::MAX,
+        bytes_max: usize::MAX,
+    };
+
     /// The bounds of a page a request asked for with `limit`: 0 means the
     /// node's `list_page_size_max`, and a larger limit is capped to it (not
     /// refused); the byte budget is [`LIST_PAGE_BYTES_MAX`].

@@ -93,37 +93,18 @@ impl View {
 
     /// Every resource of the unversioned type (group + kind; the group
     /// version is ignored) whose tenancy matches field by field (`*` = any)
-    /// and whose name starts with `name_prefix`, in storage-key order.
+    /// and whose name starts with `name_prefix`, in storage-key order: the
+    /// page scan ([`View::list_page`]) without bounds, so a whole list and a
+    /// listing's pages are one scan.
     pub fn list(&self, type_: &Type, tenancy: &Tenancy, name_prefix: &str) -> Vec<StoredResource> {
-        self.list_at_most(type_, tenancy, name_prefix, None, usize::MAX)
-            .unwrap_or_default()
-    }
-
-    /// As [`View::list`], but only what `visible` shows (`None`: everything),
-    /// and `None` as soon as more than `results_max` of those match (the scan
-    /// stops there): what lies outside `visible` is never counted.
-    pub fn list_at_most(
-        &self,
-        type_: &Type,
-        tenancy: &Tenancy,
-        name_prefix: &str,
-        visible: Option<&ReadScope>,
-        results_max: usize,
-    ) -> Option<Vec<StoredResource>> {
-        let matcher = key::Matcher::new(type_, tenancy, name_prefix);
-        let prefix = matcher.scan_prefix();
-        let found: Vec<StoredResource> = self
-            .state
-            .resources
-            .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(k, _)| matcher.matches_key(k))
-            .map(|(_, r)| r)
-            .filter(|r| visible.is_none_or(|v| v.shows_resource(r)))
-            .take(results_max.saturating_add(1))
-            .cloned()
-            .collect();
-        (found.len() <= results_max).then_some(found)
+        let filter = crate::ListFilter {
+            type_,
+            tenancy,
+            name_prefix,
+        };
+        let page = self.list_page(&filter, None, None, crate::PageBounds::UNBOUNDED);
+        assert!(page.next.is_none(), "an unbounded page ends the listing");
+        page.resources
     }
 
     /// Every resource whose owner equals `owner` on group, kind, partition,
