@@ -68,7 +68,8 @@ pub mod watch_cache;
 
 pub use auth::{AuthenticatedChannel, BearerToken, Credentials};
 pub use client::{
-    watch_resume_revision, Client, ClientOptions, ListPages, WatchStream, LIST_RESTARTS_MAX,
+    watch_resume_revision, Client, ClientOptions, ListPages, WatchProgress, WatchStream,
+    LIST_RESTARTS_MAX,
 };
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;

@@ -119,6 +119,14 @@ impl ResourceApi {
         &self.forwarder
     }
 
+    /// Tells the client which cluster answered ([`cairn_proto::CLUSTER_ID_HEADER`]).
+    fn stamp_cluster_id<T>(&self, response: &mut Response<T>) {
+        let cluster_id = self.forwarder.executor().handle().cluster_id();
+        if !cluster_id.is_empty() {
+            insert_metadata(response, cairn_proto::CLUSTER_ID_HEADER, &cluster_id);
+        }
+    }
+
     /// Authenticates the request, then validates its message (`check`, one
     /// of the executor's checks), then authorizes the action `what` derives
     /// from it.
@@ -292,7 +300,8 @@ impl ResourceService for ResourceGrpc {
         let open_timeout = cairn_forwarding::watch_open_timeout(&r);
         let deadline = Instant::now()
             + cairn_forwarding::bounded_timeout(open_timeout, self.0.request_timeout);
-        let events = self.0.forwarder.watch(r.into_inner(), deadline).await?;
+        let opened = self.0.forwarder.watch(r.into_inner(), deadline).await?;
+        let (watch_id, events) = (opened.id, opened.events);
         let events: WatchStream = match visible {
             Visibility::Everything => events,
             within => Box::pin(
@@ -305,7 +314,36 @@ impl ResourceService for ResourceGrpc {
             let _held = &permit;
             event
         });
-        Ok(Response::new(Box::pin(events)))
+        let mut response = Response::new(Box::pin(events) as WatchStream);
+        insert_metadata(&mut response, cairn_proto::WATCH_ID_HEADER, &watch_id.to_string());
+        self.0.stamp_cluster_id(&mut response);
+        Ok(response)
+    }
+
+    async fn watch_progress(
+        &self,
+        r: Request<pb::WatchProgressRequest>,
+    ) -> Result<Response<pb::WatchProgressResponse>, Status> {
+        // Any authenticated caller: the answer holds a revision and the ids it
+        // sent, and a Progress event tells a watch nothing but how far it is.
+        self.0.auth.caller(&r)?;
+        let deadline = self.0.deadline(&r);
+        let answer = self
+            .0
+            .forwarder
+            .watch_progress(r.into_inner(), deadline)
+            .await?;
+        let mut response = Response::new(answer);
+        self.0.stamp_cluster_id(&mut response);
+        Ok(response)
+    }
+}
+
+/// Adds `value` under `key` to a response's metadata (a value that is not
+/// valid metadata is left out: ours are digits and ids).
+fn insert_metadata<T>(response: &mut Response<T>, key: &'static str, value: &str) {
+    if let Ok(value) = value.parse() {
+        response.metadata_mut().insert(key, value);
     }
 }
 
