@@ -60,22 +60,26 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod barrier;
 pub mod client;
 mod error;
 mod helpers;
+pub mod index;
 pub mod tls;
 pub mod watch_cache;
 
 pub use auth::{AuthenticatedChannel, BearerToken, Credentials};
+pub use barrier::PrimingBarrier;
 pub use client::{
     watch_resume_revision, Client, ClientOptions, ListPages, WatchStream, LIST_RESTARTS_MAX,
 };
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;
+pub use index::Index;
 pub use tls::{Access, TlsOptions};
 pub use watch_cache::{
-    CacheEvent, CacheStats, CacheStatus, ResourceKey, SubscriptionId, WatchCache,
-    WatchCacheOptions, WatchSpec,
+    CacheEvent, CacheStats, CacheStatus, ResourceKey, StatusUpdate, SubscriptionId, WatchCache,
+    WatchCacheBuilder, WatchCacheOptions, WatchSpec,
 };
 
 /// A resource's `data`: `google.protobuf.Any`, re-exported with [`v1`].
