@@ -226,7 +226,12 @@ impl Indexes {
     /// Enters `resource`, now stored at `key`, in every index, replacing
     /// whatever `key` was entered under before.
     pub(crate) fn insert(&mut self, key: &ResourceKey, resource: &Arc<Resource>) {
-        let owner: Vec<OwnerKey> = resource.owner.as_deref().map(OwnerKey::of).into_iter().collect();
+        let owner: Vec<OwnerKey> = resource
+            .owner
+            .as_deref()
+            .map(OwnerKey::of)
+            .into_iter()
+            .collect();
         self.owner.insert(key, resource, owner);
         for (index, entries) in &mut self.users {
             let keys = index.keys_of(key, resource);
@@ -250,7 +255,11 @@ impl Indexes {
 
     /// Every resource the index `name` holds under `key`, in storage-key
     /// order; InvalidArgument when no index has that name.
-    pub(crate) fn by_index(&self, name: &str, key: &str) -> Result<Vec<Arc<Resource>>, ClientError> {
+    pub(crate) fn by_index(
+        &self,
+        name: &str,
+        key: &str,
+    ) -> Result<Vec<Arc<Resource>>, ClientError> {
         match self.users.iter().find(|(index, _)| index.name == name) {
             Some((_, entries)) => Ok(entries.get(key)),
             None => {
@@ -307,7 +316,10 @@ mod tests {
     }
 
     fn names(found: &[Arc<Resource>]) -> Vec<String> {
-        found.iter().map(|r| r.id.as_ref().unwrap().name.clone()).collect()
+        found
+            .iter()
+            .map(|r| r.id.as_ref().unwrap().name.clone())
+            .collect()
     }
 
     fn by_tier() -> Index {

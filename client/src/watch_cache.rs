@@ -480,9 +480,9 @@ impl Shared {
             changed
         });
         if changed {
-            dispatch
-                .status_subscribers
-                .retain_mut(|(_, callback)| catch_unwind(AssertUnwindSafe(|| callback(&update))).is_ok());
+            dispatch.status_subscribers.retain_mut(|(_, callback)| {
+                catch_unwind(AssertUnwindSafe(|| callback(&update))).is_ok()
+            });
         }
     }
 }
@@ -973,7 +973,10 @@ impl TypeWatcher {
                         revision = Some(event_revision);
                     }
                     (Some(watch_event::Event::Progress(_)), None) => {
-                        self.shared.table.write().advance_revision(self.index, event_revision);
+                        self.shared
+                            .table
+                            .write()
+                            .advance_revision(self.index, event_revision);
                         revision = Some(revision.map_or(event_revision, |r| r.max(event_revision)));
                     }
                     (Some(watch_event::Event::Progress(_)), Some(_)) | (None, _) => {}
@@ -1200,11 +1203,22 @@ mod index_model {
             shape: Shape,
         },
         /// An Upsert older than the cached state (dropped).
-        StaleUpsert { type_: usize, name: usize, shape: Shape },
+        StaleUpsert {
+            type_: usize,
+            name: usize,
+            shape: Shape,
+        },
         /// The cached resource's Delete, or with `stale` one older than it
         /// (dropped); a Delete of nothing cached when the key is empty.
-        Delete { type_: usize, name: usize, stale: bool },
-        Resync { type_: usize, entries: Vec<Entry> },
+        Delete {
+            type_: usize,
+            name: usize,
+            stale: bool,
+        },
+        Resync {
+            type_: usize,
+            entries: Vec<Entry>,
+        },
     }
 
     fn owner_id(owner: Owner) -> Id {
@@ -1244,7 +1258,8 @@ mod index_model {
             ..Default::default()
         };
         for l in &shape.labels {
-            r.metadata.insert(format!("label/{}", LABELS[*l]), String::new());
+            r.metadata
+                .insert(format!("label/{}", LABELS[*l]), String::new());
         }
         Arc::new(r)
     }
@@ -1280,7 +1295,12 @@ mod index_model {
 
     fn shape() -> impl Strategy<Value = Shape> {
         (
-            proptest::option::of((0..OWNER_NAMES, 0..OWNER_UIDS, 0..2usize, 0..NAMESPACES.len())),
+            proptest::option::of((
+                0..OWNER_NAMES,
+                0..OWNER_UIDS,
+                0..2usize,
+                0..NAMESPACES.len(),
+            )),
             proptest::collection::vec(0..LABELS.len(), 0..4),
         )
             .prop_map(|(owner, labels)| Shape { owner, labels })
@@ -1325,7 +1345,10 @@ mod index_model {
                 shape,
             } => {
                 let r = make(*type_, *name, *uid, shape, revision);
-                history.entry(ResourceKey::of(&r)).or_default().push(r.clone());
+                history
+                    .entry(ResourceKey::of(&r))
+                    .or_default()
+                    .push(r.clone());
                 table.apply_live(*type_, Some(CacheEvent::Upsert(r)), revision);
                 Some(*type_)
             }
@@ -1344,7 +1367,16 @@ mod index_model {
                         ..(**cached).clone()
                     }),
                     Some(cached) => cached.clone(),
-                    None => make(*type_, *name, 0, &Shape { owner: None, labels: vec![] }, revision),
+                    None => make(
+                        *type_,
+                        *name,
+                        0,
+                        &Shape {
+                            owner: None,
+                            labels: vec![],
+                        },
+                        revision,
+                    ),
                 };
                 table.apply_live(*type_, Some(CacheEvent::Delete(gone)), revision);
                 Some(*type_)
@@ -1381,8 +1413,14 @@ mod index_model {
         let Some(o) = r.owner.as_deref() else {
             return false;
         };
-        let (ot, qt) = (o.r#type.clone().unwrap_or_default(), owner.r#type.clone().unwrap_or_default());
-        let (on, qn) = (o.tenancy.clone().unwrap_or_default(), owner.tenancy.clone().unwrap_or_default());
+        let (ot, qt) = (
+            o.r#type.clone().unwrap_or_default(),
+            owner.r#type.clone().unwrap_or_default(),
+        );
+        let (on, qn) = (
+            o.tenancy.clone().unwrap_or_default(),
+            owner.tenancy.clone().unwrap_or_default(),
+        );
         ot.group == qt.group
             && ot.kind == qt.kind
             && on.partition == qn.partition
@@ -1406,8 +1444,11 @@ mod index_model {
                 for namespace in 0..NAMESPACES.len() {
                     // Asked at v1: owners stored at v2 match too.
                     let owner = owner_id((name, uid, 0, namespace));
-                    let expected: Vec<&Arc<Resource>> =
-                        scan.iter().filter(|(_, r)| owned_by(r, &owner)).map(|(_, r)| *r).collect();
+                    let expected: Vec<&Arc<Resource>> = scan
+                        .iter()
+                        .filter(|(_, r)| owned_by(r, &owner))
+                        .map(|(_, r)| *r)
+                        .collect();
                     let found = table.indexes.by_owner(&owner);
                     prop_assert!(
                         same(&found, &expected),

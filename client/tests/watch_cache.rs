@@ -468,7 +468,12 @@ async fn cached_at(cache: &WatchCache, id: &Id, version: Option<&str>) {
         ..id.clone()
     };
     assert!(
-        eventually(WAIT, || cache.get(&any_uid).map(|r| r.version.clone()).as_deref() == version).await,
+        eventually(WAIT, || cache
+            .get(&any_uid)
+            .map(|r| r.version.clone())
+            .as_deref()
+            == version)
+        .await,
         "{id:?} never reached {version:?} in the cache"
     );
 }
@@ -497,9 +502,18 @@ async fn the_owner_index_and_a_user_index_follow_writes_deletes_and_owner_change
     let client = Client::connect_with(&[node.address.as_str()], options())
         .await
         .unwrap();
-    let o1 = client.create(resource("g", "Owner", "o1", "", "{}")).await.unwrap();
-    let o2 = client.create(resource("g", "Owner", "o2", "", "{}")).await.unwrap();
-    let a1 = client.create(tiered("A", "a1", "web", Some(&o1))).await.unwrap();
+    let o1 = client
+        .create(resource("g", "Owner", "o1", "", "{}"))
+        .await
+        .unwrap();
+    let o2 = client
+        .create(resource("g", "Owner", "o2", "", "{}"))
+        .await
+        .unwrap();
+    let a1 = client
+        .create(tiered("A", "a1", "web", Some(&o1)))
+        .await
+        .unwrap();
     let cache = WatchCache::builder(
         client.clone(),
         vec![WatchSpec::new("g", "A"), WatchSpec::new("g", "B")],
@@ -514,18 +528,33 @@ async fn the_owner_index_and_a_user_index_follow_writes_deletes_and_owner_change
     let o1_id = o1.id.clone().unwrap();
     let o2_id = o2.id.clone().unwrap();
     assert_eq!(kind_names(&cache.list_by_owner(&o1_id)), vec!["A/a1"]);
-    assert_eq!(kind_names(&cache.by_index("by-tier", "web").unwrap()), vec!["A/a1"]);
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "web").unwrap()),
+        vec!["A/a1"]
+    );
 
     // Writes of both kinds under o1.
-    let a2 = client.create(tiered("A", "a2", "db", Some(&o1))).await.unwrap();
-    let b1 = client.create(tiered("B", "b1", "web", Some(&o1))).await.unwrap();
+    let a2 = client
+        .create(tiered("A", "a2", "db", Some(&o1)))
+        .await
+        .unwrap();
+    let b1 = client
+        .create(tiered("B", "b1", "web", Some(&o1)))
+        .await
+        .unwrap();
     cached_at(&cache, a2.id.as_ref().unwrap(), Some(&a2.version)).await;
     cached_at(&cache, b1.id.as_ref().unwrap(), Some(&b1.version)).await;
     let owned = cache.list_by_owner(&o1_id);
     assert_eq!(kind_names(&owned), vec!["A/a1", "A/a2", "B/b1"]);
     assert_eq!(kind_names(&owned), node_owned(&client, &o1_id).await);
-    assert_eq!(kind_names(&cache.by_index("by-tier", "web").unwrap()), vec!["A/a1", "B/b1"]);
-    assert_eq!(kind_names(&cache.by_index("by-tier", "db").unwrap()), vec!["A/a2"]);
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "web").unwrap()),
+        vec!["A/a1", "B/b1"]
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "db").unwrap()),
+        vec!["A/a2"]
+    );
     // The index hands out the table's own resource, not a copy.
     let a2_cached = cache.get(a2.id.as_ref().unwrap()).unwrap();
     assert!(Arc::ptr_eq(&owned[1], &a2_cached));
@@ -540,19 +569,40 @@ async fn the_owner_index_and_a_user_index_follow_writes_deletes_and_owner_change
         .await
         .unwrap();
     cached_at(&cache, a1.id.as_ref().unwrap(), Some(&a1_moved.version)).await;
-    assert_eq!(kind_names(&cache.list_by_owner(&o1_id)), vec!["A/a2", "B/b1"]);
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o1_id)),
+        vec!["A/a2", "B/b1"]
+    );
     assert_eq!(kind_names(&cache.list_by_owner(&o2_id)), vec!["A/a1"]);
-    assert_eq!(kind_names(&cache.list_by_owner(&o1_id)), node_owned(&client, &o1_id).await);
-    assert_eq!(kind_names(&cache.list_by_owner(&o2_id)), node_owned(&client, &o2_id).await);
-    assert_eq!(kind_names(&cache.by_index("by-tier", "web").unwrap()), vec!["B/b1"]);
-    assert_eq!(kind_names(&cache.by_index("by-tier", "db").unwrap()), vec!["A/a1", "A/a2"]);
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o1_id)),
+        node_owned(&client, &o1_id).await
+    );
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o2_id)),
+        node_owned(&client, &o2_id).await
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "web").unwrap()),
+        vec!["B/b1"]
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "db").unwrap()),
+        vec!["A/a1", "A/a2"]
+    );
 
     // a2 is deleted.
     client.delete_current(a2.id.clone().unwrap()).await.unwrap();
     cached_at(&cache, a2.id.as_ref().unwrap(), None).await;
     assert_eq!(kind_names(&cache.list_by_owner(&o1_id)), vec!["B/b1"]);
-    assert_eq!(kind_names(&cache.list_by_owner(&o1_id)), node_owned(&client, &o1_id).await);
-    assert_eq!(kind_names(&cache.by_index("by-tier", "db").unwrap()), vec!["A/a1"]);
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o1_id)),
+        node_owned(&client, &o1_id).await
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "db").unwrap()),
+        vec!["A/a1"]
+    );
 
     // As the node's rule: another uid finds nothing, another group version the same.
     let other_lifetime = Id {
@@ -563,7 +613,10 @@ async fn the_owner_index_and_a_user_index_follow_writes_deletes_and_owner_change
     assert!(node_owned(&client, &other_lifetime).await.is_empty());
     let mut other_version = o1_id.clone();
     other_version.r#type.as_mut().unwrap().group_version = "v9".into();
-    assert_eq!(kind_names(&cache.list_by_owner(&other_version)), vec!["B/b1"]);
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&other_version)),
+        vec!["B/b1"]
+    );
     assert_eq!(node_owned(&client, &other_version).await, vec!["B/b1"]);
 
     match cache.by_index("by-colour", "red") {
@@ -593,7 +646,10 @@ async fn an_index_declared_twice_is_refused_when_the_cache_starts() {
 }
 
 /// Records status updates.
-fn status_recorder() -> (Arc<Mutex<Vec<StatusUpdate>>>, impl FnMut(&StatusUpdate) + Send + 'static) {
+fn status_recorder() -> (
+    Arc<Mutex<Vec<StatusUpdate>>>,
+    impl FnMut(&StatusUpdate) + Send + 'static,
+) {
     let seen: Arc<Mutex<Vec<StatusUpdate>>> = Arc::default();
     let sink = seen.clone();
     (seen, move |u: &StatusUpdate| sink.lock().push(*u))
@@ -615,8 +671,14 @@ async fn status_callbacks_go_from_waiting_to_resync_to_in_sync_with_the_revision
     let client = Client::connect_with(&[node.address.as_str()], options())
         .await
         .unwrap();
-    client.create(resource("g", "A", "x", "", "{}")).await.unwrap();
-    let last = client.create(resource("g", "A", "y", "", "{}")).await.unwrap();
+    client
+        .create(resource("g", "A", "x", "", "{}"))
+        .await
+        .unwrap();
+    let last = client
+        .create(resource("g", "A", "y", "", "{}"))
+        .await
+        .unwrap();
     let acknowledged: u64 = last.version.parse().unwrap();
     node.stop().await;
 
@@ -640,7 +702,11 @@ async fn status_callbacks_go_from_waiting_to_resync_to_in_sync_with_the_revision
     tokio::time::timeout(WAIT, cache.wait_primed())
         .await
         .expect("primed");
-    assert!(eventually(WAIT, || first.lock().len() == 3).await, "{:?}", first.lock());
+    assert!(
+        eventually(WAIT, || first.lock().len() == 3).await,
+        "{:?}",
+        first.lock()
+    );
     assert_eq!(
         statuses(&first),
         vec![
@@ -657,20 +723,41 @@ async fn status_callbacks_go_from_waiting_to_resync_to_in_sync_with_the_revision
 
     let (late, on_late) = status_recorder();
     cache.on_status(on_late);
-    assert_eq!(late.lock().clone(), vec![in_sync], "the current status first");
+    assert_eq!(
+        late.lock().clone(),
+        vec![in_sync],
+        "the current status first"
+    );
 
     // A reconnection: both callbacks see it, in order; priming stays.
     node.stop().await;
     assert!(eventually(WAIT, || statuses(&late).len() == 2).await);
     let waiting = late.lock()[1];
     assert_eq!(waiting.status, CacheStatus::WaitingForDatastore);
-    assert!(waiting.revision >= Some(revision), "the revision never goes back");
-    assert!(cache.is_primed(), "a reconnection does not un-prime the cache");
+    assert!(
+        waiting.revision >= Some(revision),
+        "the revision never goes back"
+    );
+    assert!(
+        cache.is_primed(),
+        "a reconnection does not un-prime the cache"
+    );
     node.restart().await;
-    assert!(eventually(WAIT, || statuses(&late).last() == Some(&CacheStatus::InSync)).await);
+    assert!(
+        eventually(WAIT, || statuses(&late).last()
+            == Some(&CacheStatus::InSync))
+        .await
+    );
     let expected_tail = statuses(&late);
-    assert_eq!(statuses(&first)[2..], expected_tail[..], "both saw the same changes");
-    assert_eq!(expected_tail[..2], [CacheStatus::InSync, CacheStatus::WaitingForDatastore]);
+    assert_eq!(
+        statuses(&first)[2..],
+        expected_tail[..],
+        "both saw the same changes"
+    );
+    assert_eq!(
+        expected_tail[..2],
+        [CacheStatus::InSync, CacheStatus::WaitingForDatastore]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -681,8 +768,20 @@ async fn a_priming_barrier_opens_only_once_every_registered_cache_is_primed() {
     // the barrier open.
     let backing = Backing::new(Limits::default());
     for i in 0..20 {
-        backing.put(resource("g", "A", &format!("a{i:02}"), &format!("ua{i}"), "{}"));
-        backing.put(resource("g", "B", &format!("b{i:02}"), &format!("ub{i}"), "{}"));
+        backing.put(resource(
+            "g",
+            "A",
+            &format!("a{i:02}"),
+            &format!("ua{i}"),
+            "{}",
+        ));
+        backing.put(resource(
+            "g",
+            "B",
+            &format!("b{i:02}"),
+            &format!("ub{i}"),
+            "{}",
+        ));
     }
     let mut node = TestNode::start(backing.clone()).await;
     node.control
@@ -694,8 +793,14 @@ async fn a_priming_barrier_opens_only_once_every_registered_cache_is_primed() {
         .unwrap();
     let barrier = PrimingBarrier::new();
     assert!(barrier.is_primed(), "a barrier without caches is open");
-    let cache_a = WatchCache::start(client.clone(), vec![WatchSpec::new("g", "A")], fast_retries()).unwrap();
-    let cache_b = WatchCache::start(client, vec![WatchSpec::new("g", "B")], fast_retries()).unwrap();
+    let cache_a = WatchCache::start(
+        client.clone(),
+        vec![WatchSpec::new("g", "A")],
+        fast_retries(),
+    )
+    .unwrap();
+    let cache_b =
+        WatchCache::start(client, vec![WatchSpec::new("g", "B")], fast_retries()).unwrap();
     barrier.register(&cache_a);
     barrier.register(&cache_b);
 
@@ -704,7 +809,11 @@ async fn a_priming_barrier_opens_only_once_every_registered_cache_is_primed() {
         .expect("A primed");
     assert!(!cache_b.is_primed(), "B's snapshot takes 600 ms");
     match barrier.wait_timeout(Duration::from_millis(20)).await {
-        Err(ClientError::DeadlineExceeded { detail, deadline_ms, .. }) => {
+        Err(ClientError::DeadlineExceeded {
+            detail,
+            deadline_ms,
+            ..
+        }) => {
             assert_eq!(deadline_ms, 20);
             assert!(detail.contains("#2 [g.B]"), "{detail}");
             assert!(!detail.contains("g.A"), "A is primed: {detail}");
@@ -721,9 +830,16 @@ async fn a_priming_barrier_opens_only_once_every_registered_cache_is_primed() {
     assert_eq!(cache_b.list("g", "B").len(), 20, "B's whole snapshot is in");
 
     node.stop().await;
-    assert!(eventually(WAIT, || cache_b.status() == CacheStatus::WaitingForDatastore).await);
+    assert!(
+        eventually(WAIT, || cache_b.status()
+            == CacheStatus::WaitingForDatastore)
+        .await
+    );
     assert!(barrier.is_primed(), "primed means the first snapshot is in");
-    barrier.wait_timeout(Duration::from_millis(1)).await.unwrap();
+    barrier
+        .wait_timeout(Duration::from_millis(1))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -734,7 +850,10 @@ async fn a_barrier_reports_a_cache_dropped_before_it_primed() {
     let cache = WatchCache::start(client, vec![WatchSpec::new("g", "A")], fast_retries()).unwrap();
     barrier.register(&cache);
     drop(cache);
-    match tokio::time::timeout(WAIT, barrier.wait()).await.expect("the wait ends") {
+    match tokio::time::timeout(WAIT, barrier.wait())
+        .await
+        .expect("the wait ends")
+    {
         Err(ClientError::InvalidArgument { field, reason }) => {
             assert_eq!(field, "barrier");
             assert!(reason.contains("#1 [g.A]"), "{reason}");
