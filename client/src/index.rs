@@ -5,8 +5,8 @@
 //! ## Invariants
 //! - An index holds exactly the resources of the table it describes, each
 //!   under exactly the keys computed from the resource the table holds now:
-//!   [`Indexes::insert`] first removes whatever the key was indexed under
-//!   before, [`Indexes::remove`] removes every entry of the key. The table
+//!   `Indexes::insert` first removes whatever the key was indexed under
+//!   before, `Indexes::remove` removes every entry of the key. The table
 //!   calls one of them for every change of its maps (upsert, delete, and
 //!   every key a mark-and-sweep resync adds, replaces or sweeps).
 //! - Every entry is the table's own `Arc` (no resource is copied), and the

@@ -71,8 +71,9 @@
 //! per-type status; held only to update them, never during callbacks).
 //! Readers (`get`, `list`, `list_by_owner`, `by_index`, `revision`) take
 //! only `table`, so a callback may read the cache; it must not call
-//! [`WatchCache::subscribe`] or [`WatchCache::on_status`] (that would wait
-//! for itself).
+//! [`WatchCache::subscribe`], [`WatchCache::on_status`] or
+//! [`WatchCache::unsubscribe`] (each takes `dispatch`: it would wait for
+//! itself).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
