@@ -179,6 +179,9 @@ pub struct CacheStats {
     pub compacted: u64,
     /// Changes dropped by the per-key check (duplicates, stale events).
     pub events_dropped: u64,
+    /// Times a node answered for another cluster than the one the cache
+    /// primed from (each followed by a resync of every type from scratch).
+    pub cluster_changes: u64,
 }
 
 /// Settings of a [`WatchCache`].
@@ -194,6 +197,10 @@ pub struct WatchCacheOptions {
     /// whatever the node applied, cheaper, possibly older. A watch resumed
     /// from the cache's revision replays every change after it either way.
     pub snapshot_consistency: Consistency,
+    /// How long [`WatchCache::get_consistent`] and
+    /// [`WatchCache::list_consistent`] wait for the cache to catch up with a
+    /// quorum-confirmed revision before they fail with Inconsistent.
+    pub consistent_read_timeout: Duration,
 }
 
 impl Default for WatchCacheOptions {
@@ -202,6 +209,7 @@ impl Default for WatchCacheOptions {
             retry_backoff_initial: Duration::from_millis(50),
             retry_backoff_max: Duration::from_secs(2),
             snapshot_consistency: Consistency::Strong,
+            consistent_read_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -260,11 +268,21 @@ struct Table {
     /// Over every map together.
     indexes: Indexes,
     /// Per spec: the last revision applied to its map; `None` before its
-    /// first snapshot. Never decreases.
+    /// first snapshot. Never decreases, except when the cache hears another
+    /// cluster ([`Table::forget_revision`]).
     revisions: Vec<Option<u64>>,
     type_status: Vec<TypeStatus>,
+    /// Per spec: where its watch is open now (for WatchProgress), if it is.
+    watches: Vec<Option<WatchAt>>,
     primed: Vec<bool>,
     stats: CacheStats,
+}
+
+/// A watch open on a node: the node's endpoint and the id it gave the watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WatchAt {
+    endpoint: String,
+    watch_id: u64,
 }
 
 impl Table {
@@ -272,6 +290,7 @@ impl Table {
         Table {
             maps: vec![BTreeMap::new(); types],
             indexes: Indexes::new(indexes),
+            watches: vec![None; types],
             revisions: vec![None; types],
             type_status: vec![TypeStatus::NoWatch; types],
             primed: vec![false; types],
@@ -309,6 +328,37 @@ impl Table {
             "every type is live, so every type has a revision"
         );
         StatusUpdate { status, revision }
+    }
+
+    /// Forgets the type's revision: the cache heard another cluster, whose
+    /// revisions say nothing about this one's, so the next snapshot is taken
+    /// whatever its revision and replaces the map whole (mark and sweep).
+    /// The only way a type's revision goes down.
+    fn forget_revision(&mut self, type_index: usize) {
+        self.revisions[type_index] = None;
+        assert!(
+            self.type_status[type_index] != TypeStatus::Live,
+            "a type whose revision is forgotten is not live"
+        );
+    }
+
+    /// Whether each type `types[slot]` has applied the revision `asked[slot]`
+    /// names, through the very watch asked (a watch opened since, as after a
+    /// change of cluster, is asked again): the highest of those revisions if
+    /// so.
+    fn reached(&self, types: &[usize], asked: &[Option<(WatchAt, u64)>]) -> Option<u64> {
+        assert_eq!(types.len(), asked.len(), "one ask per type");
+        let mut slowest = 0;
+        for (&i, asked) in types.iter().zip(asked) {
+            let (at, target) = asked.as_ref()?;
+            let caught_up = self.watches[i].as_ref() == Some(at)
+                && self.revisions[i].is_some_and(|r| r >= *target);
+            if !caught_up {
+                return None;
+            }
+            slowest = slowest.max(*target);
+        }
+        Some(slowest)
     }
 
     /// Raises the type's revision to `revision` (a progress notification).
@@ -434,6 +484,22 @@ struct Shared {
     /// The last status delivered; sent under `dispatch`.
     status: watch::Sender<StatusUpdate>,
     primed: watch::Sender<bool>,
+    /// Woken whenever a type's revision or watch changes (consistent reads
+    /// wait on it).
+    moved: watch::Sender<()>,
+    /// The cluster the cache primed from, and how many times it changed.
+    cluster: Mutex<ClusterSeen>,
+    /// The client the type watchers use, for WatchProgress.
+    client: Client,
+    options: WatchCacheOptions,
+}
+
+/// The cluster a cache heard last. `epoch` counts the changes: a type watcher
+/// that started under an older epoch resyncs from scratch.
+#[derive(Debug, Default)]
+struct ClusterSeen {
+    id: Option<String>,
+    epoch: u64,
 }
 
 impl Shared {
@@ -470,6 +536,31 @@ impl Shared {
         id
     }
 
+    /// Notes the cluster id a node answered with and returns the current
+    /// epoch: a new one when the id differs from the one the cache heard
+    /// before (reported, and counted in [`CacheStats::cluster_changes`]). A
+    /// node that names no cluster changes nothing.
+    fn observe_cluster(&self, cluster_id: Option<&str>, endpoint: &str) -> u64 {
+        let mut seen = self.cluster.lock();
+        match (cluster_id, seen.id.as_deref()) {
+            (Some(heard), Some(known)) if heard != known => {
+                tracing::warn!(
+                    before = known,
+                    now = heard,
+                    endpoint,
+                    "watch cache: the cluster changed (rebuilt, or restored into a new one); \
+                     resyncing every type from scratch"
+                );
+                seen.id = Some(heard.to_string());
+                seen.epoch += 1;
+                self.table.write().stats.cluster_changes += 1;
+            }
+            (Some(heard), None) => seen.id = Some(heard.to_string()),
+            _ => {}
+        }
+        seen.epoch
+    }
+
     /// Publishes `update` if its status differs from the last one published
     /// (`dispatch` held, so updates go out in the order they were computed).
     fn publish_status(&self, dispatch: &mut Dispatch, update: StatusUpdate) {
@@ -490,6 +581,17 @@ impl Shared {
 
 /// An in-memory cache of one or several types. See the module docs. Dropping
 /// it stops its tasks.
+///
+/// Reads: [`WatchCache::get`] and [`WatchCache::list`] answer from memory at
+/// once, at whatever revision the cache has reached (monotonic, possibly
+/// behind the cluster). [`WatchCache::get_consistent`] and
+/// [`WatchCache::list_consistent`] first ask the node serving each watch
+/// needed for a revision confirmed by a quorum after the call began and for
+/// a Progress event at or above it (`WatchProgress`), wait until the cache
+/// has applied it, then answer from memory: linearizable, as a strong read,
+/// without reading the data again. They fail with Inconsistent, never with
+/// stale data, when that takes longer than
+/// [`WatchCacheOptions::consistent_read_timeout`].
 pub struct WatchCache {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
@@ -596,7 +698,12 @@ impl WatchCacheBuilder {
         let table = Table::new(n, indexes);
         let (status, _) = watch::channel(table.status());
         let (primed, _) = watch::channel(false);
+        let (moved, _) = watch::channel(());
         let shared = Arc::new(Shared {
+            moved,
+            cluster: Mutex::new(ClusterSeen::default()),
+            client: client.clone(),
+            options: options.clone(),
             specs,
             dispatch: Mutex::new(Dispatch {
                 subscribers: Vec::new(),
@@ -742,6 +849,104 @@ impl WatchCache {
         uid_matches.then_some(found)
     }
 
+    /// As [`WatchCache::get`], after the cache caught up with a revision
+    /// confirmed by a quorum after this call began (see the type's docs): the
+    /// answer reflects every write acknowledged before the call. An id of a
+    /// type the cache does not watch is InvalidArgument.
+    pub async fn get_consistent(&self, id: &Id) -> Result<Option<Arc<Resource>>, ClientError> {
+        let key = ResourceKey::of_id(id);
+        let index = self.watched(&key.group, &key.kind)?;
+        self.catch_up(&[index]).await?;
+        Ok(self.get(id))
+    }
+
+    /// As [`WatchCache::list`], after the cache caught up with a revision
+    /// confirmed by a quorum after this call began (see
+    /// [`WatchCache::get_consistent`]).
+    pub async fn list_consistent(
+        &self,
+        group: &str,
+        kind: &str,
+    ) -> Result<Vec<Arc<Resource>>, ClientError> {
+        let index = self.watched(group, kind)?;
+        self.catch_up(&[index]).await?;
+        Ok(self.list(group, kind))
+    }
+
+    /// The index of the watched type `group` + `kind`, or InvalidArgument.
+    fn watched(&self, group: &str, kind: &str) -> Result<usize, ClientError> {
+        self.spec_of(group, kind).ok_or_else(|| {
+            ClientError::invalid(
+                "type",
+                format!("{group}.{kind} is not watched by this cache"),
+            )
+        })
+    }
+
+    /// Waits until each type in `types` has applied a revision that a node
+    /// confirmed with a quorum after this call began, asking the node that
+    /// serves each type's watch for it (again whenever the watch moves); the
+    /// revision the slowest type was asked to reach, or Inconsistent at the
+    /// deadline.
+    async fn catch_up(&self, types: &[usize]) -> Result<u64, ClientError> {
+        let timeout = self.shared.options.consistent_read_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut moved = self.shared.moved.subscribe();
+        // Per type in `types`: the watch asked, and the revision it must reach.
+        let mut asked: Vec<Option<(WatchAt, u64)>> = vec![None; types.len()];
+        loop {
+            // Marked seen before the table is read: a change after this read
+            // wakes the wait below.
+            moved.borrow_and_update();
+            let to_ask = {
+                let table = self.shared.table.read();
+                if let Some(slowest) = table.reached(types, &asked) {
+                    return Ok(slowest);
+                }
+                let mut to_ask: BTreeMap<String, Vec<(usize, u64)>> = BTreeMap::new();
+                for (slot, &i) in types.iter().enumerate() {
+                    let current = table.watches[i].as_ref();
+                    if current != asked[slot].as_ref().map(|(at, _)| at) {
+                        asked[slot] = None;
+                        // No watch open now: asked once it opens.
+                        if let Some(at) = current {
+                            let ids = to_ask.entry(at.endpoint.clone()).or_default();
+                            ids.push((slot, at.watch_id));
+                        }
+                    }
+                }
+                to_ask
+            };
+            for (endpoint, watches) in to_ask {
+                let ids = watches.iter().map(|(_, id)| *id).collect();
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let asking = self.shared.client.watch_progress(&endpoint, ids);
+                let progress = match tokio::time::timeout(remaining, asking).await {
+                    Ok(Ok(progress)) => progress,
+                    Ok(Err(e)) => return Err(not_caught_up(timeout, Some(&e))),
+                    Err(_elapsed) => return Err(not_caught_up(timeout, None)),
+                };
+                for (slot, watch_id) in watches {
+                    // A watch that got no Progress (closed meanwhile) is asked
+                    // again once its type watches anew.
+                    if progress.delivered_watch_ids.contains(&watch_id) {
+                        let at = WatchAt {
+                            endpoint: endpoint.clone(),
+                            watch_id,
+                        };
+                        asked[slot] = Some((at, progress.revision));
+                    }
+                }
+            }
+            if self.shared.table.read().reached(types, &asked).is_some() {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, moved.changed()).await.is_err() {
+                return Err(not_caught_up(timeout, None));
+            }
+        }
+    }
+
     /// Every cached resource of the watched type `group` + `kind`, in key order.
     pub fn list(&self, group: &str, kind: &str) -> Vec<Arc<Resource>> {
         let table = self.shared.table.read();
@@ -803,6 +1008,23 @@ impl WatchCache {
             .specs
             .iter()
             .position(|s| s.type_.group == group && s.type_.kind == kind)
+    }
+}
+
+/// The Inconsistent a consistent read ends with when the cache could not
+/// catch up with a confirmed revision in time (`cause`: why it could not get
+/// one).
+fn not_caught_up(timeout: Duration, cause: Option<&ClientError>) -> ClientError {
+    let why = match cause {
+        Some(e) => format!("no revision confirmed: {e}"),
+        None => "the cache did not reach a confirmed revision".to_string(),
+    };
+    ClientError::Inconsistent {
+        message: format!(
+            "consistent cache read not answered within {} ms: {why}",
+            timeout.as_millis()
+        ),
+        outcome: crate::Outcome::NotApplied,
     }
 }
 
@@ -870,6 +1092,8 @@ impl TypeWatcher {
         let mut revision: Option<u64> = None;
         let mut fresh = true;
         let mut backoff = self.options.retry_backoff_initial;
+        // The cluster epoch this type's map belongs to.
+        let mut epoch = 0;
         loop {
             // Resumed just before the last revision seen; the changes of it
             // already applied are dropped by key and version (`apply_live`).
@@ -902,6 +1126,24 @@ impl TypeWatcher {
                     continue;
                 }
             };
+            // Which cluster answered, before any event is used: a resumed watch
+            // on another cluster would replay its history into this one's.
+            let current = self.shared.observe_cluster(stream.cluster_id(), stream.endpoint());
+            if current != epoch {
+                epoch = current;
+                if revision.is_some() {
+                    revision = None;
+                    self.shared.table.write().forget_revision(self.index);
+                }
+                if start_revision != 0 {
+                    fresh = true;
+                    continue;
+                }
+            }
+            self.set_watch(stream.watch_id().map(|watch_id| WatchAt {
+                endpoint: stream.endpoint().to_string(),
+                watch_id,
+            }));
             if start_revision == 0 {
                 self.set_type_status(TypeStatus::Snapshot);
             } else {
@@ -910,6 +1152,10 @@ impl TypeWatcher {
             }
             let mut staged: Option<Vec<Arc<Resource>>> = (start_revision == 0).then(Vec::new);
             let next = loop {
+                if self.shared.cluster.lock().epoch != epoch {
+                    // Another type heard a new cluster: this map resyncs too.
+                    break Rewatch::FreshSnapshot;
+                }
                 let event = match stream.next().await {
                     Some(Ok(event)) => event,
                     Some(Err(ClientError::Compacted { .. })) => {
@@ -978,6 +1224,7 @@ impl TypeWatcher {
                             .table
                             .write()
                             .advance_revision(self.index, event_revision);
+                        self.shared.moved.send_replace(());
                         revision = Some(revision.map_or(event_revision, |r| r.max(event_revision)));
                     }
                     (Some(watch_event::Event::Progress(_)), Some(_)) | (None, _) => {}
@@ -989,9 +1236,14 @@ impl TypeWatcher {
                     }
                 }
             };
+            self.set_watch(None);
             self.set_type_status(TypeStatus::NoWatch);
             if let Rewatch::FreshSnapshot = next {
                 fresh = true;
+            }
+            if self.shared.cluster.lock().epoch != epoch {
+                // Resynced from scratch at once, from the new cluster.
+                continue;
             }
             self.sleep(&mut backoff).await;
         }
@@ -1016,6 +1268,7 @@ impl TypeWatcher {
             .write()
             .apply_snapshot(self.index, snapshot, revision);
         deliver(&mut dispatch, &events);
+        self.shared.moved.send_replace(());
     }
 
     /// Applies one live change at `revision` ([`Table::apply_live`]) and
@@ -1028,6 +1281,13 @@ impl TypeWatcher {
             .write()
             .apply_live(self.index, change, revision);
         deliver(&mut dispatch, &events);
+        self.shared.moved.send_replace(());
+    }
+
+    /// Records where this type's watch is open now (`None`: not open).
+    fn set_watch(&self, at: Option<WatchAt>) {
+        self.shared.table.write().watches[self.index] = at;
+        self.shared.moved.send_replace(());
     }
 
     fn set_type_status(&self, status: TypeStatus) {
