@@ -947,6 +947,17 @@ impl WatchCache {
         }
     }
 
+    /// Every cached resource of the watched type `group` + `kind`, in key
+    /// order, with the revision that type's map reflects, read together (the
+    /// map at exactly that revision); `None` for a type not watched or not
+    /// primed yet. What `cairn check cache` compares with the cluster.
+    pub fn list_with_revision(&self, group: &str, kind: &str) -> Option<(u64, Vec<Arc<Resource>>)> {
+        let index = self.spec_of(group, kind)?;
+        let table = self.shared.table.read();
+        let revision = table.revisions[index]?;
+        Some((revision, table.maps[index].values().cloned().collect()))
+    }
+
     /// Every cached resource of the watched type `group` + `kind`, in key order.
     pub fn list(&self, group: &str, kind: &str) -> Vec<Arc<Resource>> {
         let table = self.shared.table.read();
