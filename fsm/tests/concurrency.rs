@@ -224,6 +224,7 @@ fn views_are_consistent_points_in_time_and_watches_see_exactly_the_committed_seq
                         }
                         WatchEventKind::EndOfSnapshot => break e.revision,
                         WatchEventKind::Delete => panic!("a delete inside a snapshot"),
+                        WatchEventKind::Progress => panic!("a Progress nobody asked for"),
                     }
                 };
                 if watcher == 0 {
@@ -262,6 +263,7 @@ fn views_are_consistent_points_in_time_and_watches_see_exactly_the_committed_seq
                             assert!(state.remove(&name).is_some());
                         }
                         WatchEventKind::EndOfSnapshot => panic!("a second EndOfSnapshot"),
+                        WatchEventKind::Progress => panic!("a Progress nobody asked for"),
                     }
                 }
                 // What the watch rebuilt is the table at the last event's revision
