@@ -49,13 +49,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_proto::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
+use cairn_proto::v1::{Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::api::{EventKind, ResourceApi};
 use crate::error::ClientError;
-use crate::Client;
 
 /// What one watch of the cache selects: an unversioned type (group + kind),
 /// a tenancy in which `*` matches any value, and a name prefix.
@@ -246,11 +246,12 @@ impl Drop for WatchCache {
 
 impl WatchCache {
     /// Starts watching `specs` through `client` (inside a Tokio runtime:
-    /// outside one this is InvalidArgument). Two specs with the same group and kind are rejected: each
-    /// key must belong to one watch, or a sweep of one would delete what the
-    /// other holds.
+    /// outside one this is InvalidArgument): any [`ResourceApi`], the remote
+    /// [`crate::Client`] or an embedded node's in-process client. Two specs
+    /// with the same group and kind are rejected: each key must belong to one
+    /// watch, or a sweep of one would delete what the other holds.
     pub fn start(
-        client: Client,
+        client: impl ResourceApi,
         specs: Vec<WatchSpec>,
         options: WatchCacheOptions,
     ) -> Result<WatchCache, ClientError> {
@@ -260,7 +261,7 @@ impl WatchCache {
     /// As [`WatchCache::start`], with subscribers registered before the first
     /// event, so they see everything from the initial snapshot on.
     pub fn start_with(
-        client: Client,
+        client: impl ResourceApi,
         specs: Vec<WatchSpec>,
         options: WatchCacheOptions,
         subscribers: Vec<Callback>,
@@ -294,6 +295,7 @@ impl WatchCache {
                 ));
             }
         }
+        let client: Arc<dyn ResourceApi> = Arc::new(client);
         let n = specs.len();
         let (status, _) = watch::channel(CacheStatus::WaitingForDatastore);
         let (primed, _) = watch::channel(false);
@@ -485,7 +487,7 @@ fn snapshot_transition(old: Option<&Arc<Resource>>, new: &Arc<Resource>) -> Vec<
 /// One type's watch loop.
 struct TypeWatcher {
     shared: Arc<Shared>,
-    client: Client,
+    client: Arc<dyn ResourceApi>,
     index: usize,
     options: WatchCacheOptions,
 }
@@ -563,19 +565,15 @@ impl TypeWatcher {
                     backoff = self.options.retry_backoff_initial;
                 }
                 let event_revision = event.revision;
-                match (event.event, staged.as_mut()) {
-                    (Some(watch_event::Event::Upsert(u)), Some(buffer)) => {
-                        if let Some(r) = u.resource {
-                            buffer.push(Arc::new(r));
-                        }
-                    }
-                    (Some(watch_event::Event::EndOfSnapshot(_)), Some(_)) => {
+                match (event.kind, staged.as_mut()) {
+                    (EventKind::Upsert(r), Some(buffer)) => buffer.push(r),
+                    (EventKind::EndOfSnapshot, Some(_)) => {
                         let snapshot = staged.take().unwrap_or_default();
                         if revision.is_some_and(|r| event_revision < r) {
                             // A node behind what the cache already showed:
                             // try another one after a pause.
                             self.shared.table.write().stats.stale_snapshots_discarded += 1;
-                            self.client.avoid(stream.endpoint());
+                            self.client.avoid(stream.source());
                             break Rewatch::FreshSnapshot;
                         }
                         self.apply_snapshot(snapshot);
@@ -585,7 +583,7 @@ impl TypeWatcher {
                         self.set_type_status(TypeStatus::Live);
                         self.mark_primed();
                     }
-                    (Some(watch_event::Event::Upsert(u)), None) => {
+                    (EventKind::Upsert(r), None) => {
                         // Older than what the map shows: a replay overlap.
                         // (Equal: another change of the same entry, or a
                         // replayed one, which `apply_live` drops.)
@@ -593,12 +591,10 @@ impl TypeWatcher {
                             self.count_dropped();
                             continue;
                         }
-                        if let Some(r) = u.resource {
-                            self.apply_live(CacheEvent::Upsert(Arc::new(r)));
-                        }
+                        self.apply_live(CacheEvent::Upsert(r));
                         revision = Some(event_revision);
                     }
-                    (Some(watch_event::Event::Delete(d)), None) => {
+                    (EventKind::Delete(r), None) => {
                         // Older than what the map shows: a replay overlap.
                         // (Equal: another change of the same entry, or a
                         // replayed one, which `apply_live` drops.)
@@ -606,17 +602,14 @@ impl TypeWatcher {
                             self.count_dropped();
                             continue;
                         }
-                        if let Some(r) = d.resource {
-                            self.apply_live(CacheEvent::Delete(Arc::new(r)));
-                        }
+                        self.apply_live(CacheEvent::Delete(r));
                         revision = Some(event_revision);
                     }
-                    (Some(watch_event::Event::Progress(_)), None) => {
+                    (EventKind::Progress, None) => {
                         revision = Some(revision.map_or(event_revision, |r| r.max(event_revision)));
                     }
-                    (Some(watch_event::Event::Progress(_)), Some(_)) | (None, _) => {}
-                    (Some(watch_event::Event::Delete(_)), Some(_))
-                    | (Some(watch_event::Event::EndOfSnapshot(_)), None) => {
+                    (EventKind::Progress, Some(_)) => {}
+                    (EventKind::Delete(_), Some(_)) | (EventKind::EndOfSnapshot, None) => {
                         // Not a stream the contract allows: start over cleanly.
                         tracing::warn!(kind = %spec.type_.kind, "watch cache: unexpected event order; resyncing");
                         break Rewatch::FreshSnapshot;
@@ -762,6 +755,7 @@ fn deliver(dispatch: &mut Dispatch, events: &[CacheEvent]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Client;
 
     fn resource(name: &str, uid: &str, version: &str) -> Arc<Resource> {
         Arc::new(Resource {
