@@ -91,7 +91,10 @@ fn in_process_against_grpc(c: &mut Criterion) {
     });
     let list = ListRequest {
         r#type: Some(thing_type()),
-        tenancy: None,
+        tenancy: Some(Tenancy {
+            partition: "default".into(),
+            namespace: "default".into(),
+        }),
         consistency: Consistency::Strong as i32,
         ..ListRequest::default()
     };
