@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use cairn_client::{Client, ResourceApi};
-use cairn_node::config::{parse_members, Config};
+use cairn_node::config::{parse_members, Config, LogFormat};
 use cairn_node::embed::EmbeddedNode;
 use clap::Parser;
 
@@ -34,17 +34,16 @@ struct Args {
     /// The embedded node's peer address.
     #[arg(long, default_value = "127.0.0.1:8501")]
     peer_address: String,
+    /// error, warn, info, debug, trace, or a filter such as info,cairn_node=debug
+    /// (the node's own log filter, `cairn agent --log-level`).
+    #[arg(long, default_value = "info")]
+    log_level: String,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // The node's own logging, as `cairn agent` sets it up.
+    cairn_node::cli::init_logging(&args.log_level, LogFormat::Text);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
