@@ -458,7 +458,10 @@ mod tests {
             async move { Ok(listed(&["x"], revision, next)) }
         })
         .await;
-        assert!(matches!(moved, Err(ClientError::Internal { .. })), "{moved:?}");
+        assert!(
+            matches!(moved, Err(ClientError::Internal { .. })),
+            "{moved:?}"
+        );
         let pinned = ListRequest {
             revision: 7,
             ..ListRequest::default()
@@ -501,7 +504,9 @@ mod tests {
         };
         assert_eq!(Event::from_wire(unknown).unwrap(), None);
         let empty_delete = WatchEvent {
-            event: Some(watch_event::Event::Delete(watch_event::Delete { resource: None })),
+            event: Some(watch_event::Event::Delete(watch_event::Delete {
+                resource: None,
+            })),
             revision: 6,
         };
         assert!(matches!(

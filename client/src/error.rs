@@ -255,11 +255,27 @@ mod tests {
         // before proposing, a verdict, or any failed read did not.
         use cairn_request::Operation::{Mutation, Read};
         let cases = [
-            (ApiError::Inconsistent("x".into()), Mutation, Outcome::Unknown),
+            (
+                ApiError::Inconsistent("x".into()),
+                Mutation,
+                Outcome::Unknown,
+            ),
             (ApiError::Internal("x".into()), Mutation, Outcome::Unknown),
-            (ApiError::Unavailable("x".into()), Mutation, Outcome::NotApplied),
-            (ApiError::CasFailure("x".into()), Mutation, Outcome::NotApplied),
-            (ApiError::Inconsistent("x".into()), Read, Outcome::NotApplied),
+            (
+                ApiError::Unavailable("x".into()),
+                Mutation,
+                Outcome::NotApplied,
+            ),
+            (
+                ApiError::CasFailure("x".into()),
+                Mutation,
+                Outcome::NotApplied,
+            ),
+            (
+                ApiError::Inconsistent("x".into()),
+                Read,
+                Outcome::NotApplied,
+            ),
             (ApiError::Internal("x".into()), Read, Outcome::NotApplied),
             (ApiError::NotFound, Read, Outcome::NotApplied),
         ];

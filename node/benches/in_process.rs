@@ -86,7 +86,10 @@ fn in_process_against_grpc(c: &mut Criterion) {
     let clients: [(&str, &dyn ResourceApi); 2] = [("in_process", &in_process), ("grpc", &remote)];
     runtime.block_on(async {
         for i in 0..100 {
-            in_process.write(thing(&format!("t{i:03}"), "")).await.unwrap();
+            in_process
+                .write(thing(&format!("t{i:03}"), ""))
+                .await
+                .unwrap();
         }
     });
     let list = ListRequest {

@@ -81,7 +81,10 @@ impl Embedded {
             if let Some(i) = self.nodes.iter().position(EmbeddedNode::is_leader) {
                 return i;
             }
-            assert!(Instant::now() < deadline, "no leader within {LEADER_TIMEOUT:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no leader within {LEADER_TIMEOUT:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -117,7 +120,10 @@ async fn the_contract_holds_through_the_trait_with_a_remote_client() {
     let cluster = support::Cluster::start(options);
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let follower = cluster.ids_except(leader)[0];
-    for (run, (id, role)) in [(leader, "leader"), (follower, "follower")].into_iter().enumerate() {
+    for (run, (id, role)) in [(leader, "leader"), (follower, "follower")]
+        .into_iter()
+        .enumerate()
+    {
         let client = remote(&[cluster.node(id).client_address.clone()]);
         let t = Target {
             api: &client,
@@ -170,7 +176,13 @@ async fn the_contract_holds_in_process_on_each_node_of_an_embedded_cluster() {
                 .read(t.id("Shared", "s", ""), Consistency::Strong)
                 .await
                 .unwrap();
-            assert_eq!(seen, written, "node {} sees {}'s write", other.node_id(), t.label);
+            assert_eq!(
+                seen,
+                written,
+                "node {} sees {}'s write",
+                other.node_id(),
+                t.label
+            );
         }
     }
     embedded.shutdown().await;
@@ -253,7 +265,9 @@ async fn a_watch_cache_primes_through_the_in_process_client_and_shares_what_it_d
     let updated = client.write(counter("b", &b.version, b"1")).await.unwrap();
     let b_id = updated.id.clone().unwrap();
     wait_until("the update reaches the cache", || {
-        cache.get(&b_id).is_some_and(|r| r.version == updated.version)
+        cache
+            .get(&b_id)
+            .is_some_and(|r| r.version == updated.version)
     })
     .await;
     let cached = cache.get(&b_id).unwrap();
@@ -274,7 +288,10 @@ async fn a_watch_cache_primes_through_the_in_process_client_and_shares_what_it_d
     tokio::time::timeout(WAIT, remote_cache.wait_primed())
         .await
         .expect("the remote cache primed in time");
-    assert_eq!(remote_cache.list("demo", "Counter"), cache.list("demo", "Counter"));
+    assert_eq!(
+        remote_cache.list("demo", "Counter"),
+        cache.list("demo", "Counter")
+    );
     drop((cache, remote_cache));
     embedded.shutdown().await;
 }

@@ -248,7 +248,10 @@ mod tests {
         assert_eq!(even.observed_generation, "g1");
         assert_eq!(even.conditions[0].reason, "Even");
         assert_eq!(even.conditions[0].state, condition::State::True as i32);
-        assert_eq!(desired_status(&counter(r#"{"value": -3}"#)).conditions[0].reason, "Odd");
+        assert_eq!(
+            desired_status(&counter(r#"{"value": -3}"#)).conditions[0].reason,
+            "Odd"
+        );
         for bad in [r#"{"value": "x"}"#, "not json", "{}"] {
             let status = desired_status(&counter(bad));
             assert_eq!(status.conditions[0].reason, "InvalidData", "{bad}");

@@ -20,7 +20,12 @@ use clap::Parser;
 )]
 struct Args {
     /// Run against this cluster's client addresses, HOST:PORT,... (e.g. `cairn dev`'s).
-    #[arg(long, value_delimiter = ',', required_unless_present = "in_process", conflicts_with = "in_process")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "in_process",
+        conflicts_with = "in_process"
+    )]
     endpoints: Vec<String>,
     /// Start a single Cairn node in this process and run against it, in process.
     #[arg(long, requires = "data_dir")]

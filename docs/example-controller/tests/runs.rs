@@ -148,7 +148,10 @@ async fn the_controller_reconciles(client: &Client, log: &std::path::Path) {
     let settled = client.read(id("c1"), Consistency::Strong).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let later = client.read(id("c1"), Consistency::Strong).await.unwrap();
-    assert_eq!(later.version, settled.version, "a reconciled Counter is left alone");
+    assert_eq!(
+        later.version, settled.version,
+        "a reconciled Counter is left alone"
+    );
 }
 
 fn remote_client(address: &str) -> Client {

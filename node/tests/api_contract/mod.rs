@@ -234,12 +234,20 @@ pub async fn read_rules(t: &Target<'_>) {
     loop {
         let r = t.eventual(t.id("Read", "r", "")).await.unwrap();
         let v = version_number(&r);
-        assert!(v >= last, "{}: eventual read went back from {last} to {v}", t.label);
+        assert!(
+            v >= last,
+            "{}: eventual read went back from {last} to {v}",
+            t.label
+        );
         last = v;
         if r == updated {
             break;
         }
-        assert!(Instant::now() < deadline, "{}: never saw the update", t.label);
+        assert!(
+            Instant::now() < deadline,
+            "{}: never saw the update",
+            t.label
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -295,11 +303,31 @@ pub async fn write_rules(t: &Target<'_>) {
     assert_eq!(*t.strong(t.id("Write", "w", "")).await.unwrap(), expected);
 
     let conflicts = [
-        (t.res("Write", "w", "u1", "", b"x"), "CasFailure", "an empty version with something stored"),
-        (t.res("Write", "w", "u2", &created.version, b"x"), "WrongUid", "another uid"),
-        (t.res("Write", "w", "", &created.version, b"x"), "WrongUid", "an empty uid"),
-        (t.res("Write", "w", "u2", "1", b"x"), "WrongUid", "the uid is checked before the version"),
-        (t.res("Write", "w", "u1", "1", b"x"), "CasFailure", "a stale version"),
+        (
+            t.res("Write", "w", "u1", "", b"x"),
+            "CasFailure",
+            "an empty version with something stored",
+        ),
+        (
+            t.res("Write", "w", "u2", &created.version, b"x"),
+            "WrongUid",
+            "another uid",
+        ),
+        (
+            t.res("Write", "w", "", &created.version, b"x"),
+            "WrongUid",
+            "an empty uid",
+        ),
+        (
+            t.res("Write", "w", "u2", "1", b"x"),
+            "WrongUid",
+            "the uid is checked before the version",
+        ),
+        (
+            t.res("Write", "w", "u1", "1", b"x"),
+            "CasFailure",
+            "a stale version",
+        ),
     ];
     for (resource, kind, what) in conflicts {
         let e = t.api.write(resource).await.expect_err(what);
@@ -314,7 +342,10 @@ pub async fn write_rules(t: &Target<'_>) {
     let second = t
         .put(t.res("Write", "w", "u1", &created.version, b"2"))
         .await;
-    assert!(version_number(&second) > version_number(&created), "versions increase");
+    assert!(
+        version_number(&second) > version_number(&created),
+        "versions increase"
+    );
     assert_eq!(second.owner, None, "a write replaces every field");
 
     // Writes ignore the group version: v2 replaces the v1 resource at the key.
@@ -386,14 +417,32 @@ pub async fn list_rules(t: &Target<'_>) {
     put("web-x", "Other", "p1", "n1", "v1").await;
 
     let cases: Vec<(Tenancy, &str, BTreeSet<String>)> = vec![
-        (tenancy("p1", "n1"), "", set(&["web-1", "web-2", "Web-3", "db-1", "web-v2"])),
-        (tenancy("p1", "n1"), "web-", set(&["web-1", "web-2", "web-v2"])),
-        (tenancy("*", "n1"), "web", set(&["web-1", "web-2", "web-v2", "web-5"])),
-        (tenancy("p1", "*"), "web", set(&["web-1", "web-2", "web-v2", "web-4"])),
+        (
+            tenancy("p1", "n1"),
+            "",
+            set(&["web-1", "web-2", "Web-3", "db-1", "web-v2"]),
+        ),
+        (
+            tenancy("p1", "n1"),
+            "web-",
+            set(&["web-1", "web-2", "web-v2"]),
+        ),
+        (
+            tenancy("*", "n1"),
+            "web",
+            set(&["web-1", "web-2", "web-v2", "web-5"]),
+        ),
+        (
+            tenancy("p1", "*"),
+            "web",
+            set(&["web-1", "web-2", "web-v2", "web-4"]),
+        ),
         (
             tenancy("*", "*"),
             "",
-            set(&["web-1", "web-2", "Web-3", "db-1", "web-v2", "web-4", "web-5", "web-6"]),
+            set(&[
+                "web-1", "web-2", "Web-3", "db-1", "web-v2", "web-4", "web-5", "web-6",
+            ]),
         ),
         (tenancy("", ""), "", set(&["web-6"])),
         (tenancy("", "*"), "", set(&["web-6"])),
@@ -477,7 +526,14 @@ pub async fn paging_rules(t: &Target<'_>) {
     assert_eq!(whole.resources.len(), 7);
     assert!(whole.next_page_token.is_empty());
     // A token is bound to its listing: another filter's is refused, naming it.
-    let first = t.api.list_page(ListRequest { limit: 2, ..t.list_request("Paged", tenancy("*", "*"), "", Consistency::Eventual) }).await.unwrap();
+    let first = t
+        .api
+        .list_page(ListRequest {
+            limit: 2,
+            ..t.list_request("Paged", tenancy("*", "*"), "", Consistency::Eventual)
+        })
+        .await
+        .unwrap();
     assert_invalid(
         t.api
             .list_page(ListRequest {
@@ -515,7 +571,11 @@ pub async fn list_by_owner_rules(t: &Target<'_>) {
             let query = query.clone();
             let expected = expected.clone();
             async move {
-                let got = t.api.list_by_owner(query).await.map_err(|e| e.to_string())?;
+                let got = t
+                    .api
+                    .list_by_owner(query)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if names(&got.resources) == expected {
                     Ok(())
                 } else {
@@ -566,7 +626,10 @@ pub async fn watch_rules(t: &Target<'_>) {
     // deletes; each event's state readable on the node at once; a watch from
     // a revision replays the changes after it.
     let mut empty = t.watch("Watched", "none-", 0).await;
-    assert_eq!(next_event(&mut empty, &t.label).await.kind, EventKind::EndOfSnapshot);
+    assert_eq!(
+        next_event(&mut empty, &t.label).await.kind,
+        EventKind::EndOfSnapshot
+    );
 
     let w1 = t.put(t.res("Watched", "w1", "u1", "", b"1")).await;
     let w2 = t.put(t.res("Watched", "w2", "u1", "", b"1")).await;
@@ -578,7 +641,10 @@ pub async fn watch_rules(t: &Target<'_>) {
         match next_event(&mut stream, &t.label).await.kind {
             EventKind::Upsert(r) => {
                 let name = r.id.clone().unwrap().name;
-                assert!(snapshot.insert(name, r).is_none(), "no duplicate in the snapshot");
+                assert!(
+                    snapshot.insert(name, r).is_none(),
+                    "no duplicate in the snapshot"
+                );
             }
             EventKind::EndOfSnapshot => break,
             other => panic!("{}: unexpected snapshot event {other:?}", t.label),
@@ -596,7 +662,11 @@ pub async fn watch_rules(t: &Target<'_>) {
         match next_event(&mut stream, &t.label).await.kind {
             EventKind::Upsert(r) => {
                 let name = r.id.clone().unwrap().name;
-                assert_eq!(pending.remove(&name), Some(r), "a lagging write arrives live, once");
+                assert_eq!(
+                    pending.remove(&name),
+                    Some(r),
+                    "a lagging write arrives live, once"
+                );
             }
             other => panic!("{}: unexpected event {other:?}", t.label),
         }
@@ -628,7 +698,11 @@ pub async fn watch_rules(t: &Target<'_>) {
     ];
     for (want, revision) in expected {
         let e = next_event(&mut stream, &t.label).await;
-        assert_eq!(e.kind, want, "{}: in commit order, no no-op delete", t.label);
+        assert_eq!(
+            e.kind, want,
+            "{}: in commit order, no no-op delete",
+            t.label
+        );
         assert_eq!(e.revision, revision);
         // The node that sent the event already holds its state.
         let name = match &e.kind {
@@ -664,14 +738,22 @@ pub async fn watch_rules(t: &Target<'_>) {
 pub async fn invalid_arguments_name_their_field(t: &Target<'_>) {
     // Malformed input is InvalidArgument naming the field, for every call.
     let mut no_name = t.res("Bad", "", "u1", "", b"x");
-    assert_invalid(t.api.write(no_name.clone()).await, "resource.id.name", "empty name");
+    assert_invalid(
+        t.api.write(no_name.clone()).await,
+        "resource.id.name",
+        "empty name",
+    );
     no_name.id.as_mut().unwrap().r#type = Some(Type {
         group: t.group.clone(),
         group_version: "v1".into(),
         kind: String::new(),
     });
     no_name.id.as_mut().unwrap().name = "n".into();
-    assert_invalid(t.api.write(no_name).await, "resource.id.type.kind", "no kind");
+    assert_invalid(
+        t.api.write(no_name).await,
+        "resource.id.type.kind",
+        "no kind",
+    );
     let huge = t.res("Bad", "n", "u1", "", &vec![0u8; 1024 * 1024 + 1]);
     assert_invalid(t.api.write(huge).await, "resource", "oversize resource");
     let star = t.res("Bad", "n*", "u1", "", b"x");
@@ -706,7 +788,11 @@ pub async fn invalid_arguments_name_their_field(t: &Target<'_>) {
         r#type: None,
         ..t.list_request("Bad", default_tenancy(), "", Consistency::Strong)
     };
-    assert_invalid(t.api.list_page(no_type).await, "type", "a list without a type");
+    assert_invalid(
+        t.api.list_page(no_type).await,
+        "type",
+        "a list without a type",
+    );
     assert_invalid(
         t.api.list_by_owner(t.id("Bad", "", "u1")).await,
         "owner.name",
