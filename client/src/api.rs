@@ -54,7 +54,7 @@ use futures::{Stream, StreamExt as _};
 use tokio::time::Instant;
 
 use crate::error::{ClientError, Outcome};
-use crate::Client;
+use crate::{Client, WatchProgress};
 
 /// What every call of a [`ResourceApi`] returns.
 pub type ApiFuture<'a, T> = BoxFuture<'a, Result<T, ClientError>>;
@@ -93,6 +93,13 @@ pub trait ResourceApi: Send + Sync + 'static {
     /// Opens a watch (contract: WatchList). The call's deadline bounds the
     /// opening only; the stream lasts until the node ends it.
     fn watch_list(&self, request: WatchListRequest) -> ApiFuture<'_, Watch>;
+
+    /// Asks the node serving the watches `watch_ids` (their [`Watch::source`]
+    /// and [`Watch::watch_id`]s) for a quorum-confirmed revision and a
+    /// Progress event at or above it on each of them: once each stream has
+    /// delivered its Progress, it has delivered every matching change
+    /// acknowledged before this call began (contract: WatchProgress).
+    fn watch_progress(&self, source: &str, watch_ids: Vec<u64>) -> ApiFuture<'_, WatchProgress>;
 
     /// Makes the next call prefer another source than `source` (a
     /// [`Watch::source`] that served something unusable, such as a stale
@@ -197,25 +204,44 @@ impl Event {
 /// Compacted, a broken stream), after which it ends.
 pub struct Watch {
     source: String,
+    watch_id: Option<u64>,
+    cluster_id: Option<String>,
     events: BoxStream<'static, Result<Event, ClientError>>,
 }
 
 impl Watch {
     /// A watch served by `source` (an endpoint, or the in-process node's
-    /// name) delivering `events`.
+    /// name), which named it `watch_id` and its cluster `cluster_id` (if it
+    /// did), delivering `events`.
     pub fn new(
         source: impl Into<String>,
+        watch_id: Option<u64>,
+        cluster_id: Option<String>,
         events: impl Stream<Item = Result<Event, ClientError>> + Send + 'static,
     ) -> Watch {
         Watch {
             source: source.into(),
+            watch_id,
+            cluster_id,
             events: events.boxed(),
         }
     }
 
-    /// Who serves this watch (for [`ResourceApi::avoid`]).
+    /// Who serves this watch (for [`ResourceApi::avoid`] and
+    /// [`ResourceApi::watch_progress`]).
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The id the serving node gave this watch, to name it in
+    /// [`ResourceApi::watch_progress`] (`None` from a node that gives none).
+    pub fn watch_id(&self) -> Option<u64> {
+        self.watch_id
+    }
+
+    /// The id of the serving node's cluster (`None` from a node that does not say).
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.as_deref()
     }
 
     /// The next event; `None` once the stream ended without an error.
@@ -228,6 +254,8 @@ impl std::fmt::Debug for Watch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watch")
             .field("source", &self.source)
+            .field("watch_id", &self.watch_id)
+            .field("cluster_id", &self.cluster_id)
             .finish_non_exhaustive()
     }
 }
@@ -354,6 +382,8 @@ impl ResourceApi for Client {
         Box::pin(async move {
             let stream = Client::watch_list(self, request).await?;
             let source = stream.endpoint().to_string();
+            let watch_id = stream.watch_id();
+            let cluster_id = stream.cluster_id().map(str::to_string);
             let events = futures::stream::unfold(Some(stream), |state| async move {
                 let mut stream = state?;
                 loop {
@@ -367,8 +397,13 @@ impl ResourceApi for Client {
                     }
                 }
             });
-            Ok(Watch::new(source, events))
+            Ok(Watch::new(source, watch_id, cluster_id, events))
         })
+    }
+
+    fn watch_progress(&self, source: &str, watch_ids: Vec<u64>) -> ApiFuture<'_, WatchProgress> {
+        let source = source.to_string();
+        Box::pin(async move { Client::watch_progress(self, &source, watch_ids).await })
     }
 
     fn avoid(&self, source: &str) {
@@ -403,6 +438,10 @@ impl<T: ResourceApi + ?Sized> ResourceApi for Arc<T> {
 
     fn watch_list(&self, request: WatchListRequest) -> ApiFuture<'_, Watch> {
         (**self).watch_list(request)
+    }
+
+    fn watch_progress(&self, source: &str, watch_ids: Vec<u64>) -> ApiFuture<'_, WatchProgress> {
+        (**self).watch_progress(source, watch_ids)
     }
 
     fn avoid(&self, source: &str) {

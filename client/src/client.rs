@@ -38,7 +38,7 @@ use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::{
     Consistency, DeleteRequest, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
     ListResponse, ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
-    WriteRequest,
+    WatchProgressRequest, WriteRequest,
 };
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -125,6 +125,27 @@ struct Routing {
     /// transport failure, so the next attempt reconnects eagerly and a
     /// connect failure is recognised as such.
     channels: HashMap<String, Channel>,
+}
+
+/// The answer of [`Client::watch_progress`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchProgress {
+    /// A revision confirmed by a quorum after the call began: every write
+    /// acknowledged before it is at or below it.
+    pub revision: u64,
+    /// The watches that got a Progress event at or above `revision` (a watch
+    /// since closed is left out).
+    pub delivered_watch_ids: Vec<u64>,
+    /// The cluster of the node that answered, if it said.
+    pub cluster_id: Option<String>,
+}
+
+/// A metadata value as text, if present and printable.
+fn metadata_str(metadata: &tonic::metadata::MetadataMap, key: &str) -> Option<String> {
+    metadata
+        .get(key)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }
 
 /// Turns `host:port` (or a URI) into the URI form used as the channel key.
@@ -253,12 +274,26 @@ impl ListPages {
 pub struct WatchStream {
     endpoint: String,
     stream: tonic::Streaming<WatchEvent>,
+    watch_id: Option<u64>,
+    cluster_id: Option<String>,
 }
 
 impl WatchStream {
     /// The node serving this watch (`http://host:port`).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The id the node gave this watch, to name it in
+    /// [`Client::watch_progress`] (`None` from a node that gives none).
+    pub fn watch_id(&self) -> Option<u64> {
+        self.watch_id
+    }
+
+    /// The id of the cluster the serving node belongs to (`None` from a node
+    /// that does not say).
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.as_deref()
     }
 
     /// The next event; `None` when the node ended the stream without an
@@ -491,11 +526,18 @@ impl Client {
         request: ListRequest,
         deadline: Instant,
     ) -> Result<ListResponse, ClientError> {
-        self.call_at_until(Operation::Read, deadline, move |mut c, remaining| {
-            let mut r = tonic::Request::new(request.clone());
-            r.set_timeout(remaining);
-            async move { c.list(r).await }
-        })
+        let preferred = self.inner.routing.lock().preferred.clone();
+        self.call_at_until(
+            Operation::Read,
+            deadline,
+            &self.inner.endpoints,
+            &preferred,
+            move |mut c, remaining| {
+                let mut r = tonic::Request::new(request.clone());
+                r.set_timeout(remaining);
+                async move { c.list(r).await }
+            },
+        )
         .await
         .map(|(response, _)| response.into_inner())
     }
@@ -530,9 +572,51 @@ impl Client {
                 async move { c.watch_list(r).await }
             })
             .await?;
+        let watch_id = metadata_str(stream.metadata(), cairn_proto::WATCH_ID_HEADER)
+            .and_then(|id| id.parse().ok());
+        let cluster_id = metadata_str(stream.metadata(), cairn_proto::CLUSTER_ID_HEADER);
         Ok(WatchStream {
             endpoint,
             stream: stream.into_inner(),
+            watch_id,
+            cluster_id,
+        })
+    }
+
+    /// Asks `endpoint` (a [`WatchStream::endpoint`]) for a quorum-confirmed
+    /// revision and for a Progress event at or above it on each of
+    /// `watch_ids` (its watches' [`WatchStream::watch_id`]s): once each of
+    /// those streams has delivered its Progress, it has delivered every
+    /// matching change acknowledged before this call began. Retried at that
+    /// endpoint only (the watches live there) until the request timeout;
+    /// Inconsistent when no revision could be confirmed.
+    pub async fn watch_progress(
+        &self,
+        endpoint: &str,
+        watch_ids: Vec<u64>,
+    ) -> Result<WatchProgress, ClientError> {
+        let endpoint = endpoint_uri(endpoint)?;
+        let deadline = Instant::now() + self.inner.options.request_timeout;
+        let request = WatchProgressRequest { watch_ids };
+        let (response, _) = self
+            .call_at_until(
+                Operation::Read,
+                deadline,
+                std::slice::from_ref(&endpoint),
+                &endpoint,
+                move |mut c, remaining| {
+                    let mut r = tonic::Request::new(request.clone());
+                    r.set_timeout(remaining);
+                    async move { c.watch_progress(r).await }
+                },
+            )
+            .await?;
+        let cluster_id = metadata_str(response.metadata(), cairn_proto::CLUSTER_ID_HEADER);
+        let answer = response.into_inner();
+        Ok(WatchProgress {
+            revision: answer.revision,
+            delivered_watch_ids: answer.delivered_watch_ids,
+            cluster_id,
         })
     }
 
@@ -570,15 +654,19 @@ impl Client {
         Fut: Future<Output = Answer<T>>,
     {
         let deadline = Instant::now() + self.inner.options.request_timeout;
-        self.call_at_until(operation, deadline, call).await
+        let preferred = self.inner.routing.lock().preferred.clone();
+        self.call_at_until(operation, deadline, &self.inner.endpoints, &preferred, call)
+            .await
     }
 
-    /// As [`Client::call_at`], ending by `deadline`: the shared loop
-    /// (`cairn_request::run`) over [`Endpoints`].
+    /// As [`Client::call_at`], over `endpoints` starting at `preferred`, ending
+    /// by `deadline`: the shared loop (`cairn_request::run`) over [`Endpoints`].
     async fn call_at_until<T, F, Fut>(
         &self,
         operation: Operation,
         deadline: Instant,
+        endpoints: &[String],
+        preferred: &str,
         call: F,
     ) -> Result<(tonic::Response<T>, String), ClientError>
     where
@@ -586,8 +674,7 @@ impl Client {
         Fut: Future<Output = Answer<T>>,
     {
         let options = &self.inner.options;
-        let preferred = self.inner.routing.lock().preferred.clone();
-        let (route, target) = Route::new(&self.inner.endpoints, &preferred);
+        let (route, target) = Route::new(endpoints, preferred);
         let mut endpoints = Endpoints {
             client: self,
             operation,

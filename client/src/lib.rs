@@ -8,7 +8,10 @@
 //! say whether the outcome is known ([`Outcome`]). On top of it: the helpers
 //! every controller needs ([`Client::create`], [`Client::create_if_absent`],
 //! [`Client::read_modify_write`], [`Client::delete_current`]); the primed
-//! [`WatchCache`]; how to reach the nodes ([`TlsOptions`], [`BearerToken`]).
+//! [`WatchCache`], with its index by owner and user [`Index`]es, status
+//! callbacks carrying its revision ([`StatusUpdate`]), and a
+//! [`PrimingBarrier`] for many caches; how to reach the nodes
+//! ([`TlsOptions`], [`BearerToken`]).
 //!
 //! [`ResourceApi`] ([`api`]) is the contract's calls as one trait, with
 //! resources shared (`Arc<Resource>`): [`Client`] implements it, and so does
@@ -41,10 +44,12 @@
 //! preferred endpoint, both behind a short `parking_lot` mutex never held
 //! across an await. Each call is a future on the caller's Tokio runtime; the
 //! client spawns nothing. A [`WatchCache`] spawns one task per watched type;
-//! the tasks apply changes under the cache's dispatch lock then its table
-//! lock (always in that order) and run subscriber callbacks under the
-//! dispatch lock only, so readers of the table never wait for a callback.
-//! Dropping the cache aborts its tasks.
+//! the tasks apply changes (maps, indexes and revisions together) and status
+//! changes under the cache's dispatch lock then its table lock (always in
+//! that order) and run subscriber and status callbacks under the dispatch
+//! lock only, so readers of the table never wait for a callback. Dropping
+//! the cache aborts its tasks. A [`PrimingBarrier`] only watches the caches'
+//! primed flags; it spawns nothing.
 //!
 //! ## Invariants
 //! - A write or delete is sent again only after an attempt that certainly
@@ -62,28 +67,38 @@
 //!   what the cache already holds is discarded, never applied.
 //! - After a fresh snapshot, a type's cached keys are exactly the snapshot's
 //!   (mark and sweep: a Delete for every key it lacks).
+//! - A cache's indexes change in the same critical section as its maps: a
+//!   reader finds in `list_by_owner` and `by_index` exactly what a scan of
+//!   the table at that moment would.
+//! - Status callbacks see every status change once, in order; InSync always
+//!   carries a revision. Once primed, a cache stays primed.
 
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod auth;
+pub mod barrier;
 pub mod client;
 mod error;
 mod helpers;
+pub mod index;
 pub mod tls;
 pub mod watch_cache;
 
 pub use api::{Listing, ResourceApi, Watch};
 pub use auth::{AuthenticatedChannel, BearerToken, Credentials};
+pub use barrier::PrimingBarrier;
 pub use client::{
-    watch_resume_revision, Client, ClientOptions, ListPages, WatchStream, LIST_RESTARTS_MAX,
+    watch_resume_revision, Client, ClientOptions, ListPages, WatchProgress, WatchStream,
+    LIST_RESTARTS_MAX,
 };
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;
+pub use index::Index;
 pub use tls::{Access, TlsOptions};
 pub use watch_cache::{
-    CacheEvent, CacheStats, CacheStatus, ResourceKey, SubscriptionId, WatchCache,
-    WatchCacheOptions, WatchSpec,
+    CacheEvent, CacheStats, CacheStatus, ResourceKey, StatusUpdate, SubscriptionId, WatchCache,
+    WatchCacheBuilder, WatchCacheOptions, WatchSpec,
 };
 
 /// A resource's `data`: `google.protobuf.Any`, re-exported with [`v1`].

@@ -1,6 +1,7 @@
 //! [`WatchCache`]: an in-memory copy of one or several types, kept from
-//! WatchList streams, with a primed barrier, resync after failures, and
-//! ordered, duplicate-free, never-rewinding callbacks.
+//! WatchList streams, with a primed barrier, resync after failures,
+//! ordered, duplicate-free, never-rewinding callbacks, indexes, and status
+//! callbacks that carry the cache's revision.
 //!
 //! ## How it stays right
 //!
@@ -35,14 +36,44 @@
 //! an older backup: the cache follows the store, presenting it as the end of
 //! the old lifetime (Delete) then a new one (Upsert).
 //!
+//! ## Indexes
+//!
+//! [`WatchCache::list_by_owner`] (the node's ListByOwner rule, over the
+//! watched types) and every [`Index`] declared with
+//! [`WatchCacheBuilder::index`] ([`WatchCache::by_index`]) are kept in the
+//! table, changed in the same critical section as the maps on every upsert,
+//! delete and mark-and-sweep resync (`crate::index`). A reader therefore
+//! never sees an index out of step with `get`/`list`: every result is
+//! exactly what a scan of the table at that moment would find, and shares
+//! the table's `Arc`s.
+//!
+//! ## Status and revision
+//!
+//! Each type's revision R is published in the table under the same lock as
+//! its map; [`WatchCache::revision`] is the lowest over the watched types
+//! (`None` until every type has applied a snapshot). The status
+//! ([`CacheStatus`], as Calico's syncer: WaitingForDatastore, then
+//! ResyncInProgress, then InSync) changes under the dispatch lock, so every
+//! change reaches the [`WatchCache::on_status`] callbacks and
+//! [`WatchCache::status_changes`] once, in the order it happened, as a
+//! [`StatusUpdate`] carrying the revision at that moment; InSync always
+//! carries one. A callback registered later first gets the current status.
+//! Priming ([`WatchCache::wait_primed`], [`crate::PrimingBarrier`]) happens
+//! once: a later failure or resync changes the status, never the primed
+//! flag (the first complete snapshot of every type is in).
+//!
 //! ## Concurrency
 //!
 //! The type tasks apply changes under two locks, always taken in this order:
-//! `dispatch` (the subscriber list; held while callbacks run, so callbacks of
-//! all types are serialised and each type's are in stream order), then
-//! `table` (held only to update the maps, never during callbacks). Readers
-//! (`get`, `list`) take only `table`, so a callback may read the cache; it
-//! must not call [`WatchCache::subscribe`] (that would wait for itself).
+//! `dispatch` (the subscriber and status-callback lists; held while
+//! callbacks run, so callbacks of all types are serialised and each type's
+//! are in stream order), then `table` (the maps, indexes, revisions and
+//! per-type status; held only to update them, never during callbacks).
+//! Readers (`get`, `list`, `list_by_owner`, `by_index`, `revision`) take
+//! only `table`, so a callback may read the cache; it must not call
+//! [`WatchCache::subscribe`], [`WatchCache::on_status`] or
+//! [`WatchCache::unsubscribe`] (each takes `dispatch`: it would wait for
+//! itself).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -56,6 +87,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{EventKind, ResourceApi};
 use crate::error::ClientError;
+use crate::index::{Index, Indexes};
 
 /// What one watch of the cache selects: an unversioned type (group + kind),
 /// a tenancy in which `*` matches any value, and a name prefix.
@@ -107,6 +139,16 @@ pub enum CacheStatus {
     InSync,
 }
 
+/// A change of the cache's status, with the cache's revision when it
+/// happened ([`WatchCache::revision`]: the lowest revision applied over the
+/// watched types; `None` until every type has applied a snapshot, and never
+/// `None` with [`CacheStatus::InSync`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusUpdate {
+    pub status: CacheStatus,
+    pub revision: Option<u64>,
+}
+
 /// A change delivered to subscribers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CacheEvent {
@@ -137,6 +179,9 @@ pub struct CacheStats {
     pub compacted: u64,
     /// Changes dropped by the per-key check (duplicates, stale events).
     pub events_dropped: u64,
+    /// Times a node answered for another cluster than the one the cache
+    /// primed from (each followed by a resync of every type from scratch).
+    pub cluster_changes: u64,
 }
 
 /// Settings of a [`WatchCache`].
@@ -152,6 +197,10 @@ pub struct WatchCacheOptions {
     /// whatever the node applied, cheaper, possibly older. A watch resumed
     /// from the cache's revision replays every change after it either way.
     pub snapshot_consistency: Consistency,
+    /// How long [`WatchCache::get_consistent`] and
+    /// [`WatchCache::list_consistent`] wait for the cache to catch up with a
+    /// quorum-confirmed revision before they fail with Inconsistent.
+    pub consistent_read_timeout: Duration,
 }
 
 impl Default for WatchCacheOptions {
@@ -160,6 +209,7 @@ impl Default for WatchCacheOptions {
             retry_backoff_initial: Duration::from_millis(50),
             retry_backoff_max: Duration::from_secs(2),
             snapshot_consistency: Consistency::Strong,
+            consistent_read_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -197,6 +247,7 @@ impl ResourceKey {
 }
 
 type Callback = Box<dyn FnMut(&CacheEvent) + Send>;
+type StatusCallback = Box<dyn FnMut(&StatusUpdate) + Send>;
 
 /// Per-type state of a watch, for the status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,18 +257,223 @@ enum TypeStatus {
     Live,
 }
 
+/// What readers see: the maps, their indexes and revisions, and the
+/// per-type status. Pure; every change of a map goes through
+/// [`Table::apply_snapshot`] or [`Table::apply_live`], which change the
+/// indexes and the type's revision with it.
 struct Table {
     /// One map per spec (specs have distinct group + kind, so a key belongs
     /// to exactly one map).
     maps: Vec<BTreeMap<ResourceKey, Arc<Resource>>>,
+    /// Over every map together.
+    indexes: Indexes,
+    /// Per spec: the last revision applied to its map; `None` before its
+    /// first snapshot. Never decreases, except when the cache hears another
+    /// cluster ([`Table::forget_revision`]).
+    revisions: Vec<Option<u64>>,
     type_status: Vec<TypeStatus>,
+    /// Per spec: where its watch is open now (for WatchProgress), if it is.
+    watches: Vec<Option<WatchAt>>,
     primed: Vec<bool>,
     stats: CacheStats,
 }
 
+/// A watch open on a node: the node's endpoint and the id it gave the watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WatchAt {
+    endpoint: String,
+    watch_id: u64,
+}
+
+impl Table {
+    fn new(types: usize, indexes: Vec<Index>) -> Table {
+        Table {
+            maps: vec![BTreeMap::new(); types],
+            indexes: Indexes::new(indexes),
+            watches: vec![None; types],
+            revisions: vec![None; types],
+            type_status: vec![TypeStatus::NoWatch; types],
+            primed: vec![false; types],
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// The lowest revision applied over the types; `None` until every type
+    /// has one.
+    fn revision(&self) -> Option<u64> {
+        self.revisions
+            .iter()
+            .try_fold(u64::MAX, |lowest, r| r.map(|r| lowest.min(r)))
+    }
+
+    fn set_type_status(&mut self, type_index: usize, status: TypeStatus) {
+        assert!(
+            status != TypeStatus::Live || self.revisions[type_index].is_some(),
+            "a type is live only from a revision (its snapshot's, or the one it replays from)"
+        );
+        self.type_status[type_index] = status;
+    }
+
+    fn status(&self) -> StatusUpdate {
+        let status = if self.type_status.contains(&TypeStatus::NoWatch) {
+            CacheStatus::WaitingForDatastore
+        } else if self.type_status.contains(&TypeStatus::Snapshot) {
+            CacheStatus::ResyncInProgress
+        } else {
+            CacheStatus::InSync
+        };
+        let revision = self.revision();
+        assert!(
+            status != CacheStatus::InSync || revision.is_some(),
+            "every type is live, so every type has a revision"
+        );
+        StatusUpdate { status, revision }
+    }
+
+    /// Forgets the type's revision: the cache heard another cluster, whose
+    /// revisions say nothing about this one's, so the next snapshot is taken
+    /// whatever its revision and replaces the map whole (mark and sweep).
+    /// The only way a type's revision goes down.
+    fn forget_revision(&mut self, type_index: usize) {
+        self.revisions[type_index] = None;
+        assert!(
+            self.type_status[type_index] != TypeStatus::Live,
+            "a type whose revision is forgotten is not live"
+        );
+    }
+
+    /// Whether each type `types[slot]` has applied the revision `asked[slot]`
+    /// names, through the very watch asked (a watch opened since, as after a
+    /// change of cluster, is asked again): the highest of those revisions if
+    /// so.
+    fn reached(&self, types: &[usize], asked: &[Option<(WatchAt, u64)>]) -> Option<u64> {
+        assert_eq!(types.len(), asked.len(), "one ask per type");
+        let mut slowest = 0;
+        for (&i, asked) in types.iter().zip(asked) {
+            let (at, target) = asked.as_ref()?;
+            let caught_up = self.watches[i].as_ref() == Some(at)
+                && self.revisions[i].is_some_and(|r| r >= *target);
+            if !caught_up {
+                return None;
+            }
+            slowest = slowest.max(*target);
+        }
+        Some(slowest)
+    }
+
+    /// Raises the type's revision to `revision` (a progress notification).
+    fn advance_revision(&mut self, type_index: usize, revision: u64) {
+        let r = &mut self.revisions[type_index];
+        *r = Some(r.map_or(revision, |r| r.max(revision)));
+    }
+
+    /// Replaces a type's map with a complete snapshot taken at `revision`
+    /// (mark and sweep); returns Upserts for what is new or newer and Deletes
+    /// for every key the snapshot lacks.
+    fn apply_snapshot(
+        &mut self,
+        type_index: usize,
+        snapshot: Vec<Arc<Resource>>,
+        revision: u64,
+    ) -> Vec<CacheEvent> {
+        assert!(
+            self.revisions[type_index].is_none_or(|r| r <= revision),
+            "a snapshot older than the cache is discarded before it is applied"
+        );
+        let old = std::mem::take(&mut self.maps[type_index]);
+        let mut next = BTreeMap::new();
+        let mut events = Vec::new();
+        for r in snapshot {
+            let key = ResourceKey::of(&r);
+            let previous = old.get(&key);
+            let changes = snapshot_transition(previous, &r);
+            // An unchanged resource keeps its cached Arc, and its index entries.
+            let value = match (previous, changes.is_empty()) {
+                (Some(p), true) => p.clone(),
+                _ => {
+                    self.indexes.insert(&key, &r);
+                    r
+                }
+            };
+            events.extend(changes);
+            let duplicate = next.insert(key, value);
+            assert!(duplicate.is_none(), "a snapshot holds each key once");
+        }
+        for (key, r) in &old {
+            if !next.contains_key(key) {
+                self.indexes.remove(key);
+                events.push(CacheEvent::Delete(r.clone()));
+            }
+        }
+        self.maps[type_index] = next;
+        self.revisions[type_index] = Some(revision);
+        self.stats.snapshots_applied += 1;
+        events
+    }
+
+    /// Applies one live change at `revision`, unless it is a duplicate or
+    /// stale (`None`: an event without a resource, which only advances the
+    /// revision); returns the events to deliver.
+    fn apply_live(
+        &mut self,
+        type_index: usize,
+        change: Option<CacheEvent>,
+        revision: u64,
+    ) -> Vec<CacheEvent> {
+        assert!(
+            self.revisions[type_index].is_some_and(|r| r <= revision),
+            "live changes follow a snapshot or a replay, and older ones are dropped before"
+        );
+        self.revisions[type_index] = Some(revision);
+        let Some(change) = change else {
+            return Vec::new();
+        };
+        let key = ResourceKey::of(change.resource());
+        let map = &mut self.maps[type_index];
+        let events = match (&change, map.get(&key)) {
+            (CacheEvent::Upsert(new), None) => {
+                map.insert(key.clone(), new.clone());
+                self.indexes.insert(&key, new);
+                vec![change.clone()]
+            }
+            (CacheEvent::Upsert(new), Some(old)) if is_later(new, old) => {
+                let events = if uid_of(old) == uid_of(new) {
+                    vec![change.clone()]
+                } else {
+                    // The Delete of the old lifetime was not seen.
+                    vec![CacheEvent::Delete(old.clone()), change.clone()]
+                };
+                map.insert(key.clone(), new.clone());
+                self.indexes.insert(&key, new);
+                events
+            }
+            (CacheEvent::Delete(gone), Some(old)) if !is_later(old, gone) => {
+                map.remove(&key);
+                self.indexes.remove(&key);
+                vec![change.clone()]
+            }
+            // A duplicate, an older state, or a Delete of nothing cached.
+            _ => Vec::new(),
+        };
+        if events.is_empty() {
+            self.stats.events_dropped += 1;
+        }
+        events
+    }
+}
+
 struct Dispatch {
     subscribers: Vec<(SubscriptionId, Callback)>,
+    status_subscribers: Vec<(SubscriptionId, StatusCallback)>,
     next_id: u64,
+}
+
+impl Dispatch {
+    fn next_id(&mut self) -> SubscriptionId {
+        let id = SubscriptionId(self.next_id);
+        self.next_id += 1;
+        id
+    }
 }
 
 struct Shared {
@@ -225,12 +481,117 @@ struct Shared {
     /// Lock order: `dispatch`, then `table`.
     dispatch: Mutex<Dispatch>,
     table: RwLock<Table>,
-    status: watch::Sender<CacheStatus>,
+    /// The last status delivered; sent under `dispatch`.
+    status: watch::Sender<StatusUpdate>,
     primed: watch::Sender<bool>,
+    /// Woken whenever a type's revision or watch changes (consistent reads
+    /// wait on it).
+    moved: watch::Sender<()>,
+    /// The cluster the cache primed from, and how many times it changed.
+    cluster: Mutex<ClusterSeen>,
+    /// The client the type watchers use, for WatchProgress.
+    client: Arc<dyn ResourceApi>,
+    options: WatchCacheOptions,
+}
+
+/// The cluster a cache heard last. `epoch` counts the changes: a type watcher
+/// that started under an older epoch resyncs from scratch.
+#[derive(Debug, Default)]
+struct ClusterSeen {
+    id: Option<String>,
+    epoch: u64,
+}
+
+impl Shared {
+    fn subscribe(&self, mut callback: Callback) -> SubscriptionId {
+        let mut dispatch = self.dispatch.lock();
+        let current: Vec<Arc<Resource>> = {
+            let table = self.table.read();
+            table
+                .maps
+                .iter()
+                .flat_map(|m| m.values().cloned())
+                .collect()
+        };
+        let healthy = current.into_iter().all(|r| {
+            let event = CacheEvent::Upsert(r);
+            catch_unwind(AssertUnwindSafe(|| callback(&event))).is_ok()
+        });
+        let id = dispatch.next_id();
+        if healthy {
+            dispatch.subscribers.push((id, callback));
+        }
+        id
+    }
+
+    fn on_status(&self, mut callback: StatusCallback) -> SubscriptionId {
+        let mut dispatch = self.dispatch.lock();
+        // Status changes are sent under `dispatch`: none can slip in between.
+        let current = *self.status.borrow();
+        let healthy = catch_unwind(AssertUnwindSafe(|| callback(&current))).is_ok();
+        let id = dispatch.next_id();
+        if healthy {
+            dispatch.status_subscribers.push((id, callback));
+        }
+        id
+    }
+
+    /// Notes the cluster id a node answered with and returns the current
+    /// epoch: a new one when the id differs from the one the cache heard
+    /// before (reported, and counted in [`CacheStats::cluster_changes`]). A
+    /// node that names no cluster changes nothing.
+    fn observe_cluster(&self, cluster_id: Option<&str>, endpoint: &str) -> u64 {
+        let mut seen = self.cluster.lock();
+        match (cluster_id, seen.id.as_deref()) {
+            (Some(heard), Some(known)) if heard != known => {
+                tracing::warn!(
+                    before = known,
+                    now = heard,
+                    endpoint,
+                    "watch cache: the cluster changed (rebuilt, or restored into a new one); \
+                     resyncing every type from scratch"
+                );
+                seen.id = Some(heard.to_string());
+                seen.epoch += 1;
+                self.table.write().stats.cluster_changes += 1;
+            }
+            (Some(heard), None) => seen.id = Some(heard.to_string()),
+            _ => {}
+        }
+        seen.epoch
+    }
+
+    /// Publishes `update` if its status differs from the last one published
+    /// (`dispatch` held, so updates go out in the order they were computed).
+    fn publish_status(&self, dispatch: &mut Dispatch, update: StatusUpdate) {
+        let changed = self.status.send_if_modified(|current| {
+            let changed = current.status != update.status;
+            if changed {
+                *current = update;
+            }
+            changed
+        });
+        if changed {
+            dispatch.status_subscribers.retain_mut(|(_, callback)| {
+                catch_unwind(AssertUnwindSafe(|| callback(&update))).is_ok()
+            });
+        }
+    }
 }
 
 /// An in-memory cache of one or several types. See the module docs. Dropping
 /// it stops its tasks.
+///
+/// Reads: [`WatchCache::get`] and [`WatchCache::list`] answer from memory at
+/// once, at whatever revision the cache has reached (monotonic, possibly
+/// behind the cluster). [`WatchCache::get_consistent`] and
+/// [`WatchCache::list_consistent`] first ask the node serving each watch
+/// needed for a revision confirmed by a quorum after the call began and for
+/// a Progress event at or above it (`WatchProgress`), wait until the cache
+/// has applied it, then answer from memory: linearizable, as a strong read,
+/// without reading the data again. They fail with Inconsistent, never with
+/// stale data, when that takes longer than
+/// [`WatchCacheOptions::consistent_read_timeout`].
 pub struct WatchCache {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
@@ -244,28 +605,65 @@ impl Drop for WatchCache {
     }
 }
 
-impl WatchCache {
-    /// Starts watching `specs` through `client` (inside a Tokio runtime:
-    /// outside one this is InvalidArgument): any [`ResourceApi`], the remote
-    /// [`crate::Client`] or an embedded node's in-process client. Two specs
-    /// with the same group and kind are rejected: each key must belong to one
-    /// watch, or a sweep of one would delete what the other holds.
-    pub fn start(
-        client: impl ResourceApi,
-        specs: Vec<WatchSpec>,
-        options: WatchCacheOptions,
-    ) -> Result<WatchCache, ClientError> {
-        WatchCache::start_with(client, specs, options, Vec::new())
+/// Everything a [`WatchCache`] is started with: the types to watch, the
+/// options, the indexes, and callbacks registered before the first event.
+/// From [`WatchCache::builder`].
+pub struct WatchCacheBuilder {
+    client: Arc<dyn ResourceApi>,
+    specs: Vec<WatchSpec>,
+    options: WatchCacheOptions,
+    indexes: Vec<Index>,
+    subscribers: Vec<Callback>,
+    status_subscribers: Vec<StatusCallback>,
+}
+
+impl WatchCacheBuilder {
+    pub fn options(mut self, options: WatchCacheOptions) -> WatchCacheBuilder {
+        self.options = options;
+        self
     }
 
-    /// As [`WatchCache::start`], with subscribers registered before the first
-    /// event, so they see everything from the initial snapshot on.
-    pub fn start_with(
-        client: impl ResourceApi,
-        specs: Vec<WatchSpec>,
-        options: WatchCacheOptions,
-        subscribers: Vec<Callback>,
-    ) -> Result<WatchCache, ClientError> {
+    /// Declares a user index, queried with [`WatchCache::by_index`]. Names
+    /// must be non-empty and distinct.
+    pub fn index(mut self, index: Index) -> WatchCacheBuilder {
+        self.indexes.push(index);
+        self
+    }
+
+    /// A subscriber that sees every change from the initial snapshot on
+    /// (as [`WatchCache::subscribe`], registered before the first event).
+    pub fn subscriber(
+        mut self,
+        callback: impl FnMut(&CacheEvent) + Send + 'static,
+    ) -> WatchCacheBuilder {
+        self.subscribers.push(Box::new(callback));
+        self
+    }
+
+    /// A status callback that sees every status from the first
+    /// (WaitingForDatastore, without a revision) on.
+    pub fn on_status(
+        mut self,
+        callback: impl FnMut(&StatusUpdate) + Send + 'static,
+    ) -> WatchCacheBuilder {
+        self.status_subscribers.push(Box::new(callback));
+        self
+    }
+
+    /// Starts the cache's tasks (inside a Tokio runtime: outside one this is
+    /// InvalidArgument). InvalidArgument also for no spec, a spec without
+    /// group or kind, two specs with the same group and kind (each key must
+    /// belong to one watch, or a sweep of one would delete what the other
+    /// holds), and an index with an empty or repeated name.
+    pub fn start(self) -> Result<WatchCache, ClientError> {
+        let WatchCacheBuilder {
+            client,
+            specs,
+            options,
+            indexes,
+            subscribers,
+            status_subscribers,
+        } = self;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(ClientError::invalid(
                 "runtime",
@@ -295,31 +693,33 @@ impl WatchCache {
                 ));
             }
         }
-        let client: Arc<dyn ResourceApi> = Arc::new(client);
+        Indexes::check_declared(&indexes)?;
         let n = specs.len();
-        let (status, _) = watch::channel(CacheStatus::WaitingForDatastore);
+        let table = Table::new(n, indexes);
+        let (status, _) = watch::channel(table.status());
         let (primed, _) = watch::channel(false);
-        let mut dispatch = Dispatch {
-            subscribers: Vec::new(),
-            next_id: 0,
-        };
-        for callback in subscribers {
-            let id = SubscriptionId(dispatch.next_id);
-            dispatch.next_id += 1;
-            dispatch.subscribers.push((id, callback));
-        }
+        let (moved, _) = watch::channel(());
         let shared = Arc::new(Shared {
+            moved,
+            cluster: Mutex::new(ClusterSeen::default()),
+            client: client.clone(),
+            options: options.clone(),
             specs,
-            dispatch: Mutex::new(dispatch),
-            table: RwLock::new(Table {
-                maps: vec![BTreeMap::new(); n],
-                type_status: vec![TypeStatus::NoWatch; n],
-                primed: vec![false; n],
-                stats: CacheStats::default(),
+            dispatch: Mutex::new(Dispatch {
+                subscribers: Vec::new(),
+                status_subscribers: Vec::new(),
+                next_id: 0,
             }),
+            table: RwLock::new(table),
             status,
             primed,
         });
+        for callback in subscribers {
+            shared.subscribe(callback);
+        }
+        for callback in status_subscribers {
+            shared.on_status(callback);
+        }
         let tasks = (0..n)
             .map(|index| {
                 let watcher = TypeWatcher {
@@ -333,11 +733,51 @@ impl WatchCache {
             .collect();
         Ok(WatchCache { shared, tasks })
     }
+}
+
+impl WatchCache {
+    /// A cache of `specs` through `client` (any [`ResourceApi`]: the remote
+    /// [`crate::Client`], or an embedded node's in-process client), with
+    /// default options, no index and no callback until more are given;
+    /// [`WatchCacheBuilder::start`] starts it.
+    pub fn builder(client: impl ResourceApi, specs: Vec<WatchSpec>) -> WatchCacheBuilder {
+        WatchCacheBuilder {
+            client: Arc::new(client),
+            specs,
+            options: WatchCacheOptions::default(),
+            indexes: Vec::new(),
+            subscribers: Vec::new(),
+            status_subscribers: Vec::new(),
+        }
+    }
+
+    /// Starts watching `specs` through `client`, without indexes (see
+    /// [`WatchCacheBuilder::start`] for what is refused).
+    pub fn start(
+        client: impl ResourceApi,
+        specs: Vec<WatchSpec>,
+        options: WatchCacheOptions,
+    ) -> Result<WatchCache, ClientError> {
+        WatchCache::builder(client, specs).options(options).start()
+    }
+
+    /// As [`WatchCache::start`], with subscribers registered before the first
+    /// event, so they see everything from the initial snapshot on.
+    pub fn start_with(
+        client: impl ResourceApi,
+        specs: Vec<WatchSpec>,
+        options: WatchCacheOptions,
+        subscribers: Vec<Callback>,
+    ) -> Result<WatchCache, ClientError> {
+        let mut builder = WatchCache::builder(client, specs).options(options);
+        builder.subscribers = subscribers;
+        builder.start()
+    }
 
     /// Returns once every watched type has delivered its EndOfSnapshot and
     /// the snapshot is in the cache (and its callbacks have run). After that
     /// the cache is never half-filled: later resyncs replace a type's
-    /// contents atomically.
+    /// contents atomically, and never un-prime it.
     pub async fn wait_primed(&self) {
         let mut primed = self.shared.primed.subscribe();
         // The sender lives in `shared`, which `self` holds: the wait ends
@@ -350,14 +790,49 @@ impl WatchCache {
         *self.shared.primed.borrow()
     }
 
-    /// The current status.
-    pub fn status(&self) -> CacheStatus {
-        *self.shared.status.borrow()
+    /// A receiver of the primed flag, for [`crate::PrimingBarrier`].
+    pub(crate) fn primed_changes(&self) -> watch::Receiver<bool> {
+        self.shared.primed.subscribe()
     }
 
-    /// A receiver of status changes.
-    pub fn status_changes(&self) -> watch::Receiver<CacheStatus> {
+    /// The watched types, `group.Kind`, comma-separated.
+    pub(crate) fn types_label(&self) -> String {
+        let types: Vec<String> = self
+            .shared
+            .specs
+            .iter()
+            .map(|s| format!("{}.{}", s.type_.group, s.type_.kind))
+            .collect();
+        types.join(", ")
+    }
+
+    /// The current status.
+    pub fn status(&self) -> CacheStatus {
+        self.shared.status.borrow().status
+    }
+
+    /// A receiver of status changes, each with the revision when it happened.
+    pub fn status_changes(&self) -> watch::Receiver<StatusUpdate> {
         self.shared.status.subscribe()
+    }
+
+    /// Registers a status callback. It first receives the current status,
+    /// then every change, in order, each once. It runs on the cache's tasks
+    /// under the same rules as [`WatchCache::subscribe`]'s callbacks (short;
+    /// no `subscribe` or `on_status` from inside; unsubscribed if it panics);
+    /// [`WatchCache::unsubscribe`] ends it.
+    pub fn on_status(
+        &self,
+        callback: impl FnMut(&StatusUpdate) + Send + 'static,
+    ) -> SubscriptionId {
+        self.shared.on_status(Box::new(callback))
+    }
+
+    /// The lowest revision applied over the watched types: every change the
+    /// cluster committed up to it is in the cache. `None` until every type
+    /// has applied its first snapshot; never decreases.
+    pub fn revision(&self) -> Option<u64> {
+        self.shared.table.read().revision()
     }
 
     /// Counters of resyncs, replays and dropped events.
@@ -375,6 +850,115 @@ impl WatchCache {
         uid_matches.then_some(found)
     }
 
+    /// As [`WatchCache::get`], after the cache caught up with a revision
+    /// confirmed by a quorum after this call began (see the type's docs): the
+    /// answer reflects every write acknowledged before the call. An id of a
+    /// type the cache does not watch is InvalidArgument.
+    pub async fn get_consistent(&self, id: &Id) -> Result<Option<Arc<Resource>>, ClientError> {
+        let key = ResourceKey::of_id(id);
+        let index = self.watched(&key.group, &key.kind)?;
+        self.catch_up(&[index]).await?;
+        Ok(self.get(id))
+    }
+
+    /// As [`WatchCache::list`], after the cache caught up with a revision
+    /// confirmed by a quorum after this call began (see
+    /// [`WatchCache::get_consistent`]).
+    pub async fn list_consistent(
+        &self,
+        group: &str,
+        kind: &str,
+    ) -> Result<Vec<Arc<Resource>>, ClientError> {
+        let index = self.watched(group, kind)?;
+        self.catch_up(&[index]).await?;
+        Ok(self.list(group, kind))
+    }
+
+    /// The index of the watched type `group` + `kind`, or InvalidArgument.
+    fn watched(&self, group: &str, kind: &str) -> Result<usize, ClientError> {
+        self.spec_of(group, kind).ok_or_else(|| {
+            ClientError::invalid(
+                "type",
+                format!("{group}.{kind} is not watched by this cache"),
+            )
+        })
+    }
+
+    /// Waits until each type in `types` has applied a revision that a node
+    /// confirmed with a quorum after this call began, asking the node that
+    /// serves each type's watch for it (again whenever the watch moves); the
+    /// revision the slowest type was asked to reach, or Inconsistent at the
+    /// deadline.
+    async fn catch_up(&self, types: &[usize]) -> Result<u64, ClientError> {
+        let timeout = self.shared.options.consistent_read_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut moved = self.shared.moved.subscribe();
+        // Per type in `types`: the watch asked, and the revision it must reach.
+        let mut asked: Vec<Option<(WatchAt, u64)>> = vec![None; types.len()];
+        loop {
+            // Marked seen before the table is read: a change after this read
+            // wakes the wait below.
+            moved.borrow_and_update();
+            let to_ask = {
+                let table = self.shared.table.read();
+                if let Some(slowest) = table.reached(types, &asked) {
+                    return Ok(slowest);
+                }
+                let mut to_ask: BTreeMap<String, Vec<(usize, u64)>> = BTreeMap::new();
+                for (slot, &i) in types.iter().enumerate() {
+                    let current = table.watches[i].as_ref();
+                    if current != asked[slot].as_ref().map(|(at, _)| at) {
+                        asked[slot] = None;
+                        // No watch open now: asked once it opens.
+                        if let Some(at) = current {
+                            let ids = to_ask.entry(at.endpoint.clone()).or_default();
+                            ids.push((slot, at.watch_id));
+                        }
+                    }
+                }
+                to_ask
+            };
+            for (endpoint, watches) in to_ask {
+                let ids = watches.iter().map(|(_, id)| *id).collect();
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let asking = self.shared.client.watch_progress(&endpoint, ids);
+                let progress = match tokio::time::timeout(remaining, asking).await {
+                    Ok(Ok(progress)) => progress,
+                    Ok(Err(e)) => return Err(not_caught_up(timeout, Some(&e))),
+                    Err(_elapsed) => return Err(not_caught_up(timeout, None)),
+                };
+                for (slot, watch_id) in watches {
+                    // A watch that got no Progress (closed meanwhile) is asked
+                    // again once its type watches anew.
+                    if progress.delivered_watch_ids.contains(&watch_id) {
+                        let at = WatchAt {
+                            endpoint: endpoint.clone(),
+                            watch_id,
+                        };
+                        asked[slot] = Some((at, progress.revision));
+                    }
+                }
+            }
+            if self.shared.table.read().reached(types, &asked).is_some() {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, moved.changed()).await.is_err() {
+                return Err(not_caught_up(timeout, None));
+            }
+        }
+    }
+
+    /// Every cached resource of the watched type `group` + `kind`, in key
+    /// order, with the revision that type's map reflects, read together (the
+    /// map at exactly that revision); `None` for a type not watched or not
+    /// primed yet. What `cairn check cache` compares with the cluster.
+    pub fn list_with_revision(&self, group: &str, kind: &str) -> Option<(u64, Vec<Arc<Resource>>)> {
+        let index = self.spec_of(group, kind)?;
+        let table = self.shared.table.read();
+        let revision = table.revisions[index]?;
+        Some((revision, table.maps[index].values().cloned().collect()))
+    }
+
     /// Every cached resource of the watched type `group` + `kind`, in key order.
     pub fn list(&self, group: &str, kind: &str) -> Vec<Arc<Resource>> {
         let table = self.shared.table.read();
@@ -382,6 +966,21 @@ impl WatchCache {
             Some(index) => table.maps[index].values().cloned().collect(),
             None => Vec::new(),
         }
+    }
+
+    /// Every cached resource (of any watched type) whose owner is `owner`,
+    /// by the node's ListByOwner rule: group, kind, partition, namespace,
+    /// name and uid equal, the group version ignored (another uid finds
+    /// nothing). In storage-key order.
+    pub fn list_by_owner(&self, owner: &Id) -> Vec<Arc<Resource>> {
+        self.shared.table.read().indexes.by_owner(owner)
+    }
+
+    /// Every cached resource the index `name` holds under `key`, in
+    /// storage-key order. InvalidArgument (field `index`) when no index of
+    /// that name was declared.
+    pub fn by_index(&self, name: &str, key: &str) -> Result<Vec<Arc<Resource>>, ClientError> {
+        self.shared.table.read().indexes.by_index(name, key)
     }
 
     /// How many resources are cached, all types together.
@@ -402,40 +1001,18 @@ impl WatchCache {
     /// Registers a callback. It first receives an Upsert for every resource
     /// cached now, then every change, in order, never a duplicate. Callbacks
     /// run on the cache's tasks: keep them short, and do not call `subscribe`
-    /// from one. A callback that panics is unsubscribed.
+    /// or `on_status` from one. A callback that panics is unsubscribed.
     pub fn subscribe(&self, callback: impl FnMut(&CacheEvent) + Send + 'static) -> SubscriptionId {
-        let mut callback: Callback = Box::new(callback);
-        let mut dispatch = self.shared.dispatch.lock();
-        let current: Vec<Arc<Resource>> = {
-            let table = self.shared.table.read();
-            table
-                .maps
-                .iter()
-                .flat_map(|m| m.values().cloned())
-                .collect()
-        };
-        let mut healthy = true;
-        for r in current {
-            let event = CacheEvent::Upsert(r);
-            if catch_unwind(AssertUnwindSafe(|| callback(&event))).is_err() {
-                healthy = false;
-                break;
-            }
-        }
-        let id = SubscriptionId(dispatch.next_id);
-        dispatch.next_id += 1;
-        if healthy {
-            dispatch.subscribers.push((id, callback));
-        }
-        id
+        self.shared.subscribe(Box::new(callback))
     }
 
-    /// Ends a subscription; returns whether it existed.
+    /// Ends a subscription or a status callback; returns whether it existed.
     pub fn unsubscribe(&self, id: SubscriptionId) -> bool {
         let mut dispatch = self.shared.dispatch.lock();
-        let before = dispatch.subscribers.len();
+        let before = dispatch.subscribers.len() + dispatch.status_subscribers.len();
         dispatch.subscribers.retain(|(i, _)| *i != id);
-        dispatch.subscribers.len() != before
+        dispatch.status_subscribers.retain(|(i, _)| *i != id);
+        dispatch.subscribers.len() + dispatch.status_subscribers.len() != before
     }
 
     fn spec_of(&self, group: &str, kind: &str) -> Option<usize> {
@@ -443,6 +1020,23 @@ impl WatchCache {
             .specs
             .iter()
             .position(|s| s.type_.group == group && s.type_.kind == kind)
+    }
+}
+
+/// The Inconsistent a consistent read ends with when the cache could not
+/// catch up with a confirmed revision in time (`cause`: why it could not get
+/// one).
+fn not_caught_up(timeout: Duration, cause: Option<&ClientError>) -> ClientError {
+    let why = match cause {
+        Some(e) => format!("no revision confirmed: {e}"),
+        None => "the cache did not reach a confirmed revision".to_string(),
+    };
+    ClientError::Inconsistent {
+        message: format!(
+            "consistent cache read not answered within {} ms: {why}",
+            timeout.as_millis()
+        ),
+        outcome: crate::Outcome::NotApplied,
     }
 }
 
@@ -504,10 +1098,14 @@ impl TypeWatcher {
     async fn run(self) {
         let spec = self.shared.specs[self.index].clone();
         // The last revision applied to this type's map; `None` before the
-        // first snapshot.
+        // first snapshot. The task's copy of `Table::revisions[index]`, which
+        // `apply_snapshot`, `apply_live` and `advance_revision` set to the
+        // same values under the table lock.
         let mut revision: Option<u64> = None;
         let mut fresh = true;
         let mut backoff = self.options.retry_backoff_initial;
+        // The cluster epoch this type's map belongs to.
+        let mut epoch = 0;
         loop {
             // Resumed just before the last revision seen; the changes of it
             // already applied are dropped by key and version (`apply_live`).
@@ -540,6 +1138,24 @@ impl TypeWatcher {
                     continue;
                 }
             };
+            // Which cluster answered, before any event is used: a resumed watch
+            // on another cluster would replay its history into this one's.
+            let current = self.shared.observe_cluster(stream.cluster_id(), stream.source());
+            if current != epoch {
+                epoch = current;
+                if revision.is_some() {
+                    revision = None;
+                    self.shared.table.write().forget_revision(self.index);
+                }
+                if start_revision != 0 {
+                    fresh = true;
+                    continue;
+                }
+            }
+            self.set_watch(stream.watch_id().map(|watch_id| WatchAt {
+                endpoint: stream.source().to_string(),
+                watch_id,
+            }));
             if start_revision == 0 {
                 self.set_type_status(TypeStatus::Snapshot);
             } else {
@@ -548,6 +1164,10 @@ impl TypeWatcher {
             }
             let mut staged: Option<Vec<Arc<Resource>>> = (start_revision == 0).then(Vec::new);
             let next = loop {
+                if self.shared.cluster.lock().epoch != epoch {
+                    // Another type heard a new cluster: this map resyncs too.
+                    break Rewatch::FreshSnapshot;
+                }
                 let event = match stream.next().await {
                     Some(Ok(event)) => event,
                     Some(Err(ClientError::Compacted { .. })) => {
@@ -576,7 +1196,7 @@ impl TypeWatcher {
                             self.client.avoid(stream.source());
                             break Rewatch::FreshSnapshot;
                         }
-                        self.apply_snapshot(snapshot);
+                        self.apply_snapshot(snapshot, event_revision);
                         backoff = self.options.retry_backoff_initial;
                         revision = Some(event_revision);
                         fresh = false;
@@ -591,7 +1211,7 @@ impl TypeWatcher {
                             self.count_dropped();
                             continue;
                         }
-                        self.apply_live(CacheEvent::Upsert(r));
+                        self.apply_live(Some(CacheEvent::Upsert(r)), event_revision);
                         revision = Some(event_revision);
                     }
                     (EventKind::Delete(r), None) => {
@@ -602,10 +1222,15 @@ impl TypeWatcher {
                             self.count_dropped();
                             continue;
                         }
-                        self.apply_live(CacheEvent::Delete(r));
+                        self.apply_live(Some(CacheEvent::Delete(r)), event_revision);
                         revision = Some(event_revision);
                     }
                     (EventKind::Progress, None) => {
+                        self.shared
+                            .table
+                            .write()
+                            .advance_revision(self.index, event_revision);
+                        self.shared.moved.send_replace(());
                         revision = Some(revision.map_or(event_revision, |r| r.max(event_revision)));
                     }
                     (EventKind::Progress, Some(_)) => {}
@@ -616,9 +1241,14 @@ impl TypeWatcher {
                     }
                 }
             };
+            self.set_watch(None);
             self.set_type_status(TypeStatus::NoWatch);
             if let Rewatch::FreshSnapshot = next {
                 fresh = true;
+            }
+            if self.shared.cluster.lock().epoch != epoch {
+                // Resynced from scratch at once, from the new cluster.
+                continue;
             }
             self.sleep(&mut backoff).await;
         }
@@ -633,94 +1263,46 @@ impl TypeWatcher {
         self.shared.table.write().stats.events_dropped += 1;
     }
 
-    /// Replaces this type's map with a complete snapshot; emits Upserts for
-    /// what is new or newer and Deletes for every key the snapshot lacks.
-    fn apply_snapshot(&self, snapshot: Vec<Arc<Resource>>) {
+    /// Applies a complete snapshot taken at `revision` ([`Table::apply_snapshot`])
+    /// and delivers its events.
+    fn apply_snapshot(&self, snapshot: Vec<Arc<Resource>>, revision: u64) {
         let mut dispatch = self.shared.dispatch.lock();
-        let events = {
-            let mut table = self.shared.table.write();
-            let old = std::mem::take(&mut table.maps[self.index]);
-            let mut next = BTreeMap::new();
-            let mut events = Vec::new();
-            for r in snapshot {
-                let key = ResourceKey::of(&r);
-                let previous = old.get(&key);
-                let changes = snapshot_transition(previous, &r);
-                // An unchanged resource keeps its cached Arc.
-                let value = match (previous, changes.is_empty()) {
-                    (Some(p), true) => p.clone(),
-                    _ => r,
-                };
-                events.extend(changes);
-                let duplicate = next.insert(key, value);
-                assert!(duplicate.is_none(), "a snapshot holds each key once");
-            }
-            for (key, r) in &old {
-                if !next.contains_key(key) {
-                    events.push(CacheEvent::Delete(r.clone()));
-                }
-            }
-            table.maps[self.index] = next;
-            table.stats.snapshots_applied += 1;
-            events
-        };
+        let events = self
+            .shared
+            .table
+            .write()
+            .apply_snapshot(self.index, snapshot, revision);
         deliver(&mut dispatch, &events);
+        self.shared.moved.send_replace(());
     }
 
-    /// Applies one live change, unless it is a duplicate or stale.
-    fn apply_live(&self, change: CacheEvent) {
+    /// Applies one live change at `revision` ([`Table::apply_live`]) and
+    /// delivers its events.
+    fn apply_live(&self, change: Option<CacheEvent>, revision: u64) {
         let mut dispatch = self.shared.dispatch.lock();
-        let events = {
-            let mut table = self.shared.table.write();
-            let key = ResourceKey::of(change.resource());
-            let map = &mut table.maps[self.index];
-            let events = match (&change, map.get(&key)) {
-                (CacheEvent::Upsert(new), None) => {
-                    map.insert(key, new.clone());
-                    vec![change.clone()]
-                }
-                (CacheEvent::Upsert(new), Some(old)) if is_later(new, old) => {
-                    let events = if uid_of(old) == uid_of(new) {
-                        vec![change.clone()]
-                    } else {
-                        // The Delete of the old lifetime was not seen.
-                        vec![CacheEvent::Delete(old.clone()), change.clone()]
-                    };
-                    map.insert(key, new.clone());
-                    events
-                }
-                (CacheEvent::Delete(gone), Some(old)) if !is_later(old, gone) => {
-                    map.remove(&key);
-                    vec![change.clone()]
-                }
-                // A duplicate, an older state, or a Delete of nothing cached.
-                _ => Vec::new(),
-            };
-            if events.is_empty() {
-                table.stats.events_dropped += 1;
-            }
-            events
-        };
+        let events = self
+            .shared
+            .table
+            .write()
+            .apply_live(self.index, change, revision);
         deliver(&mut dispatch, &events);
+        self.shared.moved.send_replace(());
+    }
+
+    /// Records where this type's watch is open now (`None`: not open).
+    fn set_watch(&self, at: Option<WatchAt>) {
+        self.shared.table.write().watches[self.index] = at;
+        self.shared.moved.send_replace(());
     }
 
     fn set_type_status(&self, status: TypeStatus) {
-        let overall = {
+        let mut dispatch = self.shared.dispatch.lock();
+        let update = {
             let mut table = self.shared.table.write();
-            table.type_status[self.index] = status;
-            if table.type_status.contains(&TypeStatus::NoWatch) {
-                CacheStatus::WaitingForDatastore
-            } else if table.type_status.contains(&TypeStatus::Snapshot) {
-                CacheStatus::ResyncInProgress
-            } else {
-                CacheStatus::InSync
-            }
+            table.set_type_status(self.index, status);
+            table.status()
         };
-        self.shared.status.send_if_modified(|s| {
-            let changed = *s != overall;
-            *s = overall;
-            changed
-        });
+        self.shared.publish_status(&mut dispatch, update);
     }
 
     fn mark_primed(&self) {
@@ -838,5 +1420,361 @@ mod tests {
             WatchCacheOptions::default(),
         );
         assert!(matches!(r, Err(ClientError::InvalidArgument { .. })));
+    }
+}
+
+/// The indexes against a full scan of the table, after every step of random
+/// upserts, deletes, owner and label changes, stale and duplicate events,
+/// and whole-snapshot resyncs, all applied through the functions the type
+/// tasks call ([`Table::apply_live`], [`Table::apply_snapshot`]).
+#[cfg(test)]
+mod index_model {
+    use super::*;
+    use cairn_proto::v1::Tenancy;
+    use proptest::prelude::*;
+
+    const KINDS: [&str; 2] = ["A", "B"];
+    const NAMES: usize = 5;
+    const LABELS: [&str; 4] = ["a", "b", "c", "d"];
+    const OWNER_NAMES: usize = 3;
+    const OWNER_UIDS: usize = 2;
+    const NAMESPACES: [&str; 2] = ["default", "other"];
+
+    /// An owner: (name, uid, group version, namespace), each an index.
+    type Owner = (usize, usize, usize, usize);
+
+    #[derive(Debug, Clone)]
+    struct Shape {
+        owner: Option<Owner>,
+        labels: Vec<usize>,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Entry {
+        /// Not in the snapshot: swept.
+        Absent,
+        /// As cached (when cached).
+        Keep,
+        /// A new state at the snapshot's revision.
+        Write { uid: usize, shape: Shape },
+        /// A state the key held before (the restore of an older backup).
+        Past(usize),
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Upsert {
+            type_: usize,
+            name: usize,
+            uid: usize,
+            shape: Shape,
+        },
+        /// An Upsert older than the cached state (dropped).
+        StaleUpsert {
+            type_: usize,
+            name: usize,
+            shape: Shape,
+        },
+        /// The cached resource's Delete, or with `stale` one older than it
+        /// (dropped); a Delete of nothing cached when the key is empty.
+        Delete {
+            type_: usize,
+            name: usize,
+            stale: bool,
+        },
+        Resync {
+            type_: usize,
+            entries: Vec<Entry>,
+        },
+    }
+
+    fn owner_id(owner: Owner) -> Id {
+        let (name, uid, group_version, namespace) = owner;
+        Id {
+            uid: format!("ou{uid}"),
+            name: format!("o{name}"),
+            r#type: Some(Type {
+                group: "g".into(),
+                group_version: format!("v{}", group_version + 1),
+                kind: "Owner".into(),
+            }),
+            tenancy: Some(Tenancy {
+                partition: "default".into(),
+                namespace: NAMESPACES[namespace].into(),
+            }),
+        }
+    }
+
+    fn make(type_: usize, name: usize, uid: usize, shape: &Shape, version: u64) -> Arc<Resource> {
+        let mut r = Resource {
+            id: Some(Id {
+                uid: format!("u{uid}"),
+                name: format!("n{name}"),
+                r#type: Some(Type {
+                    group: "g".into(),
+                    group_version: "v1".into(),
+                    kind: KINDS[type_].into(),
+                }),
+                tenancy: Some(Tenancy {
+                    partition: "default".into(),
+                    namespace: "default".into(),
+                }),
+            }),
+            owner: shape.owner.map(|o| Box::new(owner_id(o))),
+            version: version.to_string(),
+            ..Default::default()
+        };
+        for l in &shape.labels {
+            r.metadata
+                .insert(format!("label/{}", LABELS[*l]), String::new());
+        }
+        Arc::new(r)
+    }
+
+    fn key_of(type_: usize, name: usize) -> ResourceKey {
+        ResourceKey {
+            group: "g".into(),
+            kind: KINDS[type_].into(),
+            partition: "default".into(),
+            namespace: "default".into(),
+            name: format!("n{name}"),
+        }
+    }
+
+    fn labels_of(r: &Resource) -> Vec<String> {
+        r.metadata
+            .keys()
+            .filter_map(|k| k.strip_prefix("label/"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn first_label_of(r: &Resource) -> Vec<String> {
+        labels_of(r).into_iter().take(1).collect()
+    }
+
+    fn declared() -> Vec<Index> {
+        vec![
+            Index::new("by-label", labels_of),
+            Index::new("by-first-label", first_label_of),
+        ]
+    }
+
+    fn shape() -> impl Strategy<Value = Shape> {
+        (
+            proptest::option::of((
+                0..OWNER_NAMES,
+                0..OWNER_UIDS,
+                0..2usize,
+                0..NAMESPACES.len(),
+            )),
+            proptest::collection::vec(0..LABELS.len(), 0..4),
+        )
+            .prop_map(|(owner, labels)| Shape { owner, labels })
+    }
+
+    fn entry() -> impl Strategy<Value = Entry> {
+        prop_oneof![
+            1 => Just(Entry::Absent),
+            2 => Just(Entry::Keep),
+            2 => (0..2usize, shape()).prop_map(|(uid, shape)| Entry::Write { uid, shape }),
+            1 => any::<usize>().prop_map(Entry::Past),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let type_ = 0..KINDS.len();
+        prop_oneof![
+            6 => (type_.clone(), 0..NAMES, 0..2usize, shape())
+                .prop_map(|(type_, name, uid, shape)| Op::Upsert { type_, name, uid, shape }),
+            1 => (type_.clone(), 0..NAMES, shape())
+                .prop_map(|(type_, name, shape)| Op::StaleUpsert { type_, name, shape }),
+            3 => (type_.clone(), 0..NAMES, any::<bool>())
+                .prop_map(|(type_, name, stale)| Op::Delete { type_, name, stale }),
+            1 => (type_, proptest::collection::vec(entry(), NAMES))
+                .prop_map(|(type_, entries)| Op::Resync { type_, entries }),
+        ]
+    }
+
+    /// Runs `op` at `revision` through the table's own functions; returns
+    /// the type whose stream carried it (`None`: nothing was sent).
+    fn apply(
+        table: &mut Table,
+        history: &mut BTreeMap<ResourceKey, Vec<Arc<Resource>>>,
+        op: &Op,
+        revision: u64,
+    ) -> Option<usize> {
+        match op {
+            Op::Upsert {
+                type_,
+                name,
+                uid,
+                shape,
+            } => {
+                let r = make(*type_, *name, *uid, shape, revision);
+                history
+                    .entry(ResourceKey::of(&r))
+                    .or_default()
+                    .push(r.clone());
+                table.apply_live(*type_, Some(CacheEvent::Upsert(r)), revision);
+                Some(*type_)
+            }
+            Op::StaleUpsert { type_, name, shape } => {
+                let cached = table.maps[*type_].get(&key_of(*type_, *name)).cloned()?;
+                let uid = uid_of(&cached).trim_start_matches('u').parse().unwrap_or(0);
+                let older = make(*type_, *name, uid, shape, 0);
+                let events = table.apply_live(*type_, Some(CacheEvent::Upsert(older)), revision);
+                assert!(events.is_empty(), "an older Upsert is dropped");
+                Some(*type_)
+            }
+            Op::Delete { type_, name, stale } => {
+                let gone = match table.maps[*type_].get(&key_of(*type_, *name)) {
+                    Some(cached) if *stale => Arc::new(Resource {
+                        version: "0".into(),
+                        ..(**cached).clone()
+                    }),
+                    Some(cached) => cached.clone(),
+                    None => make(
+                        *type_,
+                        *name,
+                        0,
+                        &Shape {
+                            owner: None,
+                            labels: vec![],
+                        },
+                        revision,
+                    ),
+                };
+                table.apply_live(*type_, Some(CacheEvent::Delete(gone)), revision);
+                Some(*type_)
+            }
+            Op::Resync { type_, entries } => {
+                let mut snapshot = Vec::new();
+                for (name, entry) in entries.iter().enumerate() {
+                    let key = key_of(*type_, name);
+                    let cached = table.maps[*type_].get(&key);
+                    let r = match entry {
+                        Entry::Absent => None,
+                        // An equal copy, not the cached Arc: as off the wire.
+                        Entry::Keep => cached.map(|c| Arc::new((**c).clone())),
+                        Entry::Write { uid, shape } => {
+                            let r = make(*type_, name, *uid, shape, revision);
+                            history.entry(key.clone()).or_default().push(r.clone());
+                            Some(r)
+                        }
+                        Entry::Past(i) => history
+                            .get(&key)
+                            .filter(|past| !past.is_empty())
+                            .map(|past| Arc::new((*past[i % past.len()]).clone())),
+                    };
+                    snapshot.extend(r);
+                }
+                table.apply_snapshot(*type_, snapshot, revision);
+                Some(*type_)
+            }
+        }
+    }
+
+    /// Whether `r`'s owner is `owner` by the contract's rule, field by field.
+    fn owned_by(r: &Resource, owner: &Id) -> bool {
+        let Some(o) = r.owner.as_deref() else {
+            return false;
+        };
+        let (ot, qt) = (
+            o.r#type.clone().unwrap_or_default(),
+            owner.r#type.clone().unwrap_or_default(),
+        );
+        let (on, qn) = (
+            o.tenancy.clone().unwrap_or_default(),
+            owner.tenancy.clone().unwrap_or_default(),
+        );
+        ot.group == qt.group
+            && ot.kind == qt.kind
+            && on.partition == qn.partition
+            && on.namespace == qn.namespace
+            && o.name == owner.name
+            && o.uid == owner.uid
+    }
+
+    fn same(found: &[Arc<Resource>], expected: &[&Arc<Resource>]) -> bool {
+        found.len() == expected.len() && found.iter().zip(expected).all(|(f, e)| Arc::ptr_eq(f, e))
+    }
+
+    /// Every index against a scan of the table.
+    fn check(table: &Table) -> Result<(), TestCaseError> {
+        let mut scan: Vec<(&ResourceKey, &Arc<Resource>)> =
+            table.maps.iter().flat_map(|m| m.iter()).collect();
+        scan.sort_by(|a, b| a.0.cmp(b.0));
+        let mut owner_entries = 0;
+        for name in 0..OWNER_NAMES {
+            for uid in 0..OWNER_UIDS {
+                for namespace in 0..NAMESPACES.len() {
+                    // Asked at v1: owners stored at v2 match too.
+                    let owner = owner_id((name, uid, 0, namespace));
+                    let expected: Vec<&Arc<Resource>> = scan
+                        .iter()
+                        .filter(|(_, r)| owned_by(r, &owner))
+                        .map(|(_, r)| *r)
+                        .collect();
+                    let found = table.indexes.by_owner(&owner);
+                    prop_assert!(
+                        same(&found, &expected),
+                        "owner {owner:?}: index {found:?}, scan {expected:?}"
+                    );
+                    owner_entries += expected.len();
+                }
+            }
+        }
+        let mut user_entries = Vec::new();
+        for (name, keys_of) in [
+            ("by-label", labels_of as fn(&Resource) -> Vec<String>),
+            ("by-first-label", first_label_of),
+        ] {
+            let mut entries = 0;
+            for label in LABELS {
+                let expected: Vec<&Arc<Resource>> = scan
+                    .iter()
+                    .filter(|(_, r)| keys_of(r).iter().any(|k| k == label))
+                    .map(|(_, r)| *r)
+                    .collect();
+                let found = table.indexes.by_index(name, label).unwrap();
+                prop_assert!(
+                    same(&found, &expected),
+                    "{name} {label}: index {found:?}, scan {expected:?}"
+                );
+                entries += expected.len();
+            }
+            user_entries.push(entries);
+        }
+        // Nothing held under keys the scan does not produce.
+        prop_assert_eq!(table.indexes.lens(), (owner_entries, user_entries));
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn every_index_matches_a_scan_of_the_table_after_every_change(
+            ops in proptest::collection::vec(op(), 1..60)
+        ) {
+            let mut table = Table::new(KINDS.len(), declared());
+            let mut history = BTreeMap::new();
+            // Both types primed empty at revision 1, as after their first snapshot.
+            for type_ in 0..KINDS.len() {
+                table.apply_snapshot(type_, Vec::new(), 1);
+            }
+            let mut revisions = [1u64; KINDS.len()];
+            for (step, op) in ops.iter().enumerate() {
+                let revision = step as u64 + 2;
+                if let Some(type_) = apply(&mut table, &mut history, op, revision) {
+                    revisions[type_] = revision;
+                }
+                check(&table).map_err(|e| TestCaseError::fail(format!("after step {step} ({op:?}): {e}")))?;
+                // Each type's revision is its stream's last; the cache's, the lowest.
+                prop_assert_eq!(&table.revisions, &revisions.map(Some).to_vec());
+                prop_assert_eq!(table.revision(), revisions.iter().min().copied());
+            }
+        }
     }
 }

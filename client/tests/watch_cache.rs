@@ -1,15 +1,22 @@
 //! WatchCache against in-process nodes backed by `cairn_fsm::Store`:
 //! priming, resync after a restore, replay after a dropped connection, a
-//! fresh snapshot after compaction, and no rewind behind a lagging node.
+//! fresh snapshot after compaction, no rewind behind a lagging node, the
+//! owner and user indexes, status callbacks with the revision, and the
+//! priming barrier.
 
 mod support;
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_client::{CacheStatus, Client, ClientOptions, WatchCache, WatchCacheOptions, WatchSpec};
+use cairn_client::{
+    CacheStatus, Client, ClientError, ClientOptions, Index, PrimingBarrier, StatusUpdate,
+    WatchCache, WatchCacheOptions, WatchSpec,
+};
 use cairn_fsm::Limits;
-use cairn_proto::v1::Resource;
+use cairn_proto::v1::{Id, Resource};
+use parking_lot::Mutex;
 use support::{describe, eventually, id, resource, Backing, Recorder, TestNode};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -426,4 +433,431 @@ async fn a_late_subscriber_first_gets_the_cached_resources_then_live_changes() {
     backing.put(resource("g", "A", "c", "uc", "{}"));
     assert!(eventually(WAIT, || cache.list("g", "A").len() == 3).await);
     assert_eq!(recorder.len(), 2, "no events after unsubscribing");
+}
+
+/// "Kind/name" of each resource, in the order given.
+fn kind_names(resources: &[Arc<Resource>]) -> Vec<String> {
+    resources
+        .iter()
+        .map(|r| {
+            let id = r.id.as_ref().expect("id");
+            format!("{}/{}", id.r#type.as_ref().expect("type").kind, id.name)
+        })
+        .collect()
+}
+
+/// A resource of `kind` with a `tier` metadata entry and an owner.
+fn tiered(kind: &str, name: &str, tier: &str, owner: Option<&Resource>) -> Resource {
+    let mut r = resource("g", kind, name, "", "{}");
+    r.metadata.insert("tier".into(), tier.into());
+    r.owner = owner.map(|o| Box::new(o.id.clone().expect("owner id")));
+    r
+}
+
+fn by_tier() -> Index {
+    Index::new("by-tier", |r: &Resource| {
+        r.metadata.get("tier").cloned().into_iter().collect()
+    })
+}
+
+/// Waits until the cache holds `id` at `version` (or, with `None`, nothing
+/// at `id`'s key).
+async fn cached_at(cache: &WatchCache, id: &Id, version: Option<&str>) {
+    let any_uid = Id {
+        uid: String::new(),
+        ..id.clone()
+    };
+    assert!(
+        eventually(WAIT, || cache
+            .get(&any_uid)
+            .map(|r| r.version.clone())
+            .as_deref()
+            == version)
+        .await,
+        "{id:?} never reached {version:?} in the cache"
+    );
+}
+
+/// What the node answers to ListByOwner, as "Kind/name" in storage-key order.
+async fn node_owned(client: &Client, owner: &Id) -> Vec<String> {
+    let mut owned: Vec<Arc<Resource>> = client
+        .list_by_owner(owner.clone())
+        .await
+        .expect("list by owner")
+        .resources
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    owned.sort_by_key(|r| cairn_client::ResourceKey::of(r));
+    kind_names(&owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_index_and_a_user_index_follow_writes_deletes_and_owner_changes() {
+    // Once the cache holds a write (or lacks a deleted key), the indexes say
+    // exactly the same at once: the owner index agrees with the node's
+    // ListByOwner across both watched kinds, the user index with the tiers.
+    let backing = Backing::new(Limits::default());
+    let node = TestNode::start(backing.clone()).await;
+    let client = Client::connect_with(&[node.address.as_str()], options())
+        .await
+        .unwrap();
+    let o1 = client
+        .create(resource("g", "Owner", "o1", "", "{}"))
+        .await
+        .unwrap();
+    let o2 = client
+        .create(resource("g", "Owner", "o2", "", "{}"))
+        .await
+        .unwrap();
+    let a1 = client
+        .create(tiered("A", "a1", "web", Some(&o1)))
+        .await
+        .unwrap();
+    let cache = WatchCache::builder(
+        client.clone(),
+        vec![WatchSpec::new("g", "A"), WatchSpec::new("g", "B")],
+    )
+    .options(fast_retries())
+    .index(by_tier())
+    .start()
+    .unwrap();
+    tokio::time::timeout(WAIT, cache.wait_primed())
+        .await
+        .expect("primed");
+    let o1_id = o1.id.clone().unwrap();
+    let o2_id = o2.id.clone().unwrap();
+    assert_eq!(kind_names(&cache.list_by_owner(&o1_id)), vec!["A/a1"]);
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "web").unwrap()),
+        vec!["A/a1"]
+    );
+
+    // Writes of both kinds under o1.
+    let a2 = client
+        .create(tiered("A", "a2", "db", Some(&o1)))
+        .await
+        .unwrap();
+    let b1 = client
+        .create(tiered("B", "b1", "web", Some(&o1)))
+        .await
+        .unwrap();
+    cached_at(&cache, a2.id.as_ref().unwrap(), Some(&a2.version)).await;
+    cached_at(&cache, b1.id.as_ref().unwrap(), Some(&b1.version)).await;
+    let owned = cache.list_by_owner(&o1_id);
+    assert_eq!(kind_names(&owned), vec!["A/a1", "A/a2", "B/b1"]);
+    assert_eq!(kind_names(&owned), node_owned(&client, &o1_id).await);
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "web").unwrap()),
+        vec!["A/a1", "B/b1"]
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "db").unwrap()),
+        vec!["A/a2"]
+    );
+    // The index hands out the table's own resource, not a copy.
+    let a2_cached = cache.get(a2.id.as_ref().unwrap()).unwrap();
+    assert!(Arc::ptr_eq(&owned[1], &a2_cached));
+
+    // a1 changes owner and tier.
+    let a1_moved = client
+        .read_modify_write(a1.id.clone().unwrap(), |r| {
+            let mut next = tiered("A", "a1", "db", Some(&o2));
+            next.id = r.id.clone();
+            Some(next)
+        })
+        .await
+        .unwrap();
+    cached_at(&cache, a1.id.as_ref().unwrap(), Some(&a1_moved.version)).await;
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o1_id)),
+        vec!["A/a2", "B/b1"]
+    );
+    assert_eq!(kind_names(&cache.list_by_owner(&o2_id)), vec!["A/a1"]);
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o1_id)),
+        node_owned(&client, &o1_id).await
+    );
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o2_id)),
+        node_owned(&client, &o2_id).await
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "web").unwrap()),
+        vec!["B/b1"]
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "db").unwrap()),
+        vec!["A/a1", "A/a2"]
+    );
+
+    // a2 is deleted.
+    client.delete_current(a2.id.clone().unwrap()).await.unwrap();
+    cached_at(&cache, a2.id.as_ref().unwrap(), None).await;
+    assert_eq!(kind_names(&cache.list_by_owner(&o1_id)), vec!["B/b1"]);
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&o1_id)),
+        node_owned(&client, &o1_id).await
+    );
+    assert_eq!(
+        kind_names(&cache.by_index("by-tier", "db").unwrap()),
+        vec!["A/a1"]
+    );
+
+    // As the node's rule: another uid finds nothing, another group version the same.
+    let other_lifetime = Id {
+        uid: "another-uid".into(),
+        ..o1_id.clone()
+    };
+    assert!(cache.list_by_owner(&other_lifetime).is_empty());
+    assert!(node_owned(&client, &other_lifetime).await.is_empty());
+    let mut other_version = o1_id.clone();
+    other_version.r#type.as_mut().unwrap().group_version = "v9".into();
+    assert_eq!(
+        kind_names(&cache.list_by_owner(&other_version)),
+        vec!["B/b1"]
+    );
+    assert_eq!(node_owned(&client, &other_version).await, vec!["B/b1"]);
+
+    match cache.by_index("by-colour", "red") {
+        Err(ClientError::InvalidArgument { field, reason }) => {
+            assert_eq!(field, "index");
+            assert!(reason.contains("by-colour"), "{reason}");
+        }
+        other => panic!("an unknown index must be InvalidArgument, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_declared_twice_is_refused_when_the_cache_starts() {
+    let client = Client::new(&[TestNode::dead_address().await.as_str()], options()).unwrap();
+    let started = WatchCache::builder(client, vec![WatchSpec::new("g", "A")])
+        .index(by_tier())
+        .index(by_tier())
+        .start();
+    match started {
+        Err(ClientError::InvalidArgument { field, reason }) => {
+            assert_eq!(field, "indexes[1].name");
+            assert!(reason.contains("by-tier"), "{reason}");
+        }
+        Err(other) => panic!("expected InvalidArgument, got {other:?}"),
+        Ok(_) => panic!("a repeated index name was accepted"),
+    }
+}
+
+/// Records status updates.
+fn status_recorder() -> (
+    Arc<Mutex<Vec<StatusUpdate>>>,
+    impl FnMut(&StatusUpdate) + Send + 'static,
+) {
+    let seen: Arc<Mutex<Vec<StatusUpdate>>> = Arc::default();
+    let sink = seen.clone();
+    (seen, move |u: &StatusUpdate| sink.lock().push(*u))
+}
+
+fn statuses(seen: &Mutex<Vec<StatusUpdate>>) -> Vec<CacheStatus> {
+    seen.lock().iter().map(|u| u.status).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_callbacks_go_from_waiting_to_resync_to_in_sync_with_the_revision() {
+    // Started while the node is down: WaitingForDatastore (no revision), then
+    // ResyncInProgress, then InSync with a revision that covers every write
+    // acknowledged before the cache started. A callback registered late
+    // gets InSync first; later changes reach both, in order, and a
+    // reconnection does not un-prime the cache.
+    let backing = Backing::new(Limits::default());
+    let mut node = TestNode::start(backing.clone()).await;
+    let client = Client::connect_with(&[node.address.as_str()], options())
+        .await
+        .unwrap();
+    client
+        .create(resource("g", "A", "x", "", "{}"))
+        .await
+        .unwrap();
+    let last = client
+        .create(resource("g", "A", "y", "", "{}"))
+        .await
+        .unwrap();
+    let acknowledged: u64 = last.version.parse().unwrap();
+    node.stop().await;
+
+    let (first, on_first) = status_recorder();
+    let cache = WatchCache::builder(client, vec![WatchSpec::new("g", "A")])
+        .options(fast_retries())
+        .on_status(on_first)
+        .start()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        first.lock().clone(),
+        vec![StatusUpdate {
+            status: CacheStatus::WaitingForDatastore,
+            revision: None
+        }]
+    );
+    assert_eq!(cache.revision(), None);
+
+    node.restart().await;
+    tokio::time::timeout(WAIT, cache.wait_primed())
+        .await
+        .expect("primed");
+    assert!(
+        eventually(WAIT, || first.lock().len() == 3).await,
+        "{:?}",
+        first.lock()
+    );
+    assert_eq!(
+        statuses(&first),
+        vec![
+            CacheStatus::WaitingForDatastore,
+            CacheStatus::ResyncInProgress,
+            CacheStatus::InSync
+        ]
+    );
+    let in_sync = first.lock()[2];
+    let revision = in_sync.revision.expect("InSync carries a revision");
+    assert!(revision >= acknowledged, "{revision} < {acknowledged}");
+    assert_eq!(*cache.status_changes().borrow(), in_sync);
+    assert_eq!(cache.revision(), Some(revision));
+
+    let (late, on_late) = status_recorder();
+    cache.on_status(on_late);
+    assert_eq!(
+        late.lock().clone(),
+        vec![in_sync],
+        "the current status first"
+    );
+
+    // A reconnection: both callbacks see it, in order; priming stays.
+    node.stop().await;
+    assert!(eventually(WAIT, || statuses(&late).len() == 2).await);
+    let waiting = late.lock()[1];
+    assert_eq!(waiting.status, CacheStatus::WaitingForDatastore);
+    assert!(
+        waiting.revision >= Some(revision),
+        "the revision never goes back"
+    );
+    assert!(
+        cache.is_primed(),
+        "a reconnection does not un-prime the cache"
+    );
+    node.restart().await;
+    assert!(
+        eventually(WAIT, || statuses(&late).last()
+            == Some(&CacheStatus::InSync))
+        .await
+    );
+    let expected_tail = statuses(&late);
+    assert_eq!(
+        statuses(&first)[2..],
+        expected_tail[..],
+        "both saw the same changes"
+    );
+    assert_eq!(
+        expected_tail[..2],
+        [CacheStatus::InSync, CacheStatus::WaitingForDatastore]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priming_barrier_opens_only_once_every_registered_cache_is_primed() {
+    // Two caches on different kinds; B's snapshot trickles in. While it does,
+    // a bounded wait fails naming B's cache only; the full wait returns once
+    // B is primed too, with every B resource in; a later reconnection leaves
+    // the barrier open.
+    let backing = Backing::new(Limits::default());
+    for i in 0..20 {
+        backing.put(resource(
+            "g",
+            "A",
+            &format!("a{i:02}"),
+            &format!("ua{i}"),
+            "{}",
+        ));
+        backing.put(resource(
+            "g",
+            "B",
+            &format!("b{i:02}"),
+            &format!("ub{i}"),
+            "{}",
+        ));
+    }
+    let mut node = TestNode::start(backing.clone()).await;
+    node.control
+        .event_delay
+        .lock()
+        .insert("B".into(), Duration::from_millis(30));
+    let client = Client::connect_with(&[node.address.as_str()], options())
+        .await
+        .unwrap();
+    let barrier = PrimingBarrier::new();
+    assert!(barrier.is_primed(), "a barrier without caches is open");
+    let cache_a = WatchCache::start(
+        client.clone(),
+        vec![WatchSpec::new("g", "A")],
+        fast_retries(),
+    )
+    .unwrap();
+    let cache_b =
+        WatchCache::start(client, vec![WatchSpec::new("g", "B")], fast_retries()).unwrap();
+    barrier.register(&cache_a);
+    barrier.register(&cache_b);
+
+    tokio::time::timeout(WAIT, cache_a.wait_primed())
+        .await
+        .expect("A primed");
+    assert!(!cache_b.is_primed(), "B's snapshot takes 600 ms");
+    match barrier.wait_timeout(Duration::from_millis(20)).await {
+        Err(ClientError::DeadlineExceeded {
+            detail,
+            deadline_ms,
+            ..
+        }) => {
+            assert_eq!(deadline_ms, 20);
+            assert!(detail.contains("#2 [g.B]"), "{detail}");
+            assert!(!detail.contains("g.A"), "A is primed: {detail}");
+        }
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    assert!(!barrier.is_primed());
+
+    tokio::time::timeout(WAIT, barrier.clone().wait())
+        .await
+        .expect("the barrier opens")
+        .expect("no cache was dropped");
+    assert!(cache_a.is_primed() && cache_b.is_primed());
+    assert_eq!(cache_b.list("g", "B").len(), 20, "B's whole snapshot is in");
+
+    node.stop().await;
+    assert!(
+        eventually(WAIT, || cache_b.status()
+            == CacheStatus::WaitingForDatastore)
+        .await
+    );
+    assert!(barrier.is_primed(), "primed means the first snapshot is in");
+    barrier
+        .wait_timeout(Duration::from_millis(1))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_reports_a_cache_dropped_before_it_primed() {
+    // It can never prime: the wait ends with an error instead of hanging.
+    let client = Client::new(&[TestNode::dead_address().await.as_str()], options()).unwrap();
+    let barrier = PrimingBarrier::new();
+    let cache = WatchCache::start(client, vec![WatchSpec::new("g", "A")], fast_retries()).unwrap();
+    barrier.register(&cache);
+    drop(cache);
+    match tokio::time::timeout(WAIT, barrier.wait())
+        .await
+        .expect("the wait ends")
+    {
+        Err(ClientError::InvalidArgument { field, reason }) => {
+            assert_eq!(field, "barrier");
+            assert!(reason.contains("#1 [g.A]"), "{reason}");
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
 }

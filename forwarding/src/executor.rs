@@ -29,6 +29,13 @@ fn too_many_results(results_max: usize) -> ApiError {
 /// edge turns them into statuses, so an in-process caller gets them as they are.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<shared::WatchEvent, ApiError>> + Send>>;
 
+/// A watch opened on this node: its id (what `WatchProgress` names it by,
+/// sent to the client as [`cairn_proto::WATCH_ID_HEADER`]) and its events.
+pub struct OpenedWatch {
+    pub id: u64,
+    pub events: WatchStream,
+}
+
 /// Validates and executes requests against this node's [`Handle`].
 pub struct Executor<H> {
     handle: Arc<H>,
@@ -306,7 +313,7 @@ impl<H: Handle> Executor<H> {
         &self,
         r: pb::WatchListRequest,
         confirmed_index: Option<u64>,
-    ) -> Result<WatchStream, ApiError> {
+    ) -> Result<OpenedWatch, ApiError> {
         self.check_watch(&r)?;
         if let Some(index) = confirmed_index {
             // The Handle contract: this node applied the confirmed index, so the
@@ -326,6 +333,7 @@ impl<H: Handle> Executor<H> {
             name_prefix: r.name_prefix,
         };
         let watch = self.handle.store().watch(filter, r.start_revision)?;
+        let id = watch.id();
         let stream = futures::stream::unfold(Some(watch), |state| async move {
             let mut watch = state?;
             match watch.next().await {
@@ -333,7 +341,35 @@ impl<H: Handle> Executor<H> {
                 Err(e) => Some((Err(ApiError::from(e)), None)),
             }
         });
-        Ok(Box::pin(stream))
+        Ok(OpenedWatch {
+            id,
+            events: Box::pin(stream),
+        })
+    }
+
+    /// Validates a WatchProgress request ([`checks::watch_progress`]).
+    pub fn check_watch_progress(r: &pb::WatchProgressRequest) -> Result<(), ApiError> {
+        checks::watch_progress(r)
+    }
+
+    /// WatchProgress, after [`Handle::confirm_read`] confirmed
+    /// `confirmed_index` and this node applied it: a Progress event on each
+    /// named watch of this node, at the applied revision (at or above the
+    /// confirmed index). Answers with the confirmed index.
+    pub fn watch_progress(
+        &self,
+        r: &pb::WatchProgressRequest,
+        confirmed_index: u64,
+    ) -> pb::WatchProgressResponse {
+        let (revision, delivered_watch_ids) = self.handle.store().request_progress(&r.watch_ids);
+        assert!(
+            revision >= confirmed_index,
+            "progress at {revision}, below the confirmed index {confirmed_index}"
+        );
+        pb::WatchProgressResponse {
+            revision: confirmed_index,
+            delivered_watch_ids,
+        }
     }
 }
 
@@ -447,6 +483,23 @@ pub mod checks {
 
     /// A WatchList request (the same filter rules as a List); returns the
     /// consistency it asks for.
+    /// A WatchProgress names at most [`WATCH_PROGRESS_IDS_MAX`] watches.
+    pub fn watch_progress(r: &pb::WatchProgressRequest) -> Result<(), ApiError> {
+        if r.watch_ids.len() > WATCH_PROGRESS_IDS_MAX {
+            return Err(ApiError::invalid(
+                "watch_ids",
+                format!(
+                    "names {} watches, more than {WATCH_PROGRESS_IDS_MAX}",
+                    r.watch_ids.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The most watches one WatchProgress names (a cache has one watch per type).
+    pub const WATCH_PROGRESS_IDS_MAX: usize = 1024;
+
     pub fn watch(limits: &Limits, r: &pb::WatchListRequest) -> Result<Consistency, ApiError> {
         let consistency = consistency(r.consistency)?;
         filter(

@@ -48,7 +48,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::channel::{LeaderChannel, Target};
-use crate::executor::{Executor, WatchStream};
+use crate::executor::{Executor, OpenedWatch};
 use crate::handle::{Handle, ReadAt};
 use crate::metrics::{self, Method};
 
@@ -187,30 +187,46 @@ impl<H: Handle> Forwarder<H> {
     }
 
     /// WatchList: always here. A strong watch first gets a read index
-    /// confirmed by a quorum and applied here (retried, like a strong read,
-    /// until `deadline`; Inconsistent if none could be), so that its snapshot
-    /// holds every write acknowledged before the request arrived.
+    /// confirmed by a quorum and applied here ([`Forwarder::confirm_here`]),
+    /// so that its snapshot holds every write acknowledged before the request
+    /// arrived.
     pub async fn watch(
         &self,
         r: pb::WatchListRequest,
         deadline: Instant,
-    ) -> Result<WatchStream, ApiError> {
+    ) -> Result<OpenedWatch, ApiError> {
         let confirmed_index = match self.executor.check_watch(&r)? {
             Consistency::Eventual => None,
-            Consistency::Strong => {
-                let mut here = ConfirmHere { forwarder: self };
-                let index = cairn_request::run(
-                    cairn_request::Operation::Read,
-                    &mut here,
-                    &self.pacing(),
-                    deadline,
-                )
-                .await
-                .map_err(|ended| ended.into_api_error(cairn_request::Operation::Read))?;
-                Some(index)
-            }
+            Consistency::Strong => Some(self.confirm_here(deadline).await?),
         };
         self.executor.watch(r, confirmed_index)
+    }
+
+    /// WatchProgress: always here (the watches it names are this node's), after
+    /// a read index confirmed and applied here, as for a strong watch.
+    pub async fn watch_progress(
+        &self,
+        r: pb::WatchProgressRequest,
+        deadline: Instant,
+    ) -> Result<pb::WatchProgressResponse, ApiError> {
+        Executor::<H>::check_watch_progress(&r)?;
+        let confirmed_index = self.confirm_here(deadline).await?;
+        Ok(self.executor.watch_progress(&r, confirmed_index))
+    }
+
+    /// A read index confirmed by a quorum after this call began and applied on
+    /// this node (`Handle::confirm_read` at any node), retried like a strong
+    /// read until `deadline`; Inconsistent if none could be.
+    async fn confirm_here(&self, deadline: Instant) -> Result<u64, ApiError> {
+        let mut here = ConfirmHere { forwarder: self };
+        cairn_request::run(
+            cairn_request::Operation::Read,
+            &mut here,
+            &self.pacing(),
+            deadline,
+        )
+        .await
+        .map_err(|ended| ended.into_api_error(cairn_request::Operation::Read))
     }
 
     fn pacing(&self) -> Pacing {

@@ -164,7 +164,8 @@ async fn eventual_requests_stay_local_even_without_a_reachable_leader() {
             deadline(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     assert_eq!(h.node(2).channel.dial_count(), 0, "nothing was forwarded");
 }
 
@@ -588,7 +589,7 @@ async fn a_strong_watch_on_a_lagging_follower_holds_every_acknowledged_write() {
                 ..Default::default()
             };
             let watch = follower.watch(request, deadline()).await.unwrap();
-            let snapshot = snapshot_names(watch).await;
+            let snapshot = snapshot_names(watch.events).await;
             match consistency {
                 Consistency::Strong => assert_eq!(
                     snapshot,
@@ -711,7 +712,8 @@ async fn a_follower_watch_sends_only_state_the_follower_already_holds() {
             deadline(),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .events;
     for i in 10..20 {
         leader
             .write(

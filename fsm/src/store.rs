@@ -304,6 +304,25 @@ impl Store {
         ))
     }
 
+    /// Queues a Progress event on each open watch of this store named in
+    /// `watch_ids` ([`Watch::id`]), at the latest applied revision, behind
+    /// every change up to it: a consumer that reads it has every matching
+    /// change up to that revision. Returns the revision and the ids that got
+    /// the event (a closed watch's id, or one whose buffer is full, does not).
+    pub fn request_progress(&self, watch_ids: &[u64]) -> (u64, Vec<u64>) {
+        let mut w = self.shared.writer.lock();
+        // Outside a batch every applied change was published, to watches too.
+        assert!(!w.dirty, "no batch is open while the writer lock is free");
+        let revision = w.state.revision;
+        assert_eq!(
+            self.shared.published.read().state.revision,
+            revision,
+            "published is current under the writer lock"
+        );
+        let delivered = w.registry.progress(watch_ids, revision);
+        (revision, delivered)
+    }
+
     /// A consistent point-in-time image of the whole table, O(1) to take,
     /// iterated lazily; writes go on meanwhile.
     pub fn snapshot(&self) -> Snapshot {

@@ -1,7 +1,7 @@
 //! Watches: a lazily iterated snapshot (or a history replay), then live
 //! events through a bounded per-watch buffer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -31,12 +31,16 @@ pub enum WatchEventKind {
     Upsert,
     Delete,
     EndOfSnapshot,
+    /// Every matching change up to `revision` was delivered before it
+    /// (asked for with [`crate::Store::request_progress`]).
+    Progress,
 }
 
 /// One watch event. `resource` is the stored resource for an Upsert, the
-/// resource as last stored for a Delete, and `None` for EndOfSnapshot.
-/// `revision` is the index of the entry that made the change, or the
-/// snapshot's revision for EndOfSnapshot (and for snapshot Upserts).
+/// resource as last stored for a Delete, and `None` for EndOfSnapshot and
+/// Progress. `revision` is the index of the entry that made the change, the
+/// snapshot's revision for EndOfSnapshot (and for snapshot Upserts), or the
+/// revision the watch has caught up with for Progress.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub kind: WatchEventKind,
@@ -54,6 +58,7 @@ impl Event {
             WatchEventKind::Upsert => e::Event::Upsert(e::Upsert { resource }),
             WatchEventKind::Delete => e::Event::Delete(e::Delete { resource }),
             WatchEventKind::EndOfSnapshot => e::Event::EndOfSnapshot(e::EndOfSnapshot {}),
+            WatchEventKind::Progress => e::Event::Progress(e::Progress {}),
         };
         shared::WatchEvent {
             event: Some(event),
@@ -71,6 +76,7 @@ impl Event {
             WatchEventKind::EndOfSnapshot => {
                 watch_event::Event::EndOfSnapshot(watch_event::EndOfSnapshot {})
             }
+            WatchEventKind::Progress => watch_event::Event::Progress(watch_event::Progress {}),
         };
         WatchEvent {
             event: Some(event),
@@ -310,6 +316,41 @@ impl Registry {
         self.closed_lagging_total += lagging;
     }
 
+    /// Queues a Progress event at `revision` on each watch named in `ids`
+    /// (behind every change already queued for it) and returns the ids that
+    /// got one. Called under the writer lock with the revision every published
+    /// change is at or below, so the event is true for every watch. Unknown ids
+    /// (a watch since closed, another node's) are skipped, and so is a watch
+    /// whose buffer is full: it is about to be closed as lagging, and its
+    /// consumer resyncs.
+    pub fn progress(&mut self, ids: &[u64], revision: u64) -> Vec<u64> {
+        let wanted: HashSet<u64> = ids.iter().copied().collect();
+        let mut delivered = Vec::new();
+        for subscriber in self.by_type.values().flatten() {
+            if !wanted.contains(&subscriber.id) {
+                continue;
+            }
+            let buffered = Buffered {
+                event: Event {
+                    kind: WatchEventKind::Progress,
+                    resource: None,
+                    revision,
+                },
+                size_bytes: EVENT_OVERHEAD_BYTES,
+            };
+            subscriber.unread.add(EVENT_OVERHEAD_BYTES);
+            match subscriber.sender.try_send(buffered) {
+                Ok(()) => delivered.push(subscriber.id),
+                Err(_) => subscriber.unread.take(EVENT_OVERHEAD_BYTES),
+            }
+        }
+        assert!(
+            delivered.len() <= ids.len(),
+            "a watch id names one watch"
+        );
+        delivered
+    }
+
     /// Closes every watch with `reason`; each consumer receives what it had
     /// buffered, then WatchClosed.
     pub fn close_all(&mut self, reason: &str) {
@@ -443,6 +484,12 @@ impl Watch {
     /// The filter this watch was opened with.
     pub fn filter(&self) -> &WatchFilter {
         &self.filter
+    }
+
+    /// This watch's id, unique among the watches a store ever opened: what
+    /// [`crate::Store::request_progress`] names it by.
+    pub fn id(&self) -> u64 {
+        self._registration.id
     }
 
     /// The next event if one is ready: `Ok(None)` = nothing now. After the

@@ -1433,3 +1433,52 @@ fn an_owner_id_with_a_separator_inside_a_field_matches_nothing() {
     // Owner name "a\0b" with uid "c" would otherwise prefix-match owner (a, b) + group "c".
     assert!(log.store.view().list_by_owner(&id("c", "a\0b")).is_empty());
 }
+
+#[test]
+fn a_progress_event_follows_every_change_before_it_and_names_the_applied_revision() {
+    // Beyond the contract: a consumer that reads Progress(r) has every matching
+    // change up to r, even when the changes since its last event were to other
+    // types (here: a Node written after the watch opened).
+    let mut log = Log::new();
+    let mut watch = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    log.put(resource(id("u", "a"), ""));
+    log.put(resource(
+        full_id(
+            "u",
+            "n",
+            ty("catalog", "v1", "Node"),
+            tenancy("default", "default"),
+        ),
+        "",
+    ));
+    let other = log
+        .store
+        .watch(filter(services(), tenancy("*", "*"), ""), 0)
+        .unwrap();
+    let (revision, delivered) = log.store.request_progress(&[watch.id(), u64::MAX]);
+    assert_eq!(revision, log.store.applied_index());
+    assert_eq!(revision, 2);
+    assert_eq!(delivered, vec![watch.id()], "only the named, open watch");
+    let (events, closed) = drain(&mut watch);
+    assert!(closed.is_none());
+    assert_eq!(
+        summary(&events),
+        vec![
+            (
+                WatchEventKind::EndOfSnapshot,
+                String::new(),
+                String::new(),
+                0
+            ),
+            (WatchEventKind::Upsert, "a".into(), "1".into(), 1),
+            (WatchEventKind::Progress, String::new(), String::new(), 2),
+        ]
+    );
+    assert_ne!(other.id(), watch.id(), "watch ids are unique");
+    drop(watch);
+    let gone = log.store.request_progress(&[0]);
+    assert_eq!(gone, (2, vec![]), "a dropped watch gets nothing");
+}

@@ -80,7 +80,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_client::api::{whole_listing, ApiFuture, Event, EventKind, Listing, ResourceApi, Watch};
-use cairn_client::{ClientError, Outcome};
+use cairn_client::{ClientError, Outcome, WatchProgress};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::{
     self as pb, shared, Consistency, Id, ListRequest, Resource, WatchListRequest,
@@ -311,19 +311,54 @@ impl ResourceApi for InProcessClient {
 
     fn watch_list(&self, request: WatchListRequest) -> ApiFuture<'_, Watch> {
         Box::pin(async move {
-            let events = self
+            let opened = self
                 .api
                 .watch(request, Visibility::Everything, None, self.deadline())
                 .await
                 .map_err(read_failed)?;
             // The node's stream ends after its one error; so does this one.
-            let events = events.filter_map(|event| {
+            let events = opened.events.filter_map(|event| {
                 std::future::ready(match event {
                     Ok(event) => watch_event(event).transpose(),
                     Err(e) => Some(Err(read_failed(e))),
                 })
             });
-            Ok(Watch::new(self.source.to_string(), events))
+            let cluster_id = Some(self.api.cluster_id()).filter(|id| !id.is_empty());
+            Ok(Watch::new(
+                self.source.to_string(),
+                Some(opened.id),
+                cluster_id,
+                events,
+            ))
+        })
+    }
+
+    /// The watches named are this node's (`source` must be this client's).
+    fn watch_progress(&self, source: &str, watch_ids: Vec<u64>) -> ApiFuture<'_, WatchProgress> {
+        let elsewhere = (source != &*self.source).then(|| {
+            ClientError::invalid(
+                "source",
+                format!(
+                    "{source:?} is not this node ({:?}): its watches are not here",
+                    self.source
+                ),
+            )
+        });
+        Box::pin(async move {
+            if let Some(e) = elsewhere {
+                return Err(e);
+            }
+            let request = pb::WatchProgressRequest { watch_ids };
+            let answer = self
+                .api
+                .watch_progress(request, self.deadline())
+                .await
+                .map_err(read_failed)?;
+            Ok(WatchProgress {
+                revision: answer.revision,
+                delivered_watch_ids: answer.delivered_watch_ids,
+                cluster_id: Some(self.api.cluster_id()).filter(|id| !id.is_empty()),
+            })
         })
     }
 

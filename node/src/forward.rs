@@ -47,6 +47,11 @@ pub struct NodeHandle {
 }
 
 impl NodeHandle {
+    /// The id of the cluster this node belongs to ("" before it joined one).
+    pub fn cluster_id(&self) -> String {
+        self.raft.identity.cluster_id()
+    }
+
     pub fn new(
         raft: RaftHandle,
         follower_reads: ReadBatcher,

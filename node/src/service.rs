@@ -47,7 +47,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_forwarding::{Executor, Forwarder, WatchStream};
+use cairn_forwarding::{Executor, Forwarder, OpenedWatch, WatchStream};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::shared::resource_service_server::ResourceService;
 use cairn_proto::v1::{self as pb, shared};
@@ -125,6 +125,19 @@ impl ResourceApi {
 
     pub fn forwarder(&self) -> &Forwarder<NodeHandle> {
         &self.forwarder
+    }
+
+    /// The id of this node's cluster ("" until it knows one).
+    pub fn cluster_id(&self) -> String {
+        self.forwarder.executor().handle().cluster_id()
+    }
+
+    /// Tells the client which cluster answered ([`cairn_proto::CLUSTER_ID_HEADER`]).
+    fn stamp_cluster_id<T>(&self, response: &mut Response<T>) {
+        let cluster_id = self.cluster_id();
+        if !cluster_id.is_empty() {
+            insert_metadata(response, cairn_proto::CLUSTER_ID_HEADER, &cluster_id);
+        }
     }
 
     /// Authenticates the request, then validates its message (`check`, one
@@ -213,12 +226,12 @@ impl ResourceApi {
         visible: Visibility,
         connection: Option<&ConnectionInfo>,
         deadline: Instant,
-    ) -> Result<WatchStream, ApiError> {
+    ) -> Result<OpenedWatch, ApiError> {
         let permit = match &self.connection_limits {
             Some(limits) => Some(limits.watch(connection)?),
             None => None,
         };
-        let events = self.forwarder.watch(r, deadline).await?;
+        let OpenedWatch { id, events } = self.forwarder.watch(r, deadline).await?;
         let events: WatchStream = match visible {
             Visibility::Everything => events,
             within => Box::pin(
@@ -226,10 +239,21 @@ impl ResourceApi {
             ),
         };
         let events = drop_every_nth_change(events, self.unsafe_modes.unsafe_drop_watch_events);
-        Ok(Box::pin(events.map(move |event| {
+        let events = Box::pin(events.map(move |event| {
             let _held = &permit;
             event
-        })))
+        }));
+        Ok(OpenedWatch { id, events })
+    }
+
+    /// WatchProgress: a quorum-confirmed revision, and a Progress event at or
+    /// above it on each named watch of this node, by `deadline`.
+    pub async fn watch_progress(
+        &self,
+        r: pb::WatchProgressRequest,
+        deadline: Instant,
+    ) -> Result<pb::WatchProgressResponse, ApiError> {
+        self.forwarder.watch_progress(r, deadline).await
     }
 }
 
@@ -363,14 +387,42 @@ impl ResourceService for ResourceGrpc {
             .0
             .deadline_within(cairn_forwarding::watch_open_timeout(&r));
         let connection = r.extensions().get::<ConnectionInfo>().cloned();
-        let events = self
+        let opened = self
             .0
             .watch(r.into_inner(), visible, connection.as_ref(), deadline)
             .await?;
-        let events = crate::auth::close_when_revoked(events, guard);
-        Ok(Response::new(Box::pin(
-            events.map(|event| event.map_err(Status::from)),
-        )))
+        let events = crate::auth::close_when_revoked(opened.events, guard);
+        let events: GrpcWatchStream = Box::pin(events.map(|event| event.map_err(Status::from)));
+        let mut response = Response::new(events);
+        insert_metadata(
+            &mut response,
+            cairn_proto::WATCH_ID_HEADER,
+            &opened.id.to_string(),
+        );
+        self.0.stamp_cluster_id(&mut response);
+        Ok(response)
+    }
+
+    async fn watch_progress(
+        &self,
+        r: Request<pb::WatchProgressRequest>,
+    ) -> Result<Response<pb::WatchProgressResponse>, Status> {
+        // Any authenticated caller: the answer holds a revision and the ids it
+        // sent, and a Progress event tells a watch nothing but how far it is.
+        self.0.auth.caller(&r)?;
+        let deadline = self.0.deadline(&r);
+        let answer = self.0.watch_progress(r.into_inner(), deadline).await?;
+        let mut response = Response::new(answer);
+        self.0.stamp_cluster_id(&mut response);
+        Ok(response)
+    }
+}
+
+/// Adds `value` under `key` to a response's metadata (a value that is not
+/// valid metadata is left out: ours are digits and ids).
+fn insert_metadata<T>(response: &mut Response<T>, key: &'static str, value: &str) {
+    if let Ok(value) = value.parse() {
+        response.metadata_mut().insert(key, value);
     }
 }
 

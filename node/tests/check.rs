@@ -188,3 +188,61 @@ async fn check_perf_runs_the_standard_load_with_a_token_and_exits_per_its_verdic
         .unwrap_or_else(|| panic!("a line saying what it removed: {}", text(&out)));
     assert!((1..=100).contains(&removed), "{}", text(&out));
 }
+
+/// `cairn check cache` of `demo.Thing` against `cluster`.
+fn check_cache(cluster: &jepsen_tests::cluster::Cluster) -> std::process::Output {
+    let endpoints = cluster.endpoints().join(",");
+    cairn(&[
+        "check",
+        "cache",
+        "--type",
+        "demo.Thing",
+        "--endpoints",
+        &endpoints,
+    ])
+}
+
+/// A cluster of three with `extra_args`, holding 30 `demo.Thing`s written
+/// through its leader.
+async fn cluster_with_things(extra_args: &[&str]) -> jepsen_tests::cluster::Cluster {
+    let mut o = options(3);
+    o.extra_args = extra_args.iter().map(|a| a.to_string()).collect();
+    let cluster = jepsen_tests::cluster::Cluster::start(o);
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let address = cluster.node(leader).client_address.clone();
+    for i in 0..30 {
+        write(&address, thing(&format!("t{i:02}"), "u1", "", b"x"))
+            .await
+            .expect("write");
+    }
+    cluster
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_cache_passes_on_a_sound_cluster_and_names_what_a_lossy_watch_missed() {
+    // On a sound cluster the primed cache equals the list at its revision:
+    // PASS, exit 0. On nodes that drop every 7th change of each watch stream
+    // (`--unsafe-drop-watch-events 7`: a broken watch path), the cache misses
+    // resources the list holds: FAIL, exit 1, each one named.
+    let sound = cluster_with_things(&[]).await;
+    let out = check_cache(&sound);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(stdout(&out).contains("primed in"), "{}", text(&out));
+    assert!(
+        stdout(&out).contains("PASS: the cache holds exactly what the cluster held at revision"),
+        "{}",
+        text(&out)
+    );
+    assert!(stdout(&out).contains("(30 resources)"), "{}", text(&out));
+    drop(sound);
+
+    let lossy = cluster_with_things(&["--unsafe-drop-watch-events", "7"]).await;
+    let out = check_cache(&lossy);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        stdout(&out).contains("missing from the cache: demo.Thing default/default/t"),
+        "{}",
+        text(&out)
+    );
+    assert!(stdout(&out).contains("FAIL: 4 differences"), "{}", text(&out));
+}

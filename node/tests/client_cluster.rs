@@ -8,23 +8,8 @@ mod client_support;
 use std::time::Duration;
 
 use cairn_client::{CacheStatus, Client, ClientError, WatchCache, WatchCacheOptions, WatchSpec};
-use cairn_proto::v1::{watch_event, Consistency, Tenancy, Type, WatchListRequest};
+use cairn_proto::v1::{watch_event, Consistency, WatchListRequest};
 use client_support::*;
-
-fn any_tenancy() -> Tenancy {
-    Tenancy {
-        partition: "*".into(),
-        namespace: "*".into(),
-    }
-}
-
-fn unversioned(kind: &str) -> Type {
-    Type {
-        group: "demo".into(),
-        group_version: String::new(),
-        kind: kind.into(),
-    }
-}
 
 /// Every call of the contract and every helper, each required to succeed.
 async fn every_call_succeeds(client: &Client, tag: &str) {
@@ -198,51 +183,6 @@ async fn every_client_call_succeeds_with_one_of_three_nodes_dead() {
     })
     .await
     .expect("the test finishes within 180 s");
-}
-
-/// Creates `count` resources of `kind` named `{prefix}{i}`, 16 at a time.
-async fn create_many(client: &Client, kind: &str, prefix: &str, count: usize) {
-    let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..16 {
-        let client = client.clone();
-        let (kind, prefix) = (kind.to_string(), prefix.to_string());
-        tasks.spawn(async move {
-            for i in (worker..count).step_by(16) {
-                client
-                    .create(thing(&kind, &format!("{prefix}{i:05}"), "{}"))
-                    .await
-                    .unwrap_or_else(|e| panic!("create {prefix}{i}: {e}"));
-            }
-        });
-    }
-    while let Some(r) = tasks.join_next().await {
-        r.expect("writer task");
-    }
-}
-
-/// Sorted name@version of what the cluster holds for `kind` (strong list).
-async fn cluster_state(client: &Client, kind: &str) -> Vec<String> {
-    let listed = client
-        .list(unversioned(kind), any_tenancy(), "", Consistency::Strong)
-        .await
-        .expect("strong list");
-    let mut v: Vec<String> = listed
-        .resources
-        .iter()
-        .map(|r| format!("{}@{}", r.id.as_ref().unwrap().name, r.version))
-        .collect();
-    v.sort();
-    v
-}
-
-fn cache_state(cache: &WatchCache, kind: &str) -> Vec<String> {
-    let mut v: Vec<String> = cache
-        .list("demo", kind)
-        .iter()
-        .map(|r| format!("{}@{}", r.id.as_ref().unwrap().name, r.version))
-        .collect();
-    v.sort();
-    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,4 +66,14 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 /// read index) by this, and by its own request timeout.
 pub const WATCH_OPEN_TIMEOUT_HEADER: &str = "cairn-watch-open-timeout";
 
+/// Response metadata of `WatchList`: the id this node gave the watch (decimal), which
+/// `WatchProgress` names it by.
+pub const WATCH_ID_HEADER: &str = "cairn-watch-id";
+
+/// Response metadata of `WatchList` and `WatchProgress`: the id of the cluster the
+/// answering node belongs to. A client that primed a cache from one cluster and then
+/// hears another (the cluster was rebuilt, or restored offline into a new one) starts
+/// again from scratch.
+pub const CLUSTER_ID_HEADER: &str = "cairn-cluster-id";
+
 pub use v1::{Condition, Consistency, Id, Reference, Resource, Status, Tenancy, Type, WatchEvent};

@@ -384,6 +384,7 @@ impl ResourceService for Service {
             .store
             .watch(filter, r.start_revision)
             .map_err(status)?;
+        let watch_id = watch.id();
         let stream = futures::stream::unfold(Some(watch), move |state| async move {
             let mut watch = state?;
             if let Some(d) = delay {
@@ -394,7 +395,25 @@ impl ResourceService for Service {
                 Err(e) => Some((Err(status(e)), None)),
             }
         });
-        Ok(Response::new(Box::pin(stream)))
+        let mut response = Response::new(Box::pin(stream) as EventStream);
+        response.metadata_mut().insert(
+            cairn_proto::WATCH_ID_HEADER,
+            watch_id.to_string().parse().expect("digits"),
+        );
+        Ok(response)
+    }
+
+    /// One node, always the leader: its applied index is confirmed.
+    async fn watch_progress(
+        &self,
+        r: Request<pb::WatchProgressRequest>,
+    ) -> Result<Response<pb::WatchProgressResponse>, Status> {
+        let (revision, delivered_watch_ids) =
+            self.backing.store.request_progress(&r.into_inner().watch_ids);
+        Ok(Response::new(pb::WatchProgressResponse {
+            revision,
+            delivered_watch_ids,
+        }))
     }
 }
 

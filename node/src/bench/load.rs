@@ -34,6 +34,10 @@ pub(crate) enum Mix {
         consistency: ConsistencyArg,
         read_fraction: f64,
     },
+    /// Reads of a client `WatchCache` primed with the whole key space: `strong` are its
+    /// consistent reads (`get_consistent`: a confirmed revision asked of the watch's node,
+    /// then memory), `eventual` its plain ones (memory only).
+    CacheRead(ConsistencyArg),
 }
 
 impl Mix {
@@ -43,13 +47,17 @@ impl Mix {
             Mix::Read(_) => "read",
             Mix::List(_) => "list",
             Mix::Mixed { .. } => "mixed",
+            Mix::CacheRead(_) => "cache-read",
         }
     }
 
     fn consistency(self) -> Option<ConsistencyArg> {
         match self {
             Mix::Write => None,
-            Mix::Read(c) | Mix::List(c) | Mix::Mixed { consistency: c, .. } => Some(c),
+            Mix::Read(c)
+            | Mix::List(c)
+            | Mix::Mixed { consistency: c, .. }
+            | Mix::CacheRead(c) => Some(c),
         }
     }
 
@@ -64,6 +72,7 @@ enum OpKind {
     Write,
     Read,
     List,
+    CacheRead,
 }
 
 impl OpKind {
@@ -72,6 +81,7 @@ impl OpKind {
             OpKind::Write => "write",
             OpKind::Read => "read",
             OpKind::List => "list",
+            OpKind::CacheRead => "cache_read",
         }
     }
 }
@@ -94,6 +104,8 @@ pub(crate) struct Shared {
     op_timeout: Duration,
     /// With `--rate`: the schedule every start takes its slot from.
     pace: Option<Pace>,
+    /// The cache `cache-read` reads, primed before the window opens.
+    cache: std::sync::OnceLock<cairn_client::WatchCache>,
 }
 
 /// `--rate`: operations start at most every `interval`, over all clients. Each start takes
@@ -180,12 +192,17 @@ pub(crate) async fn measure(options: LoadOptions, mix: Mix) -> Result<Report, Be
         failed: AtomicU64::new(0),
         op_timeout: options.op_timeout(),
         pace: Pace::new(options.rate),
+        cache: std::sync::OnceLock::new(),
         options,
         mix,
     });
     learn_versions(&shared, resource_client(channels[0].clone())).await?;
     if mix.needs_preload() {
         preload(&shared, &channels).await?;
+    }
+    if let Mix::CacheRead(_) = mix {
+        let cache = primed_cache(&shared.options, &addresses).await?;
+        assert!(shared.cache.set(cache).is_ok(), "the cache is primed once");
     }
     let options = &shared.options;
     let mut servers = ServerWatch::start(&options.cluster.endpoints, &options.server_pids);
@@ -505,6 +522,7 @@ async fn client_task(
             Mix::Write => OpKind::Write,
             Mix::Read(_) => OpKind::Read,
             Mix::List(_) => OpKind::List,
+            Mix::CacheRead(_) => OpKind::CacheRead,
             Mix::Mixed { read_fraction, .. } => {
                 if rng.next_f64() < read_fraction {
                     OpKind::Read
@@ -580,6 +598,26 @@ async fn one_op(
                 .map(|_| None)
                 .map_err(|s| ApiError::from_status(&s))
         }
+        OpKind::CacheRead => {
+            let Some(cache) = shared.cache.get() else {
+                unreachable!("a cache-read run primes its cache before any operation")
+            };
+            let id = bench_id(&shared.options.namespace, key_name(k));
+            let found = match shared.mix.consistency() {
+                Some(ConsistencyArg::Strong) => cache.get_consistent(&id).await,
+                _ => {
+                    // A plain read never waits: let the other tasks (the window's
+                    // coordinator among them) run between two.
+                    tokio::task::yield_now().await;
+                    Ok(cache.get(&id))
+                }
+            };
+            match found {
+                Ok(Some(_)) => Ok(None),
+                Ok(None) => Err(ApiError::NotFound),
+                Err(e) => Err(api_error_of(&e)),
+            }
+        }
         OpKind::List => {
             // One page (at most list_page_size_max): what a List costs.
             let request = pb::ListRequest {
@@ -595,5 +633,40 @@ async fn one_op(
                 .map(|_| None)
                 .map_err(|s| ApiError::from_status(&s))
         }
+    }
+}
+
+/// A `WatchCache` of the run's namespace over `addresses` (the run's targets), primed.
+async fn primed_cache(
+    options: &LoadOptions,
+    addresses: &[String],
+) -> Result<cairn_client::WatchCache, BenchError> {
+    let cluster = &options.cluster;
+    let client_options = cairn_client::ClientOptions {
+        request_timeout: options.op_timeout(),
+        token: cluster.bearer_token().map_err(|e| BenchError::Setup(e.to_string()))?,
+        tls: cluster.tls.options(&cluster.endpoints),
+        ..cairn_client::ClientOptions::default()
+    };
+    let client = cairn_client::Client::new(addresses, client_options)
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let spec = cairn_client::WatchSpec::new(bench_type().group, bench_type().kind)
+        .with_tenancy(bench_tenancy(&options.namespace));
+    let cache = cairn_client::WatchCache::start(client, vec![spec], Default::default())
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let progress = Progress::new("priming the cache", Duration::from_secs(60));
+    let primed = tokio::time::timeout(Duration::from_secs(60), cache.wait_primed()).await;
+    progress.finish();
+    primed.map_err(|_| BenchError::Setup("the cache did not prime within 60 s".into()))?;
+    Ok(cache)
+}
+
+/// A client library error as the report counts it: by its kind.
+fn api_error_of(e: &cairn_client::ClientError) -> ApiError {
+    use cairn_proto::v1::ErrorKind;
+    match e.kind() {
+        ErrorKind::Inconsistent => ApiError::Inconsistent(e.to_string()),
+        ErrorKind::InvalidArgument => ApiError::invalid("request", e.to_string()),
+        _ => ApiError::Unavailable(e.to_string()),
     }
 }

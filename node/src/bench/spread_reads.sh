@@ -3,7 +3,11 @@
 # three members, for Cairn and for etcd 3.4, back to back on this machine (docs/benchmarks.md,
 # "Strong reads spread over the cluster"). Prints one JSON report per line into $OUT/results.jsonl.
 #
-# usage: node/src/bench/spread_reads.sh [--duration SECS] [--repeats N] [--out DIR]
+# usage: node/src/bench/spread_reads.sh [--duration SECS] [--repeats N] [--out DIR] [--node-cpus F] [--clients N]
+# --node-cpus F: each member (Cairn node or etcd server) runs in its own CPU cgroup limited to F
+#      cores (cgroup v1 cpu.cfs_quota_us, or cgroup v2 cpu.max; needs root), as if each had its own
+#      machine of F cores; the load generator is not limited. Without it the members share the
+#      machine's cores, so spreading reads can add no CPU.
 # env: CAIRN (the binary; default: built with cargo --release), ETCD_BASELINE (default
 #      ../shared/tools/etcd-baseline next to the checkout: its load generator measures etcd),
 #      ETCD_BASE_PORT (22379), QUIET_MAX (0.3) / QUIET_WAIT (45) as in compare.sh.
@@ -14,12 +18,14 @@
 # the same 10,000-key space written. Everything started here is stopped by its pid on exit.
 set -euo pipefail
 
-DURATION=10 REPEATS=2 OUT=""
+DURATION=10 REPEATS=2 OUT="" NODE_CPUS="" CLIENTS=16
 while [ $# -gt 0 ]; do
   case "$1" in
     --duration) DURATION=$2; shift 2 ;;
     --repeats) REPEATS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --node-cpus) NODE_CPUS=$2; shift 2 ;;
+    --clients) CLIENTS=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown arg: $1" >&2; exit 2 ;;
   esac
@@ -56,7 +62,27 @@ stop_all() {
   done
   PIDS=()
 }
-trap 'stop_all; rm -rf "$WORK"' EXIT
+CGROUPS=()
+# limit_cpu NAME PID: PID (all its threads, and every thread it starts later) into a cgroup of
+# $NODE_CPUS cores. A no-op without --node-cpus.
+limit_cpu() {
+  [ -n "$NODE_CPUS" ] || return 0
+  local name=$1 pid=$2 quota dir
+  quota=$(awk -v f="$NODE_CPUS" 'BEGIN{printf "%d", f*100000}')
+  if [ -d /sys/fs/cgroup/cpu ]; then
+    dir=/sys/fs/cgroup/cpu/cairn-bench-$name; mkdir -p "$dir"
+    echo 100000 >"$dir/cpu.cfs_period_us"; echo "$quota" >"$dir/cpu.cfs_quota_us"
+  else
+    dir=/sys/fs/cgroup/cairn-bench-$name; mkdir -p "$dir"; echo "$quota 100000" >"$dir/cpu.max"
+  fi
+  echo "$pid" >"$dir/cgroup.procs"; CGROUPS+=("$dir")
+}
+drop_cgroups() {
+  local d
+  for d in "${CGROUPS[@]}"; do rmdir "$d" 2>/dev/null || true; done
+  CGROUPS=()
+}
+trap 'stop_all; drop_cgroups; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
 
 busy_cores() {
@@ -79,6 +105,7 @@ wait_quiet() {
   echo "date: $(date -u +%FT%TZ)"; echo "cairn: $("$CAIRN" --version)"
   echo "etcd: $(etcd --version | head -1)"
   echo "kernel: $(uname -r)  cpus: $(nproc)  model: $(lscpu | sed -n 's/^Model name: *//p')"
+  echo "node cpus: ${NODE_CPUS:-unlimited (the members share the machine)}"
 } >"$OUT/env.txt"
 cat "$OUT/env.txt" >&2
 
@@ -91,6 +118,9 @@ until grep -q "leader is node" "$OUT/dev.log" 2>/dev/null; do
   t=$((t + 1)); [ $t -le 200 ] || { log "no cluster after 40 s"; tail -20 "$OUT/dev.log" >&2; exit 1; }
   sleep 0.2
 done
+n=0
+for p in $(pgrep -P "${PIDS[0]}"); do n=$((n + 1)); limit_cpu "cairn$n" "$p"; done
+[ -z "$NODE_CPUS" ] || [ "$n" = 3 ] || { log "cairn dev has $n nodes, expected 3"; exit 1; }
 export CAIRN_ENDPOINTS=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003
 cbench() {
   local label=$1; shift
@@ -101,12 +131,13 @@ cbench() {
 cbench "cairn keys: 10000 puts" write --sequential-keys --key-space 10000 --max-ops 10000 \
   --clients 64 --connections 1 --warmup 0 --duration 120
 for r in $(seq 1 "$REPEATS"); do
-  cbench "cairn get strong c=16 leader run$r" read --consistency strong --clients 16 --connections 16 \
+  cbench "cairn get strong c=$CLIENTS leader run$r" read --consistency strong --clients "$CLIENTS" --connections "$CLIENTS" \
     --target leader --duration "$DURATION" --max-ops 5000000
-  cbench "cairn get strong c=16 spread run$r" read --consistency strong --clients 16 --connections 16 \
+  cbench "cairn get strong c=$CLIENTS spread run$r" read --consistency strong --clients "$CLIENTS" --connections "$CLIENTS" \
     --target all --duration "$DURATION" --max-ops 5000000
 done
 stop_all
+drop_cgroups
 
 # ---- etcd
 CLUSTER="" EPS=""
@@ -121,7 +152,7 @@ for i in 1 2 3; do
     --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
     --initial-cluster "$CLUSTER" --initial-cluster-token cairn-spread-reads --initial-cluster-state new \
     --logger zap >>"$WORK/etcd$i.log" 2>&1 &
-  PIDS+=($!)
+  PIDS+=($!); limit_cpu "etcd$i" "$!"
 done
 t=0
 until etcdctl --endpoints="$EPS" --command-timeout=2s endpoint health >/dev/null 2>&1; do
@@ -138,9 +169,9 @@ ebench() {
 }
 ebench "etcd keys: puts c=64" put --endpoints "$LEP" --clients 64 --conns 1 --duration 5 --max-ops 10000
 for r in $(seq 1 "$REPEATS"); do
-  ebench "etcd get linearizable c=16 leader run$r" get --endpoints "$LEP" --clients 16 --conns 16 \
+  ebench "etcd get linearizable c=$CLIENTS leader run$r" get --endpoints "$LEP" --clients "$CLIENTS" --conns "$CLIENTS" \
     --duration "$DURATION" --max-ops 5000000
-  ebench "etcd get linearizable c=16 spread run$r" get --endpoints "$EPS" --clients 16 --conns 16 \
+  ebench "etcd get linearizable c=$CLIENTS spread run$r" get --endpoints "$EPS" --clients "$CLIENTS" --conns "$CLIENTS" \
     --duration "$DURATION" --max-ops 5000000
 done
 stop_all

@@ -26,6 +26,9 @@ enum Workload {
     List(ReadArgs),
     /// Reads and writes of random keys, in a ratio.
     Mixed(MixedArgs),
+    /// Reads of random keys from a client WatchCache primed with the key space: strong =
+    /// its consistent reads (a confirmed revision, then memory), eventual = memory only.
+    CacheRead(ReadArgs),
     /// N watchers on random nodes; writers at the leader; delivery latency.
     Watch(WatchArgs),
     /// kill -9 the leader, then time the first successful write through a survivor.
@@ -76,6 +79,9 @@ pub fn run(args: BenchArgs) -> u8 {
                 Workload::Write(a) => load::run(a.load, load::Mix::Write).await,
                 Workload::Read(a) => load::run(a.load, load::Mix::Read(a.consistency)).await,
                 Workload::List(a) => load::run(a.load, load::Mix::List(a.consistency)).await,
+                Workload::CacheRead(a) => {
+                    load::run(a.load, load::Mix::CacheRead(a.consistency)).await
+                }
                 Workload::Mixed(a) => {
                     if !(0.0..=1.0).contains(&a.read_fraction) {
                         return Err(BenchError::Option {

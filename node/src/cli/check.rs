@@ -14,12 +14,23 @@
 //!   sustains at least 90% of the rate with a p99 latency within the load's bound and no
 //!   failed write. Its resources are deleted afterwards. Exit 0 PASS, 1 FAIL, and the usual
 //!   codes (5 unavailable, 6 not authorized, ...) when the load could not run.
+//! - `check cache --type GROUP.KIND [--tenancy P/N] [--prefix P]` is a consistency check
+//!   users run themselves: it primes a client [`WatchCache`] of the type through a watch (a
+//!   snapshot, then live events), takes what the cache holds together with the revision it
+//!   reflects, lists the type at that very revision (a strong, paged list of the past
+//!   state), and reports every difference: a resource missing from the cache, one only in the
+//!   cache, one that differs. A difference can be seen for a moment while the cache is
+//!   between two changes of one log entry, so a mismatch is compared again (up to
+//!   [`CACHE_CHECK_ROUNDS`] times) before it is reported. Exit 0 PASS, 1 FAIL (differences),
+//!   and the usual codes when the cluster could not be read.
 
 use std::os::unix::fs::FileExt as _;
 use std::os::unix::io::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cairn_client::{ResourceKey, WatchCache, WatchSpec};
+use cairn_proto::v1::{Consistency, ListRequest, Resource, Tenancy, Type};
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::bench::{BenchError, LoadOptions, Report, StandardLoad};
@@ -43,6 +54,28 @@ pub enum CheckCommand {
     Disk(DiskArgs),
     /// Run a short standard write load against a running cluster: PASS or FAIL.
     Perf(PerfArgs),
+    /// Prime a client cache of a type through a watch and compare it with a list of the
+    /// type at the cache's revision: PASS, or FAIL with every difference.
+    Cache(CacheArgs),
+}
+
+#[derive(Args)]
+pub struct CacheArgs {
+    /// `--endpoints`, `--token`, TLS, `--timeout-ms` (each call's deadline).
+    #[command(flatten)]
+    global: crate::cli::common::GlobalArgs,
+    /// GROUP.KIND or GROUP.GROUP_VERSION.KIND (the version is ignored).
+    #[arg(long = "type", value_parser = crate::cli::data::parse_list_type)]
+    type_: Type,
+    /// PARTITION/NAMESPACE; `*` matches any (`'*/*'`: every tenancy).
+    #[arg(long, default_value = "*/*", value_parser = crate::cli::data::parse_tenancy)]
+    tenancy: Tenancy,
+    /// Only names starting with this.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Seconds to wait for the cache to prime.
+    #[arg(long, default_value_t = 60.0)]
+    prime_timeout: f64,
 }
 
 #[derive(Args)]
@@ -81,6 +114,7 @@ pub fn run(command: CheckCommand) -> u8 {
     match command {
         CheckCommand::Disk(args) => disk(args),
         CheckCommand::Perf(args) => perf(args),
+        CheckCommand::Cache(args) => cache(args),
     }
 }
 
@@ -585,5 +619,310 @@ mod tests {
             ..good
         };
         assert!(perf_verdict(&load, &edge).iter().all(|l| l.pass));
+    }
+
+    fn resource(name: &str, version: &str) -> Resource {
+        Resource {
+            id: Some(cairn_proto::v1::Id {
+                uid: "u".into(),
+                name: name.into(),
+                r#type: Some(Type {
+                    group: "g".into(),
+                    group_version: "v1".into(),
+                    kind: "K".into(),
+                }),
+                tenancy: Some(Tenancy {
+                    partition: "p".into(),
+                    namespace: "n".into(),
+                }),
+            }),
+            version: version.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cache_check_names_what_is_missing_extra_or_different() {
+        // Same keys and resources: no difference. Otherwise each key is named
+        // once: missing from the cache, only in it, or at another version.
+        let cluster = [resource("a", "1"), resource("b", "2"), resource("c", "3")];
+        assert!(cache_differences(&cluster, &cluster).is_empty());
+        let cache = [resource("b", "5"), resource("c", "3"), resource("d", "4")];
+        let found: Vec<String> = cache_differences(&cache, &cluster)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "missing from the cache: g.K p/n/a (version 1)",
+                "differs: g.K p/n/b: the cache holds version 5, the cluster 2",
+                "only in the cache: g.K p/n/d (version 4)",
+            ]
+        );
+    }
+}
+
+// ---- check cache ------------------------------------------------------------------------
+
+/// How many times `check cache` compares before it reports a difference.
+pub const CACHE_CHECK_ROUNDS: usize = 3;
+
+/// The pause between two comparisons of `check cache`.
+const CACHE_CHECK_PAUSE: Duration = Duration::from_millis(500);
+
+/// The most differences `check cache` prints (it counts them all).
+const CACHE_DIFFERENCES_SHOWN_MAX: usize = 20;
+
+/// One difference between a cache and the cluster at the same revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheDifference {
+    /// At the revision, the cluster held it and the cache did not.
+    Missing { key: String, version: String },
+    /// The cache held it and the cluster did not.
+    Extra { key: String, version: String },
+    /// Both held the key, not the same resource.
+    Differs {
+        key: String,
+        cache_version: String,
+        cluster_version: String,
+    },
+}
+
+impl std::fmt::Display for CacheDifference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CacheDifference::Missing { key, version } => {
+                write!(f, "missing from the cache: {key} (version {version})")
+            }
+            CacheDifference::Extra { key, version } => {
+                write!(f, "only in the cache: {key} (version {version})")
+            }
+            CacheDifference::Differs {
+                key,
+                cache_version,
+                cluster_version,
+            } => write!(
+                f,
+                "differs: {key}: the cache holds version {cache_version}, the cluster {cluster_version}"
+            ),
+        }
+    }
+}
+
+/// Every difference between what a cache held and what the cluster held at the same
+/// revision, in key order. Pure.
+pub fn cache_differences(cache: &[Resource], cluster: &[Resource]) -> Vec<CacheDifference> {
+    use std::collections::BTreeMap;
+    let by_key = |resources: &[Resource]| -> BTreeMap<ResourceKey, Resource> {
+        resources
+            .iter()
+            .map(|r| (ResourceKey::of(r), r.clone()))
+            .collect()
+    };
+    let (cache, cluster) = (by_key(cache), by_key(cluster));
+    let label = |k: &ResourceKey| {
+        format!(
+            "{}.{} {}/{}/{}",
+            k.group, k.kind, k.partition, k.namespace, k.name
+        )
+    };
+    let mut differences = Vec::new();
+    for (key, theirs) in &cluster {
+        match cache.get(key) {
+            None => differences.push(CacheDifference::Missing {
+                key: label(key),
+                version: theirs.version.clone(),
+            }),
+            Some(ours) if ours != theirs => differences.push(CacheDifference::Differs {
+                key: label(key),
+                cache_version: ours.version.clone(),
+                cluster_version: theirs.version.clone(),
+            }),
+            Some(_) => {}
+        }
+    }
+    for (key, ours) in &cache {
+        if !cluster.contains_key(key) {
+            differences.push(CacheDifference::Extra {
+                key: label(key),
+                version: ours.version.clone(),
+            });
+        }
+    }
+    differences
+}
+
+fn cache(args: CacheArgs) -> u8 {
+    if !(args.prime_timeout > 0.0 && args.prime_timeout <= 3600.0) {
+        eprintln!("cairn check cache: --prime-timeout must be between 0 and 3600 seconds");
+        return exit::USAGE;
+    }
+    let what = format!(
+        "{}.{} in {}/{}{}",
+        args.type_.group,
+        args.type_.kind,
+        args.tenancy.partition,
+        args.tenancy.namespace,
+        if args.prefix.is_empty() {
+            String::new()
+        } else {
+            format!(" named {}*", args.prefix)
+        }
+    );
+    let outcome = crate::bench::runtime()
+        .map_err(|e| CacheCheckError::Setup(e.to_string()))
+        .and_then(|runtime| runtime.block_on(check_cache(&args, &what)));
+    match outcome {
+        Ok(CacheVerdict::Same { revision, count }) => {
+            println!(
+                "PASS: the cache holds exactly what the cluster held at revision {revision} \
+                 ({count} resources)"
+            );
+            exit::OK
+        }
+        Ok(CacheVerdict::Different {
+            revision,
+            differences,
+        }) => {
+            for d in differences.iter().take(CACHE_DIFFERENCES_SHOWN_MAX) {
+                println!("{d}");
+            }
+            if differences.len() > CACHE_DIFFERENCES_SHOWN_MAX {
+                println!(
+                    "... and {} more",
+                    differences.len() - CACHE_DIFFERENCES_SHOWN_MAX
+                );
+            }
+            println!(
+                "FAIL: {} differences between the cache and the cluster at revision {revision} \
+                 (seen in {CACHE_CHECK_ROUNDS} comparisons in a row)",
+                differences.len()
+            );
+            1
+        }
+        Err(CacheCheckError::Setup(e)) => {
+            eprintln!("cairn check cache: {e}");
+            exit::ERROR
+        }
+        Err(CacheCheckError::Client(e)) => {
+            eprintln!("cairn check cache: {e}");
+            crate::cli::common::exit_code(&e)
+        }
+    }
+}
+
+enum CacheVerdict {
+    Same {
+        revision: u64,
+        count: usize,
+    },
+    Different {
+        revision: u64,
+        differences: Vec<CacheDifference>,
+    },
+}
+
+enum CacheCheckError {
+    /// The check itself could not run (no runtime).
+    Setup(String),
+    Client(cairn_client::ClientError),
+}
+
+impl From<cairn_client::ClientError> for CacheCheckError {
+    fn from(e: cairn_client::ClientError) -> CacheCheckError {
+        CacheCheckError::Client(e)
+    }
+}
+
+async fn check_cache(args: &CacheArgs, what: &str) -> Result<CacheVerdict, CacheCheckError> {
+    let client = crate::cli::data::client_of(&args.global)?;
+    let spec = WatchSpec {
+        type_: args.type_.clone(),
+        tenancy: args.tenancy.clone(),
+        name_prefix: args.prefix.clone(),
+    };
+    let (group, kind) = (args.type_.group.as_str(), args.type_.kind.as_str());
+    let cache = WatchCache::start(client.clone(), vec![spec], Default::default())?;
+    let spinner = indicatif::ProgressBar::new_spinner().with_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    spinner.set_message(format!("priming a cache of {what}"));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let started = Instant::now();
+    let primed = tokio::time::timeout(
+        Duration::from_secs_f64(args.prime_timeout),
+        cache.wait_primed(),
+    )
+    .await;
+    spinner.finish_and_clear();
+    if primed.is_err() {
+        return Err(cairn_client::ClientError::Unavailable {
+            message: format!(
+                "the cache of {what} did not prime within {} s",
+                args.prime_timeout
+            ),
+            outcome: cairn_client::Outcome::NotApplied,
+        }
+        .into());
+    }
+    println!(
+        "check cache: {what}: primed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut round = 0;
+    loop {
+        round += 1;
+        let Some((revision, cached)) = cache.list_with_revision(group, kind) else {
+            // Resyncing from scratch: the cluster changed under it.
+            if round < CACHE_CHECK_ROUNDS {
+                tokio::time::sleep(CACHE_CHECK_PAUSE).await;
+                continue;
+            }
+            return Err(cairn_client::ClientError::Unavailable {
+                message: format!("the cache of {what} is resyncing: the cluster changed"),
+                outcome: cairn_client::Outcome::NotApplied,
+            }
+            .into());
+        };
+        let request = ListRequest {
+            r#type: Some(args.type_.clone()),
+            tenancy: Some(args.tenancy.clone()),
+            name_prefix: args.prefix.clone(),
+            consistency: Consistency::Strong as i32,
+            revision,
+            ..ListRequest::default()
+        };
+        let listed = match client.list_request(request).await {
+            Ok(listed) => listed,
+            // The cache's revision left the cluster's history: compare at a newer one.
+            Err(cairn_client::ClientError::Compacted { .. }) if round < CACHE_CHECK_ROUNDS => {
+                tokio::time::sleep(CACHE_CHECK_PAUSE).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        assert_eq!(listed.revision, revision, "a list at a revision reflects it");
+        let cached: Vec<Resource> = cached.iter().map(|r| (**r).clone()).collect();
+        println!(
+            "cache at revision {revision}: {} resources; cluster at revision {revision}: {}",
+            cached.len(),
+            listed.resources.len()
+        );
+        let differences = cache_differences(&cached, &listed.resources);
+        if differences.is_empty() {
+            return Ok(CacheVerdict::Same {
+                revision,
+                count: cached.len(),
+            });
+        }
+        if round >= CACHE_CHECK_ROUNDS {
+            return Ok(CacheVerdict::Different {
+                revision,
+                differences,
+            });
+        }
+        tokio::time::sleep(CACHE_CHECK_PAUSE).await;
     }
 }

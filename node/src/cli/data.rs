@@ -350,6 +350,20 @@ pub async fn run_with(
     }
 }
 
+/// The client of a command that reads or writes resources: the cluster's
+/// endpoints, token and TLS, each call bounded by `--timeout-ms`.
+pub fn client_of(global: &GlobalArgs) -> Result<Client, ClientError> {
+    let cluster = &global.cluster;
+    let options = ClientOptions {
+        request_timeout: global.timeout(),
+        connect_timeout: global.timeout().min(Duration::from_secs(1)),
+        token: cluster.bearer_token()?,
+        tls: cluster.tls.options(&cluster.endpoints),
+        ..ClientOptions::default()
+    };
+    Client::new(&cluster.endpoints, options)
+}
+
 fn common(command: &DataCommand) -> &CommonArgs {
     match command {
         DataCommand::Read(a) => &a.common,
@@ -363,15 +377,7 @@ fn common(command: &DataCommand) -> &CommonArgs {
 
 async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u8, ClientError> {
     let c = common(&command).clone();
-    let cluster = &c.global.cluster;
-    let options = ClientOptions {
-        request_timeout: c.global.timeout(),
-        connect_timeout: c.global.timeout().min(Duration::from_secs(1)),
-        token: cluster.bearer_token()?,
-        tls: cluster.tls.options(&cluster.endpoints),
-        ..ClientOptions::default()
-    };
-    let client = Client::new(&cluster.endpoints, options)?;
+    let client = client_of(&c.global)?;
     match command {
         DataCommand::Read(a) => {
             let id = Id {

@@ -9,9 +9,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cairn_client::{CacheEvent, Client, ClientOptions, ResourceKey};
+use cairn_client::{CacheEvent, Client, ClientOptions, ResourceKey, WatchCache};
 use cairn_proto::google::protobuf::Any;
-use cairn_proto::v1::{Id, Resource, Tenancy, Type};
+use cairn_proto::v1::{Consistency, Id, Resource, Tenancy, Type};
 pub use jepsen_tests::cluster::{Cluster, ClusterOptions};
 use tokio::io::AsyncWriteExt;
 
@@ -68,6 +68,23 @@ pub fn thing(kind: &str, name: &str, json: &str) -> Resource {
             value: bytes::Bytes::copy_from_slice(json.as_bytes()),
         }),
         ..Default::default()
+    }
+}
+
+/// Every tenancy (a list or watch pattern).
+pub fn any_tenancy() -> Tenancy {
+    Tenancy {
+        partition: "*".into(),
+        namespace: "*".into(),
+    }
+}
+
+/// `demo.KIND` at no group version (a list or watch filter).
+pub fn unversioned(kind: &str) -> Type {
+    Type {
+        group: "demo".into(),
+        group_version: String::new(),
+        kind: kind.into(),
     }
 }
 
@@ -208,4 +225,49 @@ pub async fn run_cairn(
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
+}
+
+/// Creates `count` resources of `kind` named `{prefix}{i}`, 16 at a time.
+pub async fn create_many(client: &Client, kind: &str, prefix: &str, count: usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..16 {
+        let client = client.clone();
+        let (kind, prefix) = (kind.to_string(), prefix.to_string());
+        tasks.spawn(async move {
+            for i in (worker..count).step_by(16) {
+                client
+                    .create(thing(&kind, &format!("{prefix}{i:05}"), "{}"))
+                    .await
+                    .unwrap_or_else(|e| panic!("create {prefix}{i}: {e}"));
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("writer task");
+    }
+}
+
+/// Sorted name@version of what the cluster holds for `kind` (strong list).
+pub async fn cluster_state(client: &Client, kind: &str) -> Vec<String> {
+    let listed = client
+        .list(unversioned(kind), any_tenancy(), "", Consistency::Strong)
+        .await
+        .expect("strong list");
+    let mut v: Vec<String> = listed
+        .resources
+        .iter()
+        .map(|r| format!("{}@{}", r.id.as_ref().unwrap().name, r.version))
+        .collect();
+    v.sort();
+    v
+}
+
+pub fn cache_state(cache: &WatchCache, kind: &str) -> Vec<String> {
+    let mut v: Vec<String> = cache
+        .list("demo", kind)
+        .iter()
+        .map(|r| format!("{}@{}", r.id.as_ref().unwrap().name, r.version))
+        .collect();
+    v.sort();
+    v
 }
