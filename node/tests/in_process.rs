@@ -216,21 +216,14 @@ fn counter(name: &str, version: &str, value: &[u8]) -> Resource {
     }
 }
 
-/// Waits until `check` holds, or fails naming `what`.
-async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_cache_primes_through_the_in_process_client_and_shares_what_it_delivered() {
     // The same `WatchCache` code over the in-process client: primed with what was
-    // written before it started, then live changes. A subscriber and a reader of the
-    // cache hold the very resource the watch delivered (one allocation, not copies).
-    // The same cache through a remote client of the same node holds the same.
+    // written before it started, then live changes; a consistent read (WatchProgress
+    // on the cache's watch, in process) sees a write acknowledged just before. A
+    // subscriber and a reader of the cache hold the very resource the watch delivered
+    // (one allocation, not copies). The same cache through a remote client of the
+    // same node holds the same.
     let embedded = Embedded::start(1, |_| {}).await;
     embedded.leader().await;
     let node = &embedded.nodes[0];
@@ -264,13 +257,9 @@ async fn a_watch_cache_primes_through_the_in_process_client_and_shares_what_it_d
     let b = cache.get(&counter("b", "", b"").id.unwrap()).unwrap();
     let updated = client.write(counter("b", &b.version, b"1")).await.unwrap();
     let b_id = updated.id.clone().unwrap();
-    wait_until("the update reaches the cache", || {
-        cache
-            .get(&b_id)
-            .is_some_and(|r| r.version == updated.version)
-    })
-    .await;
-    let cached = cache.get(&b_id).unwrap();
+    // A consistent read asks the node for progress on the cache's watch (in
+    // process too): it sees the acknowledged update without waiting for it.
+    let cached = cache.get_consistent(&b_id).await.unwrap().unwrap();
     assert_eq!(cached, updated);
     let last_delivered = delivered.lock().last().cloned().unwrap();
     assert!(
@@ -288,9 +277,16 @@ async fn a_watch_cache_primes_through_the_in_process_client_and_shares_what_it_d
     tokio::time::timeout(WAIT, remote_cache.wait_primed())
         .await
         .expect("the remote cache primed in time");
+    let c = cache.get(&counter("c", "", b"").id.unwrap()).unwrap();
+    let c2 = client.write(counter("c", &c.version, b"2")).await.unwrap();
+    let seen = remote_cache.get_consistent(c2.id.as_ref().unwrap()).await;
+    assert_eq!(seen.unwrap(), Some(c2));
     assert_eq!(
-        remote_cache.list("demo", "Counter"),
-        cache.list("demo", "Counter")
+        remote_cache
+            .list_consistent("demo", "Counter")
+            .await
+            .unwrap(),
+        cache.list_consistent("demo", "Counter").await.unwrap()
     );
     drop((cache, remote_cache));
     embedded.shutdown().await;
