@@ -223,21 +223,6 @@ pub fn watch_resume_revision(last_seen: u64) -> u64 {
 /// time within the call's one deadline).
 pub const LIST_RESTARTS_MAX: u32 = 3;
 
-/// An error unless `page` continues the listing at `revision`: every page of
-/// a listing reflects its first page's revision.
-fn check_same_listing(revision: u64, page: &ListResponse) -> Result<(), ClientError> {
-    if page.revision == revision {
-        return Ok(());
-    }
-    Err(ClientError::Internal {
-        message: format!(
-            "a page of a listing at revision {revision} answered at revision {}",
-            page.revision
-        ),
-        outcome: Outcome::NotApplied,
-    })
-}
-
 /// The pages of one listing, fetched one at a time ([`Client::list_pages`]).
 ///
 /// Each [`ListPages::next`] is one call with its own deadline
@@ -269,7 +254,7 @@ impl ListPages {
             Err(e) => return Some(Err(e)),
         };
         if let Some(revision) = self.revision {
-            if let Err(e) = check_same_listing(revision, &page) {
+            if let Err(e) = crate::api::check_same_listing(revision, page.revision) {
                 return Some(Err(e));
             }
         }
@@ -506,44 +491,13 @@ impl Client {
     /// [`Client::list_pages`].
     pub async fn list_request(&self, request: ListRequest) -> Result<ListResponse, ClientError> {
         let deadline = Instant::now() + self.inner.options.request_timeout;
-        let restartable = request.revision == 0 && request.page_token.is_empty();
-        let mut restarts = 0;
-        loop {
-            match self.whole_listing(&request, deadline).await {
-                Err(ClientError::Compacted {
-                    oldest_retained_revision,
-                }) if restartable && restarts < LIST_RESTARTS_MAX && Instant::now() < deadline => {
-                    restarts += 1;
-                    tracing::debug!(
-                        oldest_retained_revision,
-                        restarts,
-                        "list: the listing's revision was compacted between pages; starting again"
-                    );
-                }
-                result => return result,
-            }
-        }
-    }
-
-    /// Every page of the listing `request` starts, gathered, by `deadline`.
-    async fn whole_listing(
-        &self,
-        request: &ListRequest,
-        deadline: Instant,
-    ) -> Result<ListResponse, ClientError> {
-        let mut listing = self.list_page_by(request.clone(), deadline).await?;
-        let mut token = std::mem::take(&mut listing.next_page_token);
-        while !token.is_empty() {
-            let next = ListRequest {
-                page_token: token,
-                ..request.clone()
-            };
-            let page = self.list_page_by(next, deadline).await?;
-            check_same_listing(listing.revision, &page)?;
-            listing.resources.extend(page.resources);
-            token = page.next_page_token;
-        }
-        Ok(listing)
+        let listing = crate::api::whole_listing(&request, deadline, |page, deadline| async move {
+            self.list_page_by(page, deadline)
+                .await
+                .map(crate::Listing::from)
+        })
+        .await?;
+        Ok(listing.into())
     }
 
     /// One page of a listing: the request as given (its `limit`, and its

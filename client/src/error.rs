@@ -129,6 +129,25 @@ impl ClientError {
         }
     }
 
+    /// A node's final answer to a request it ran for a caller in its own
+    /// process (its forwarder already retried what may be retried), with the
+    /// outcome the shared decision table gives that answer to `operation`
+    /// (`cairn_request`): Inconsistent or Internal on a write may have
+    /// applied; Unavailable, a verdict, or any failure of a read did not.
+    pub fn from_node_answer(error: ApiError, operation: cairn_request::Operation) -> ClientError {
+        use cairn_request::{classify, next_step, Failure, Step};
+        let failure = Failure::Answered(error);
+        // One attempt was made, and it was the last: only the outcome is asked.
+        let outcome = match next_step(operation, classify(&failure), 1, 1) {
+            Step::Stop(outcome) => outcome,
+            Step::Retry | Step::Redirect(_) => Outcome::NotApplied,
+        };
+        match failure {
+            Failure::Answered(error) => ClientError::from_api(error, outcome),
+            _ => unreachable!("built as an answer above"),
+        }
+    }
+
     /// Maps a node's verdict to the client's kind. `NotLeader` is followed by
     /// the retry loop and only surfaces here when it gave up: Unavailable.
     pub(crate) fn from_api(error: ApiError, outcome_if_unsure: Outcome) -> ClientError {
@@ -228,6 +247,44 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn an_in_process_answer_gets_the_outcome_of_the_shared_table() {
+        // A write the node could not finish may have applied; one it refused
+        // before proposing, a verdict, or any failed read did not.
+        use cairn_request::Operation::{Mutation, Read};
+        let cases = [
+            (
+                ApiError::Inconsistent("x".into()),
+                Mutation,
+                Outcome::Unknown,
+            ),
+            (ApiError::Internal("x".into()), Mutation, Outcome::Unknown),
+            (
+                ApiError::Unavailable("x".into()),
+                Mutation,
+                Outcome::NotApplied,
+            ),
+            (
+                ApiError::CasFailure("x".into()),
+                Mutation,
+                Outcome::NotApplied,
+            ),
+            (
+                ApiError::Inconsistent("x".into()),
+                Read,
+                Outcome::NotApplied,
+            ),
+            (ApiError::Internal("x".into()), Read, Outcome::NotApplied),
+            (ApiError::NotFound, Read, Outcome::NotApplied),
+        ];
+        for (api, operation, outcome) in cases {
+            let kind = api.kind();
+            let e = ClientError::from_node_answer(api, operation);
+            assert_eq!(e.kind(), kind, "{e:?}");
+            assert_eq!(e.outcome(), outcome, "{e:?} on a {operation:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,12 @@
 //! [`PrimingBarrier`] for many caches; how to reach the nodes
 //! ([`TlsOptions`], [`BearerToken`]).
 //!
+//! [`ResourceApi`] ([`api`]) is the contract's calls as one trait, with
+//! resources shared (`Arc<Resource>`): [`Client`] implements it, and so does
+//! an embedded node's in-process client (`cairn_node::embed`). A
+//! [`WatchCache`] runs over either, and so does any controller written
+//! against the trait.
+//!
 //! Lists are paged by the nodes: [`Client::list`] and
 //! [`Client::list_request`] follow the pages to the end (every page reflects
 //! the first page's revision, and a listing whose revision was compacted
@@ -69,6 +75,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod auth;
 pub mod barrier;
 pub mod client;
@@ -78,6 +85,7 @@ pub mod index;
 pub mod tls;
 pub mod watch_cache;
 
+pub use api::{Listing, ResourceApi, Watch};
 pub use auth::{AuthenticatedChannel, BearerToken, Credentials};
 pub use barrier::PrimingBarrier;
 pub use client::{

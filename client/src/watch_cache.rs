@@ -80,14 +80,14 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_proto::v1::{watch_event, Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
+use cairn_proto::v1::{Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::api::{EventKind, ResourceApi};
 use crate::error::ClientError;
 use crate::index::{Index, Indexes};
-use crate::Client;
 
 /// What one watch of the cache selects: an unversioned type (group + kind),
 /// a tenancy in which `*` matches any value, and a name prefix.
@@ -490,7 +490,7 @@ struct Shared {
     /// The cluster the cache primed from, and how many times it changed.
     cluster: Mutex<ClusterSeen>,
     /// The client the type watchers use, for WatchProgress.
-    client: Client,
+    client: Arc<dyn ResourceApi>,
     options: WatchCacheOptions,
 }
 
@@ -609,7 +609,7 @@ impl Drop for WatchCache {
 /// options, the indexes, and callbacks registered before the first event.
 /// From [`WatchCache::builder`].
 pub struct WatchCacheBuilder {
-    client: Client,
+    client: Arc<dyn ResourceApi>,
     specs: Vec<WatchSpec>,
     options: WatchCacheOptions,
     indexes: Vec<Index>,
@@ -736,12 +736,13 @@ impl WatchCacheBuilder {
 }
 
 impl WatchCache {
-    /// A cache of `specs` through `client`, with default options, no index
-    /// and no callback until more are given; [`WatchCacheBuilder::start`]
-    /// starts it.
-    pub fn builder(client: Client, specs: Vec<WatchSpec>) -> WatchCacheBuilder {
+    /// A cache of `specs` through `client` (any [`ResourceApi`]: the remote
+    /// [`crate::Client`], or an embedded node's in-process client), with
+    /// default options, no index and no callback until more are given;
+    /// [`WatchCacheBuilder::start`] starts it.
+    pub fn builder(client: impl ResourceApi, specs: Vec<WatchSpec>) -> WatchCacheBuilder {
         WatchCacheBuilder {
-            client,
+            client: Arc::new(client),
             specs,
             options: WatchCacheOptions::default(),
             indexes: Vec::new(),
@@ -753,7 +754,7 @@ impl WatchCache {
     /// Starts watching `specs` through `client`, without indexes (see
     /// [`WatchCacheBuilder::start`] for what is refused).
     pub fn start(
-        client: Client,
+        client: impl ResourceApi,
         specs: Vec<WatchSpec>,
         options: WatchCacheOptions,
     ) -> Result<WatchCache, ClientError> {
@@ -763,7 +764,7 @@ impl WatchCache {
     /// As [`WatchCache::start`], with subscribers registered before the first
     /// event, so they see everything from the initial snapshot on.
     pub fn start_with(
-        client: Client,
+        client: impl ResourceApi,
         specs: Vec<WatchSpec>,
         options: WatchCacheOptions,
         subscribers: Vec<Callback>,
@@ -1080,7 +1081,7 @@ fn snapshot_transition(old: Option<&Arc<Resource>>, new: &Arc<Resource>) -> Vec<
 /// One type's watch loop.
 struct TypeWatcher {
     shared: Arc<Shared>,
-    client: Client,
+    client: Arc<dyn ResourceApi>,
     index: usize,
     options: WatchCacheOptions,
 }
@@ -1139,7 +1140,7 @@ impl TypeWatcher {
             };
             // Which cluster answered, before any event is used: a resumed watch
             // on another cluster would replay its history into this one's.
-            let current = self.shared.observe_cluster(stream.cluster_id(), stream.endpoint());
+            let current = self.shared.observe_cluster(stream.cluster_id(), stream.source());
             if current != epoch {
                 epoch = current;
                 if revision.is_some() {
@@ -1152,7 +1153,7 @@ impl TypeWatcher {
                 }
             }
             self.set_watch(stream.watch_id().map(|watch_id| WatchAt {
-                endpoint: stream.endpoint().to_string(),
+                endpoint: stream.source().to_string(),
                 watch_id,
             }));
             if start_revision == 0 {
@@ -1184,19 +1185,15 @@ impl TypeWatcher {
                     backoff = self.options.retry_backoff_initial;
                 }
                 let event_revision = event.revision;
-                match (event.event, staged.as_mut()) {
-                    (Some(watch_event::Event::Upsert(u)), Some(buffer)) => {
-                        if let Some(r) = u.resource {
-                            buffer.push(Arc::new(r));
-                        }
-                    }
-                    (Some(watch_event::Event::EndOfSnapshot(_)), Some(_)) => {
+                match (event.kind, staged.as_mut()) {
+                    (EventKind::Upsert(r), Some(buffer)) => buffer.push(r),
+                    (EventKind::EndOfSnapshot, Some(_)) => {
                         let snapshot = staged.take().unwrap_or_default();
                         if revision.is_some_and(|r| event_revision < r) {
                             // A node behind what the cache already showed:
                             // try another one after a pause.
                             self.shared.table.write().stats.stale_snapshots_discarded += 1;
-                            self.client.avoid(stream.endpoint());
+                            self.client.avoid(stream.source());
                             break Rewatch::FreshSnapshot;
                         }
                         self.apply_snapshot(snapshot, event_revision);
@@ -1206,7 +1203,7 @@ impl TypeWatcher {
                         self.set_type_status(TypeStatus::Live);
                         self.mark_primed();
                     }
-                    (Some(watch_event::Event::Upsert(u)), None) => {
+                    (EventKind::Upsert(r), None) => {
                         // Older than what the map shows: a replay overlap.
                         // (Equal: another change of the same entry, or a
                         // replayed one, which `apply_live` drops.)
@@ -1214,11 +1211,10 @@ impl TypeWatcher {
                             self.count_dropped();
                             continue;
                         }
-                        let change = u.resource.map(|r| CacheEvent::Upsert(Arc::new(r)));
-                        self.apply_live(change, event_revision);
+                        self.apply_live(Some(CacheEvent::Upsert(r)), event_revision);
                         revision = Some(event_revision);
                     }
-                    (Some(watch_event::Event::Delete(d)), None) => {
+                    (EventKind::Delete(r), None) => {
                         // Older than what the map shows: a replay overlap.
                         // (Equal: another change of the same entry, or a
                         // replayed one, which `apply_live` drops.)
@@ -1226,11 +1222,10 @@ impl TypeWatcher {
                             self.count_dropped();
                             continue;
                         }
-                        let change = d.resource.map(|r| CacheEvent::Delete(Arc::new(r)));
-                        self.apply_live(change, event_revision);
+                        self.apply_live(Some(CacheEvent::Delete(r)), event_revision);
                         revision = Some(event_revision);
                     }
-                    (Some(watch_event::Event::Progress(_)), None) => {
+                    (EventKind::Progress, None) => {
                         self.shared
                             .table
                             .write()
@@ -1238,9 +1233,8 @@ impl TypeWatcher {
                         self.shared.moved.send_replace(());
                         revision = Some(revision.map_or(event_revision, |r| r.max(event_revision)));
                     }
-                    (Some(watch_event::Event::Progress(_)), Some(_)) | (None, _) => {}
-                    (Some(watch_event::Event::Delete(_)), Some(_))
-                    | (Some(watch_event::Event::EndOfSnapshot(_)), None) => {
+                    (EventKind::Progress, Some(_)) => {}
+                    (EventKind::Delete(_), Some(_)) | (EventKind::EndOfSnapshot, None) => {
                         // Not a stream the contract allows: start over cleanly.
                         tracing::warn!(kind = %spec.type_.kind, "watch cache: unexpected event order; resyncing");
                         break Rewatch::FreshSnapshot;
@@ -1343,6 +1337,7 @@ fn deliver(dispatch: &mut Dispatch, events: &[CacheEvent]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Client;
 
     fn resource(name: &str, uid: &str, version: &str) -> Arc<Resource> {
         Arc::new(Resource {

@@ -25,9 +25,9 @@ fn too_many_results(results_max: usize) -> ApiError {
 
 /// The watch stream served to clients: events (each resource as its stored
 /// bytes), then at most one error (WatchClosed, Compacted), after which the
-/// stream ends.
-pub type WatchStream =
-    Pin<Box<dyn Stream<Item = Result<shared::WatchEvent, tonic::Status>> + Send>>;
+/// stream ends. Errors are the one vocabulary, [`ApiError`]: only the gRPC
+/// edge turns them into statuses, so an in-process caller gets them as they are.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<shared::WatchEvent, ApiError>> + Send>>;
 
 /// A watch opened on this node: its id (what `WatchProgress` names it by,
 /// sent to the client as [`cairn_proto::WATCH_ID_HEADER`]) and its events.
@@ -338,7 +338,7 @@ impl<H: Handle> Executor<H> {
             let mut watch = state?;
             match watch.next().await {
                 Ok(event) => Some((Ok(event.to_shared()), Some(watch))),
-                Err(e) => Some((Err(tonic::Status::from(ApiError::from(e))), None)),
+                Err(e) => Some((Err(ApiError::from(e)), None)),
             }
         });
         Ok(OpenedWatch {

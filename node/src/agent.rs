@@ -77,6 +77,9 @@ pub fn limits(config: &Config) -> cairn_fsm::Limits {
 /// A running node; dropped or shut down by [`Agent::shutdown`].
 pub struct Agent {
     pub raft: RaftHandle,
+    /// What the client port runs once a caller is admitted; also the in-process
+    /// client's way in ([`crate::embed`]).
+    api: Arc<ResourceApi>,
     /// The admin service (also used to hand leadership off on shutdown).
     admin: Admin,
     /// Every long-lived task of the node (servers, batchers, watchers), stopped and joined
@@ -405,7 +408,7 @@ impl Agent {
         );
         let probes = crate::ops::Probes {
             raft: raft.clone(),
-            api,
+            api: api.clone(),
             fatal: fatal.clone(),
             data_dir: config.data_dir.clone(),
             apply_lag_entries_max: config.ready_apply_lag_entries_max,
@@ -429,6 +432,7 @@ impl Agent {
 
         Ok(Agent {
             raft,
+            api,
             admin,
             tasks,
             health,
@@ -436,6 +440,11 @@ impl Agent {
             fatal,
             _lock: lock,
         })
+    }
+
+    /// The node's request layer as the client port runs it for an admitted caller.
+    pub fn resource_api(&self) -> &Arc<ResourceApi> {
+        &self.api
     }
 
     /// Waits until the node cannot go on (openraft's core stopped unasked), and says why.

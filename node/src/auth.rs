@@ -624,7 +624,7 @@ pub fn close_when_revoked(events: WatchStream, guard: WatchGuard) -> WatchStream
             let (mut events, mut revoked) = state?;
             tokio::select! {
                 biased;
-                refusal = &mut revoked => Some((Err(tonic::Status::from(refusal)), None)),
+                refusal = &mut revoked => Some((Err(refusal), None)),
                 event = events.next() => {
                     let event = event?;
                     Some((event, Some((events, revoked))))

@@ -528,6 +528,19 @@ pub struct ConfigSource {
 }
 
 impl ConfigSource {
+    /// The source of a configuration given whole (an embedded node's:
+    /// `crate::embed`): every setting as a flag, the top layer, so that
+    /// loading it again (on SIGHUP) gives the same configuration back
+    /// whatever the file system or the environment say. Fails only on a
+    /// setting that has no text form (a path that is not UTF-8).
+    pub fn fixed(config: &Config) -> Result<ConfigSource, ConfigError> {
+        let flags = serde_json::to_value(config).map_err(|e| ConfigError::Source {
+            from: "the configuration given".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(ConfigSource { file: None, flags })
+    }
+
     /// Defaults < file < environment < flags, validated.
     pub fn load(&self) -> Result<Config, ConfigError> {
         Config::load(
@@ -969,6 +982,27 @@ mod tests {
 
     fn flags(v: serde_json::Value) -> Serialized<serde_json::Value> {
         Serialized::defaults(v)
+    }
+
+    #[test]
+    fn a_fixed_source_loads_back_the_configuration_it_was_made_of() {
+        // An embedded node's configuration, loaded again (SIGHUP): every setting as given,
+        // the absent ones (metrics_address, join, TLS files) still absent.
+        let config = Config {
+            node_id: 3,
+            data_dir: PathBuf::from("/tmp/cairn-embedded"),
+            members: parse_members("3=127.0.0.1:8103/127.0.0.1:7103").unwrap(),
+            election_timeout_ms: 2_000,
+            follower_strong_reads: FollowerStrongReads::Forward,
+            ..Config::default()
+        };
+        let loaded = ConfigSource::fixed(&config).unwrap().load().unwrap();
+        assert_eq!(
+            serde_json::to_value(&loaded).unwrap(),
+            serde_json::to_value(&config).unwrap()
+        );
+        assert_eq!(loaded.metrics_address, None);
+        assert!(config.settings_changed(&loaded).is_empty());
     }
 
     #[test]

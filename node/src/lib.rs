@@ -4,6 +4,10 @@
 //! (durable log) and openraft into a node serving gRPC, plus the `cairn`
 //! command line ([`cli`]: every command, one module each).
 //!
+//! A program may run a node itself ([`embed`]: a configuration in, an
+//! `EmbeddedNode` out, with an in-process client implementing
+//! `cairn_client::ResourceApi`); `cairn agent` starts its node the same way.
+//!
 //! Must not: put contract rules here (they are in `cairn-fsm`), or let an
 //! openraft type escape the [`raft`] module.
 //!
@@ -55,6 +59,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 mod durable;
+pub mod embed;
 pub mod fatal;
 pub mod forward;
 pub mod grpc_metrics;

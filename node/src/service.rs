@@ -36,11 +36,18 @@
 //! less a margin so that the answer beats the client's own cancellation,
 //! capped by the node's request timeout) into an instant, and errors into
 //! statuses through `ApiError`.
+//!
+//! What runs once a caller is admitted is [`ResourceApi`]'s, and serves two
+//! callers: this gRPC shell (after authentication and authorization) and the
+//! in-process client of an embedded node ([`crate::embed`], a trusted caller
+//! that sees everything). Both get the same validation, forwarding,
+//! `follower_strong_reads`, node-wide watch budget (`watches_max`) and
+//! test-only switches, from the one piece.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_forwarding::{Executor, Forwarder, WatchStream};
+use cairn_forwarding::{Executor, Forwarder, OpenedWatch, WatchStream};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::shared::resource_service_server::ResourceService;
 use cairn_proto::v1::{self as pb, shared};
@@ -49,6 +56,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{authorize, Action, Authenticator, Visibility};
+use crate::connections::ConnectionInfo;
 use crate::forward::NodeHandle;
 
 pub struct ResourceApi {
@@ -119,9 +127,14 @@ impl ResourceApi {
         &self.forwarder
     }
 
+    /// The id of this node's cluster ("" until it knows one).
+    pub fn cluster_id(&self) -> String {
+        self.forwarder.executor().handle().cluster_id()
+    }
+
     /// Tells the client which cluster answered ([`cairn_proto::CLUSTER_ID_HEADER`]).
     fn stamp_cluster_id<T>(&self, response: &mut Response<T>) {
-        let cluster_id = self.forwarder.executor().handle().cluster_id();
+        let cluster_id = self.cluster_id();
         if !cluster_id.is_empty() {
             insert_metadata(response, cairn_proto::CLUSTER_ID_HEADER, &cluster_id);
         }
@@ -144,8 +157,103 @@ impl ResourceApi {
 
     /// When a request must be answered by.
     fn deadline<T>(&self, r: &Request<T>) -> Instant {
-        let caller = cairn_forwarding::caller_timeout(r);
+        self.deadline_within(cairn_forwarding::caller_timeout(r))
+    }
+
+    /// When a request whose caller waits `caller` (`None`: as long as the node allows)
+    /// must be answered by: that less a margin, at most the node's request timeout.
+    pub fn deadline_within(&self, caller: Option<Duration>) -> Instant {
         Instant::now() + cairn_forwarding::bounded_timeout(caller, self.request_timeout)
+    }
+
+    // ---- What an admitted caller's request runs: the gRPC shell's after
+    // authentication and authorization, the in-process client's at once.
+
+    /// Read (validated again, then here or at the leader).
+    pub async fn read(
+        &self,
+        r: pb::ReadRequest,
+        deadline: Instant,
+    ) -> Result<shared::ReadResponse, ApiError> {
+        self.forwarder.read(self.served(r), deadline).await
+    }
+
+    /// Write, through Raft here on the leader, else at the leader.
+    pub async fn write(
+        &self,
+        r: pb::WriteRequest,
+        deadline: Instant,
+    ) -> Result<shared::WriteResponse, ApiError> {
+        self.forwarder.write(r, deadline).await
+    }
+
+    /// Delete, as [`ResourceApi::write`].
+    pub async fn delete(
+        &self,
+        r: pb::DeleteRequest,
+        deadline: Instant,
+    ) -> Result<pb::DeleteResponse, ApiError> {
+        self.forwarder.delete(r, deadline).await
+    }
+
+    /// One page of a listing, of what `visible` shows (`None`: everything).
+    pub async fn list(
+        &self,
+        r: pb::ListRequest,
+        visible: Option<Arc<cairn_fsm::ReadScope>>,
+        deadline: Instant,
+    ) -> Result<shared::ListResponse, ApiError> {
+        self.forwarder
+            .list(self.served_list(r), visible, deadline)
+            .await
+    }
+
+    /// ListByOwner, of what `visible` shows (`None`: everything).
+    pub fn list_by_owner(
+        &self,
+        r: pb::ListByOwnerRequest,
+        visible: Option<&cairn_fsm::ReadScope>,
+    ) -> Result<shared::ListByOwnerResponse, ApiError> {
+        self.forwarder.list_by_owner(r, visible)
+    }
+
+    /// Opens a watch: takes its slot first (on the node, `watches_max`, and on
+    /// `connection` when the request came over one), opened by `deadline` (a strong
+    /// watch's read index), only events `visible` shows; the slot is held by the stream.
+    pub async fn watch(
+        &self,
+        r: pb::WatchListRequest,
+        visible: Visibility,
+        connection: Option<&ConnectionInfo>,
+        deadline: Instant,
+    ) -> Result<OpenedWatch, ApiError> {
+        let permit = match &self.connection_limits {
+            Some(limits) => Some(limits.watch(connection)?),
+            None => None,
+        };
+        let OpenedWatch { id, events } = self.forwarder.watch(r, deadline).await?;
+        let events: WatchStream = match visible {
+            Visibility::Everything => events,
+            within => Box::pin(
+                events.filter(move |event| std::future::ready(event_visible(&within, event))),
+            ),
+        };
+        let events = drop_every_nth_change(events, self.unsafe_modes.unsafe_drop_watch_events);
+        let events = Box::pin(events.map(move |event| {
+            let _held = &permit;
+            event
+        }));
+        Ok(OpenedWatch { id, events })
+    }
+
+    /// WatchProgress: a quorum-confirmed revision, and a Progress event at or
+    /// above it on each named watch of this node, by `deadline`.
+    pub async fn watch_progress(
+        &self,
+        r: pb::WatchProgressRequest,
+        deadline: Instant,
+    ) -> Result<pb::WatchProgressResponse, ApiError> {
+        self.forwarder.watch_progress(r, deadline).await
     }
 }
 
@@ -199,12 +307,7 @@ impl ResourceService for ResourceGrpc {
             let (type_, tenancy) = id_parts(m.id.as_ref())?;
             Ok(Action::Read { type_, tenancy })
         })?;
-        Ok(Response::new(
-            self.0
-                .forwarder
-                .read(self.0.served(r.into_inner()), d)
-                .await?,
-        ))
+        Ok(Response::new(self.0.read(r.into_inner(), d).await?))
     }
 
     async fn write(
@@ -220,9 +323,7 @@ impl ResourceService for ResourceGrpc {
             let (type_, tenancy) = id_parts(id)?;
             Ok(Action::Write { type_, tenancy })
         })?;
-        Ok(Response::new(
-            self.0.forwarder.write(r.into_inner(), d).await?,
-        ))
+        Ok(Response::new(self.0.write(r.into_inner(), d).await?))
     }
 
     async fn delete(
@@ -234,9 +335,7 @@ impl ResourceService for ResourceGrpc {
             let (type_, tenancy) = id_parts(m.id.as_ref())?;
             Ok(Action::Write { type_, tenancy })
         })?;
-        Ok(Response::new(
-            self.0.forwarder.delete(r.into_inner(), d).await?,
-        ))
+        Ok(Response::new(self.0.delete(r.into_inner(), d).await?))
     }
 
     async fn list(
@@ -249,12 +348,7 @@ impl ResourceService for ResourceGrpc {
         })?;
         let answer = self
             .0
-            .forwarder
-            .list(
-                self.0.served_list(r.into_inner()),
-                visible.read_scope().cloned(),
-                d,
-            )
+            .list(r.into_inner(), visible.read_scope().cloned(), d)
             .await?;
         Ok(Response::new(answer))
     }
@@ -268,17 +362,16 @@ impl ResourceService for ResourceGrpc {
         })?;
         let answer = self
             .0
-            .forwarder
             .list_by_owner(r.into_inner(), visible.read_scope().map(|s| &**s))?;
         Ok(Response::new(answer))
     }
 
-    type WatchListStream = WatchStream;
+    type WatchListStream = GrpcWatchStream;
 
     async fn watch_list(
         &self,
         r: Request<pb::WatchListRequest>,
-    ) -> Result<Response<WatchStream>, Status> {
+    ) -> Result<Response<GrpcWatchStream>, Status> {
         // Authenticated first (as `ResourceApi::authorize` does), then
         // validated; authorized by the guard, now and again at every reload
         // of the grants.
@@ -288,34 +381,24 @@ impl ResourceService for ResourceGrpc {
             list_filter(r.get_ref().r#type.as_ref(), r.get_ref().tenancy.as_ref())?;
         let guard = caller.authorize(type_, tenancy)?;
         let visible = guard.visibility().clone();
-        // The watch's slot is taken before any work and held by the stream.
-        let permit = match &self.0.connection_limits {
-            Some(limits) => {
-                Some(limits.watch(r.extensions().get::<crate::connections::ConnectionInfo>())?)
-            }
-            None => None,
-        };
         // A strong watch waits for a read index within the time its caller waits for it
         // to open (a watch has no gRPC deadline), at most the node's request timeout.
-        let open_timeout = cairn_forwarding::watch_open_timeout(&r);
-        let deadline = Instant::now()
-            + cairn_forwarding::bounded_timeout(open_timeout, self.0.request_timeout);
-        let opened = self.0.forwarder.watch(r.into_inner(), deadline).await?;
-        let (watch_id, events) = (opened.id, opened.events);
-        let events: WatchStream = match visible {
-            Visibility::Everything => events,
-            within => Box::pin(
-                events.filter(move |event| std::future::ready(event_visible(&within, event))),
-            ),
-        };
-        let events = drop_every_nth_change(events, self.0.unsafe_modes.unsafe_drop_watch_events);
-        let events = crate::auth::close_when_revoked(events, guard);
-        let events = futures::StreamExt::map(events, move |event| {
-            let _held = &permit;
-            event
-        });
-        let mut response = Response::new(Box::pin(events) as WatchStream);
-        insert_metadata(&mut response, cairn_proto::WATCH_ID_HEADER, &watch_id.to_string());
+        let deadline = self
+            .0
+            .deadline_within(cairn_forwarding::watch_open_timeout(&r));
+        let connection = r.extensions().get::<ConnectionInfo>().cloned();
+        let opened = self
+            .0
+            .watch(r.into_inner(), visible, connection.as_ref(), deadline)
+            .await?;
+        let events = crate::auth::close_when_revoked(opened.events, guard);
+        let events: GrpcWatchStream = Box::pin(events.map(|event| event.map_err(Status::from)));
+        let mut response = Response::new(events);
+        insert_metadata(
+            &mut response,
+            cairn_proto::WATCH_ID_HEADER,
+            &opened.id.to_string(),
+        );
         self.0.stamp_cluster_id(&mut response);
         Ok(response)
     }
@@ -328,11 +411,7 @@ impl ResourceService for ResourceGrpc {
         // sent, and a Progress event tells a watch nothing but how far it is.
         self.0.auth.caller(&r)?;
         let deadline = self.0.deadline(&r);
-        let answer = self
-            .0
-            .forwarder
-            .watch_progress(r.into_inner(), deadline)
-            .await?;
+        let answer = self.0.watch_progress(r.into_inner(), deadline).await?;
         let mut response = Response::new(answer);
         self.0.stamp_cluster_id(&mut response);
         Ok(response)
@@ -346,6 +425,10 @@ fn insert_metadata<T>(response: &mut Response<T>, key: &'static str, value: &str
         response.metadata_mut().insert(key, value);
     }
 }
+
+/// A watch stream as gRPC serves it: errors as statuses (`ApiError`'s mapping).
+pub type GrpcWatchStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<shared::WatchEvent, Status>> + Send>>;
 
 /// DANGEROUS, test-only (`--unsafe-drop-watch-events N`): the stream without its Nth,
 /// 2Nth, ... change event (markers and errors pass); `n = 0` keeps every event.
@@ -373,7 +456,7 @@ fn drop_every_nth_change(events: WatchStream, n: u64) -> WatchStream {
 /// Whether a watch event may reach the caller: a change to a resource
 /// outside the read scope never does; markers (end of snapshot, progress)
 /// and errors always do.
-fn event_visible(visible: &Visibility, event: &Result<shared::WatchEvent, Status>) -> bool {
+fn event_visible(visible: &Visibility, event: &Result<shared::WatchEvent, ApiError>) -> bool {
     use shared::watch_event::Event;
     let Ok(event) = event else {
         return true;

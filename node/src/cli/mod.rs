@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::agent::Agent;
 use crate::config::{parse_members, LogFormat};
+use crate::embed::EmbeddedNode;
 use admin::{EndpointCommand, MemberCommand, TransferArgs};
 
 #[derive(Parser)]
@@ -465,16 +465,10 @@ fn run_agent(args: AgentArgs) -> u8 {
     config.unsafe_modes = args.unsafe_modes.clone();
     init_logging(&config.log_level, config.log_format);
     runtime().block_on(async move {
-        if config.metrics_address.is_some() {
-            if let Err(e) = crate::ops::install_recorder() {
-                eprintln!("cairn: {e:#}");
-                return exit::ERROR;
-            }
-        }
-        let election_timeout = Duration::from_millis(config.election_timeout_ms);
         let shutdown_timeout = Duration::from_millis(config.shutdown_timeout_ms);
         let node = crate::fatal::NodeContext::of(&config);
-        let mut agent = match Agent::start(config, source).await {
+        // The one start-up path, the library's own (`crate::embed`).
+        let mut agent = match EmbeddedNode::start_with_source(config, source).await {
             Ok(a) => a,
             Err(e) => match e.downcast_ref::<crate::fatal::FatalCause>() {
                 Some(cause) => return crate::fatal::announce(cause, &node),
@@ -495,9 +489,7 @@ fn run_agent(args: AgentArgs) -> u8 {
         tracing::info!("stopping");
         let progress = crate::fatal::ShutdownProgress::default();
         crate::fatal::Watchdog::arm(shutdown_timeout, progress.clone(), code_past_deadline);
-        agent
-            .shutdown(election_timeout, shutdown_timeout, &progress)
-            .await;
+        agent.shutdown_with(&progress).await;
         progress.set("the tasks still running after the node stopped");
         code
     })

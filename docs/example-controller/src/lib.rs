@@ -1,0 +1,276 @@
+//! # An example controller, remote or in process
+//!
+//! Reconciles the status of every `demo.v1.Counter`: a Counter's data is JSON
+//! `{"value": N}`; the controller keeps `status["example-controller"]` saying
+//! whether N is even or odd (condition `Parity`, TRUE with reason `Even` or
+//! `Odd`), or that the data is not such a value (FALSE, reason
+//! `InvalidData`). `docs/controller.md` walks through it with the commands.
+//!
+//! It is written once, against `cairn_client::ResourceApi`, and runs either
+//! against a cluster over gRPC (`cairn_client::Client`) or inside the process
+//! of an embedded node (`cairn_node::embed::InProcessClient`): see `main.rs`,
+//! which picks one.
+//!
+//! How: a [`WatchCache`] of the Counters, primed before any work; its
+//! subscriber queues the key of every Counter written; the worker
+//! reconciles each key from the cache: when the status is not the one the
+//! data calls for, it writes the Counter back with that status, as a
+//! compare-and-set on the version it read. Someone else's write in between
+//! (a Conflict: CasFailure or WrongUid) makes it read the Counter again
+//! (strongly) and start over, a bounded number of times. Its own write comes
+//! back through the cache and finds the status as it should be: nothing more
+//! to do. Level-triggered: each pass computes the status from the data alone.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cairn_client::{
+    CacheEvent, ClientError, ResourceApi, ResourceKey, WatchCache, WatchCacheOptions, WatchSpec,
+};
+use cairn_proto::google::protobuf::Timestamp;
+use cairn_proto::v1::{condition, Condition, Consistency, Id, Resource, Status, Tenancy, Type};
+use tokio::sync::mpsc;
+
+pub const GROUP: &str = "demo";
+pub const KIND: &str = "Counter";
+/// The status entry this controller owns.
+pub const STATUS_KEY: &str = "example-controller";
+/// The condition it keeps there.
+pub const CONDITION: &str = "Parity";
+/// How many conflicts one reconciliation retries before it leaves the key
+/// to its next event.
+pub const CONFLICT_RETRIES_MAX: u32 = 16;
+
+/// `demo.v1.Counter`.
+pub fn counter_type() -> Type {
+    Type {
+        group: GROUP.into(),
+        group_version: "v1".into(),
+        kind: KIND.into(),
+    }
+}
+
+/// The status a Counter's data calls for (without its time stamp).
+pub fn desired_status(counter: &Resource) -> Status {
+    let (state, reason, message) = match counter_value(counter) {
+        Ok(value) => {
+            let parity = if value % 2 == 0 { "Even" } else { "Odd" };
+            let message = format!("value {value} is {}", parity.to_lowercase());
+            (condition::State::True, parity.to_string(), message)
+        }
+        Err(why) => (
+            condition::State::False,
+            "InvalidData".to_string(),
+            format!("the data must be JSON {{\"value\": <integer>}}: {why}"),
+        ),
+    };
+    Status {
+        observed_generation: counter.generation.clone(),
+        conditions: vec![Condition {
+            r#type: CONDITION.into(),
+            state: state as i32,
+            reason,
+            message,
+            resource: None,
+        }],
+        updated_at: None,
+    }
+}
+
+/// The integer a Counter's data holds, or why it holds none.
+fn counter_value(counter: &Resource) -> Result<i64, String> {
+    let data = counter.data.as_ref().ok_or("the Counter has no data")?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&data.value).map_err(|e| format!("not JSON ({e})"))?;
+    json.get("value")
+        .and_then(serde_json::Value::as_i64)
+        .ok_or_else(|| format!("no integer \"value\" in {json}"))
+}
+
+/// Whether `counter` already carries `desired` (the time stamp aside).
+fn is_reconciled(counter: &Resource, desired: &Status) -> bool {
+    counter.status.get(STATUS_KEY).is_some_and(|s| {
+        s.observed_generation == desired.observed_generation && s.conditions == desired.conditions
+    })
+}
+
+fn now() -> Timestamp {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        seconds: i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX),
+        nanos: since_epoch.subsec_nanos() as i32,
+    }
+}
+
+fn id_of(key: &ResourceKey) -> Id {
+    Id {
+        uid: String::new(),
+        name: key.name.clone(),
+        r#type: Some(Type {
+            group: key.group.clone(),
+            group_version: String::new(),
+            kind: key.kind.clone(),
+        }),
+        tenancy: Some(Tenancy {
+            partition: key.partition.clone(),
+            namespace: key.namespace.clone(),
+        }),
+    }
+}
+
+/// What one reconciliation did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reconciled {
+    /// The status already said what the data calls for (or the Counter is gone).
+    Unchanged,
+    /// The Counter was written back with its status, at this version.
+    Written(Arc<Resource>),
+}
+
+/// Brings the Counter `current` (as last seen) to the status its data calls
+/// for, writing it with compare-and-set; on a conflict it reads the Counter
+/// again and starts over, at most [`CONFLICT_RETRIES_MAX`] times.
+pub async fn reconcile(
+    client: &dyn ResourceApi,
+    mut current: Arc<Resource>,
+) -> Result<Reconciled, ClientError> {
+    let id = current.id.clone().unwrap_or_default();
+    let mut conflicts = 0;
+    loop {
+        let desired = desired_status(&current);
+        if is_reconciled(&current, &desired) {
+            return Ok(Reconciled::Unchanged);
+        }
+        // The write replaces every field: the Counter as read, this status in it.
+        let mut next = Resource::clone(&current);
+        next.status.insert(
+            STATUS_KEY.to_string(),
+            Status {
+                updated_at: Some(now()),
+                ..desired
+            },
+        );
+        match client.write(next).await {
+            Ok(written) => return Ok(Reconciled::Written(written)),
+            Err(e) if e.is_cas_conflict() && conflicts < CONFLICT_RETRIES_MAX => {
+                conflicts += 1;
+                tracing::debug!(name = %id.name, conflicts, "conflict; reading the Counter again");
+                current = match client.read(id.clone(), Consistency::Strong).await {
+                    Ok(latest) => latest,
+                    Err(ClientError::NotFound) => return Ok(Reconciled::Unchanged),
+                    Err(e) => return Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Runs the controller through `client` until `stop` completes: primes a
+/// cache of every Counter, then reconciles each Counter written (every one
+/// in the cache at first). Errors of one reconciliation are logged and left
+/// to the Counter's next event; the cache re-watches on its own.
+pub async fn run(
+    client: Arc<dyn ResourceApi>,
+    stop: impl Future<Output = ()>,
+) -> Result<(), ClientError> {
+    let (queue, mut keys) = mpsc::unbounded_channel::<ResourceKey>();
+    let cache = WatchCache::start_with(
+        client.clone(),
+        vec![WatchSpec::new(GROUP, KIND)],
+        WatchCacheOptions {
+            retry_backoff_max: Duration::from_millis(500),
+            ..WatchCacheOptions::default()
+        },
+        // Short and non-blocking, as a cache callback must be: queue the key.
+        vec![Box::new(move |event: &CacheEvent| {
+            if let CacheEvent::Upsert(counter) = event {
+                let _ = queue.send(ResourceKey::of(counter));
+            }
+        })],
+    )?;
+    tokio::pin!(stop);
+    tokio::select! {
+        _ = cache.wait_primed() => {}
+        _ = &mut stop => return Ok(()),
+    }
+    tracing::info!(counters = cache.len(), "primed; reconciling");
+    loop {
+        let key = tokio::select! {
+            _ = &mut stop => return Ok(()),
+            key = keys.recv() => match key {
+                Some(key) => key,
+                None => return Ok(()),
+            },
+        };
+        // The cache's latest, whatever event queued the key.
+        let Some(current) = cache.get(&id_of(&key)) else {
+            continue;
+        };
+        match reconcile(client.as_ref(), current).await {
+            Ok(Reconciled::Written(counter)) => {
+                let status = &counter.status[STATUS_KEY].conditions[0];
+                tracing::info!(
+                    counter = %format!("{}/{}/{}", key.partition, key.namespace, key.name),
+                    version = %counter.version,
+                    reason = %status.reason,
+                    "reconciled"
+                );
+            }
+            Ok(Reconciled::Unchanged) => {}
+            Err(e) => tracing::warn!(name = %key.name, error = %e, "reconciling failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_proto::google::protobuf::Any;
+
+    fn counter(data: &str) -> Resource {
+        Resource {
+            data: Some(Any {
+                type_url: "type.googleapis.com/demo.v1.Counter".into(),
+                value: data.as_bytes().to_vec().into(),
+            }),
+            generation: "g1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_status_follows_the_value_and_names_bad_data() {
+        let even = desired_status(&counter(r#"{"value": 4}"#));
+        assert_eq!(even.observed_generation, "g1");
+        assert_eq!(even.conditions[0].reason, "Even");
+        assert_eq!(even.conditions[0].state, condition::State::True as i32);
+        assert_eq!(
+            desired_status(&counter(r#"{"value": -3}"#)).conditions[0].reason,
+            "Odd"
+        );
+        for bad in [r#"{"value": "x"}"#, "not json", "{}"] {
+            let status = desired_status(&counter(bad));
+            assert_eq!(status.conditions[0].reason, "InvalidData", "{bad}");
+            assert_eq!(status.conditions[0].state, condition::State::False as i32);
+        }
+    }
+
+    #[test]
+    fn a_counter_with_its_status_needs_nothing_whatever_the_time_stamp() {
+        let mut c = counter(r#"{"value": 1}"#);
+        let desired = desired_status(&c);
+        assert!(!is_reconciled(&c, &desired));
+        c.status.insert(
+            STATUS_KEY.into(),
+            Status {
+                updated_at: Some(now()),
+                ..desired.clone()
+            },
+        );
+        assert!(is_reconciled(&c, &desired));
+    }
+}
