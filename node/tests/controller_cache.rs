@@ -163,6 +163,17 @@ impl StatusLog {
     }
 }
 
+/// A primed cache of `demo.Thing` through `client`, and the statuses it reports.
+async fn primed_cache_with_statuses(client: &Client) -> (WatchCache, StatusLog) {
+    let statuses = StatusLog::default();
+    let cache = WatchCache::builder(client.clone(), vec![WatchSpec::new("demo", "Thing")])
+        .on_status(statuses.callback())
+        .start()
+        .expect("cache starts");
+    cache.wait_primed().await;
+    (cache, statuses)
+}
+
 /// Stops every node, then gives each a new data dir from `seed` (run with the
 /// node's data dir), then starts them all: a new cluster at the same addresses.
 async fn rebuild(cluster: &mut Cluster, seed: impl Fn(&std::path::Path)) {
@@ -212,12 +223,7 @@ async fn a_cluster_rebuilt_at_the_same_addresses_replaces_the_cache_whole() {
     cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let client = client_for(&cluster.endpoints()).await;
     create_many(&client, "Thing", "old-", 40).await;
-    let statuses = StatusLog::default();
-    let cache = WatchCache::builder(client.clone(), vec![WatchSpec::new("demo", "Thing")])
-        .on_status(statuses.callback())
-        .start()
-        .expect("cache starts");
-    cache.wait_primed().await;
+    let (cache, statuses) = primed_cache_with_statuses(&client).await;
     converged(&cache, &client).await;
 
     rebuild(&mut cluster, |_| {}).await;
@@ -262,12 +268,7 @@ async fn a_backup_restored_offline_into_a_new_cluster_at_the_same_addresses_repl
     .await;
     assert_eq!(saved.code, 0, "{}{}", saved.stdout, saved.stderr);
 
-    let statuses = StatusLog::default();
-    let cache = WatchCache::builder(client.clone(), vec![WatchSpec::new("demo", "Thing")])
-        .on_status(statuses.callback())
-        .start()
-        .expect("cache starts");
-    cache.wait_primed().await;
+    let (cache, statuses) = primed_cache_with_statuses(&client).await;
     for i in 0..5 {
         let name = format!("kept-{i:05}");
         client
