@@ -75,7 +75,7 @@
 //! [`WatchCache::unsubscribe`] (each takes `dispatch`: it would wait for
 //! itself).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
@@ -492,7 +492,21 @@ struct Shared {
     /// The client the type watchers use, for WatchProgress.
     client: Arc<dyn ResourceApi>,
     options: WatchCacheOptions,
+    /// The WatchProgress calls consistent reads share.
+    progress: Mutex<HashMap<String, ProgressRound>>,
 }
+
+/// The WatchProgress calls of one endpoint, shared by concurrent consistent
+/// reads: one call in flight at a time; reads that ask meanwhile queue, and
+/// the next call, sent once the one in flight has answered, names all their
+/// watches. A read is answered only by a call sent after it queued, so the
+/// revision it gets was confirmed after the read began.
+#[derive(Default)]
+struct ProgressRound {
+    waiting: Vec<(Vec<u64>, ProgressWaiter)>,
+}
+
+type ProgressWaiter = tokio::sync::oneshot::Sender<Result<crate::WatchProgress, ClientError>>;
 
 /// The cluster a cache heard last. `epoch` counts the changes: a type watcher
 /// that started under an older epoch resyncs from scratch.
@@ -534,6 +548,61 @@ impl Shared {
             dispatch.status_subscribers.push((id, callback));
         }
         id
+    }
+
+    /// WatchProgress at `endpoint` for `watch_ids`, through a call shared with
+    /// the consistent reads asking at the same time ([`ProgressRound`]).
+    async fn ask_progress(
+        shared: &Arc<Shared>,
+        endpoint: &str,
+        watch_ids: Vec<u64>,
+    ) -> Result<crate::WatchProgress, ClientError> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let first = {
+            let mut rounds = shared.progress.lock();
+            let first = !rounds.contains_key(endpoint);
+            let round = rounds.entry(endpoint.to_string()).or_default();
+            round.waiting.push((watch_ids, answer));
+            first
+        };
+        if first {
+            // No call in flight there: this read starts the endpoint's caller, which
+            // sends calls until nobody waits.
+            tokio::spawn(Shared::send_progress(shared.clone(), endpoint.to_string()));
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(ClientError::Unavailable {
+                message: "the cache stopped before its WatchProgress call answered".into(),
+                outcome: crate::Outcome::NotApplied,
+            })
+        })
+    }
+
+    /// Sends `endpoint`'s WatchProgress calls, one at a time, each for every
+    /// read queued before it was sent, until none waits (then the endpoint's
+    /// round ends, and the next read starts a new one).
+    async fn send_progress(shared: Arc<Shared>, endpoint: String) {
+        loop {
+            let waiting = {
+                let mut rounds = shared.progress.lock();
+                let Some(round) = rounds.get_mut(&endpoint) else {
+                    unreachable!("a round ends only here")
+                };
+                if round.waiting.is_empty() {
+                    rounds.remove(&endpoint);
+                    return;
+                }
+                std::mem::take(&mut round.waiting)
+            };
+            // Taken before the call is sent: every read answered by it queued first.
+            let mut ids: Vec<u64> = waiting.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let answer = shared.client.watch_progress(&endpoint, ids).await;
+            for (_, waiter) in waiting {
+                let _ = waiter.send(answer.clone());
+            }
+        }
     }
 
     /// Notes the cluster id a node answered with and returns the current
@@ -704,6 +773,7 @@ impl WatchCacheBuilder {
             cluster: Mutex::new(ClusterSeen::default()),
             client: client.clone(),
             options: options.clone(),
+            progress: Mutex::new(HashMap::new()),
             specs,
             dispatch: Mutex::new(Dispatch {
                 subscribers: Vec::new(),
@@ -921,7 +991,7 @@ impl WatchCache {
             for (endpoint, watches) in to_ask {
                 let ids = watches.iter().map(|(_, id)| *id).collect();
                 let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-                let asking = self.shared.client.watch_progress(&endpoint, ids);
+                let asking = Shared::ask_progress(&self.shared, &endpoint, ids);
                 let progress = match tokio::time::timeout(remaining, asking).await {
                     Ok(Ok(progress)) => progress,
                     Ok(Err(e)) => return Err(not_caught_up(timeout, Some(&e))),

@@ -861,3 +861,45 @@ async fn a_barrier_reports_a_cache_dropped_before_it_primed() {
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_consistent_reads_share_watch_progress_calls() {
+    // 64 consistent reads asked at once, while each WatchProgress call takes
+    // 20 ms: they share a few calls (one in flight; the next names the watches
+    // of every read queued meanwhile), not one each, and every one of them
+    // holds the write made just before.
+    let backing = Backing::new(Limits::default());
+    backing.put(resource("g", "A", "a", "ua", "{}"));
+    let node = TestNode::start(backing.clone()).await;
+    *node.control.progress_delay.lock() = Duration::from_millis(20);
+    let client = Client::connect_with(&[node.address.as_str()], options())
+        .await
+        .unwrap();
+    let cache = Arc::new(
+        WatchCache::start(
+            client,
+            vec![WatchSpec::new("g", "A")],
+            WatchCacheOptions::default(),
+        )
+        .unwrap(),
+    );
+    cache.wait_primed().await;
+    let written = backing.put(resource("g", "A", "b", "ub", "{}"));
+    let reads: Vec<_> = (0..64)
+        .map(|_| {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get_consistent(&id("g", "A", "b", "")).await })
+        })
+        .collect();
+    for read in reads {
+        let found = read.await.unwrap().expect("a consistent read");
+        assert_eq!(
+            found.map(|r| r.version.clone()),
+            Some(written.version.clone()),
+            "the write made just before"
+        );
+    }
+    let calls = node.control.progress_calls.load(Ordering::SeqCst);
+    println!("64 consistent reads, {calls} WatchProgress calls");
+    assert!(calls <= 4, "{calls} WatchProgress calls for 64 reads");
+}

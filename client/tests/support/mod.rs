@@ -150,6 +150,9 @@ pub struct Control {
     pub compact_later_pages: AtomicU32,
     /// First pages of listings served (requests without a page token).
     pub first_pages_served: AtomicU64,
+    /// WatchProgress calls answered, and how long each takes.
+    pub progress_calls: AtomicU64,
+    pub progress_delay: Mutex<Duration>,
 }
 
 #[derive(Clone)]
@@ -408,6 +411,9 @@ impl ResourceService for Service {
         &self,
         r: Request<pb::WatchProgressRequest>,
     ) -> Result<Response<pb::WatchProgressResponse>, Status> {
+        self.control.progress_calls.fetch_add(1, Ordering::SeqCst);
+        let delay = *self.control.progress_delay.lock();
+        tokio::time::sleep(delay).await;
         let (revision, delivered_watch_ids) =
             self.backing.store.request_progress(&r.into_inner().watch_ids);
         Ok(Response::new(pb::WatchProgressResponse {
