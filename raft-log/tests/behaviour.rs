@@ -638,7 +638,6 @@ fn wal_flush_callbacks_fire_once_each_in_order_across_rotations_and_truncations(
         let store = Store::open(dir.path(), common::small_wal(4096, 0)).expect("open");
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
         let mut next = 1u64;
-        let mut call = 0u64;
         for round in 0..400u64 {
             if round == 200 {
                 store
@@ -654,7 +653,8 @@ fn wal_flush_callbacks_fire_once_each_in_order_across_rotations_and_truncations(
                     .expect("purge");
             }
             let done_tx = done_tx.clone();
-            let this_call = call;
+            // One call per round: the round numbers the callbacks.
+            let this_call = round;
             store
                 .append_with_callback(
                     vec![common::entry(next)],
@@ -665,7 +665,6 @@ fn wal_flush_callbacks_fire_once_each_in_order_across_rotations_and_truncations(
                 .await
                 .expect("append");
             next += 1;
-            call += 1;
         }
         drop(done_tx);
         let mut fired = Vec::new();

@@ -376,7 +376,7 @@ pub fn check_vote_reply(reply: &VoteResponse<NodeId>) -> Result<(), Refusal> {
 }
 
 /// A member's answer to this node's question of who its members are.
-pub fn check_members_reply(members: &Vec<NodeId>) -> Result<(), Refusal> {
+pub fn check_members_reply(members: &[NodeId]) -> Result<(), Refusal> {
     if members.len() > MEMBERS_MAX {
         return Err(malformed(format!(
             "a membership of {} nodes, more than {MEMBERS_MAX}",

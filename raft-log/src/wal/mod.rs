@@ -181,6 +181,12 @@ pub(crate) enum Op {
 }
 
 /// What the I/O thread shares with callers.
+/// (the last purged log id, the last log id).
+pub(crate) type LogBounds<C> = (
+    Option<LogId<<C as RaftTypeConfig>::NodeId>>,
+    Option<LogId<<C as RaftTypeConfig>::NodeId>>,
+);
+
 pub(crate) struct Shared<C: RaftTypeConfig> {
     pub(crate) state: Mutex<State<C>>,
     /// Set by the I/O thread after a failed write or sync; callers check it before they change
@@ -433,7 +439,7 @@ where
     }
 
     /// The last purged log id and the last log id (the purged one when the log is empty).
-    pub(crate) fn log_state(&self) -> (Option<LogId<C::NodeId>>, Option<LogId<C::NodeId>>) {
+    pub(crate) fn log_state(&self) -> LogBounds<C> {
         let state = self.shared.state.lock();
         let last = state
             .slots
