@@ -595,7 +595,10 @@ impl Shared {
                 std::mem::take(&mut round.waiting)
             };
             // Taken before the call is sent: every read answered by it queued first.
-            let mut ids: Vec<u64> = waiting.iter().flat_map(|(ids, _)| ids.iter().copied()).collect();
+            let mut ids: Vec<u64> = waiting
+                .iter()
+                .flat_map(|(ids, _)| ids.iter().copied())
+                .collect();
             ids.sort_unstable();
             ids.dedup();
             let answer = shared.client.watch_progress(&endpoint, ids).await;
@@ -1012,7 +1015,10 @@ impl WatchCache {
             if self.shared.table.read().reached(types, &asked).is_some() {
                 continue;
             }
-            if tokio::time::timeout_at(deadline, moved.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, moved.changed())
+                .await
+                .is_err()
+            {
                 return Err(not_caught_up(timeout, None));
             }
         }
@@ -1210,7 +1216,9 @@ impl TypeWatcher {
             };
             // Which cluster answered, before any event is used: a resumed watch
             // on another cluster would replay its history into this one's.
-            let current = self.shared.observe_cluster(stream.cluster_id(), stream.source());
+            let current = self
+                .shared
+                .observe_cluster(stream.cluster_id(), stream.source());
             if current != epoch {
                 epoch = current;
                 if revision.is_some() {

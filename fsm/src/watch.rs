@@ -344,10 +344,7 @@ impl Registry {
                 Err(_) => subscriber.unread.take(EVENT_OVERHEAD_BYTES),
             }
         }
-        assert!(
-            delivered.len() <= ids.len(),
-            "a watch id names one watch"
-        );
+        assert!(delivered.len() <= ids.len(), "a watch id names one watch");
         delivered
     }
 

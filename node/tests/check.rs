@@ -244,5 +244,9 @@ async fn check_cache_passes_on_a_sound_cluster_and_names_what_a_lossy_watch_miss
         "{}",
         text(&out)
     );
-    assert!(stdout(&out).contains("FAIL: 4 differences"), "{}", text(&out));
+    assert!(
+        stdout(&out).contains("FAIL: 4 differences"),
+        "{}",
+        text(&out)
+    );
 }

@@ -100,7 +100,10 @@ async fn a_consistent_cache_read_on_a_node_cut_off_from_the_leader_fails_inconsi
     // what the cache holds; a plain read still answers from memory.
     if let Some(reason) = jepsen_tests::net::unavailable_reason() {
         println!("SKIPPED: {reason}");
-        assert!(std::env::var("CI").is_err(), "cannot be skipped under CI=true");
+        assert!(
+            std::env::var("CI").is_err(),
+            "cannot be skipped under CI=true"
+        );
         return;
     }
     let lab = Arc::new(NetworkLab::new().expect("network lab"));
@@ -310,8 +313,15 @@ async fn a_backup_restored_offline_into_a_new_cluster_at_the_same_addresses_repl
     })
     .await;
     let restored = converged(&cache, &client).await;
-    assert_eq!(restored.len(), 20, "the backup's 20 resources: {restored:?}");
-    assert!(restored.iter().all(|r| r.starts_with("kept-")), "{restored:?}");
+    assert_eq!(
+        restored.len(),
+        20,
+        "the backup's 20 resources: {restored:?}"
+    );
+    assert!(
+        restored.iter().all(|r| r.starts_with("kept-")),
+        "{restored:?}"
+    );
     assert_ne!(restored, later, "the restored versions, not the later ones");
     assert_eq!(cache.stats().cluster_changes, 1, "{:?}", cache.stats());
     let after = statuses.since(before);

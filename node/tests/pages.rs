@@ -544,7 +544,11 @@ async fn cairn_list_pages_a_hundred_thousand_resources_with_the_nodes_memory_bou
         growth / 1024,
         page_bytes / 1024,
         target_bytes / 1024,
-        if growth < target_bytes as u64 { "met" } else { "missed" }
+        if growth < target_bytes as u64 {
+            "met"
+        } else {
+            "missed"
+        }
     );
     println!(
         "cairn list printed {printed} Things in {:?}; node RSS {} MiB before, at most {} MiB \

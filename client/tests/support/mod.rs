@@ -414,8 +414,10 @@ impl ResourceService for Service {
         self.control.progress_calls.fetch_add(1, Ordering::SeqCst);
         let delay = *self.control.progress_delay.lock();
         tokio::time::sleep(delay).await;
-        let (revision, delivered_watch_ids) =
-            self.backing.store.request_progress(&r.into_inner().watch_ids);
+        let (revision, delivered_watch_ids) = self
+            .backing
+            .store
+            .request_progress(&r.into_inner().watch_ids);
         Ok(Response::new(pb::WatchProgressResponse {
             revision,
             delivered_watch_ids,

@@ -54,10 +54,9 @@ impl Mix {
     fn consistency(self) -> Option<ConsistencyArg> {
         match self {
             Mix::Write => None,
-            Mix::Read(c)
-            | Mix::List(c)
-            | Mix::Mixed { consistency: c, .. }
-            | Mix::CacheRead(c) => Some(c),
+            Mix::Read(c) | Mix::List(c) | Mix::Mixed { consistency: c, .. } | Mix::CacheRead(c) => {
+                Some(c)
+            }
         }
     }
 
@@ -644,7 +643,9 @@ async fn primed_cache(
     let cluster = &options.cluster;
     let client_options = cairn_client::ClientOptions {
         request_timeout: options.op_timeout(),
-        token: cluster.bearer_token().map_err(|e| BenchError::Setup(e.to_string()))?,
+        token: cluster
+            .bearer_token()
+            .map_err(|e| BenchError::Setup(e.to_string()))?,
         tls: cluster.tls.options(&cluster.endpoints),
         ..cairn_client::ClientOptions::default()
     };
