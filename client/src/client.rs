@@ -526,18 +526,11 @@ impl Client {
         request: ListRequest,
         deadline: Instant,
     ) -> Result<ListResponse, ClientError> {
-        let preferred = self.inner.routing.lock().preferred.clone();
-        self.call_at_until(
-            Operation::Read,
-            deadline,
-            &self.inner.endpoints,
-            &preferred,
-            move |mut c, remaining| {
-                let mut r = tonic::Request::new(request.clone());
-                r.set_timeout(remaining);
-                async move { c.list(r).await }
-            },
-        )
+        self.call_by(Operation::Read, deadline, move |mut c, remaining| {
+            let mut r = tonic::Request::new(request.clone());
+            r.set_timeout(remaining);
+            async move { c.list(r).await }
+        })
         .await
         .map(|(response, _)| response.into_inner())
     }
@@ -654,6 +647,21 @@ impl Client {
         Fut: Future<Output = Answer<T>>,
     {
         let deadline = Instant::now() + self.inner.options.request_timeout;
+        self.call_by(operation, deadline, call).await
+    }
+
+    /// As [`Client::call_at`], ending by `deadline`: every endpoint, from the
+    /// preferred one.
+    async fn call_by<T, F, Fut>(
+        &self,
+        operation: Operation,
+        deadline: Instant,
+        call: F,
+    ) -> Result<(tonic::Response<T>, String), ClientError>
+    where
+        F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
+        Fut: Future<Output = Answer<T>>,
+    {
         let preferred = self.inner.routing.lock().preferred.clone();
         self.call_at_until(operation, deadline, &self.inner.endpoints, &preferred, call)
             .await

@@ -640,16 +640,7 @@ async fn primed_cache(
     options: &LoadOptions,
     addresses: &[String],
 ) -> Result<cairn_client::WatchCache, BenchError> {
-    let cluster = &options.cluster;
-    let client_options = cairn_client::ClientOptions {
-        request_timeout: options.op_timeout(),
-        token: cluster
-            .bearer_token()
-            .map_err(|e| BenchError::Setup(e.to_string()))?,
-        tls: cluster.tls.options(&cluster.endpoints),
-        ..cairn_client::ClientOptions::default()
-    };
-    let client = cairn_client::Client::new(addresses, client_options)
+    let client = crate::cli::data::client_at(&options.cluster, addresses, options.op_timeout())
         .map_err(|e| BenchError::Setup(e.to_string()))?;
     let spec = cairn_client::WatchSpec::new(bench_type().group, bench_type().kind)
         .with_tenancy(bench_tenancy(&options.namespace));

@@ -353,15 +353,24 @@ pub async fn run_with(
 /// The client of a command that reads or writes resources: the cluster's
 /// endpoints, token and TLS, each call bounded by `--timeout-ms`.
 pub fn client_of(global: &GlobalArgs) -> Result<Client, ClientError> {
-    let cluster = &global.cluster;
+    client_at(&global.cluster, &global.cluster.endpoints, global.timeout())
+}
+
+/// A client of `endpoints` (some or all of `cluster`'s) reached as `cluster`
+/// says (token, TLS), each call bounded by `timeout`.
+pub fn client_at(
+    cluster: &crate::cli::common::ClusterArgs,
+    endpoints: &[String],
+    timeout: Duration,
+) -> Result<Client, ClientError> {
     let options = ClientOptions {
-        request_timeout: global.timeout(),
-        connect_timeout: global.timeout().min(Duration::from_secs(1)),
+        request_timeout: timeout,
+        connect_timeout: timeout.min(Duration::from_secs(1)),
         token: cluster.bearer_token()?,
         tls: cluster.tls.options(&cluster.endpoints),
         ..ClientOptions::default()
     };
-    Client::new(&cluster.endpoints, options)
+    Client::new(endpoints, options)
 }
 
 fn common(command: &DataCommand) -> &CommonArgs {
