@@ -610,11 +610,24 @@ impl Shared {
 
     /// Notes the cluster id a node answered with and returns the current
     /// epoch: a new one when the id differs from the one the cache heard
-    /// before (reported, and counted in [`CacheStats::cluster_changes`]). A
-    /// node that names no cluster changes nothing.
-    fn observe_cluster(&self, cluster_id: Option<&str>, endpoint: &str) -> u64 {
+    /// before (reported, and counted in [`CacheStats::cluster_changes`]).
+    ///
+    /// `None` when the node names no cluster but the cache already knows one:
+    /// a node that has not joined a cluster yet (a wiped node coming back as
+    /// part of a new cluster, say) cannot show that its history is the
+    /// cache's cluster's, and a watch resumed there would skip that history
+    /// by revision. Its watch is not used.
+    fn observe_cluster(&self, cluster_id: Option<&str>, endpoint: &str) -> Option<u64> {
         let mut seen = self.cluster.lock();
         match (cluster_id, seen.id.as_deref()) {
+            (None, Some(known)) => {
+                tracing::debug!(
+                    known,
+                    endpoint,
+                    "watch cache: a node names no cluster; not using its watch"
+                );
+                return None;
+            }
             (Some(heard), Some(known)) if heard != known => {
                 tracing::warn!(
                     before = known,
@@ -628,9 +641,9 @@ impl Shared {
                 self.table.write().stats.cluster_changes += 1;
             }
             (Some(heard), None) => seen.id = Some(heard.to_string()),
-            _ => {}
+            (Some(_), Some(_)) | (None, None) => {}
         }
-        seen.epoch
+        Some(seen.epoch)
     }
 
     /// Publishes `update` if its status differs from the last one published
@@ -1216,9 +1229,15 @@ impl TypeWatcher {
             };
             // Which cluster answered, before any event is used: a resumed watch
             // on another cluster would replay its history into this one's.
-            let current = self
+            let Some(current) = self
                 .shared
-                .observe_cluster(stream.cluster_id(), stream.source());
+                .observe_cluster(stream.cluster_id(), stream.source())
+            else {
+                self.client.avoid(stream.source());
+                self.set_type_status(TypeStatus::NoWatch);
+                self.sleep(&mut backoff).await;
+                continue;
+            };
             if current != epoch {
                 epoch = current;
                 if revision.is_some() {

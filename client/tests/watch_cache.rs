@@ -10,12 +10,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cairn_client::api::{ApiFuture, Event, EventKind};
 use cairn_client::{
     CacheStatus, Client, ClientError, ClientOptions, Index, PrimingBarrier, StatusUpdate,
     WatchCache, WatchCacheOptions, WatchSpec,
 };
 use cairn_fsm::Limits;
-use cairn_proto::v1::{Id, Resource};
+use cairn_proto::v1::{Consistency, Id, ListRequest, Resource, WatchListRequest};
+use futures::StreamExt as _;
 use parking_lot::Mutex;
 use support::{describe, eventually, id, resource, Backing, Recorder, TestNode};
 
@@ -902,4 +904,120 @@ async fn concurrent_consistent_reads_share_watch_progress_calls() {
     let calls = node.control.progress_calls.load(Ordering::SeqCst);
     println!("64 consistent reads, {calls} WatchProgress calls");
     assert!(calls <= 4, "{calls} WatchProgress calls for 64 reads");
+}
+
+/// A `ResourceApi` that answers each `watch_list` with the next scripted
+/// watch (which cluster its node names, the events it delivers, whether it
+/// stays open after them) and records each request's start revision.
+struct ScriptedWatches {
+    script: Mutex<std::collections::VecDeque<(Option<&'static str>, Vec<Event>, bool)>>,
+    start_revisions: Arc<Mutex<Vec<u64>>>,
+}
+
+impl cairn_client::ResourceApi for ScriptedWatches {
+    fn read(&self, _: Id, _: Consistency) -> ApiFuture<'_, Arc<Resource>> {
+        Box::pin(async { Err(unscripted()) })
+    }
+    fn write(&self, _: Resource) -> ApiFuture<'_, Arc<Resource>> {
+        Box::pin(async { Err(unscripted()) })
+    }
+    fn delete(&self, _: Id, _: String) -> ApiFuture<'_, u64> {
+        Box::pin(async { Err(unscripted()) })
+    }
+    fn list(&self, _: ListRequest) -> ApiFuture<'_, cairn_client::Listing> {
+        Box::pin(async { Err(unscripted()) })
+    }
+    fn list_page(&self, _: ListRequest) -> ApiFuture<'_, cairn_client::Listing> {
+        Box::pin(async { Err(unscripted()) })
+    }
+    fn list_by_owner(&self, _: Id) -> ApiFuture<'_, cairn_client::Listing> {
+        Box::pin(async { Err(unscripted()) })
+    }
+    fn watch_list(&self, request: WatchListRequest) -> ApiFuture<'_, cairn_client::Watch> {
+        self.start_revisions.lock().push(request.start_revision);
+        let next = self.script.lock().pop_front();
+        Box::pin(async move {
+            let (cluster, events, stays_open) = next.ok_or_else(unscripted)?;
+            let events = futures::stream::iter(events.into_iter().map(Ok));
+            let events: futures::stream::BoxStream<'static, _> = if stays_open {
+                events.chain(futures::stream::pending()).boxed()
+            } else {
+                events.boxed()
+            };
+            Ok(cairn_client::Watch::new(
+                "node",
+                None,
+                cluster.map(str::to_string),
+                events,
+            ))
+        })
+    }
+    fn watch_progress(&self, _: &str, _: Vec<u64>) -> ApiFuture<'_, cairn_client::WatchProgress> {
+        Box::pin(async { Err(unscripted()) })
+    }
+    fn avoid(&self, _: &str) {}
+}
+
+fn unscripted() -> ClientError {
+    ClientError::Unauthenticated("not in the script".into())
+}
+
+fn upsert(name: &str, revision: u64) -> Event {
+    let mut r = resource("g", "A", name, name, "{}");
+    r.version = revision.to_string();
+    Event {
+        revision,
+        kind: EventKind::Upsert(Arc::new(r)),
+    }
+}
+
+fn end_of_snapshot(revision: u64) -> Event {
+    Event {
+        revision,
+        kind: EventKind::EndOfSnapshot,
+    }
+}
+
+#[tokio::test]
+async fn a_watch_from_a_node_that_names_no_cluster_is_never_used() {
+    // The cache primes from cluster A at revision 40; the stream ends. The
+    // next node it reaches names no cluster (wiped, not yet joined to the new
+    // cluster B formed at the same addresses): its watch, resumed at 40,
+    // would skip B's history by revision and deliver whatever follows
+    // ("ghost"). The cache must not use it; it tries again, hears B, and
+    // resyncs from scratch to exactly B's state.
+    let start_revisions = Arc::new(Mutex::new(Vec::new()));
+    let api = ScriptedWatches {
+        script: Mutex::new(
+            vec![
+                (
+                    Some("A"),
+                    vec![upsert("old", 40), end_of_snapshot(40)],
+                    false,
+                ),
+                (None, vec![upsert("ghost", 41)], true),
+                (Some("B"), vec![], true),
+                (Some("B"), vec![upsert("new", 3), end_of_snapshot(3)], true),
+            ]
+            .into(),
+        ),
+        start_revisions: start_revisions.clone(),
+    };
+    let cache = WatchCache::start(api, vec![WatchSpec::new("g", "A")], fast_retries()).unwrap();
+    let converged = eventually(WAIT, || cached(&cache, "g", "A") == ["new@3"]).await;
+    assert!(
+        converged,
+        "the cache holds B's state: {:?} ({:?}; watches asked from {:?})",
+        cached(&cache, "g", "A"),
+        cache.stats(),
+        start_revisions.lock()
+    );
+    let stats = cache.stats();
+    assert_eq!(stats.cluster_changes, 1, "{stats:?}");
+    assert_eq!(stats.replays, 0, "no watch was resumed: {stats:?}");
+    assert_eq!(
+        *start_revisions.lock(),
+        [0, 39, 39, 0],
+        "snapshot, two resumes, snapshot"
+    );
 }

@@ -13,6 +13,8 @@
 //! follower's replica may lag. Each run uses its own group.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
@@ -119,15 +121,15 @@ impl Target<'_> {
             .unwrap_or_else(|e| panic!("{}: write {name}: {e}", self.label))
     }
 
-    async fn strong(&self, id: Id) -> Result<Arc<Resource>, ClientError> {
+    pub async fn strong(&self, id: Id) -> Result<Arc<Resource>, ClientError> {
         self.api.read(id, Consistency::Strong).await
     }
 
-    async fn eventual(&self, id: Id) -> Result<Arc<Resource>, ClientError> {
+    pub async fn eventual(&self, id: Id) -> Result<Arc<Resource>, ClientError> {
         self.api.read(id, Consistency::Eventual).await
     }
 
-    fn list_request(
+    pub fn list_request(
         &self,
         kind: &str,
         tenancy: Tenancy,
