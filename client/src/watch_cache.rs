@@ -188,7 +188,7 @@ pub struct CacheStats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchCacheOptions {
     /// Pause after a failed watch, doubling up to `retry_backoff_max`; reset
-    /// by every event received.
+    /// by every snapshot applied and every live event.
     pub retry_backoff_initial: Duration,
     pub retry_backoff_max: Duration,
     /// The consistency of every snapshot the cache takes (when it primes, and
@@ -380,13 +380,16 @@ impl Table {
             self.revisions[type_index].is_none_or(|r| r <= revision),
             "a snapshot older than the cache is discarded before it is applied"
         );
+        // No revision: the first snapshot, or the first from another cluster
+        // (`forget_revision`), whose versions say nothing of the old map's.
+        let same_history = self.revisions[type_index].is_some();
         let old = std::mem::take(&mut self.maps[type_index]);
         let mut next = BTreeMap::new();
         let mut events = Vec::new();
         for r in snapshot {
             let key = ResourceKey::of(&r);
             let previous = old.get(&key);
-            let changes = snapshot_transition(previous, &r);
+            let changes = snapshot_transition(previous, &r, same_history);
             // An unchanged resource keeps its cached Arc, and its index entries.
             let value = match (previous, changes.is_empty()) {
                 (Some(p), true) => p.clone(),
@@ -489,6 +492,9 @@ struct Shared {
     moved: watch::Sender<()>,
     /// The cluster the cache primed from, and how many times it changed.
     cluster: Mutex<ClusterSeen>,
+    /// The cluster epoch, sent on every change: a type watcher waiting on a
+    /// quiet stream to the old cluster is woken to resync.
+    cluster_epoch: watch::Sender<u64>,
     /// The client the type watchers use, for WatchProgress.
     client: Arc<dyn ResourceApi>,
     options: WatchCacheOptions,
@@ -639,6 +645,7 @@ impl Shared {
                 seen.id = Some(heard.to_string());
                 seen.epoch += 1;
                 self.table.write().stats.cluster_changes += 1;
+                self.cluster_epoch.send_replace(seen.epoch);
             }
             (Some(heard), None) => seen.id = Some(heard.to_string()),
             (Some(_), Some(_)) | (None, None) => {}
@@ -787,6 +794,7 @@ impl WatchCacheBuilder {
         let shared = Arc::new(Shared {
             moved,
             cluster: Mutex::new(ClusterSeen::default()),
+            cluster_epoch: watch::channel(0).0,
             client: client.clone(),
             options: options.clone(),
             progress: Mutex::new(HashMap::new()),
@@ -916,7 +924,9 @@ impl WatchCache {
 
     /// The lowest revision applied over the watched types: every change the
     /// cluster committed up to it is in the cache. `None` until every type
-    /// has applied its first snapshot; never decreases.
+    /// has applied its first snapshot; never decreases within one cluster
+    /// (after the cache hears another cluster it is `None` again, then the
+    /// new cluster's revision once every type resynced).
     pub fn revision(&self) -> Option<u64> {
         self.shared.table.read().revision()
     }
@@ -1150,10 +1160,24 @@ fn uid_of(r: &Resource) -> &str {
 
 /// The events that turn `old` into `new` at one key when a fresh snapshot
 /// says the key holds `new` (which is the truth at the snapshot's revision,
-/// at or after the cache's).
-fn snapshot_transition(old: Option<&Arc<Resource>>, new: &Arc<Resource>) -> Vec<CacheEvent> {
+/// at or after the cache's). `same_history`: `old` came from the snapshot's
+/// cluster; otherwise versions (log indexes) say nothing across the two, and
+/// only an identical resource is unchanged.
+fn snapshot_transition(
+    old: Option<&Arc<Resource>>,
+    new: &Arc<Resource>,
+    same_history: bool,
+) -> Vec<CacheEvent> {
     match old {
         None => vec![CacheEvent::Upsert(new.clone())],
+        Some(o) if !same_history && o == new => Vec::new(),
+        Some(o) if !same_history && uid_of(o) == uid_of(new) => {
+            vec![CacheEvent::Upsert(new.clone())]
+        }
+        Some(o) if !same_history => vec![
+            CacheEvent::Delete(o.clone()),
+            CacheEvent::Upsert(new.clone()),
+        ],
         Some(o) if uid_of(o) == uid_of(new) && o.version == new.version => Vec::new(),
         Some(o) if uid_of(o) == uid_of(new) && is_later(new, o) => {
             vec![CacheEvent::Upsert(new.clone())]
@@ -1195,6 +1219,7 @@ impl TypeWatcher {
         let mut backoff = self.options.retry_backoff_initial;
         // The cluster epoch this type's map belongs to.
         let mut epoch = 0;
+        let mut epochs = self.shared.cluster_epoch.subscribe();
         loop {
             // Resumed just before the last revision seen; the changes of it
             // already applied are dropped by key and version (`apply_live`).
@@ -1265,7 +1290,14 @@ impl TypeWatcher {
                     // Another type heard a new cluster: this map resyncs too.
                     break Rewatch::FreshSnapshot;
                 }
-                let event = match stream.next().await {
+                let next_event = tokio::select! {
+                    event = stream.next() => event,
+                    _ = epochs.wait_for(|current| *current != epoch) => {
+                        // Another type heard a new cluster while this stream was quiet.
+                        break Rewatch::FreshSnapshot;
+                    }
+                };
+                let event = match next_event {
                     Some(Ok(event)) => event,
                     Some(Err(ClientError::Compacted { .. })) => {
                         self.shared.table.write().stats.compacted += 1;
@@ -1474,20 +1506,20 @@ mod tests {
     fn a_snapshot_transition_emits_nothing_for_an_unchanged_resource() {
         // Same uid and version: no event; newer: Upsert; other lifetime: Delete then Upsert.
         let old = resource("a", "u", "5");
-        assert!(snapshot_transition(Some(&old), &resource("a", "u", "5")).is_empty());
+        assert!(snapshot_transition(Some(&old), &resource("a", "u", "5"), true).is_empty());
         assert_eq!(
-            snapshot_transition(Some(&old), &resource("a", "u", "7")),
+            snapshot_transition(Some(&old), &resource("a", "u", "7"), true),
             vec![CacheEvent::Upsert(resource("a", "u", "7"))]
         );
         assert_eq!(
-            snapshot_transition(Some(&old), &resource("a", "u2", "9")),
+            snapshot_transition(Some(&old), &resource("a", "u2", "9"), true),
             vec![
                 CacheEvent::Delete(old.clone()),
                 CacheEvent::Upsert(resource("a", "u2", "9"))
             ]
         );
         assert_eq!(
-            snapshot_transition(None, &resource("a", "u", "1")),
+            snapshot_transition(None, &resource("a", "u", "1"), true),
             vec![CacheEvent::Upsert(resource("a", "u", "1"))]
         );
     }

@@ -906,12 +906,42 @@ async fn concurrent_consistent_reads_share_watch_progress_calls() {
     assert!(calls <= 4, "{calls} WatchProgress calls for 64 reads");
 }
 
-/// A `ResourceApi` that answers each `watch_list` with the next scripted
-/// watch (which cluster its node names, the events it delivers, whether it
-/// stays open after them) and records each request's start revision.
+/// How a scripted watch goes on after its events.
+#[derive(Clone)]
+enum Tail {
+    /// The stream ends (the node went away).
+    Ends,
+    /// The stream stays open and quiet.
+    StaysOpen,
+    /// The stream ends once the test says so.
+    EndsWhen(Arc<tokio::sync::Notify>),
+}
+
+/// One scripted watch: the cluster its node names, its events, its tail.
+type Scripted = (Option<&'static str>, Vec<Event>, Tail);
+
+/// A `ResourceApi` that answers each `watch_list` of a kind with the next
+/// watch scripted for that kind, and records the start revisions asked.
+#[derive(Default)]
 struct ScriptedWatches {
-    script: Mutex<std::collections::VecDeque<(Option<&'static str>, Vec<Event>, bool)>>,
-    start_revisions: Arc<Mutex<Vec<u64>>>,
+    scripts: Mutex<std::collections::HashMap<String, std::collections::VecDeque<Scripted>>>,
+    start_revisions: Arc<Mutex<Vec<(String, u64)>>>,
+}
+
+impl ScriptedWatches {
+    fn script(self, kind: &str, watches: Vec<Scripted>) -> ScriptedWatches {
+        self.scripts.lock().insert(kind.to_string(), watches.into());
+        self
+    }
+
+    fn asked(&self, kind: &str) -> Vec<u64> {
+        let asked = self.start_revisions.lock();
+        asked
+            .iter()
+            .filter(|(k, _)| k == kind)
+            .map(|(_, r)| *r)
+            .collect()
+    }
 }
 
 impl cairn_client::ResourceApi for ScriptedWatches {
@@ -934,15 +964,27 @@ impl cairn_client::ResourceApi for ScriptedWatches {
         Box::pin(async { Err(unscripted()) })
     }
     fn watch_list(&self, request: WatchListRequest) -> ApiFuture<'_, cairn_client::Watch> {
-        self.start_revisions.lock().push(request.start_revision);
-        let next = self.script.lock().pop_front();
+        let kind = request.r#type.map(|t| t.kind).unwrap_or_default();
+        self.start_revisions
+            .lock()
+            .push((kind.clone(), request.start_revision));
+        let next = self
+            .scripts
+            .lock()
+            .get_mut(&kind)
+            .and_then(|script| script.pop_front());
         Box::pin(async move {
-            let (cluster, events, stays_open) = next.ok_or_else(unscripted)?;
+            let (cluster, events, tail) = next.ok_or_else(unscripted)?;
             let events = futures::stream::iter(events.into_iter().map(Ok));
-            let events: futures::stream::BoxStream<'static, _> = if stays_open {
-                events.chain(futures::stream::pending()).boxed()
-            } else {
-                events.boxed()
+            let events: futures::stream::BoxStream<'static, _> = match tail {
+                Tail::Ends => events.boxed(),
+                Tail::StaysOpen => events.chain(futures::stream::pending()).boxed(),
+                Tail::EndsWhen(notify) => events
+                    .chain(
+                        futures::stream::once(async move { notify.notified().await })
+                            .filter_map(|()| async { None }),
+                    )
+                    .boxed(),
             };
             Ok(cairn_client::Watch::new(
                 "node",
@@ -962,8 +1004,9 @@ fn unscripted() -> ClientError {
     ClientError::Unauthenticated("not in the script".into())
 }
 
-fn upsert(name: &str, revision: u64) -> Event {
-    let mut r = resource("g", "A", name, name, "{}");
+/// An Upsert of `g.kind` `name` (uid `name`) at `revision`, holding `data`.
+fn upsert(kind: &str, name: &str, revision: u64, data: &str) -> Event {
+    let mut r = resource("g", kind, name, name, data);
     r.version = revision.to_string();
     Event {
         revision,
@@ -978,46 +1021,145 @@ fn end_of_snapshot(revision: u64) -> Event {
     }
 }
 
-#[tokio::test]
-async fn a_watch_from_a_node_that_names_no_cluster_is_never_used() {
-    // The cache primes from cluster A at revision 40; the stream ends. The
-    // next node it reaches names no cluster (wiped, not yet joined to the new
-    // cluster B formed at the same addresses): its watch, resumed at 40,
-    // would skip B's history by revision and deliver whatever follows
-    // ("ghost"). The cache must not use it; it tries again, hears B, and
-    // resyncs from scratch to exactly B's state.
-    let start_revisions = Arc::new(Mutex::new(Vec::new()));
-    let api = ScriptedWatches {
-        script: Mutex::new(
-            vec![
-                (
-                    Some("A"),
-                    vec![upsert("old", 40), end_of_snapshot(40)],
-                    false,
-                ),
-                (None, vec![upsert("ghost", 41)], true),
-                (Some("B"), vec![], true),
-                (Some("B"), vec![upsert("new", 3), end_of_snapshot(3)], true),
-            ]
-            .into(),
-        ),
-        start_revisions: start_revisions.clone(),
-    };
-    let cache = WatchCache::start(api, vec![WatchSpec::new("g", "A")], fast_retries()).unwrap();
-    let converged = eventually(WAIT, || cached(&cache, "g", "A") == ["new@3"]).await;
+/// Waits until the cache holds `expected` for `g.kind`; panics naming what it holds.
+async fn holds(cache: &WatchCache, kind: &str, expected: &[&str], api: &ScriptedWatches) {
+    let converged = eventually(WAIT, || cached(cache, "g", kind) == expected).await;
     assert!(
         converged,
-        "the cache holds B's state: {:?} ({:?}; watches asked from {:?})",
-        cached(&cache, "g", "A"),
+        "the cache holds {expected:?} of {kind}: {:?} ({:?}; watches asked from {:?})",
+        cached(cache, "g", kind),
         cache.stats(),
-        start_revisions.lock()
+        api.asked(kind)
     );
+}
+
+#[tokio::test]
+async fn a_watch_from_a_node_that_names_no_cluster_is_never_used() {
+    // The cache primes from cluster X at revision 40; the stream ends. The
+    // next node it reaches names no cluster (wiped, not yet joined to the new
+    // cluster Y formed at the same addresses): its watch, resumed at 40,
+    // would skip Y's history by revision and deliver whatever follows
+    // ("ghost"). The cache must not use it; it tries again, hears Y, and
+    // resyncs from scratch to exactly Y's state.
+    let api = Arc::new(ScriptedWatches::default().script(
+        "A",
+        vec![
+            (
+                Some("X"),
+                vec![upsert("A", "old", 40, "{}"), end_of_snapshot(40)],
+                Tail::Ends,
+            ),
+            (None, vec![upsert("A", "ghost", 41, "{}")], Tail::StaysOpen),
+            (Some("Y"), vec![], Tail::StaysOpen),
+            (
+                Some("Y"),
+                vec![upsert("A", "new", 3, "{}"), end_of_snapshot(3)],
+                Tail::StaysOpen,
+            ),
+        ],
+    ));
+    let cache =
+        WatchCache::start(api.clone(), vec![WatchSpec::new("g", "A")], fast_retries()).unwrap();
+    holds(&cache, "A", &["new@3"], &api).await;
     let stats = cache.stats();
     assert_eq!(stats.cluster_changes, 1, "{stats:?}");
     assert_eq!(stats.replays, 0, "no watch was resumed: {stats:?}");
     assert_eq!(
-        *start_revisions.lock(),
+        api.asked("A"),
         [0, 39, 39, 0],
         "snapshot, two resumes, snapshot"
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_change_heard_by_one_type_resyncs_a_type_whose_stream_is_quiet() {
+    // Types A and B prime from cluster X. A's stream ends and its next watch
+    // names cluster Y. B's stream to X stays open and quiet: it must resync
+    // from Y all the same, never holding X's B beside Y's A.
+    let a_ends = Arc::new(tokio::sync::Notify::new());
+    let api = Arc::new(
+        ScriptedWatches::default()
+            .script(
+                "A",
+                vec![
+                    (
+                        Some("X"),
+                        vec![upsert("A", "a-x", 10, "{}"), end_of_snapshot(10)],
+                        Tail::EndsWhen(a_ends.clone()),
+                    ),
+                    (Some("Y"), vec![], Tail::StaysOpen),
+                    (
+                        Some("Y"),
+                        vec![upsert("A", "a-y", 2, "{}"), end_of_snapshot(2)],
+                        Tail::StaysOpen,
+                    ),
+                ],
+            )
+            .script(
+                "B",
+                vec![
+                    (
+                        Some("X"),
+                        vec![upsert("B", "b-x", 10, "{}"), end_of_snapshot(10)],
+                        Tail::StaysOpen,
+                    ),
+                    (
+                        Some("Y"),
+                        vec![upsert("B", "b-y", 2, "{}"), end_of_snapshot(2)],
+                        Tail::StaysOpen,
+                    ),
+                ],
+            ),
+    );
+    let cache = WatchCache::start(
+        api.clone(),
+        vec![WatchSpec::new("g", "A"), WatchSpec::new("g", "B")],
+        fast_retries(),
+    )
+    .unwrap();
+    cache.wait_primed().await;
+    a_ends.notify_one();
+    holds(&cache, "A", &["a-y@2"], &api).await;
+    holds(&cache, "B", &["b-y@2"], &api).await;
+    assert_eq!(cache.stats().cluster_changes, 1, "{:?}", cache.stats());
+}
+
+#[tokio::test]
+async fn a_resync_from_another_cluster_replaces_a_resource_of_the_same_uid_and_version() {
+    // Versions are log indexes, unique within one cluster only: cluster Y
+    // (restored from a backup of X, then written) holds the same uid at the
+    // same version as the cache's copy from X, with other data. The resync
+    // must replace it, and tell subscribers.
+    let api = Arc::new(ScriptedWatches::default().script(
+        "A",
+        vec![
+            (
+                Some("X"),
+                vec![upsert("A", "r", 5, r#"{"from":"x"}"#), end_of_snapshot(5)],
+                Tail::Ends,
+            ),
+            (Some("Y"), vec![], Tail::StaysOpen),
+            (
+                Some("Y"),
+                vec![upsert("A", "r", 5, r#"{"from":"y"}"#), end_of_snapshot(5)],
+                Tail::StaysOpen,
+            ),
+        ],
+    ));
+    let cache =
+        WatchCache::start(api.clone(), vec![WatchSpec::new("g", "A")], fast_retries()).unwrap();
+    cache.wait_primed().await;
+    let from_y = eventually(WAIT, || {
+        cache
+            .get(&id("g", "A", "r", ""))
+            .and_then(|r| r.data.clone())
+            .is_some_and(|d| d.value.as_ref() == br#"{"from":"y"}"#)
+    })
+    .await;
+    assert!(
+        from_y,
+        "Y's resource replaced X's: {:?} ({:?})",
+        cache.get(&id("g", "A", "r", "")),
+        cache.stats()
     );
 }
