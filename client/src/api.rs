@@ -309,6 +309,10 @@ where
     Fut: Future<Output = Result<Listing<R>, ClientError>>,
 {
     let mut listing = page(request.clone(), deadline).await?;
+    if request.revision != 0 {
+        // A listing asked at a revision reflects that revision, from its first page on.
+        check_same_listing(request.revision, listing.revision)?;
+    }
     let mut token = std::mem::take(&mut listing.next_page_token);
     while !token.is_empty() {
         let next = ListRequest {
@@ -520,6 +524,13 @@ mod tests {
         .await;
         assert!(matches!(compacted, Err(ClientError::Compacted { .. })));
         assert_eq!(calls, 2);
+        // A first page at another revision than the one asked: Internal too.
+        let elsewhere =
+            whole_listing(&pinned, far(), |_, _| async { Ok(listed(&["a"], 8, "")) }).await;
+        assert!(
+            matches!(elsewhere, Err(ClientError::Internal { .. })),
+            "{elsewhere:?}"
+        );
     }
 
     #[test]
