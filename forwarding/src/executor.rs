@@ -481,8 +481,6 @@ pub mod checks {
         Ok(Some(token))
     }
 
-    /// A WatchList request (the same filter rules as a List); returns the
-    /// consistency it asks for.
     /// A WatchProgress names at most [`WATCH_PROGRESS_IDS_MAX`] watches.
     pub fn watch_progress(r: &pb::WatchProgressRequest) -> Result<(), ApiError> {
         if r.watch_ids.len() > WATCH_PROGRESS_IDS_MAX {
@@ -500,6 +498,8 @@ pub mod checks {
     /// The most watches one WatchProgress names (a cache has one watch per type).
     pub const WATCH_PROGRESS_IDS_MAX: usize = 1024;
 
+    /// A WatchList request (the same filter rules as a List); returns the
+    /// consistency it asks for.
     pub fn watch(limits: &Limits, r: &pb::WatchListRequest) -> Result<Consistency, ApiError> {
         let consistency = consistency(r.consistency)?;
         filter(

@@ -102,25 +102,17 @@ impl ResourceApi {
         self
     }
 
-    /// The read actually served: strong becomes eventual under the test-only
-    /// unsafe flag, and only then.
-    fn served(&self, mut r: pb::ReadRequest) -> pb::ReadRequest {
+    /// The consistency actually served for a read or list asked at
+    /// `consistency`: strong becomes eventual under the test-only unsafe
+    /// flag, and only then.
+    fn served(&self, consistency: i32) -> i32 {
         if self.unsafe_modes.unsafe_local_strong_reads
-            && r.consistency == pb::Consistency::Strong as i32
+            && consistency == pb::Consistency::Strong as i32
         {
-            r.consistency = pb::Consistency::Eventual as i32;
+            pb::Consistency::Eventual as i32
+        } else {
+            consistency
         }
-        r
-    }
-
-    /// As [`ResourceApi::served`], for lists.
-    fn served_list(&self, mut r: pb::ListRequest) -> pb::ListRequest {
-        if self.unsafe_modes.unsafe_local_strong_reads
-            && r.consistency == pb::Consistency::Strong as i32
-        {
-            r.consistency = pb::Consistency::Eventual as i32;
-        }
-        r
     }
 
     pub fn forwarder(&self) -> &Forwarder<NodeHandle> {
@@ -172,10 +164,11 @@ impl ResourceApi {
     /// Read (validated again, then here or at the leader).
     pub async fn read(
         &self,
-        r: pb::ReadRequest,
+        mut r: pb::ReadRequest,
         deadline: Instant,
     ) -> Result<shared::ReadResponse, ApiError> {
-        self.forwarder.read(self.served(r), deadline).await
+        r.consistency = self.served(r.consistency);
+        self.forwarder.read(r, deadline).await
     }
 
     /// Write, through Raft here on the leader, else at the leader.
@@ -199,13 +192,12 @@ impl ResourceApi {
     /// One page of a listing, of what `visible` shows (`None`: everything).
     pub async fn list(
         &self,
-        r: pb::ListRequest,
+        mut r: pb::ListRequest,
         visible: Option<Arc<cairn_fsm::ReadScope>>,
         deadline: Instant,
     ) -> Result<shared::ListResponse, ApiError> {
-        self.forwarder
-            .list(self.served_list(r), visible, deadline)
-            .await
+        r.consistency = self.served(r.consistency);
+        self.forwarder.list(r, visible, deadline).await
     }
 
     /// ListByOwner, of what `visible` shows (`None`: everything).
