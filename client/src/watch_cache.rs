@@ -1246,7 +1246,19 @@ impl TypeWatcher {
                     continue;
                 }
                 Err(e) => {
-                    tracing::debug!(error = %e, kind = %spec.type_.kind, "watch cache: cannot open a watch");
+                    let refused = matches!(
+                        e,
+                        ClientError::InvalidArgument { .. }
+                            | ClientError::Unauthenticated(_)
+                            | ClientError::PermissionDenied(_)
+                    );
+                    if refused {
+                        // Every node refuses it the same way: still retried (credentials
+                        // may be granted meanwhile), but said at most once a backoff.
+                        tracing::warn!(error = %e, kind = %spec.type_.kind, "watch cache: the cluster refuses this type's watch; it will not prime until that changes");
+                    } else {
+                        tracing::debug!(error = %e, kind = %spec.type_.kind, "watch cache: cannot open a watch");
+                    }
                     self.set_type_status(TypeStatus::NoWatch);
                     self.sleep(&mut backoff).await;
                     continue;
