@@ -65,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .route_name(method.name())
             .input_type(format!("crate::v1::{input}"))
             .output_type(output_path)
-            .codec_path("tonic_prost::ProstCodec");
+            .codec_path("crate::codec::SizedCodec");
         if method.client_streaming() {
             builder = builder.client_streaming();
         }

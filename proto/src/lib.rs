@@ -18,6 +18,7 @@
 //! - An error crossing the wire keeps its kind ([`error::ApiError`] round-trips
 //!   through `tonic::Status` losslessly for every kind).
 
+pub mod codec;
 pub mod error;
 
 /// Protobuf well-known types, compiled here so that `Any.value` is `Bytes`.
