@@ -1345,26 +1345,10 @@ impl TypeWatcher {
                         self.mark_primed();
                     }
                     (EventKind::Upsert(r), None) => {
-                        // Older than what the map shows: a replay overlap.
-                        // (Equal: another change of the same entry, or a
-                        // replayed one, which `apply_live` drops.)
-                        if revision.is_some_and(|r| event_revision < r) {
-                            self.count_dropped();
-                            continue;
-                        }
-                        self.apply_live(Some(CacheEvent::Upsert(r)), event_revision);
-                        revision = Some(event_revision);
+                        self.live_change(CacheEvent::Upsert(r), event_revision, &mut revision)
                     }
                     (EventKind::Delete(r), None) => {
-                        // Older than what the map shows: a replay overlap.
-                        // (Equal: another change of the same entry, or a
-                        // replayed one, which `apply_live` drops.)
-                        if revision.is_some_and(|r| event_revision < r) {
-                            self.count_dropped();
-                            continue;
-                        }
-                        self.apply_live(Some(CacheEvent::Delete(r)), event_revision);
-                        revision = Some(event_revision);
+                        self.live_change(CacheEvent::Delete(r), event_revision, &mut revision)
                     }
                     (EventKind::Progress, None) => {
                         self.shared
@@ -1398,6 +1382,19 @@ impl TypeWatcher {
     async fn sleep(&self, backoff: &mut Duration) {
         tokio::time::sleep(*backoff).await;
         *backoff = (*backoff * 2).min(self.options.retry_backoff_max);
+    }
+
+    /// A live change at `event_revision`, on a map at `revision`: dropped
+    /// when older than what the map shows (a replay overlap), else applied.
+    /// (Equal: another change of the same entry, or a replayed one, which
+    /// `apply_live` drops.)
+    fn live_change(&self, change: CacheEvent, event_revision: u64, revision: &mut Option<u64>) {
+        if revision.is_some_and(|r| event_revision < r) {
+            self.count_dropped();
+            return;
+        }
+        self.apply_live(Some(change), event_revision);
+        *revision = Some(event_revision);
     }
 
     fn count_dropped(&self) {
