@@ -129,6 +129,17 @@ pub enum Caller {
     Granted(Arc<Grant>),
 }
 
+impl Caller {
+    /// Who is calling, for what a caller may touch only of its own (the
+    /// watches it opened): its grant's name; `None` with authentication off.
+    pub fn principal(&self) -> Option<&str> {
+        match self {
+            Caller::Unrestricted => None,
+            Caller::Granted(grant) => Some(&grant.name),
+        }
+    }
+}
+
 /// An operation of the AdminService; each needs the `admin` role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdminOperation {
@@ -551,6 +562,11 @@ pub struct WatchCaller {
 }
 
 impl WatchCaller {
+    /// See [`Caller::principal`].
+    pub fn principal(&self) -> Option<&str> {
+        self.caller.principal()
+    }
+
     /// Authorizes a watch of `type_` in `tenancy` (a validated list filter),
     /// keeping what it needs to decide again at every reload.
     pub fn authorize(self, type_: &Type, tenancy: &Tenancy) -> Result<WatchGuard, ApiError> {

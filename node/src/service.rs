@@ -44,6 +44,7 @@
 //! `follower_strong_reads`, node-wide watch budget (`watches_max`) and
 //! test-only switches, from the one piece.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +66,9 @@ pub struct ResourceApi {
     request_timeout: Duration,
     /// Watches per connection and per node.
     connection_limits: Option<Arc<crate::limits::ConnectionLimits>>,
+    /// Who opened each watch open over gRPC on this node (its caller's
+    /// principal): WatchProgress reaches only the watches its own caller opened.
+    watch_openers: Arc<WatchOpeners>,
     /// DANGEROUS, test-only switches: `--unsafe-local-strong-reads` (strong reads and
     /// lists are answered as eventual ones, from this node's possibly stale state) and
     /// `--unsafe-drop-watch-events N` (every Nth change of each watch stream is dropped).
@@ -82,6 +86,7 @@ impl ResourceApi {
             auth,
             request_timeout,
             connection_limits: None,
+            watch_openers: Arc::default(),
             unsafe_modes: crate::config::UnsafeModes::default(),
         }
     }
@@ -368,6 +373,7 @@ impl ResourceService for ResourceGrpc {
         // validated; authorized by the guard, now and again at every reload
         // of the grants.
         let caller = self.0.auth.watch_caller(&r)?;
+        let principal = caller.principal().map(str::to_string);
         self.0.forwarder.executor().check_watch(r.get_ref())?;
         let (type_, tenancy) =
             list_filter(r.get_ref().r#type.as_ref(), r.get_ref().tenancy.as_ref())?;
@@ -384,7 +390,11 @@ impl ResourceService for ResourceGrpc {
             .watch(r.into_inner(), visible, connection.as_ref(), deadline)
             .await?;
         let events = crate::auth::close_when_revoked(opened.events, guard);
-        let events: GrpcWatchStream = Box::pin(events.map(|event| event.map_err(Status::from)));
+        let opener = self.0.watch_openers.register(opened.id, principal);
+        let events: GrpcWatchStream = Box::pin(events.map(move |event| {
+            let _registered = &opener;
+            event.map_err(Status::from)
+        }));
         let mut response = Response::new(events);
         insert_metadata(
             &mut response,
@@ -401,12 +411,57 @@ impl ResourceService for ResourceGrpc {
     ) -> Result<Response<pb::WatchProgressResponse>, Status> {
         // Any authenticated caller: the answer holds a revision and the ids it
         // sent, and a Progress event tells a watch nothing but how far it is.
-        self.0.auth.caller(&r)?;
+        // It reaches only the watches this caller opened here: another's would
+        // take slots of that watch's buffer (and could get it closed as lagging).
+        let caller = self.0.auth.caller(&r)?;
         let deadline = self.0.deadline(&r);
-        let answer = self.0.watch_progress(r.into_inner(), deadline).await?;
+        let mut request = r.into_inner();
+        let principal = caller.principal();
+        request
+            .watch_ids
+            .retain(|id| self.0.watch_openers.opened_by(*id, principal));
+        let answer = self.0.watch_progress(request, deadline).await?;
         let mut response = Response::new(answer);
         self.0.stamp_cluster_id(&mut response);
         Ok(response)
+    }
+}
+
+/// The principal that opened each watch open over gRPC on this node. An
+/// entry lives as long as its watch's stream ([`OpenerEntry`]), so the map
+/// holds at most `watches_max` entries.
+#[derive(Default)]
+pub struct WatchOpeners(parking_lot::Mutex<HashMap<u64, Option<String>>>);
+
+impl WatchOpeners {
+    /// Records that `principal` opened watch `id`, until the returned entry is dropped.
+    fn register(self: &Arc<Self>, id: u64, principal: Option<String>) -> OpenerEntry {
+        let previous = self.0.lock().insert(id, principal);
+        assert!(previous.is_none(), "a watch id names one open watch");
+        OpenerEntry {
+            openers: self.clone(),
+            id,
+        }
+    }
+
+    /// Whether watch `id` is open here and was opened by `principal`.
+    fn opened_by(&self, id: u64, principal: Option<&str>) -> bool {
+        self.0
+            .lock()
+            .get(&id)
+            .is_some_and(|opener| opener.as_deref() == principal)
+    }
+}
+
+/// A watch's entry in [`WatchOpeners`], removed when the stream is dropped.
+struct OpenerEntry {
+    openers: Arc<WatchOpeners>,
+    id: u64,
+}
+
+impl Drop for OpenerEntry {
+    fn drop(&mut self) {
+        self.openers.0.lock().remove(&self.id);
     }
 }
 

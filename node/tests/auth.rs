@@ -1518,3 +1518,54 @@ async fn token_commands_make_and_hash_tokens_and_bad_configs_are_refused() {
         "{run:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_progress_reaches_only_the_watches_its_caller_opened() {
+    // The reader opens a watch on one node. Another token (ops, which may
+    // read everything) names that watch in WatchProgress: nothing is queued on
+    // it and the answer does not list it, so no one can fill another caller's
+    // watch buffer with Progress events. The reader's own call does reach it.
+    let dir = tempfile::tempdir().unwrap();
+    let (cluster, tokens) = auth_cluster(1, dir.path()).await;
+    let endpoint = cluster.node(1).client_address.clone();
+    let reader = client(std::slice::from_ref(&endpoint), Some(&tokens.reader));
+    let ops = client(std::slice::from_ref(&endpoint), Some(&tokens.ops));
+    let mut request = every_thing();
+    request.tenancy = Some(tenancy("default", "*"));
+    let mut watch = reader
+        .watch_list(request)
+        .await
+        .expect("the reader's watch");
+    snapshot_of(&mut watch).await;
+    let id = watch.watch_id().expect("the node names its watch");
+
+    let foreign = ops
+        .watch_progress(watch.endpoint(), vec![id])
+        .await
+        .expect("ops may ask");
+    assert!(
+        foreign.delivered_watch_ids.is_empty(),
+        "another caller's progress reached the watch: {foreign:?}"
+    );
+    let quiet = tokio::time::timeout(Duration::from_millis(500), watch.next()).await;
+    assert!(
+        quiet.is_err(),
+        "no event after another caller's WatchProgress: {quiet:?}"
+    );
+
+    let own = reader
+        .watch_progress(watch.endpoint(), vec![id])
+        .await
+        .expect("the reader may ask");
+    assert_eq!(own.delivered_watch_ids, vec![id], "{own:?}");
+    let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("the Progress within 10 s")
+        .expect("the watch is open")
+        .expect("no watch error");
+    assert!(
+        matches!(event.event, Some(watch_event::Event::Progress(_))),
+        "{event:?}"
+    );
+    assert!(event.revision >= own.revision, "{event:?} vs {own:?}");
+}
