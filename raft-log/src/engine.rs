@@ -410,13 +410,16 @@ fn wait_for_sled_lock_release(path: &Path) -> Result<(), LogError> {
         Err(e) => return Err(LogError::io(format!("open {}", log.display()), e)),
     };
     let deadline = Instant::now() + SLED_LOCK_RELEASE_WAIT;
-    // Our probe's lock goes with `file`, before sled opens.
     while !crate::lock::try_flock_exclusive(&file)
         .map_err(|e| LogError::io(format!("flock {}", log.display()), e))?
         && Instant::now() < deadline
     {
         std::thread::sleep(SLED_LOCK_POLL_INTERVAL);
     }
+    // Our probe's lock goes now, before sled opens: released only by closing `file`,
+    // it would stay with a copy of the descriptor in a process another thread forks
+    // meanwhile, and sled's own lock would fail (seen in the kill -9 crash test).
+    crate::lock::unlock(&file);
     Ok(())
 }
 

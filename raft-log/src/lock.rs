@@ -94,6 +94,14 @@ pub(crate) fn try_flock_exclusive(file: &File) -> std::io::Result<bool> {
     }
 }
 
+/// Releases `file`'s flock now, instead of when its last handle closes: a
+/// duplicate of the descriptor leaked to a process forked meanwhile (by another
+/// thread, before that process's exec closes it) would keep the lock until then.
+pub(crate) fn unlock(file: &File) {
+    // SAFETY: flock on a file descriptor we own; no memory is passed.
+    let _ = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+}
+
 /// fsyncs a directory, so that the names created in it are durable.
 pub(crate) fn fsync_directory(dir: &Path) -> Result<(), LogError> {
     File::open(dir)
@@ -127,10 +135,7 @@ pub fn write_file_atomically(
 
 impl Drop for DirLock {
     fn drop(&mut self) {
-        // Closing the file releases the lock; unlock explicitly anyway so that a leaked
-        // duplicate of the descriptor (e.g. across fork) does not keep it.
-        // SAFETY: flock on a file descriptor we own.
-        let _ = unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+        unlock(&self.file);
     }
 }
 
@@ -151,5 +156,27 @@ mod tests {
         }
         drop(first);
         DirLock::acquire(dir.path()).expect("lock is free again after drop");
+    }
+
+    #[test]
+    fn an_unlocked_file_frees_its_lock_while_a_duplicate_descriptor_lives() {
+        // A duplicate of a locked descriptor (as a process forked meanwhile holds until
+        // its exec) keeps the lock after the original closes, unless it was unlocked.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"").expect("create");
+        let open = || File::open(&path).expect("open");
+        for unlock_first in [false, true] {
+            let probe = open();
+            assert!(try_flock_exclusive(&probe).expect("flock"));
+            let leaked = probe.try_clone().expect("dup");
+            if unlock_first {
+                unlock(&probe);
+            }
+            drop(probe);
+            let free = try_flock_exclusive(&open()).expect("flock");
+            assert_eq!(free, unlock_first, "unlocked first: {unlock_first}");
+            drop(leaked);
+        }
     }
 }
