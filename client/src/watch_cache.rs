@@ -490,10 +490,11 @@ struct Shared {
     /// Woken whenever a type's revision or watch changes (consistent reads
     /// wait on it).
     moved: watch::Sender<()>,
-    /// The cluster the cache primed from, and how many times it changed.
-    cluster: Mutex<ClusterSeen>,
-    /// The cluster epoch, sent on every change: a type watcher waiting on a
-    /// quiet stream to the old cluster is woken to resync.
+    /// The cluster the cache heard last (`None` before any node named one).
+    cluster: Mutex<Option<String>>,
+    /// How many times the cluster changed, sent on every change: a type
+    /// watcher that started under an older epoch, even one waiting on a quiet
+    /// stream to the old cluster, resyncs from scratch.
     cluster_epoch: watch::Sender<u64>,
     /// The client the type watchers use, for WatchProgress.
     client: Arc<dyn ResourceApi>,
@@ -513,14 +514,6 @@ struct ProgressRound {
 }
 
 type ProgressWaiter = tokio::sync::oneshot::Sender<Result<crate::WatchProgress, ClientError>>;
-
-/// The cluster a cache heard last. `epoch` counts the changes: a type watcher
-/// that started under an older epoch resyncs from scratch.
-#[derive(Debug, Default)]
-struct ClusterSeen {
-    id: Option<String>,
-    epoch: u64,
-}
 
 impl Shared {
     fn subscribe(&self, mut callback: Callback) -> SubscriptionId {
@@ -625,7 +618,7 @@ impl Shared {
     /// by revision. Its watch is not used.
     fn observe_cluster(&self, cluster_id: Option<&str>, endpoint: &str) -> Option<u64> {
         let mut seen = self.cluster.lock();
-        match (cluster_id, seen.id.as_deref()) {
+        match (cluster_id, seen.as_deref()) {
             (None, Some(known)) => {
                 tracing::debug!(
                     known,
@@ -642,15 +635,14 @@ impl Shared {
                     "watch cache: the cluster changed (rebuilt, or restored into a new one); \
                      resyncing every type from scratch"
                 );
-                seen.id = Some(heard.to_string());
-                seen.epoch += 1;
+                *seen = Some(heard.to_string());
                 self.table.write().stats.cluster_changes += 1;
-                self.cluster_epoch.send_replace(seen.epoch);
+                self.cluster_epoch.send_modify(|epoch| *epoch += 1);
             }
-            (Some(heard), None) => seen.id = Some(heard.to_string()),
+            (Some(heard), None) => *seen = Some(heard.to_string()),
             (Some(_), Some(_)) | (None, None) => {}
         }
-        Some(seen.epoch)
+        Some(*self.cluster_epoch.borrow())
     }
 
     /// Publishes `update` if its status differs from the last one published
@@ -793,7 +785,7 @@ impl WatchCacheBuilder {
         let (moved, _) = watch::channel(());
         let shared = Arc::new(Shared {
             moved,
-            cluster: Mutex::new(ClusterSeen::default()),
+            cluster: Mutex::new(None),
             cluster_epoch: watch::channel(0).0,
             client: client.clone(),
             options: options.clone(),
@@ -1298,16 +1290,15 @@ impl TypeWatcher {
             }
             let mut staged: Option<Vec<Arc<Resource>>> = (start_revision == 0).then(Vec::new);
             let next = loop {
-                if self.shared.cluster.lock().epoch != epoch {
-                    // Another type heard a new cluster: this map resyncs too.
-                    break Rewatch::FreshSnapshot;
-                }
                 let next_event = tokio::select! {
-                    event = stream.next() => event,
+                    // First: an epoch already moved ends the stream before any event is used.
+                    biased;
                     _ = epochs.wait_for(|current| *current != epoch) => {
-                        // Another type heard a new cluster while this stream was quiet.
+                        // Another type heard a new cluster (even while this stream was
+                        // quiet): this map resyncs too.
                         break Rewatch::FreshSnapshot;
                     }
+                    event = stream.next() => event,
                 };
                 let event = match next_event {
                     Some(Ok(event)) => event,
@@ -1371,7 +1362,7 @@ impl TypeWatcher {
             if let Rewatch::FreshSnapshot = next {
                 fresh = true;
             }
-            if self.shared.cluster.lock().epoch != epoch {
+            if *epochs.borrow() != epoch {
                 // Resynced from scratch at once, from the new cluster.
                 continue;
             }
