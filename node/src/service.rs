@@ -416,10 +416,9 @@ impl ResourceService for ResourceGrpc {
         let caller = self.0.auth.caller(&r)?;
         let deadline = self.0.deadline(&r);
         let mut request = r.into_inner();
-        let principal = caller.principal();
-        request
-            .watch_ids
-            .retain(|id| self.0.watch_openers.opened_by(*id, principal));
+        self.0
+            .watch_openers
+            .keep_opened_by(&mut request.watch_ids, caller.principal());
         let answer = self.0.watch_progress(request, deadline).await?;
         let mut response = Response::new(answer);
         self.0.stamp_cluster_id(&mut response);
@@ -444,12 +443,10 @@ impl WatchOpeners {
         }
     }
 
-    /// Whether watch `id` is open here and was opened by `principal`.
-    fn opened_by(&self, id: u64, principal: Option<&str>) -> bool {
-        self.0
-            .lock()
-            .get(&id)
-            .is_some_and(|opener| opener.as_deref() == principal)
+    /// Keeps of `ids` the watches open here that `principal` opened.
+    fn keep_opened_by(&self, ids: &mut Vec<u64>, principal: Option<&str>) {
+        let openers = self.0.lock();
+        ids.retain(|id| openers.get(id).is_some_and(|o| o.as_deref() == principal));
     }
 }
 
