@@ -259,14 +259,19 @@ fn every_thing() -> WatchListRequest {
     }
 }
 
+/// The next event of a watch, within 20 s.
+async fn next_event(watch: &mut cairn_client::WatchStream) -> pb::WatchEvent {
+    tokio::time::timeout(Duration::from_secs(20), watch.next())
+        .await
+        .expect("a watch event within 20 s")
+        .expect("the watch is open")
+        .expect("no watch error")
+}
+
 /// The next Upsert or Delete of a watch (markers skipped), as "p/ns/name".
 async fn next_change(watch: &mut cairn_client::WatchStream) -> String {
     loop {
-        let event = tokio::time::timeout(Duration::from_secs(20), watch.next())
-            .await
-            .expect("a watch event within 20 s")
-            .expect("the watch is open")
-            .expect("no watch error");
+        let event = next_event(watch).await;
         let resource = match event.event {
             Some(watch_event::Event::Upsert(u)) => u.resource,
             Some(watch_event::Event::Delete(d)) => d.resource,
@@ -283,11 +288,7 @@ async fn next_change(watch: &mut cairn_client::WatchStream) -> String {
 async fn snapshot_of(watch: &mut cairn_client::WatchStream) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();
     loop {
-        let event = tokio::time::timeout(Duration::from_secs(20), watch.next())
-            .await
-            .expect("a watch event within 20 s")
-            .expect("the watch is open")
-            .expect("no watch error");
+        let event = next_event(watch).await;
         match event.event {
             Some(watch_event::Event::Upsert(u)) => {
                 seen.extend(names(&[u.resource.expect("a resource")]));
@@ -1558,11 +1559,7 @@ async fn watch_progress_reaches_only_the_watches_its_caller_opened() {
         .await
         .expect("the reader may ask");
     assert_eq!(own.delivered_watch_ids, vec![id], "{own:?}");
-    let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
-        .await
-        .expect("the Progress within 10 s")
-        .expect("the watch is open")
-        .expect("no watch error");
+    let event = next_event(&mut watch).await;
     assert!(
         matches!(event.event, Some(watch_event::Event::Progress(_))),
         "{event:?}"
