@@ -140,6 +140,19 @@ pub struct WatchProgress {
     pub cluster_id: Option<String>,
 }
 
+impl From<tonic::Response<cairn_proto::v1::WatchProgressResponse>> for WatchProgress {
+    /// A node's answer, with the cluster its metadata names.
+    fn from(response: tonic::Response<cairn_proto::v1::WatchProgressResponse>) -> WatchProgress {
+        let cluster_id = metadata_str(response.metadata(), cairn_proto::CLUSTER_ID_HEADER);
+        let answer = response.into_inner();
+        WatchProgress {
+            revision: answer.revision,
+            delivered_watch_ids: answer.delivered_watch_ids,
+            cluster_id,
+        }
+    }
+}
+
 /// A metadata value as text, if present and printable.
 fn metadata_str(metadata: &tonic::metadata::MetadataMap, key: &str) -> Option<String> {
     metadata
@@ -604,13 +617,7 @@ impl Client {
                 },
             )
             .await?;
-        let cluster_id = metadata_str(response.metadata(), cairn_proto::CLUSTER_ID_HEADER);
-        let answer = response.into_inner();
-        Ok(WatchProgress {
-            revision: answer.revision,
-            delivered_watch_ids: answer.delivered_watch_ids,
-            cluster_id,
-        })
+        Ok(WatchProgress::from(response))
     }
 
     /// Makes the next call start at the endpoint after `endpoint` (used when a

@@ -187,13 +187,7 @@ impl ResourceApi for RawGrpc {
             let request = WatchProgressRequest { watch_ids };
             let response = self.grpc().watch_progress(request).await;
             let response = response.map_err(|s| error_of(Operation::Read, &s))?;
-            let cluster_id = header(response.metadata(), cairn_proto::CLUSTER_ID_HEADER);
-            let progress = response.into_inner();
-            Ok(WatchProgress {
-                revision: progress.revision,
-                delivered_watch_ids: progress.delivered_watch_ids,
-                cluster_id,
-            })
+            Ok(WatchProgress::from(response))
         })
     }
 
