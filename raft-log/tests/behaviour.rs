@@ -681,3 +681,53 @@ fn wal_flush_callbacks_fire_once_each_in_order_across_rotations_and_truncations(
         assert_eq!(last.map(|id| id.index), Some(next - 1));
     });
 }
+
+#[test]
+fn wal_truncation_behind_a_partly_evicted_tail_keeps_every_entry_at_its_index() {
+    // The bug of issue 29: with large entries the in-memory tail holds only the last few of
+    // them. A truncation (a new leader overwriting an old leader's unreplicated entries) popped
+    // slots from the log without popping their entries from the tail, so every later read of
+    // a recent index returned the entry of a later one ("try to get log at index 1038 but got
+    // Some(1039)"), and so did every open that replayed the truncate frame: the node could
+    // never start again. Here the tail holds about 10 of 300 entries; after truncating from
+    // 250 and appending a new 250..=260 in term 2, every index reads back as itself, before
+    // and after a reopen (whose replay of the truncate frame meets the same partly evicted
+    // tail).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let entry_bytes = encoded_len(&common::entry(239)) as u64;
+    let options = common::small_wal(1024 * 1024, 10 * entry_bytes);
+    let term2 = |index: u64| openraft::Entry::<common::TestConfig> {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(2, 0), index),
+        payload: openraft::EntryPayload::Blank,
+    };
+    let check_all = |entries: Vec<openraft::Entry<common::TestConfig>>| {
+        assert_eq!(entries.len(), 260, "entries 1..=260");
+        for (offset, entry) in entries.iter().enumerate() {
+            let index = offset as u64 + 1;
+            assert_eq!(entry.log_id.index, index, "the entry read at {index}");
+            if index < 250 {
+                common::check_entry(index, entry).expect("intact");
+            } else {
+                assert_eq!(entry.log_id.leader_id.term, 2, "entry {index} is the new one");
+            }
+        }
+    };
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("open");
+        append_chunks(&store, 1..=300, 1).await;
+        store
+            .truncate_from(&common::log_id(250))
+            .await
+            .expect("truncate");
+        check_range(&store, 240, 249).await;
+        store
+            .append_durable((250..=260).map(term2).collect())
+            .await
+            .expect("append after the truncation");
+        check_all(store.read_entries(..).await.expect("read"));
+    });
+    runtime().block_on(async {
+        let store = Store::open(dir.path(), options.clone()).expect("reopen");
+        check_all(store.read_entries(..).await.expect("read after reopen"));
+    });
+}

@@ -111,13 +111,35 @@ impl<C: RaftTypeConfig> State<C> {
         let keep = from_index.saturating_sub(self.first_index) as usize;
         while self.slots.len() > keep {
             let slot = self.slots.pop_back().expect("non-empty");
-            if self.tail.len() > self.slots.len() {
+            // The tail holds the entries of the *last* slots: the slot just removed is its
+            // last entry whenever it holds any. (Popping it only when the tail held every
+            // slot shifted the tail against the slots once part of it had been evicted, and
+            // each later read of a recent index returned a later entry: issue 29.)
+            if !self.tail.is_empty() {
                 self.tail.pop_back();
                 self.tail_bytes -= u64::from(slot.len_bytes);
             }
         }
-        assert!(self.tail.len() <= self.slots.len());
         assert!(self.last_index().is_none_or(|last| last < from_index));
+        self.assert_tail_aligned();
+    }
+
+    /// The tail holds exactly the entries of the last `tail.len()` slots: its first and last
+    /// entries carry the log ids of those slots. O(1); checked after every change of the view.
+    pub(crate) fn assert_tail_aligned(&self) {
+        assert!(self.tail.len() <= self.slots.len(), "the tail is a suffix of the log");
+        if let (Some(first), Some(last)) = (self.tail.front(), self.tail.back()) {
+            let first_slot = &self.slots[self.slots.len() - self.tail.len()];
+            let last_slot = self.slots.back().expect("the tail is a suffix of the log");
+            assert!(
+                first.get_log_id() == &first_slot.log_id && last.get_log_id() == &last_slot.log_id,
+                "the in-memory tail is out of step with the log: it holds {}..={} for slots {}..={}",
+                first.get_log_id(),
+                last.get_log_id(),
+                first_slot.log_id,
+                last_slot.log_id
+            );
+        }
     }
 
     /// Removes every entry `<= through_index`.
@@ -133,8 +155,8 @@ impl<C: RaftTypeConfig> State<C> {
         if self.slots.is_empty() {
             self.first_index = through_index + 1;
         }
-        assert!(self.tail.len() <= self.slots.len());
         assert!(self.first_index > through_index);
+        self.assert_tail_aligned();
     }
 
     /// Drops the oldest tail entries beyond the budget, if they are written.
@@ -347,7 +369,7 @@ where
             state.tail.push_back(entry);
             state.tail_bytes += u64::from(*len);
         }
-        assert!(state.tail.len() <= state.slots.len());
+        state.assert_tail_aligned();
         assert_eq!(
             state
                 .last_index()
@@ -421,7 +443,14 @@ where
                 });
             }
             for index in low.max(tail_first)..high {
-                from_memory.push(state.tail[(index - tail_first) as usize].clone());
+                let entry = &state.tail[(index - tail_first) as usize];
+                // Paired with `assert_tail_aligned`: what the tail serves is what was asked.
+                assert_eq!(
+                    entry.get_log_id().index,
+                    index,
+                    "the in-memory tail serves the entry asked for"
+                );
+                from_memory.push(entry.clone());
             }
         }
         if from_disk.is_empty() {
