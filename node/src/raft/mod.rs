@@ -9,6 +9,7 @@ mod identity;
 mod log_growth;
 mod network;
 pub mod peer_gate;
+mod purge_gate;
 pub mod read_batch;
 mod series;
 pub mod stages;
@@ -621,6 +622,10 @@ impl RaftHandle {
         )?;
         state_machine.set_write_stages(stages.clone());
         check_snapshot_covers_log(&log_store, &state_machine, &log_dir).await?;
+        // The snapshot just loaded is the newest durable one: purges up to it go through.
+        let purge_gate =
+            purge_gate::PurgeGate::new(log_store.clone(), state_machine.snapshot_index());
+        state_machine.set_purge_gate(purge_gate.clone());
         if identity.node_id()?.is_none() {
             let mut sm = state_machine.clone();
             let mut reader = log_store.clone();
@@ -650,7 +655,7 @@ impl RaftHandle {
             node_id,
             Arc::new(config),
             network.clone(),
-            log_store.clone(),
+            purge_gate::GatedLog::new(purge_gate),
             state_machine.clone(),
         )
         .await?;

@@ -42,6 +42,9 @@ struct Shared {
     meta: Mutex<Meta>,
     /// The write-stage clock (set once at start; see `super::stages`).
     stages: std::sync::OnceLock<Arc<super::stages::WriteStages>>,
+    /// Told each time a snapshot file is durable with its name, so that purges of the log up
+    /// to it may go through (set once at start; see `super::purge_gate`).
+    purge_gate: std::sync::OnceLock<Arc<super::purge_gate::PurgeGate>>,
     /// The first failure returned to openraft (whose core stops on it), classified.
     failure: Mutex<Option<FatalCause>>,
     /// Snapshot files that failed to load at start, newest first, with why.
@@ -162,8 +165,37 @@ fn prune_except(dir: &Path, keep: &Path) {
     }
 }
 
+/// Whether `name` is a file a stopped process leaves behind in the snapshot dir: a snapshot
+/// being built (`snap-*.tmp`) or being received from the leader (`incoming.part`). Neither is
+/// ever read: a complete snapshot is only ever found under its final name.
+fn is_leftover(name: &str) -> bool {
+    (name.starts_with("snap-") && name.ends_with(".tmp")) || name == "incoming.part"
+}
+
+/// Removes what a stopped process left in the snapshot dir (see [`is_leftover`]), so that a
+/// kill during a snapshot of hundreds of megabytes does not keep that space for good.
+fn remove_leftovers(dir: &Path) -> io::Result<()> {
+    let mut removed = false;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let path = entry.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !is_leftover(name) {
+            continue;
+        }
+        let size_bytes = entry.metadata().map(|m| m.len()).unwrap_or(0);
+        std::fs::remove_file(&path)?;
+        tracing::info!(path = %path.display(), size_bytes, "removed a snapshot file left unfinished by an earlier run");
+        removed = true;
+    }
+    if removed {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 impl StateMachine {
-    /// Opens the snapshot dir and loads the newest complete snapshot into `store`.
+    /// Opens the snapshot dir, removes files an earlier run left unfinished, and loads the
+    /// newest complete snapshot into `store`.
     pub fn open(
         dir: &Path,
         store: Store,
@@ -175,6 +207,7 @@ impl StateMachine {
             // The new directory's name must survive a power cut, with the snapshots in it.
             crate::durable::sync_parent(dir)?;
         }
+        remove_leftovers(dir)?;
         let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)?
             .flatten()
             .map(|e| e.path())
@@ -230,6 +263,7 @@ impl StateMachine {
                 identity,
                 meta: Mutex::new(meta),
                 stages: std::sync::OnceLock::new(),
+                purge_gate: std::sync::OnceLock::new(),
                 failure: Mutex::new(None),
                 damaged,
             }),
@@ -281,6 +315,33 @@ impl StateMachine {
     pub fn set_write_stages(&self, stages: Arc<super::stages::WriteStages>) {
         let set = self.shared.stages.set(stages);
         assert!(set.is_ok(), "the write-stage clock is set once");
+    }
+
+    /// Tells `gate` of every snapshot that becomes durable from now on (set once, at start).
+    pub(super) fn set_purge_gate(&self, gate: Arc<super::purge_gate::PurgeGate>) {
+        let set = self.shared.purge_gate.set(gate);
+        assert!(set.is_ok(), "the purge gate is set once");
+    }
+
+    /// The index of the snapshot file in use (loaded at start, built or installed since).
+    pub fn snapshot_index(&self) -> Option<u64> {
+        self.meta()
+            .current_snapshot
+            .as_ref()
+            .and_then(|(meta, _)| meta.last_log_id.map(|l| l.index))
+    }
+
+    /// The snapshot at `index` is durable with its name: log purges up to it may go through,
+    /// and a purge deferred until now is carried out before this returns.
+    async fn snapshot_durable(&self, index: u64) -> Result<(), StorageError<NodeId>> {
+        let Some(gate) = self.shared.purge_gate.get() else {
+            return Ok(());
+        };
+        gate.snapshot_durable(index).await.map_err(|e| {
+            self.fail_with(format!(
+                "purge the Raft log through the snapshot at index {index}: {e}"
+            ))
+        })
     }
 
     fn record_stage(&self, stage: super::stages::IndexStage, first: u64, last: u64) {
@@ -389,6 +450,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             last_membership: membership,
             snapshot_id: format!("{header_term}-{header_index}-{crc:08x}"),
         };
+        if let Some(log_id) = last_log_id {
+            self.snapshot_durable(log_id.index).await?;
+        }
         prune_except(&self.shared.dir, &path);
         self.shared.growth.snapshot_built(covered_bytes, size_bytes);
         self.meta().current_snapshot = Some((meta.clone(), path.clone()));
@@ -606,6 +670,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             restore_from_file(&store, &incoming, Some(last_log_id.index), DOING, admit)?;
             std::fs::rename(&incoming, &install_path)
                 .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
+            // The name must be durable before the log is purged through the snapshot.
+            crate::durable::sync_parent(&install_path)
+                .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
             Ok(())
         })
         .await
@@ -613,6 +680,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .map_err(|cause| self.fail(cause))?;
         self.shared.growth.snapshot_installed(received_bytes);
         super::series::snapshot_installed(started.elapsed(), received_bytes);
+        self.snapshot_durable(last_log_id.index).await?;
         prune_except(&self.shared.dir, &final_path);
         let mut m = self.meta();
         m.last_applied = Some(last_log_id);
@@ -735,6 +803,31 @@ mod tests {
             }
             other => panic!("expected Corruption, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn at_start_files_left_by_an_unfinished_snapshot_are_removed_and_complete_ones_kept() {
+        // A kill while a snapshot was built (`.tmp`) or received (`incoming.part`) leaves its
+        // partial file; the next start removes it (issue 29 found a 540 MB `.tmp` kept for
+        // good) and loads the newest complete snapshot.
+        let dir = tempfile::tempdir().unwrap();
+        let snapshots = dir.path().join("snapshots");
+        std::fs::create_dir_all(&snapshots).unwrap();
+        let good = snapshot_path(&snapshots, 5, 1);
+        SnapshotWriter::create(&good, &header("mine", 5))
+            .unwrap()
+            .finish()
+            .unwrap();
+        let building = snapshot_path(&snapshots, 9, 1).with_extension("tmp");
+        let receiving = snapshots.join("incoming.part");
+        std::fs::write(&building, b"CAIRNSNP half").unwrap();
+        std::fs::write(&receiving, b"CAIRNSNP half").unwrap();
+        let unrelated = snapshots.join("notes.txt");
+        std::fs::write(&unrelated, b"an operator's file").unwrap();
+        let sm = open(dir.path(), "mine");
+        assert_eq!(sm.applied_index(), Some(5));
+        assert!(!building.exists() && !receiving.exists());
+        assert!(good.exists() && unrelated.exists());
     }
 
     #[test]
