@@ -1,6 +1,7 @@
 //! [`Forwarder`]: where each client request runs.
 //!
-//! Eventual reads, eventual lists, ListByOwner and watches run here. Writes
+//! Eventual reads, eventual lists, ListByOwner and watches run here, once this node
+//! has caught up since its start ([`Forwarder::caught_up_since_start`]). Writes
 //! and deletes run here when this node leads and are forwarded to the leader
 //! over the [`LeaderChannel`] otherwise, retrying across leader changes until
 //! the request's deadline. Strong reads and lists run here too, on a follower
@@ -84,6 +85,9 @@ pub struct Forwarder<H> {
     channel: Arc<LeaderChannel>,
     options: ForwarderOptions,
     stamp: Option<RequestStamp>,
+    /// Set once a read index confirmed after this node started was applied here
+    /// ([`Forwarder::caught_up_since_start`]).
+    caught_up: tokio::sync::OnceCell<u64>,
 }
 
 impl<H: Handle> Forwarder<H> {
@@ -99,6 +103,7 @@ impl<H: Handle> Forwarder<H> {
             channel,
             options,
             stamp: None,
+            caught_up: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -123,7 +128,10 @@ impl<H: Handle> Forwarder<H> {
         deadline: Instant,
     ) -> Result<shared::ReadResponse, ApiError> {
         match self.executor.check_read(&r)? {
-            Consistency::Eventual => self.executor.read_checked(r, Consistency::Eventual).await,
+            Consistency::Eventual => {
+                self.caught_up_since_start(deadline).await?;
+                self.executor.read_checked(r, Consistency::Eventual).await
+            }
             Consistency::Strong => self.route(r, deadline).await,
         }
     }
@@ -162,6 +170,7 @@ impl<H: Handle> Forwarder<H> {
     ) -> Result<shared::ListResponse, ApiError> {
         match self.executor.check_list(&r)? {
             Consistency::Eventual => {
+                self.caught_up_since_start(deadline).await?;
                 self.executor
                     .list_checked(r, Consistency::Eventual, visible.as_deref())
                     .await
@@ -178,11 +187,14 @@ impl<H: Handle> Forwarder<H> {
 
     /// ListByOwner: always here; only what `visible` shows (`None`:
     /// everything) is listed and counted.
-    pub fn list_by_owner(
+    pub async fn list_by_owner(
         &self,
         r: pb::ListByOwnerRequest,
         visible: Option<&ReadScope>,
+        deadline: Instant,
     ) -> Result<shared::ListByOwnerResponse, ApiError> {
+        self.executor.check_list_by_owner(&r)?;
+        self.caught_up_since_start(deadline).await?;
         self.executor.list_by_owner(r, visible)
     }
 
@@ -196,10 +208,39 @@ impl<H: Handle> Forwarder<H> {
         deadline: Instant,
     ) -> Result<OpenedWatch, ApiError> {
         let confirmed_index = match self.executor.check_watch(&r)? {
-            Consistency::Eventual => None,
+            Consistency::Eventual => {
+                self.caught_up_since_start(deadline).await?;
+                None
+            }
             Consistency::Strong => Some(self.confirm_here(deadline).await?),
         };
         self.executor.watch(r, confirmed_index)
+    }
+
+    /// Returns once this node has applied a read index confirmed after it started: the one
+    /// rule that keeps what it serves from its own table (eventual reads and lists,
+    /// ListByOwner, eventual watches) from going back in time across a restart. A node
+    /// killed and restarted replays its log only up to the commit index it last persisted,
+    /// which may be below what it had applied and served before; the first such request
+    /// after the start gets a read index (as a strong read does, [`Forwarder::confirm_here`])
+    /// and waits until it is applied, concurrent ones share that round, and every later one
+    /// passes at once. Unavailable (certainly not served: retry here or on another node)
+    /// when no read index could be confirmed by `deadline`.
+    async fn caught_up_since_start(&self, deadline: Instant) -> Result<(), ApiError> {
+        if self.caught_up.initialized() {
+            return Ok(());
+        }
+        let index = self
+            .caught_up
+            .get_or_try_init(|| self.confirm_here(deadline))
+            .await
+            .map_err(|e| {
+                ApiError::Unavailable(format!(
+                    "this node has not caught up with the cluster since it started, so it                      serves no eventual reads yet (no read index confirmed: {e}); retry, or                      read from another node"
+                ))
+            })?;
+        tracing::debug!(index, "caught up since start: serving eventual reads");
+        Ok(())
     }
 
     /// WatchProgress: always here (the watches it names are this node's), after

@@ -112,14 +112,21 @@ async fn the_leader_serves_its_own_requests_without_dialling() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eventual_requests_stay_local_even_without_a_reachable_leader() {
-    // Eventual reads and lists, ListByOwner and watches are served by the
-    // follower from its own replica, with the leader's server gone.
+    // Once a follower has caught up since its start (one read index, asked of
+    // the leader by its first eventual request), eventual reads and lists,
+    // ListByOwner and watches are served from its own replica, with the
+    // leader's server gone, and nothing more is forwarded.
     let mut h = Harness::start(2).await;
     h.node(1)
         .forwarder
         .write(write_request(thing("a", "u1", "", b"1")), deadline())
         .await
         .unwrap();
+    let f = &h.node(2).forwarder;
+    f.read(read_request(id("a", ""), Consistency::Eventual), deadline())
+        .await
+        .expect("the first eventual read catches the follower up");
+    let dials = h.node(2).channel.dial_count();
     h.stop_server(1).await;
     let f = &h.node(2).forwarder;
     let until = Instant::now() + Duration::from_secs(2);
@@ -149,7 +156,9 @@ async fn eventual_requests_stay_local_even_without_a_reachable_leader() {
                 owner: Some(id("owner", "u9")),
             },
             None,
+            deadline(),
         )
+        .await
         .unwrap();
     assert!(owned.resources.is_empty());
     let _watch = f
@@ -166,7 +175,64 @@ async fn eventual_requests_stay_local_even_without_a_reachable_leader() {
         .await
         .unwrap()
         .events;
-    assert_eq!(h.node(2).channel.dial_count(), 0, "nothing was forwarded");
+    assert_eq!(
+        h.node(2).channel.dial_count(),
+        dials,
+        "nothing was forwarded once caught up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_serves_no_eventual_request_before_it_caught_up_since_its_start() {
+    // A node just started may hold less than it served before a crash (it
+    // replays only up to the commit index it last persisted). Until a read
+    // index confirmed since its start is applied, its eventual requests are
+    // Unavailable (certainly not served: retry, or ask another node), never
+    // answered from what it holds.
+    let mut h = Harness::start(2).await;
+    h.node(1)
+        .forwarder
+        .write(write_request(thing("a", "u1", "", b"1")), deadline())
+        .await
+        .unwrap();
+    h.stop_server(1).await;
+    let f = &h.node(2).forwarder;
+    let short = || Instant::now() + Duration::from_millis(300);
+    let assert_unavailable = |what: &str, r: Result<(), ApiError>| match r {
+        Err(ApiError::Unavailable(why)) => {
+            assert!(why.contains("caught up"), "{what}: {why}")
+        }
+        other => panic!("{what}: expected Unavailable, got {other:?}"),
+    };
+    let r = f
+        .read(read_request(id("a", ""), Consistency::Eventual), short())
+        .await;
+    assert_unavailable("read", r.map(|_| ()));
+    let l = f
+        .list(list_request(Consistency::Eventual), None, short())
+        .await;
+    assert_unavailable("list", l.map(|_| ()));
+    let o = f
+        .list_by_owner(
+            ListByOwnerRequest {
+                owner: Some(id("owner", "u9")),
+            },
+            None,
+            short(),
+        )
+        .await;
+    assert_unavailable("list by owner", o.map(|_| ()));
+    let w = f
+        .watch(
+            WatchListRequest {
+                r#type: Some(thing_type()),
+                tenancy: Some(tenancy()),
+                ..Default::default()
+            },
+            short(),
+        )
+        .await;
+    assert_unavailable("watch", w.map(|_| ()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -508,6 +574,10 @@ async fn a_follower_read_index_that_cannot_be_confirmed_is_inconsistent_never_st
         .await
         .unwrap();
     let f = h.node(2).forwarder.clone();
+    // Caught up since its start: the eventual read at the end is served locally.
+    f.read(read_request(id("a", ""), Consistency::Eventual), deadline())
+        .await
+        .unwrap();
     let watch_request = WatchListRequest {
         r#type: Some(thing_type()),
         tenancy: Some(tenancy()),

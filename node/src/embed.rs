@@ -300,7 +300,11 @@ impl ResourceApi for InProcessClient {
     fn list_by_owner(&self, owner: Id) -> ApiFuture<'_, Listing> {
         Box::pin(async move {
             let request = pb::ListByOwnerRequest { owner: Some(owner) };
-            let answer = self.api.list_by_owner(request, None).map_err(read_failed)?;
+            let answer = self
+                .api
+                .list_by_owner(request, None, self.deadline())
+                .await
+                .map_err(read_failed)?;
             Ok(Listing {
                 resources: decode_all(&answer.resources)?,
                 revision: answer.revision,

@@ -206,12 +206,13 @@ impl ResourceApi {
     }
 
     /// ListByOwner, of what `visible` shows (`None`: everything).
-    pub fn list_by_owner(
+    pub async fn list_by_owner(
         &self,
         r: pb::ListByOwnerRequest,
         visible: Option<&cairn_fsm::ReadScope>,
+        deadline: Instant,
     ) -> Result<shared::ListByOwnerResponse, ApiError> {
-        self.forwarder.list_by_owner(r, visible)
+        self.forwarder.list_by_owner(r, visible, deadline).await
     }
 
     /// Opens a watch: takes its slot first (on the node, `watches_max`, and on
@@ -357,9 +358,11 @@ impl ResourceService for ResourceGrpc {
         let visible = self.0.authorize(&r, Executor::check_list_by_owner, |_| {
             Ok(Action::ListByOwner)
         })?;
+        let deadline = self.0.deadline(&r);
         let answer = self
             .0
-            .list_by_owner(r.into_inner(), visible.read_scope().map(|s| &**s))?;
+            .list_by_owner(r.into_inner(), visible.read_scope().map(|s| &**s), deadline)
+            .await?;
         Ok(Response::new(answer))
     }
 

@@ -6,6 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use cairn_proto::error::ApiError;
 use cairn_proto::v1::Consistency;
 use support::*;
 
@@ -598,4 +599,86 @@ async fn a_member_away_while_a_node_joined_and_took_the_lead_catches_up_from_it(
     assert_catches_up_with(&cluster, away, four).await;
     let expected = vec!["after".to_string(), "before".to_string()];
     wait_converged(&cluster, &[away], &expected, Duration::from_secs(20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eventual_read_never_goes_back_in_time_across_a_restart_of_its_node() {
+    // Node 3 serves an eventual read of the last of 200 writes. Then the whole cluster is
+    // killed and node 3 alone comes back: it replays its log only up to the commit index it
+    // last persisted, below what it served before. Served from its table at once (as
+    // before the fix), its eventual read returned an older version than the one it had
+    // already served (the contract's known gap, issue 29). Now it serves eventual reads only
+    // after a read index confirmed since its start was applied: alone it has none, so it
+    // answers Unavailable ("certainly not served") rather than older state; with the others
+    // back it serves the latest version again.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let leader_address = cluster.node(leader).client_address.clone();
+    let mut last = write(&leader_address, thing("clock", "", "", b"v0"))
+        .await
+        .unwrap();
+    for i in 1..200 {
+        let body = format!("v{i}");
+        let uid = last.id.as_ref().unwrap().uid.clone();
+        last = write(
+            &leader_address,
+            thing("clock", &uid, &last.version, body.as_bytes()),
+        )
+        .await
+        .unwrap();
+    }
+    let node3 = cluster.node(3).client_address.clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match read(&node3, "clock", Consistency::Eventual).await {
+            Ok(r) if r.version == last.version => break,
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => panic!("node 3 never served the last write: {other:?}"),
+        }
+    }
+    for id in cluster.ids() {
+        cluster.kill(id);
+    }
+    cluster.spawn(3);
+    let served_version = |r: &cairn_proto::v1::Resource| r.version.parse::<u64>().unwrap();
+    let started = Instant::now();
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_secs(5) {
+        match read(&node3, "clock", Consistency::Eventual).await {
+            Ok(r) => assert!(
+                served_version(&r) >= served_version(&last),
+                "after its restart node 3 served version {} of clock, older than the {} it \
+                 served before",
+                r.version,
+                last.version
+            ),
+            Err(ApiError::NotFound) => panic!(
+                "after its restart node 3 answered that clock does not exist, older than the \
+                 version {} it served before",
+                last.version
+            ),
+            Err(ApiError::Unavailable(why)) if why.contains("caught up") => refused += 1,
+            Err(_) => {} // not listening yet
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused > 0, "alone, node 3 refused its eventual reads");
+    cluster.spawn(1);
+    cluster.spawn(2);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match read(&node3, "clock", Consistency::Eventual).await {
+            Ok(r) => {
+                assert_eq!(
+                    r.version, last.version,
+                    "the latest version, once caught up"
+                );
+                break;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("node 3 never served eventual reads again: {e}"),
+        }
+    }
 }
