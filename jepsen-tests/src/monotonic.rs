@@ -11,21 +11,16 @@
 //! stored). Versions of one key only grow (every write gets a new, larger one;
 //! the register workload never deletes), so "older state" is "a smaller version".
 //!
-//! Per (node, lifetime, key): for every two successful reads A and B where A
-//! completed before B was invoked, B's version must be at least A's
-//! ([`MonotonicAnomaly::Backwards`]). Per (node, key), across lifetimes: the same
-//! version must come with the same value ([`MonotonicAnomaly::VersionValueMismatch`]).
-//!
-//! One node's lifetimes: a node that is killed and restarted serves what it
-//! replayed from its disk until the leader tells it the commit index again, which
-//! may be older than what it served before (a known gap of the product, see
-//! `docs/contract.md`). So reads are compared only within one lifetime of a node.
-//! With `[node, lifetime]` input the lifetimes are known from the harness, and
-//! within one every backwards read is reported, whatever reads failed in between.
-//! With the node alone they are guessed: two reads are compared only if no read
-//! on that node failed or went unanswered in between (a read the node did not
-//! answer marks a possible restart). That guess misses a restart no read saw,
-//! and would then report the replayed state as going backwards.
+//! Per (node, key): for every two successful reads A and B where A completed
+//! before B was invoked, B's version must be at least A's
+//! ([`MonotonicAnomaly::Backwards`]), whatever happened to the node in between:
+//! killed and restarted, a node serves no eventual read before it has caught up
+//! with a commit index confirmed since its start, so a restart is no excuse (the
+//! rule of `docs/contract.md` since 2026-11-28; before it, a restarted node served
+//! what it replayed from its disk, and this checker compared reads only within
+//! one lifetime). The same version must come with the same value
+//! ([`MonotonicAnomaly::VersionValueMismatch`]). The lifetime a read records
+//! (`[node, lifetime]` input) is reported with an anomaly, to tell a restart apart.
 //!
 //! What it cannot see: reads that overlap in time may be served in either
 //! order, so they are not compared; reads on different nodes are not compared
@@ -40,11 +35,12 @@ use crate::{Error, Verdict};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MonotonicAnomaly {
-    /// Read `later` (invoked after `earlier` completed, on the same node in the
-    /// same lifetime) returned an older version.
+    /// Read `later` (invoked after `earlier` completed, on the same node, in any
+    /// lifetime of it) returned an older version.
     Backwards {
         node: i64,
-        /// The node's lifetime (`None`: the history does not record lifetimes).
+        /// The node's lifetime at the later read (`None`: the history does not
+        /// record lifetimes).
         lifetime: Option<i64>,
         key: String,
         earlier: usize,
@@ -106,9 +102,6 @@ fn node_and_lifetime(index: usize, input: &Value) -> Result<(i64, Option<i64>), 
 /// Checks the eventual reads of a history.
 pub fn check(history: &History) -> Result<MonotonicReport, Error> {
     let mut series: BTreeMap<(i64, &str), Vec<Read>> = BTreeMap::new();
-    // Per node, when reads it did not answer were invoked (possible restarts; used
-    // only for reads that do not record their lifetime).
-    let mut gaps: HashMap<i64, Vec<u64>> = HashMap::new();
     let mut reads = 0usize;
     for (index, operation) in history.operations().iter().enumerate() {
         if operation.op != OpKind::Read {
@@ -120,9 +113,6 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
         }
         let (node, lifetime) = node_and_lifetime(index, &operation.input)?;
         let (Outcome::Ok, Some(complete_ns)) = (operation.outcome, operation.complete_ns) else {
-            if lifetime.is_none() {
-                gaps.entry(node).or_default().push(operation.invoke_ns);
-            }
             continue;
         };
         let (version, value) = match operation.output.as_list() {
@@ -171,29 +161,16 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
                 }
             }
         }
-        let mut lifetimes: BTreeMap<Option<i64>, Vec<&Read>> = BTreeMap::new();
-        for read in &reads_of_key {
-            lifetimes.entry(read.lifetime).or_default().push(read);
-        }
-        for (lifetime, reads_of_lifetime) in lifetimes {
-            // A known lifetime has no gaps; an unknown one is split at every read
-            // the node did not answer.
-            let mut node_gaps = match lifetime {
-                Some(_) => Vec::new(),
-                None => gaps.get(&node).cloned().unwrap_or_default(),
-            };
-            node_gaps.sort_unstable();
-            for (earlier, later) in backwards(reads_of_lifetime, &node_gaps) {
-                anomalies.push(MonotonicAnomaly::Backwards {
-                    node,
-                    lifetime,
-                    key: key.to_owned(),
-                    earlier: earlier.index,
-                    earlier_version: earlier.version,
-                    later: later.index,
-                    later_version: later.version,
-                });
-            }
+        for (earlier, later) in backwards(reads_of_key.iter().collect()) {
+            anomalies.push(MonotonicAnomaly::Backwards {
+                node,
+                lifetime: later.lifetime,
+                key: key.to_owned(),
+                earlier: earlier.index,
+                earlier_version: earlier.version,
+                later: later.index,
+                later_version: later.version,
+            });
         }
     }
     let verdict = if anomalies.is_empty() {
@@ -209,23 +186,18 @@ pub fn check(history: &History) -> Result<MonotonicReport, Error> {
     })
 }
 
-/// The reads of one (node, lifetime, key) that went backwards, each with the
-/// read it went back from: for each read, the floor it must not go under is
-/// the newest version among the reads after the last gap (sorted) before it
-/// that completed before it was invoked.
-fn backwards<'a>(mut by_invoke: Vec<&'a Read>, gaps: &[u64]) -> Vec<(&'a Read, &'a Read)> {
+/// The reads of one (node, key) that went backwards, each with the read it went
+/// back from: for each read, the floor it must not go under is the newest version
+/// among the reads that completed before it was invoked.
+fn backwards(mut by_invoke: Vec<&Read>) -> Vec<(&Read, &Read)> {
     by_invoke.sort_by_key(|read| (read.invoke_ns, read.index));
     let mut by_complete = by_invoke.clone();
     by_complete.sort_by_key(|read| (read.complete_ns, read.index));
     let mut found = Vec::new();
     for read in &by_invoke {
-        let before = gaps.partition_point(|gap| *gap < read.invoke_ns);
-        let lifetime_start = before.checked_sub(1).map(|i| gaps[i]);
-        let from = lifetime_start.map_or(0, |start| {
-            by_complete.partition_point(|candidate| candidate.complete_ns <= start)
-        });
-        let to = by_complete.partition_point(|candidate| candidate.complete_ns < read.invoke_ns);
-        let floor = by_complete[from..to.max(from)]
+        let before =
+            by_complete.partition_point(|candidate| candidate.complete_ns < read.invoke_ns);
+        let floor = by_complete[..before]
             .iter()
             .copied()
             .max_by_key(|candidate| (candidate.version, std::cmp::Reverse(candidate.index)));
@@ -356,10 +328,10 @@ mod tests {
     }
 
     #[test]
-    fn a_restart_gap_splits_a_nodes_lifetimes_but_each_is_still_checked() {
-        // Node 0 served 5, then did not answer (killed: a failed read), then
-        // after its restart served 2 (replayed from its disk): not compared
-        // across the gap. Within the new lifetime it served 4, then 3: reported.
+    fn going_back_after_a_failed_read_is_reported() {
+        // Node 0 served 5, then did not answer (killed: a failed read), then after
+        // its restart served 2: going backwards, reported (a restarted node waits
+        // to catch up before it serves eventual reads). It then served 4 and 3.
         let mut down = read(0, 0, 3, 4);
         down.outcome = Outcome::Fail;
         down.output = Value::Null;
@@ -371,18 +343,15 @@ mod tests {
             read(0, 3, 9, 10),
         ]);
         assert_eq!(report.verdict, Verdict::Invalid, "{report:?}");
-        assert_eq!(
-            report.anomalies,
-            vec![MonotonicAnomaly::Backwards {
-                node: 0,
-                lifetime: None,
-                key: "r".into(),
-                earlier: 3,
-                earlier_version: 4,
-                later: 4,
-                later_version: 3,
-            }]
-        );
+        let later: Vec<usize> = report
+            .anomalies
+            .iter()
+            .map(|a| match a {
+                MonotonicAnomaly::Backwards { later, .. } => *later,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(later, vec![2, 3, 4], "{report:?}");
     }
 
     /// An eventual read on `node` in its `lifetime`, as the workload records it.
@@ -399,23 +368,30 @@ mod tests {
     }
 
     #[test]
-    fn a_restart_no_read_saw_splits_lifetimes_recorded_by_the_harness() {
+    fn a_restart_no_read_saw_is_no_excuse_for_going_backwards() {
         // The seed-7 case: node 1 served version 85, was killed and restarted
-        // while no read went to it, then served version 0 (replayed from its disk,
-        // before the leader told it the commit index): another lifetime, not compared.
-        // Node 0 read nothing in between, so the guess from failed reads could not
-        // have split it.
+        // while no read went to it, then served version 0 (replayed from its
+        // disk, before the leader told it the commit index). Excused until the
+        // contract closed that gap; reported now, naming the later read's lifetime.
         let report = run(vec![
             read_in(1, 1, 85, 0, 1),
             read_in(1, 2, 0, 5, 6),
             read_in(1, 2, 86, 7, 8),
         ]);
-        assert_eq!(report.verdict, Verdict::Valid, "{report:?}");
-        assert_eq!((report.reads, report.series), (3, 1));
-        // The same pair recorded without lifetimes (and no failed read between) is
-        // taken as one lifetime: the old input is still read, with the old rule.
-        let report = run(vec![read(1, 85, 0, 1), read(1, 0, 5, 6)]);
         assert_eq!(report.verdict, Verdict::Invalid, "{report:?}");
+        assert_eq!((report.reads, report.series), (3, 1));
+        assert_eq!(
+            report.anomalies,
+            vec![MonotonicAnomaly::Backwards {
+                node: 1,
+                lifetime: Some(2),
+                key: "r".into(),
+                earlier: 0,
+                earlier_version: 85,
+                later: 1,
+                later_version: 0,
+            }]
+        );
     }
 
     #[test]

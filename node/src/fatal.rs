@@ -207,9 +207,9 @@ impl FatalCause {
     fn advice(&self, node: &NodeContext) -> Option<String> {
         let marker = node.data_dir.join(MARKER_FILE_NAME);
         let rejoin = format!(
-            "remove and re-add the member: `cairn member remove {id}` against the cluster, empty \
-             {dir} (which deletes the marker) and start this node with `--join {join}`; it \
-             catches up from the leader",
+            "replace the member (docs/operations.md, \"Replace a damaged member\"): `cairn \
+             member remove {id}` against the cluster, empty {dir} (which deletes the marker) \
+             and start this node with `--join {join}`; it catches up from the leader",
             id = node.node_id,
             dir = node.data_dir.display(),
             join = node.join_hint,
@@ -237,9 +237,11 @@ impl FatalCause {
                 marker = marker.display(),
                 dir = node.data_dir.display(),
             ),
-            FatalCause::RaftStopped { .. } => "start the node again (it recovers from its data \
-                 dir); this is a bug: please report the log"
-                .to_string(),
+            FatalCause::RaftStopped { .. } => format!(
+                "start the node again: it rebuilds its state from its data dir. If it stops \
+                 the same way again, what it stored is inconsistent: {rejoin}. Either way this \
+                 is a bug: please report this log"
+            ),
             FatalCause::DataDirRefused { .. } => return None,
         };
         Some(advice)
