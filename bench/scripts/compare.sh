@@ -3,7 +3,7 @@
 # (shared/tools/etcd-baseline/run.sh), run with `cairn bench` against a fresh release
 # `cairn dev` cluster on loopback. Prints one JSON report per line into $OUT/results.jsonl.
 #
-# usage: node/src/bench/compare.sh [--duration SECS] [--repeats N] [--failover-trials N]
+# usage: bench/scripts/compare.sh [--duration SECS] [--repeats N] [--failover-trials N]
 #                                 [--memory-keys N] [--idle-secs N] [--skip-failover] [--skip-memory]
 #                                 [--growth-writes N] [--out DIR]
 # --idle-secs N (default 0 = skip): at the end, leave the cluster idle N s and report whether the
@@ -14,7 +14,7 @@
 # env: CAIRN (the binary; default: built with cargo --release into $CARGO_TARGET_DIR),
 #      QUIET_MAX (0.3) / QUIET_WAIT (45): before each run wait up to QUIET_WAIT s for the rest
 #      of the machine to use < QUIET_MAX cores, as the etcd script does.
-# The targets table of docs/benchmarks.md: node/src/bench/targets.py CAIRN_OUT/results.jsonl ETCD_OUT/results.jsonl.
+# The targets table of docs/benchmarks.md: bench/scripts/targets.py CAIRN_OUT/results.jsonl ETCD_OUT/results.jsonl.
 # Everything is bounded: each run has a duration and an op cap; every process started here is
 # stopped by its pid on exit.
 set -euo pipefail
@@ -37,11 +37,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
 log() { echo "[$(date +%T)] $*" >&2; }
 if [ -z "${CAIRN:-}" ]; then
   log "building cairn (cargo --release)"
-  (cd "$ROOT" && cargo build --release --quiet -p cairn-node --bin cairn)
+  (cd "$ROOT" && cargo build --release --quiet -p cairn-cli --bin cairn)
   CAIRN="${CARGO_TARGET_DIR:-$ROOT/target}/release/cairn"
 fi
 [ -n "$OUT" ] || OUT="/tmp/cairn-bench-results.$(date +%Y%m%d-%H%M%S)"

@@ -5,7 +5,7 @@
 # Used for docs/benchmarks.md's write-path profile; the machine may be loaded, since neither
 # figure depends on wall-clock time (CPU time a little, through caches).
 #
-# usage: node/src/bench/profile.sh callgrind|perfstat|switches|record --clients N --ops N [--out DIR]
+# usage: bench/scripts/profile.sh callgrind|perfstat|switches|record --clients N --ops N [--out DIR]
 #   switches: every context switch of each node (perf record -e sched:sched_switch -g), per
 #   write, by why the thread stopped: asleep in epoll_wait (a tokio worker parked in the I/O
 #   driver), asleep on a futex (a worker parked without the driver, the WAL thread waiting
@@ -30,7 +30,7 @@ done
 case "$MODE" in callgrind|perfstat|switches|record) ;; *) echo "mode: callgrind|perfstat|switches|record" >&2; exit 2 ;; esac
 [ "$MODE" = switches ] && RECORD_EVENT=sched:sched_switch
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
 CAIRN=${CAIRN:-$ROOT/target/release/cairn}
 BASE=${BASE_PORT:-17400}
 PRIME=${PRIME_OPS:-2000}

@@ -3,7 +3,7 @@
 # three members, for Cairn and for etcd 3.4, back to back on this machine (docs/benchmarks.md,
 # "Strong reads spread over the cluster"). Prints one JSON report per line into $OUT/results.jsonl.
 #
-# usage: node/src/bench/spread_reads.sh [--duration SECS] [--repeats N] [--out DIR] [--node-cpus F] [--clients N]
+# usage: bench/scripts/spread_reads.sh [--duration SECS] [--repeats N] [--out DIR] [--node-cpus F] [--clients N]
 # --node-cpus F: each member (Cairn node or etcd server) runs in its own CPU cgroup limited to F
 #      cores (cgroup v1 cpu.cfs_quota_us, or cgroup v2 cpu.max; needs root), as if each had its own
 #      machine of F cores; the load generator is not limited. Without it the members share the
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../../.." && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
 QUIET_MAX=${QUIET_MAX:-0.3} QUIET_WAIT=${QUIET_WAIT:-45}
 ETCD_BASELINE=${ETCD_BASELINE:-$ROOT/../shared/tools/etcd-baseline}
 BASE_PORT=${ETCD_BASE_PORT:-22379}
@@ -41,7 +41,7 @@ log() { echo "[$(date +%T)] $*" >&2; }
 command -v etcd >/dev/null || { log "etcd is not installed (Debian: etcd-server etcd-client)"; exit 2; }
 if [ -z "${CAIRN:-}" ]; then
   log "building cairn (cargo --release)"
-  (cd "$ROOT" && cargo build --release --quiet -p cairn-node --bin cairn)
+  (cd "$ROOT" && cargo build --release --quiet -p cairn-cli --bin cairn)
   CAIRN="${CARGO_TARGET_DIR:-$ROOT/target}/release/cairn"
 fi
 LG_TARGET=${LG_TARGET:-/tmp/etcd-baseline-target}

@@ -2,11 +2,11 @@
 # stages.sh -- where one write's time goes, stage by stage, on the leader: starts three
 # `cairn agent`s with --write-stage-timing on a data root (a disk, or tmpfs to take the disk
 # away), runs `cairn bench write` with N clients on one connection, and prints the leader's
-# median and p99 of every stage of `cairn_write_stage_seconds` (see node/src/raft/stages.rs).
+# median and p99 of every stage of `cairn_write_stage_seconds` (see server/src/raft/stages.rs).
 # One client count per run: the exporter's quantiles cover a sliding window, so each count gets
 # a fresh cluster. docs/benchmarks.md has the figures.
 #
-# usage: node/src/bench/stages.sh [--root DIR] [--duration SECS] [--clients N]
+# usage: bench/scripts/stages.sh [--root DIR] [--duration SECS] [--clients N]
 #   --root DIR     where the nodes' data dirs go (default: a fresh dir under /tmp; give a dir
 #                  on /dev/shm for tmpfs)
 # env: CAIRN (the binary; default target/release/cairn)
@@ -24,9 +24,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/../../.." && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
 CAIRN=${CAIRN:-$REPO/target/release/cairn}
-[ -x "$CAIRN" ] || { echo "no cairn binary at $CAIRN (cargo build --release -p cairn-node)" >&2; exit 2; }
+[ -x "$CAIRN" ] || { echo "no cairn binary at $CAIRN (cargo build --release -p cairn-cli)" >&2; exit 2; }
 [ -n "$ROOT_DIR" ] || ROOT_DIR=$(mktemp -d /tmp/cairn-stages.XXXXXX)
 mkdir -p "$ROOT_DIR"
 log() { echo "[$(date +%T)] $*" >&2; }

@@ -14,15 +14,17 @@ use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, admin_service_client::AdminServiceClient};
 use tokio::sync::Mutex;
 
-use super::report::{FailoverFigures, Report};
+use super::report::{FailoverFigures, Format, Report};
 use super::{
-    bench_resource, cluster_access, connect, discover, procfs, resource_client, run_id, BenchError,
+    bench_resource, connect, discover, procfs, resource_client, run_id, BenchError, Cluster,
     FailoverArgs,
 };
 
-pub(crate) async fn run(args: FailoverArgs) -> Result<(), BenchError> {
-    let access = cluster_access(&args.cluster)?;
-    let view = discover(&args.cluster.endpoints, &access).await?;
+/// Runs the failover measurement and prints its report in `format` (also when no write
+/// succeeded, which is then the error).
+pub async fn run(cluster: &Cluster, args: FailoverArgs, format: Format) -> Result<(), BenchError> {
+    let access = cluster.access()?;
+    let view = discover(&cluster.endpoints, &access).await?;
     let old_term = view.statuses.iter().map(|(_, s)| s.term).max().unwrap_or(0);
     let pid = match args.kill_pid {
         Some(p) => p,
@@ -33,8 +35,7 @@ pub(crate) async fn run(args: FailoverArgs) -> Result<(), BenchError> {
             ))
         })?,
     };
-    let survivors: Vec<String> = args
-        .cluster
+    let survivors: Vec<String> = cluster
         .endpoints
         .iter()
         .filter(|e| **e != view.leader_address)
@@ -160,7 +161,7 @@ pub(crate) async fn run(args: FailoverArgs) -> Result<(), BenchError> {
         written_through: first_write.map(|_| target),
         probes,
     });
-    report.print(args.output);
+    report.print(format);
     if first_write.is_none() {
         return Err(BenchError::Api(ApiError::Unavailable(format!(
             "no write succeeded within {} s of the kill",

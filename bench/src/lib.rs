@@ -35,29 +35,26 @@
 //! - Writes, strong reads and lists go to the leader (found with
 //!   `AdminService.Status`) unless `--target all` is given.
 
-pub(crate) mod failover;
-pub(crate) mod load;
+pub mod failover;
+pub mod load;
 mod procfs;
 mod report;
-pub(crate) mod watch;
+pub mod watch;
 
 use std::time::Duration;
 
-use crate::cli::common::ClusterArgs;
 use bytes::Bytes;
-use cairn_client::{Access, AuthenticatedChannel};
+use cairn_client::{Access, AuthenticatedChannel, BearerToken, Client, ClientError, ClientOptions};
 use cairn_proto::error::ApiError;
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{self as pb, resource_service_client::ResourceServiceClient};
 use clap::{Args, ValueEnum};
 
-use crate::cli::{exit, Output};
-
-pub(crate) use load::remove_keys;
-pub(crate) use report::Report;
+pub use load::remove_keys;
+pub use report::{Format, Report};
 
 /// A connection to a node that presents the run's credentials (`--token`) on every call.
-pub(crate) type BenchChannel = AuthenticatedChannel;
+pub type BenchChannel = AuthenticatedChannel;
 
 /// The largest answer the generator accepts (a list of 100,000 resources of
 /// 256 bytes is about 35 MiB).
@@ -66,7 +63,7 @@ const DECODE_BYTES_MAX: usize = 1 << 30;
 const WATCHERS_PER_CONNECTION: usize = 100;
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
-pub(crate) enum Target {
+pub enum Target {
     /// Every connection to the current leader.
     Leader,
     /// Connections spread round-robin over every endpoint.
@@ -74,7 +71,7 @@ pub(crate) enum Target {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
-pub(crate) enum ConsistencyArg {
+pub enum ConsistencyArg {
     Strong,
     Eventual,
 }
@@ -95,12 +92,53 @@ impl ConsistencyArg {
     }
 }
 
-/// Options every load workload shares.
+/// The cluster a run loads, and how to reach it, as the `cairn` command line's cluster
+/// flags give it (`--endpoints`, `--token`, the TLS files): taken as given, checked when the
+/// run starts.
+#[derive(Clone, Debug, Default)]
+pub struct Cluster {
+    /// Client addresses of cluster nodes (`host:port`, `http://host:port` or
+    /// `https://host:port`).
+    pub endpoints: Vec<String>,
+    /// The bearer token every call presents (`--token`), not yet checked.
+    pub token: Option<String>,
+    /// TLS, when the flags or an `https://` endpoint ask for it.
+    pub tls: Option<cairn_client::TlsOptions>,
+}
+
+impl Cluster {
+    /// The token, checked ([`BearerToken::new`]).
+    fn bearer_token(&self) -> Result<Option<BearerToken>, ClientError> {
+        self.token.clone().map(BearerToken::new).transpose()
+    }
+
+    /// How to reach the nodes: TLS (files read now), presenting the token; unusable ones
+    /// are [`BenchError::Access`].
+    fn access(&self) -> Result<Access, BenchError> {
+        let access = || -> Result<Access, ClientError> {
+            let token = self.bearer_token()?;
+            Ok(Access::from_options(self.tls.as_ref())?.with_token(token.as_ref()))
+        };
+        access().map_err(|e| BenchError::Access(e.to_string()))
+    }
+
+    /// A client library [`Client`] of `endpoints` (some of the cluster's), each call bounded
+    /// by `timeout`, presenting the token over the cluster's TLS.
+    fn client_at(&self, endpoints: &[String], timeout: Duration) -> Result<Client, ClientError> {
+        let options = ClientOptions {
+            request_timeout: timeout,
+            connect_timeout: timeout.min(Duration::from_secs(1)),
+            token: self.bearer_token()?,
+            tls: self.tls.clone(),
+            ..ClientOptions::default()
+        };
+        Client::new(endpoints, options)
+    }
+}
+
+/// Options every load workload shares (the cluster and the report's format aside).
 #[derive(Args, Clone)]
-pub(crate) struct LoadOptions {
-    /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS.
-    #[command(flatten)]
-    cluster: ClusterArgs,
+pub struct LoadOptions {
     /// Concurrent client tasks, each with one operation in flight.
     #[arg(long, default_value_t = 1)]
     clients: usize,
@@ -145,16 +183,11 @@ pub(crate) struct LoadOptions {
     /// A free-form label carried into the report.
     #[arg(long)]
     label: Option<String>,
-    #[arg(short, long, value_enum, default_value = "table")]
-    output: Output,
 }
 
-/// `cairn bench failover`'s options.
+/// `cairn bench failover`'s options (the cluster and the report's format aside).
 #[derive(Args)]
-pub(crate) struct FailoverArgs {
-    /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS.
-    #[command(flatten)]
-    cluster: ClusterArgs,
+pub struct FailoverArgs {
     /// The leader's process id (default: the local process listening on the
     /// leader's client address).
     #[arg(long)]
@@ -172,14 +205,12 @@ pub(crate) struct FailoverArgs {
     namespace: String,
     #[arg(long)]
     label: Option<String>,
-    #[arg(short, long, value_enum, default_value = "table")]
-    output: Output,
 }
 
 /// The bench's own errors: set-up failures. Failed operations are not errors
 /// of the bench; they are counted in the report.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum BenchError {
+pub enum BenchError {
     /// `reason` names the address (`cairn_client::Access::connect`'s message).
     #[error("{reason}")]
     Connect { address: String, reason: String },
@@ -204,24 +235,9 @@ pub(crate) enum BenchError {
     Setup(String),
 }
 
-impl BenchError {
-    pub(crate) fn exit_code(&self) -> u8 {
-        match self {
-            BenchError::Option { .. } | BenchError::Access(_) | BenchError::Endpoint { .. } => {
-                exit::USAGE
-            }
-            BenchError::Api(e) => crate::cli::exit_code_of_kind(e.kind()),
-            BenchError::Connect { .. } | BenchError::Unreachable(_) | BenchError::NoLeader(_) => {
-                exit::UNAVAILABLE
-            }
-            BenchError::Setup(_) => exit::ERROR,
-        }
-    }
-}
-
 /// The multi-threaded runtime a load runs on (`cairn bench`, `cairn check perf`); not
 /// starting is a [`BenchError::Setup`].
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+pub fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -229,14 +245,14 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
 }
 
 impl LoadOptions {
-    fn validate(&self) -> Result<(), BenchError> {
+    fn validate(&self, cluster: &Cluster) -> Result<(), BenchError> {
         let option = |option: &'static str, reason: &str| {
             Err(BenchError::Option {
                 option,
                 reason: reason.into(),
             })
         };
-        if self.cluster.endpoints.is_empty() {
+        if cluster.endpoints.is_empty() {
             return option("--endpoints", "at least one endpoint is needed");
         }
         if !(self.rate >= 0.0 && self.rate <= 10_000_000.0) {
@@ -271,21 +287,11 @@ impl LoadOptions {
         Duration::from_millis(self.op_timeout_ms.max(1))
     }
 
-    /// How to reach the nodes: `--token` and the TLS flags.
-    fn access(&self) -> Result<Access, BenchError> {
-        cluster_access(&self.cluster)
-    }
-
     /// The options of a standard write load (`cairn check perf`): `clients` clients on as
     /// many connections, at most `rate` writes per second, for `duration_s` seconds after
     /// `warmup_s`, over `key_space` keys of `value_bytes` bytes in `namespace`.
-    pub(crate) fn standard_writes(
-        cluster: ClusterArgs,
-        load: StandardLoad,
-        namespace: &str,
-    ) -> LoadOptions {
+    pub fn standard_writes(load: StandardLoad, namespace: &str) -> LoadOptions {
         LoadOptions {
-            cluster,
             clients: load.clients,
             connections: load.connections,
             duration_s: load.duration_s,
@@ -300,14 +306,13 @@ impl LoadOptions {
             op_timeout_ms: 5_000,
             server_pids: vec![],
             label: None,
-            output: Output::Table,
         }
     }
 }
 
 /// A write load's size, as [`LoadOptions::standard_writes`] takes it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct StandardLoad {
+pub struct StandardLoad {
     pub clients: usize,
     pub connections: usize,
     pub rate: f64,
@@ -317,17 +322,10 @@ pub(crate) struct StandardLoad {
     pub value_bytes: usize,
 }
 
-/// [`ClusterArgs::access`], its error as the bench's.
-fn cluster_access(cluster: &ClusterArgs) -> Result<Access, BenchError> {
-    cluster
-        .access()
-        .map_err(|e| BenchError::Access(e.to_string()))
-}
-
 /// Measures a write load (the `write` workload) and returns its report without printing
 /// it.
-pub(crate) async fn measure_writes(options: LoadOptions) -> Result<Report, BenchError> {
-    load::measure(options, load::Mix::Write).await
+pub async fn measure_writes(cluster: &Cluster, options: LoadOptions) -> Result<Report, BenchError> {
+    load::measure(cluster, options, load::Mix::Write).await
 }
 
 /// The bench's resource type.
@@ -409,7 +407,7 @@ async fn connect(access: &Access, address: &str) -> Result<BenchChannel, BenchEr
 }
 
 /// A resource client over a [`BenchChannel`], as every workload holds one.
-pub(crate) type ResourceClient = ResourceServiceClient<BenchChannel>;
+pub type ResourceClient = ResourceServiceClient<BenchChannel>;
 
 fn resource_client(channel: BenchChannel) -> ResourceClient {
     ResourceServiceClient::new(channel).max_decoding_message_size(DECODE_BYTES_MAX)
@@ -417,7 +415,7 @@ fn resource_client(channel: BenchChannel) -> ResourceClient {
 
 /// The cluster as the endpoints see it: the leader's client address and the
 /// status each reachable endpoint gave.
-pub(crate) struct ClusterView {
+pub struct ClusterView {
     pub leader_id: u64,
     pub leader_address: String,
     pub statuses: Vec<(String, pb::StatusResponse)>,
@@ -427,10 +425,10 @@ pub(crate) struct ClusterView {
 /// answering is [`BenchError::Unreachable`], naming each endpoint and why; a refused
 /// credential is that refusal (every node would refuse it alike).
 async fn discover(endpoints: &[String], access: &Access) -> Result<ClusterView, BenchError> {
-    let client = crate::admin_client::AdminClient::new(
+    let client = cairn_client::admin::AdminClient::new(
         endpoints.to_vec(),
         access.clone(),
-        crate::admin_client::TIMEOUT_DEFAULT,
+        cairn_client::admin::TIMEOUT_DEFAULT,
     );
     let mut statuses = Vec::new();
     let mut failures = Vec::new();
@@ -460,8 +458,12 @@ async fn discover(endpoints: &[String], access: &Access) -> Result<ClusterView, 
 }
 
 /// The addresses requests go to, per `--target`.
-async fn targets(options: &LoadOptions, access: &Access) -> Result<Vec<String>, BenchError> {
-    let endpoints = &options.cluster.endpoints;
+async fn targets(
+    cluster: &Cluster,
+    options: &LoadOptions,
+    access: &Access,
+) -> Result<Vec<String>, BenchError> {
+    let endpoints = &cluster.endpoints;
     match options.target {
         Target::All => Ok(endpoints.clone()),
         Target::Leader => Ok(vec![discover(endpoints, access).await?.leader_address]),

@@ -17,16 +17,17 @@ use cairn_proto::error::ApiError;
 use cairn_proto::v1 as pb;
 use hdrhistogram::Histogram;
 
-use super::report::{self, Latency, Progress, Report, SelfCpu, ServerWatch};
+use super::report::{self, Format, Latency, Progress, Report, SelfCpu, ServerWatch};
 use super::{
     bench_id, bench_resource, bench_tenancy, bench_type, connect, key_name, key_of,
-    resource_client, targets, BenchChannel, BenchError, ConsistencyArg, FastRng, LoadOptions,
+    resource_client, targets, BenchChannel, BenchError, Cluster, ConsistencyArg, FastRng,
+    LoadOptions,
     ResourceClient,
 };
 
 /// Which operations a run sends.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Mix {
+pub enum Mix {
     Write,
     Read(ConsistencyArg),
     List(ConsistencyArg),
@@ -164,17 +165,26 @@ fn error_kind(e: &Result<ApiError, ()>) -> String {
     }
 }
 
-pub(crate) async fn run(options: LoadOptions, mix: Mix) -> Result<(), BenchError> {
-    let output = options.output;
-    measure(options, mix).await?.print(output);
+/// Runs the workload and prints its report in `format`.
+pub async fn run(
+    cluster: &Cluster,
+    options: LoadOptions,
+    mix: Mix,
+    format: Format,
+) -> Result<(), BenchError> {
+    measure(cluster, options, mix).await?.print(format);
     Ok(())
 }
 
 /// Runs the workload and returns its report.
-pub(crate) async fn measure(options: LoadOptions, mix: Mix) -> Result<Report, BenchError> {
-    options.validate()?;
-    let access = options.access()?;
-    let addresses = targets(&options, &access).await?;
+pub async fn measure(
+    cluster: &Cluster,
+    options: LoadOptions,
+    mix: Mix,
+) -> Result<Report, BenchError> {
+    options.validate(cluster)?;
+    let access = cluster.access()?;
+    let addresses = targets(cluster, &options, &access).await?;
     let mut channels = Vec::with_capacity(options.connections);
     for i in 0..options.connections {
         channels.push(connect(&access, &addresses[i % addresses.len()]).await?);
@@ -200,11 +210,11 @@ pub(crate) async fn measure(options: LoadOptions, mix: Mix) -> Result<Report, Be
         preload(&shared, &channels).await?;
     }
     if let Mix::CacheRead(_) = mix {
-        let cache = primed_cache(&shared.options, &addresses).await?;
+        let cache = primed_cache(cluster, &shared.options, &addresses).await?;
         assert!(shared.cache.set(cache).is_ok(), "the cache is primed once");
     }
     let options = &shared.options;
-    let mut servers = ServerWatch::start(&options.cluster.endpoints, &options.server_pids);
+    let mut servers = ServerWatch::start(&cluster.endpoints, &options.server_pids);
 
     let mut tasks = Vec::with_capacity(options.clients);
     for index in 0..options.clients {
@@ -303,9 +313,9 @@ pub(crate) async fn measure(options: LoadOptions, mix: Mix) -> Result<Report, Be
 /// Deletes every resource of the bench's type in `options`' namespace (through the
 /// leader); returns how many it deleted. For runs that must not leave their keys behind
 /// (`cairn check perf`).
-pub(crate) async fn remove_keys(options: &LoadOptions) -> Result<u64, BenchError> {
-    let access = options.access()?;
-    let leader = super::discover(&options.cluster.endpoints, &access)
+pub async fn remove_keys(cluster: &Cluster, options: &LoadOptions) -> Result<u64, BenchError> {
+    let access = cluster.access()?;
+    let leader = super::discover(&cluster.endpoints, &access)
         .await?
         .leader_address;
     let mut client = resource_client(connect(&access, &leader).await?);
@@ -637,10 +647,12 @@ async fn one_op(
 
 /// A `WatchCache` of the run's namespace over `addresses` (the run's targets), primed.
 async fn primed_cache(
+    cluster: &Cluster,
     options: &LoadOptions,
     addresses: &[String],
 ) -> Result<cairn_client::WatchCache, BenchError> {
-    let client = crate::cli::data::client_at(&options.cluster, addresses, options.op_timeout())
+    let client = cluster
+        .client_at(addresses, options.op_timeout())
         .map_err(|e| BenchError::Setup(e.to_string()))?;
     let spec = cairn_client::WatchSpec::new(bench_type().group, bench_type().kind)
         .with_tenancy(bench_tenancy(&options.namespace));

@@ -9,7 +9,15 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::procfs;
-use crate::cli::Output;
+
+/// How a report is printed: a table for a person, or one JSON object for a script (`cairn
+/// bench -o json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+}
 
 /// Latencies are recorded in microseconds, from 1 µs to 10 minutes, with three
 /// significant digits.
@@ -27,7 +35,7 @@ pub(crate) fn record(h: &mut Histogram<u64>, latency: Duration) {
 
 /// Percentiles of one operation kind, in milliseconds.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Latency {
+pub struct Latency {
     pub count: u64,
     pub mean_ms: f64,
     pub p50_ms: f64,
@@ -65,7 +73,7 @@ impl Latency {
 
 /// A node process on this machine, watched during the run.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ServerProcess {
+pub struct ServerProcess {
     pub endpoint: String,
     pub pid: i32,
     pub rss_before_kib: Option<u64>,
@@ -174,7 +182,7 @@ impl SelfCpu {
 
 /// Watch-specific figures.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct WatchFigures {
+pub struct WatchFigures {
     pub watchers: usize,
     pub writes: u64,
     pub deliveries: u64,
@@ -186,7 +194,7 @@ pub(crate) struct WatchFigures {
 
 /// Failover-specific figures.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct FailoverFigures {
+pub struct FailoverFigures {
     pub killed_node_id: u64,
     pub killed_pid: i32,
     pub old_term: u64,
@@ -200,7 +208,7 @@ pub(crate) struct FailoverFigures {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Report {
+pub struct Report {
     pub label: Option<String>,
     pub workload: String,
     pub consistency: Option<String>,
@@ -284,13 +292,14 @@ impl Report {
             .join(", ")
     }
 
-    pub fn print(&self, output: Output) {
-        match output {
-            Output::Json => match serde_json::to_string_pretty(self) {
+    /// Prints the report on stdout, in `format`.
+    pub fn print(&self, format: Format) {
+        match format {
+            Format::Json => match serde_json::to_string_pretty(self) {
                 Ok(s) => println!("{s}"),
                 Err(e) => eprintln!("cairn bench: cannot encode the report: {e}"),
             },
-            Output::Table => self.print_table(),
+            Format::Table => self.print_table(),
         }
     }
 

@@ -17,10 +17,13 @@ use bytes::Bytes;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, watch_event};
 
-use super::report::{self, Latency, Progress, Report, SelfCpu, ServerWatch, WatchFigures};
+use super::report::{
+    self, Format, Latency, Progress, Report, SelfCpu, ServerWatch, WatchFigures,
+};
 use super::{
     bench_resource, bench_tenancy, bench_type, connect, resource_client, run_id, targets,
-    BenchChannel, BenchError, FastRng, LoadOptions, ResourceClient, WATCHERS_PER_CONNECTION,
+    BenchChannel, BenchError, Cluster, FastRng, LoadOptions, ResourceClient,
+    WATCHERS_PER_CONNECTION,
 };
 
 /// How long watchers may lag behind the last write before the run ends.
@@ -47,12 +50,15 @@ struct WriterResult {
     errors: HashMap<String, u64>,
 }
 
-pub(crate) async fn run(
+/// Runs the watch workload and prints its report in `format`.
+pub async fn run(
+    cluster: &Cluster,
     options: LoadOptions,
     watchers: usize,
     write_interval_ms: u64,
+    format: Format,
 ) -> Result<(), BenchError> {
-    options.validate()?;
+    options.validate(cluster)?;
     if watchers == 0 {
         return Err(BenchError::Option {
             option: "--watchers",
@@ -60,15 +66,15 @@ pub(crate) async fn run(
         });
     }
     let prefix = format!("w{}-", run_id());
-    let access = options.access()?;
-    let writer_addresses = targets(&options, &access).await?;
+    let access = cluster.access()?;
+    let writer_addresses = targets(cluster, &options, &access).await?;
     let mut writer_channels = Vec::new();
     for i in 0..options.connections {
         writer_channels
             .push(connect(&access, &writer_addresses[i % writer_addresses.len()]).await?);
     }
     // Watch connections: per endpoint, enough for its share of the watchers.
-    let endpoints = &options.cluster.endpoints;
+    let endpoints = &cluster.endpoints;
     let per_endpoint = watchers
         .div_ceil(endpoints.len())
         .div_ceil(WATCHERS_PER_CONNECTION)
@@ -254,7 +260,7 @@ pub(crate) async fn run(
         before_ack,
     });
     report.servers = servers.finish(window, report.ops);
-    report.print(options.output);
+    report.print(format);
     Ok(())
 }
 

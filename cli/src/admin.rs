@@ -14,13 +14,13 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use crate::cli::common::{GlobalArgs, OutputFormat};
+use crate::common::{GlobalArgs, OutputFormat};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::admin_client::{describe_catch_up, leads, AdminClient, Operation};
+use cairn_client::admin::{describe_catch_up, leads, AdminClient, Operation};
 
 /// `println!` that ignores a closed stdout (`cairn status | head -1`) instead of panicking.
 macro_rules! out {
@@ -29,7 +29,7 @@ macro_rules! out {
         let _ = writeln!(std::io::stdout(), $($arg)*);
     }};
 }
-use crate::cli::{exit, exit_code_of_kind};
+use crate::{exit, exit_code_of_kind};
 
 #[derive(Subcommand)]
 pub enum MemberCommand {
@@ -100,7 +100,7 @@ pub fn client_of(global: &GlobalArgs) -> Result<AdminClient, ApiError> {
     if endpoints.is_empty() {
         return Err(ApiError::invalid("endpoints", "no endpoint given"));
     }
-    let access = crate::cli::access(&global.cluster)?;
+    let access = crate::access(&global.cluster)?;
     Ok(AdminClient::new(endpoints, access, global.timeout()))
 }
 
@@ -216,7 +216,7 @@ impl ClusterReport {
     }
 
     fn quorum(&self) -> usize {
-        crate::admin::quorum_of(self.voters)
+        cairn_server::admin::quorum_of(self.voters)
     }
 
     /// What is wrong, if anything: no leader, no quorum.

@@ -33,8 +33,8 @@ use cairn_client::{ResourceKey, WatchCache, WatchSpec};
 use cairn_proto::v1::{Consistency, ListRequest, Resource, Tenancy, Type};
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::bench::{BenchError, LoadOptions, Report, StandardLoad};
-use crate::cli::exit;
+use cairn_bench::{BenchError, LoadOptions, Report, StandardLoad};
+use crate::exit;
 
 /// etcd's guidance for WAL fsync: "the 99th percentile of fdatasync … less than 10 ms".
 pub const DISK_FSYNC_P99_MAX: Duration = Duration::from_millis(10);
@@ -63,12 +63,12 @@ pub enum CheckCommand {
 pub struct CacheArgs {
     /// `--endpoints`, `--token`, TLS, `--timeout-ms` (each call's deadline).
     #[command(flatten)]
-    global: crate::cli::common::GlobalArgs,
+    global: crate::common::GlobalArgs,
     /// GROUP.KIND or GROUP.GROUP_VERSION.KIND (the version is ignored).
-    #[arg(long = "type", value_parser = crate::cli::data::parse_list_type)]
+    #[arg(long = "type", value_parser = crate::data::parse_list_type)]
     type_: Type,
     /// PARTITION/NAMESPACE; `*` matches any (`'*/*'`: every tenancy).
-    #[arg(long, default_value = "*/*", value_parser = crate::cli::data::parse_tenancy)]
+    #[arg(long, default_value = "*/*", value_parser = crate::data::parse_tenancy)]
     tenancy: Tenancy,
     /// Only names starting with this.
     #[arg(long, default_value = "")]
@@ -100,7 +100,7 @@ pub struct PerfArgs {
     /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS. The token needs
     /// `admin` (to find the leader) and `write` on `bench.Item` in `default/check-perf`.
     #[command(flatten)]
-    cluster: crate::cli::common::ClusterArgs,
+    cluster: crate::common::ClusterArgs,
     /// The load: s (50 clients, 150 writes/s), m (200 clients, 1000 writes/s) or l (500
     /// clients, 8000 writes/s).
     #[arg(long, value_enum, default_value = "s")]
@@ -455,8 +455,8 @@ fn perf(args: PerfArgs) -> u8 {
         return exit::USAGE;
     }
     let load = args.load.load();
+    let cluster = crate::bench::cluster_of(&args.cluster);
     let options = LoadOptions::standard_writes(
-        args.cluster.clone(),
         StandardLoad {
             clients: load.clients,
             connections: load.clients.div_ceil(25),
@@ -481,11 +481,11 @@ fn perf(args: PerfArgs) -> u8 {
         load.rate,
         ms(load.p99_max)
     );
-    let outcome: Result<(Report, Result<u64, BenchError>), BenchError> = crate::bench::runtime()
+    let outcome: Result<(Report, Result<u64, BenchError>), BenchError> = cairn_bench::runtime()
         .and_then(|runtime| {
             runtime.block_on(async {
-                let report = crate::bench::measure_writes(options.clone()).await?;
-                let removed = crate::bench::remove_keys(&options).await;
+                let report = cairn_bench::measure_writes(&cluster, options.clone()).await?;
+                let removed = cairn_bench::remove_keys(&cluster, &options).await;
                 Ok((report, removed))
             })
         });
@@ -493,7 +493,7 @@ fn perf(args: PerfArgs) -> u8 {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cairn check perf: {e}");
-            return e.exit_code();
+            return crate::bench::exit_code(&e);
         }
     };
     if let Some(leader) = report.targets.first() {
@@ -770,7 +770,7 @@ fn cache(args: CacheArgs) -> u8 {
             format!(" named {}*", args.prefix)
         }
     );
-    let outcome = crate::bench::runtime()
+    let outcome = cairn_bench::runtime()
         .map_err(|e| CacheCheckError::Setup(e.to_string()))
         .and_then(|runtime| runtime.block_on(check_cache(&args, &what)));
     match outcome {
@@ -807,7 +807,7 @@ fn cache(args: CacheArgs) -> u8 {
         }
         Err(CacheCheckError::Client(e)) => {
             eprintln!("cairn check cache: {e}");
-            crate::cli::common::exit_code(&e)
+            crate::common::exit_code(&e)
         }
     }
 }
@@ -836,7 +836,7 @@ impl From<cairn_client::ClientError> for CacheCheckError {
 }
 
 async fn check_cache(args: &CacheArgs, what: &str) -> Result<CacheVerdict, CacheCheckError> {
-    let client = crate::cli::data::client_of(&args.global)?;
+    let client = crate::data::client_of(&args.global)?;
     let spec = WatchSpec {
         type_: args.type_.clone(),
         tenancy: args.tenancy.clone(),

@@ -359,7 +359,7 @@ pub fn client_of(global: &GlobalArgs) -> Result<Client, ClientError> {
 /// A client of `endpoints` (some or all of `cluster`'s) reached as `cluster`
 /// says (token, TLS), each call bounded by `timeout`.
 pub fn client_at(
-    cluster: &crate::cli::common::ClusterArgs,
+    cluster: &crate::common::ClusterArgs,
     endpoints: &[String],
     timeout: Duration,
 ) -> Result<Client, ClientError> {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::builder::TypedValueParser;
 use clap::Args;
 
-use crate::cli::exit;
+use crate::exit;
 
 #[derive(Args)]
 pub struct DevArgs {
@@ -28,12 +28,18 @@ pub struct DevArgs {
     fresh: bool,
     /// Log level passed to every node (their logs go to DATA_DIR/node-N.log): error, warn,
     /// info, debug, trace, or a filter such as info,cairn_node::raft=debug.
-    #[arg(long, default_value = "info", value_parser = crate::logging::parse_log_level)]
+    #[arg(long, default_value = "info", value_parser = parse_log_level)]
     log_level: String,
     /// Serve TLS (mutual TLS between nodes), with development certificates
     /// written by `cairn tls init DATA_DIR/tls` (kept across runs).
     #[arg(long)]
     tls: bool,
+}
+
+/// `--log-level`: a value the nodes' `log_level` takes
+/// ([`cairn_server::logging::check_log_level`]), refused by clap otherwise.
+fn parse_log_level(value: &str) -> Result<String, String> {
+    cairn_server::logging::check_log_level(value).map(|()| value.to_string())
 }
 
 struct Node {
@@ -96,11 +102,11 @@ fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Res
         command
             .arg("agent")
             .arg("--tls-cert-file")
-            .arg(crate::cli::tls::node_cert_file(&dir, id))
+            .arg(crate::tls::node_cert_file(&dir, id))
             .arg("--tls-key-file")
-            .arg(crate::cli::tls::node_key_file(&dir, id))
+            .arg(crate::tls::node_key_file(&dir, id))
             .arg("--tls-ca-file")
-            .arg(crate::cli::tls::ca_file(&dir));
+            .arg(crate::tls::ca_file(&dir));
     } else {
         command.arg("agent");
     }
@@ -144,14 +150,14 @@ pub fn run(args: DevArgs) -> u8 {
     }
     let access = if args.tls {
         let dir = tls_dir(&args);
-        let init = crate::cli::tls::InitArgs {
+        let init = crate::tls::InitArgs {
             dir: dir.clone(),
             nodes: args.nodes,
             hosts: vec![],
             client_name: "cairn-dev-client".into(),
             force: false,
         };
-        if let Err(e) = crate::cli::tls::init(&init) {
+        if let Err(e) = crate::tls::init(&init) {
             eprintln!(
                 "cairn dev: cannot write certificates in {}: {e}",
                 dir.display()
@@ -159,9 +165,9 @@ pub fn run(args: DevArgs) -> u8 {
             return exit::ERROR;
         }
         let options = cairn_client::TlsOptions {
-            ca_file: Some(crate::cli::tls::ca_file(&dir)),
-            cert_file: Some(crate::cli::tls::client_cert_file(&dir)),
-            key_file: Some(crate::cli::tls::client_key_file(&dir)),
+            ca_file: Some(crate::tls::ca_file(&dir)),
+            cert_file: Some(crate::tls::client_cert_file(&dir)),
+            key_file: Some(crate::tls::client_key_file(&dir)),
         };
         match cairn_client::Access::from_options(Some(&options)) {
             Ok(a) => a,
@@ -215,10 +221,10 @@ pub fn run(args: DevArgs) -> u8 {
     let endpoints: Vec<String> = nodes.iter().map(|n| n.client.clone()).collect();
     let started = Instant::now();
     let waiting = async {
-        let client = crate::admin_client::AdminClient::new(
+        let client = cairn_client::admin::AdminClient::new(
             endpoints.clone(),
             access.clone(),
-            crate::admin_client::ATTEMPT_TIMEOUT_MAX,
+            cairn_client::admin::ATTEMPT_TIMEOUT_MAX,
         );
         while started.elapsed() < Duration::from_secs(30) {
             // A node that stopped (a configuration it refused, a port in use) will not
@@ -296,9 +302,9 @@ pub fn run(args: DevArgs) -> u8 {
         let dir = tls_dir(&args);
         println!(
             "  export CAIRN_CACERT={} CAIRN_CERT={} CAIRN_KEY={}",
-            crate::cli::tls::ca_file(&dir).display(),
-            crate::cli::tls::client_cert_file(&dir).display(),
-            crate::cli::tls::client_key_file(&dir).display()
+            crate::tls::ca_file(&dir).display(),
+            crate::tls::client_cert_file(&dir).display(),
+            crate::tls::client_key_file(&dir).display()
         );
     }
     println!("  cairn status");

@@ -10,14 +10,14 @@
 //! | [`dev`] | `dev`: a local cluster of child processes |
 //! | [`check`] | `check disk`, `check perf` |
 //! | [`tls`] | `tls init`: development certificates |
-//! | [`bench`](mod@bench) | `bench`: its workloads and flags (the load generator is [`crate::bench`]) |
+//! | [`bench`](mod@bench) | `bench`: its workloads and flags (the load generator is [`cairn_bench`]) |
 //!
 //! [`common`] holds what they share: the cluster flags (endpoints, token, TLS),
 //! `-o` and `--timeout-ms`, global before or after any subcommand, and the one
 //! exit-code table. What the commands call and the node shares stays outside
 //! this folder ([`cairn_client`] for the data commands,
-//! [`crate::admin_client`] for the admin ones, [`crate::snapshot_file`],
-//! [`crate::bench`]'s load generator).
+//! [`cairn_client::admin`] for the admin ones, [`cairn_server::snapshot_file`],
+//! [`cairn_bench`]'s load generator).
 
 pub mod admin;
 pub mod bench;
@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{parse_members, LogFormat};
-use crate::embed::EmbeddedNode;
+use cairn_server::config::parse_members;
+use cairn_server::embed::EmbeddedNode;
 use admin::{EndpointCommand, MemberCommand, TransferArgs};
 
 #[derive(Parser)]
@@ -98,11 +98,11 @@ enum TokenCommand {
 }
 
 /// `cairn agent`'s flags. Each one named after a setting (`--node-id` for `node_id`) shows
-/// that setting's default and environment variable in its help ([`crate::config::describe_flag`]:
+/// that setting's default and environment variable in its help ([`describe_flag`]:
 /// the defaults are `Config::default()`'s). A flag given overrides the file and the
 /// environment; a flag not given changes nothing.
 #[derive(Args, Default)]
-#[command(mut_args = crate::config::describe_flag)]
+#[command(mut_args = describe_flag)]
 struct AgentArgs {
     /// TOML configuration file; CAIRN_* variables and flags override it (every setting:
     /// docs/configuration.md).
@@ -206,7 +206,63 @@ struct AgentArgs {
     receive_stall_timeout_ms: Option<u64>,
     /// The test-only `--unsafe-*` switches (flags only; see `config::UnsafeModes`).
     #[command(flatten)]
-    unsafe_modes: crate::config::UnsafeModes,
+    unsafe_modes: UnsafeFlags,
+}
+
+/// The flags of the test-only switches, one per field of
+/// [`cairn_server::config::UnsafeModes`] (whose docs say what each breaks), named after it.
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+struct UnsafeFlags {
+    /// DANGEROUS, test-only: serve strong reads and lists locally without confirming
+    /// leadership (stale reads).
+    #[arg(long)]
+    unsafe_local_strong_reads: bool,
+    /// DANGEROUS, test-only: skip the Raft log's fdatasync/fsync (a power cut loses
+    /// acknowledged writes).
+    #[arg(long)]
+    unsafe_skip_fsync: bool,
+    /// DANGEROUS, test-only: answer a write as soon as it is handed to Raft, before it
+    /// commits (a write lost with its leader was acknowledged).
+    #[arg(long)]
+    unsafe_ack_before_commit: bool,
+    /// DANGEROUS, test-only: drop every Nth change event of each watch stream (0 = none).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    unsafe_drop_watch_events: u64,
+    /// DANGEROUS, test-only: accept a compare-and-set whose version is stale (the leader
+    /// replaces it with the stored version).
+    #[arg(long)]
+    unsafe_accept_stale_cas: bool,
+}
+
+impl From<UnsafeFlags> for cairn_server::config::UnsafeModes {
+    fn from(flags: UnsafeFlags) -> cairn_server::config::UnsafeModes {
+        cairn_server::config::UnsafeModes {
+            unsafe_local_strong_reads: flags.unsafe_local_strong_reads,
+            unsafe_skip_fsync: flags.unsafe_skip_fsync,
+            unsafe_ack_before_commit: flags.unsafe_ack_before_commit,
+            unsafe_drop_watch_events: flags.unsafe_drop_watch_events,
+            unsafe_accept_stale_cas: flags.unsafe_accept_stale_cas,
+        }
+    }
+}
+
+/// A `cairn agent` flag named after a setting, with its default (from
+/// `Config::default`, the value the node uses when nothing sets it) and its environment
+/// variable appended to its help; any other argument unchanged.
+pub fn describe_flag(arg: clap::Arg) -> clap::Arg {
+    use cairn_server::config::{default_text, env_name, is_setting, REQUIRED};
+    let key = arg.get_id().as_str().to_string();
+    if !is_setting(&key) {
+        return arg;
+    }
+    let mut help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+    if let Some(default) = default_text(&key) {
+        help.push_str(&format!(" [default: {default}]"));
+    } else if REQUIRED.contains(&key.as_str()) {
+        help.push_str(" [required]");
+    }
+    help.push_str(&format!(" [env: {}]", env_name(&key)));
+    arg.help(help)
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -225,20 +281,6 @@ enum LogFormatArg {
 pub(crate) use common::access;
 /// `-o table|json` and the one exit-code table, by error kind ([`common`]).
 pub use common::{exit, exit_code_of_kind, OutputFormat as Output};
-
-pub fn init_logging(level: &str, format: LogFormat) {
-    let filter = crate::logging::filter(level);
-    // Colours only on a terminal: `cairn dev` and service managers send the
-    // log to files, where escape codes are noise.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -291,7 +333,7 @@ fn end_quietly_when_stdout_closes() {
 
 /// `cairn token new | hash`.
 fn token(command: TokenCommand) -> u8 {
-    use crate::auth::{new_token, token_sha256_hex};
+    use cairn_server::auth::{new_token, token_sha256_hex};
     match command {
         TokenCommand::New => match new_token() {
             Ok(token) => {
@@ -448,7 +490,7 @@ fn run_agent(args: AgentArgs) -> u8 {
             return exit::USAGE;
         }
     };
-    let source = crate::config::ConfigSource {
+    let source = cairn_server::config::ConfigSource {
         file: args.config.clone(),
         flags,
     };
@@ -462,16 +504,16 @@ fn run_agent(args: AgentArgs) -> u8 {
             return exit::USAGE;
         }
     };
-    config.unsafe_modes = args.unsafe_modes.clone();
-    init_logging(&config.log_level, config.log_format);
+    config.unsafe_modes = args.unsafe_modes.clone().into();
+    cairn_server::logging::init(&config.log_level, config.log_format);
     runtime().block_on(async move {
         let shutdown_timeout = Duration::from_millis(config.shutdown_timeout_ms);
-        let node = crate::fatal::NodeContext::of(&config);
-        // The one start-up path, the library's own (`crate::embed`).
+        let node = cairn_server::fatal::NodeContext::of(&config);
+        // The one start-up path, the library's own (`cairn_server::embed`).
         let mut agent = match EmbeddedNode::start_with_source(config, source).await {
             Ok(a) => a,
-            Err(e) => match e.downcast_ref::<crate::fatal::FatalCause>() {
-                Some(cause) => return crate::fatal::announce(cause, &node),
+            Err(e) => match e.downcast_ref::<cairn_server::fatal::FatalCause>() {
+                Some(cause) => return cairn_server::fatal::announce(cause, &node),
                 None => {
                     eprintln!("cairn: {e:#}");
                     return exit::ERROR;
@@ -482,13 +524,13 @@ fn run_agent(args: AgentArgs) -> u8 {
             .expect("signal handler");
         // A fatal cause was announced by the agent; a signal is a requested stop.
         let (code, code_past_deadline) = tokio::select! {
-            _ = term.recv() => (exit::OK, crate::fatal::exit::SHUTDOWN_TIMEOUT),
-            _ = tokio::signal::ctrl_c() => (exit::OK, crate::fatal::exit::SHUTDOWN_TIMEOUT),
+            _ = term.recv() => (exit::OK, cairn_server::fatal::exit::SHUTDOWN_TIMEOUT),
+            _ = tokio::signal::ctrl_c() => (exit::OK, cairn_server::fatal::exit::SHUTDOWN_TIMEOUT),
             cause = agent.fatal() => (cause.exit_code(), cause.exit_code()),
         };
         tracing::info!("stopping");
-        let progress = crate::fatal::ShutdownProgress::default();
-        crate::fatal::Watchdog::arm(shutdown_timeout, progress.clone(), code_past_deadline);
+        let progress = cairn_server::fatal::ShutdownProgress::default();
+        cairn_server::fatal::Watchdog::arm(shutdown_timeout, progress.clone(), code_past_deadline);
         agent.shutdown_with(&progress).await;
         progress.set("the tasks still running after the node stopped");
         code
@@ -497,7 +539,7 @@ fn run_agent(args: AgentArgs) -> u8 {
 
 /// `cairn agent --print-config`: the effective configuration on stdout; exit 0, or 2 (with
 /// the reason on stderr) when it would not start a node.
-fn print_config(source: &crate::config::ConfigSource) -> u8 {
+fn print_config(source: &cairn_server::config::ConfigSource) -> u8 {
     match source.explain() {
         Ok(explained) => {
             print!("{}", explained.text);
@@ -519,6 +561,10 @@ fn print_config(source: &crate::config::ConfigSource) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_server::config::{
+        default_text, env_name, flag_name, is_setting, setting_keys, Config,
+    };
+    use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("cairn").chain(args.iter().copied()))
@@ -666,5 +712,96 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn every_flag_has_help_and_every_agent_flag_shows_its_setting_s_default() {
+        // The help of `cairn agent` and `cairn dev`, as clap builds it.
+        let cli = crate::Cli::command();
+        for name in ["agent", "dev"] {
+            let command = cli
+                .find_subcommand(name)
+                .unwrap_or_else(|| panic!("no {name} subcommand"));
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if ["help", "version"].contains(&id) {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                assert!(
+                    !help.trim().is_empty() && !help.starts_with(" ["),
+                    "cairn {name} --{id} has no help"
+                );
+                if name == "dev" {
+                    // dev's own settings: clap's default, which its help shows; or a switch.
+                    assert!(
+                        !arg.get_default_values().is_empty()
+                            || matches!(arg.get_action(), clap::ArgAction::SetTrue),
+                        "cairn dev --{id} shows no default"
+                    );
+                    continue;
+                }
+                if ["config", "print_config"].contains(&id) {
+                    continue;
+                }
+                if id.starts_with("unsafe_") {
+                    // The test-only switches are flags only: no setting, no variable.
+                    assert!(!is_setting(id), "--{id} must not be a setting");
+                    continue;
+                }
+                assert!(is_setting(id), "--{id} names no setting");
+                match default_text(id) {
+                    Some(default) => assert!(
+                        help.contains(&format!("[default: {default}]")),
+                        "--{id}: {help}"
+                    ),
+                    None => assert!(!help.contains("[default:"), "--{id}: {help}"),
+                }
+                assert!(help.contains(&format!("[env: {}]", env_name(id))), "{help}");
+            }
+        }
+        let agent = cli.find_subcommand("agent").unwrap();
+        let election = agent
+            .get_arguments()
+            .find(|a| a.get_id() == "election_timeout_ms")
+            .unwrap();
+        assert!(election.get_help().unwrap().to_string().contains(&format!(
+            "[default: {}]",
+            Config::default().election_timeout_ms
+        )));
+    }
+
+    #[test]
+    fn docs_configuration_lists_every_setting_with_its_default_env_and_flag() {
+        let doc = include_str!("../../docs/configuration.md");
+        let agent = crate::Cli::command();
+        let agent = agent.find_subcommand("agent").unwrap();
+        for key in setting_keys() {
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{key}` |")))
+                .unwrap_or_else(|| panic!("docs/configuration.md has no row for `{key}`"));
+            let cells: Vec<&str> = row.split(" | ").map(|c| c.trim()).collect();
+            // | setting | default | range | environment | flag | what |
+            let default = cells[1];
+            match default_text(key) {
+                Some(value) => assert_eq!(
+                    default.trim_matches('`'),
+                    value.as_str(),
+                    "docs/configuration.md: the default of `{key}`"
+                ),
+                None => assert!(
+                    !default.starts_with('`'),
+                    "docs/configuration.md: `{key}` has no default, the row says {default}"
+                ),
+            }
+            assert_eq!(cells[3], format!("`{}`", env_name(key)), "{row}");
+            let has_flag = agent.get_arguments().any(|a| a.get_id() == key.as_str());
+            if has_flag {
+                assert_eq!(cells[4], format!("`{}`", flag_name(key)), "{row}");
+            } else {
+                assert_eq!(cells[4], "—", "{row}: no such flag");
+            }
+        }
     }
 }

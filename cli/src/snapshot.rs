@@ -1,7 +1,7 @@
 //! `cairn snapshot save | inspect | restore`: operator backups in the format of
-//! `crate::snapshot_file`, with progress bars for everything a person waits for.
+//! `cairn_server::snapshot_file`, with progress bars for everything a person waits for.
 //!
-//! The leader is found through [`crate::admin_client::AdminClient`] (the global
+//! The leader is found through [`cairn_client::admin::AdminClient`] (the global
 //! `--endpoints`, tried in turn, each within its share of `--timeout-ms`); a transfer then
 //! fails if no chunk moves for `--timeout-ms`.
 //!
@@ -15,16 +15,16 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::common::GlobalArgs;
+use crate::common::GlobalArgs;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::admin_client::Leader;
-use crate::cli::exit;
-use crate::config::parse_members;
-use crate::snapshot_file::{
+use cairn_client::admin::Leader;
+use crate::exit;
+use cairn_server::config::parse_members;
+use cairn_server::snapshot_file::{
     self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter, TempFile,
 };
 
@@ -114,7 +114,7 @@ pub fn run(command: SnapshotCommand, global: &GlobalArgs) -> u8 {
     };
     match result {
         Ok(()) => exit::OK,
-        Err(CommandError::Api(e)) => crate::cli::admin::fail(&e),
+        Err(CommandError::Api(e)) => crate::admin::fail(&e),
         Err(e @ CommandError::Cancelled) => {
             eprintln!("cairn: {e}");
             exit::ERROR
@@ -171,7 +171,7 @@ async fn moving<T>(
 }
 
 async fn save(file: &Path, global: &GlobalArgs) -> Result<(), CommandError> {
-    let client = crate::cli::admin::client_of(global)?;
+    let client = crate::admin::client_of(global)?;
     let Leader { address, .. } = client.leader().await?;
     let leader = address;
     let timeout = client.timeout();
@@ -211,7 +211,7 @@ async fn save(file: &Path, global: &GlobalArgs) -> Result<(), CommandError> {
     let (header, size, crc) = verify_with_checksum(tmp)?;
     std::fs::rename(tmp, file).map_err(|e| io_error(file, e))?;
     part.keep();
-    crate::durable::sync_parent(file).map_err(|e| io_error(file, e))?;
+    cairn_server::durable::sync_parent(file).map_err(|e| io_error(file, e))?;
     println!(
         "saved {}: index {}, term {}, {} resources, {} bytes, crc32c {:08x}",
         file.display(),
@@ -355,7 +355,7 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
             args.file.display()
         )));
     }
-    if !args.yes && !crate::cli::admin::interactive() {
+    if !args.yes && !crate::admin::interactive() {
         return Err(CommandError::Usage(format!(
             "refusing to replace the running cluster's data without a confirmation: stdin is \
              not a terminal. Pass --yes to restore {} into the running cluster (every node's \
@@ -373,7 +373,7 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
     let header = snapshot_file::verify(file, |_, _| {});
     check.finish_and_clear();
     let header = header?;
-    let client = crate::cli::admin::client_of(global)?;
+    let client = crate::admin::client_of(global)?;
     let found = client.leader().await?;
     confirm(args, &found, &header, size)?;
     let leader = found.address.clone();
@@ -385,7 +385,7 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
     let reading_progress = progress.clone();
     let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
         let mut f = std::fs::File::open(&path)?;
-        let mut buf = vec![0u8; crate::admin::SNAPSHOT_CHUNK_BYTES];
+        let mut buf = vec![0u8; cairn_server::admin::SNAPSHOT_CHUNK_BYTES];
         loop {
             let n = f.read(&mut buf)?;
             if n == 0 {
@@ -448,7 +448,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     if bump_index == 0 {
         return Err(CommandError::Usage("--bump-index must be positive".into()));
     }
-    if crate::raft::holds_node_state(data_dir) {
+    if cairn_server::raft::holds_node_state(data_dir) {
         return Err(CommandError::Usage(format!(
             "{} already holds a node's data; offline restore only seeds an empty data dir",
             data_dir.display()
@@ -465,8 +465,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         .last_log_index
         .checked_add(bump_index)
         .ok_or_else(|| CommandError::Usage("--bump-index overflows".into()))?;
-    let nodes = crate::config::membership_nodes(&members);
-    let (membership, term, leader) = crate::raft::seed_membership(&nodes, index);
+    let nodes = cairn_server::config::membership_nodes(&members);
+    let (membership, term, leader) = cairn_server::raft::seed_membership(&nodes, index);
     let mut id_source = format!("{}|{}|{}|", old.cluster_id, old.last_log_index, bump_index);
     for m in &members {
         id_source.push_str(&format!(
@@ -502,7 +502,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         // A restore in progress in the source file is not part of its table.
         pending_restore: None,
     };
-    let snapshots = crate::raft::snapshot_dir(data_dir);
+    let snapshots = cairn_server::raft::snapshot_dir(data_dir);
     std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;
     let target = snapshots.join(format!("snap-{index:020}-{term}.snap"));
     let progress = bar(Some(size), "seeding");
@@ -515,7 +515,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     writer.finish()?;
     progress.finish_and_clear();
     let id_path = data_dir.join("cluster_id");
-    crate::durable::write_atomically(&id_path, cluster_id.as_bytes())
+    cairn_server::durable::write_atomically(&id_path, cluster_id.as_bytes())
         .map_err(|e| io_error(&id_path, e))?;
     println!(
         "seeded {}: {} resources from index {} of cluster {:?}; the new cluster {} starts at log index {}",

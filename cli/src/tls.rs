@@ -26,7 +26,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::cli::exit;
+use crate::exit;
 
 #[derive(Subcommand)]
 pub enum TlsCommand {

@@ -1,6 +1,6 @@
 //! `cairn check disk` and `cairn check perf` as an operator runs them: the real binary on a
 //! tmpfs directory, and against a real 3-node cluster whose grants require a token. The
-//! threshold decisions themselves are unit tests of `cairn_node::cli::check`'s verdict functions.
+//! threshold decisions themselves are unit tests of `cairn_cli::check`'s verdict functions.
 
 mod support;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use support::*;
 
-/// Exit codes of `cairn agent` (`cairn_node::fatal::exit`).
+/// Exit codes of `cairn agent` (`cairn_server::fatal::exit`).
 const EXIT_CORRUPTION: i32 = 12;
 const EXIT_DATA_DIR_REFUSED: i32 = 15;
 

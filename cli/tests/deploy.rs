@@ -46,7 +46,7 @@ fn the_example_configs_load_and_agree_on_the_members() {
     let mut members = Vec::new();
     for id in 1..=3u64 {
         let path = deploy_dir().join(format!("example/node-{id}.toml"));
-        let config = cairn_node::config::ConfigSource {
+        let config = cairn_server::config::ConfigSource {
             file: Some(path.clone()),
             flags: serde_json::json!({}),
         }

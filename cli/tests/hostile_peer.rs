@@ -10,7 +10,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use cairn_node::raft::{LogPayload, NodeId, TypeConfig};
+use cairn_server::raft::{LogPayload, NodeId, TypeConfig};
 use cairn_proto::v1::raft_service_client::RaftServiceClient;
 use cairn_proto::v1::{Consistency, RaftMessage, StatusResponse};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
@@ -246,8 +246,8 @@ async fn a_node_whose_stored_vote_is_absurd_starts_with_a_clear_error() {
     let data_dir = cluster.node(1).data_dir.clone();
     {
         use openraft::storage::RaftLogStorage;
-        let mut log = cairn_node::raft::LogStore::open(
-            &cairn_node::raft::log_dir(&data_dir),
+        let mut log = cairn_server::raft::LogStore::open(
+            &cairn_server::raft::log_dir(&data_dir),
             Default::default(),
         )
         .expect("the stopped node's log opens");

@@ -1,4 +1,4 @@
-//! A node as a library (`cairn_node::embed`) and its in-process client.
+//! A node as a library (`cairn_server::embed`) and its in-process client.
 //!
 //! The contract's checks over `cairn_client::ResourceApi` (`api_contract`)
 //! run three ways: through the remote `Client` against a cluster of `cairn`
@@ -20,8 +20,8 @@ use cairn_client::{
     CacheEvent, Client, ClientError, ClientOptions, ResourceApi, WatchCache, WatchCacheOptions,
     WatchSpec,
 };
-use cairn_node::config::{parse_members, Config, GrantConfig};
-use cairn_node::embed::EmbeddedNode;
+use cairn_server::config::{parse_members, Config, GrantConfig};
+use cairn_server::embed::EmbeddedNode;
 use cairn_proto::v1::{Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
 use jepsen_tests::cluster::free_port;
 use parking_lot::Mutex;
@@ -298,12 +298,12 @@ async fn the_in_process_client_bypasses_grants_but_not_the_node_wide_watch_budge
     // refused, the in-process client (trusted) is not. Its watches count against
     // `watches_max` like any other: the third of two is ResourceExhausted naming the
     // limit, and closing one frees its slot.
-    let token = cairn_node::auth::new_token().unwrap();
+    let token = cairn_server::auth::new_token().unwrap();
     let embedded = Embedded::start(1, |config| {
         config.watches_max = 2;
         config.auth.grants = vec![GrantConfig {
             name: "operators".into(),
-            token_sha256: Some(cairn_node::auth::token_sha256_hex(&token)),
+            token_sha256: Some(cairn_server::auth::token_sha256_hex(&token)),
             admin: true,
             ..GrantConfig::default()
         }];

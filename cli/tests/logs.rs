@@ -1,7 +1,7 @@
 //! What a node logs, through real processes: one line per listener with the address it is
 //! bound to, none of openraft's INFO chatter at the `info` level, and none of openraft's
 //! routine warnings about peers still starting or down: the node says once that a peer is
-//! not answering, and once that it is back (see `cairn_node::logging`), in the JSON format too.
+//! not answering, and once that it is back (see `cairn_server::logging`), in the JSON format too.
 
 mod support;
 

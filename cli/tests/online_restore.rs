@@ -42,7 +42,7 @@ fn save(cluster: &Cluster, file: &Path) -> BTreeMap<String, Resource> {
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let mut resources = BTreeMap::new();
-    cairn_node::snapshot_file::verify(file, |r, _| {
+    cairn_server::snapshot_file::verify(file, |r, _| {
         resources.insert(r.id.as_ref().unwrap().name.clone(), r.clone());
     })
     .unwrap();

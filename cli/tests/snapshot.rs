@@ -16,7 +16,7 @@ const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 /// Every resource in a snapshot file, by name.
 fn resources_in(file: &Path) -> std::collections::BTreeMap<String, cairn_proto::v1::Resource> {
     let mut out = std::collections::BTreeMap::new();
-    cairn_node::snapshot_file::verify(file, |r, _| {
+    cairn_server::snapshot_file::verify(file, |r, _| {
         out.insert(r.id.as_ref().unwrap().name.clone(), r.clone());
     })
     .unwrap();
@@ -80,7 +80,7 @@ async fn a_backup_taken_under_load_restores_offline_into_a_new_cluster() {
 
     let in_file = resources_in(&backup);
     assert!(in_file.len() >= 300);
-    let header = cairn_node::snapshot_file::SnapshotReader::open(&backup)
+    let header = cairn_server::snapshot_file::SnapshotReader::open(&backup)
         .unwrap()
         .header;
     // A write on the old cluster after the backup: its version must never match on the new one.
@@ -208,7 +208,7 @@ fn damaged_backups_are_refused_each_with_its_own_message() {
     // Inspect names what is wrong with each kind of damage and exits non-zero.
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.snap");
-    let header = cairn_node::snapshot_file::SnapshotHeader {
+    let header = cairn_server::snapshot_file::SnapshotHeader {
         cluster_id: "c".into(),
         last_log_index: 7,
         last_log_term: 1,
@@ -219,7 +219,7 @@ fn damaged_backups_are_refused_each_with_its_own_message() {
         applied_initial_entry: false,
         pending_restore: None,
     };
-    let mut w = cairn_node::snapshot_file::SnapshotWriter::create(&good, &header).unwrap();
+    let mut w = cairn_server::snapshot_file::SnapshotWriter::create(&good, &header).unwrap();
     w.append(&thing("x", "u", "3", b"1")).unwrap();
     w.append(&thing("y", "u", "5", b"2")).unwrap();
     w.finish().unwrap();
@@ -281,7 +281,7 @@ impl Drop for Processes {
 
 /// The admin status of the node at `address` (plaintext, within 3 s).
 async fn status_of(address: &str) -> Result<cairn_proto::v1::StatusResponse, ApiError> {
-    cairn_node::admin_client::AdminClient::new(
+    cairn_client::admin::AdminClient::new(
         vec![address.to_string()],
         cairn_client::Access::plaintext(),
         Duration::from_secs(3),

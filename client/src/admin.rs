@@ -3,7 +3,7 @@
 //! bench` finding the leader, and a node checking the cluster at start or joining it.
 //!
 //! An [`AdminClient`] holds the endpoints (`host:port`, `http://` or `https://`), the
-//! [`cairn_client::Access`] (TLS, token), an overall timeout, and a bound for each
+//! [`crate::Access`] (TLS, token), an overall timeout, and a bound for each
 //! attempt at one endpoint (connection and answer), so that a dead or stopped (SIGSTOP)
 //! node costs one attempt, not the whole timeout:
 //!
@@ -25,7 +25,7 @@ use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::time::Duration;
 
-use cairn_client::{Access, AuthenticatedChannel};
+use crate::{Access, AuthenticatedChannel};
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::admin_service_client::AdminServiceClient;
 use cairn_proto::v1::{self as pb};

@@ -318,7 +318,7 @@ pub fn timestamp() -> String {
 }
 
 /// Locates (building it if needed) the `cairn` binary next to this program:
-/// `cargo build -p cairn-node --bin cairn` in the same profile, so that a
+/// `cargo build -p cairn-cli --bin cairn` in the same profile, so that a
 /// stale node is never tested.
 pub fn cairn_binary() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
@@ -334,12 +334,12 @@ pub fn cairn_binary() -> Result<PathBuf, String> {
     let mut command = std::process::Command::new(cargo);
     command
         .current_dir(workspace)
-        .args(["build", "--quiet", "-p", "cairn-node", "--bin", "cairn"]);
+        .args(["build", "--quiet", "-p", "cairn-cli", "--bin", "cairn"]);
     if release {
         command.arg("--release");
     }
     println!(
-        "building the node: cargo build -p cairn-node --bin cairn{}",
+        "building the node: cargo build -p cairn-cli --bin cairn{}",
         if release { " --release" } else { "" }
     );
     match command.status() {

@@ -1,9 +1,9 @@
 //! The in-process client against the remote client, back to back, on one
-//! embedded node (`cairn_node::embed`): the same calls through the same trait
+//! embedded node (`cairn_server::embed`): the same calls through the same trait
 //! (`cairn_client::ResourceApi`), once straight into the node's request layer
 //! and once over loopback gRPC to the same node's client port.
 //!
-//! Run: `cargo bench -p cairn-node --bench in_process`. Each bench reports
+//! Run: `cargo bench -p cairn-server --bench in_process`. Each bench reports
 //! the wall time of one call, made one after another by one caller (the
 //! node's own tasks run on the same two-thread runtime); the data dir is a
 //! temporary dir (`TMPDIR`), so writes include its fsync. Groups:
@@ -15,8 +15,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cairn_client::{Client, ResourceApi};
-use cairn_node::config::{parse_members, Config};
-use cairn_node::embed::EmbeddedNode;
+use cairn_server::config::{parse_members, Config};
+use cairn_server::embed::EmbeddedNode;
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{Consistency, Id, ListRequest, Resource, Tenancy, Type};
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -50,7 +50,7 @@ use cairn_proto::v1::{self as pb};
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use crate::admin_client::{AdminClient, Operation};
+use cairn_client::admin::{AdminClient, Operation};
 use crate::config::{Config, ConfigSource};
 use crate::connections::{ActivityLayer, PortLimits};
 use crate::fatal::{FatalCause, NodeContext, ShutdownProgress};

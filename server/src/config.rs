@@ -10,8 +10,13 @@ use std::path::PathBuf;
 use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
 
+pub use crate::logging::LogFormat;
+
 mod sources;
-pub use sources::{describe_flag, warn_ignored_environment, Explained};
+pub use sources::{
+    default_text, env_name, flag_name, is_setting, setting_keys, warn_ignored_environment,
+    Explained, COMMAND_LINE_ENVIRONMENT, REQUIRED,
+};
 
 /// One member of the initial (bootstrap) cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,14 +43,6 @@ pub fn membership_nodes(
             )
         })
         .collect()
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Text,
-    Json,
 }
 
 /// Where a follower serves a strong read or list (`follower_strong_reads`).
@@ -281,27 +278,23 @@ pub struct Config {
 /// contract, in one place. Each is an `--unsafe-*` flag of `cairn agent` and nothing else
 /// (no setting, no environment variable, no file key), off by default, and logged as a
 /// warning at start-up. The jepsen suite's `prove-broken` matrix starts nodes with each to
-/// show that the checker meant for it notices. Never use one in production.
-#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+/// show that the checker meant for it notices. Never use one in production. (The flags
+/// themselves are the command line's: one per field, named after it.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UnsafeModes {
     /// DANGEROUS, test-only: serve strong reads and lists locally without confirming
     /// leadership (stale reads).
-    #[arg(long)]
     pub unsafe_local_strong_reads: bool,
     /// DANGEROUS, test-only: skip the Raft log's fdatasync/fsync (a power cut loses
     /// acknowledged writes).
-    #[arg(long)]
     pub unsafe_skip_fsync: bool,
     /// DANGEROUS, test-only: answer a write as soon as it is handed to Raft, before it
     /// commits (a write lost with its leader was acknowledged).
-    #[arg(long)]
     pub unsafe_ack_before_commit: bool,
     /// DANGEROUS, test-only: drop every Nth change event of each watch stream (0 = none).
-    #[arg(long, value_name = "N", default_value_t = 0)]
     pub unsafe_drop_watch_events: u64,
     /// DANGEROUS, test-only: accept a compare-and-set whose version is stale (the leader
     /// replaces it with the stored version).
-    #[arg(long)]
     pub unsafe_accept_stale_cas: bool,
 }
 

@@ -11,7 +11,7 @@ use std::io::{self, Read as _};
 use std::path::Path;
 
 /// Writes `bytes` to `path` durably: a crash leaves the old file or the new one.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let (Some(dir), Some(name)) = (parent(path), path.file_name().and_then(|n| n.to_str())) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -51,7 +51,7 @@ pub(crate) fn read_small(path: &Path, bytes_max: u64) -> io::Result<Option<Strin
 }
 
 /// fsyncs the directory holding `path`, so that a name created in it (a rename) is durable.
-pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
+pub fn sync_parent(path: &Path) -> io::Result<()> {
     let Some(dir) = parent(path) else {
         return Ok(());
     };

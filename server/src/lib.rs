@@ -51,14 +51,11 @@
 //!   caller's read scope (see [`auth`]).
 
 pub mod admin;
-pub mod admin_client;
 pub mod agent;
 pub mod auth;
-pub mod bench;
-pub mod cli;
 pub mod config;
 pub mod connections;
-mod durable;
+pub mod durable;
 pub mod embed;
 pub mod fatal;
 pub mod forward;

@@ -20,8 +20,18 @@
 //! says it once instead: a peer that has not answered for a while is reported at WARN, and its
 //! return at INFO (`raft::contacts`). openraft's other warnings and errors show.
 
+use serde::{Deserialize, Serialize};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::EnvFilter;
+
+/// `log_format`: log lines as text, or as one JSON object each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
 
 /// The directive added when openraft's INFO must stay below the node's level.
 const OPENRAFT_BELOW_INFO: &str = "openraft=warn";
@@ -49,7 +59,7 @@ fn parts(level: &str) -> Vec<&str> {
 
 /// Checks a `log_level`: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`), or a
 /// comma-separated tracing filter of levels and `TARGET=LEVEL` directives
-/// (`warn,cairn_node::raft=debug`). A bare word that is no level (`verbose`) is refused:
+/// (`warn,cairn_server::raft=debug`). A bare word that is no level (`verbose`) is refused:
 /// the filter syntax would read it as a target and log nothing of Cairn's.
 pub fn check_log_level(value: &str) -> Result<(), String> {
     let levels = LOG_LEVELS.join(", ");
@@ -82,11 +92,6 @@ pub fn check_log_level(value: &str) -> Result<(), String> {
     EnvFilter::try_new(value)
         .map(|_| ())
         .map_err(|e| format!("{value:?} is not a log filter: {e}"))
-}
-
-/// [`check_log_level`] as a clap value parser (`cairn dev --log-level`).
-pub fn parse_log_level(value: &str) -> Result<String, String> {
-    check_log_level(value).map(|()| value.to_string())
 }
 
 /// The directives `log_level` stands for: `level` itself; unless a directive of its own names
@@ -123,6 +128,23 @@ pub fn filter(level: &str) -> EnvFilter {
     EnvFilter::try_new(directives(level)).unwrap_or_else(|_| EnvFilter::new("warn"))
 }
 
+/// Installs the process's log subscriber: the filter of `level` ([`filter`]), lines in
+/// `format`, to stderr (`cairn agent`, and a program that embeds a node and wants its log as
+/// the binary writes it). A subscriber already installed stays.
+pub fn init(level: &str, format: LogFormat) {
+    let filter = filter(level);
+    // Colours only on a terminal: `cairn dev` and service managers send the
+    // log to files, where escape codes are noise.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,7 +158,7 @@ mod tests {
             "INFO",
             "off",
             "warn,cairn_node=debug",
-            "cairn_node::raft=trace",
+            "cairn_server::raft=trace",
         ] {
             check_log_level(good).unwrap_or_else(|e| panic!("{good}: {e}"));
         }
@@ -201,8 +223,8 @@ mod tests {
             tracing::warn!(target: "openraft::storage", "a warning of its own");
             tracing::error!(target: "openraft::core::raft_core", "quit RaftCore::main on error");
             tracing::debug!(target: "openraft::core", "debug chatter");
-            tracing::info!(target: "cairn_node::agent", "serving clients");
-            tracing::debug!(target: "cairn_node::agent", "not ready");
+            tracing::info!(target: "cairn_server::agent", "serving clients");
+            tracing::debug!(target: "cairn_server::agent", "not ready");
         });
         let seen = seen.lock().unwrap().clone();
         seen

@@ -12,13 +12,13 @@
 //! - the config file.
 //!
 //! CI runs a short pass (`PROPTEST_CASES` unset: 128 cases per property);
-//! `PROPTEST_CASES=50000 cargo test --release -p cairn-node --test
+//! `PROPTEST_CASES=50000 cargo test --release -p cairn-server --test
 //! fuzz_decoders` runs a long one (see docs/security.md).
 
 use std::io::Cursor;
 
-use cairn_node::raft::{decode_raft_message, peer_gate, LogPayload, NodeId, NodeInfo, TypeConfig};
-use cairn_node::snapshot_file::{SnapshotEncoder, SnapshotHeader, SnapshotReader};
+use cairn_server::raft::{decode_raft_message, peer_gate, LogPayload, NodeId, NodeInfo, TypeConfig};
+use cairn_server::snapshot_file::{SnapshotEncoder, SnapshotHeader, SnapshotReader};
 use cairn_proto::v1 as pb;
 use cairn_test_support::fuzz::{config, mutate, mutations};
 use openraft::raft::{
@@ -446,7 +446,7 @@ fn load_config(text: &[u8]) {
     let path = dir.path().join("cairn.toml");
     std::fs::write(&path, text).expect("write");
     let flags = figment::providers::Serialized::defaults(serde_json::json!({}));
-    let _ = cairn_node::config::Config::load(Some(&path), flags);
+    let _ = cairn_server::config::Config::load(Some(&path), flags);
 }
 
 proptest! {
@@ -541,7 +541,7 @@ fn the_seeds_are_valid_so_that_mutations_reach_deep() {
     let path = dir.path().join("cairn.toml");
     std::fs::write(&path, CONFIG_SEED).unwrap();
     let flags = figment::providers::Serialized::defaults(serde_json::json!({}));
-    let config = cairn_node::config::Config::load(Some(&path), flags).unwrap();
+    let config = cairn_server::config::Config::load(Some(&path), flags).unwrap();
     assert_eq!(config.list_results_max, 500);
     assert_eq!(config.list_page_size_max, 50);
 }

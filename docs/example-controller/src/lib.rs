@@ -8,7 +8,7 @@
 //!
 //! It is written once, against `cairn_client::ResourceApi`, and runs either
 //! against a cluster over gRPC (`cairn_client::Client`) or inside the process
-//! of an embedded node (`cairn_node::embed::InProcessClient`): see `main.rs`,
+//! of an embedded node (`cairn_server::embed::InProcessClient`): see `main.rs`,
 //! which picks one.
 //!
 //! How: a [`WatchCache`] of the Counters, primed before any work; its

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use cairn_client::{Client, ResourceApi};
-use cairn_node::config::{parse_members, Config, LogFormat};
-use cairn_node::embed::EmbeddedNode;
+use cairn_server::config::{parse_members, Config, LogFormat};
+use cairn_server::embed::EmbeddedNode;
 use clap::Parser;
 
 #[derive(Parser)]
@@ -48,7 +48,7 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     // The node's own logging, as `cairn agent` sets it up.
-    cairn_node::cli::init_logging(&args.log_level, LogFormat::Text);
+    cairn_server::logging::init(&args.log_level, LogFormat::Text);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use cairn_client::{Client, ClientOptions};
 use cairn_example_controller::{counter_type, STATUS_KEY};
-use cairn_node::config::{parse_members, Config};
-use cairn_node::embed::EmbeddedNode;
+use cairn_server::config::{parse_members, Config};
+use cairn_server::embed::EmbeddedNode;
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{condition, Consistency, Id, Resource, Tenancy};
 use jepsen_tests::cluster::free_port;
