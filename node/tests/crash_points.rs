@@ -93,6 +93,8 @@ type Entry = openraft::Entry<TypeConfig>;
 const SEED_ENV: &str = "CAIRN_CRASH_POINTS_SEED";
 const STATES_ENV: &str = "CAIRN_CRASH_POINTS_STATES";
 const STEPS_ENV: &str = "CAIRN_CRASH_POINTS_STEPS";
+/// How many violations a failing run prints in full (default 10).
+const SHOW_ENV: &str = "CAIRN_CRASH_POINTS_SHOW";
 /// Crash states checked per exploration by default (both semantics together).
 const STATES_DEFAULT: usize = 3000;
 /// Workload steps by default.
@@ -1353,6 +1355,32 @@ fn describe(recording: &Recording, found: &Found) -> String {
     )
 }
 
+/// The violations grouped by check and message (digits and paths left out), with counts.
+fn kinds(found: &[Found]) -> String {
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for f in found {
+        let shape: String = f
+            .violation
+            .detail
+            .split_whitespace()
+            .filter(|word| !word.contains('/'))
+            .collect::<Vec<_>>()
+            .join(" ")
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .take(120)
+            .collect();
+        *kinds
+            .entry(format!("[{}] {}: {shape}", f.semantics.name(), f.violation.check))
+            .or_default() += 1;
+    }
+    kinds
+        .iter()
+        .map(|(kind, count)| format!("  {count} x {kind}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn budget() -> usize {
     env_number(STATES_ENV)
         .map(|n| n as usize)
@@ -1418,10 +1446,11 @@ fn crash_points_of_the_log_and_the_snapshot_store_leave_a_node_that_starts() {
         summary("crash points", &recording, &report, started.elapsed())
     );
     if !report.found.is_empty() {
+        println!("violations by kind:\n{}", kinds(&report.found));
         let shown: Vec<String> = report
             .found
             .iter()
-            .take(10)
+            .take(env_number(SHOW_ENV).unwrap_or(10) as usize)
             .map(|f| describe(&recording, f))
             .collect();
         panic!(
