@@ -147,6 +147,7 @@ impl SledEngine {
         cache_capacity_bytes: u64,
     ) -> Result<SledEngine, LogError> {
         wait_for_sled_lock_release(path)?;
+        clear_crash_leftovers(path, fsync_directories)?;
         let damaged_blobs = damaged_blobs(path);
         for blob in &damaged_blobs {
             tracing::error!(blob = %blob.display(), "sled blob fails its checksum");
@@ -423,6 +424,62 @@ fn wait_for_sled_lock_release(path: &Path) -> Result<(), LogError> {
     // meanwhile, and sled's own lock would fail (seen in the kill -9 crash test).
     crate::lock::unlock(&file);
     Ok(())
+}
+
+/// Removes what a crash can leave half written in the sled database at `path` and sled 0.34
+/// would refuse as corrupt on every open (no other process may have it open):
+/// - a snapshot still named `snap.<lsn>.generating`: sled writes one on every close (and
+///   every million operations), syncs it and only then renames it to `snap.<lsn>`; its
+///   recovery reads the newest `snap.*` file, an unfinished one included. The finished one
+///   before it, which sled removes only after the rename, is still there (names of one
+///   directory survive in the order they changed), and sled replays its log from it;
+/// - its `conf` (the storage parameters, written once when sled creates the database, never
+///   synced by sled) when its crc32 does not match: sled writes it anew from the
+///   configuration, which [`SledEngine`] never changes.
+///
+/// Found by the crash-point exploration (`node/tests/crash_points.rs`).
+fn clear_crash_leftovers(path: &Path, fsync_directory: bool) -> Result<(), LogError> {
+    let listing = match std::fs::read_dir(path) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LogError::io(format!("list {}", path.display()), e)),
+    };
+    let mut removed = false;
+    for item in listing {
+        let item = item.map_err(|e| LogError::io(format!("list {}", path.display()), e))?;
+        let name = item.file_name().to_string_lossy().into_owned();
+        let leftover = if name.starts_with("snap.") && name.ends_with(".generating") {
+            Some("an unfinished snapshot")
+        } else if name == SLED_CONFIG_FILE_NAME && !config_is_whole(&item.path()) {
+            Some("a torn configuration file")
+        } else {
+            None
+        };
+        if let Some(what) = leftover {
+            tracing::warn!(file = %item.path().display(), "removing {what} that a crash left in sled's directory");
+            std::fs::remove_file(item.path())
+                .map_err(|e| LogError::io(format!("remove {}", item.path().display()), e))?;
+            removed = true;
+        }
+    }
+    if removed && fsync_directory {
+        crate::lock::fsync_directory(path)?;
+    }
+    Ok(())
+}
+
+/// Whether sled's `conf` at `path` is whole: its last 4 bytes are the little-endian crc32 of
+/// the bytes before them. A file sled reads as absent (8 bytes or fewer) counts as whole.
+fn config_is_whole(path: &Path) -> bool {
+    match std::fs::read(path) {
+        Ok(bytes) if bytes.len() > 8 => {
+            let (body, crc) = bytes.split_at(bytes.len() - 4);
+            crc32fast::hash(body).to_le_bytes() == crc
+        }
+        Ok(_) => true,
+        // Unreadable: left to sled, which reports it.
+        Err(_) => true,
+    }
 }
 
 /// The blob files in the sled database at `path` whose contents fail sled's own check (a

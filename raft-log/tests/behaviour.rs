@@ -708,7 +708,10 @@ fn wal_truncation_behind_a_partly_evicted_tail_keeps_every_entry_at_its_index() 
             if index < 250 {
                 common::check_entry(index, entry).expect("intact");
             } else {
-                assert_eq!(entry.log_id.leader_id.term, 2, "entry {index} is the new one");
+                assert_eq!(
+                    entry.log_id.leader_id.term, 2,
+                    "entry {index} is the new one"
+                );
             }
         }
     };

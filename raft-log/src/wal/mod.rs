@@ -127,7 +127,10 @@ impl<C: RaftTypeConfig> State<C> {
     /// The tail holds exactly the entries of the last `tail.len()` slots: its first and last
     /// entries carry the log ids of those slots. O(1); checked after every change of the view.
     pub(crate) fn assert_tail_aligned(&self) {
-        assert!(self.tail.len() <= self.slots.len(), "the tail is a suffix of the log");
+        assert!(
+            self.tail.len() <= self.slots.len(),
+            "the tail is a suffix of the log"
+        );
         if let (Some(first), Some(last)) = (self.tail.front(), self.tail.back()) {
             let first_slot = &self.slots[self.slots.len() - self.tail.len()];
             let last_slot = self.slots.back().expect("the tail is a suffix of the log");
