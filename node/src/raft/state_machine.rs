@@ -606,6 +606,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             restore_from_file(&store, &incoming, Some(last_log_id.index), DOING, admit)?;
             std::fs::rename(&incoming, &install_path)
                 .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
+            // The new name is durable before the install returns (openraft purges the log
+            // behind it next), and before `prune_except` removes the older snapshots.
+            crate::durable::sync_parent(&install_path)
+                .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
             Ok(())
         })
         .await
