@@ -95,6 +95,9 @@ const STATES_ENV: &str = "CAIRN_CRASH_POINTS_STATES";
 const STEPS_ENV: &str = "CAIRN_CRASH_POINTS_STEPS";
 /// How many violations a failing run prints in full (default 10).
 const SHOW_ENV: &str = "CAIRN_CRASH_POINTS_SHOW";
+/// Set to 1: the prove-it-bites runs check their whole budget (to count the violations)
+/// instead of stopping at the first.
+const BITE_FULL_ENV: &str = "CAIRN_CRASH_POINTS_BITE_FULL";
 /// Crash states checked per exploration by default (both semantics together).
 const STATES_DEFAULT: usize = 3000;
 /// Workload steps by default.
@@ -293,7 +296,7 @@ enum Step {
     SnapshotAndPurge,
     /// A snapshot from a leader ahead of the log, installed; the log purged past its end.
     InstallReceivedSnapshot,
-    /// A vote for a candidate of a new term, then for its leader.
+    /// A vote for a candidate of a new term, then the same vote committed (it leads).
     Election,
     /// Both stores closed and opened again, the committed entries applied again.
     Restart,
@@ -651,9 +654,10 @@ impl Workload {
             }
             Step::InstallReceivedSnapshot => self.install_received_snapshot().await,
             Step::Election => {
+                // A vote for a candidate, which then leads (one vote per term).
                 self.term += 1;
-                let candidate = self.rng.random_range(1..=3);
-                self.vote(Vote::new(self.term, candidate)).await;
+                self.leader_node = self.rng.random_range(1..=3);
+                self.vote(Vote::new(self.term, self.leader_node)).await;
                 self.vote(Vote::new_committed(self.term, self.leader_node))
                     .await;
             }
@@ -1418,7 +1422,8 @@ fn describe(recording: &Recording, found: &Found) -> String {
     )
 }
 
-/// The violations grouped by check and message (digits and paths left out), with counts.
+/// The violations grouped by check and message (words with digits, and paths, left out),
+/// with counts.
 fn kinds(found: &[Found]) -> String {
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for f in found {
@@ -1426,11 +1431,10 @@ fn kinds(found: &[Found]) -> String {
             .violation
             .detail
             .split_whitespace()
-            .filter(|word| !word.contains('/'))
+            .filter(|word| !word.contains('/') && !word.chars().any(|c| c.is_ascii_digit()))
             .collect::<Vec<_>>()
             .join(" ")
             .chars()
-            .filter(|c| !c.is_ascii_digit())
             .take(120)
             .collect();
         *kinds
@@ -1549,8 +1553,22 @@ fn must_be_caught(test: &str, switch: Switch) {
         switch,
         InstallOrder::InstallThenPurge,
     );
-    let report = explore(&recording, &log_options(switch), &BOTH, budget(), 1);
+    let stop_after = if env_number(BITE_FULL_ENV) == Some(1) {
+        usize::MAX
+    } else {
+        1
+    };
+    let report = explore(
+        &recording,
+        &log_options(switch),
+        &BOTH,
+        budget(),
+        stop_after,
+    );
     println!("{}", summary(test, &recording, &report, started.elapsed()));
+    if !report.found.is_empty() {
+        println!("violations by kind:\n{}", kinds(&report.found));
+    }
     let Some(first) = report.found.first() else {
         panic!("{test}: the exploration found no violation with {switch:?} (seed {seed}): it cannot tell this broken log from a sound one");
     };
