@@ -99,13 +99,15 @@ const SHOW_ENV: &str = "CAIRN_CRASH_POINTS_SHOW";
 /// instead of stopping at the first.
 const BITE_FULL_ENV: &str = "CAIRN_CRASH_POINTS_BITE_FULL";
 /// Crash states checked per exploration by default (both semantics together).
-const STATES_DEFAULT: usize = 3000;
+const STATES_DEFAULT: usize = 4000;
 /// Workload steps by default.
-const STEPS_DEFAULT: usize = 160;
+const STEPS_DEFAULT: usize = 200;
 /// The prove-it-bites runs: shorter workloads, and they stop at the first violation.
 const BITE_STEPS: usize = 100;
-/// Random crash states planned per crash point, besides the systematic ones.
-const RANDOM_STATES_PER_POINT: usize = 2;
+/// Random crash states planned per crash point, besides the systematic ones: the budget
+/// spread over the points, within these bounds.
+const RANDOM_STATES_PER_POINT_MIN: usize = 2;
+const RANDOM_STATES_PER_POINT_MAX: usize = 64;
 /// The WAL's segments: small, so the workload rotates and deletes them often.
 const SEGMENT_BYTES: u64 = 32 * 1024;
 /// The WAL's in-memory tail: smaller than the large entries.
@@ -1228,15 +1230,21 @@ struct Report {
     found: Vec<Found>,
 }
 
-/// The scratch directory crash states are built in: tmpfs when there is one.
+/// A scratch directory for one exploration's crash states (tests run in parallel): tmpfs
+/// when there is one.
 fn scratch_root() -> PathBuf {
+    static EXPLORATIONS: AtomicUsize = AtomicUsize::new(0);
+    let exploration = EXPLORATIONS.fetch_add(1, Ordering::SeqCst);
     let shm = Path::new("/dev/shm");
     let base = if shm.is_dir() {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
     };
-    base.join(format!("cairn-crash-points-{}", std::process::id()))
+    base.join(format!(
+        "cairn-crash-points-{}-{exploration}",
+        std::process::id()
+    ))
 }
 
 /// Plans, builds and checks crash states of `recording` (at most `budget`), with `workers`
@@ -1252,6 +1260,8 @@ fn explore(
     let history = &recording.history;
     let mut rng = rand::rngs::StdRng::seed_from_u64(recording.seed ^ 0x5EED_CAFE);
     let points = crash_state::sync_points(records);
+    let random_states = (budget / (points.len() * semantics.len()).max(1))
+        .clamp(RANDOM_STATES_PER_POINT_MIN, RANDOM_STATES_PER_POINT_MAX);
     // Plan every state, skipping those already planned at the same markers.
     let mut seen = HashSet::new();
     let mut candidates: Vec<Candidate> = Vec::new();
@@ -1261,8 +1271,7 @@ fn explore(
             let window = crash_state::window(records, point, semantics);
             let markers = expectations(records, point, history).markers;
             let mut random = || rng.random::<u64>();
-            for planned in crash_state::plan(records, &window, RANDOM_STATES_PER_POINT, &mut random)
-            {
+            for planned in crash_state::plan(records, &window, random_states, &mut random) {
                 planned_count += 1;
                 let digest = crash_state::build(records, &window, &planned.choice).digest();
                 if seen.insert((digest, markers)) {
@@ -1599,6 +1608,9 @@ fn crash_points_catch_a_log_that_skips_its_crc_checks() {
     );
 }
 
+/// Crash states checked around one snapshot install.
+const INSTALL_STATES: usize = 2000;
+
 /// The steps around one snapshot install: a log with a snapshot and a purge behind it, more
 /// entries committed, then a snapshot from a leader ahead of the log.
 const INSTALL_SCRIPT: [Step; 9] = [
@@ -1623,7 +1635,7 @@ fn explore_install(test: &str, order: InstallOrder) -> Vec<String> {
         &recording,
         &log_options(Switch::None),
         &BOTH,
-        usize::MAX,
+        INSTALL_STATES,
         usize::MAX,
     );
     println!("{}", summary(test, &recording, &report, started.elapsed()));
