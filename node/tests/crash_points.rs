@@ -101,7 +101,7 @@ const BITE_FULL_ENV: &str = "CAIRN_CRASH_POINTS_BITE_FULL";
 /// Crash states checked per exploration by default (both semantics together).
 const STATES_DEFAULT: usize = 4000;
 /// Workload steps by default.
-const STEPS_DEFAULT: usize = 200;
+const STEPS_DEFAULT: usize = 400;
 /// The prove-it-bites runs: shorter workloads, and they stop at the first violation.
 const BITE_STEPS: usize = 100;
 /// Random crash states planned per crash point, besides the systematic ones: the budget
