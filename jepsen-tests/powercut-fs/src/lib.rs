@@ -30,6 +30,11 @@
 //!   renamed or deleted name survives only an `fsync` of its directory (and a new directory
 //!   only an `fsync` of its parent).
 //!
+//! **Trace mode** ([`PowerCutHandle::start_trace`], module [`trace`]) records every mutating
+//! operation and every sync in order, with markers the test process inserts
+//! ([`TraceMarker`]); [`crash_state`] rebuilds from such a trace every file tree a disk could
+//! hold after a crash at any point (ALICE-style crash-point exploration).
+//!
 //! It is reusable: the library API is [`PowerCutFs::mount`] → [`PowerCutHandle`] with
 //! [`PowerCutHandle::cut_power`] and [`PowerCutHandle::unmount`]; the `cairn-powercut-fs` binary
 //! mounts one filesystem and cuts the power on `SIGUSR1` (see `src/main.rs`), so the jepsen
@@ -50,6 +55,8 @@
 //! - Every directory entry of the durable tree names an inode of the durable tree.
 //! - After a cut, the current tree equals the durable tree, restricted to what is reachable
 //!   from the root; a handle's epoch equals the epoch of the tree it was opened on.
+//! - Trace mode: an operation is recorded, under the state lock, after it changed the current
+//!   tree and before the kernel is answered; a failed operation is not recorded.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
