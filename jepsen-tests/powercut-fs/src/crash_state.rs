@@ -311,7 +311,7 @@ impl Choice {
     }
 
     /// The choice in words: what was kept beyond the durable part.
-    pub fn describe(&self, window: &Window, records: &[TraceRecord]) -> String {
+    pub fn describe(&self, window: &Window) -> String {
         let path = |ino: &u64| {
             window
                 .paths
@@ -363,7 +363,6 @@ impl Choice {
                     format!("#{position} {what}")
                 })
                 .collect();
-            let _ = records;
             parts.push(format!("data of {}: {}", path(ino), shown.join(", ")));
         }
         if parts.is_empty() {
@@ -684,7 +683,7 @@ fn random_tear(op: &TraceOp, random: &mut dyn FnMut() -> u64) -> Keep {
         return Keep::Lost;
     }
     loop {
-        let kept: Vec<bool> = (0..sectors).map(|_| random() % 2 == 0).collect();
+        let kept: Vec<bool> = (0..sectors).map(|_| random() & 1 == 0).collect();
         let count = kept.iter().filter(|k| **k).count();
         if count > 0 && count < sectors {
             return Keep::Torn(kept);
