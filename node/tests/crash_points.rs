@@ -224,15 +224,6 @@ impl History {
         self.versions.push(log);
         self.versions.len() - 1
     }
-
-    /// The incarnation at `index` equal to `entry`, if any.
-    fn incarnation(&self, index: u64, entry: &Entry) -> Option<usize> {
-        self.by_index
-            .get(&index)?
-            .iter()
-            .copied()
-            .find(|id| self.entries[*id] == *entry)
-    }
 }
 
 /// What the markers before a crash point claim.
@@ -292,7 +283,8 @@ enum Step {
     CommitAndApply,
     /// A new term, and its leader's entries replacing part of the uncommitted tail.
     NewLeaderOverwrites,
-    /// An explicit truncation of part of the uncommitted tail.
+    /// A new term, and an explicit truncation of part of the uncommitted tail (a new
+    /// leader's entries conflict; they follow with the next appends).
     Truncate,
     /// Commit and apply, build a snapshot, purge the log behind it (keeping 0–2 entries).
     SnapshotAndPurge,
@@ -642,6 +634,12 @@ impl Workload {
                 self.flush().await;
             }
             Step::Truncate if self.last > self.committed + 1 => {
+                // openraft truncates when a new leader's entries conflict: a new term, so the
+                // entries appended after it never repeat a log id of the ones removed.
+                self.term += 1;
+                self.leader_node = self.rng.random_range(1..=3);
+                self.vote(Vote::new_committed(self.term, self.leader_node))
+                    .await;
                 let from = self.rng.random_range(self.committed + 1..=self.last);
                 let version = self.history.lock().truncated(from);
                 let at = log_id(self.term, self.leader_node, from);
@@ -744,16 +742,34 @@ impl Workload {
         }
     }
 
+    /// Purges the log through `through`. Half the time (by the seed) an append of new
+    /// entries follows at once, queued while the purge is still in flight (openraft goes on
+    /// appending while the log purges): the I/O thread may take both in one group.
     async fn purge(&mut self, through: LogId<u64>) {
         {
             let mut history = self.history.lock();
             history.purge_max = history.purge_max.max(Some(through.index));
         }
-        self.log().purge(through).await.expect("purge");
+        let mut log = self.log().clone();
+        let purge = log.purge(through);
+        tokio::pin!(purge);
+        // Polled once: the purge is queued to the I/O thread before the append below.
+        let queued = futures::poll!(&mut purge);
+        if queued.is_pending() && self.rng.random_bool(0.5) {
+            let count = self.rng.random_range(1..=2);
+            self.append_from(through.index.max(self.last) + 1, count)
+                .await;
+            self.steps_done.push("append queued behind a purge");
+        }
+        match queued {
+            std::task::Poll::Ready(result) => result.expect("purge"),
+            std::task::Poll::Pending => purge.await.expect("purge"),
+        }
         self.purged = through.index;
         self.mark(Marker::Purged {
             index: through.index,
         });
+        self.flush().await;
     }
 
     /// The leader, ahead of this node's log, sends a snapshot: installed, then the log is
@@ -810,6 +826,7 @@ impl Workload {
             received.flush().await.expect("flush the received snapshot");
         }
         if self.install_order == InstallOrder::PurgeThenInstall {
+            self.last = self.last.max(snapshot_index);
             self.purge(snapshot_id).await;
         }
         self.state_machine()
@@ -819,12 +836,12 @@ impl Workload {
         self.mark(Marker::SnapshotDurable {
             index: snapshot_index,
         });
-        if self.install_order == InstallOrder::InstallThenPurge {
-            self.purge(snapshot_id).await;
-        }
         self.committed = snapshot_index;
         self.applied = snapshot_index;
-        self.last = snapshot_index;
+        if self.install_order == InstallOrder::InstallThenPurge {
+            self.last = snapshot_index;
+            self.purge(snapshot_id).await;
+        }
         self.history.lock().committed.push(snapshot_id);
         self.log()
             .save_committed(Some(snapshot_id))
@@ -1021,11 +1038,19 @@ async fn check_state(
     }
 
     // Every entry is one that was appended at its index, and not one a durable change removed.
+    // (Entries are compared by value: two incarnations may be equal, as two blank entries of
+    // one term and leader at one index.)
     let durable = &history.versions[expect.durable_version];
-    let mut found = BTreeMap::new();
+    let is = |id: usize, entry: &Entry| history.entries[id] == *entry;
+    let mut found: BTreeMap<u64, &Entry> = BTreeMap::new();
     for entry in &entries {
         let index = entry.log_id.index;
-        let Some(id) = history.incarnation(index, entry) else {
+        let candidates: Vec<usize> = history
+            .by_index
+            .get(&index)
+            .map(|ids| ids.iter().copied().filter(|id| is(*id, entry)).collect())
+            .unwrap_or_default();
+        if candidates.is_empty() {
             return Err(violation(
                 "no_garbage",
                 format!(
@@ -1033,10 +1058,12 @@ async fn check_state(
                     entry.log_id
                 ),
             ));
+        }
+        let removed = |id: usize| {
+            history.appeared_in[id] <= expect.durable_version
+                && durable.get(&index).is_none_or(|kept| !is(*kept, entry))
         };
-        let removed =
-            history.appeared_in[id] <= expect.durable_version && durable.get(&index) != Some(&id);
-        if removed {
+        if candidates.iter().all(|id| removed(*id)) {
             return Err(violation(
                 "no_garbage",
                 format!(
@@ -1045,20 +1072,16 @@ async fn check_state(
                 ),
             ));
         }
-        found.insert(index, id);
+        found.insert(index, entry);
     }
 
     // Every entry reported durable (above the purge point) is there.
     let floor = purged.unwrap_or(0);
+    let later = &history.versions[expect.durable_version + 1..];
     for (&index, &id) in durable.range(floor.saturating_add(1)..) {
-        // A truncation queued later (not yet reported durable) may have reached the disk.
-        let truncated_later = || {
-            history.versions[expect.durable_version + 1..]
-                .iter()
-                .any(|version| !version.contains_key(&index))
-        };
         match found.get(&index) {
-            None if truncated_later() => {}
+            // A truncation queued later (not yet reported durable) may have reached the disk.
+            None if later.iter().any(|version| !version.contains_key(&index)) => {}
             None => {
                 return Err(violation(
                     "durable_entries",
@@ -1068,12 +1091,18 @@ async fn check_state(
                     ),
                 ))
             }
-            Some(&present) if present != id && history.appeared_in[present] <= expect.durable_version => {
+            // So may a later append over it.
+            Some(present)
+                if !is(id, present)
+                    && !later
+                        .iter()
+                        .any(|version| version.get(&index).is_some_and(|v| is(*v, present))) =>
+            {
                 return Err(violation(
                     "durable_entries",
                     format!(
-                        "entry {index} should be {} (reported durable) but is an older {}",
-                        history.entries[id].log_id, history.entries[present].log_id
+                        "entry {index} should be {} (reported durable) but is {}, which no later append wrote",
+                        history.entries[id].log_id, present.log_id
                     ),
                 ))
             }
@@ -1082,23 +1111,25 @@ async fn check_state(
     }
 
     // The log is one the engine went through, no older than the last reported durable.
-    let above = |log: &BTreeMap<u64, usize>| -> BTreeMap<u64, usize> {
-        log.iter()
+    let same = |version: &BTreeMap<u64, usize>| {
+        let above: Vec<(&u64, &usize)> = version
+            .iter()
             .filter(|(index, _)| purged.is_none_or(|p| **index > p))
-            .map(|(index, id)| (*index, *id))
-            .collect()
+            .collect();
+        above.len() == found.len()
+            && above
+                .iter()
+                .zip(&found)
+                .all(|((index, id), (at, entry))| **index == *at && is(**id, entry))
     };
-    if !history.versions[expect.durable_version..]
-        .iter()
-        .any(|version| above(version) == found)
-    {
+    if !history.versions[expect.durable_version..].iter().any(same) {
         return Err(violation(
             "log_version",
             format!(
                 "the log above purge point {purged:?} ({:?}) is no log the engine went through since version {}",
                 found
-                    .iter()
-                    .map(|(index, id)| format!("{index}:{}", history.entries[*id].log_id.leader_id.term))
+                    .values()
+                    .map(|entry| entry.log_id.to_string())
                     .collect::<Vec<_>>(),
                 expect.durable_version
             ),
