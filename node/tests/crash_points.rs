@@ -102,8 +102,10 @@ const BITE_FULL_ENV: &str = "CAIRN_CRASH_POINTS_BITE_FULL";
 const STATES_DEFAULT: usize = 4000;
 /// Workload steps by default.
 const STEPS_DEFAULT: usize = 400;
-/// The prove-it-bites runs: shorter workloads, and they stop at the first violation.
+/// The prove-it-bites runs: shorter workloads, fewer states, and they stop at the first
+/// violation.
 const BITE_STEPS: usize = 100;
+const BITE_STATES: usize = 1000;
 /// Random crash states planned per crash point, besides the systematic ones: the budget
 /// spread over the points, within these bounds.
 const RANDOM_STATES_PER_POINT_MIN: usize = 2;
@@ -1594,7 +1596,7 @@ fn must_be_caught(test: &str, switch: Switch) {
         &recording,
         &log_options(switch),
         &BOTH,
-        budget(),
+        budget().min(BITE_STATES),
         stop_after,
     );
     println!("{}", summary(test, &recording, &report, started.elapsed()));
