@@ -1298,7 +1298,7 @@ fn explore(
             let mut random = || rng.random::<u64>();
             for planned in crash_state::plan(records, &window, random_states, &mut random) {
                 planned_count += 1;
-                let digest = crash_state::build(records, &window, &planned.choice).digest();
+                let digest = planned.choice.applied_digest(&window);
                 if seen.insert((digest, markers)) {
                     candidates.push(Candidate {
                         semantics,

@@ -310,6 +310,52 @@ impl Choice {
         }
     }
 
+    /// A digest of what this choice applies in `window`: per directory the length of the
+    /// prefix of its name changes, per file the changes kept (and how). Equal digests give
+    /// equal trees, also at different crash points of one trace (a change kept whole before
+    /// a sync and made durable by it count alike), so it skips states already planned
+    /// without building them. (Different digests may still give equal trees.)
+    pub fn applied_digest(&self, window: &Window) -> u64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        for (ino, changes) in &window.directories {
+            let kept = changes.durable
+                + self
+                    .directories
+                    .get(ino)
+                    .copied()
+                    .unwrap_or(0)
+                    .min(changes.unsynced().len());
+            if kept > 0 {
+                (ino, kept).hash(&mut hasher);
+            }
+        }
+        for (ino, changes) in &window.files {
+            let keeps = self.files.get(ino);
+            let keep_of = |k: usize| {
+                if k < changes.durable {
+                    &Keep::Whole
+                } else {
+                    keeps
+                        .and_then(|keeps| keeps.get(k - changes.durable))
+                        .unwrap_or(&Keep::Lost)
+                }
+            };
+            // The changes kept whole from the first on count as one prefix length.
+            let prefix = (0..changes.positions.len())
+                .take_while(|k| *keep_of(*k) == Keep::Whole)
+                .count();
+            (ino, prefix).hash(&mut hasher);
+            for k in prefix..changes.positions.len() {
+                match keep_of(k) {
+                    Keep::Lost => {}
+                    Keep::Whole => (changes.positions[k], 1u8).hash(&mut hasher),
+                    Keep::Torn(sectors) => (changes.positions[k], 2u8, sectors).hash(&mut hasher),
+                }
+            }
+        }
+        hasher.finish()
+    }
+
     /// The choice in words: what was kept beyond the durable part.
     pub fn describe(&self, window: &Window) -> String {
         let path = |ino: &u64| {
@@ -562,11 +608,16 @@ pub struct Planned {
 
 /// At most this many prefixes of one file's or directory's unsynced changes are planned.
 pub const PREFIXES_PER_ITEM_MAX: usize = 8;
+/// A window with at most this many combinations of its unsynced changes (each kept whole or
+/// lost) has every one of them planned.
+pub const EXHAUSTIVE_STATES_MAX: usize = 32;
 
 /// The crash states to check at one window: nothing kept; everything kept; for each
 /// directory, prefixes of its unsynced name changes (everything else kept); for each file,
 /// prefixes of its unsynced changes with the next one torn at random sectors (everything
-/// else kept); and `random_states` random subsets. `random` is the caller's seeded source.
+/// else kept); every combination of changes kept whole or lost, when there are at most
+/// [`EXHAUSTIVE_STATES_MAX`]; and `random_states` random subsets. `random` is the caller's
+/// seeded source.
 pub fn plan(
     records: &[TraceRecord],
     window: &Window,
@@ -623,6 +674,7 @@ pub fn plan(
             });
         }
     }
+    planned.extend(exhaustive(window));
     for n in 0..random_states {
         let mut choice = Choice::default();
         for (ino, changes) in &window.directories {
@@ -654,6 +706,64 @@ pub fn plan(
         });
     }
     planned
+}
+
+/// Every combination of a window's unsynced changes, each kept whole or lost (a prefix per
+/// directory), when there are at most [`EXHAUSTIVE_STATES_MAX`]; none otherwise.
+fn exhaustive(window: &Window) -> Vec<Planned> {
+    // One digit per directory (its prefix length) and per unsynced file change (kept or not).
+    let mut radixes: Vec<(Digit, usize)> = Vec::new();
+    for (ino, changes) in &window.directories {
+        let unsynced = changes.unsynced().len();
+        if unsynced > 0 {
+            radixes.push((Digit::Directory(*ino), unsynced + 1));
+        }
+    }
+    for (ino, changes) in &window.files {
+        for k in 0..changes.unsynced().len() {
+            radixes.push((Digit::FileChange(*ino, k), 2));
+        }
+    }
+    let combinations = radixes
+        .iter()
+        .try_fold(1usize, |product, (_, radix)| product.checked_mul(*radix))
+        .unwrap_or(usize::MAX);
+    if combinations > EXHAUSTIVE_STATES_MAX {
+        return Vec::new();
+    }
+    (0..combinations)
+        .map(|mut number| {
+            let mut choice = Choice::default();
+            for (digit, radix) in &radixes {
+                let value = number % radix;
+                number /= radix;
+                match digit {
+                    Digit::Directory(ino) => {
+                        choice.directories.insert(*ino, value);
+                    }
+                    Digit::FileChange(ino, k) => {
+                        let unsynced = window.files[ino].unsynced().len();
+                        let keeps = choice
+                            .files
+                            .entry(*ino)
+                            .or_insert_with(|| vec![Keep::Lost; unsynced]);
+                        keeps[*k] = if value == 1 { Keep::Whole } else { Keep::Lost };
+                    }
+                }
+            }
+            Planned {
+                class: PlanClass::Systematic,
+                label: "one of every combination".to_string(),
+                choice,
+            }
+        })
+        .collect()
+}
+
+/// What one digit of [`exhaustive`]'s counter stands for.
+enum Digit {
+    Directory(u64),
+    FileChange(u64, usize),
 }
 
 /// Up to [`PREFIXES_PER_ITEM_MAX`] prefix lengths of `0..=len`, spread evenly, always with
@@ -871,6 +981,68 @@ mod tests {
                 .into_iter()
                 .collect();
         assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn a_small_window_plans_every_combination() {
+        // Two unsynced writes to one file and one unsynced create: 2 x 2 x 2 combinations,
+        // each among the planned states.
+        let records = vec![
+            create(ROOT, "a", 2, false),
+            sync(2),
+            sync_dir(ROOT),
+            write(2, 0, b"x"),
+            write(2, 1, b"y"),
+            create(ROOT, "b", 3, false),
+        ];
+        let window = window(&records, records.len(), Semantics::StrictDirectories);
+        let mut random = || 4u64;
+        let trees: BTreeSet<Vec<(PathBuf, Option<Vec<u8>>)>> =
+            plan(&records, &window, 0, &mut random)
+                .iter()
+                .map(|planned| {
+                    build(&records, &window, &planned.choice)
+                        .nodes
+                        .into_iter()
+                        .collect()
+                })
+                .collect();
+        for a in [&b""[..], b"x", b"\0y", b"xy"] {
+            for b in [false, true] {
+                let mut expected = vec![(PathBuf::from("a"), Some(a.to_vec()))];
+                if b {
+                    expected.push((PathBuf::from("b"), Some(Vec::new())));
+                }
+                assert!(trees.contains(&expected), "{a:?} {b}: {trees:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn equal_applied_digests_give_equal_trees_across_points() {
+        // A write kept whole before its sync and the same write made durable by it: one
+        // digest, one tree; a lost write: another digest.
+        let records = vec![
+            create(ROOT, "a", 2, false),
+            sync(2),
+            write(2, 0, b"x"),
+            sync(2),
+        ];
+        let before = window(&records, 3, Semantics::FileSyncNamesFile);
+        let after = window(&records, 4, Semantics::FileSyncNamesFile);
+        let kept = Choice::everything(&before);
+        assert_eq!(
+            kept.applied_digest(&before),
+            Choice::default().applied_digest(&after)
+        );
+        assert_eq!(
+            build(&records, &before, &kept),
+            build(&records, &after, &Choice::default())
+        );
+        assert_ne!(
+            Choice::default().applied_digest(&before),
+            Choice::default().applied_digest(&after)
+        );
     }
 
     #[test]
