@@ -428,11 +428,13 @@ fn wait_for_sled_lock_release(path: &Path) -> Result<(), LogError> {
 
 /// Removes what a crash can leave half written in the sled database at `path` and sled 0.34
 /// would refuse as corrupt on every open (no other process may have it open):
-/// - a snapshot still named `snap.<lsn>.generating`: sled writes one on every close (and
-///   every million operations), syncs it and only then renames it to `snap.<lsn>`; its
-///   recovery reads the newest `snap.*` file, an unfinished one included. The finished one
-///   before it, which sled removes only after the rename, is still there (names of one
-///   directory survive in the order they changed), and sled replays its log from it;
+/// - a snapshot still named `snap.<lsn>.generating` that fails sled's own check (its last
+///   4 bytes, the crc32 of all but its last 12): sled writes one on every close (and every
+///   million operations), syncs it and only then renames it to `snap.<lsn>`; its recovery
+///   reads the newest `snap.*` file, an unfinished one included. The finished one before
+///   it, which sled removes only after the rename, is still there (names of one directory
+///   survive in the order they changed), and sled replays its log from it. A whole one is
+///   left: sled reads it;
 /// - its `conf` (the storage parameters, written once when sled creates the database, never
 ///   synced by sled) when its crc32 does not match: sled writes it anew from the
 ///   configuration, which [`SledEngine`] never changes.
@@ -448,7 +450,8 @@ fn clear_crash_leftovers(path: &Path, fsync_directory: bool) -> Result<(), LogEr
     for item in listing {
         let item = item.map_err(|e| LogError::io(format!("list {}", path.display()), e))?;
         let name = item.file_name().to_string_lossy().into_owned();
-        let leftover = if name.starts_with("snap.") && name.ends_with(".generating") {
+        let unfinished = name.starts_with("snap.") && name.ends_with(".generating");
+        let leftover = if unfinished && !snapshot_is_whole(&item.path()) {
             Some("an unfinished snapshot")
         } else if name == SLED_CONFIG_FILE_NAME && !config_is_whole(&item.path()) {
             Some("a torn configuration file")
@@ -466,6 +469,20 @@ fn clear_crash_leftovers(path: &Path, fsync_directory: bool) -> Result<(), LogEr
         crate::lock::fsync_directory(path)?;
     }
     Ok(())
+}
+
+/// Whether the sled snapshot file at `path` passes sled's check: more than 12 bytes, the
+/// last 4 the little-endian crc32 of all but the last 12 (the 8 before them are a length).
+fn snapshot_is_whole(path: &Path) -> bool {
+    match std::fs::read(path) {
+        Ok(bytes) if bytes.len() > 12 => {
+            let crc = &bytes[bytes.len() - 4..];
+            crc32fast::hash(&bytes[..bytes.len() - 12]).to_le_bytes() == crc
+        }
+        Ok(_) => false,
+        // Unreadable: left to sled, which reports it.
+        Err(_) => true,
+    }
 }
 
 /// Whether sled's `conf` at `path` is whole: its last 4 bytes are the little-endian crc32 of
@@ -576,6 +593,22 @@ mod tests {
         let engine = SledEngine::open(&path, false).expect("the torn snapshot is ignored");
         assert_eq!(engine.get_meta("k").expect("get"), Some(b"v".to_vec()));
         assert!(!generating.exists(), "removed");
+        drop(engine);
+        // A whole one (synced, its rename lost) is sled's to read: left in place.
+        let mut finished: Vec<PathBuf> = std::fs::read_dir(&path)
+            .expect("list")
+            .flatten()
+            .map(|item| item.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+            })
+            .collect();
+        finished.sort();
+        let newest = finished.pop().expect("sled snapshots on close");
+        std::fs::copy(&newest, &generating).expect("a whole unfinished snapshot");
+        let engine = SledEngine::open(&path, false).expect("a whole snapshot opens");
+        assert_eq!(engine.get_meta("k").expect("get"), Some(b"v".to_vec()));
     }
 
     #[test]
