@@ -47,6 +47,8 @@ pub struct Scenario {
     /// Run the scoped set workload on an authenticated cluster instead
     /// ([`crate::scoped`]: two tokens with disjoint scopes).
     pub auth: bool,
+    /// At most this many nemesis rounds (`None`: rounds until the duration is over).
+    pub rounds_max: Option<usize>,
 }
 
 /// A node broken on purpose: one `--unsafe-*` switch of `cairn agent`, and the scenario
@@ -127,6 +129,7 @@ impl BrokenMode {
             seed,
             broken: Some(self),
             auth: false,
+            rounds_max: None,
         }
     }
 }
@@ -147,7 +150,8 @@ pub struct Minimums {
 impl Minimums {
     /// The minimums of a 3- or 5-node scenario of at least 16 s. The clock nemesis
     /// restarts each node it skews, so its rounds are long: one fault is enough; the
-    /// watch workload's only reads are its final reads (one per key).
+    /// watch workload's only reads are its final reads (one per key); a kill loop kills in
+    /// every round, and a loop of fewer than 5 kills is not one.
     pub fn of(workload: WorkloadKind, nemesis: NemesisKind) -> Minimums {
         Minimums {
             acknowledged_writes: 100,
@@ -156,7 +160,11 @@ impl Minimums {
             } else {
                 30
             },
-            faults: if nemesis == NemesisKind::Clock { 1 } else { 2 },
+            faults: match nemesis {
+                NemesisKind::Clock => 1,
+                NemesisKind::KillLoop | NemesisKind::OomKillLoop => 5,
+                _ => 2,
+            },
         }
     }
 }
@@ -237,8 +245,8 @@ pub struct RunEnvironment {
     pub check_budget: Duration,
 }
 
-/// The short suite: at least six scenarios on 3 nodes, the last one under
-/// authentication ([`auth_scenario`]).
+/// The short suite: at least six scenarios on 3 nodes, one under authentication
+/// ([`auth_scenario`]), the last two kill loops ([`kill_loop_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     // Every nemesis at least once, each with a checker that sees what it can break:
     // stale or lost values (register, append), lost or resurrected elements (set), gaps
@@ -267,12 +275,59 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             seed: seed.wrapping_add(i as u64 * 7919),
             broken: None,
             auth: false,
+            rounds_max: None,
         })
         .chain(std::iter::once(Scenario {
             name: "12-set-auth-partition-kill-transfer".into(),
             ..auth_scenario(seed.wrapping_add(11 * 7919))
         }))
+        .chain([
+            Scenario {
+                name: "13-set-kill-loop".into(),
+                ..kill_loop_scenario(
+                    NemesisKind::KillLoop,
+                    3,
+                    CI_KILL_LOOP_ROUNDS,
+                    seed.wrapping_add(12 * 7919),
+                )
+            },
+            Scenario {
+                name: "14-set-oom-kill-loop".into(),
+                ..kill_loop_scenario(
+                    NemesisKind::OomKillLoop,
+                    3,
+                    CI_KILL_LOOP_ROUNDS,
+                    seed.wrapping_add(13 * 7919),
+                )
+            },
+        ])
         .collect()
+}
+
+/// Rounds of each kill loop of `ci` (two of them install rounds).
+pub const CI_KILL_LOOP_ROUNDS: usize = 8;
+/// Rounds of each kill loop of `soak`.
+pub const SOAK_KILL_LOOP_ROUNDS: usize = 30;
+
+/// A kill loop (`kill` is [`NemesisKind::KillLoop`] or [`NemesisKind::OomKillLoop`]) of at
+/// most `rounds` rounds on `nodes` nodes, with the set workload of large entries
+/// ([`nemesis::kill_loop`]). Its duration bounds the rounds too: about 5 s a round, 15 s
+/// an install round.
+pub fn kill_loop_scenario(kill: NemesisKind, nodes: usize, rounds: usize, seed: u64) -> Scenario {
+    assert!(kill.is_kill_loop(), "{} is no kill loop", kill.name());
+    let install_rounds = rounds / nemesis::kill_loop::INSTALL_ROUND_EVERY;
+    let seconds = 5 * (rounds - install_rounds) + 15 * install_rounds;
+    Scenario {
+        name: format!("set-{}", kill.name()),
+        workload: WorkloadKind::Set,
+        nemesis: kill,
+        nodes,
+        duration: Duration::from_secs(seconds as u64),
+        seed,
+        broken: None,
+        auth: false,
+        rounds_max: Some(rounds),
+    }
 }
 
 /// The scenario under authentication: two tokens with disjoint scopes run
@@ -288,6 +343,7 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         seed,
         broken: None,
         auth: true,
+        rounds_max: None,
     }
 }
 
@@ -439,6 +495,20 @@ async fn run_scenario_inner(
         torn_writes_seed: Some(scenario.seed),
         strict_directories: true,
     };
+    if scenario.nemesis.is_kill_loop() {
+        // Large entries, a snapshot every 100 entries ([`nemesis::kill_loop`]).
+        use nemesis::kill_loop;
+        options.snapshot_log_entries = kill_loop::SNAPSHOT_LOG_ENTRIES;
+        options.extra_args.extend([
+            "--snapshot-log-bytes".to_owned(),
+            kill_loop::SNAPSHOT_LOG_BYTES.to_string(),
+            "--history-changes-max".to_owned(),
+            kill_loop::HISTORY_CHANGES_MAX.to_string(),
+        ]);
+    }
+    if scenario.nemesis == NemesisKind::OomKillLoop {
+        options.memory_limit_bytes = Some(nemesis::kill_loop::MEMORY_LIMIT_BYTES);
+    }
     options.die_with_parent = true;
     options.log_level = "info".into();
     if let Some(mode) = scenario.broken {
@@ -451,6 +521,16 @@ async fn run_scenario_inner(
     let mut workload_options = WorkloadOptions::new(scenario.workload, rng.random());
     if scenario.nodes >= 5 {
         workload_options.processes = 10;
+    }
+    if scenario.nemesis.is_kill_loop() {
+        use nemesis::kill_loop;
+        workload_options.payload_bytes = kill_loop::PAYLOAD_BYTES;
+        workload_options.padded_elements_max = kill_loop::PADDED_ELEMENTS_MAX;
+        workload_options.processes = if scenario.nodes >= 5 {
+            kill_loop::PROCESSES + 2
+        } else {
+            kill_loop::PROCESSES
+        };
     }
     let lifetimes = workload::NodeLifetimes::new(cluster.lifetimes(), cluster.ids());
     let mut workload = Workload::start(workload_options, &endpoints, lifetimes);
@@ -469,6 +549,8 @@ async fn run_scenario_inner(
                 .collect(),
         }),
         restores: Default::default(),
+        kill_loop: Default::default(),
+        rounds_max: scenario.rounds_max,
     };
     cx.log.note(format!(
         "cluster of {} up, leader {first_leader}",
@@ -897,7 +979,8 @@ pub fn write_summary(
 }
 
 /// The soak plan: scenario `i` of a 5-node soak (every nemesis in turn, a
-/// random workload each; the watch workload with compaction).
+/// random workload each; the watch workload with compaction; the kill loops with the set
+/// workload of large entries, [`SOAK_KILL_LOOP_ROUNDS`] rounds, about 3 minutes).
 pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(i as u64 * 104_729));
     let nemesis = NemesisKind::ALL[i % NemesisKind::ALL.len()];
@@ -908,6 +991,12 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         NemesisKind::RestoreKill => WorkloadKind::Set,
         _ => *WorkloadKind::ALL.choose(&mut rng).expect("workloads"),
     };
+    if nemesis.is_kill_loop() {
+        return Scenario {
+            name: format!("{:03}-set-{}", i + 1, nemesis.name()),
+            ..kill_loop_scenario(nemesis, 5, SOAK_KILL_LOOP_ROUNDS, rng.random())
+        };
+    }
     Scenario {
         name: format!("{:03}-{}-{}", i + 1, workload.name(), nemesis.name()),
         workload,
@@ -917,6 +1006,7 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         seed: rng.random(),
         broken: None,
         auth: false,
+        rounds_max: None,
     }
 }
 
@@ -952,6 +1042,14 @@ mod tests {
             // Only the set checker models a restore.
             if s.nemesis == NemesisKind::RestoreKill {
                 assert_eq!(s.workload, WorkloadKind::Set, "{}", s.name);
+            }
+            // The kill loops run the set workload of large entries, for a bounded number
+            // of rounds.
+            if s.nemesis.is_kill_loop() {
+                assert_eq!(s.workload, WorkloadKind::Set, "{}", s.name);
+                assert!(s.rounds_max.is_some(), "{}", s.name);
+            } else {
+                assert_eq!(s.rounds_max, None, "{}", s.name);
             }
             assert_eq!(s.broken, None, "{}", s.name);
         }
