@@ -208,6 +208,13 @@ pub fn shortfall(scenario: &Scenario, history: &crate::History, faults: usize) -
     (!short.is_empty()).then(|| format!("too little work to count: {}", short.join(", ")))
 }
 
+/// The nodes' `--log-level`: `info`, or `JEPSEN_NODE_LOG_LEVEL` (e.g.
+/// `info,openraft::engine::handler::following_handler=debug` logs every truncation of a
+/// follower's log, `truncate_logs since=N`).
+pub fn node_log_level() -> String {
+    std::env::var("JEPSEN_NODE_LOG_LEVEL").unwrap_or_else(|_| "info".into())
+}
+
 /// Whether a skipped scenario is a failure: under `CI=true` (CI must run everything,
 /// so a missing package or privilege is an error there, not a reason to pass).
 pub fn skip_is_failure() -> bool {
@@ -304,8 +311,8 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
         .collect()
 }
 
-/// Rounds of each kill loop of `ci` (two of them install rounds).
-pub const CI_KILL_LOOP_ROUNDS: usize = 8;
+/// Rounds of each kill loop of `ci` (three of them install rounds).
+pub const CI_KILL_LOOP_ROUNDS: usize = 12;
 /// Rounds of each kill loop of `soak`.
 pub const SOAK_KILL_LOOP_ROUNDS: usize = 30;
 
@@ -510,7 +517,7 @@ async fn run_scenario_inner(
         options.memory_limit_bytes = Some(nemesis::kill_loop::MEMORY_LIMIT_BYTES);
     }
     options.die_with_parent = true;
-    options.log_level = "info".into();
+    options.log_level = node_log_level();
     if let Some(mode) = scenario.broken {
         options.extra_args.extend(mode.flags());
     }
