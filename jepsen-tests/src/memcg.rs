@@ -169,8 +169,7 @@ impl MemoryCgroup {
             Version::V1 => "rss",
             Version::V2 => "anon",
         };
-        keyed_value(&read(&file)?, key)
-            .ok_or_else(|| format!("no `{key}` in {}", file.display()))
+        keyed_value(&read(&file)?, key).ok_or_else(|| format!("no `{key}` in {}", file.display()))
     }
 
     /// How many processes of this cgroup the kernel's OOM killer has killed.
@@ -234,7 +233,10 @@ pub fn cleanup_stale() -> Vec<String> {
             continue;
         }
         let procs = read(&entry.path().join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+        for pid in procs
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
             // SAFETY: kill(2) on a process inside a cgroup a dead run of ours created.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);

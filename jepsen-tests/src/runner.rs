@@ -303,7 +303,7 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
                 ..kill_loop_scenario(
                     NemesisKind::OomKillLoop,
                     3,
-                    CI_KILL_LOOP_ROUNDS,
+                    CI_OOM_KILL_LOOP_ROUNDS,
                     seed.wrapping_add(13 * 7919),
                 )
             },
@@ -311,8 +311,11 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
         .collect()
 }
 
-/// Rounds of each kill loop of `ci` (three of them install rounds).
+/// Rounds of the kill loop of `ci` (three of them install rounds).
 pub const CI_KILL_LOOP_ROUNDS: usize = 12;
+/// Rounds of the oom-kill loop of `ci` (two of them install rounds): the kernel takes up to
+/// seconds to kill.
+pub const CI_OOM_KILL_LOOP_ROUNDS: usize = 8;
 /// Rounds of each kill loop of `soak`.
 pub const SOAK_KILL_LOOP_ROUNDS: usize = 30;
 

@@ -162,8 +162,7 @@ impl WorkloadOptions {
 /// `len` random characters from a 64-letter alphabet (6 bits of entropy each): padding
 /// that no compression along the way can shrink much.
 fn padding(rng: &mut StdRng, len: usize) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut bytes = vec![0u8; len];
     rng.fill(&mut bytes[..]);
     bytes
@@ -516,9 +515,9 @@ impl Workload {
             while !done && tokio::time::Instant::now() < deadline {
                 done = match kind {
                     WorkloadKind::Set => {
-                    let page = self.options.list_page_limit();
-                    set_read(client, &self.recorder, u64::MAX, &name, page).await
-                }
+                        let page = self.options.list_page_limit();
+                        set_read(client, &self.recorder, u64::MAX, &name, page).await
+                    }
                     WorkloadKind::Register | WorkloadKind::Append | WorkloadKind::Watch => {
                         value_read(client, &self.recorder, u64::MAX, kind, &name).await
                     }

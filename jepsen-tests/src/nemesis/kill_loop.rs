@@ -21,7 +21,7 @@
 //!   shows, a random moment (the log says which moment each kill hit);
 //! - the kill: `kill -9` by the harness ([`Killer::Signal`]), or by the kernel
 //!   ([`Killer::Kernel`]): the victim's cgroup limit is lowered to its anonymous memory plus
-//!   a few MiB, so that its next allocation burst (a batch of entries, a snapshot, an
+//!   0.5–3 MiB, so that its next allocation burst (a batch of entries, a snapshot, an
 //!   install) exceeds it, and the harness waits for the OOM killer's `SIGKILL` (counted by
 //!   the cgroup's `oom_kill`), then raises the limit again, as an operator would before
 //!   restarting it. A kernel that does not kill within [`KERNEL_KILL_WAIT`] is helped by a
@@ -130,6 +130,9 @@ pub enum Moment {
     Rotation,
     /// A segment file gone: the log purged.
     Purge,
+    /// A follower the leader has purged its log past, restarted and recovered (it answers
+    /// Status): a snapshot to receive and install next (the oom loop's install rounds).
+    InstallDue,
     /// None of the wanted moments within the wait: a random moment.
     Random,
 }
@@ -141,6 +144,7 @@ impl Moment {
             Moment::Install => "snapshot install",
             Moment::Rotation => "segment rotation",
             Moment::Purge => "segment purge",
+            Moment::InstallDue => "recovered, a snapshot install due",
             Moment::Random => "random moment",
         }
     }
@@ -159,8 +163,11 @@ pub struct KillLoopRounds {
     pub signal_kills: usize,
     /// Restarts that stayed up and caught up.
     pub restarts: usize,
-    /// Install rounds whose restarted follower showed `incoming.part`.
+    /// Install rounds whose restarted follower showed `incoming.part` (kill loop), or died
+    /// with it present (oom loop).
     pub installs_seen: usize,
+    /// Kernel kills with a snapshot `.tmp` or `incoming.part` present at the death.
+    pub kernel_kills_during_snapshot_io: usize,
     pub install_rounds: usize,
 }
 
@@ -198,7 +205,7 @@ fn moment_shown(before: &DirView, now: &DirView, wanted: &[Moment]) -> Option<Mo
         Moment::Install => now.incoming,
         Moment::Rotation => now.segments.difference(&before.segments).next().is_some(),
         Moment::Purge => before.segments.difference(&now.segments).next().is_some(),
-        Moment::Random => false,
+        Moment::InstallDue | Moment::Random => false,
     })
 }
 
@@ -207,11 +214,14 @@ fn moment_shown(before: &DirView, now: &DirView, wanted: &[Moment]) -> Option<Mo
 fn visible_now(data_dir: &Path) -> &'static str {
     let view = look(data_dir);
     match (view.snapshot_tmp, view.incoming) {
-        (_, true) => "incoming.part present",
+        (_, true) => INCOMING_PRESENT,
         (true, false) => "a snapshot .tmp present",
-        (false, false) => "no snapshot file being written",
+        (false, false) => NO_SNAPSHOT_IO,
     }
 }
+
+const INCOMING_PRESENT: &str = "incoming.part present";
+const NO_SNAPSHOT_IO: &str = "no snapshot file being written";
 
 /// Polls node `id`'s data dir until one of `wanted` shows, `bound` passes, or the node
 /// exits by itself (then an error with its log).
@@ -295,7 +305,7 @@ async fn take_down(
     }
 }
 
-/// Lowers `victim`'s memory limit to its anonymous memory plus 1–6 MiB (again every 2.5 s,
+/// Lowers `victim`'s memory limit to its anonymous memory plus 0.5–3 MiB (again every 2.5 s,
 /// as its heap changes) until the kernel OOM-kills it; `kill -9` after
 /// [`KERNEL_KILL_WAIT`]. The limit is raised again once it is dead.
 async fn kernel_kill(cx: &mut NemesisContext<'_>, victim: u64) -> Result<Kill, String> {
@@ -322,7 +332,7 @@ async fn kernel_kill(cx: &mut NemesisContext<'_>, victim: u64) -> Result<Kill, S
             break None;
         }
         if now >= next_lowering {
-            let margin = cx.rng.random_range(1..=6u64) * 1024 * 1024;
+            let margin = cx.rng.random_range(512..=3072u64) * 1024;
             let cgroup = cx.cluster.memory_cgroup(victim).expect("checked above");
             anonymous = cgroup.anonymous_bytes().map_err(cgroup_error)?;
             lowered_to = anonymous + margin;
@@ -358,6 +368,12 @@ async fn kernel_kill(cx: &mut NemesisContext<'_>, victim: u64) -> Result<Kill, S
                 ));
             }
             cx.kill_loop.kernel_kills += 1;
+            if at_death != NO_SNAPSHOT_IO {
+                cx.kill_loop.kernel_kills_during_snapshot_io += 1;
+            }
+            if at_death == INCOMING_PRESENT {
+                cx.kill_loop.installs_seen += 1;
+            }
             format!(
                 "OOM-killed by the kernel {} ms after its limit was lowered to {} MiB (heap {} \
                  MiB; {at_death})",
@@ -493,10 +509,7 @@ pub async fn round(
 
 /// Waits until a node other than `victim` (a killed leader) leads; `None` after
 /// [`NEW_LEADER_WAIT`]. Fails if a node exits by itself meanwhile.
-async fn wait_new_leader(
-    cx: &mut NemesisContext<'_>,
-    victim: u64,
-) -> Result<Option<u64>, String> {
+async fn wait_new_leader(cx: &mut NemesisContext<'_>, victim: u64) -> Result<Option<u64>, String> {
     let deadline = Instant::now() + NEW_LEADER_WAIT;
     while Instant::now() < deadline {
         check_all_running(cx.cluster)?;
@@ -522,17 +535,25 @@ async fn install_round(
     };
     let followers = cx.cluster.ids_except(leader);
     let victim = *followers.choose(&mut cx.rng).expect("a follower");
-    let last_log_index = cx
-        .cluster
-        .status(victim)
-        .await
-        .map_or(0, |s| s.last_log_index);
     let kill = take_down(cx, victim, killer).await?;
-    *cx.kill_loop.kills_by_moment.entry(Moment::Random).or_default() += 1;
+    // The victim's log ends at or before the leader's (read once the victim is gone: the
+    // kernel may take seconds to kill it).
+    let last_log_index = match cx.cluster.leader().await {
+        Some(leader) => cx
+            .cluster
+            .status(leader)
+            .await
+            .map_or(0, |s| s.last_log_index),
+        None => 0,
+    };
+    *cx.kill_loop
+        .kills_by_moment
+        .entry(Moment::Random)
+        .or_default() += 1;
     cx.log.faults += 1;
     cx.log.note(format!(
-        "round {round} (install): node {victim} (a follower, last log index {last_log_index}) \
-         {}; {} at: {}; kept down until the leader purges past it",
+        "round {round} (install): node {victim} (a follower) {}; {} at: {}; kept down until \
+         the leader purges past its last log index {last_log_index}",
         kill.how,
         killer.acted(),
         Moment::Random.name()
@@ -548,6 +569,39 @@ async fn install_round(
         )),
     }
     cx.cluster.spawn(victim);
+    if killer == Killer::Kernel {
+        // The kernel kills when the node next allocates more than a few MiB: lowered once the
+        // restarted node has recovered (it answers Status), the limit is hit by the snapshot
+        // it must receive and install (a copy of the whole state), if by nothing sooner.
+        let deadline = Instant::now() + INSTALL_WAIT;
+        while cx.cluster.status(victim).await.is_none() && Instant::now() < deadline {
+            if let Some(status) = cx.cluster.exited(victim) {
+                return Err(exit_report(cx.cluster, victim, status));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let kill = take_down(cx, victim, killer).await?;
+        *cx.kill_loop
+            .kills_by_moment
+            .entry(Moment::InstallDue)
+            .or_default() += 1;
+        cx.log.faults += 1;
+        cx.log.note(format!(
+            "round {round} (install): node {victim} {}; {} at: {}",
+            kill.how,
+            killer.acted(),
+            Moment::InstallDue.name()
+        ));
+        tokio::time::sleep(millis(&mut cx.rng, (200, 1000))).await;
+        cx.cluster.spawn(victim);
+        let (applied, took) = catch_up(cx, victim).await?;
+        cx.log.note(format!(
+            "round {round} (install): node {victim} restarted and caught up (applied {applied}) \
+             in {:.1} s",
+            took.as_secs_f64()
+        ));
+        return Ok(());
+    }
     let moment = wait_for_moment(cx.cluster, victim, &[Moment::Install], INSTALL_WAIT).await?;
     if moment != Moment::Install {
         cx.log.note(format!(
@@ -568,12 +622,18 @@ async fn install_round(
             tokio::time::sleep(POLL).await;
         }
         let when = if look(&data_dir).incoming {
-            format!("incoming.part present, {} ms after it showed", delay.as_millis())
+            format!(
+                "incoming.part present, {} ms after it showed",
+                delay.as_millis()
+            )
         } else {
             "just after incoming.part was renamed into place".into()
         };
         let kill = take_down(cx, victim, killer).await?;
-        *cx.kill_loop.kills_by_moment.entry(Moment::Install).or_default() += 1;
+        *cx.kill_loop
+            .kills_by_moment
+            .entry(Moment::Install)
+            .or_default() += 1;
         cx.log.faults += 1;
         cx.log.note(format!(
             "round {round} (install): node {victim} {}; {} at: {} ({when})",
@@ -631,10 +691,12 @@ pub fn finish(cx: &mut NemesisContext<'_>, killer: Killer) -> Result<(), String>
         .collect();
     let kills: usize = counts.kills_by_moment.values().sum();
     let summary = format!(
-        "kill loop: {kills} kills ({} of the leader; {} by the kernel, {} kill -9), by moment: \
-         {}; {} restarts caught up; install rounds {}, incoming.part seen in {}",
+        "kill loop: {kills} kills ({} of the leader; {} by the kernel ({} with a snapshot being \
+         written or received), {} kill -9), by moment: {}; {} restarts caught up; install \
+         rounds {}, incoming.part seen in {}",
         counts.leader_kills,
         counts.kernel_kills,
+        counts.kernel_kills_during_snapshot_io,
         counts.signal_kills,
         moments.join(", "),
         counts.restarts,
@@ -675,7 +737,10 @@ mod tests {
         ];
         assert_eq!(moment_shown(&before, &before, &all), None);
         let rotated = view(false, false, &["1.wal", "2.wal", "3.wal"]);
-        assert_eq!(moment_shown(&before, &rotated, &all), Some(Moment::Rotation));
+        assert_eq!(
+            moment_shown(&before, &rotated, &all),
+            Some(Moment::Rotation)
+        );
         assert_eq!(moment_shown(&before, &rotated, &[Moment::Purge]), None);
         let purged = view(false, false, &["2.wal"]);
         assert_eq!(moment_shown(&before, &purged, &all), Some(Moment::Purge));
