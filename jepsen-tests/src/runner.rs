@@ -8,8 +8,12 @@
 //! fault, stop the workload, wait for convergence, do the final reads, check
 //! the history, and write `history.jsonl` (plus `watch.jsonl`), `nemesis.log`,
 //! `check.txt` and the node logs into the scenario's folder. A scenario whose
-//! nemesis cannot run here (not root, no FUSE, no libfaketime) is *skipped*
-//! with its reason printed — never counted as passed.
+//! nemesis cannot run here (not root, no FUSE, no libfaketime, no memory cgroup) is
+//! *skipped* with its reason printed — never counted as passed.
+//!
+//! The kill loops ([`kill_loop_scenario`], [`nemesis::kill_loop`]) run the set workload
+//! with 256 KiB of padding per element on nodes that snapshot every 100 entries and keep a
+//! history of 256 changes; the oom loop's nodes each run in a memory cgroup.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -37,9 +37,10 @@
 //! Every [`INSTALL_ROUND_EVERY`]th round is an *install round*: a follower is taken down
 //! and kept down until the leader has purged its log past the follower's last entry (so the
 //! leader must send it a snapshot), then restarted, and killed again as soon as
-//! `snapshots/incoming.part` shows (a snapshot from the leader being received or installed)
-//! — sometimes at once, sometimes up to 300 ms later or just after the file is renamed into
-//! place. This probes openraft 0.9 purging the log through the snapshot's index as soon as
+//! `snapshots/incoming.part` shows (a snapshot from the leader being received or installed):
+//! at once (chunks arriving), once the file has kept its size for [`INCOMING_STILL`] (every
+//! chunk received, the install running), or 1–300 ms later (or just after the file is
+//! renamed into place), a third of the time each. This probes openraft 0.9 purging the log through the snapshot's index as soon as
 //! it hands the snapshot to the state machine: a node killed in between could be left with
 //! a log purged past every snapshot file, and refuse to start.
 //!
@@ -86,6 +87,9 @@ pub const POLL: Duration = Duration::from_millis(2);
 pub const MOMENT_WAIT: Duration = Duration::from_secs(3);
 /// How long a killed leader stays down, at most, waiting for another node to lead.
 pub const NEW_LEADER_WAIT: Duration = Duration::from_secs(10);
+/// How long `incoming.part` must keep its size before an install round takes the receive
+/// for done (chunks of 4 MiB arrive a few ms apart on one machine).
+pub const INCOMING_STILL: Duration = Duration::from_millis(20);
 /// How long an install round waits for `incoming.part` after the restart.
 pub const INSTALL_WAIT: Duration = Duration::from_secs(10);
 /// How long an install round keeps its follower down, at most, waiting for the leader to
@@ -610,24 +614,41 @@ async fn install_round(
         ));
     } else {
         cx.kill_loop.installs_seen += 1;
-        let data_dir = cx.cluster.node(victim).data_dir.clone();
-        // At once, or up to 300 ms later (sooner if the file is renamed into place).
-        let delay = if cx.rng.random_bool(0.5) {
-            Duration::ZERO
-        } else {
-            millis(&mut cx.rng, (1, 300))
-        };
-        let until = Instant::now() + delay;
-        while Instant::now() < until && look(&data_dir).incoming {
-            tokio::time::sleep(POLL).await;
-        }
-        let when = if look(&data_dir).incoming {
-            format!(
-                "incoming.part present, {} ms after it showed",
-                delay.as_millis()
-            )
-        } else {
-            "just after incoming.part was renamed into place".into()
+        let incoming = cx
+            .cluster
+            .node(victim)
+            .data_dir
+            .join("snapshots")
+            .join("incoming.part");
+        let shown = Instant::now();
+        let when = match cx.rng.random_range(0..3) {
+            // While the chunks arrive.
+            0 => "incoming.part present, as it showed".to_string(),
+            // Once the file has stopped growing: every chunk received, the install running
+            // (openraft purges the log as it hands the snapshot over).
+            1 => match wait_still(&incoming, INCOMING_STILL, INSTALL_WAIT).await {
+                Some(bytes) => format!(
+                    "incoming.part at {bytes} bytes for {} ms, {} ms after it showed",
+                    INCOMING_STILL.as_millis(),
+                    shown.elapsed().as_millis()
+                ),
+                None => "just after incoming.part was renamed into place".into(),
+            },
+            // A random moment of the receive and install.
+            _ => {
+                let until = Instant::now() + millis(&mut cx.rng, (1, 300));
+                while Instant::now() < until && incoming.exists() {
+                    tokio::time::sleep(POLL).await;
+                }
+                if incoming.exists() {
+                    format!(
+                        "incoming.part present, {} ms after it showed",
+                        shown.elapsed().as_millis()
+                    )
+                } else {
+                    "just after incoming.part was renamed into place".into()
+                }
+            }
         };
         let kill = take_down(cx, victim, killer).await?;
         *cx.kill_loop
@@ -651,6 +672,26 @@ async fn install_round(
         took.as_secs_f64()
     ));
     Ok(())
+}
+
+/// Waits until `file` has kept its size for `still` (returns that size), or is gone or
+/// `bound` has passed (`None`).
+async fn wait_still(file: &Path, still: Duration, bound: Duration) -> Option<u64> {
+    let deadline = Instant::now() + bound;
+    let mut last: Option<(u64, Instant)> = None;
+    while Instant::now() < deadline {
+        let bytes = std::fs::metadata(file).ok()?.len();
+        match last {
+            Some((previous, since)) if previous == bytes => {
+                if since.elapsed() >= still {
+                    return Some(bytes);
+                }
+            }
+            _ => last = Some((bytes, Instant::now())),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    None
 }
 
 /// Waits until the leader's log is purged past `index`; returns (leader, purged index), or
