@@ -236,11 +236,31 @@ impl<H: Handle> Forwarder<H> {
             .await
             .map_err(|e| {
                 ApiError::Unavailable(format!(
-                    "this node has not caught up with the cluster since it started, so it                      serves no eventual reads yet (no read index confirmed: {e}); retry, or                      read from another node"
+                    "this node has not caught up with the cluster since it started, so it \
+                     serves no eventual reads yet (no read index confirmed: {e}); retry, or \
+                     read from another node"
                 ))
             })?;
         tracing::debug!(index, "caught up since start: serving eventual reads");
         Ok(())
+    }
+
+    /// Catches up once after this node's start without waiting for a request
+    /// ([`Forwarder::caught_up_since_start`]): rounds of at most `round` each, until one
+    /// read index is confirmed and applied here. The node runs it as a task from its start,
+    /// so that a follower cut off from the leader later still serves eventual reads from what
+    /// it holds; a request that comes first shares the round in progress.
+    pub async fn catch_up_after_start(&self, round: Duration) {
+        assert!(round > Duration::ZERO);
+        while !self.caught_up.initialized() {
+            let started = Instant::now();
+            if let Err(e) = self.caught_up_since_start(started + round).await {
+                tracing::debug!(error = %e, "not caught up since start yet; trying again");
+                // A round ends early only when its attempts cannot go on (for example a
+                // refused credential): pause for what is left of it rather than spin.
+                tokio::time::sleep_until(started + round).await;
+            }
+        }
     }
 
     /// WatchProgress: always here (the watches it names are this node's), after

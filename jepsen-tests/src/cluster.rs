@@ -25,7 +25,14 @@
 //!   that others (the workloads) read while the nemesis kills and restarts nodes;
 //! - [`ClusterOptions::die_with_parent`]: nodes get `PR_SET_PDEATHSIG`, so they
 //!   die with the runner even if it is killed (the signal fires when the
-//!   *thread* that spawned them exits: spawn only from a long-lived thread).
+//!   *thread* that spawned them exits: spawn only from a long-lived thread);
+//! - [`ClusterOptions::memory_limit_bytes`]: each node runs in its own memory cgroup
+//!   ([`crate::memcg`]) with that limit, joined between fork and exec, so that the kernel's
+//!   OOM killer, not the harness, kills it when [`Cluster::memory_cgroup`]'s limit is
+//!   lowered; the cgroup is removed with the node.
+//!
+//! A node that exits by itself (a `FATAL` stop, a panic, the OOM killer) is seen with
+//! [`Cluster::exited`]; [`Cluster::log_tail`] gives the end of its log for the report.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -105,6 +112,9 @@ pub struct ClusterOptions {
     /// Bootstrap members that [`Cluster::start`] places but does not spawn: a test starts
     /// them later with [`Cluster::spawn`] (a member whose machine came up late).
     pub started_later: Vec<u64>,
+    /// Run every node in a memory cgroup of its own with this limit ([`crate::memcg`]);
+    /// placing a node fails when no memory cgroup can be created here.
+    pub memory_limit_bytes: Option<u64>,
 }
 
 impl ClusterOptions {
@@ -128,6 +138,7 @@ impl ClusterOptions {
             host: "127.0.0.1".into(),
             env: vec![],
             started_later: vec![],
+            memory_limit_bytes: None,
         }
     }
 }
@@ -152,6 +163,9 @@ pub struct NodeProcess {
     /// The power-cut filesystem under the data dir (with [`ClusterOptions::powercut`]).
     disk: Option<PowerCutHandle>,
     child: Option<Child>,
+    /// The node's memory cgroup (with [`ClusterOptions::memory_limit_bytes`]); removed
+    /// when the node is dropped, after [`Cluster`]'s drop has killed and reaped its process.
+    memory_cgroup: Option<crate::memcg::MemoryCgroup>,
 }
 
 impl NodeProcess {
@@ -219,6 +233,13 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
             None,
         ),
     };
+    let memory_cgroup = match options.memory_limit_bytes {
+        Some(limit) => {
+            let hierarchy = crate::memcg::Hierarchy::find()?;
+            Some(crate::memcg::MemoryCgroup::create(&hierarchy, id, limit)?)
+        }
+        None => None,
+    };
     let (data_dir, disk) = if options.powercut {
         let mountpoint = root.join(format!("node-{id}-disk"));
         std::fs::create_dir_all(&mountpoint)
@@ -244,6 +265,7 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
         namespace,
         disk,
         child: None,
+        memory_cgroup,
     })
 }
 
@@ -447,6 +469,29 @@ impl Cluster {
                 });
             }
         }
+        // Opened here, written between fork and exec ("0": the writing process itself), so
+        // that everything the node allocates is charged to its cgroup. Closed at exec.
+        let cgroup_procs = node.memory_cgroup.as_ref().map(|cgroup| {
+            let path = cgroup.procs_file();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
+        });
+        if let Some(procs) = &cgroup_procs {
+            use std::os::fd::AsRawFd as _;
+            let fd = procs.as_raw_fd();
+            // SAFETY: write(2) is async-signal-safe; the fd stays open until after the spawn.
+            unsafe {
+                command.pre_exec(move || {
+                    let text = b"0\n";
+                    if libc::write(fd, text.as_ptr().cast(), text.len()) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         if options.die_with_parent {
             // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
             unsafe {
@@ -493,6 +538,7 @@ impl Cluster {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", options.binary.display()));
+        drop(cgroup_procs);
         node.child = Some(child);
     }
 
@@ -633,6 +679,28 @@ impl Cluster {
 
     pub fn is_running(&mut self, id: u64) -> bool {
         self.node_mut(id).is_running()
+    }
+
+    /// How node `id`'s process ended, if it was started and has ended without the harness
+    /// killing or stopping it ([`Cluster::kill`] and [`Cluster::stop`] forget the process):
+    /// a node that stopped by itself.
+    pub fn exited(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        self.node_mut(id)
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Node `id`'s memory cgroup (with [`ClusterOptions::memory_limit_bytes`]).
+    pub fn memory_cgroup(&self, id: u64) -> Option<&crate::memcg::MemoryCgroup> {
+        self.node(id).memory_cgroup.as_ref()
+    }
+
+    /// The last `lines` lines of node `id`'s log (for failure messages).
+    pub fn log_tail(&self, id: u64, lines: usize) -> String {
+        let log = self.log_of(id);
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// The node's log so far (for failure messages).

@@ -28,7 +28,11 @@
 //!   through the admin API.
 //! - [`net`]: network namespaces on a bridge and nftables partitions (isolate
 //!   one, halves, one-way, ring, bridge); root only, otherwise a stated skip.
-//! - [`nemesis`]: the faults a scenario injects and the healing afterwards.
+//! - [`nemesis`]: the faults a scenario injects and the healing afterwards; among them
+//!   the kill loops ([`nemesis::kill_loop`]): a node killed every few seconds, by `kill -9`
+//!   or by the kernel's OOM killer, under large entries and frequent snapshots, and every
+//!   restart required to succeed and catch up.
+//! - [`memcg`]: memory cgroups (v1 or v2) that let the kernel do the killing.
 //! - [`workload`]: register, set, append and watch workloads through
 //!   `cairn-client`, each logical process against a random node.
 //! - [`watch_check`]: exactly-once, in-order, no-rewind delivery of watch
@@ -62,8 +66,8 @@
 //! ## Invariants
 //! - A scenario whose fault cannot be injected here is reported as skipped,
 //!   never as passed; every scenario heals all faults before its final reads.
-//! - Every node process, namespace and mount a run creates is removed when the
-//!   run ends (drop, Ctrl-C, SIGTERM), and what a dead run left is removed at
+//! - Every node process, namespace, mount and memory cgroup a run creates is removed
+//!   when the run ends (drop, Ctrl-C, SIGTERM), and what a dead run left is removed at
 //!   the next start.
 //! - Every operation has `complete_ns >= invoke_ns` when it has a completion; `ok`
 //!   and `fail` operations always have one (checked when a history is built).
@@ -84,6 +88,7 @@ pub mod cluster;
 pub mod error;
 pub mod history;
 pub mod linearizability;
+pub mod memcg;
 pub mod models;
 pub mod monotonic;
 pub mod nemesis;

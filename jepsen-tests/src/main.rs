@@ -602,7 +602,8 @@ fn prepare(args: &RunArgs) -> Result<Prepared, String> {
     std::fs::create_dir_all(&results)
         .map_err(|e| format!("cannot create {}: {e}", results.display()))?;
     let results = results.canonicalize().unwrap_or(results);
-    let stale = jepsen_tests::net::cleanup_stale();
+    let mut stale = jepsen_tests::net::cleanup_stale();
+    stale.extend(jepsen_tests::memcg::cleanup_stale());
     if !stale.is_empty() {
         println!(
             "removed what an earlier run left behind: {}",

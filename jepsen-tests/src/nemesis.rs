@@ -7,6 +7,10 @@
 //! could remain (paused processes, partitions, stopped nodes, skewed clocks)
 //! and [`converge`] waits until a leader is elected and every node has
 //! applied what it committed.
+//!
+//! The kill loops ([`kill_loop`]) are nemeses whose every round is a kill and a restart
+//! that must succeed: a node that does not come back, or does not catch up, fails the
+//! scenario on the spot with the end of its log.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -19,8 +23,10 @@ use rand::Rng;
 use crate::cluster::Cluster;
 use crate::net::{shapes, NetworkLab};
 
+pub mod kill_loop;
 mod restore;
 
+pub use kill_loop::KillLoopRounds;
 pub use restore::{RecordedSet, RestoreRounds, NEMESIS_PROCESS};
 
 /// The kind of fault a scenario injects.
@@ -52,6 +58,15 @@ pub enum NemesisKind {
     /// `kill -9` of the driver, a follower or the leader part-way through or just
     /// after the commit ([`restore`]); set workload only: its checker models restores.
     RestoreKill,
+    /// `kill -9` of a node every few seconds (the leader about half the time), aimed at a
+    /// snapshot being written, a log segment rotation or purge, or (every fourth round) a
+    /// snapshot install from the leader; every restart must stay up and catch up
+    /// ([`kill_loop`]). Large entries: the set workload with padding.
+    KillLoop,
+    /// As [`NemesisKind::KillLoop`], but the kernel kills: every node runs in a memory
+    /// cgroup of its own, and the victim's limit is lowered to just above its heap so that
+    /// its next allocation burst gets it OOM-killed ([`crate::memcg`]).
+    OomKillLoop,
 }
 
 /// The history a [`NemesisKind::Compaction`] cluster keeps: a node down for a second
@@ -71,10 +86,12 @@ impl NemesisKind {
             NemesisKind::MembershipPartition => "membership-partition",
             NemesisKind::Compaction => "compaction",
             NemesisKind::RestoreKill => "restore-kill",
+            NemesisKind::KillLoop => "kill-loop",
+            NemesisKind::OomKillLoop => "oom-kill-loop",
         }
     }
 
-    pub const ALL: [NemesisKind; 10] = [
+    pub const ALL: [NemesisKind; 12] = [
         NemesisKind::Kill,
         NemesisKind::Pause,
         NemesisKind::Partition,
@@ -85,7 +102,15 @@ impl NemesisKind {
         NemesisKind::MembershipPartition,
         NemesisKind::Compaction,
         NemesisKind::RestoreKill,
+        NemesisKind::KillLoop,
+        NemesisKind::OomKillLoop,
     ];
+
+    /// Whether this is a kill loop: large entries, frequent snapshots, a kill each round
+    /// ([`kill_loop`]).
+    pub fn is_kill_loop(self) -> bool {
+        matches!(self, NemesisKind::KillLoop | NemesisKind::OomKillLoop)
+    }
 
     /// Whether its cluster runs in network namespaces (partitions).
     pub fn needs_network(self) -> bool {
@@ -106,6 +131,7 @@ impl NemesisKind {
                 Some(_) => None,
                 None => Some("libfaketime is not installed (Debian package `faketime`)".into()),
             },
+            NemesisKind::OomKillLoop => crate::memcg::unavailable_reason(),
             _ => None,
         }
     }
@@ -151,6 +177,10 @@ pub struct NemesisContext<'a> {
     pub history: Option<RecordedSet>,
     /// What the restore nemesis keeps between rounds.
     pub restores: RestoreRounds,
+    /// What the kill loops count over their rounds.
+    pub kill_loop: KillLoopRounds,
+    /// At most this many rounds (`None`: rounds until the time is up).
+    pub rounds_max: Option<usize>,
 }
 
 fn millis(rng: &mut StdRng, range: (u64, u64)) -> Duration {
@@ -169,34 +199,14 @@ async fn leader_or_random(cx: &mut NemesisContext<'_>) -> u64 {
     }
 }
 
-/// Runs `kind` until `duration` has passed; faults are healed as they end.
+/// Runs `kind` until `duration` has passed (or [`NemesisContext::rounds_max`] rounds are
+/// done); faults are healed as they end.
 pub async fn run(
     kind: NemesisKind,
     cx: &mut NemesisContext<'_>,
     duration: Duration,
 ) -> Result<(), String> {
-    let deadline = Instant::now() + duration;
-    // Let the workload warm up first.
-    tokio::time::sleep(millis(&mut cx.rng, (1000, 2000))).await;
-    let mut round = 0usize;
-    while Instant::now() + Duration::from_secs(2) < deadline {
-        round += 1;
-        match kind {
-            NemesisKind::Kill => kill_round(cx).await,
-            NemesisKind::Pause => pause_round(cx).await,
-            NemesisKind::Partition => partition_round(cx).await?,
-            NemesisKind::Clock => clock_round(cx, round).await,
-            NemesisKind::PowerCut => power_cut_round(cx, round).await,
-            NemesisKind::Membership => membership_round(cx, round).await?,
-            NemesisKind::LeaderTransfer => transfer_round(cx).await,
-            NemesisKind::MembershipPartition => membership_partition_round(cx, round).await?,
-            NemesisKind::Compaction => compaction_round(cx).await,
-            NemesisKind::RestoreKill => restore::round(cx).await?,
-        }
-        let quiet = millis(&mut cx.rng, (1000, 2500));
-        tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;
-    }
-    Ok(())
+    run_rotating(&[kind], cx, duration).await
 }
 
 /// As [`run`], taking the rounds from `kinds` in turn (a partition, then a
@@ -211,9 +221,12 @@ pub async fn run_rotating(
         "a rotating nemesis needs at least one kind"
     );
     let deadline = Instant::now() + duration;
+    // Let the workload warm up first.
     tokio::time::sleep(millis(&mut cx.rng, (1000, 2000))).await;
     let mut round = 0usize;
-    while Instant::now() + Duration::from_secs(2) < deadline {
+    while Instant::now() + Duration::from_secs(2) < deadline
+        && cx.rounds_max.is_none_or(|max| round < max)
+    {
         let kind = kinds[round % kinds.len()];
         round += 1;
         match kind {
@@ -227,9 +240,25 @@ pub async fn run_rotating(
             NemesisKind::MembershipPartition => membership_partition_round(cx, round).await?,
             NemesisKind::Compaction => compaction_round(cx).await,
             NemesisKind::RestoreKill => restore::round(cx).await?,
+            NemesisKind::KillLoop => kill_loop::round(cx, kill_loop::Killer::Signal, round).await?,
+            NemesisKind::OomKillLoop => {
+                kill_loop::round(cx, kill_loop::Killer::Kernel, round).await?
+            }
         }
-        let quiet = millis(&mut cx.rng, (1000, 2500));
+        // A kill loop's round ends with its node caught up: a short pause is enough.
+        let quiet = if kind.is_kill_loop() {
+            millis(&mut cx.rng, (300, 1000))
+        } else {
+            millis(&mut cx.rng, (1000, 2500))
+        };
         tokio::time::sleep(quiet.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+    if let Some(killer) = kinds.iter().find_map(|kind| match kind {
+        NemesisKind::KillLoop => Some(kill_loop::Killer::Signal),
+        NemesisKind::OomKillLoop => Some(kill_loop::Killer::Kernel),
+        _ => None,
+    }) {
+        kill_loop::finish(cx, killer)?;
     }
     Ok(())
 }

@@ -8,8 +8,12 @@
 //! fault, stop the workload, wait for convergence, do the final reads, check
 //! the history, and write `history.jsonl` (plus `watch.jsonl`), `nemesis.log`,
 //! `check.txt` and the node logs into the scenario's folder. A scenario whose
-//! nemesis cannot run here (not root, no FUSE, no libfaketime) is *skipped*
-//! with its reason printed — never counted as passed.
+//! nemesis cannot run here (not root, no FUSE, no libfaketime, no memory cgroup) is
+//! *skipped* with its reason printed — never counted as passed.
+//!
+//! The kill loops ([`kill_loop_scenario`], [`nemesis::kill_loop`]) run the set workload
+//! with 256 KiB of padding per element on nodes that snapshot every 100 entries and keep a
+//! history of 256 changes; the oom loop's nodes each run in a memory cgroup.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -47,6 +51,8 @@ pub struct Scenario {
     /// Run the scoped set workload on an authenticated cluster instead
     /// ([`crate::scoped`]: two tokens with disjoint scopes).
     pub auth: bool,
+    /// At most this many nemesis rounds (`None`: rounds until the duration is over).
+    pub rounds_max: Option<usize>,
 }
 
 /// A node broken on purpose: one `--unsafe-*` switch of `cairn agent`, and the scenario
@@ -127,6 +133,7 @@ impl BrokenMode {
             seed,
             broken: Some(self),
             auth: false,
+            rounds_max: None,
         }
     }
 }
@@ -147,7 +154,8 @@ pub struct Minimums {
 impl Minimums {
     /// The minimums of a 3- or 5-node scenario of at least 16 s. The clock nemesis
     /// restarts each node it skews, so its rounds are long: one fault is enough; the
-    /// watch workload's only reads are its final reads (one per key).
+    /// watch workload's only reads are its final reads (one per key); a kill loop kills in
+    /// every round, and a loop of fewer than 5 kills is not one.
     pub fn of(workload: WorkloadKind, nemesis: NemesisKind) -> Minimums {
         Minimums {
             acknowledged_writes: 100,
@@ -156,7 +164,11 @@ impl Minimums {
             } else {
                 30
             },
-            faults: if nemesis == NemesisKind::Clock { 1 } else { 2 },
+            faults: match nemesis {
+                NemesisKind::Clock => 1,
+                NemesisKind::KillLoop | NemesisKind::OomKillLoop => 5,
+                _ => 2,
+            },
         }
     }
 }
@@ -200,6 +212,13 @@ pub fn shortfall(scenario: &Scenario, history: &crate::History, faults: usize) -
     (!short.is_empty()).then(|| format!("too little work to count: {}", short.join(", ")))
 }
 
+/// The nodes' `--log-level`: `info`, or `JEPSEN_NODE_LOG_LEVEL` (e.g.
+/// `info,openraft::engine::handler::following_handler=debug` logs every truncation of a
+/// follower's log, `truncate_logs since=N`).
+pub fn node_log_level() -> String {
+    std::env::var("JEPSEN_NODE_LOG_LEVEL").unwrap_or_else(|_| "info".into())
+}
+
 /// Whether a skipped scenario is a failure: under `CI=true` (CI must run everything,
 /// so a missing package or privilege is an error there, not a reason to pass).
 pub fn skip_is_failure() -> bool {
@@ -237,8 +256,8 @@ pub struct RunEnvironment {
     pub check_budget: Duration,
 }
 
-/// The short suite: at least six scenarios on 3 nodes, the last one under
-/// authentication ([`auth_scenario`]).
+/// The short suite: at least six scenarios on 3 nodes, one under authentication
+/// ([`auth_scenario`]), the last two kill loops ([`kill_loop_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     // Every nemesis at least once, each with a checker that sees what it can break:
     // stale or lost values (register, append), lost or resurrected elements (set), gaps
@@ -267,12 +286,62 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             seed: seed.wrapping_add(i as u64 * 7919),
             broken: None,
             auth: false,
+            rounds_max: None,
         })
         .chain(std::iter::once(Scenario {
             name: "12-set-auth-partition-kill-transfer".into(),
             ..auth_scenario(seed.wrapping_add(11 * 7919))
         }))
+        .chain([
+            Scenario {
+                name: "13-set-kill-loop".into(),
+                ..kill_loop_scenario(
+                    NemesisKind::KillLoop,
+                    3,
+                    CI_KILL_LOOP_ROUNDS,
+                    seed.wrapping_add(12 * 7919),
+                )
+            },
+            Scenario {
+                name: "14-set-oom-kill-loop".into(),
+                ..kill_loop_scenario(
+                    NemesisKind::OomKillLoop,
+                    3,
+                    CI_OOM_KILL_LOOP_ROUNDS,
+                    seed.wrapping_add(13 * 7919),
+                )
+            },
+        ])
         .collect()
+}
+
+/// Rounds of the kill loop of `ci` (three of them install rounds).
+pub const CI_KILL_LOOP_ROUNDS: usize = 12;
+/// Rounds of the oom-kill loop of `ci` (two of them install rounds): the kernel takes up to
+/// seconds to kill.
+pub const CI_OOM_KILL_LOOP_ROUNDS: usize = 8;
+/// Rounds of each kill loop of `soak`.
+pub const SOAK_KILL_LOOP_ROUNDS: usize = 30;
+
+/// A kill loop (`kill` is [`NemesisKind::KillLoop`] or [`NemesisKind::OomKillLoop`]) of at
+/// most `rounds` rounds on `nodes` nodes, with the set workload of large entries
+/// ([`nemesis::kill_loop`]). Its duration bounds the rounds too: about 5 s a round, 15 s
+/// an install round.
+pub fn kill_loop_scenario(kill: NemesisKind, nodes: usize, rounds: usize, seed: u64) -> Scenario {
+    assert!(kill.is_kill_loop(), "{} is no kill loop", kill.name());
+    let install_rounds = rounds / nemesis::kill_loop::INSTALL_ROUND_EVERY;
+    let seconds = 5 * (rounds - install_rounds) + 15 * install_rounds;
+    Scenario {
+        name: format!("set-{}", kill.name()),
+        workload: WorkloadKind::Set,
+        nemesis: kill,
+        nodes,
+        duration: Duration::from_secs(seconds as u64),
+        seed,
+        broken: None,
+        auth: false,
+        rounds_max: Some(rounds),
+    }
 }
 
 /// The scenario under authentication: two tokens with disjoint scopes run
@@ -288,6 +357,7 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         seed,
         broken: None,
         auth: true,
+        rounds_max: None,
     }
 }
 
@@ -439,8 +509,22 @@ async fn run_scenario_inner(
         torn_writes_seed: Some(scenario.seed),
         strict_directories: true,
     };
+    if scenario.nemesis.is_kill_loop() {
+        // Large entries, a snapshot every 100 entries ([`nemesis::kill_loop`]).
+        use nemesis::kill_loop;
+        options.snapshot_log_entries = kill_loop::SNAPSHOT_LOG_ENTRIES;
+        options.extra_args.extend([
+            "--snapshot-log-bytes".to_owned(),
+            kill_loop::SNAPSHOT_LOG_BYTES.to_string(),
+            "--history-changes-max".to_owned(),
+            kill_loop::HISTORY_CHANGES_MAX.to_string(),
+        ]);
+    }
+    if scenario.nemesis == NemesisKind::OomKillLoop {
+        options.memory_limit_bytes = Some(nemesis::kill_loop::MEMORY_LIMIT_BYTES);
+    }
     options.die_with_parent = true;
-    options.log_level = "info".into();
+    options.log_level = node_log_level();
     if let Some(mode) = scenario.broken {
         options.extra_args.extend(mode.flags());
     }
@@ -451,6 +535,16 @@ async fn run_scenario_inner(
     let mut workload_options = WorkloadOptions::new(scenario.workload, rng.random());
     if scenario.nodes >= 5 {
         workload_options.processes = 10;
+    }
+    if scenario.nemesis.is_kill_loop() {
+        use nemesis::kill_loop;
+        workload_options.payload_bytes = kill_loop::PAYLOAD_BYTES;
+        workload_options.padded_elements_max = kill_loop::PADDED_ELEMENTS_MAX;
+        workload_options.processes = if scenario.nodes >= 5 {
+            kill_loop::PROCESSES + 2
+        } else {
+            kill_loop::PROCESSES
+        };
     }
     let lifetimes = workload::NodeLifetimes::new(cluster.lifetimes(), cluster.ids());
     let mut workload = Workload::start(workload_options, &endpoints, lifetimes);
@@ -469,6 +563,8 @@ async fn run_scenario_inner(
                 .collect(),
         }),
         restores: Default::default(),
+        kill_loop: Default::default(),
+        rounds_max: scenario.rounds_max,
     };
     cx.log.note(format!(
         "cluster of {} up, leader {first_leader}",
@@ -897,7 +993,8 @@ pub fn write_summary(
 }
 
 /// The soak plan: scenario `i` of a 5-node soak (every nemesis in turn, a
-/// random workload each; the watch workload with compaction).
+/// random workload each; the watch workload with compaction; the kill loops with the set
+/// workload of large entries, [`SOAK_KILL_LOOP_ROUNDS`] rounds, about 3 minutes).
 pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(i as u64 * 104_729));
     let nemesis = NemesisKind::ALL[i % NemesisKind::ALL.len()];
@@ -908,6 +1005,12 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         NemesisKind::RestoreKill => WorkloadKind::Set,
         _ => *WorkloadKind::ALL.choose(&mut rng).expect("workloads"),
     };
+    if nemesis.is_kill_loop() {
+        return Scenario {
+            name: format!("{:03}-set-{}", i + 1, nemesis.name()),
+            ..kill_loop_scenario(nemesis, 5, SOAK_KILL_LOOP_ROUNDS, rng.random())
+        };
+    }
     Scenario {
         name: format!("{:03}-{}-{}", i + 1, workload.name(), nemesis.name()),
         workload,
@@ -917,6 +1020,7 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         seed: rng.random(),
         broken: None,
         auth: false,
+        rounds_max: None,
     }
 }
 
@@ -952,6 +1056,14 @@ mod tests {
             // Only the set checker models a restore.
             if s.nemesis == NemesisKind::RestoreKill {
                 assert_eq!(s.workload, WorkloadKind::Set, "{}", s.name);
+            }
+            // The kill loops run the set workload of large entries, for a bounded number
+            // of rounds.
+            if s.nemesis.is_kill_loop() {
+                assert_eq!(s.workload, WorkloadKind::Set, "{}", s.name);
+                assert!(s.rounds_max.is_some(), "{}", s.name);
+            } else {
+                assert_eq!(s.rounds_max, None, "{}", s.name);
             }
             assert_eq!(s.broken, None, "{}", s.name);
         }

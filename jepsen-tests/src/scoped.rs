@@ -569,6 +569,8 @@ pub async fn run(
         voters: scenario.nodes,
         history: None,
         restores: Default::default(),
+        kill_loop: Default::default(),
+        rounds_max: scenario.rounds_max,
     };
     cx.log.note(format!(
         "authenticated cluster of {} up, leader {first_leader}",

@@ -22,7 +22,16 @@
 //!   [`Workload::eventual`] with the home node's lifetime ([`NodeLifetimes`])
 //!   and checked by [`crate::monotonic`].
 //! - **set**: one resource per element (`set<k>-<element>`), `add` = create,
-//!   `read` = strong list of the key's prefix.
+//!   `read` = strong list of the key's prefix. With [`WorkloadOptions::payload_bytes`]
+//!   (the kill loops' *large entries*), each add also carries that many bytes of random
+//!   padding in the metadata key [`PADDING_KEY`] (the data, hence the element the checker
+//!   sees, is unchanged), so each add is a Raft entry of that size. To keep the state
+//!   (snapshots, lists, memory) bounded while the log sees only large entries, a process
+//!   keeps at most [`WorkloadOptions::padded_elements_max`] of its acknowledged elements
+//!   padded: past that it rewrites the oldest one without its padding (a CAS on the version
+//!   its add stored, not recorded in the history: it leaves the element as it was, and
+//!   cannot create one that is gone). Lists are then paged
+//!   ([`WorkloadOptions::list_page_limit`]) so that each answer fits the client's 4 MiB.
 //! - **append**: a list in a resource's data, `append` = strong read then CAS
 //!   write of the list plus the element (retried after CAS failures), `read` =
 //!   strong read.
@@ -33,7 +42,7 @@
 //!
 //! Every value is unique: `process * 1_000_000 + counter`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +62,11 @@ use crate::history::{OpKind, Recorder, Value};
 
 /// Group of every resource the workloads write.
 pub const GROUP: &str = "jepsen";
+/// The metadata key of a set element's padding ([`WorkloadOptions::payload_bytes`]).
+pub const PADDING_KEY: &str = "jepsen-padding";
+/// The most bytes of resources one page of a set list may carry: the client decodes
+/// answers of at most 4 MiB (tonic's default).
+const LIST_PAGE_BYTES_MAX: usize = 3 * 1024 * 1024;
 const TYPE_URL: &str = "jepsen/value";
 
 /// Which workload a scenario runs.
@@ -101,6 +115,12 @@ pub struct WorkloadOptions {
     pub pause_ms: (u64, u64),
     pub client: ClientOptions,
     pub seed: u64,
+    /// Set workload: bytes of random padding each add carries (0 = none); see the module
+    /// docs.
+    pub payload_bytes: usize,
+    /// Set workload with padding: acknowledged elements a process keeps padded before it
+    /// strips the oldest one's padding.
+    pub padded_elements_max: usize,
 }
 
 impl WorkloadOptions {
@@ -122,8 +142,33 @@ impl WorkloadOptions {
             pause_ms: (20, 60),
             client,
             seed,
+            payload_bytes: 0,
+            padded_elements_max: 0,
         }
     }
+
+    /// The page size of set lists: every resource of a page fits one answer (0 = the
+    /// node's own page size, for elements without padding).
+    pub fn list_page_limit(&self) -> u32 {
+        if self.payload_bytes == 0 {
+            return 0;
+        }
+        // An element's resource: its padding plus its id, version and data.
+        let element_bytes = self.payload_bytes + 1024;
+        u32::try_from((LIST_PAGE_BYTES_MAX / element_bytes).max(1)).unwrap_or(u32::MAX)
+    }
+}
+
+/// `len` random characters from a 64-letter alphabet (6 bits of entropy each): padding
+/// that no compression along the way can shrink much.
+fn padding(rng: &mut StdRng, len: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut bytes = vec![0u8; len];
+    rng.fill(&mut bytes[..]);
+    bytes
+        .iter()
+        .map(|b| char::from(ALPHABET[usize::from(b & 63)]))
+        .collect()
 }
 
 /// The lifetime of the node behind each endpoint of a workload (from
@@ -390,6 +435,10 @@ impl Workload {
                 rng: process_rng,
                 counter: 0,
                 seen: BTreeMap::new(),
+                payload_bytes: options.payload_bytes,
+                padded_elements_max: options.padded_elements_max,
+                list_page_limit: options.list_page_limit(),
+                padded: VecDeque::new(),
             };
             let stop = stop.clone();
             tasks.push(tokio::spawn(p.run(stop)));
@@ -465,7 +514,10 @@ impl Workload {
             let mut done = false;
             while !done && tokio::time::Instant::now() < deadline {
                 done = match kind {
-                    WorkloadKind::Set => set_read(client, &self.recorder, u64::MAX, &name).await,
+                    WorkloadKind::Set => {
+                        let page = self.options.list_page_limit();
+                        set_read(client, &self.recorder, u64::MAX, &name, page).await
+                    }
                     WorkloadKind::Register | WorkloadKind::Append | WorkloadKind::Watch => {
                         value_read(client, &self.recorder, u64::MAX, kind, &name).await
                     }
@@ -541,16 +593,25 @@ async fn value_read(
     }
 }
 
-/// A strong list of a set key's prefix, recorded as a read of the set.
-async fn set_read(client: &Client, recorder: &Recorder, process: u64, prefix: &str) -> bool {
+/// A strong list of a set key's prefix, recorded as a read of the set; pages of at most
+/// `page_limit` resources (0 = the node's page size), all at the first page's revision.
+async fn set_read(
+    client: &Client,
+    recorder: &Recorder,
+    process: u64,
+    prefix: &str,
+    page_limit: u32,
+) -> bool {
     let op = recorder.invoke(process, OpKind::Read, prefix, Value::Null);
     match client
-        .list(
-            resource_type(WorkloadKind::Set),
-            tenancy(),
-            prefix,
-            Consistency::Strong,
-        )
+        .list_request(ListRequest {
+            r#type: Some(resource_type(WorkloadKind::Set)),
+            tenancy: Some(tenancy()),
+            name_prefix: prefix.into(),
+            consistency: Consistency::Strong as i32,
+            limit: page_limit,
+            ..ListRequest::default()
+        })
         .await
     {
         Ok(list) => {
@@ -593,6 +654,20 @@ struct Process {
     counter: i64,
     /// Per key: (value, uid, version) pairs this process has observed, newest last.
     seen: BTreeMap<String, Vec<(Value, String, String)>>,
+    /// Set workload: see [`WorkloadOptions::payload_bytes`].
+    payload_bytes: usize,
+    padded_elements_max: usize,
+    list_page_limit: u32,
+    /// This process's acknowledged elements that still carry their padding, oldest first.
+    padded: VecDeque<PaddedElement>,
+}
+
+/// An acknowledged set element that still carries its padding, as its add stored it.
+struct PaddedElement {
+    name: String,
+    uid: String,
+    version: String,
+    element: Value,
 }
 
 impl Process {
@@ -788,18 +863,28 @@ impl Process {
         if self.rng.random_range(0..100) < 80 {
             let element = self.next_value();
             let name = format!("{prefix}{element}");
+            let uid = cairn_client::new_uid();
+            let mut resource = new_resource(WorkloadKind::Set, &name, &uid, "", &element);
+            if self.payload_bytes > 0 {
+                let padding = padding(&mut self.rng, self.payload_bytes);
+                resource.metadata.insert(PADDING_KEY.into(), padding);
+            }
             let op = self
                 .recorder
                 .invoke(self.id, OpKind::Add, prefix, element.clone());
-            let resource = new_resource(
-                WorkloadKind::Set,
-                &name,
-                &cairn_client::new_uid(),
-                "",
-                &element,
-            );
             match self.client.write(resource).await {
-                Ok(_) => op.ok(Value::Null),
+                Ok(stored) => {
+                    op.ok(Value::Null);
+                    if self.payload_bytes > 0 {
+                        self.padded.push_back(PaddedElement {
+                            name,
+                            uid,
+                            version: stored.version,
+                            element,
+                        });
+                        self.strip_padding().await;
+                    }
+                }
                 // Nobody else creates this name: a conflict would mean an
                 // earlier attempt applied, which never happens (no retries); unknown.
                 Err(e) if e.is_cas_conflict() => op.info(),
@@ -807,7 +892,27 @@ impl Process {
                 Err(_) => op.info(),
             }
         } else {
-            set_read(&self.client, &self.recorder, self.id, prefix).await;
+            let page = self.list_page_limit;
+            set_read(&self.client, &self.recorder, self.id, prefix, page).await;
+        }
+    }
+
+    /// Rewrites this process's oldest padded elements without their padding until at most
+    /// `padded_elements_max` are left (see the module docs). Not recorded: the element stays
+    /// what it was. A rewrite that fails leaves that element padded for good.
+    async fn strip_padding(&mut self) {
+        while self.padded.len() > self.padded_elements_max {
+            let Some(oldest) = self.padded.pop_front() else {
+                return;
+            };
+            let stripped = new_resource(
+                WorkloadKind::Set,
+                &oldest.name,
+                &oldest.uid,
+                &oldest.version,
+                &oldest.element,
+            );
+            let _ = self.client.write(stripped).await;
         }
     }
 

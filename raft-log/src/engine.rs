@@ -58,6 +58,8 @@ pub(crate) const CACHE_CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
 
 /// sled's own log file inside its directory.
 pub(crate) const SLED_LOG_FILE_NAME: &str = "db";
+/// sled's storage parameters inside its directory (written once, at creation).
+pub(crate) const SLED_CONFIG_FILE_NAME: &str = "conf";
 /// The directory inside sled's where it keeps values too large for its log, one file each.
 pub(crate) const SLED_BLOBS_DIR_NAME: &str = "blobs";
 
@@ -145,6 +147,7 @@ impl SledEngine {
         cache_capacity_bytes: u64,
     ) -> Result<SledEngine, LogError> {
         wait_for_sled_lock_release(path)?;
+        clear_crash_leftovers(path, fsync_directories)?;
         let damaged_blobs = damaged_blobs(path);
         for blob in &damaged_blobs {
             tracing::error!(blob = %blob.display(), "sled blob fails its checksum");
@@ -423,6 +426,79 @@ fn wait_for_sled_lock_release(path: &Path) -> Result<(), LogError> {
     Ok(())
 }
 
+/// Removes what a crash can leave half written in the sled database at `path` and sled 0.34
+/// would refuse as corrupt on every open (no other process may have it open):
+/// - a snapshot still named `snap.<lsn>.generating` that fails sled's own check (its last
+///   4 bytes, the crc32 of all but its last 12): sled writes one on every close (and every
+///   million operations), syncs it and only then renames it to `snap.<lsn>`; its recovery
+///   reads the newest `snap.*` file, an unfinished one included. The finished one before
+///   it, which sled removes only after the rename, is still there (names of one directory
+///   survive in the order they changed), and sled replays its log from it. A whole one is
+///   left: sled reads it;
+/// - its `conf` (the storage parameters, written once when sled creates the database, never
+///   synced by sled) when its crc32 does not match: sled writes it anew from the
+///   configuration, which [`SledEngine`] never changes.
+///
+/// Found by the crash-point exploration (`node/tests/crash_points.rs`).
+fn clear_crash_leftovers(path: &Path, fsync_directory: bool) -> Result<(), LogError> {
+    let listing = match std::fs::read_dir(path) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LogError::io(format!("list {}", path.display()), e)),
+    };
+    let mut removed = false;
+    for item in listing {
+        let item = item.map_err(|e| LogError::io(format!("list {}", path.display()), e))?;
+        let name = item.file_name().to_string_lossy().into_owned();
+        let unfinished = name.starts_with("snap.") && name.ends_with(".generating");
+        let leftover = if unfinished && !snapshot_is_whole(&item.path()) {
+            Some("an unfinished snapshot")
+        } else if name == SLED_CONFIG_FILE_NAME && !config_is_whole(&item.path()) {
+            Some("a torn configuration file")
+        } else {
+            None
+        };
+        if let Some(what) = leftover {
+            tracing::warn!(file = %item.path().display(), "removing {what} that a crash left in sled's directory");
+            std::fs::remove_file(item.path())
+                .map_err(|e| LogError::io(format!("remove {}", item.path().display()), e))?;
+            removed = true;
+        }
+    }
+    if removed && fsync_directory {
+        crate::lock::fsync_directory(path)?;
+    }
+    Ok(())
+}
+
+/// Whether the sled snapshot file at `path` passes sled's check: more than 12 bytes, the
+/// last 4 the little-endian crc32 of all but the last 12 (the 8 before them are a length).
+fn snapshot_is_whole(path: &Path) -> bool {
+    match std::fs::read(path) {
+        Ok(bytes) if bytes.len() > 12 => {
+            let crc = &bytes[bytes.len() - 4..];
+            crc32fast::hash(&bytes[..bytes.len() - 12]).to_le_bytes() == crc
+        }
+        Ok(_) => false,
+        // Unreadable: left to sled, which reports it.
+        Err(_) => true,
+    }
+}
+
+/// Whether sled's `conf` at `path` is whole: its last 4 bytes are the little-endian crc32 of
+/// the bytes before them. A file sled reads as absent (8 bytes or fewer) counts as whole.
+fn config_is_whole(path: &Path) -> bool {
+    match std::fs::read(path) {
+        Ok(bytes) if bytes.len() > 8 => {
+            let (body, crc) = bytes.split_at(bytes.len() - 4);
+            crc32fast::hash(body).to_le_bytes() == crc
+        }
+        Ok(_) => true,
+        // Unreadable: left to sled, which reports it.
+        Err(_) => true,
+    }
+}
+
 /// The blob files in the sled database at `path` whose contents fail sled's own check (a
 /// little-endian crc32 of the kind byte and the data, in the first 4 bytes), found before sled
 /// opens the database, because sled's recovery drops them. Unreadable files count as damaged.
@@ -479,6 +555,60 @@ mod tests {
         });
         SledEngine::open(&path, false).expect("open once the straggler lets go");
         release.join().expect("release");
+    }
+
+    #[test]
+    fn a_config_file_torn_by_a_crash_in_the_first_open_is_written_again() {
+        // sled writes `conf` once, when it creates a database, and never syncs it itself: a
+        // crash during a node's first start can leave part of it (found by the crash-point
+        // exploration, node/tests/crash_points.rs: the conf's second write lost). sled 0.34
+        // refuses such a database as corrupt on every later open: the node never starts.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sled");
+        drop(SledEngine::open(&path, false).expect("create"));
+        let conf = path.join(SLED_CONFIG_FILE_NAME);
+        let bytes = std::fs::read(&conf).expect("sled wrote its conf");
+        assert!(bytes.len() > 12);
+        std::fs::write(&conf, &bytes[..bytes.len() - 4]).expect("tear the conf");
+        let engine = SledEngine::open(&path, false).expect("a torn conf is written again");
+        engine.put_meta("k", b"v").expect("put");
+        assert_eq!(std::fs::read(&conf).expect("conf"), bytes, "written whole");
+    }
+
+    #[test]
+    fn a_snapshot_file_left_half_written_by_a_crash_is_ignored() {
+        // sled writes its snapshot to `snap.<lsn>.generating`, syncs it and renames it; its
+        // recovery reads the newest `snap.*` file, a `.generating` one included, and refuses
+        // a torn one as corrupt. A crash before the sync can leave it torn (found by the
+        // crash-point exploration: sled snapshots on every close, so at each restart).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sled");
+        {
+            let engine = SledEngine::open(&path, false).expect("create");
+            engine.put_meta("k", b"v").expect("put");
+            engine.sync().expect("sync");
+        }
+        let generating = path.join("snap.FFFFFFFFFFFFFFF0.generating");
+        std::fs::write(&generating, b"the first sector of a snapshot").expect("torn snapshot");
+        let engine = SledEngine::open(&path, false).expect("the torn snapshot is ignored");
+        assert_eq!(engine.get_meta("k").expect("get"), Some(b"v".to_vec()));
+        assert!(!generating.exists(), "removed");
+        drop(engine);
+        // A whole one (synced, its rename lost) is sled's to read: left in place.
+        let mut finished: Vec<PathBuf> = std::fs::read_dir(&path)
+            .expect("list")
+            .flatten()
+            .map(|item| item.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+            })
+            .collect();
+        finished.sort();
+        let newest = finished.pop().expect("sled snapshots on close");
+        std::fs::copy(&newest, &generating).expect("a whole unfinished snapshot");
+        let engine = SledEngine::open(&path, false).expect("a whole snapshot opens");
+        assert_eq!(engine.get_meta("k").expect("get"), Some(b"v".to_vec()));
     }
 
     #[test]

@@ -305,6 +305,14 @@ impl Agent {
                 .with_connection_limits(connection_limits.clone())
                 .with_unsafe_modes(config.unsafe_modes.clone()),
         );
+        // Eventual reads are served once a read index confirmed since this start is applied
+        // here; confirm one now rather than on the first read, so that a follower cut off
+        // from the leader later still serves what it holds.
+        tasks.spawn("catch up after start", {
+            let api = api.clone();
+            let round = Duration::from_millis(config.election_timeout_ms * 4);
+            async move { api.forwarder().catch_up_after_start(round).await }
+        });
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         let health = Arc::new(Health {
             reporter: health_reporter,

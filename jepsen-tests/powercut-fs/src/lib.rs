@@ -30,6 +30,11 @@
 //!   renamed or deleted name survives only an `fsync` of its directory (and a new directory
 //!   only an `fsync` of its parent).
 //!
+//! **Trace mode** ([`PowerCutHandle::start_trace`], module [`trace`]) records every mutating
+//! operation and every sync in order, with markers the test process inserts
+//! ([`TraceMarker`]); [`crash_state`] rebuilds from such a trace every file tree a disk could
+//! hold after a crash at any point (ALICE-style crash-point exploration).
+//!
 //! It is reusable: the library API is [`PowerCutFs::mount`] → [`PowerCutHandle`] with
 //! [`PowerCutHandle::cut_power`] and [`PowerCutHandle::unmount`]; the `cairn-powercut-fs` binary
 //! mounts one filesystem and cuts the power on `SIGUSR1` (see `src/main.rs`), so the jepsen
@@ -50,6 +55,8 @@
 //! - Every directory entry of the durable tree names an inode of the durable tree.
 //! - After a cut, the current tree equals the durable tree, restricted to what is reachable
 //!   from the root; a handle's epoch equals the epoch of the tree it was opened on.
+//! - Trace mode: an operation is recorded, under the state lock, after it changed the current
+//!   tree and before the kernel is answered; a failed operation is not recorded.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -86,6 +93,12 @@ use fuser::Request;
 use fuser::TimeOrNow;
 use fuser::WriteFlags;
 use parking_lot::Mutex;
+
+pub mod crash_state;
+pub mod trace;
+
+pub use trace::TraceOp;
+pub use trace::TraceRecord;
 
 /// Errors of mounting and unmounting.
 #[derive(Debug, thiserror::Error)]
@@ -327,6 +340,8 @@ struct State {
     pending: HashMap<u64, Vec<PendingWrite>>,
     /// Torn-writes mode: xorshift state.
     rng: u64,
+    /// Trace mode: every mutating operation and marker, in order (`None`: not tracing).
+    trace: Option<Vec<TraceRecord>>,
 }
 
 impl State {
@@ -349,6 +364,7 @@ impl State {
             pending: HashMap::new(),
             // xorshift must not start at zero.
             rng: options.torn_writes_seed.unwrap_or(0) | 1,
+            trace: None,
         }
     }
 
@@ -435,6 +451,47 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Trace mode: appends `op` (with the path it concerns now, for people) to the trace.
+    fn record(&mut self, op: TraceOp) {
+        if self.trace.is_none() {
+            return;
+        }
+        let path = match &op {
+            TraceOp::Create { parent, name, .. }
+            | TraceOp::Rename { parent, name, .. }
+            | TraceOp::Unlink { parent, name, .. } => self.path_in(*parent, name),
+            TraceOp::Write { ino, .. }
+            | TraceOp::SetLen { ino, .. }
+            | TraceOp::Fallocate { ino, .. }
+            | TraceOp::SyncFile { ino, .. }
+            | TraceOp::SyncDirectory { ino } => self.path_of(*ino),
+            TraceOp::Marker(_) => String::new(),
+        };
+        if let Some(trace) = self.trace.as_mut() {
+            trace.push(TraceRecord { op, path });
+        }
+    }
+
+    /// A current path of `ino` (`/` for the root, `?` when it has no name).
+    fn path_of(&self, ino: u64) -> String {
+        if ino == ROOT {
+            return "/".to_string();
+        }
+        match self.current.links_to(ino).into_iter().next() {
+            Some((parent, name)) => self.path_in(parent, &name),
+            None => format!("?(ino {ino})"),
+        }
+    }
+
+    fn path_in(&self, parent: u64, name: &OsStr) -> String {
+        let mut path = self.path_of(parent);
+        if !path.ends_with('/') {
+            path.push('/');
+        }
+        path.push_str(&name.to_string_lossy());
+        path
     }
 
     fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
@@ -535,6 +592,7 @@ impl State {
         let ino = self.next_ino;
         self.next_ino += 1;
         let perm = (mode & !umask & 0o7777) as u16;
+        let directory = matches!(content, Content::Directory(_));
         self.current
             .inodes
             .insert(ino, Inode::new(content, perm, req.uid(), req.gid()));
@@ -542,6 +600,12 @@ impl State {
             .entries_mut(parent)?
             .insert(name.to_os_string(), ino);
         touch_dir(&mut self.current, parent);
+        self.record(TraceOp::Create {
+            parent,
+            name: name.to_os_string(),
+            ino,
+            directory,
+        });
         Ok(ino)
     }
 
@@ -780,6 +844,10 @@ impl Filesystem for PowerCutFilesystem {
         inode.ctime = SystemTime::now();
         if let Some(len) = resized {
             state.remember(ino.0, PendingWrite::SetLen(len));
+            state.record(TraceOp::SetLen {
+                ino: ino.0,
+                len_bytes: len,
+            });
         }
         match state.attr(ino.0) {
             Ok(attr) => reply.attr(&TTL, &attr),
@@ -849,8 +917,15 @@ impl Filesystem for PowerCutFilesystem {
             if state.current.inodes.get(&ino).is_some_and(Inode::is_dir) {
                 return Err(Errno::EISDIR);
             }
+            let directory = false;
             state.current.entries_mut(parent.0)?.remove(name);
             touch_dir(&mut state.current, parent.0);
+            state.record(TraceOp::Unlink {
+                parent: parent.0,
+                name: name.to_os_string(),
+                ino,
+                directory,
+            });
             state.drop_if_orphan(ino);
             Ok(())
         })();
@@ -871,8 +946,15 @@ impl Filesystem for PowerCutFilesystem {
             if !state.current.entries(ino)?.is_empty() {
                 return Err(Errno::ENOTEMPTY);
             }
+            let directory = true;
             state.current.entries_mut(parent.0)?.remove(name);
             touch_dir(&mut state.current, parent.0);
+            state.record(TraceOp::Unlink {
+                parent: parent.0,
+                name: name.to_os_string(),
+                ino,
+                directory,
+            });
             state.drop_if_orphan(ino);
             Ok(())
         })();
@@ -947,6 +1029,14 @@ impl Filesystem for PowerCutFilesystem {
                 .insert(newname.to_os_string(), source);
             touch_dir(&mut state.current, parent.0);
             touch_dir(&mut state.current, newparent.0);
+            state.record(TraceOp::Rename {
+                parent: parent.0,
+                name: name.to_os_string(),
+                new_parent: newparent.0,
+                new_name: newname.to_os_string(),
+                ino: source,
+                replaced: target,
+            });
             if let Some(target) = target {
                 state.drop_if_orphan(target);
             }
@@ -1049,6 +1139,13 @@ impl Filesystem for PowerCutFilesystem {
                         data: data.to_vec(),
                     },
                 );
+                if state.trace.is_some() {
+                    state.record(TraceOp::Write {
+                        ino: ino.0,
+                        offset,
+                        data: data.to_vec(),
+                    });
+                }
                 reply.written(data.len() as u32);
             }
             Some(_) => reply.error(Errno::EISDIR),
@@ -1087,13 +1184,24 @@ impl Filesystem for PowerCutFilesystem {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _datasync: bool,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
         self.sync_latency();
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_file(ino.0)) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                let directory = state.current.inodes.get(&ino.0).is_some_and(Inode::is_dir);
+                state.record(if directory {
+                    TraceOp::SyncDirectory { ino: ino.0 }
+                } else {
+                    TraceOp::SyncFile {
+                        ino: ino.0,
+                        data_only: datasync,
+                    }
+                });
+                reply.ok()
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1177,7 +1285,10 @@ impl Filesystem for PowerCutFilesystem {
         self.sync_latency();
         let mut state = self.state.lock();
         match state.check_handle(fh).and_then(|()| state.sync_dir(ino.0)) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                state.record(TraceOp::SyncDirectory { ino: ino.0 });
+                reply.ok()
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1272,6 +1383,10 @@ impl Filesystem for PowerCutFilesystem {
                         data.resize(end as usize, 0);
                         state.remember(ino.0, PendingWrite::SetLen(end));
                     }
+                    state.record(TraceOp::Fallocate {
+                        ino: ino.0,
+                        end_bytes: end,
+                    });
                     reply.ok();
                 }
                 None => reply.error(Errno::EFBIG),
@@ -1330,6 +1445,21 @@ impl PowerCutFs {
     }
 }
 
+/// Inserts markers into a filesystem's trace ([`PowerCutHandle::marker`]); cheap to clone,
+/// usable from any thread (a library's I/O thread running a durability callback, say).
+#[derive(Clone)]
+pub struct TraceMarker {
+    state: Arc<Mutex<State>>,
+}
+
+impl TraceMarker {
+    /// Appends `Marker(id)` to the trace, after every operation the filesystem has applied
+    /// (dropped when tracing is off).
+    pub fn mark(&self, id: u64) {
+        self.state.lock().record(TraceOp::Marker(id));
+    }
+}
+
 /// A frozen filesystem ([`PowerCutHandle::freeze`]); dropping it thaws the filesystem.
 pub struct Freeze {
     release: Option<std::sync::mpsc::Sender<()>>,
@@ -1384,6 +1514,33 @@ impl PowerCutHandle {
             release: Some(release),
             thread: Some(thread),
         }
+    }
+
+    /// Starts trace mode (see [`trace`]): from now on every mutating operation and every sync
+    /// is recorded, in order, until [`PowerCutHandle::take_trace`]. Refused (`false`) unless
+    /// the filesystem is still empty, since a trace must rebuild everything from its start.
+    pub fn start_trace(&self) -> bool {
+        let mut state = self.state.lock();
+        let empty = state
+            .current
+            .entries(ROOT)
+            .is_ok_and(|entries| entries.is_empty());
+        if empty {
+            state.trace = Some(Vec::new());
+        }
+        empty
+    }
+
+    /// A handle that inserts markers into this filesystem's trace, from any thread.
+    pub fn marker(&self) -> TraceMarker {
+        TraceMarker {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Stops trace mode and returns what was recorded (empty if it was never started).
+    pub fn take_trace(&self) -> Vec<TraceRecord> {
+        self.state.lock().trace.take().unwrap_or_default()
     }
 
     /// What the filesystem has done so far.

@@ -175,3 +175,80 @@ fn binary_cuts_power_on_sigusr1_and_unmounts_on_sigterm() {
     assert_eq!(lines.next().expect("a line").expect("utf-8"), "unmounted");
     assert!(child.wait().expect("wait").success());
 }
+
+#[test]
+fn trace_mode_records_changes_and_syncs_in_order_with_markers() {
+    // Through a real mount: a file written, synced and renamed into place, with markers before
+    // and after the sync, comes back as that sequence; the crash states of the trace hold the
+    // old name and nothing unsynced before the directory sync, the new name after it.
+    use cairn_powercut_fs::crash_state;
+    use cairn_powercut_fs::crash_state::Semantics;
+    use cairn_powercut_fs::TraceOp;
+    if skip_without_fuse("trace_mode_records_changes_and_syncs_in_order_with_markers") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fs = PowerCutFs::mount(dir.path()).expect("mount");
+    assert!(fs.start_trace(), "an empty filesystem can be traced");
+    let marker = fs.marker();
+    let root = dir.path();
+    let mut file = File::create(root.join("f.tmp")).expect("create");
+    file.write_all(&[7u8; 1500]).expect("write");
+    marker.mark(1);
+    file.sync_data().expect("fdatasync");
+    marker.mark(2);
+    std::fs::rename(root.join("f.tmp"), root.join("f")).expect("rename");
+    File::open(root)
+        .expect("open root")
+        .sync_all()
+        .expect("fsync root");
+    drop(file);
+    let trace = fs.take_trace();
+    let ops: Vec<&TraceOp> = trace.iter().map(|record| &record.op).collect();
+    let position = |wanted: &dyn Fn(&TraceOp) -> bool| {
+        ops.iter()
+            .position(|op| wanted(op))
+            .unwrap_or_else(|| panic!("{trace:#?}"))
+    };
+    let create = position(&|op| matches!(op, TraceOp::Create { name, .. } if name == "f.tmp"));
+    let write = position(&|op| matches!(op, TraceOp::Write { data, .. } if data.len() == 1500));
+    let first_mark = position(&|op| *op == TraceOp::Marker(1));
+    let sync = position(&|op| {
+        matches!(
+            op,
+            TraceOp::SyncFile {
+                data_only: true,
+                ..
+            }
+        )
+    });
+    let second_mark = position(&|op| *op == TraceOp::Marker(2));
+    let rename = position(&|op| matches!(op, TraceOp::Rename { new_name, .. } if new_name == "f"));
+    let sync_root = position(&|op| matches!(op, TraceOp::SyncDirectory { ino: 1 }));
+    assert!(
+        create < write
+            && write < first_mark
+            && first_mark < sync
+            && sync < second_mark
+            && second_mark < rename
+            && rename < sync_root,
+        "{trace:#?}"
+    );
+    for semantics in [Semantics::FileSyncNamesFile, Semantics::StrictDirectories] {
+        let before = crash_state::window(&trace, sync_root, semantics);
+        let tree = crash_state::build(&trace, &before, &crash_state::Choice::default());
+        assert!(
+            tree.file(Path::new("f")).is_none(),
+            "{semantics:?}: {tree:?}"
+        );
+        let after = crash_state::window(&trace, trace.len(), semantics);
+        let tree = crash_state::build(&trace, &after, &crash_state::Choice::default());
+        assert_eq!(
+            tree.file(Path::new("f")),
+            Some(&[7u8; 1500][..]),
+            "{semantics:?}"
+        );
+        assert!(tree.file(Path::new("f.tmp")).is_none());
+    }
+    fs.unmount().expect("unmount");
+}

@@ -9,7 +9,8 @@ mod identity;
 mod log_growth;
 mod network;
 pub mod peer_gate;
-mod purge_gate;
+#[doc(hidden)]
+pub mod purge_gate;
 pub mod read_batch;
 mod series;
 pub mod stages;
@@ -40,6 +41,11 @@ pub use network::{
 pub use peer_gate::PeerGate;
 pub use series::{describe_metrics, PEER_ROUND_TRIP_TIME};
 pub use state_machine::StateMachine;
+
+/// For `tests/crash_points.rs`, which opens a state machine as [`RaftHandle::start`] does
+/// ([`StateMachine::open`] takes one); not an API.
+#[doc(hidden)]
+pub use log_growth::LogGrowth;
 
 /// A member's addresses, as stored in the Raft membership.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -531,7 +537,11 @@ fn start_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> anyhow::Erro
 /// Refuses to start when the log is purged beyond what the loaded snapshot covers: the state
 /// in between is lost (a damaged or missing snapshot). Without this check openraft stops at
 /// start with "Failed to get log entries", naming no file.
-async fn check_snapshot_covers_log(
+///
+/// `pub` only for `tests/crash_points.rs`, which opens each crash state as [`RaftHandle::start`]
+/// does and applies this same rule; not an API.
+#[doc(hidden)]
+pub async fn check_snapshot_covers_log(
     log_store: &LogStore,
     state_machine: &StateMachine,
     log_dir: &Path,
@@ -559,10 +569,16 @@ async fn check_snapshot_covers_log(
         },
         None => crate::fatal::FatalCause::Corruption {
             file: snapshot_dir(log_dir.parent().unwrap_or(log_dir)),
-            detail: format!(
-                "no snapshot file is there, but the Raft log is purged through index {purged}: \
-                 the state up to there is lost"
-            ),
+            detail: match applied {
+                Some(applied) => format!(
+                    "the newest snapshot file there reaches index {applied}, but the Raft log \
+                     is purged through index {purged}: the state in between is lost"
+                ),
+                None => format!(
+                    "no snapshot file is there, but the Raft log is purged through index \
+                     {purged}: the state up to there is lost"
+                ),
+            },
         },
     };
     Err(cause.into())

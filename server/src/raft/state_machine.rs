@@ -318,7 +318,8 @@ impl StateMachine {
     }
 
     /// Tells `gate` of every snapshot that becomes durable from now on (set once, at start).
-    pub(super) fn set_purge_gate(&self, gate: Arc<super::purge_gate::PurgeGate>) {
+    #[doc(hidden)]
+    pub fn set_purge_gate(&self, gate: Arc<super::purge_gate::PurgeGate>) {
         let set = self.shared.purge_gate.set(gate);
         assert!(set.is_ok(), "the purge gate is set once");
     }
@@ -670,7 +671,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             restore_from_file(&store, &incoming, Some(last_log_id.index), DOING, admit)?;
             std::fs::rename(&incoming, &install_path)
                 .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
-            // The name must be durable before the log is purged through the snapshot.
+            // The new name is durable before the deferred log purge behind it is carried
+            // out (`snapshot_durable`), and before `prune_except` removes the older snapshots.
             crate::durable::sync_parent(&install_path)
                 .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
             Ok(())
