@@ -59,15 +59,15 @@ use bytes::Bytes;
 use cairn_fsm::Command;
 use cairn_fsm::Limits;
 use cairn_fsm::Store;
-use cairn_node::raft::check_snapshot_covers_log;
-use cairn_node::raft::purge_gate::GatedLog;
-use cairn_node::raft::purge_gate::PurgeGate;
-use cairn_node::raft::ClusterIdentity;
-use cairn_node::raft::LogGrowth;
-use cairn_node::raft::LogPayload;
-use cairn_node::raft::Membership;
-use cairn_node::raft::StateMachine;
-use cairn_node::raft::TypeConfig;
+use cairn_server::raft::check_snapshot_covers_log;
+use cairn_server::raft::purge_gate::GatedLog;
+use cairn_server::raft::purge_gate::PurgeGate;
+use cairn_server::raft::ClusterIdentity;
+use cairn_server::raft::LogGrowth;
+use cairn_server::raft::LogPayload;
+use cairn_server::raft::Membership;
+use cairn_server::raft::StateMachine;
+use cairn_server::raft::TypeConfig;
 use cairn_powercut_fs::crash_state;
 use cairn_powercut_fs::crash_state::PlanClass;
 use cairn_powercut_fs::crash_state::Semantics;
@@ -409,7 +409,7 @@ fn open_state_machine(data_dir: &Path) -> anyhow::Result<(StateMachine, Store)> 
     let identity = Arc::new(ClusterIdentity::open(data_dir)?);
     let store = Store::new(Limits::default());
     let state_machine = StateMachine::open(
-        &cairn_node::raft::snapshot_dir(data_dir),
+        &cairn_server::raft::snapshot_dir(data_dir),
         store.clone(),
         identity,
         LogGrowth::new(1 << 30),
@@ -480,7 +480,7 @@ impl Workload {
         std::fs::File::open(data_dir.parent().expect("parent"))
             .and_then(|dir| dir.sync_all())
             .expect("fsync the mount's root");
-        let log = Log::open(&cairn_node::raft::log_dir(&data_dir), options.clone())
+        let log = Log::open(&cairn_server::raft::log_dir(&data_dir), options.clone())
             .expect("open the log");
         let (state_machine, store) = open_state_machine(&data_dir).expect("state machine");
         let gate = PurgeGate::new(log.clone(), state_machine.snapshot_index());
@@ -909,7 +909,7 @@ impl Workload {
         self.log = None;
         self.state_machine = None;
         self.gate = None;
-        let log_dir = cairn_node::raft::log_dir(&self.data_dir);
+        let log_dir = cairn_server::raft::log_dir(&self.data_dir);
         self.log = Some(Log::open(&log_dir, self.options.clone()).expect("reopen the log"));
         let (state_machine, store) =
             open_state_machine(&self.data_dir).expect("reopen the state machine");
@@ -1013,7 +1013,7 @@ async fn check_state(
     expect: &Expect,
     history: &History,
 ) -> Result<(), Violation> {
-    let log_dir = cairn_node::raft::log_dir(data_dir);
+    let log_dir = cairn_server::raft::log_dir(data_dir);
     let mut log = Log::open(&log_dir, options.clone()).map_err(|e| {
         violation(
             "opens",
