@@ -21,8 +21,7 @@ use super::report::{self, Format, Latency, Progress, Report, SelfCpu, ServerWatc
 use super::{
     bench_id, bench_resource, bench_tenancy, bench_type, connect, key_name, key_of,
     resource_client, targets, BenchChannel, BenchError, Cluster, ConsistencyArg, FastRng,
-    LoadOptions,
-    ResourceClient,
+    LoadOptions, ResourceClient,
 };
 
 /// Which operations a run sends.

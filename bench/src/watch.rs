@@ -17,9 +17,7 @@ use bytes::Bytes;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, watch_event};
 
-use super::report::{
-    self, Format, Latency, Progress, Report, SelfCpu, ServerWatch, WatchFigures,
-};
+use super::report::{self, Format, Latency, Progress, Report, SelfCpu, ServerWatch, WatchFigures};
 use super::{
     bench_resource, bench_tenancy, bench_type, connect, resource_client, run_id, targets,
     BenchChannel, BenchError, Cluster, FastRng, LoadOptions, ResourceClient,

@@ -33,8 +33,8 @@ use cairn_client::{ResourceKey, WatchCache, WatchSpec};
 use cairn_proto::v1::{Consistency, ListRequest, Resource, Tenancy, Type};
 use clap::{Args, Subcommand, ValueEnum};
 
-use cairn_bench::{BenchError, LoadOptions, Report, StandardLoad};
 use crate::exit;
+use cairn_bench::{BenchError, LoadOptions, Report, StandardLoad};
 
 /// etcd's guidance for WAL fsync: "the 99th percentile of fdatasync … less than 10 ms".
 pub const DISK_FSYNC_P99_MAX: Duration = Duration::from_millis(10);

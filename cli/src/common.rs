@@ -185,6 +185,24 @@ mod tests {
     use super::*;
     use cairn_client::Outcome;
 
+    /// The agent ignores the `CAIRN_*` variables of the cluster flags without a warning; it
+    /// knows them by the list the configuration keeps, which must be these flags' own.
+    #[test]
+    fn the_configuration_knows_the_cluster_flags_variables() {
+        let mut flags: Vec<String> = ClusterArgs::augment_args(clap::Command::new("client"))
+            .get_arguments()
+            .filter_map(|arg| arg.get_env())
+            .map(|name| name.to_string_lossy().into_owned())
+            .collect();
+        flags.sort();
+        let mut known: Vec<String> = cairn_server::config::COMMAND_LINE_ENVIRONMENT
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        known.sort();
+        assert_eq!(flags, known);
+    }
+
     #[test]
     fn exit_codes_follow_the_shared_table() {
         // 3 not found, 4 CAS conflict, 5 unavailable, 2 invalid, 1 the rest.

@@ -35,9 +35,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use admin::{EndpointCommand, MemberCommand, TransferArgs};
 use cairn_server::config::parse_members;
 use cairn_server::embed::EmbeddedNode;
-use admin::{EndpointCommand, MemberCommand, TransferArgs};
 
 #[derive(Parser)]
 #[command(

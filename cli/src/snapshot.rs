@@ -21,8 +21,8 @@ use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use cairn_client::admin::Leader;
 use crate::exit;
+use cairn_client::admin::Leader;
 use cairn_server::config::parse_members;
 use cairn_server::snapshot_file::{
     self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter, TempFile,
@@ -465,7 +465,7 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         .last_log_index
         .checked_add(bump_index)
         .ok_or_else(|| CommandError::Usage("--bump-index overflows".into()))?;
-    let nodes = cairn_server::config::membership_nodes(&members);
+    let nodes = cairn_server::raft::membership_nodes(&members);
     let (membership, term, leader) = cairn_server::raft::seed_membership(&nodes, index);
     let mut id_source = format!("{}|{}|{}|", old.cluster_id, old.last_log_index, bump_index);
     for m in &members {

@@ -10,9 +10,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use cairn_server::raft::{LogPayload, NodeId, TypeConfig};
 use cairn_proto::v1::raft_service_client::RaftServiceClient;
 use cairn_proto::v1::{Consistency, RaftMessage, StatusResponse};
+use cairn_server::raft::{LogPayload, NodeId, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
 use support::*;

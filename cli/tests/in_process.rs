@@ -20,9 +20,9 @@ use cairn_client::{
     CacheEvent, Client, ClientError, ClientOptions, ResourceApi, WatchCache, WatchCacheOptions,
     WatchSpec,
 };
+use cairn_proto::v1::{Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
 use cairn_server::config::{parse_members, Config, GrantConfig};
 use cairn_server::embed::EmbeddedNode;
-use cairn_proto::v1::{Consistency, Id, Resource, Tenancy, Type, WatchListRequest};
 use jepsen_tests::cluster::free_port;
 use parking_lot::Mutex;
 

@@ -15,10 +15,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cairn_client::{Client, ResourceApi};
-use cairn_server::config::{parse_members, Config};
-use cairn_server::embed::EmbeddedNode;
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{Consistency, Id, ListRequest, Resource, Tenancy, Type};
+use cairn_server::config::{parse_members, Config};
+use cairn_server::embed::EmbeddedNode;
 use criterion::{criterion_group, criterion_main, Criterion};
 use jepsen_tests::cluster::free_port;
 

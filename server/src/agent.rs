@@ -50,7 +50,6 @@ use cairn_proto::v1::{self as pb};
 use tokio::sync::watch;
 
 use crate::admin::Admin;
-use cairn_client::admin::{AdminClient, Operation};
 use crate::config::{Config, ConfigSource};
 use crate::connections::{ActivityLayer, PortLimits};
 use crate::fatal::{FatalCause, NodeContext, ShutdownProgress};
@@ -58,6 +57,7 @@ use crate::grpc_metrics;
 use crate::raft::{ClusterIdentity, NodeInfo, RaftHandle, RaftSettings};
 use crate::service::{ResourceApi, ResourceGrpc};
 use crate::tls::NodeTls;
+use cairn_client::admin::{AdminClient, Operation};
 
 pub fn limits(config: &Config) -> cairn_fsm::Limits {
     cairn_fsm::Limits {
@@ -173,7 +173,7 @@ impl Agent {
         }
         let auth = Arc::new(crate::auth::Authenticator::from_config(&config.auth)?);
         let node_token = crate::auth::load_node_token(&config.auth)?;
-        log_auth_mode(&auth.current(), node_token.as_ref());
+        crate::auth::log_auth_mode(&auth.current(), node_token.as_ref());
         let (client_limits, peer_limits) = port_limits(&config);
         let tls = NodeTls::load(&config).context("TLS")?;
         // How this node calls other nodes' client ports: over TLS when it
@@ -827,41 +827,11 @@ async fn bootstrap(raft: &RaftHandle, config: &Config) -> anyhow::Result<()> {
         raft.identity
             .set(&format!("{:032x}", rand::random::<u128>()))?;
     }
-    let members = crate::config::membership_nodes(&config.members);
+    let members = crate::raft::membership_nodes(&config.members);
     if raft.initialize(members).await? {
         tracing::info!(cluster_id = %raft.identity.cluster_id(), "initialized a new cluster");
     }
     Ok(())
-}
-
-/// Says in the log whether the client port requires credentials, and
-/// whether the node token can do what a node needs (at start and reload).
-pub(crate) fn log_auth_mode(
-    auth: &crate::auth::GrantTable,
-    node_token: Option<&cairn_client::BearerToken>,
-) {
-    if !auth.is_enabled() {
-        tracing::warn!(
-            "the client port is unauthenticated: no [[auth.grants]] in the config, so any \
-             client that reaches it may read, write and administer the cluster"
-        );
-        return;
-    }
-    tracing::info!(
-        grants = auth.grant_count(),
-        "the client port requires a bearer token (or a client certificate with a grant)"
-    );
-    match node_token {
-        None => tracing::warn!(
-            "auth.node_token_file is not set: this node cannot join a cluster, hand \
-             leadership off on shutdown, or check its membership at start"
-        ),
-        Some(token) if !auth.token_is_admin(token.secret()) => tracing::warn!(
-            "the token in auth.node_token_file has no admin grant on this node: other \
-             nodes need its hash in a grant with admin = true"
-        ),
-        Some(_) => {}
-    }
 }
 
 /// Joins the cluster through `address` as a learner, waits until the leader counts it caught

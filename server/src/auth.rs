@@ -79,32 +79,24 @@ pub struct Grant {
 }
 
 impl Grant {
+    /// The grant `config` describes (its scopes checked by [`GrantConfig::scopes`]).
+    #[cfg(test)]
     fn parse(config: &GrantConfig) -> Result<Grant, String> {
-        let read = config
-            .read
-            .as_ref()
-            .map(|s| Scope::parse(&s.types, &s.tenancies))
-            .transpose()
-            .map_err(|e| format!("read: {e}"))?;
-        let write = config
-            .write
-            .as_ref()
-            .map(|s| Scope::parse(&s.types, &s.tenancies))
-            .transpose()
-            .map_err(|e| format!("write: {e}"))?;
-        if read.is_none() && write.is_none() && !config.admin {
-            return Err("grants nothing: give `read`, `write` or `admin = true`".into());
-        }
+        let (read, write) = config.scopes()?;
+        Ok(Grant::new(config, read, write))
+    }
+
+    fn new(config: &GrantConfig, read: Option<Scope>, write: Option<Scope>) -> Grant {
         let visible = Arc::new(ReadScope::new(
             read.iter().chain(write.iter()).cloned().collect(),
         ));
-        Ok(Grant {
+        Grant {
             name: config.name.clone(),
             read,
             write,
             visible,
             admin: config.admin,
-        })
+        }
     }
 
     fn scopes(&self) -> impl Iterator<Item = &Scope> {
@@ -323,52 +315,16 @@ pub struct GrantTable {
 impl GrantTable {
     /// Builds the lookup from `[auth]`; every mistake is an error naming
     /// the grant (by position and name) and what is wrong with it.
+    /// The grants are checked by the configuration ([`AuthConfig::check_grants`]).
     pub fn from_config(config: &AuthConfig) -> Result<GrantTable, ConfigError> {
         let mut auth = GrantTable::default();
-        let mut names = HashSet::new();
-        for (index, g) in config.grants.iter().enumerate() {
-            let fail = |reason: String| {
-                invalid(
-                    "auth.grants",
-                    format!("grant {} ({:?}): {reason}", index + 1, g.name),
-                )
-            };
-            if g.name.trim().is_empty() {
-                return Err(fail("`name` is empty".into()));
+        for checked in config.check_grants()? {
+            let grant = Arc::new(Grant::new(checked.config, checked.read, checked.write));
+            if let Some(hash) = checked.token_sha256 {
+                auth.by_token_sha256.insert(hash, grant.clone());
             }
-            if !names.insert(g.name.clone()) {
-                return Err(fail("another grant has this name".into()));
-            }
-            if g.token_sha256.is_none() && g.subject.is_none() {
-                return Err(fail(
-                    "give `token_sha256` (from `cairn token new`) or `subject`".into(),
-                ));
-            }
-            let grant = Arc::new(Grant::parse(g).map_err(fail)?);
-            if let Some(hash) = &g.token_sha256 {
-                let hash = hash.trim().to_ascii_lowercase();
-                if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(fail(
-                        "`token_sha256` must be 64 hex digits (the SHA-256 of the token, \
-                         not the token)"
-                            .into(),
-                    ));
-                }
-                if auth.by_token_sha256.insert(hash, grant.clone()).is_some() {
-                    return Err(fail("another grant has the same token_sha256".into()));
-                }
-            }
-            if let Some(subject) = &g.subject {
-                if subject.trim().is_empty() {
-                    return Err(fail("`subject` is empty".into()));
-                }
-                if auth
-                    .by_subject
-                    .insert(subject.clone(), grant.clone())
-                    .is_some()
-                {
-                    return Err(fail("another grant has the same subject".into()));
-                }
+            if let Some(subject) = &checked.config.subject {
+                auth.by_subject.insert(subject.clone(), grant);
             }
         }
         Ok(auth)
@@ -668,6 +624,33 @@ pub fn load_node_token(config: &AuthConfig) -> anyhow::Result<Option<cairn_clien
         )
     })?;
     Ok(Some(token))
+}
+
+/// Says in the log whether the client port requires credentials, and
+/// whether the node token can do what a node needs (at start and reload).
+pub fn log_auth_mode(auth: &GrantTable, node_token: Option<&cairn_client::BearerToken>) {
+    if !auth.is_enabled() {
+        tracing::warn!(
+            "the client port is unauthenticated: no [[auth.grants]] in the config, so any \
+             client that reaches it may read, write and administer the cluster"
+        );
+        return;
+    }
+    tracing::info!(
+        grants = auth.grant_count(),
+        "the client port requires a bearer token (or a client certificate with a grant)"
+    );
+    match node_token {
+        None => tracing::warn!(
+            "auth.node_token_file is not set: this node cannot join a cluster, hand \
+             leadership off on shutdown, or check its membership at start"
+        ),
+        Some(token) if !auth.token_is_admin(token.secret()) => tracing::warn!(
+            "the token in auth.node_token_file has no admin grant on this node: other \
+             nodes need its hash in a grant with admin = true"
+        ),
+        Some(_) => {}
+    }
 }
 
 #[cfg(test)]

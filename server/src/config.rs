@@ -3,10 +3,11 @@
 //! [`sources`]). A bad value is reported with the name of its field and the agent exits
 //! non-zero. Every setting is documented in `docs/configuration.md`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use cairn_fsm::Scope;
 use figment::providers::Serialized;
 use serde::{Deserialize, Serialize};
 
@@ -25,24 +26,6 @@ pub struct MemberConfig {
     pub id: u64,
     pub peer_address: String,
     pub client_address: String,
-}
-
-/// `members` as the Raft membership stores them: id → addresses.
-pub fn membership_nodes(
-    members: &[MemberConfig],
-) -> std::collections::BTreeMap<u64, crate::raft::NodeInfo> {
-    members
-        .iter()
-        .map(|m| {
-            (
-                m.id,
-                crate::raft::NodeInfo {
-                    peer_address: m.peer_address.clone(),
-                    client_address: m.client_address.clone(),
-                },
-            )
-        })
-        .collect()
 }
 
 /// Where a follower serves a strong read or list (`follower_strong_reads`).
@@ -103,6 +86,102 @@ pub struct GrantConfig {
 pub struct ScopeConfig {
     pub types: Vec<String>,
     pub tenancies: Vec<String>,
+}
+
+/// One `[[auth.grants]]` entry as its checks leave it ([`AuthConfig::check_grants`]): its
+/// scopes parsed, its token hash as the lookup keys it. What the client port makes of a
+/// grant (authentication, authorization) is the `auth` module's.
+#[derive(Debug, Clone)]
+pub struct CheckedGrant<'a> {
+    pub config: &'a GrantConfig,
+    pub read: Option<Scope>,
+    pub write: Option<Scope>,
+    /// `token_sha256`, trimmed, in lower case.
+    pub token_sha256: Option<String>,
+}
+
+impl GrantConfig {
+    /// The grant's `read` and `write` scopes, parsed; an error says which one is wrong, or
+    /// that the grant grants nothing.
+    pub fn scopes(&self) -> Result<(Option<Scope>, Option<Scope>), String> {
+        let read = self
+            .read
+            .as_ref()
+            .map(|s| Scope::parse(&s.types, &s.tenancies))
+            .transpose()
+            .map_err(|e| format!("read: {e}"))?;
+        let write = self
+            .write
+            .as_ref()
+            .map(|s| Scope::parse(&s.types, &s.tenancies))
+            .transpose()
+            .map_err(|e| format!("write: {e}"))?;
+        if read.is_none() && write.is_none() && !self.admin {
+            return Err("grants nothing: give `read`, `write` or `admin = true`".into());
+        }
+        Ok((read, write))
+    }
+}
+
+impl AuthConfig {
+    /// Checks `[auth]`'s grants, in order; every mistake is an error naming the grant (by
+    /// position and name) and what is wrong with it.
+    pub fn check_grants(&self) -> Result<Vec<CheckedGrant<'_>>, ConfigError> {
+        let mut checked = Vec::with_capacity(self.grants.len());
+        let mut names = HashSet::new();
+        let mut hashes = HashSet::new();
+        let mut subjects = HashSet::new();
+        for (index, g) in self.grants.iter().enumerate() {
+            let fail = |reason: String| {
+                invalid(
+                    "auth.grants",
+                    format!("grant {} ({:?}): {reason}", index + 1, g.name),
+                )
+            };
+            if g.name.trim().is_empty() {
+                return Err(fail("`name` is empty".into()));
+            }
+            if !names.insert(g.name.clone()) {
+                return Err(fail("another grant has this name".into()));
+            }
+            if g.token_sha256.is_none() && g.subject.is_none() {
+                return Err(fail(
+                    "give `token_sha256` (from `cairn token new`) or `subject`".into(),
+                ));
+            }
+            let (read, write) = g.scopes().map_err(fail)?;
+            let mut token_sha256 = None;
+            if let Some(hash) = &g.token_sha256 {
+                let hash = hash.trim().to_ascii_lowercase();
+                if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(fail(
+                        "`token_sha256` must be 64 hex digits (the SHA-256 of the token, \
+                         not the token)"
+                            .into(),
+                    ));
+                }
+                if !hashes.insert(hash.clone()) {
+                    return Err(fail("another grant has the same token_sha256".into()));
+                }
+                token_sha256 = Some(hash);
+            }
+            if let Some(subject) = &g.subject {
+                if subject.trim().is_empty() {
+                    return Err(fail("`subject` is empty".into()));
+                }
+                if !subjects.insert(subject.clone()) {
+                    return Err(fail("another grant has the same subject".into()));
+                }
+            }
+            checked.push(CheckedGrant {
+                config: g,
+                read,
+                write,
+                token_sha256,
+            });
+        }
+        Ok(checked)
+    }
 }
 
 /// Client certificates on the client port (`tls_client_auth`).
@@ -684,7 +763,7 @@ impl Config {
             ));
         }
         // The peer gate refuses larger chunks from any sender: the same bound.
-        let chunk_max = crate::raft::peer_gate::SNAPSHOT_CHUNK_BYTES_MAX;
+        let chunk_max = crate::bounds::SNAPSHOT_CHUNK_BYTES_MAX;
         if !(64 * 1024..=chunk_max).contains(&self.snapshot_chunk_bytes) {
             return Err(invalid(
                 "snapshot_chunk_bytes",
@@ -715,7 +794,7 @@ impl Config {
         crate::logging::check_log_level(&self.log_level)
             .map_err(|reason| invalid("log_level", reason))?;
         self.validate_limits()?;
-        crate::auth::GrantTable::from_config(&self.auth)?;
+        self.auth.check_grants()?;
         self.validate_tls()?;
         self.validate_connections()
     }
@@ -854,7 +933,7 @@ impl Config {
         check_range(
             "replication_batch_bytes_max",
             self.replication_batch_bytes_max,
-            64 * 1024..=crate::raft::DECODE_BYTES_MAX,
+            64 * 1024..=crate::bounds::DECODE_BYTES_MAX,
         )?;
         self.check_peer_messages_fit()?;
         // The upper bounds are the fsm's hard bounds: what every replica
@@ -910,18 +989,17 @@ impl Config {
     /// Every message the Raft of a valid configuration builds fits in `peer_message_bytes_max`
     /// (a peer refuses a larger one, and a leader would resend it for ever): an AppendEntries
     /// of `replication_batch_bytes_max`, or of one entry alone, whose size is bounded by a
-    /// write batch ([`crate::raft::write_batch::BATCH_BYTES_MAX`]) plus one more command (a
+    /// write batch ([`crate::bounds::WRITE_BATCH_BYTES_MAX`]) plus one more command (a
     /// client message, at most `client_message_bytes_max`); a snapshot chunk; a forwarded
     /// request. Each with [`PEER_MESSAGE_OVERHEAD_BYTES`] for its envelope.
     fn check_peer_messages_fit(&self) -> Result<(), ConfigError> {
-        let entry_bytes_max =
-            crate::raft::write_batch::BATCH_BYTES_MAX + self.client_message_bytes_max;
+        let entry_bytes_max = crate::bounds::WRITE_BATCH_BYTES_MAX + self.client_message_bytes_max;
         let needs = [
             (
                 format!(
                     "one Raft entry (a write batch of up to {} bytes plus one command of up to \
                      client_message_bytes_max = {})",
-                    crate::raft::write_batch::BATCH_BYTES_MAX,
+                    crate::bounds::WRITE_BATCH_BYTES_MAX,
                     self.client_message_bytes_max
                 ),
                 entry_bytes_max,
@@ -941,7 +1019,7 @@ impl Config {
                 self.snapshot_chunk_bytes as usize,
             ),
         ];
-        let max = crate::raft::DECODE_BYTES_MAX;
+        let max = crate::bounds::DECODE_BYTES_MAX;
         if self.peer_message_bytes_max > max {
             return Err(invalid(
                 "peer_message_bytes_max",

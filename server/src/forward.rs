@@ -250,6 +250,9 @@ pub fn start(
     }
 }
 
+/// Leader changes this node has seen (a series of the ops port, counted here).
+pub const LEADER_CHANGES: &str = "cairn_server_leader_changes_seen_total";
+
 /// Calls the channel's leader-change hook on every leader change (or new term) seen in
 /// Raft's metrics, and counts leader changes (`cairn_server_leader_changes_seen_total`),
 /// until Raft stops.
@@ -261,7 +264,7 @@ async fn watch_leader(raft: RaftHandle, channel: Arc<LeaderChannel>) {
             tracing::info!(leader = ?view.hint.leader_id, "leader changed");
         }
         if view.hint.leader_id != known.hint.leader_id && view.hint.leader_id.is_some() {
-            metrics::counter!(crate::ops::LEADER_CHANGES).increment(1);
+            metrics::counter!(LEADER_CHANGES).increment(1);
         }
         // A new term with the same leader also clears a "not the leader" redirect.
         channel.leader_changed(&view.hint);

@@ -107,7 +107,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if !crate::ops::recording() {
+        if !crate::recorder::recording() {
             // No recorder (no metrics_address): nothing to record, nothing to allocate.
             return Box::pin(self.inner.call(request));
         }

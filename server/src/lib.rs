@@ -53,6 +53,7 @@
 pub mod admin;
 pub mod agent;
 pub mod auth;
+pub mod bounds;
 pub mod config;
 pub mod connections;
 pub mod durable;
@@ -65,6 +66,7 @@ pub mod logging;
 pub mod ops;
 pub mod raft;
 pub mod rate_limit;
+pub mod recorder;
 pub mod reload;
 pub mod restore;
 pub mod service;

@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -27,25 +27,22 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use cairn_proto::v1 as pb;
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
 use crate::fatal::FatalCause;
 use crate::raft::RaftHandle;
 use crate::service::ResourceApi;
 
-/// The process's Prometheus recorder, installed once by [`install_recorder`].
-static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
-
-/// Installs the process-wide metrics recorder (once; later calls do nothing). Without it,
-/// metrics cost nothing and `/metrics` is empty.
+/// Installs the process-wide metrics recorder ([`crate::recorder`]; once, later calls do
+/// nothing) and describes every series. Without it, metrics cost nothing and `/metrics` is
+/// empty.
 pub fn install_recorder() -> anyhow::Result<()> {
-    if RECORDER.get().is_some() {
+    if crate::recorder::recording() {
         return Ok(());
     }
     // Durations that alerts take quantiles of across nodes are histograms with buckets; the
     // others (write stages, forwarding latency, sizes) stay summaries with their quantiles.
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+    let builder = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Suffix("_duration_seconds".into()),
             &LATENCY_BUCKETS_SECONDS,
@@ -58,18 +55,11 @@ pub fn install_recorder() -> anyhow::Result<()> {
             ),
             &LATENCY_BUCKETS_SECONDS,
         )
-        .context("histogram buckets")?
-        .install_recorder()
-        .context("cannot install the metrics recorder")?;
-    let _ = RECORDER.set(handle);
-    describe();
+        .context("histogram buckets")?;
+    if crate::recorder::install(builder)? {
+        describe();
+    }
     Ok(())
-}
-
-/// Whether a recorder is installed: without one, callers may skip preparing what they would
-/// record.
-pub fn recording() -> bool {
-    RECORDER.get().is_some()
 }
 
 /// Latency buckets of the `*_duration_seconds` histograms and of the peer round-trip time,
@@ -337,7 +327,7 @@ async fn not_found() -> axum::response::Response {
 
 async fn metrics(State(probes): State<Probes>) -> axum::response::Response {
     record_state(&probes).await;
-    let body = RECORDER.get().map(|h| h.render()).unwrap_or_default();
+    let body = crate::recorder::render();
     (
         StatusCode::OK,
         [("content-type", "text/plain; version=0.0.4")],
@@ -350,7 +340,8 @@ async fn metrics(State(probes): State<Probes>) -> axum::response::Response {
 
 pub const HAS_LEADER: &str = "cairn_server_has_leader";
 pub const IS_LEADER: &str = "cairn_server_is_leader";
-pub const LEADER_CHANGES: &str = "cairn_server_leader_changes_seen_total";
+/// Counted where leader changes are watched (`forward`).
+pub use crate::forward::LEADER_CHANGES;
 pub const TERM: &str = "cairn_raft_term";
 pub const COMMIT_INDEX: &str = "cairn_raft_commit_index";
 pub const APPLIED_INDEX: &str = "cairn_raft_applied_index";

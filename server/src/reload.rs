@@ -130,7 +130,7 @@ impl Reloader {
             Ok(token) => {
                 self.node_credentials.replace(token.as_ref());
                 tracing::info!("node token reloaded from auth.node_token_file");
-                crate::agent::log_auth_mode(&self.auth.current(), token.as_ref());
+                crate::auth::log_auth_mode(&self.auth.current(), token.as_ref());
             }
             Err(e) => tracing::error!(
                 error = %e,

@@ -17,9 +17,11 @@
 
 use std::io::Cursor;
 
-use cairn_server::raft::{decode_raft_message, peer_gate, LogPayload, NodeId, NodeInfo, TypeConfig};
-use cairn_server::snapshot_file::{SnapshotEncoder, SnapshotHeader, SnapshotReader};
 use cairn_proto::v1 as pb;
+use cairn_server::raft::{
+    decode_raft_message, peer_gate, LogPayload, NodeId, NodeInfo, TypeConfig,
+};
+use cairn_server::snapshot_file::{SnapshotEncoder, SnapshotHeader, SnapshotReader};
 use cairn_test_support::fuzz::{config, mutate, mutations};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use cairn_client::{Client, ClientOptions};
 use cairn_example_controller::{counter_type, STATUS_KEY};
-use cairn_server::config::{parse_members, Config};
-use cairn_server::embed::EmbeddedNode;
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{condition, Consistency, Id, Resource, Tenancy};
+use cairn_server::config::{parse_members, Config};
+use cairn_server::embed::EmbeddedNode;
 use jepsen_tests::cluster::free_port;
 
 const WAIT: Duration = Duration::from_secs(20);

@@ -98,7 +98,7 @@ impl ClusterIdentity {
     /// Checks a cluster id a peer offers (`theirs`, not empty) against this node's, adopting
     /// it (durably) when this node has none yet. Compared and set under one lock, so that of
     /// two different ids offered at once to a node with none, one is adopted and the other
-    /// refused. Compared like the gate's secrets ([`super::peer_gate::same_secret`]).
+    /// refused. Compared as a secret ([`same_secret`]).
     pub fn adopt_or_check(&self, theirs: &str) -> Result<(), AdoptError> {
         let mut current = self.cluster_id.lock().unwrap_or_else(|e| e.into_inner());
         if current.is_empty() {
@@ -109,7 +109,7 @@ impl ClusterIdentity {
                     source,
                 });
         }
-        if super::peer_gate::same_secret(current.as_bytes(), theirs.as_bytes()) {
+        if same_secret(current.as_bytes(), theirs.as_bytes()) {
             return Ok(());
         }
         Err(AdoptError::OtherCluster)
@@ -119,7 +119,7 @@ impl ClusterIdentity {
     /// Reads only: a peer's id is adopted through [`Self::adopt_or_check`].
     pub fn is_other_cluster(&self, theirs: &str) -> bool {
         let mine = self.cluster_id();
-        !mine.is_empty() && !super::peer_gate::same_secret(mine.as_bytes(), theirs.as_bytes())
+        !mine.is_empty() && !same_secret(mine.as_bytes(), theirs.as_bytes())
     }
 
     /// Checks the cluster id of a snapshot received from the leader, before
@@ -211,6 +211,14 @@ pub fn settle_node_id<'a>(
         "recorded the node id of a data dir written before node ids were recorded"
     );
     Ok(())
+}
+
+/// Compares two secrets in time independent of where they differ.
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -276,6 +276,24 @@ pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogStore = cairn_raft_log::LogStore<TypeConfig>;
 pub type Membership = openraft::StoredMembership<NodeId, NodeInfo>;
 
+/// `members` (the `members` setting) as the Raft membership stores them: id → addresses.
+pub fn membership_nodes(
+    members: &[crate::config::MemberConfig],
+) -> std::collections::BTreeMap<u64, NodeInfo> {
+    members
+        .iter()
+        .map(|m| {
+            (
+                m.id,
+                NodeInfo {
+                    peer_address: m.peer_address.clone(),
+                    client_address: m.client_address.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
 /// The membership and log position of a data dir seeded by an offline restore:
 /// every listed member a voter, the snapshot placed at `log_index` under term 0
 /// (below any term a real leader will have). Returns (membership as stored in
@@ -794,7 +812,10 @@ impl RaftHandle {
         };
         RaftRpcService::new(self.raft.clone(), self.node_id, self.gate.clone(), limits)
             .with_contacts(self.contacts.clone())
-            .with_vouching(self.vouching.clone())
+            .with_vouching({
+                let vouching = self.vouching.clone();
+                Arc::new(move |stranger| vouching.ask_about(stranger))
+            })
             .into_server()
     }
 

@@ -69,14 +69,10 @@ use super::peer_gate::{self, Claim, PeerGate, Refusal, Standing};
 use super::series::{PeerSeries, PeerSeriesMap};
 use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
-use super::vouch::Vouching;
 use super::{NodeId, NodeInfo, Raft, TypeConfig};
 use crate::rate_limit::RateLimit;
 
-/// bincode's own bound on what one decode may claim, and the largest
-/// `peer_message_bytes_max` the config accepts: a message is never larger
-/// than that gRPC limit, so no length prefix inside it can claim more.
-pub const DECODE_BYTES_MAX: usize = 1 << 30;
+pub use crate::bounds::DECODE_BYTES_MAX;
 
 fn encode<T: Serialize>(value: &T) -> Result<Bytes, bincode::error::EncodeError> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).map(Bytes::from)
@@ -668,10 +664,15 @@ pub struct RaftRpcService {
     contacts: Arc<super::contacts::Contacts>,
     /// Asks the members this node knows about an unvouched stranger (`None`: it stays
     /// refused).
-    vouching: Option<Arc<Vouching>>,
+    vouching: Option<AskAbout>,
     /// Refusals are logged at most once a second.
     refusal_lines: Arc<RateLimit>,
 }
+
+/// Asks the members this node knows whether a stranger the peer gate refused as unvouched
+/// is one of theirs (`vouch::Vouching::ask_about`, which asks through this module's client
+/// side: the server side takes it as a parameter).
+pub type AskAbout = Arc<dyn Fn(NodeId) + Send + Sync>;
 
 impl RaftRpcService {
     pub fn new(
@@ -694,7 +695,7 @@ impl RaftRpcService {
     }
 
     /// Asks the members this node knows about an unvouched stranger through `vouching`.
-    pub fn with_vouching(mut self, vouching: Arc<Vouching>) -> RaftRpcService {
+    pub fn with_vouching(mut self, vouching: AskAbout) -> RaftRpcService {
         self.vouching = Some(vouching);
         self
     }
@@ -795,8 +796,8 @@ impl RaftRpcService {
             Refusal::Busy { .. } => tracing::debug!(sender, %refusal, "refused a raft message"),
             Refusal::Unvouched { sender } => {
                 tracing::debug!(sender, %refusal, "refused a raft message");
-                if let Some(vouching) = &self.vouching {
-                    vouching.ask_about(sender);
+                if let Some(ask_about) = &self.vouching {
+                    ask_about(sender);
                 }
             }
             _ => {
@@ -899,7 +900,7 @@ impl RaftService for RaftRpcService {
     }
 
     /// Answers a member this node knows with the node ids of its current membership (see
-    /// [`Vouching`]). A stranger's question is refused: it shows nothing.
+    /// `vouch::Vouching`). A stranger's question is refused: it shows nothing.
     async fn members(
         &self,
         request: tonic::Request<RaftMessage>,

@@ -77,7 +77,7 @@ pub const SNAPSHOT_OFFSET_MAX: u64 = 1 << 40;
 /// Most entries one AppendEntries may carry (nodes send at most 64).
 pub const ENTRIES_MAX: usize = 4096;
 /// Largest snapshot chunk (the largest `snapshot_chunk_bytes` a node accepts).
-pub const SNAPSHOT_CHUNK_BYTES_MAX: u64 = 64 * 1024 * 1024;
+pub use crate::bounds::SNAPSHOT_CHUNK_BYTES_MAX;
 
 /// Metadata keys of a forwarded request: the sender's cluster id and node id.
 pub const CLUSTER_ID_HEADER: &str = "cairn-cluster-id";
@@ -657,14 +657,6 @@ pub fn certified_node_ids<T>(request: &tonic::Request<T>) -> Option<Arc<[NodeId]
         .extensions()
         .get::<crate::connections::ConnectionInfo>()
         .and_then(|info| info.certified_node_ids.clone())
-}
-
-/// Compares two secrets in time independent of where they differ.
-pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Stamps a forwarded request with this node's cluster id and node id.

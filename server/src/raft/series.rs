@@ -140,7 +140,7 @@ pub struct PeerSeriesMap(Mutex<HashMap<NodeId, Arc<PeerSeries>>>);
 impl PeerSeriesMap {
     /// A map when metrics are recorded; `None` (nothing measured at all) otherwise.
     pub fn when_recording() -> Option<Arc<PeerSeriesMap>> {
-        crate::ops::recording().then(|| Arc::new(PeerSeriesMap::default()))
+        crate::recorder::recording().then(|| Arc::new(PeerSeriesMap::default()))
     }
 
     pub fn of(&self, peer: NodeId) -> Arc<PeerSeries> {

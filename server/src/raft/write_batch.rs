@@ -50,7 +50,7 @@ use super::{propose_entry, require_leader, NodeId, Raft};
 /// At most this many commands per batch entry.
 pub const BATCH_COMMANDS_MAX: usize = 256;
 /// A batch stops growing once its commands' encoded size reaches this.
-pub const BATCH_BYTES_MAX: usize = 1024 * 1024;
+pub use crate::bounds::WRITE_BATCH_BYTES_MAX as BATCH_BYTES_MAX;
 /// Writes waiting to be proposed; callers wait for room beyond this.
 const QUEUE_MAX: usize = 8192;
 
