@@ -27,7 +27,7 @@ pub struct DevArgs {
     #[arg(long)]
     fresh: bool,
     /// Log level passed to every node (their logs go to DATA_DIR/node-N.log): error, warn,
-    /// info, debug, trace, or a filter such as info,cairn_node::raft=debug.
+    /// info, debug, trace, or a filter such as info,cairn_server::raft=debug.
     #[arg(long, default_value = "info", value_parser = parse_log_level)]
     log_level: String,
     /// Serve TLS (mutual TLS between nodes), with development certificates

@@ -1,6 +1,6 @@
 //! [`ResourceApi`]: the calls of the storage contract as one trait, served by
 //! the remote [`Client`] (gRPC to any node of a cluster) and by an embedded
-//! node's in-process client (`cairn_node::embed::InProcessClient`, which
+//! node's in-process client (`cairn_server::embed::InProcessClient`, which
 //! calls the node's request layer directly). A controller written against the
 //! trait — a [`crate::WatchCache`] included — runs unchanged either way.
 //!

@@ -11,11 +11,14 @@
 //! [`WatchCache`], with its index by owner and user [`Index`]es, status
 //! callbacks carrying its revision ([`StatusUpdate`]), and a
 //! [`PrimingBarrier`] for many caches; how to reach the nodes
-//! ([`TlsOptions`], [`BearerToken`]).
+//! ([`TlsOptions`], [`BearerToken`]). [`admin::AdminClient`] is the one way to
+//! the admin service (status, membership, leader transfer, snapshots): the
+//! `cairn` admin commands, the load generator and a node joining a cluster all
+//! use it.
 //!
 //! [`ResourceApi`] ([`api`]) is the contract's calls as one trait, with
 //! resources shared (`Arc<Resource>`): [`Client`] implements it, and so does
-//! an embedded node's in-process client (`cairn_node::embed`). A
+//! an embedded node's in-process client (`cairn_server::embed`). A
 //! [`WatchCache`] runs over either, and so does any controller written
 //! against the trait.
 //!
@@ -27,8 +30,8 @@
 //! them out one at a time.
 //!
 //! A library only: no command line, no argument parsing. The `cairn` data
-//! commands (`cairn read`, `write`, ...) are built on it in the node crate
-//! (`cairn_node::cli::data`).
+//! commands (`cairn read`, `write`, ...) are built on it in the cli crate
+//! (`cairn_cli::data`).
 //!
 //! **What it must not do.** Retry a write or delete after an attempt whose
 //! outcome is unknown (it could then report "CAS failure" for a write that

@@ -57,7 +57,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// A resource as `cairn bench write` creates it (see node/src/bench).
+/// A resource as `cairn bench write` creates it (see bench/src).
 fn bench_resource(k: u64) -> Resource {
     Resource {
         id: Some(Id {

@@ -5,7 +5,7 @@
 //! place where Cairn's error kinds are mapped to gRPC status codes and back.
 //!
 //! What this crate must not do: hold behaviour. It is types and their wire
-//! mapping only; the rules of the contract live in `cairn-fsm` and `cairn-node`.
+//! mapping only; the rules of the contract live in `cairn-fsm` and `cairn-server`.
 //!
 //! ## Invariants
 //! - Maps are generated as `BTreeMap`, so a message encodes to the same bytes on

@@ -439,7 +439,7 @@ fn wait_for_sled_lock_release(path: &Path) -> Result<(), LogError> {
 ///   synced by sled) when its crc32 does not match: sled writes it anew from the
 ///   configuration, which [`SledEngine`] never changes.
 ///
-/// Found by the crash-point exploration (`node/tests/crash_points.rs`).
+/// Found by the crash-point exploration (`server/tests/crash_points.rs`).
 fn clear_crash_leftovers(path: &Path, fsync_directory: bool) -> Result<(), LogError> {
     let listing = match std::fs::read_dir(path) {
         Ok(listing) => listing,
@@ -561,7 +561,7 @@ mod tests {
     fn a_config_file_torn_by_a_crash_in_the_first_open_is_written_again() {
         // sled writes `conf` once, when it creates a database, and never syncs it itself: a
         // crash during a node's first start can leave part of it (found by the crash-point
-        // exploration, node/tests/crash_points.rs: the conf's second write lost). sled 0.34
+        // exploration, server/tests/crash_points.rs: the conf's second write lost). sled 0.34
         // refuses such a database as corrupt on every later open: the node never starts.
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("sled");

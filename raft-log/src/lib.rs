@@ -101,7 +101,7 @@
 //! - sled (both engines: the WAL keeps its metadata there): what a crash leaves half written
 //!   that sled 0.34 would refuse forever — an unfinished `snap.*.generating`, a `conf` failing
 //!   its crc32 — is removed before sled opens (`engine.rs`), as the crash-point exploration
-//!   (`node/tests/crash_points.rs`) requires.
+//!   (`server/tests/crash_points.rs`) requires.
 
 mod codec;
 mod engine;

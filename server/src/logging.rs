@@ -2,7 +2,7 @@
 //! ([`filter`]).
 //!
 //! `log_level` takes `tracing`'s filter directives: a level (`info`), targets
-//! (`cairn_node=debug,warn`), or both. openraft logs its routine work at INFO: every vote it
+//! (`cairn_server=debug,warn`), or both. openraft logs its routine work at INFO: every vote it
 //! handles ("handle vote request result …"), each step of an election, its state at start and
 //! at shutdown. That is a screenful on every start of a three-node cluster, and it would bury
 //! the node's own INFO lines (its listeners, the cluster it joined, leader and health
@@ -72,7 +72,7 @@ pub fn check_log_level(value: &str) -> Result<(), String> {
             Some((target, level)) if !target.trim().is_empty() => level,
             Some(_) => {
                 return Err(format!(
-                    "{directive:?} names no target: write TARGET=LEVEL, as in cairn_node=debug"
+                    "{directive:?} names no target: write TARGET=LEVEL, as in cairn_server=debug"
                 ))
             }
             None => directive,
@@ -85,7 +85,7 @@ pub fn check_log_level(value: &str) -> Result<(), String> {
             };
             return Err(format!(
                 "{level:?}{within} is not a log level: give one of {levels}, or a filter \
-                 such as warn,cairn_node=debug"
+                 such as warn,cairn_server=debug"
             ));
         }
     }
@@ -157,7 +157,7 @@ mod tests {
             "warn",
             "INFO",
             "off",
-            "warn,cairn_node=debug",
+            "warn,cairn_server=debug",
             "cairn_server::raft=trace",
         ] {
             check_log_level(good).unwrap_or_else(|e| panic!("{good}: {e}"));
@@ -167,7 +167,7 @@ mod tests {
             "",
             " , ",
             "warn,loud",
-            "cairn_node=loud",
+            "cairn_server=loud",
             "=debug",
         ] {
             assert!(check_log_level(bad).is_err(), "{bad:?} was accepted");
@@ -183,8 +183,8 @@ mod tests {
             format!("INFO,openraft=warn,{routine}")
         );
         assert_eq!(
-            directives("cairn_node=debug,info"),
-            format!("cairn_node=debug,info,openraft=warn,{routine}")
+            directives("cairn_server=debug,info"),
+            format!("cairn_server=debug,info,openraft=warn,{routine}")
         );
         // warn and error hide openraft's INFO anyway, not its failed peer calls.
         for level in ["warn", "error"] {
@@ -202,7 +202,7 @@ mod tests {
             "info,openraft::raft=debug"
         );
         // Targets only: nothing to add.
-        assert_eq!(directives("cairn_node=info"), "cairn_node=info");
+        assert_eq!(directives("cairn_server=info"), "cairn_server=info");
     }
 
     /// Which of openraft's and the node's events at each level pass the filter of `level`.

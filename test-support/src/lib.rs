@@ -6,6 +6,6 @@
 //! - [`fuzz`]: the fuzz harnesses' byte mutations and their case count
 //!   (`fsm/tests/fuzz_command.rs`, `fsm/tests/resource_head.rs`,
 //!   `proto/tests/wire_identity.rs`, `raft-log/tests/fuzz_wal.rs`,
-//!   `node/tests/fuzz_decoders.rs`).
+//!   `server/tests/fuzz_decoders.rs`).
 
 pub mod fuzz;

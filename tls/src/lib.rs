@@ -5,7 +5,7 @@
 //! certificates without a restart, and dials tonic channels over TLS with the
 //! configuration current at each dial ([`ClientTls`], [`lazy_channel`],
 //! [`connect_channel`]). The node's accept side (handshake deadline,
-//! connection limits) lives in `cairn-node`; this crate only builds what both
+//! connection limits) lives in `cairn-server`; this crate only builds what both
 //! sides share.
 //!
 //! **What it must not do.** Read a file anywhere but in the `load_*`

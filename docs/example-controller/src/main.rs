@@ -39,7 +39,7 @@ struct Args {
     /// The embedded node's peer address.
     #[arg(long, default_value = "127.0.0.1:8501")]
     peer_address: String,
-    /// error, warn, info, debug, trace, or a filter such as info,cairn_node=debug
+    /// error, warn, info, debug, trace, or a filter such as info,cairn_server=debug
     /// (the node's own log filter, `cairn agent --log-level`).
     #[arg(long, default_value = "info")]
     log_level: String,
