@@ -1,5 +1,9 @@
-//! The load generator behind `cairn bench` (its flags: `crate::cli::bench`) and
-//! `cairn check perf`: load against a running cluster.
+//! # cairn-bench — the load generator
+//!
+//! **Purpose.** The load generator behind `cairn bench` (its flags and exit codes:
+//! `cairn_cli::bench`) and `cairn check perf`: load against a running cluster, reached as a
+//! client ([`Cluster`]: endpoints, token, TLS), and its report ([`Report`], printed in a
+//! [`Format`]). The scripts of `docs/benchmarks.md` are `bench/scripts/`.
 //!
 //! Workloads: `write` (compare-and-set creates and updates), `read` (strong or
 //! eventual), `list`, `mixed` (reads and writes in a ratio), `watch` (N
@@ -11,11 +15,13 @@
 //! (getrusage) and, for nodes running on this machine, their CPU and resident
 //! memory, as a table or as JSON (`-o json`).
 //!
-//! What it must not do: change the cluster beyond its own keys (everything it
-//! writes lives under its own type `bench/Item` and one namespace), retry an
-//! operation behind the measurement's back (a failed op is counted, never
-//! hidden), or add work to the hot path that a real client would not do (raw
-//! tonic clients, no JSON, no per-op allocation beyond the request itself).
+//! **What it must not do.** Depend on the server or the command line: the cluster comes in
+//! as a [`Cluster`] and the report goes out in a [`Format`] (the command line maps its
+//! flags onto them, and a [`BenchError`] onto its exit codes). Change the cluster beyond
+//! its own keys (everything it writes lives under its own type `bench/Item` and one
+//! namespace), retry an operation behind the measurement's back (a failed op is counted,
+//! never hidden), or add work to the hot path that a real client would not do (raw tonic
+//! clients, no JSON, no per-op allocation beyond the request itself).
 //!
 //! ## Concurrency model
 //! One multi-threaded tokio runtime. `--connections` HTTP/2 channels are shared

@@ -1,23 +1,42 @@
-//! The `cairn` command line: every command of the binary, one module each.
-//! This module parses the arguments ([`Cli`]), runs `agent` (one node) and
-//! `token`, and hands every other command to its module:
+//! # cairn-cli — the `cairn` command line
+//!
+//! **Purpose.** The `cairn` binary: every command, one module each. This module parses the
+//! arguments ([`Cli`]) and hands each command to its module:
 //!
 //! | module | commands |
 //! |--------|----------|
+//! | [`agent`] | `agent`: one node (over the `cairn-server` library) |
+//! | [`dev`] | `dev`: a local cluster of child processes |
 //! | [`data`] (+ [`json`], the JSON form of resources) | `read`, `write`, `delete`, `list`, `owned-by`, `watch` |
 //! | [`admin`] | `status`, `endpoint`, `member`, `transfer-leader` |
 //! | [`snapshot`] | `snapshot save / inspect / restore` |
-//! | [`dev`] | `dev`: a local cluster of child processes |
-//! | [`check`] | `check disk`, `check perf` |
+//! | [`check`] | `check disk`, `check perf`, `check cache` |
 //! | [`tls`] | `tls init`: development certificates |
+//! | [`token`] | `token new`, `token hash` |
 //! | [`bench`](mod@bench) | `bench`: its workloads and flags (the load generator is [`cairn_bench`]) |
 //!
 //! [`common`] holds what they share: the cluster flags (endpoints, token, TLS),
 //! `-o` and `--timeout-ms`, global before or after any subcommand, and the one
-//! exit-code table. What the commands call and the node shares stays outside
-//! this folder ([`cairn_client`] for the data commands,
-//! [`cairn_client::admin`] for the admin ones, [`cairn_server::snapshot_file`],
-//! [`cairn_bench`]'s load generator).
+//! exit-code table. What the commands call lives outside this crate: [`cairn_client`] for
+//! the data commands, [`cairn_client::admin`] for the admin ones, [`cairn_server`] for
+//! `agent` (through [`cairn_server::embed`], the one start-up path) and the snapshot file
+//! format ([`cairn_server::snapshot_file`]), [`cairn_bench`] for the load generator.
+//!
+//! **What it must not do.** Hold node logic: a node runs only through
+//! `cairn_server::embed`, as in any program that embeds one; the settings, their defaults
+//! and checks are `cairn_server::config`'s (this crate adds the flags and their help). Reach a
+//! cluster other than through `cairn-client` and `cairn-bench`. Print a panic for a closed
+//! pipe (a command that prints for a reader ends quietly on SIGPIPE; `agent`, `dev` and
+//! `bench` never do, so that a closed log pipe cannot kill a node).
+//!
+//! ## Invariants
+//! - One exit-code table for every command ([`exit`], [`exit_code_of_kind`]): an error's
+//!   kind decides its code, whatever the command.
+//! - Every `cairn agent` flag named after a setting shows that setting's default and
+//!   environment variable ([`agent::describe_flag`]), and `docs/configuration.md` lists
+//!   every setting with its flag (both tested here).
+//! - The `CAIRN_*` variables of the cluster flags are the ones the node knows to ignore
+//!   (`cairn_server::config::COMMAND_LINE_ENVIRONMENT`, tested in [`common`]).
 
 pub mod admin;
 pub mod agent;

@@ -324,7 +324,11 @@ fn bad_settings_are_refused_at_start_naming_them() {
     let cases: &[Case] = &[
         (&["--log-level", "verbose"], &[], "`log_level`"),
         (&[], &[("CAIRN_LOG_LEVEL", "verbose")], "`log_level`"),
-        (&["--log-level", "warn,cairn_server=loud"], &[], "`log_level`"),
+        (
+            &["--log-level", "warn,cairn_server=loud"],
+            &[],
+            "`log_level`",
+        ),
         (&[], &[("CAIRN_LOG_FORMAT", "xml")], "`log_format`"),
         (
             &[],

@@ -20,7 +20,7 @@
 //!   sets health NOT_SERVING at once, classifies why (`crate::fatal`), logs the
 //!   one line (and marks a damaged data dir), and hands the cause to the
 //!   process, which shuts down within `shutdown_timeout_ms` and exits non-zero;
-//! - the signal task (in `cli`): SIGTERM/SIGINT → hand leadership off (if
+//! - the signal task (the `cairn agent` command's, in the `cairn-cli` crate): SIGTERM/SIGINT → hand leadership off (if
 //!   leader) → stop, within `shutdown_timeout_ms` (`fatal::Watchdog`);
 //! - the reload task (`reload`): SIGHUP → the configuration read again, new
 //!   grants and new certificates; changed certificate files → new

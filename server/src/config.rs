@@ -1,7 +1,13 @@
-//! `cairn agent` configuration: defaults, then a TOML file, then `CAIRN_*`
-//! environment variables that name a setting, then command-line flags (figment; see
-//! [`sources`]). A bad value is reported with the name of its field and the agent exits
-//! non-zero. Every setting is documented in `docs/configuration.md`.
+//! A node's configuration (`cairn agent`'s, an embedded node's): defaults, then a TOML
+//! file, then `CAIRN_*` environment variables that name a setting, then command-line flags
+//! (figment; see [`sources`]). A bad value is reported with the name of its field and the
+//! agent exits non-zero. Every setting is documented in `docs/configuration.md`.
+//!
+//! A leaf of the server: the settings, their defaults, sources and checks import nothing
+//! from Raft, auth or the servers. The sizes they share with Raft are
+//! [`crate::bounds`]'s; the grants' checks are here ([`AuthConfig::check_grants`]). The
+//! flags themselves are the command line's (`cairn-cli`): this module only names them
+//! ([`flag_name`], [`COMMAND_LINE_ENVIRONMENT`]).
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::SocketAddr;

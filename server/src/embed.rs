@@ -11,7 +11,7 @@
 //! ## One start-up path
 //!
 //! An embedded node is `cairn agent`: [`EmbeddedNode::start_with_source`] is
-//! how the binary itself starts its node (`cli::run_agent`), and both end in
+//! how the binary itself starts its node (`cairn_cli::agent::run`), and both end in
 //! `Agent::start`. The same data-dir checks, the same servers (the node serves
 //! its client and peer ports as any node does: other nodes reach it to
 //! replicate, forward, join and check their membership, and remote clients may

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Exit codes of `cairn agent` when it stops on its own (the common codes are `cli::exit`).
+/// Exit codes of `cairn agent` when it stops on its own (the common codes are `cairn_cli::exit`).
 pub mod exit {
     /// A resource ran out (disk space, file descriptors, memory): start again once freed.
     pub const RESOURCE_EXHAUSTED: u8 = 10;

@@ -1,15 +1,27 @@
-//! # cairn-node
+//! # cairn-server — the Cairn node runtime
 //!
-//! The `cairn` binary's library: wires `cairn-fsm` (state), `cairn-raft-log`
-//! (durable log) and openraft into a node serving gRPC, plus the `cairn`
-//! command line ([`cli`]: every command, one module each).
+//! **Purpose.** A Cairn node as a library: wires `cairn-fsm` (state), `cairn-raft-log`
+//! (durable log), `cairn-forwarding` and openraft into a node serving gRPC on its client and
+//! peer ports, with its configuration, authentication, limits, probes and metrics. The
+//! `cairn agent` command (crate `cairn-cli`) and any program that embeds a node ([`embed`]:
+//! a configuration in, an `EmbeddedNode` out, with an in-process client implementing
+//! `cairn_client::ResourceApi`) start it the same way, through [`embed`].
 //!
-//! A program may run a node itself ([`embed`]: a configuration in, an
-//! `EmbeddedNode` out, with an in-process client implementing
-//! `cairn_client::ResourceApi`); `cairn agent` starts its node the same way.
-//!
-//! Must not: put contract rules here (they are in `cairn-fsm`), or let an
-//! openraft type escape the [`raft`] module.
+//! **What it must not do.**
+//! - Hold anything of the command line: no argument parsing, no output for a person, no
+//!   progress bars, no certificate generation, no load generator. Its normal dependencies
+//!   hold none of clap, indicatif, hdrhistogram or rcgen (`tests/dependencies.rs`; clap
+//!   reaches it only through openraft 0.9, whose `Config` derives `clap::Parser`).
+//! - Hold a contract rule: those are `cairn-fsm`'s.
+//! - Let an openraft type escape the [`raft`] module.
+//! - Let a module import one above it. The modules stand in rows (`docs/architecture.md`):
+//!   the node ([`embed`], [`agent`]); its servers ([`ops`], [`admin`], [`service`],
+//!   [`reload`], [`grpc_metrics`]); what they go through ([`forward`], [`restore`],
+//!   [`auth`]); Raft and the ports' layers ([`raft`], [`limits`], [`tls`],
+//!   [`connections`], [`fatal`], [`snapshot_file`]); the leaves ([`config`], [`bounds`],
+//!   [`recorder`], [`logging`], [`durable`], [`rate_limit`], [`tasks`]). A module that
+//!   needs something from above takes it as a parameter or a trait. Configuration is a
+//!   leaf: it imports nothing from Raft, auth or the servers.
 //!
 //! ## Tasks and channels
 //! See [`agent`]: the Raft core and its log/state-machine tasks; the peer server
