@@ -27,7 +27,7 @@
 //! One multi-threaded tokio runtime. `--connections` HTTP/2 channels are shared
 //! round-robin by `--clients` tasks, each running one operation at a time
 //! (closed loop). A coordinating task opens and closes the measurement window
-//! (flags in [`load::Shared`]) and drives the progress bar; workers keep their
+//! (flags in `load::Shared`) and drives the progress bar; workers keep their
 //! own histograms and error counts and hand them back when they end, so there is
 //! no shared lock on the hot path (the per-key version slots are only touched by
 //! the client owning the key).

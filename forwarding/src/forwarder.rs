@@ -199,7 +199,7 @@ impl<H: Handle> Forwarder<H> {
     }
 
     /// WatchList: always here. A strong watch first gets a read index
-    /// confirmed by a quorum and applied here ([`Forwarder::confirm_here`]),
+    /// confirmed by a quorum and applied here (`Forwarder::confirm_here`),
     /// so that its snapshot holds every write acknowledged before the request
     /// arrived.
     pub async fn watch(
@@ -246,7 +246,7 @@ impl<H: Handle> Forwarder<H> {
     }
 
     /// Catches up once after this node's start without waiting for a request
-    /// ([`Forwarder::caught_up_since_start`]): rounds of at most `round` each, until one
+    /// (`Forwarder::caught_up_since_start`): rounds of at most `round` each, until one
     /// read index is confirmed and applied here. The node runs it as a task from its start,
     /// so that a follower cut off from the leader later still serves eventual reads from what
     /// it holds; a request that comes first shares the round in progress.

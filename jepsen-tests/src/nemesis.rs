@@ -56,7 +56,7 @@ pub enum NemesisKind {
     Compaction,
     /// Online restores (`cairn snapshot restore` of a backup saved earlier) with a
     /// `kill -9` of the driver, a follower or the leader part-way through or just
-    /// after the commit ([`restore`]); set workload only: its checker models restores.
+    /// after the commit (`restore`); set workload only: its checker models restores.
     RestoreKill,
     /// `kill -9` of a node every few seconds (the leader about half the time), aimed at a
     /// snapshot being written, a log segment rotation or purge, or (every fourth round) a

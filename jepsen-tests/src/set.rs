@@ -173,7 +173,7 @@ impl std::fmt::Display for RestoreFate {
     }
 }
 
-/// Checks a set history, key by key (with restores: [`restore`]).
+/// Checks a set history, key by key (with restores: `restore`).
 pub fn check(history: &History) -> Result<SetReport, Error> {
     let mut keys: BTreeMap<&str, KeyOperations<'_>> = BTreeMap::new();
     let mut restores = Vec::new();

@@ -1,6 +1,6 @@
 //! A node's configuration (`cairn agent`'s, an embedded node's): defaults, then a TOML
 //! file, then `CAIRN_*` environment variables that name a setting, then command-line flags
-//! (figment; see [`sources`]). A bad value is reported with the name of its field and the
+//! (figment; see `sources`). A bad value is reported with the name of its field and the
 //! agent exits non-zero. Every setting is documented in `docs/configuration.md`.
 //!
 //! A leaf of the server: the settings, their defaults, sources and checks import nothing

@@ -16,7 +16,7 @@
 //! election; each heartbeat of a strong read), and every late reply its core ignores ("A
 //! message will be ignored because vote changed", after each election). While peers start, or
 //! while one is down, that is a flood that says one thing. So below `debug`, and unless a
-//! directive names openraft, those events ([`OPENRAFT_ROUTINE`]) are left out, and the node
+//! directive names openraft, those events (`OPENRAFT_ROUTINE`) are left out, and the node
 //! says it once instead: a peer that has not answered for a while is reported at WARN, and its
 //! return at INFO (`raft::contacts`). openraft's other warnings and errors show.
 
@@ -95,8 +95,8 @@ pub fn check_log_level(value: &str) -> Result<(), String> {
 }
 
 /// The directives `log_level` stands for: `level` itself; unless a directive of its own names
-/// openraft, plus [`OPENRAFT_BELOW_INFO`] when its default level is `info`, and
-/// [`OPENRAFT_ROUTINE`] when it is `info`, `warn` or `error`.
+/// openraft, plus `OPENRAFT_BELOW_INFO` when its default level is `info`, and
+/// `OPENRAFT_ROUTINE` when it is `info`, `warn` or `error`.
 pub fn directives(level: &str) -> String {
     let level = level.trim();
     let parts = parts(level);

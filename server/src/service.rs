@@ -430,7 +430,7 @@ impl ResourceService for ResourceGrpc {
 }
 
 /// The principal that opened each watch open over gRPC on this node. An
-/// entry lives as long as its watch's stream ([`OpenerEntry`]), so the map
+/// entry lives as long as its watch's stream (`OpenerEntry`), so the map
 /// holds at most `watches_max` entries.
 #[derive(Default)]
 pub struct WatchOpeners(parking_lot::Mutex<HashMap<u64, Option<String>>>);

@@ -23,7 +23,7 @@
 //! ## Invariants
 //! - Every configuration built here advertises ALPN `h2` (gRPC clients such
 //!   as grpc-go refuse a TLS server that does not): set in one place
-//!   ([`advertise_h2`]), asserted there and wherever a configuration is
+//!   (`advertise_h2`), asserted there and wherever a configuration is
 //!   handed over to dial with ([`ClientTls`]).
 //! - A reload never changes an open connection; it only changes the
 //!   configuration the next connection uses.

@@ -112,7 +112,7 @@ fn ignored_environment() -> Vec<String> {
     names
 }
 
-/// Logs one warning naming [`ignored_environment`], if there is any (never their values).
+/// Logs one warning naming `ignored_environment`, if there is any (never their values).
 pub fn warn_ignored_environment() {
     let ignored = ignored_environment();
     if !ignored.is_empty() {

@@ -17,7 +17,7 @@
 //!   handshake on a plaintext port are refused at their first wrong byte; a
 //!   truncated preface or a client sending 1 byte/s meets the deadline.
 //! - **A minimum receive rate** (`receive_bytes_per_second_min`,
-//!   `receive_stall_timeout_ms`; see [`receive`]): while the node waits for
+//!   `receive_stall_timeout_ms`; see `receive`): while the node waits for
 //!   the rest of something a client has begun (an HTTP/2 frame, a header
 //!   block, a request body its handler is reading), the client must keep up
 //!   that rate, falling behind by at most the stall timeout. A client that
@@ -106,7 +106,7 @@ pub struct PortLimits {
     pub receive_rate: Option<ReceiveRate>,
 }
 
-/// The minimum receive rate of a port (see [`receive`]).
+/// The minimum receive rate of a port (see `receive`).
 #[derive(Debug, Clone, Copy)]
 pub struct ReceiveRate {
     /// `receive_bytes_per_second_min`.
@@ -866,7 +866,7 @@ impl tonic::transport::server::Connected for Connection {
 
 /// Counts each request in flight on its connection until its response body
 /// ends (see the idle timeout), and tells the connection's receive meter
-/// when the request's handler waits for more of its body (see [`receive`]).
+/// when the request's handler waits for more of its body (see `receive`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ActivityLayer;
 

@@ -98,7 +98,7 @@ impl ClusterIdentity {
     /// Checks a cluster id a peer offers (`theirs`, not empty) against this node's, adopting
     /// it (durably) when this node has none yet. Compared and set under one lock, so that of
     /// two different ids offered at once to a node with none, one is adopted and the other
-    /// refused. Compared as a secret ([`same_secret`]).
+    /// refused. Compared as a secret (`same_secret`).
     pub fn adopt_or_check(&self, theirs: &str) -> Result<(), AdoptError> {
         let mut current = self.cluster_id.lock().unwrap_or_else(|e| e.into_inner());
         if current.is_empty() {

@@ -930,7 +930,7 @@ impl RaftHandle {
     }
 
     /// The voter this node, leading, would hand leadership to (see
-    /// [`check_quorum::best_successor`]); `None` when there is no other voter.
+    /// `check_quorum::best_successor`); `None` when there is no other voter.
     pub fn best_successor(&self) -> Option<NodeId> {
         check_quorum::best_successor(&self.raft.metrics().borrow(), self.node_id)
     }

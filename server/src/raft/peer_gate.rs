@@ -35,7 +35,7 @@
 //! A node without a cluster id yet (a new bootstrap member that is not the
 //! initializer) adopts the id of the first message that passes 3.
 //!
-//! The pure checks ([`check_append_entries`], [`check_vote`], ...) take a
+//! The pure checks ([`check_append_entries`], `check_vote`, ...) take a
 //! decoded message and return what is wrong with it; [`PeerGate`] adds the
 //! node's state (cluster id, membership) and turns refusals into statuses.
 //!
