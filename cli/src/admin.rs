@@ -29,7 +29,7 @@ macro_rules! out {
         let _ = writeln!(std::io::stdout(), $($arg)*);
     }};
 }
-use crate::{exit, exit_code_of_kind};
+use crate::common::{exit, exit_code_of_kind};
 
 #[derive(Subcommand)]
 pub enum MemberCommand {
@@ -100,7 +100,7 @@ pub fn client_of(global: &GlobalArgs) -> Result<AdminClient, ApiError> {
     if endpoints.is_empty() {
         return Err(ApiError::invalid("endpoints", "no endpoint given"));
     }
-    let access = crate::access(&global.cluster)?;
+    let access = crate::common::access(&global.cluster)?;
     Ok(AdminClient::new(endpoints, access, global.timeout()))
 }
 

@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use cairn_server::config::parse_members;
 use cairn_server::embed::EmbeddedNode;
 
-use crate::{exit, runtime};
+use crate::common::{exit, runtime};
 
 /// `cairn agent`'s flags. Each one named after a setting (`--node-id` for `node_id`) shows
 /// that setting's default and environment variable in its help ([`describe_flag`]:

@@ -11,8 +11,8 @@ use cairn_bench::{
     LoadOptions,
 };
 
+use crate::common::exit;
 use crate::common::{ClusterArgs, OutputFormat};
-use crate::exit;
 
 /// `cairn bench WORKLOAD`.
 #[derive(Args)]
@@ -187,7 +187,7 @@ pub fn exit_code(e: &BenchError) -> u8 {
         BenchError::Option { .. } | BenchError::Access(_) | BenchError::Endpoint { .. } => {
             exit::USAGE
         }
-        BenchError::Api(e) => crate::exit_code_of_kind(e.kind()),
+        BenchError::Api(e) => crate::common::exit_code_of_kind(e.kind()),
         BenchError::Connect { .. } | BenchError::Unreachable(_) | BenchError::NoLeader(_) => {
             exit::UNAVAILABLE
         }

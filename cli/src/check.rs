@@ -33,7 +33,7 @@ use cairn_client::{ResourceKey, WatchCache, WatchSpec};
 use cairn_proto::v1::{Consistency, ListRequest, Resource, Tenancy, Type};
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::exit;
+use crate::common::exit;
 use cairn_bench::{BenchError, LoadOptions, Report, StandardLoad};
 
 /// etcd's guidance for WAL fsync: "the 99th percentile of fdatasync … less than 10 ms".

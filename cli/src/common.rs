@@ -180,6 +180,14 @@ pub enum OutputFormat {
     Json,
 }
 
+/// The multi-threaded runtime a command runs on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::builder::TypedValueParser;
 use clap::Args;
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Args)]
 pub struct DevArgs {

@@ -106,16 +106,9 @@ enum Command {
     Data(data::DataCommand),
 }
 
-pub(crate) use common::access;
+use common::runtime;
 /// `-o table|json` and the one exit-code table, by error kind ([`common`]).
 pub use common::{exit, exit_code_of_kind, OutputFormat as Output};
-
-pub(crate) fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("cannot start the tokio runtime")
-}
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();

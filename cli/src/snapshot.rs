@@ -21,7 +21,7 @@ use cairn_proto::v1::{self as pb};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::exit;
+use crate::common::exit;
 use cairn_client::admin::Leader;
 use cairn_server::config::parse_members;
 use cairn_server::snapshot_file::{

@@ -26,7 +26,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Subcommand)]
 pub enum TlsCommand {

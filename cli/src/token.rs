@@ -3,7 +3,7 @@
 
 use clap::Subcommand;
 
-use crate::exit;
+use crate::common::exit;
 
 #[derive(Subcommand)]
 pub enum TokenCommand {

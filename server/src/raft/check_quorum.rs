@@ -27,7 +27,8 @@ use std::time::Duration;
 use openraft::raft::VoteRequest;
 use openraft::{CommittedLeaderId, LogId, RaftMetrics, Vote};
 
-use super::{NodeId, NodeInfo, Raft};
+use super::leadership::leads;
+use super::types::{NodeId, NodeInfo, Raft};
 
 /// The voter a leader hands leadership to, by this node's metrics: of the voters other than
 /// `me`, the one matched furthest (the likeliest to win next; one not matched yet comes after
@@ -68,7 +69,7 @@ pub(super) async fn run(raft: Raft, node_id: NodeId, election_timeout: Duration,
             if m.running_state.is_err() {
                 return;
             }
-            if !super::leads(&m, node_id) {
+            if !leads(&m, node_id) {
                 leading_since = None;
                 continue;
             }

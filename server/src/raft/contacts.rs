@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::NodeId;
+use super::types::NodeId;
 
 /// How long a peer's calls must have failed before the log says so.
 pub const PEER_LOST_AFTER: Duration = Duration::from_secs(5);

@@ -16,7 +16,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::{NodeId, NodeInfo};
+use super::types::{NodeId, NodeInfo};
 
 const CLUSTER_ID_FILE_NAME: &str = "cluster_id";
 const NODE_ID_FILE_NAME: &str = "node_id";

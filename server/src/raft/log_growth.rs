@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::Raft;
+use super::types::Raft;
 
 /// Counts the log bytes applied since the last snapshot; see the module docs.
 #[derive(Debug)]

@@ -6,6 +6,7 @@
 mod check_quorum;
 pub mod contacts;
 mod identity;
+mod leadership;
 mod log_growth;
 mod network;
 pub mod peer_gate;
@@ -17,22 +18,20 @@ pub mod stages;
 mod state_machine;
 #[cfg(test)]
 mod suite_test;
+mod types;
 mod vouch;
 pub mod write_batch;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use cairn_fsm::{Applied, Command, Store, StoredResource};
+use cairn_fsm::{Applied, Command, Store};
 use cairn_proto::error::{ApiError, LeaderHint};
-use cairn_proto::v1::{self as pb, raft_service_server::RaftServiceServer};
+use cairn_proto::v1::raft_service_server::RaftServiceServer;
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{ChangeMembers, ServerState};
-use serde::{Deserialize, Serialize};
+use openraft::ChangeMembers;
 
 pub use identity::{check_node_id, ClusterIdentity};
 pub use network::{
@@ -41,240 +40,14 @@ pub use network::{
 pub use peer_gate::PeerGate;
 pub use series::{describe_metrics, PEER_ROUND_TRIP_TIME};
 pub use state_machine::StateMachine;
+pub use types::{LogPayload, LogStore, Membership, NodeId, NodeInfo, Raft, Reply, TypeConfig};
+
+use leadership::{fatal, leader_hint, leader_hint_in, leads, propose_entry, require_leader};
 
 /// For `tests/crash_points.rs`, which opens a state machine as [`RaftHandle::start`] does
 /// ([`StateMachine::open`] takes one); not an API.
 #[doc(hidden)]
 pub use log_growth::LogGrowth;
-
-/// A member's addresses, as stored in the Raft membership.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    pub peer_address: String,
-    pub client_address: String,
-}
-
-impl fmt::Display for NodeInfo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "peer={} client={}",
-            self.peer_address, self.client_address
-        )
-    }
-}
-
-/// The payload of a normal log entry: an encoded `cairn_fsm::Command`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LogPayload(#[serde(with = "serde_bytes_compat")] pub Bytes);
-
-/// Serde for a `Bytes` field: written as serde bytes (bincode: a length and the
-/// bytes), read back with one copy. Read as a `Vec<u8>` it went through serde's
-/// sequence visitor one byte at a time (about 24 instructions a byte, 28 % of a
-/// follower's instructions per write at 64 clients); the encoding is the same
-/// either way, so logs and peers of either form agree.
-mod serde_bytes_compat {
-    use std::fmt;
-
-    use bytes::Bytes;
-    use serde::de::{SeqAccess, Visitor};
-    use serde::{Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(bytes: &Bytes, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(bytes)
-    }
-
-    /// Borrowed from the input where the format allows (bincode from a slice, as the
-    /// peer port and the log read it: the length is checked against the input, and
-    /// nothing is allocated before), then copied once.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
-        d.deserialize_bytes(BytesVisitor)
-    }
-
-    struct BytesVisitor;
-
-    impl<'de> Visitor<'de> for BytesVisitor {
-        type Value = Bytes;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("bytes")
-        }
-
-        fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Bytes, E> {
-            Ok(Bytes::copy_from_slice(v))
-        }
-
-        fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
-            Ok(Bytes::from(v))
-        }
-
-        /// Formats without a bytes type (JSON, say) write bytes as a sequence.
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Bytes, A::Error> {
-            // The hint comes from the input: bounded, never trusted for the allocation.
-            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64 * 1024));
-            while let Some(b) = seq.next_element::<u8>()? {
-                v.push(b);
-            }
-            Ok(Bytes::from(v))
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::super::LogPayload;
-        use bytes::Bytes;
-
-        fn config() -> bincode::config::Configuration {
-            bincode::config::standard()
-        }
-
-        #[test]
-        fn a_payload_reads_back_as_written_and_as_the_vec_form_wrote_it() {
-            for len in [0usize, 1, 127, 128, 300, 70_000] {
-                let payload = LogPayload(Bytes::from(
-                    (0..len).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>(),
-                ));
-                let encoded = bincode::serde::encode_to_vec(&payload, config()).unwrap();
-                // A Vec<u8> field, the form this replaced, encodes the same bytes.
-                let as_vec = bincode::serde::encode_to_vec(payload.0.to_vec(), config()).unwrap();
-                assert_eq!(encoded, as_vec, "{len} bytes");
-                let (back, read): (LogPayload, usize) =
-                    bincode::serde::borrow_decode_from_slice(&encoded, config()).unwrap();
-                assert_eq!((back, read), (payload.clone(), encoded.len()));
-                let (owned, _): (LogPayload, usize) =
-                    bincode::serde::decode_from_slice(&encoded, config()).unwrap();
-                assert_eq!(owned, payload);
-                let json = serde_json::to_string(&payload).unwrap();
-                assert_eq!(serde_json::from_str::<LogPayload>(&json).unwrap(), payload);
-            }
-        }
-
-        #[test]
-        fn a_payload_longer_than_its_input_is_an_error_not_an_allocation() {
-            let mut encoded =
-                bincode::serde::encode_to_vec(LogPayload(Bytes::from_static(b"abc")), config())
-                    .unwrap();
-            encoded.truncate(encoded.len() - 1);
-            assert!(
-                bincode::serde::decode_from_slice::<LogPayload, _>(&encoded, config()).is_err()
-            );
-            // A length of 2^62 (varint: 253 then a little-endian u64) before 3 bytes.
-            let mut huge = vec![253u8];
-            huge.extend_from_slice(&(1u64 << 62).to_le_bytes());
-            huge.extend_from_slice(b"abc");
-            assert!(bincode::serde::decode_from_slice::<LogPayload, _>(&huge, config()).is_err());
-        }
-    }
-}
-
-/// What applying one entry produced. Only ever handed to the proposer on the
-/// same node, but openraft requires it to be serializable: it is encoded with
-/// the same protobuf messages and error mapping as the wire.
-#[derive(Debug, Clone)]
-pub struct Reply(pub Result<Applied, ApiError>);
-
-#[derive(Serialize, Deserialize)]
-enum ReplyWire {
-    /// The stored resource's encoding.
-    Written(#[serde(with = "serde_bytes_compat")] Bytes),
-    Deleted(bool),
-    RestoreBegun,
-    RestoreChunkAdded(u64),
-    Restored(u64),
-    RestoreAborted(bool),
-    /// Serialized for completeness; never read back (see `Deserialize`).
-    Batch(Vec<ReplyWire>),
-    Error {
-        code: i32,
-        message: String,
-        details: Vec<u8>,
-    },
-}
-
-impl ReplyWire {
-    fn of(reply: &Result<Applied, ApiError>) -> ReplyWire {
-        match reply {
-            Ok(Applied::Written(resource)) => ReplyWire::Written(resource.encoded().clone()),
-            Ok(Applied::Deleted { existed }) => ReplyWire::Deleted(*existed),
-            Ok(Applied::RestoreBegun) => ReplyWire::RestoreBegun,
-            Ok(Applied::RestoreChunkAdded { received }) => ReplyWire::RestoreChunkAdded(*received),
-            Ok(Applied::Restored { resource_count }) => ReplyWire::Restored(*resource_count),
-            Ok(Applied::RestoreAborted { existed }) => ReplyWire::RestoreAborted(*existed),
-            Ok(Applied::Batch(results)) => ReplyWire::Batch(
-                results
-                    .iter()
-                    .map(|r| ReplyWire::of(&r.clone().map_err(ApiError::from)))
-                    .collect(),
-            ),
-            Err(error) => {
-                let status = tonic::Status::from(error.clone());
-                ReplyWire::Error {
-                    code: status.code() as i32,
-                    message: status.message().to_string(),
-                    details: status.details().to_vec(),
-                }
-            }
-        }
-    }
-}
-
-impl Serialize for Reply {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        ReplyWire::of(&self.0).serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Reply {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let reply = match ReplyWire::deserialize(d)? {
-            ReplyWire::Written(bytes) => {
-                let resource: pb::Resource =
-                    prost::Message::decode(bytes).map_err(serde::de::Error::custom)?;
-                Ok(Applied::Written(StoredResource::from_resource(&resource)))
-            }
-            ReplyWire::Deleted(existed) => Ok(Applied::Deleted { existed }),
-            ReplyWire::RestoreBegun => Ok(Applied::RestoreBegun),
-            ReplyWire::RestoreChunkAdded(received) => Ok(Applied::RestoreChunkAdded { received }),
-            ReplyWire::Restored(resource_count) => Ok(Applied::Restored { resource_count }),
-            ReplyWire::RestoreAborted(existed) => Ok(Applied::RestoreAborted { existed }),
-            // A reply only ever goes to the proposer on the node that applied
-            // the entry (openraft never sends it); a batch's per-command fsm
-            // errors have no lossless way back from the wire form.
-            ReplyWire::Batch(_) => {
-                return Err(serde::de::Error::custom(
-                    "a batch reply is never read back from its serialized form",
-                ))
-            }
-            ReplyWire::Error {
-                code,
-                message,
-                details,
-            } => {
-                let status =
-                    tonic::Status::with_details(code.into(), message, Bytes::from(details));
-                Err(ApiError::from_status(&status))
-            }
-        };
-        Ok(Reply(reply))
-    }
-}
-
-openraft::declare_raft_types!(
-    /// Cairn's openraft type configuration.
-    pub TypeConfig:
-        D = LogPayload,
-        R = Reply,
-        NodeId = u64,
-        Node = NodeInfo,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
-        AsyncRuntime = openraft::TokioRuntime,
-);
-
-pub type NodeId = u64;
-pub type Raft = openraft::Raft<TypeConfig>;
-pub type LogStore = cairn_raft_log::LogStore<TypeConfig>;
-pub type Membership = openraft::StoredMembership<NodeId, NodeInfo>;
 
 /// `members` (the `members` setting) as the Raft membership stores them: id → addresses.
 pub fn membership_nodes(
@@ -398,23 +171,6 @@ pub struct RaftHandle {
     pub contacts: Arc<contacts::Contacts>,
 }
 
-fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint {
-    LeaderHint {
-        leader_id,
-        client_address: node.as_ref().map(|n| n.client_address.clone()),
-        peer_address: node.map(|n| n.peer_address),
-    }
-}
-
-/// The leader `leader_id` with its addresses from `membership` (none when it is not listed).
-fn leader_hint_in(
-    leader_id: Option<NodeId>,
-    membership: &openraft::StoredMembership<NodeId, NodeInfo>,
-) -> LeaderHint {
-    let node = leader_id.and_then(|id| membership.membership().get_node(&id).cloned());
-    leader_hint(leader_id, node)
-}
-
 fn leader_view_of(
     leader_id: Option<NodeId>,
     membership: &openraft::StoredMembership<NodeId, NodeInfo>,
@@ -451,10 +207,6 @@ fn membership_error(e: openraft::error::ChangeMembershipError<NodeId>) -> ApiErr
     }
 }
 
-fn fatal<E: fmt::Display>(e: E) -> ApiError {
-    ApiError::Unavailable(format!("raft is shutting down: {e}"))
-}
-
 /// Where a node keeps its Raft log inside its data dir.
 pub fn log_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("raft-log")
@@ -469,56 +221,6 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
 /// all an offline restore seeds). A data dir without either is a new node.
 pub fn holds_node_state(data_dir: &Path) -> bool {
     log_dir(data_dir).exists() || snapshot_dir(data_dir).exists()
-}
-
-/// Proposes one entry and waits until it is committed and applied here (the
-/// outcomes are those of [`RaftHandle::propose`]).
-///
-/// The one mapping of openraft's errors for a proposal. The caller checked
-/// leadership first ([`require_leader`]: `NotLeader`, certainly not in the log,
-/// so the client may redirect it); once `client_write` was called, openraft's
-/// `ForwardToLeader` is ambiguous — it answers so both when its core refuses
-/// the entry and when an entry it had appended was truncated by a new leader
-/// (in clusters of five or more another node may still hold and commit it) —
-/// so it is `Inconsistent`, an unknown outcome.
-async fn propose_entry(raft: &Raft, payload: Bytes) -> Result<(u64, Applied), ApiError> {
-    match raft.client_write(LogPayload(payload)).await {
-        Ok(response) => response
-            .data
-            .0
-            .map(|applied| (response.log_id.index, applied)),
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-            Err(ApiError::Inconsistent(format!(
-                "leadership was lost while the command was proposed ({}); it may still commit",
-                leader_hint(f.leader_id, f.leader_node)
-            )))
-        }
-        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => Err(
-            ApiError::Internal(format!("unexpected membership error on a data write: {e}")),
-        ),
-        Err(RaftError::Fatal(e)) => Err(ApiError::Inconsistent(format!(
-            "raft stopped while the command was in flight; it may still commit: {e}"
-        ))),
-    }
-}
-
-/// Whether metrics `m` say node `node_id` leads: the one definition of leading.
-fn leads(m: &openraft::RaftMetrics<NodeId, NodeInfo>, node_id: NodeId) -> bool {
-    m.current_leader == Some(node_id) && m.state == ServerState::Leader
-}
-
-/// `Ok` when this node leads; else `NotLeader` with the leader it knows. Reads
-/// openraft's metrics in place (under their read lock), cloning only the
-/// leader's addresses when it is another node.
-fn require_leader(raft: &Raft, node_id: NodeId) -> Result<(), ApiError> {
-    let metrics = raft.metrics();
-    let m = metrics.borrow();
-    if leads(&m, node_id) {
-        return Ok(());
-    }
-    Err(ApiError::NotLeader {
-        hint: leader_hint_in(m.current_leader, &m.membership_config),
-    })
 }
 
 /// Refuses to start on a vote or log whose term no node can reach: openraft

@@ -69,7 +69,7 @@ use super::peer_gate::{self, Claim, PeerGate, Refusal, Standing};
 use super::series::{PeerSeries, PeerSeriesMap};
 use super::stages::{IndexStage, WriteStages};
 use super::state_machine::ClusterIdentity;
-use super::{NodeId, NodeInfo, Raft, TypeConfig};
+use super::types::{NodeId, NodeInfo, Raft, TypeConfig};
 use crate::rate_limit::RateLimit;
 
 pub use crate::bounds::DECODE_BYTES_MAX;

@@ -56,7 +56,7 @@ use tonic::metadata::MetadataMap;
 
 use super::identity::AdoptError;
 use super::state_machine::ClusterIdentity;
-use super::{Membership, NodeId, NodeInfo, TypeConfig};
+use super::types::{Membership, NodeId, NodeInfo, TypeConfig};
 
 /// The largest term a peer may send. 2^62: a cluster electing a leader
 /// every millisecond needs a hundred million years to reach it, and a node

@@ -32,7 +32,7 @@ use openraft::{LogId, OptionalSend, RaftLogId, StorageError, Vote};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::{LogStore, NodeId, TypeConfig};
+use super::types::{LogStore, NodeId, TypeConfig};
 
 type Entry = openraft::Entry<TypeConfig>;
 

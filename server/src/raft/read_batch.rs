@@ -38,7 +38,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cairn_proto::error::ApiError;
 use tokio::sync::{oneshot, Notify};
 
-use super::Raft;
+use super::leadership::{fatal, leader_hint};
+use super::types::Raft;
 
 /// The outcome of one confirmation: the read index, or why it could not be
 /// confirmed.
@@ -153,13 +154,13 @@ pub async fn confirm_with_raft(raft: Raft) -> Confirmation {
         Ok((read, _applied)) => Ok(read.map(|l| l.index).unwrap_or(0).max(last_log_index)),
         Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
             Err(ApiError::NotLeader {
-                hint: super::leader_hint(f.leader_id, f.leader_node),
+                hint: leader_hint(f.leader_id, f.leader_node),
             })
         }
         Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => Err(
             ApiError::Inconsistent(format!("leadership not confirmed by a quorum: {e}")),
         ),
-        Err(RaftError::Fatal(e)) => Err(super::fatal(e)),
+        Err(RaftError::Fatal(e)) => Err(fatal(e)),
     }
 }
 

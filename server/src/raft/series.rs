@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram};
 
-use super::NodeId;
+use super::types::NodeId;
 
 pub const PROPOSALS_COMMITTED: &str = "cairn_server_proposals_committed_total";
 pub const PROPOSALS_FAILED: &str = "cairn_server_proposals_failed_total";

@@ -20,7 +20,7 @@ use openraft::{EntryPayload, LogId, RaftLogId, StorageError, StorageIOError, Sto
 use super::identity::AdoptError;
 pub use super::identity::ClusterIdentity;
 use super::log_growth::LogGrowth;
-use super::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
+use super::types::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
 use crate::fatal::FatalCause;
 use crate::snapshot_file::{
     self, Section, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,

@@ -19,7 +19,8 @@ use std::time::Duration;
 use crate::rate_limit::RateLimit;
 
 use super::network::Network;
-use super::{NodeId, PeerGate, Raft};
+use super::peer_gate::PeerGate;
+use super::types::{NodeId, Raft};
 
 /// The shortest time between two rounds of questions.
 pub const ROUND_INTERVAL: Duration = Duration::from_secs(1);

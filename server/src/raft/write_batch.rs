@@ -44,8 +44,9 @@ use cairn_fsm::{Applied, Command};
 use cairn_proto::error::ApiError;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+use super::leadership::{propose_entry, require_leader};
 use super::stages::{WriteStages, WriteTimes};
-use super::{propose_entry, require_leader, NodeId, Raft};
+use super::types::{NodeId, Raft};
 
 /// At most this many commands per batch entry.
 pub const BATCH_COMMANDS_MAX: usize = 256;
