@@ -7,10 +7,11 @@
 
 use bytes::{BufMut, Bytes};
 use cairn_proto::v1::log::{self, command::Command as LogCommand};
-use cairn_proto::v1::{Id, Resource};
+use cairn_proto::v1::{Id, Resource, Status};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
 
+use crate::version::{ClusterVersion, VersionAction};
 use crate::FsmError;
 
 /// The first byte of every encoded command. Bumped only if the framing
@@ -47,6 +48,21 @@ pub enum Command {
     /// the entry's index, each with its own outcome ([`crate::Applied::Batch`]).
     /// Holds only `Write` and `Delete`.
     Batch { commands: Vec<Command> },
+    /// Changes the cluster version (`crate::version`; since cluster version 0.2, which a
+    /// raise from 0.1 needs no permission for: every member supports it by then).
+    ClusterVersion {
+        action: VersionAction,
+        version: ClusterVersion,
+    },
+    /// Replaces the entry `key` of the `status` map of the resource `id` (whose uid must be
+    /// given), if `version` is empty or the stored one. Needs cluster version 0.2
+    /// ([`crate::Feature::StatusWrites`]).
+    WriteStatus {
+        id: Id,
+        key: String,
+        status: Status,
+        version: String,
+    },
 }
 
 /// Tag of `Command.write` and `Command.delete`, and of `WriteCommand.resource`.
@@ -143,6 +159,29 @@ impl Command {
                     restore_id: restore_id.clone(),
                 })
             }
+            Command::ClusterVersion { action, version } => {
+                use log::cluster_version_command::Action;
+                LogCommand::ClusterVersion(log::ClusterVersionCommand {
+                    action: match action {
+                        VersionAction::Raise => Action::Raise,
+                        VersionAction::Downgrade => Action::Downgrade,
+                        VersionAction::CancelDowngrade => Action::CancelDowngrade,
+                    } as i32,
+                    major: version.major,
+                    minor: version.minor,
+                })
+            }
+            Command::WriteStatus {
+                id,
+                key,
+                status,
+                version,
+            } => LogCommand::WriteStatus(log::WriteStatusCommand {
+                id: Some(id.clone()),
+                key: key.clone(),
+                status: Some(status.clone()),
+                version: version.clone(),
+            }),
         }
     }
 
@@ -242,6 +281,38 @@ impl Command {
             Some(LogCommand::RestoreAbort(c)) => Ok(Command::RestoreAbort {
                 restore_id: c.restore_id,
             }),
+            Some(LogCommand::ClusterVersion(c)) => {
+                use log::cluster_version_command::Action;
+                let action = match Action::try_from(c.action) {
+                    Ok(Action::Raise) => VersionAction::Raise,
+                    Ok(Action::Downgrade) => VersionAction::Downgrade,
+                    Ok(Action::CancelDowngrade) => VersionAction::CancelDowngrade,
+                    Err(_) => {
+                        return Err(FsmError::Decode(format!(
+                            "cluster version command with unknown action {}",
+                            c.action
+                        )))
+                    }
+                };
+                Ok(Command::ClusterVersion {
+                    action,
+                    version: ClusterVersion::new(c.major, c.minor),
+                })
+            }
+            Some(LogCommand::WriteStatus(log::WriteStatusCommand {
+                id: Some(id),
+                key,
+                status: Some(status),
+                version,
+            })) => Ok(Command::WriteStatus {
+                id,
+                key,
+                status,
+                version,
+            }),
+            Some(LogCommand::WriteStatus(_)) => Err(FsmError::Decode(
+                "write-status command without an id or a status".into(),
+            )),
             None => Err(FsmError::Decode("command without a body".into())),
         }
     }
@@ -378,6 +449,27 @@ mod tests {
             },
             Command::RestoreAbort {
                 restore_id: "r1".into(),
+            },
+            Command::ClusterVersion {
+                action: VersionAction::Raise,
+                version: ClusterVersion::new(0, 2),
+            },
+            Command::ClusterVersion {
+                action: VersionAction::Downgrade,
+                version: ClusterVersion::new(0, 1),
+            },
+            Command::ClusterVersion {
+                action: VersionAction::CancelDowngrade,
+                version: ClusterVersion::new(0, 1),
+            },
+            Command::WriteStatus {
+                id: resource().id.unwrap_or_default(),
+                key: "consul.io/health-controller".into(),
+                status: Status {
+                    observed_generation: "g1".into(),
+                    ..Default::default()
+                },
+                version: "9".into(),
             },
             Command::Batch {
                 commands: vec![

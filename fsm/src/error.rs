@@ -1,6 +1,6 @@
 //! The one error enum of the fsm layer, and its one conversion to the wire.
 
-use cairn_proto::error::{compacted_text, label_of, ApiError, ErrorKind};
+use cairn_proto::error::{compacted_text, label_of, labelled, ApiError, ErrorKind};
 use cairn_proto::v1::Type;
 
 use crate::StoredResource;
@@ -53,6 +53,11 @@ pub enum FsmError {
     /// A command or snapshot record could not be decoded.
     #[error("decode: {0}")]
     Decode(String),
+    /// The cluster's state does not allow the command: one its cluster version does not
+    /// enable, or a change of the cluster version that the rules refuse
+    /// ([`crate::ClusterVersionState`]). The message names both versions.
+    #[error("{}", labelled(ErrorKind::FailedPrecondition, .0))]
+    FailedPrecondition(String),
 }
 
 /// What a CAS failure says is stored: `version "2" is stored`, or `nothing is stored`.
@@ -77,6 +82,7 @@ impl FsmError {
             // Another restore is in the way: the consistency asked for cannot be met now.
             FsmError::RestoreConflict(_) => ErrorKind::Inconsistent,
             FsmError::Decode(_) => ErrorKind::Internal,
+            FsmError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
         }
     }
 
@@ -112,6 +118,7 @@ impl From<FsmError> for ApiError {
             FsmError::WatchClosed { reason } => ApiError::WatchClosed(reason),
             e @ FsmError::RestoreConflict(_) => ApiError::Inconsistent(e.to_string()),
             FsmError::Decode(message) => ApiError::Internal(format!("decode: {message}")),
+            FsmError::FailedPrecondition(message) => ApiError::FailedPrecondition(message),
         }
     }
 }
@@ -147,6 +154,7 @@ mod tests {
             },
             FsmError::RestoreConflict("another restore".into()),
             FsmError::Decode("truncated".into()),
+            FsmError::FailedPrecondition("WriteStatus needs cluster version 0.2".into()),
         ];
         for error in every {
             assert_eq!(

@@ -97,6 +97,7 @@ mod state;
 mod store;
 mod stored;
 mod validate;
+mod version;
 mod watch;
 
 pub use command::{Command, COMMAND_FORMAT_VERSION};
@@ -115,6 +116,7 @@ pub use validate::{
     validate_id, validate_list, validate_write, Limits, METADATA_ENTRIES_HARD_MAX,
     NAME_BYTES_HARD_MAX, RESOURCE_BYTES_HARD_MAX, STATUS_CONDITIONS_HARD_MAX,
 };
+pub use version::{ClusterVersion, ClusterVersionState, Feature, VersionAction};
 pub use watch::{Event, Watch, WatchEventKind, WatchFilter, WatchStats};
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use imbl::ordmap;
 use crate::key::Key;
 use crate::restore::{install, PendingRestore, RestoreTable};
 use crate::store::{Published, Shared};
-use crate::{FsmError, StoredResource};
+use crate::{ClusterVersionState, FsmError, StoredResource};
 
 /// The format of the resources a [`Snapshot`] yields: each is a complete
 /// `cairn.v1.Resource` with its assigned version, as stored (its encoding is
@@ -27,6 +27,9 @@ pub struct Snapshot {
     /// The online restore in progress at `applied_index`, if any. Not part
     /// of the table: iterating the snapshot does not yield its resources.
     pub pending: Option<PendingSnapshot>,
+    /// The cluster version at `applied_index` ([`crate::ClusterVersionState`]): part of
+    /// the replicated state, so a node that installs the image takes it too.
+    pub cluster: ClusterVersionState,
     len: usize,
     resources: ordmap::ConsumingIter<Key, StoredResource, imbl::shared_ptr::DefaultSharedPtr>,
 }
@@ -44,6 +47,7 @@ impl Snapshot {
                 len: p.table.state.resources.len(),
                 resources: p.table.state.resources.clone().into_iter(),
             }),
+            cluster: published.cluster,
             len: state.resources.len(),
             // O(1): the map is shared, and copied out element by element as
             // the iteration proceeds.
@@ -117,6 +121,7 @@ pub struct Restoration {
     shared: Arc<Shared>,
     table: RestoreTable,
     pending: Option<PendingRestore>,
+    cluster: ClusterVersionState,
 }
 
 impl Restoration {
@@ -125,7 +130,14 @@ impl Restoration {
             shared,
             table: RestoreTable::default(),
             pending: None,
+            cluster: ClusterVersionState::default(),
         }
+    }
+
+    /// Declares the cluster version the image was taken at (an image that names none was
+    /// taken at [`crate::ClusterVersion::BASELINE`], the default). The commit installs it.
+    pub fn set_cluster_version(&mut self, cluster: ClusterVersionState) {
+        self.cluster = cluster;
     }
 
     /// How many resources have been added so far.
@@ -200,6 +212,7 @@ impl Restoration {
         );
         install(&mut w, table.state, applied_index);
         w.pending = self.pending.take();
+        w.cluster = self.cluster;
         self.shared.publish(&mut w);
         Ok(())
     }

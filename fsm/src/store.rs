@@ -12,6 +12,7 @@ use crate::restore::{self, PendingRestore, PendingRestoreStatus};
 use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
 use crate::validate::{validate_id, validate_list, validate_write, Limits};
+use crate::version::{ClusterVersionState, Feature};
 use crate::watch::{self, Registry, Watch, WatchFilter};
 use crate::{Command, FsmError, StoredResource};
 
@@ -33,6 +34,8 @@ pub enum Applied {
     RestoreAborted { existed: bool },
     /// The outcome of each command of a [`Command::Batch`], in order.
     Batch(Vec<Result<Applied, FsmError>>),
+    /// The cluster version after a [`Command::ClusterVersion`].
+    ClusterVersion(ClusterVersionState),
 }
 
 /// What readers see: the latest state and the history that leads to it.
@@ -43,6 +46,8 @@ pub(crate) struct Published {
     pub oldest_retained_revision: u64,
     /// The online restore in progress (a copy, O(1) to take).
     pub pending: Option<PendingRestore>,
+    /// The cluster version at `state.revision`.
+    pub cluster: ClusterVersionState,
 }
 
 /// Everything the single writer owns.
@@ -59,6 +64,8 @@ pub(crate) struct Writer {
     pub registry: Registry,
     /// The online restore in progress, if any (`crate::restore`).
     pub pending: Option<PendingRestore>,
+    /// The cluster version (`crate::version`); an online restore leaves it alone.
+    pub cluster: ClusterVersionState,
     /// Changes applied in the current batch, not yet sent to watches. Kept
     /// here so its capacity is reused from batch to batch.
     pub unpublished: Vec<Change>,
@@ -87,6 +94,7 @@ impl Shared {
             history: w.history.clone(),
             oldest_retained_revision: w.oldest_retained_revision,
             pending: w.pending.clone(),
+            cluster: w.cluster,
         });
         let previous = {
             let mut guard = self.published.write();
@@ -113,6 +121,7 @@ impl Store {
             history: History::default(),
             oldest_retained_revision: 0,
             pending: None,
+            cluster: ClusterVersionState::default(),
         };
         Store {
             shared: Arc::new(Shared {
@@ -126,6 +135,7 @@ impl Store {
                     version_issued_max: 0,
                     registry: Registry::default(),
                     pending: None,
+                    cluster: ClusterVersionState::default(),
                     unpublished: Vec::new(),
                     dirty: false,
                 }),
@@ -187,6 +197,11 @@ impl Store {
     /// The index of the last applied entry that readers can see.
     pub fn applied_index(&self) -> u64 {
         self.shared.published.read().state.revision
+    }
+
+    /// The cluster version as of [`Store::applied_index`] (`crate::version`).
+    pub fn cluster_version(&self) -> ClusterVersionState {
+        self.shared.published.read().cluster
     }
 
     /// The oldest revision that [`Store::view_at`] and [`Store::watch`] can
@@ -370,9 +385,10 @@ impl Batch<'_> {
                 self.delete(index, id, version)
             }
             // Rare or resource-carrying: one implementation, in `apply_owned`.
-            Command::Batch { .. } | Command::RestoreChunk { .. } => {
-                self.apply_owned(index, command.clone())
-            }
+            Command::Batch { .. }
+            | Command::RestoreChunk { .. }
+            | Command::WriteStatus { .. }
+            | Command::ClusterVersion { .. } => self.apply_owned(index, command.clone()),
             other => self.restore(index, other),
         }
     }
@@ -414,6 +430,30 @@ impl Batch<'_> {
                     resources,
                 )
             }
+            Command::ClusterVersion { action, version } => {
+                self.advance(index);
+                let w = &mut *self.writer;
+                w.cluster = w.cluster.decide(action, version)?;
+                Ok(Applied::ClusterVersion(w.cluster))
+            }
+            Command::WriteStatus {
+                id,
+                key,
+                status,
+                version,
+            } => {
+                self.advance(index);
+                self.writer.cluster.require(Feature::StatusWrites)?;
+                let resource = with_status(
+                    &self.writer,
+                    &self.shared.apply_limits,
+                    &id,
+                    key,
+                    status,
+                    &version,
+                )?;
+                self.write(index, WriteInput::Owned(resource))
+            }
             other => self.restore(index, &other),
         }
     }
@@ -432,7 +472,9 @@ impl Batch<'_> {
             Command::Write { .. }
             | Command::Delete { .. }
             | Command::RestoreChunk { .. }
-            | Command::Batch { .. } => unreachable!("handled by the caller"),
+            | Command::Batch { .. }
+            | Command::ClusterVersion { .. }
+            | Command::WriteStatus { .. } => unreachable!("handled by the caller"),
         }
     }
 
@@ -591,6 +633,44 @@ fn write(
         before,
         after: Some(after),
     })
+}
+
+/// The resource `id` with its status entry `key` replaced by `status`: the status-write
+/// rules (`docs/contract.md`), checked in this order: the id and key are valid, the uid is
+/// given, a resource with that uid is stored (else NotFound), and `version`, when not empty,
+/// is the stored one (else a CAS failure). The result keeps the stored version, so the
+/// write that stores it passes its own checks; its generation is the stored one.
+fn with_status(
+    w: &Writer,
+    limits: &Limits,
+    id: &Id,
+    key: String,
+    status: cairn_proto::v1::Status,
+    version: &str,
+) -> Result<Resource, FsmError> {
+    validate_id("id", id, limits)?;
+    if id.uid.is_empty() {
+        return Err(FsmError::invalid(
+            "id.uid",
+            "must be given: a status is written to one lifetime of a resource",
+        ));
+    }
+    crate::validate::validate_status_key("key", &key, limits)?;
+    let stored = key::with_storage_key(id, |storage_key| {
+        w.state.resources.get(storage_key).cloned()
+    });
+    let Some(stored) = stored.filter(|s| s.uid() == id.uid) else {
+        return Err(FsmError::NotFound);
+    };
+    if !version.is_empty() && stored.version() != version {
+        return Err(FsmError::CasFailure {
+            expected: version.to_string(),
+            stored: Some(stored.version().to_string()),
+        });
+    }
+    let mut resource = stored.resource();
+    resource.status.insert(key, status);
+    Ok(resource)
 }
 
 /// The delete rules, in the contract's order. `None` = a no-op delete.

@@ -222,6 +222,12 @@ fn check_id(field: Field<'_>, id: &Id, limits: &Limits) -> Result<(), FsmError> 
     Ok(())
 }
 
+/// Validates the key of a status write (`field` is its name): required, bounded, free of
+/// control characters, as a status key of a written resource is.
+pub(crate) fn validate_status_key(field: &str, key: &str, limits: &Limits) -> Result<(), FsmError> {
+    check_text(Field::root(field), key, true, true, limits)
+}
+
 /// Validates a resource to be written: its id as [`validate_id`] plus a
 /// non-empty group version, the owner id if any, the expected version, and
 /// its encoded size.

@@ -39,6 +39,7 @@
 //! | Internal              | INTERNAL             | a bug or an unexpected failure               |
 //! | Unauthenticated       | UNAUTHENTICATED      | no token, or a token the node does not know  |
 //! | PermissionDenied      | PERMISSION_DENIED    | names the missing permission                 |
+//! | FailedPrecondition    | FAILED_PRECONDITION  | the cluster's state does not allow it (a command its cluster version does not enable); certainly not applied |
 //!
 //! A status without Cairn's `ErrorInfo` (from a proxy, a transport failure,
 //! an older peer) is classified by its code alone; transport-level codes
@@ -88,6 +89,7 @@ pub fn label_of(kind: ErrorKind) -> &'static str {
         ErrorKind::Internal | ErrorKind::Unspecified => "internal error",
         ErrorKind::Unauthenticated => "unauthenticated",
         ErrorKind::PermissionDenied => "permission denied",
+        ErrorKind::FailedPrecondition => "failed precondition",
     }
 }
 
@@ -240,6 +242,10 @@ pub enum ApiError {
     /// stored.
     #[error("{}", labelled(ErrorKind::PermissionDenied, .0))]
     PermissionDenied(String),
+    /// The cluster's state does not allow the request (a command its cluster version does
+    /// not enable yet); the message names what (both versions). Certainly not applied.
+    #[error("{}", labelled(ErrorKind::FailedPrecondition, .0))]
+    FailedPrecondition(String),
 }
 
 impl ApiError {
@@ -277,6 +283,7 @@ impl ApiError {
             ApiError::Internal(_) => ErrorKind::Internal,
             ApiError::Unauthenticated(_) => ErrorKind::Unauthenticated,
             ApiError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            ApiError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
         }
     }
 
@@ -344,7 +351,8 @@ impl ApiError {
             | ApiError::WatchClosed(m)
             | ApiError::Internal(m)
             | ApiError::Unauthenticated(m)
-            | ApiError::PermissionDenied(m) => m.clone(),
+            | ApiError::PermissionDenied(m)
+            | ApiError::FailedPrecondition(m) => m.clone(),
             ApiError::InvalidArgument { field, reason } if field.is_empty() => reason.clone(),
             ApiError::InvalidArgument { field, reason } => format!("{field}: {reason}"),
             ApiError::ResourceExhausted { reason, .. } => reason.clone(),
@@ -449,6 +457,7 @@ fn code_of(kind: ErrorKind) -> Code {
         ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         ErrorKind::Unauthenticated => Code::Unauthenticated,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
         ErrorKind::Internal | ErrorKind::Unspecified => Code::Internal,
     }
 }
@@ -514,6 +523,7 @@ fn from_details(kind: ErrorKind, details: &[Any], message: &str) -> Option<ApiEr
         ErrorKind::Internal => ApiError::Internal(m),
         ErrorKind::Unauthenticated => ApiError::Unauthenticated(m),
         ErrorKind::PermissionDenied => ApiError::PermissionDenied(m),
+        ErrorKind::FailedPrecondition => ApiError::FailedPrecondition(m),
         ErrorKind::Unspecified => return None,
     };
     Some(error)
@@ -583,6 +593,9 @@ mod tests {
             ApiError::Internal("boom".into()),
             ApiError::Unauthenticated("no token given".into()),
             ApiError::PermissionDenied("write on demo.v1.Thing in default/default".into()),
+            ApiError::FailedPrecondition(
+                "WriteStatus needs cluster version 0.2; the cluster runs 0.1".into(),
+            ),
         ]
     }
 
