@@ -263,8 +263,11 @@ impl ClusterReport {
     fn summary(&self) -> String {
         let leader = match &self.leader {
             Some(l) => format!(
-                "leader node {} (term {}, commit index {})",
-                l.node_id, l.term, l.commit_index
+                "leader node {} (term {}, commit index {}, cluster version {})",
+                l.node_id,
+                l.term,
+                l.commit_index,
+                cluster_version_of(l)
             ),
             None => "NO LEADER".to_string(),
         };
@@ -420,6 +423,7 @@ impl ClusterReport {
             "leader_id": self.leader.as_ref().map(|l| l.node_id),
             "term": self.leader.as_ref().map(|l| l.term),
             "commit_index": self.leader.as_ref().map(|l| l.commit_index),
+            "cluster_version": self.leader.as_ref().map(cluster_version_of),
             "voters": self.voters,
             "reachable_voters": self.reachable_voters,
             "quorum": self.quorum(),
@@ -1018,5 +1022,23 @@ mod tests {
         assert_eq!(human_duration(302_000), "5m02s");
         assert_eq!(human_duration(3 * 3_600_000 + 7 * 60_000), "3h07m");
         assert_eq!(human_duration(2 * 86_400_000 + 4 * 3_600_000), "2d04h");
+    }
+}
+
+/// The cluster version a member's status reports (`0.2`, with the downgrade pinned, if
+/// any); a member of release 0.1.0 reports none, which is 0.1.
+fn cluster_version_of(status: &pb::StatusResponse) -> String {
+    let version = if status.cluster_version.is_empty() {
+        cairn_fsm::ClusterVersion::BASELINE.to_string()
+    } else {
+        status.cluster_version.clone()
+    };
+    if status.cluster_version_downgrade.is_empty() {
+        version
+    } else {
+        format!(
+            "{version} (downgrade to {} pinned)",
+            status.cluster_version_downgrade
+        )
     }
 }

@@ -44,6 +44,7 @@ pub fn exit_code_of_kind(kind: ErrorKind) -> u8 {
         ErrorKind::InvalidArgument => exit::USAGE,
         ErrorKind::Unauthenticated | ErrorKind::PermissionDenied => exit::DENIED,
         ErrorKind::GroupVersionMismatch
+        | ErrorKind::FailedPrecondition
         | ErrorKind::ResourceExhausted
         | ErrorKind::WatchClosed
         | ErrorKind::Compacted
@@ -251,6 +252,7 @@ mod tests {
             (ApiError::Unauthenticated(String::new()), 6),
             (ApiError::PermissionDenied(String::new()), 6),
             (ApiError::Internal(String::new()), 1),
+            (ApiError::FailedPrecondition(String::new()), 1),
         ] {
             assert_eq!(exit_code_of_kind(e.kind()), code, "{e:?}");
         }

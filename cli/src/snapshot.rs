@@ -501,6 +501,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         applied_initial_entry: false,
         // A restore in progress in the source file is not part of its table.
         pending_restore: None,
+        cluster_version: None,
+        cluster_version_downgrade: None,
     };
     let snapshots = cairn_server::raft::snapshot_dir(data_dir);
     std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;

@@ -211,6 +211,7 @@ async fn a_100_mib_message_is_refused_on_both_ports_and_memory_stays_bounded() {
             cluster_id,
             sender_node_id: 1,
             payload: bytes::Bytes::from(huge),
+            ..Default::default()
         })
         .await
         .expect_err("a 100 MiB Raft message must be refused");

@@ -59,6 +59,7 @@ async fn send_vote(
             cluster_id: cluster_id.to_string(),
             payload: encode(&vote),
             sender_node_id: sender,
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner())
@@ -121,6 +122,7 @@ async fn a_forged_append_entries_from_a_made_up_leader_is_refused_and_nothing_fo
                     cluster_id: before.cluster_id.clone(),
                     payload: encode(&request),
                     sender_node_id: 9,
+                    ..Default::default()
                 })
                 .await;
             let status = answer.expect_err("a made-up leader's AppendEntries is refused");

@@ -218,6 +218,8 @@ fn damaged_backups_are_refused_each_with_its_own_message() {
         created_at_unix_ms: 0,
         applied_initial_entry: false,
         pending_restore: None,
+        cluster_version: None,
+        cluster_version_downgrade: None,
     };
     let mut w = cairn_server::snapshot_file::SnapshotWriter::create(&good, &header).unwrap();
     w.append(&thing("x", "u", "3", b"1")).unwrap();

@@ -125,6 +125,7 @@ async fn a_peer_with_a_certificate_from_another_ca_cannot_join_vote_or_forward()
         cluster_id: String::new(),
         sender_node_id: 2,
         payload: bytes::Bytes::from_static(b"not a vote"),
+        ..Default::default()
     };
     let read = ReadRequest {
         id: Some(id("nothing-here", "")),
@@ -255,6 +256,7 @@ async fn a_certificate_from_the_cluster_ca_speaks_only_for_the_node_it_names() {
         cluster_id: cluster_id.clone(),
         sender_node_id: sender,
         payload: bytes::Bytes::from_static(b"not a vote"),
+        ..Default::default()
     };
     let ca = dir.join("ca.pem");
     let node_a = peer_channel(

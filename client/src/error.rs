@@ -79,6 +79,10 @@ pub enum ClientError {
     /// (`write on demo.v1.Thing in default/default`).
     #[error("{}", labelled(ErrorKind::PermissionDenied, .0))]
     PermissionDenied(String),
+    /// The cluster's state does not allow the request: a command its cluster version does
+    /// not enable yet (the message names both versions). Certainly not applied.
+    #[error("{}", labelled(ErrorKind::FailedPrecondition, .0))]
+    FailedPrecondition(String),
 }
 
 impl ClientError {
@@ -113,6 +117,7 @@ impl ClientError {
             ClientError::Internal { .. } => ErrorKind::Internal,
             ClientError::Unauthenticated(_) => ErrorKind::Unauthenticated,
             ClientError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            ClientError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
         }
     }
 
@@ -197,6 +202,7 @@ impl ClientError {
             },
             ApiError::Unauthenticated(m) => ClientError::Unauthenticated(m),
             ApiError::PermissionDenied(m) => ClientError::PermissionDenied(m),
+            ApiError::FailedPrecondition(m) => ClientError::FailedPrecondition(m),
         }
     }
 }
@@ -220,6 +226,7 @@ mod tests {
             },
             ApiError::Unauthenticated("no token".into()),
             ApiError::PermissionDenied("write on a.v1.K in p/n".into()),
+            ApiError::FailedPrecondition("WriteStatus needs cluster version 0.2".into()),
         ] {
             let e = ClientError::from_api(api, Outcome::Unknown);
             assert_eq!(e.outcome(), Outcome::NotApplied, "{e:?}");
@@ -310,6 +317,7 @@ mod tests {
             ApiError::Internal("x".into()),
             ApiError::Unauthenticated("x".into()),
             ApiError::PermissionDenied("x".into()),
+            ApiError::FailedPrecondition("x".into()),
         ] {
             let kind = api.kind();
             assert_eq!(ClientError::from_api(api, Outcome::Unknown).kind(), kind);

@@ -12,7 +12,7 @@
 //! | answered NotLeader naming the leader              | Redirect      | go there        | go there         |
 //! | sent, connection lost / no answer in time         | Unsure        | retry           | stop, Unknown    |
 //! | answered Inconsistent                             | Unsure        | retry           | stop, Unknown    |
-//! | a verdict: NotFound, CasFailure, WrongUid, GroupVersionMismatch, WatchClosed, Compacted, InvalidArgument, ResourceExhausted, Unauthenticated, PermissionDenied | Verdict | stop, NotApplied | stop, NotApplied |
+//! | a verdict: NotFound, CasFailure, WrongUid, GroupVersionMismatch, WatchClosed, Compacted, InvalidArgument, ResourceExhausted, Unauthenticated, PermissionDenied, FailedPrecondition | Verdict | stop, NotApplied | stop, NotApplied |
 //! | answered Internal                                 | Recurring     | stop, NotApplied | stop, Unknown   |
 //! | a message over a size limit; a foreign status     | Recurring     | stop, NotApplied | stop, Unknown   |
 //!
@@ -183,7 +183,9 @@ pub fn classify(failure: &Failure) -> Effect {
             | ApiError::InvalidArgument { .. }
             | ApiError::ResourceExhausted { .. }
             | ApiError::Unauthenticated(_)
-            | ApiError::PermissionDenied(_) => Effect::Verdict,
+            | ApiError::PermissionDenied(_)
+            // The cluster version decides, the same on every node until it changes.
+            | ApiError::FailedPrecondition(_) => Effect::Verdict,
         },
         Failure::NotSent(_) => Effect::Transient,
         Failure::Lost(_) | Failure::NoAnswer(_) => Effect::Unsure,
@@ -286,6 +288,7 @@ pub fn kind_label(error: &ApiError) -> &'static str {
         ApiError::Internal(_) => "internal",
         ApiError::Unauthenticated(_) => "unauthenticated",
         ApiError::PermissionDenied(_) => "permission_denied",
+        ApiError::FailedPrecondition(_) => "failed_precondition",
     }
 }
 

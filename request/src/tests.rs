@@ -103,6 +103,12 @@ fn every_kind() -> Vec<(ApiError, Step, Step)> {
             stop(NotApplied),
             stop(NotApplied),
         ),
+        // A command the cluster version does not enable: the same at every node.
+        (
+            ApiError::FailedPrecondition("x".into()),
+            stop(NotApplied),
+            stop(NotApplied),
+        ),
     ]
 }
 

@@ -230,6 +230,7 @@ impl Admin {
         let data_dir_bytes = tokio::task::spawn_blocking(move || dir_bytes(&data_dir))
             .await
             .unwrap_or(0);
+        let cluster = self.raft.store.cluster_version();
         pb::StatusResponse {
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
@@ -240,6 +241,9 @@ impl Admin {
                 millis(self.raft.contacts.since_leader())
             },
             caught_up_lag_entries_max: CAUGHT_UP_LAG_ENTRIES_MAX,
+            cluster_version: cluster.version.to_string(),
+            cluster_version_downgrade: cluster.downgrade.map(|v| v.to_string()).unwrap_or_default(),
+            cluster_version_supported: cairn_fsm::ClusterVersion::SUPPORTED_MAX.to_string(),
             node_id: s.node_id,
             cluster_id: self.raft.identity.cluster_id(),
             leader_id: leader.unwrap_or(0),

@@ -403,6 +403,11 @@ impl Agent {
         }
 
         let stopping = Arc::new(AtomicBool::new(false));
+        // The leader raises the cluster version once every member supports a higher one.
+        tasks.spawn(
+            "cluster version",
+            crate::raft::cluster_version::raise_when_supported(raft.clone()),
+        );
         let (fatal_sender, fatal) = watch::channel(None);
         tasks.spawn(
             "core watcher",

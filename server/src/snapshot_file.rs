@@ -59,6 +59,13 @@ pub struct SnapshotHeader {
     /// resources follow the table's. Absent from backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_restore: Option<PendingRestoreHeader>,
+    /// The cluster version at `last_log_index` (`"0.2"`), and the downgrade target pinned
+    /// then: absent while they are the defaults (0.1, none), so a cluster that never left
+    /// 0.1 writes the files release 0.1.0 wrote ([`SnapshotHeader::cluster_version`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_version_downgrade: Option<String>,
 }
 
 /// An online restore in progress when a Raft snapshot was taken.
@@ -75,6 +82,31 @@ pub struct PendingRestoreHeader {
 }
 
 impl SnapshotHeader {
+    /// The cluster version the file records; a file that names none was written at
+    /// [`cairn_fsm::ClusterVersion::BASELINE`]. A malformed one is an error naming it.
+    pub fn cluster_version(&self) -> std::result::Result<cairn_fsm::ClusterVersionState, String> {
+        let parse = |field: &str, text: &str| {
+            cairn_fsm::ClusterVersion::parse(text)
+                .map_err(|e| format!("the snapshot header's {field}: {e}"))
+        };
+        let mut state = cairn_fsm::ClusterVersionState::default();
+        if let Some(text) = &self.cluster_version {
+            state.version = parse("cluster_version", text)?;
+        }
+        if let Some(text) = &self.cluster_version_downgrade {
+            state.downgrade = Some(parse("cluster_version_downgrade", text)?);
+        }
+        Ok(state)
+    }
+
+    /// Records `state`, leaving the fields out while they are the defaults.
+    pub fn set_cluster_version(&mut self, state: cairn_fsm::ClusterVersionState) {
+        let baseline = cairn_fsm::ClusterVersionState::default();
+        self.cluster_version =
+            (state.version != baseline.version).then(|| state.version.to_string());
+        self.cluster_version_downgrade = state.downgrade.map(|v| v.to_string());
+    }
+
     /// Every record in the file: the table's, then the pending restore's.
     pub fn record_count(&self) -> u64 {
         self.resource_count
@@ -316,6 +348,8 @@ impl<R: Read> SnapshotReader<R> {
                 created_at_unix_ms: 0,
                 applied_initial_entry: false,
                 pending_restore: None,
+                cluster_version: None,
+                cluster_version_downgrade: None,
             },
             crc: 0,
             offset: 0,
@@ -507,6 +541,8 @@ mod tests {
             created_at_unix_ms: 0,
             applied_initial_entry: false,
             pending_restore: None,
+            cluster_version: None,
+            cluster_version_downgrade: None,
         }
     }
 

@@ -7,7 +7,7 @@
 //! - [`Tasks::spawn`]: a loop that may be cancelled at any await point (the write batcher,
 //!   the read-batch driver, the log-growth watcher, the check-quorum task, the leader
 //!   watcher, the orphan-restore check, the health and core watchers, the join task, the
-//!   catch-up after start);
+//!   catch-up after start, the cluster-version raise);
 //! - [`Tasks::spawn_graceful`]: a server that watches [`Tasks::stopped`] itself and
 //!   finishes its work (closes its connections) before it returns.
 //!

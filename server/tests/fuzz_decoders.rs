@@ -397,6 +397,8 @@ fn snapshot_seed() -> Vec<u8> {
         created_at_unix_ms: 1,
         applied_initial_entry: false,
         pending_restore: None,
+        cluster_version: None,
+        cluster_version_downgrade: None,
     };
     let mut encoder = SnapshotEncoder::new(Vec::new(), &header).expect("encoder");
     encoder.append(&resource("a")).expect("append");

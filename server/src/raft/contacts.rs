@@ -17,6 +17,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use cairn_fsm::ClusterVersion;
+
 use super::types::NodeId;
 
 /// How long a peer's calls must have failed before the log says so.
@@ -37,6 +39,8 @@ struct Peer {
     failing_since: Option<Instant>,
     /// Whether that streak was reported ([`PeerNews::Lost`]).
     reported: bool,
+    /// The highest cluster version its build supports, as its last reply said.
+    supported: Option<ClusterVersion>,
 }
 
 /// What the log should say after a call to a peer (see the module docs).
@@ -83,6 +87,20 @@ impl Contacts {
         } else {
             PeerNews::Nothing
         }
+    }
+
+    /// `peer`'s reply said that its build supports cluster versions up to `version`.
+    pub fn reported_support(&self, peer: NodeId, version: ClusterVersion) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.entry(peer).or_default().supported = Some(version);
+    }
+
+    /// The highest cluster version `peer` supports, if it answered within `within`.
+    pub fn supported_recently(&self, peer: NodeId, within: Duration) -> Option<ClusterVersion> {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = peers.get(&peer)?;
+        let recent = entry.last_reply.is_some_and(|t| t.elapsed() <= within);
+        recent.then_some(entry.supported).flatten()
     }
 
     /// This node accepted a message of its leader just now.

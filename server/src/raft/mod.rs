@@ -4,6 +4,7 @@
 //! [`RaftHandle`] only, so a move to another openraft version is contained here.
 
 mod check_quorum;
+pub mod cluster_version;
 pub mod contacts;
 mod identity;
 mod leadership;

@@ -47,6 +47,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 
 use bytes::Bytes;
+use cairn_fsm::ClusterVersion;
 use cairn_proto::v1::raft_service_client::RaftServiceClient;
 use cairn_proto::v1::raft_service_server::{RaftService, RaftServiceServer};
 use cairn_proto::v1::RaftMessage;
@@ -79,6 +80,18 @@ fn encode<T: Serialize>(value: &T) -> Result<Bytes, bincode::error::EncodeError>
 }
 
 /// Decodes a Raft message or reply; never panics, whatever the bytes.
+/// The highest cluster version the sender of `message` supports: what it says, or
+/// [`ClusterVersion::BASELINE`] when it says nothing (a build of release 0.1.0).
+pub fn supported_by(message: &RaftMessage) -> ClusterVersion {
+    match (
+        message.cluster_version_supported_major,
+        message.cluster_version_supported_minor,
+    ) {
+        (0, 0) => ClusterVersion::BASELINE,
+        (major, minor) => ClusterVersion::new(major, minor),
+    }
+}
+
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::error::DecodeError> {
     let config = bincode::config::standard().with_limit::<DECODE_BYTES_MAX>();
     let (value, _) = bincode::serde::decode_from_slice(bytes, config)?;
@@ -230,6 +243,8 @@ impl Network {
             cluster_id: self.identity.cluster_id(),
             payload,
             sender_node_id: self.node_id,
+            cluster_version_supported_major: ClusterVersion::SUPPORTED_MAX.major,
+            cluster_version_supported_minor: ClusterVersion::SUPPORTED_MAX.minor,
         }
     }
 
@@ -293,6 +308,8 @@ impl PeerClient {
         let message_bytes_max = self.network.message_bytes_max;
         let envelope = self.network.envelope(payload);
         let series = self.series.clone();
+        let contacts = self.network.contacts.clone();
+        let target = self.target;
         async move {
             // A peer that cannot be dialled is unreachable: openraft backs off (`finish`).
             let channel = channel.map_err(tonic::Status::unavailable)?;
@@ -323,7 +340,9 @@ impl PeerClient {
                     Err(_) => {}
                 }
             }
-            Ok(response?.into_inner().payload)
+            let reply = response?.into_inner();
+            contacts.reported_support(target, supported_by(&reply));
+            Ok(reply.payload)
         }
     }
 
@@ -828,6 +847,8 @@ impl RaftRpcService {
             cluster_id: self.gate.cluster_id(),
             payload,
             sender_node_id: self.node_id,
+            cluster_version_supported_major: ClusterVersion::SUPPORTED_MAX.major,
+            cluster_version_supported_minor: ClusterVersion::SUPPORTED_MAX.minor,
         }))
     }
 }

@@ -118,7 +118,10 @@ fn restore_from_file(
         )));
     }
     admit(&header)?;
+    let cluster = header.cluster_version().map_err(|e| damaged(e))?;
+    super::cluster_version::check_supported(cluster, &format!("the snapshot {}", path.display()))?;
     let mut restoration = store.restore();
+    restoration.set_cluster_version(cluster);
     if let Some(p) = &header.pending_restore {
         restoration.begin_pending(p.restore_id.clone(), p.resource_count, p.failure.clone());
     }
@@ -374,7 +377,7 @@ impl StateMachine {
                 std::thread::yield_now();
                 continue;
             }
-            let header = SnapshotHeader {
+            let mut header = SnapshotHeader {
                 cluster_id: self.shared.identity.cluster_id(),
                 last_log_index: index,
                 last_log_term: term,
@@ -394,7 +397,10 @@ impl StateMachine {
                         failure: p.failure.clone(),
                     }
                 }),
+                cluster_version: None,
+                cluster_version_downgrade: None,
             };
+            header.set_cluster_version(fsm_snapshot.cluster);
             return Ok((fsm_snapshot, header));
         }
     }
@@ -527,11 +533,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     Reply(Ok(cairn_fsm::Applied::Deleted { existed: false }))
                 }
                 EntryPayload::Normal(payload) => match Command::decode(&payload.0) {
-                    Ok(command) => Reply(
-                        batch
-                            .apply_owned(log_id.index, command)
-                            .map_err(ApiError::from),
-                    ),
+                    Ok(command) => {
+                        let applied = batch.apply_owned(log_id.index, command);
+                        if let Ok(cairn_fsm::Applied::ClusterVersion(state)) = &applied {
+                            // Never serve under rules this build does not know.
+                            super::cluster_version::check_supported(
+                                *state,
+                                &format!("the log entry at index {}", log_id.index),
+                            )
+                            .map_err(|cause| self.fail(cause))?;
+                        }
+                        Reply(applied.map_err(ApiError::from))
+                    }
                     Err(e) => {
                         // Only validated commands are proposed; an undecodable one is a
                         // bug in a peer. Keep the log moving identically on every node.
@@ -744,6 +757,8 @@ mod tests {
             created_at_unix_ms: 0,
             applied_initial_entry: false,
             pending_restore: None,
+            cluster_version: None,
+            cluster_version_downgrade: None,
         }
     }
 

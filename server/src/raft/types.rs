@@ -153,6 +153,8 @@ enum ReplyWire {
         message: String,
         details: Vec<u8>,
     },
+    /// The cluster version after the entry: (major, minor), and the pinned downgrade's.
+    ClusterVersion((u32, u32), Option<(u32, u32)>),
 }
 
 impl ReplyWire {
@@ -164,6 +166,10 @@ impl ReplyWire {
             Ok(Applied::RestoreChunkAdded { received }) => ReplyWire::RestoreChunkAdded(*received),
             Ok(Applied::Restored { resource_count }) => ReplyWire::Restored(*resource_count),
             Ok(Applied::RestoreAborted { existed }) => ReplyWire::RestoreAborted(*existed),
+            Ok(Applied::ClusterVersion(state)) => ReplyWire::ClusterVersion(
+                (state.version.major, state.version.minor),
+                state.downgrade.map(|v| (v.major, v.minor)),
+            ),
             Ok(Applied::Batch(results)) => ReplyWire::Batch(
                 results
                     .iter()
@@ -201,6 +207,13 @@ impl<'de> Deserialize<'de> for Reply {
             ReplyWire::RestoreChunkAdded(received) => Ok(Applied::RestoreChunkAdded { received }),
             ReplyWire::Restored(resource_count) => Ok(Applied::Restored { resource_count }),
             ReplyWire::RestoreAborted(existed) => Ok(Applied::RestoreAborted { existed }),
+            ReplyWire::ClusterVersion((major, minor), downgrade) => {
+                Ok(Applied::ClusterVersion(cairn_fsm::ClusterVersionState {
+                    version: cairn_fsm::ClusterVersion::new(major, minor),
+                    downgrade: downgrade
+                        .map(|(major, minor)| cairn_fsm::ClusterVersion::new(major, minor)),
+                }))
+            }
             // A reply only ever goes to the proposer on the node that applied
             // the entry (openraft never sends it); a batch's per-command fsm
             // errors have no lossless way back from the wire form.
