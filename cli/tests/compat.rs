@@ -62,16 +62,32 @@ fn start_dev(data_dir: &Path) -> Dev {
         .spawn()
         .expect("start cairn dev");
     let dev = Dev(dev);
-    wait_until(Duration::from_secs(40), "a leader", || {
-        cairn(&["status", "-o", "json"]).status.success()
-    });
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !cairn(&["status", "-o", "json"]).status.success() {
+        if Instant::now() > deadline {
+            // Why the nodes did not come up: the end of each one's log.
+            let tails: Vec<String> = (1..=3)
+                .map(|id| {
+                    let log = std::fs::read_to_string(data_dir.join(format!("node-{id}.log")))
+                        .unwrap_or_default();
+                    let lines: Vec<&str> = log.lines().collect();
+                    format!("node {id}: {}", lines[lines.len().saturating_sub(2)..].join("\n  "))
+                })
+                .collect();
+            panic!(
+                "the 0.1.0 cluster did not come up under this build within 40 s:\n{}",
+                tails.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     dev
 }
 
 fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
-        assert!(Instant::now() < deadline, "no {what} within {timeout:?}");
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
 }
