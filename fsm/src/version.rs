@@ -334,6 +334,18 @@ mod tests {
     }
 
     #[test]
+    fn the_highest_supported_version_is_this_releases_major_minor() {
+        // One number, said twice: Cargo.toml's release and SUPPORTED_MAX must agree.
+        let release = env!("CARGO_PKG_VERSION");
+        let major_minor = release.rsplit_once('.').map(|(head, _)| head).unwrap_or(release);
+        assert_eq!(
+            ClusterVersion::parse(major_minor),
+            Ok(ClusterVersion::SUPPORTED_MAX),
+            "release {release}"
+        );
+    }
+
+    #[test]
     fn this_build_supports_the_baseline_and_its_own_version() {
         assert!(ClusterVersion::BASELINE.is_supported_here());
         assert!(ClusterVersion::SUPPORTED_MAX.is_supported_here());
