@@ -922,6 +922,24 @@ pub fn interactive() -> bool {
     std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
 }
 
+/// The cluster version a member's status reports (`0.2`, with the downgrade pinned, if
+/// any); a member of release 0.1.0 reports none, which is 0.1.
+fn cluster_version_of(status: &pb::StatusResponse) -> String {
+    let version = if status.cluster_version.is_empty() {
+        cairn_fsm::ClusterVersion::BASELINE.to_string()
+    } else {
+        status.cluster_version.clone()
+    };
+    if status.cluster_version_downgrade.is_empty() {
+        version
+    } else {
+        format!(
+            "{version} (downgrade to {} pinned)",
+            status.cluster_version_downgrade
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1022,23 +1040,5 @@ mod tests {
         assert_eq!(human_duration(302_000), "5m02s");
         assert_eq!(human_duration(3 * 3_600_000 + 7 * 60_000), "3h07m");
         assert_eq!(human_duration(2 * 86_400_000 + 4 * 3_600_000), "2d04h");
-    }
-}
-
-/// The cluster version a member's status reports (`0.2`, with the downgrade pinned, if
-/// any); a member of release 0.1.0 reports none, which is 0.1.
-fn cluster_version_of(status: &pb::StatusResponse) -> String {
-    let version = if status.cluster_version.is_empty() {
-        cairn_fsm::ClusterVersion::BASELINE.to_string()
-    } else {
-        status.cluster_version.clone()
-    };
-    if status.cluster_version_downgrade.is_empty() {
-        version
-    } else {
-        format!(
-            "{version} (downgrade to {} pinned)",
-            status.cluster_version_downgrade
-        )
     }
 }

@@ -71,7 +71,10 @@ fn start_dev(data_dir: &Path) -> Dev {
                     let log = std::fs::read_to_string(data_dir.join(format!("node-{id}.log")))
                         .unwrap_or_default();
                     let lines: Vec<&str> = log.lines().collect();
-                    format!("node {id}: {}", lines[lines.len().saturating_sub(2)..].join("\n  "))
+                    format!(
+                        "node {id}: {}",
+                        lines[lines.len().saturating_sub(2)..].join("\n  ")
+                    )
                 })
                 .collect();
             panic!(

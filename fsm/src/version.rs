@@ -337,7 +337,10 @@ mod tests {
     fn the_highest_supported_version_is_this_releases_major_minor() {
         // One number, said twice: Cargo.toml's release and SUPPORTED_MAX must agree.
         let release = env!("CARGO_PKG_VERSION");
-        let major_minor = release.rsplit_once('.').map(|(head, _)| head).unwrap_or(release);
+        let major_minor = release
+            .rsplit_once('.')
+            .map(|(head, _)| head)
+            .unwrap_or(release);
         assert_eq!(
             ClusterVersion::parse(major_minor),
             Ok(ClusterVersion::SUPPORTED_MAX),

@@ -118,15 +118,18 @@ mod tests {
         ClusterVersionState { version, downgrade }
     }
 
+    /// (current, own, members' reports, raise to)
+    type Row = (
+        ClusterVersionState,
+        ClusterVersion,
+        Vec<Option<ClusterVersion>>,
+        Option<ClusterVersion>,
+    );
+
     #[test]
     fn the_leader_raises_to_the_lowest_version_every_member_supports() {
         // (current, own, members' reports, raise to)
-        let table: [(
-            ClusterVersionState,
-            ClusterVersion,
-            Vec<Option<ClusterVersion>>,
-            Option<ClusterVersion>,
-        ); 8] = [
+        let table: [Row; 8] = [
             // Every member upgraded: raise.
             (at(V01, None), V02, vec![Some(V02), Some(V02)], Some(V02)),
             // One member still runs 0.1.0: hold.

@@ -118,7 +118,7 @@ fn restore_from_file(
         )));
     }
     admit(&header)?;
-    let cluster = header.cluster_version().map_err(|e| damaged(e))?;
+    let cluster = header.cluster_version().map_err(&damaged)?;
     super::cluster_version::check_supported(cluster, &format!("the snapshot {}", path.display()))?;
     let mut restoration = store.restore();
     restoration.set_cluster_version(cluster);
