@@ -287,16 +287,19 @@ struct Kill {
     how: String,
 }
 
-/// Kills `victim` with `killer` (see the module docs); its process is gone when this
-/// returns `Ok`.
+/// Kills `victim` with `killer` (see the module docs), counted as a fault at `moment`; its
+/// process is gone when this returns `Ok`.
 async fn take_down(
     cx: &mut NemesisContext<'_>,
     victim: u64,
     killer: Killer,
+    moment: Moment,
 ) -> Result<Kill, String> {
     if let Some(status) = cx.cluster.exited(victim) {
         return Err(exit_report(cx.cluster, victim, status));
     }
+    *cx.kill_loop.kills_by_moment.entry(moment).or_default() += 1;
+    cx.log.faults += 1;
     match killer {
         Killer::Signal => {
             cx.cluster.kill(victim);
@@ -473,15 +476,13 @@ pub async fn round(
     ];
     let wanted = *WANTED.choose(&mut cx.rng).expect("moments");
     let moment = wait_for_moment(cx.cluster, victim, wanted, MOMENT_WAIT).await?;
-    let kill = take_down(cx, victim, killer).await?;
+    let kill = take_down(cx, victim, killer, moment).await?;
     let role = if Some(victim) == leader {
         cx.kill_loop.leader_kills += 1;
         "the leader"
     } else {
         "not the leader"
     };
-    *cx.kill_loop.kills_by_moment.entry(moment).or_default() += 1;
-    cx.log.faults += 1;
     let wanted_names: Vec<&str> = wanted.iter().map(|m| m.name()).collect();
     cx.log.note(format!(
         "round {round}: node {victim} ({role}) {}; {} at: {} (waited for: {})",
@@ -539,7 +540,7 @@ async fn install_round(
     };
     let followers = cx.cluster.ids_except(leader);
     let victim = *followers.choose(&mut cx.rng).expect("a follower");
-    let kill = take_down(cx, victim, killer).await?;
+    let kill = take_down(cx, victim, killer, Moment::Random).await?;
     // The victim's log ends at or before the leader's (read once the victim is gone: the
     // kernel may take seconds to kill it).
     let last_log_index = match cx.cluster.leader().await {
@@ -550,11 +551,6 @@ async fn install_round(
             .map_or(0, |s| s.last_log_index),
         None => 0,
     };
-    *cx.kill_loop
-        .kills_by_moment
-        .entry(Moment::Random)
-        .or_default() += 1;
-    cx.log.faults += 1;
     cx.log.note(format!(
         "round {round} (install): node {victim} (a follower) {}; {} at: {}; kept down until \
          the leader purges past its last log index {last_log_index}",
@@ -584,12 +580,7 @@ async fn install_round(
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let kill = take_down(cx, victim, killer).await?;
-        *cx.kill_loop
-            .kills_by_moment
-            .entry(Moment::InstallDue)
-            .or_default() += 1;
-        cx.log.faults += 1;
+        let kill = take_down(cx, victim, killer, Moment::InstallDue).await?;
         cx.log.note(format!(
             "round {round} (install): node {victim} {}; {} at: {}",
             kill.how,
@@ -650,12 +641,7 @@ async fn install_round(
                 }
             }
         };
-        let kill = take_down(cx, victim, killer).await?;
-        *cx.kill_loop
-            .kills_by_moment
-            .entry(Moment::Install)
-            .or_default() += 1;
-        cx.log.faults += 1;
+        let kill = take_down(cx, victim, killer, Moment::Install).await?;
         cx.log.note(format!(
             "round {round} (install): node {victim} {}; {} at: {} ({when})",
             kill.how,
