@@ -63,8 +63,8 @@ use bytes::Bytes;
 use cairn_client::{Client, ClientError, ClientOptions, Outcome};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{
-    watch_event, Consistency, Id, ListRequest, Resource, Tenancy, Type, WatchEvent,
-    WatchListRequest,
+    watch_event, Consistency, Id, ListRequest, Resource, Status, Tenancy, Type, WatchEvent,
+    WatchListRequest, WriteStatusRequest,
 };
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -81,6 +81,9 @@ pub enum DataCommand {
     Write(WriteArgs),
     /// Delete a resource (whatever is current, or exactly --version).
     Delete(DeleteArgs),
+    /// Write one controller's entry of a resource's status (--key), checked against its
+    /// uid and, only with --version, its version: it never conflicts with a data write.
+    WriteStatus(WriteStatusArgs),
     /// List the resources of a type.
     List(ListArgs),
     /// List the resources owned by one resource.
@@ -184,6 +187,30 @@ pub struct DeleteArgs {
     #[arg(long, default_value = "")]
     pub uid: String,
     /// Delete only this version (compare-and-set).
+    #[arg(long)]
+    pub version: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WriteStatusArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// GROUP.GROUP_VERSION.KIND
+    #[arg(long = "type", value_parser = parse_type)]
+    pub type_: Type,
+    #[arg(long)]
+    pub name: String,
+    /// The lifetime the status is about (default: whatever is current).
+    #[arg(long, default_value = "")]
+    pub uid: String,
+    /// The status entry to replace (one per controller).
+    #[arg(long)]
+    pub key: String,
+    /// The status as JSON (`{"observed_generation": "..", "conditions": [..],
+    /// "updated_at": ".."}`), or `-` to read it from stdin.
+    #[arg(long)]
+    pub status: String,
+    /// Write only if this version is stored (compare-and-set; default: any version).
     #[arg(long)]
     pub version: Option<String>,
 }
@@ -378,6 +405,7 @@ fn common(command: &DataCommand) -> &CommonArgs {
         DataCommand::Read(a) => &a.common,
         DataCommand::Write(a) => &a.common,
         DataCommand::Delete(a) => &a.common,
+        DataCommand::WriteStatus(a) => &a.common,
         DataCommand::List(a) => &a.common,
         DataCommand::OwnedBy(a) => &a.common,
         DataCommand::Watch(a) => &a.common,
@@ -422,6 +450,24 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
                 None => client.delete_current(id).await?,
             };
             print_deleted(out, c.global.output, deleted.as_ref())?;
+        }
+        DataCommand::WriteStatus(a) => {
+            let status = status_of(&a.status)?;
+            let id = Id {
+                uid: a.uid,
+                name: a.name,
+                r#type: Some(a.type_),
+                tenancy: Some(c.tenancy.clone()),
+            };
+            let id = with_stored_uid(&client, id, c.consistency.into()).await?;
+            let request = WriteStatusRequest {
+                id: Some(id),
+                key: a.key,
+                status: Some(status),
+                version: a.version.unwrap_or_default(),
+            };
+            let stored = client.write_status(request).await?;
+            print_resources(out, c.global.output, &[stored], None)?;
         }
         DataCommand::List(a) => {
             let request = ListRequest {
@@ -489,19 +535,36 @@ async fn with_stored_uid(
     })
 }
 
+/// The text of the file `path` (`-`: stdin); an error names the flag `field`.
+fn text_of(field: &str, path: &str) -> Result<String, ClientError> {
+    if path == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| ClientError::invalid(field, format!("cannot read stdin: {e}")))?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| ClientError::invalid(field, format!("cannot read {path}: {e}")))
+    }
+}
+
+/// The status `cairn write-status --status` gives: JSON text, or `-` for stdin.
+fn status_of(arg: &str) -> Result<Status, ClientError> {
+    let text = if arg == "-" {
+        text_of("status", arg)?
+    } else {
+        arg.to_string()
+    };
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|e| ClientError::invalid("status", format!("not JSON: {e}")))?;
+    Ok(crate::json::status_from_json(&value, "status")?)
+}
+
 /// The resource `cairn write` was asked to store.
 fn resource_of(c: &CommonArgs, a: &WriteArgs) -> Result<Resource, ClientError> {
     if let Some(path) = &a.file {
-        let text = if path == "-" {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .map_err(|e| ClientError::invalid("file", format!("cannot read stdin: {e}")))?;
-            s
-        } else {
-            std::fs::read_to_string(path)
-                .map_err(|e| ClientError::invalid("file", format!("cannot read {path}: {e}")))?
-        };
+        let text = text_of("file", path)?;
         let value: Value = serde_json::from_str(&text)
             .map_err(|e| ClientError::invalid("file", format!("not JSON: {e}")))?;
         let mut r = resource_from_json(&value)?;

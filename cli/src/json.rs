@@ -313,7 +313,7 @@ fn tenancy_from_json(v: &Value, path: &str) -> Result<Tenancy, JsonError> {
     })
 }
 
-fn status_from_json(v: &Value, path: &str) -> Result<Status, JsonError> {
+pub fn status_from_json(v: &Value, path: &str) -> Result<Status, JsonError> {
     let o = Obj::new(v, path)?;
     o.only(&["observed_generation", "conditions", "updated_at"])?;
     let mut conditions = Vec::new();

@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use cairn_proto::v1::{
     watch_event, Consistency, Id, ListByOwnerResponse, ListRequest, ListResponse, Resource,
-    WatchEvent, WatchListRequest,
+    WatchEvent, WatchListRequest, WriteStatusRequest,
 };
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -75,6 +75,13 @@ pub trait ResourceApi: Send + Sync + 'static {
     /// nothing stored, or another lifetime stored, is success. Returns the
     /// revision at which the delete applied.
     fn delete(&self, id: Id, version: String) -> ApiFuture<'_, u64>;
+
+    /// Replaces the entry `request.key` of the `status` map of the lifetime
+    /// `request.id.uid` (required), checked against `request.version` only when
+    /// it is not empty, so a controller's status write never conflicts with the
+    /// writers of the data. Returns the stored resource with its new version.
+    /// FailedPrecondition while the cluster version is below 0.2.
+    fn write_status(&self, request: WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>>;
 
     /// The whole listing `request` starts, every page of it (see the module
     /// docs), in the order the pages came, with the revision every page
@@ -354,6 +361,10 @@ impl ResourceApi for Client {
         Box::pin(Client::delete(self, id, version))
     }
 
+    fn write_status(&self, request: WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {
+        Box::pin(async move { Client::write_status(self, request).await.map(Arc::new) })
+    }
+
     fn list(&self, request: ListRequest) -> ApiFuture<'_, Listing> {
         Box::pin(async move {
             let listing = Client::list_request(self, request).await?;
@@ -426,6 +437,10 @@ impl<T: ResourceApi + ?Sized> ResourceApi for Arc<T> {
 
     fn delete(&self, id: Id, version: String) -> ApiFuture<'_, u64> {
         (**self).delete(id, version)
+    }
+
+    fn write_status(&self, request: WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {
+        (**self).write_status(request)
     }
 
     fn list(&self, request: ListRequest) -> ApiFuture<'_, Listing> {

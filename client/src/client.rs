@@ -38,7 +38,7 @@ use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::{
     Consistency, DeleteRequest, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
     ListResponse, ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
-    WatchProgressRequest, WriteRequest,
+    WatchProgressRequest, WriteRequest, WriteStatusRequest,
 };
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -467,6 +467,27 @@ impl Client {
             })
             .await?;
         Ok(response.revision)
+    }
+
+    /// Replaces one entry (`request.key`) of the `status` map of the lifetime
+    /// `request.id.uid` (required): checked against `request.version` only when
+    /// it is not empty, so it never conflicts with a data write. Bumps the
+    /// version, never the generation. Returns the stored resource.
+    /// FailedPrecondition while the cluster version is below 0.2 (a cluster
+    /// being upgraded from 0.1.0, or downgraded).
+    pub async fn write_status(&self, request: WriteStatusRequest) -> Result<Resource, ClientError> {
+        let response = self
+            .call(Operation::Mutation, move |mut c, remaining| {
+                let mut r = tonic::Request::new(request.clone());
+                r.set_timeout(remaining);
+                async move { c.write_status(r).await }
+            })
+            .await?;
+        response.resource.ok_or_else(|| ClientError::Internal {
+            message: "a status write answer without a resource".into(),
+            // The node acknowledged the write: it applied.
+            outcome: Outcome::Unknown,
+        })
     }
 
     /// Lists every resource of an unversioned type (group + kind) whose

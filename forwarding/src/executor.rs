@@ -101,6 +101,11 @@ impl<H: Handle> Executor<H> {
         checks::delete(self.limits(), r)
     }
 
+    /// Validates a status write.
+    pub fn check_write_status(&self, r: &pb::WriteStatusRequest) -> Result<(), ApiError> {
+        checks::write_status(self.limits(), r)
+    }
+
     /// Validates a list; returns the consistency it asks for.
     pub fn check_list(&self, r: &pb::ListRequest) -> Result<Consistency, ApiError> {
         checks::list(self.limits(), r)
@@ -136,6 +141,16 @@ impl<H: Handle> Executor<H> {
     pub async fn delete(&self, r: pb::DeleteRequest) -> Result<pb::DeleteResponse, ApiError> {
         self.check_delete(&r)?;
         self.delete_checked(r).await
+    }
+
+    /// Validates, then writes a status entry through this node's Raft; NotLeader on a
+    /// follower, FailedPrecondition while the cluster version is below 0.2.
+    pub async fn write_status(
+        &self,
+        r: pb::WriteStatusRequest,
+    ) -> Result<shared::WriteStatusResponse, ApiError> {
+        self.check_write_status(&r)?;
+        self.write_status_checked(r).await
     }
 
     /// Validates, then lists one page here: a strong list's first page
@@ -254,6 +269,36 @@ impl<H: Handle> Executor<H> {
             }
             (index, other) => Err(ApiError::Internal(format!(
                 "write at index {index} applied as {other:?}"
+            ))),
+        }
+    }
+
+    /// A status write. [`Handle::propose`] refuses it while the cluster version is below
+    /// 0.2 (`cairn_fsm::Command::needs`), on a follower before it is forwarded.
+    pub(crate) async fn write_status_checked(
+        &self,
+        r: pb::WriteStatusRequest,
+    ) -> Result<shared::WriteStatusResponse, ApiError> {
+        let id = r.id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        let command = Command::WriteStatus {
+            id,
+            key: r.key,
+            status: r.status.unwrap_or_default(),
+            version: r.version,
+        };
+        match self.handle.propose(command).await? {
+            (index, Applied::Written(resource)) => {
+                assert_eq!(
+                    resource.version(),
+                    index.to_string(),
+                    "a written resource's version is its entry's index"
+                );
+                Ok(shared::WriteStatusResponse {
+                    resource: Some(resource.encoded().clone()),
+                })
+            }
+            (index, other) => Err(ApiError::Internal(format!(
+                "status write at index {index} applied as {other:?}"
             ))),
         }
     }
@@ -420,6 +465,19 @@ pub mod checks {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// A status write (as the store will check it at apply).
+    pub fn write_status(limits: &Limits, r: &pb::WriteStatusRequest) -> Result<(), ApiError> {
+        let id =
+            r.id.as_ref()
+                .ok_or_else(|| ApiError::invalid("id", "is required"))?;
+        let status = r
+            .status
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("status", "is required"))?;
+        cairn_fsm::validate_write_status(id, &r.key, status, &r.version, limits)?;
         Ok(())
     }
 

@@ -156,6 +156,17 @@ impl<H: Handle> Forwarder<H> {
         self.route(r, deadline).await
     }
 
+    /// Status write: through Raft here on the leader, else at the leader; refused here
+    /// while the cluster version this node applied is below 0.2.
+    pub async fn write_status(
+        &self,
+        r: pb::WriteStatusRequest,
+        deadline: Instant,
+    ) -> Result<shared::WriteStatusResponse, ApiError> {
+        self.executor.check_write_status(&r)?;
+        self.route(r, deadline).await
+    }
+
     /// List (one page): eventual here, strong here on the leader or at the
     /// leader. Only what `visible` shows (`None`: everything) is listed and
     /// counted against the page's bounds; a forwarded list carries it to the
@@ -524,6 +535,25 @@ impl Forwardable for pb::DeleteRequest {
         request: Request<Self>,
     ) -> impl Future<Output = Result<Response<Self::Response>, Status>> + Send {
         client.delete(request)
+    }
+}
+
+impl Forwardable for pb::WriteStatusRequest {
+    type Response = shared::WriteStatusResponse;
+    const METHOD: Method = Method::WriteStatus;
+
+    fn local<H: Handle>(
+        self,
+        executor: &Executor<H>,
+    ) -> impl Future<Output = Result<Self::Response, ApiError>> + Send {
+        executor.write_status_checked(self)
+    }
+
+    fn remote(
+        client: &mut ForwardingServiceClient<Channel>,
+        request: Request<Self>,
+    ) -> impl Future<Output = Result<Response<Self::Response>, Status>> + Send {
+        client.write_status(request)
     }
 }
 

@@ -47,7 +47,9 @@ pub trait Handle: Send + Sync + 'static {
     /// Appends `command` to the Raft log and waits until this node has
     /// applied it; returns the entry's index and what applying it did. A
     /// contract verdict (CasFailure, WrongUid, InvalidArgument) is an `Err`
-    /// with that kind, the same on every replica.
+    /// with that kind, the same on every replica. A command the cluster version
+    /// does not allow (`Command::needs`) is refused FailedPrecondition before
+    /// anything else, on any node, and never proposed.
     fn propose(
         &self,
         command: Command,

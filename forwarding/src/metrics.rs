@@ -49,6 +49,7 @@ pub fn describe() {
 pub(crate) enum Method {
     Write,
     Delete,
+    WriteStatus,
     Read,
     List,
     ReadIndex,
@@ -59,6 +60,7 @@ impl Method {
         match self {
             Method::Write => "write",
             Method::Delete => "delete",
+            Method::WriteStatus => "write_status",
             Method::Read => "read",
             Method::List => "list",
             Method::ReadIndex => "read_index",
@@ -69,7 +71,9 @@ impl Method {
     /// only when it certainly did not apply).
     pub(crate) fn operation(self) -> cairn_request::Operation {
         match self {
-            Method::Write | Method::Delete => cairn_request::Operation::Mutation,
+            Method::Write | Method::Delete | Method::WriteStatus => {
+                cairn_request::Operation::Mutation
+            }
             Method::Read | Method::List | Method::ReadIndex => cairn_request::Operation::Read,
         }
     }

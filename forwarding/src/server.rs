@@ -143,6 +143,19 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
         .await
     }
 
+    async fn write_status(
+        &self,
+        r: Request<pb::WriteStatusRequest>,
+    ) -> Result<Response<shared::WriteStatusResponse>, Status> {
+        let timeout = caller_timeout(&r);
+        self.serve(
+            Method::WriteStatus,
+            timeout,
+            self.executor.write_status(r.into_inner()),
+        )
+        .await
+    }
+
     async fn read(
         &self,
         r: Request<pb::ReadRequest>,

@@ -11,7 +11,7 @@ use cairn_proto::v1::{Id, Resource, Status};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
 
-use crate::version::{ClusterVersion, VersionAction};
+use crate::version::{ClusterVersion, Feature, VersionAction};
 use crate::FsmError;
 
 /// The first byte of every encoded command. Bumped only if the framing
@@ -73,6 +73,23 @@ const TAG_BATCH: u32 = 7;
 const TAG_BATCH_COMMANDS: u32 = 1;
 
 impl Command {
+    /// What the command needs of the cluster version: checked before it is proposed (by
+    /// the node that receives it, then by the leader) and at apply, with
+    /// [`crate::ClusterVersionState::require`]. A batch holds writes and deletes only.
+    pub fn needs(&self) -> Option<Feature> {
+        match self {
+            Command::WriteStatus { .. } => Some(Feature::StatusWrites),
+            Command::Write { .. }
+            | Command::Delete { .. }
+            | Command::Batch { .. }
+            | Command::RestoreBegin { .. }
+            | Command::RestoreChunk { .. }
+            | Command::RestoreCommit { .. }
+            | Command::RestoreAbort { .. }
+            | Command::ClusterVersion { .. } => None,
+        }
+    }
+
     /// Encodes the command: one version byte, then the protobuf message.
     /// Deterministic: equal commands give equal bytes.
     pub fn encode(&self) -> Bytes {

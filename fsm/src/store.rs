@@ -648,14 +648,7 @@ fn with_status(
     status: cairn_proto::v1::Status,
     version: &str,
 ) -> Result<Resource, FsmError> {
-    validate_id("id", id, limits)?;
-    if id.uid.is_empty() {
-        return Err(FsmError::invalid(
-            "id.uid",
-            "must be given: a status is written to one lifetime of a resource",
-        ));
-    }
-    crate::validate::validate_status_key("key", &key, limits)?;
+    crate::validate::validate_write_status(id, &key, &status, version, limits)?;
     let stored = key::with_storage_key(id, |storage_key| {
         w.state.resources.get(storage_key).cloned()
     });

@@ -222,10 +222,52 @@ fn check_id(field: Field<'_>, id: &Id, limits: &Limits) -> Result<(), FsmError> 
     Ok(())
 }
 
-/// Validates the key of a status write (`field` is its name): required, bounded, free of
-/// control characters, as a status key of a written resource is.
-pub(crate) fn validate_status_key(field: &str, key: &str, limits: &Limits) -> Result<(), FsmError> {
-    check_text(Field::root(field), key, true, true, limits)
+/// Validates a status write ([`crate::Command::WriteStatus`]): the id as [`validate_id`]
+/// with its uid required (a status is about one lifetime), the key required, bounded and
+/// free of control characters as a written resource's status keys are, the expected
+/// version (empty: any), and the status itself, bounded as one entry of a written
+/// resource's status map is.
+pub fn validate_write_status(
+    id: &Id,
+    key: &str,
+    status: &cairn_proto::v1::Status,
+    version: &str,
+    limits: &Limits,
+) -> Result<(), FsmError> {
+    validate_id("id", id, limits)?;
+    if id.uid.is_empty() {
+        return Err(FsmError::invalid(
+            "id.uid",
+            "must be given: a status is written to one lifetime of a resource",
+        ));
+    }
+    check_text(Field::root("key"), key, true, true, limits)?;
+    check_text(Field::root("version"), version, false, false, limits)?;
+    let size_bytes = status.encoded_len();
+    if size_bytes > limits.resource_bytes_max {
+        return Err(FsmError::invalid(
+            "status",
+            format!(
+                "encodes to {size_bytes} bytes, more than the limit resource_bytes_max = {}",
+                limits.resource_bytes_max
+            ),
+        ));
+    }
+    if status.conditions.len() > limits.status_conditions_max {
+        return Err(FsmError::invalid(
+            "status.conditions",
+            format!(
+                "holds {} conditions, more than the limit status_conditions_max = {}",
+                status.conditions.len(),
+                limits.status_conditions_max
+            ),
+        ));
+    }
+    for condition in &status.conditions {
+        text_problem(&condition.r#type, false, true, limits)
+            .map_err(|reason| FsmError::invalid("status.conditions.type", reason))?;
+    }
+    Ok(())
 }
 
 /// Validates a resource to be written: its id as [`validate_id`] plus a

@@ -161,10 +161,9 @@ impl ClusterVersionState {
     ///
     /// | action           | when                                   | outcome                      |
     /// |------------------|----------------------------------------|------------------------------|
-    /// | Raise V          | a downgrade is pinned                  | refused                      |
     /// | Raise V          | V below the version                    | refused                      |
     /// | Raise V          | V is the version                       | unchanged (a repeated raise) |
-    /// | Raise V          | V above the version                    | version V                    |
+    /// | Raise V          | V above the version                    | version V, no pin            |
     /// | Downgrade V      | V is the pinned target                 | unchanged (repeated)         |
     /// | Downgrade V      | V at or above the version              | refused                      |
     /// | Downgrade V      | V below the version                    | version V, pinned at V       |
@@ -172,6 +171,12 @@ impl ClusterVersionState {
     /// | CancelDowngrade  | not pinned                             | unchanged (repeated)         |
     ///
     /// No version is below [`ClusterVersion::BASELINE`]: such a `V` is refused.
+    ///
+    /// The pin holds the leader back ([`ClusterVersionState::downgrade`]: it proposes no
+    /// raise while pinned); it is not a rule of apply. A member that ran release 0.1.0
+    /// during a downgrade to 0.1 writes snapshots without it (that release knows no
+    /// cluster version), so replicas may disagree on the pin, never on the version: what
+    /// every rule reads. A raise that reaches the log therefore applies, pinned or not.
     pub fn decide(
         &self,
         action: VersionAction,
@@ -188,21 +193,16 @@ impl ClusterVersionState {
             ));
         }
         match action {
-            VersionAction::Raise => match self.downgrade {
-                Some(target) => refused(format!(
-                    "the cluster version is pinned at {target} by a downgrade: cancel it \
-                     (cairn cluster downgrade --cancel) before it can rise to {version}"
-                )),
-                None if version < self.version => refused(format!(
-                    "the cluster version {} never goes down by a raise (to {version}): a \
-                     downgrade does that",
-                    self.version
-                )),
-                None => Ok(ClusterVersionState {
-                    version,
-                    downgrade: None,
-                }),
-            },
+            VersionAction::Raise if version < self.version => refused(format!(
+                "the cluster version {} never goes down by a raise (to {version}): a \
+                 downgrade does that",
+                self.version
+            )),
+            VersionAction::Raise if version == self.version => Ok(*self),
+            VersionAction::Raise => Ok(ClusterVersionState {
+                version,
+                downgrade: None,
+            }),
             VersionAction::Downgrade if self.downgrade == Some(version) => Ok(*self),
             VersionAction::Downgrade if version >= self.version => refused(format!(
                 "a downgrade goes below the cluster version {}; {version} is not below it",
@@ -241,12 +241,13 @@ mod tests {
             VersionAction,
             ClusterVersion,
             Option<ClusterVersionState>,
-        ); 12] = [
+        ); 13] = [
             (at(V01, None), Raise, V02, Some(at(V02, None))),
             (at(V01, None), Raise, V03, Some(at(V03, None))),
             (at(V02, None), Raise, V02, Some(at(V02, None))),
             (at(V02, None), Raise, V01, None),
-            (at(V01, Some(V01)), Raise, V02, None),
+            (at(V01, Some(V01)), Raise, V02, Some(at(V02, None))),
+            (at(V01, Some(V01)), Raise, V01, Some(at(V01, Some(V01)))),
             (at(V02, None), Downgrade, V01, Some(at(V01, Some(V01)))),
             (at(V01, Some(V01)), Downgrade, V01, Some(at(V01, Some(V01)))),
             (at(V02, None), Downgrade, V02, None),
@@ -272,7 +273,7 @@ mod tests {
     #[test]
     fn a_refused_change_says_why_in_the_operators_words() {
         let pinned = at(V01, Some(V01))
-            .decide(VersionAction::Raise, V02)
+            .require(Feature::StatusWrites)
             .unwrap_err();
         assert!(
             pinned

@@ -196,11 +196,29 @@ fn a_downgrade_pins_the_version_until_cancelled_and_gates_again() {
     );
     let refused = write_status(&mut log, id("u1", "web"), "health", healthy("1"), "").unwrap_err();
     assert!(refused.to_string().contains("--cancel"), "{refused}");
-    let no_raise = set_version(&mut log, VersionAction::Raise, V02).unwrap_err();
-    assert!(matches!(no_raise, FsmError::FailedPrecondition(_)));
     set_version(&mut log, VersionAction::CancelDowngrade, V01).unwrap();
     set_version(&mut log, VersionAction::Raise, V02).unwrap();
     write_status(&mut log, id("u1", "web"), "health", healthy("1"), "").unwrap();
+}
+
+#[test]
+fn a_raise_in_the_log_applies_whether_or_not_this_replica_kept_the_pin() {
+    // The pin holds the leader back; a replica that lost it (its snapshot was written by
+    // release 0.1.0, which drops what it does not know) must still reach the same version.
+    let mut pinned = Log::new();
+    set_version(&mut pinned, VersionAction::Raise, V02).unwrap();
+    set_version(&mut pinned, VersionAction::Downgrade, V01).unwrap();
+    let unpinned = Log::new();
+    for log in [&mut pinned, &mut { unpinned }] {
+        set_version(log, VersionAction::Raise, V02).unwrap();
+        assert_eq!(
+            log.store.cluster_version(),
+            ClusterVersionState {
+                version: V02,
+                downgrade: None
+            }
+        );
+    }
 }
 
 #[test]

@@ -62,6 +62,14 @@ fn assert_every_answer(resources: &[Resource], revision: u64) {
             resource: first.cloned(),
         },
     );
+    assert_twins(
+        &shared::WriteStatusResponse {
+            resource: first.map(encoded),
+        },
+        &pb::WriteStatusResponse {
+            resource: first.cloned(),
+        },
+    );
     // A last page (no token) and a page with a next one.
     for next_page_token in [String::new(), format!("AQ-_{revision}")] {
         assert_twins(

@@ -284,6 +284,18 @@ impl ResourceApi for InProcessClient {
         })
     }
 
+    fn write_status(&self, request: pb::WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {
+        Box::pin(async move {
+            let answer = self
+                .api
+                .write_status(request, self.deadline())
+                .await
+                .map_err(|e| ClientError::from_node_answer(e, Operation::Mutation))?;
+            // The node acknowledged the write: it applied, whatever follows.
+            decode_one(answer.resource, "status write", Outcome::Unknown)
+        })
+    }
+
     fn list(&self, request: ListRequest) -> ApiFuture<'_, Listing> {
         Box::pin(async move {
             whole_listing(&request, self.deadline(), |page, deadline| {

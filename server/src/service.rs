@@ -194,6 +194,16 @@ impl ResourceApi {
         self.forwarder.delete(r, deadline).await
     }
 
+    /// Status write, as [`ResourceApi::write`] (refused while the cluster version is
+    /// below 0.2).
+    pub async fn write_status(
+        &self,
+        r: pb::WriteStatusRequest,
+        deadline: Instant,
+    ) -> Result<shared::WriteStatusResponse, ApiError> {
+        self.forwarder.write_status(r, deadline).await
+    }
+
     /// One page of a listing, of what `visible` shows (`None`: everything).
     pub async fn list(
         &self,
@@ -334,6 +344,18 @@ impl ResourceService for ResourceGrpc {
             Ok(Action::Write { type_, tenancy })
         })?;
         Ok(Response::new(self.0.delete(r.into_inner(), d).await?))
+    }
+
+    async fn write_status(
+        &self,
+        r: Request<pb::WriteStatusRequest>,
+    ) -> Result<Response<shared::WriteStatusResponse>, Status> {
+        let d = self.0.deadline(&r);
+        self.0.authorize(&r, Executor::check_write_status, |m| {
+            let (type_, tenancy) = id_parts(m.id.as_ref())?;
+            Ok(Action::Write { type_, tenancy })
+        })?;
+        Ok(Response::new(self.0.write_status(r.into_inner(), d).await?))
     }
 
     async fn list(

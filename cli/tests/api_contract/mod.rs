@@ -183,6 +183,7 @@ pub async fn check_the_contract(t: &Target<'_>) {
     read_rules(t).await;
     write_rules(t).await;
     delete_rules(t).await;
+    status_write_rules(t).await;
     list_rules(t).await;
     paging_rules(t).await;
     list_by_owner_rules(t).await;
@@ -396,6 +397,116 @@ pub async fn delete_rules(t: &Target<'_>) {
     // The key can live again under a new uid.
     let again = t.put(t.res("Delete", "d", "u2", "", b"y")).await;
     assert!(version_number(&again) > revision);
+}
+
+/// A status write of `key` to `id` at `version` ("" = any).
+fn status_request(id: Id, key: &str, observed: &str, version: &str) -> WriteStatusRequest {
+    WriteStatusRequest {
+        id: Some(id),
+        key: key.into(),
+        status: Some(Status {
+            observed_generation: observed.into(),
+            conditions: vec![Condition {
+                r#type: "Ready".into(),
+                state: condition::State::True as i32,
+                ..Condition::default()
+            }],
+            updated_at: None,
+        }),
+        version: version.into(),
+    }
+}
+
+pub async fn status_write_rules(t: &Target<'_>) {
+    // One entry of the status map, checked against the uid and, only when given, the
+    // version; a new version, the same generation, data and other entries.
+    let stored = t
+        .put(Resource {
+            generation: "g1".into(),
+            metadata: BTreeMap::from([("team".to_string(), "blue".to_string())]),
+            status: BTreeMap::from([("other".to_string(), Status::default())]),
+            ..t.res("Status", "s", "u1", "", b"spec")
+        })
+        .await;
+    // A cluster just started raises its cluster version to 0.2 within seconds; until
+    // then the status write is refused (FailedPrecondition naming the cluster version).
+    let first = eventually("the first status write", || async {
+        match t
+            .api
+            .write_status(status_request(t.id("Status", "s", "u1"), "health", "g1", ""))
+            .await
+        {
+            Ok(written) => Ok(written),
+            Err(ClientError::FailedPrecondition(message)) => Err(message),
+            Err(other) => panic!("{}: status write: {other:?}", t.label),
+        }
+    })
+    .await;
+    assert!(version_number(&first) > version_number(&stored));
+    assert_eq!(first.generation, "g1", "a status write keeps the generation");
+    assert_eq!(first.data, stored.data);
+    assert_eq!(first.metadata, stored.metadata);
+    assert_eq!(first.status.len(), 2, "the other entry is kept");
+    assert_eq!(first.status["health"].observed_generation, "g1");
+    assert_eq!(t.strong(t.id("Status", "s", "")).await.unwrap(), first);
+    // A data write in between does not make a version-less status write conflict ...
+    let updated = t
+        .put(Resource {
+            generation: "g2".into(),
+            ..t.res("Status", "s", "u1", &first.version, b"spec 2")
+        })
+        .await;
+    let second = t
+        .api
+        .write_status(status_request(t.id("Status", "s", "u1"), "health", "g2", ""))
+        .await
+        .unwrap();
+    assert_eq!(second.data, updated.data);
+    assert_eq!(second.status["health"].observed_generation, "g2");
+    // ... and one that names a version is a compare-and-set.
+    assert!(
+        matches!(
+            t.api
+                .write_status(status_request(t.id("Status", "s", "u1"), "health", "x", &first.version))
+                .await,
+            Err(ClientError::CasFailure(_))
+        ),
+        "{}: a status write at a stale version",
+        t.label
+    );
+    let third = t
+        .api
+        .write_status(status_request(t.id("Status", "s", "u1"), "health", "g3", &second.version))
+        .await
+        .unwrap();
+    assert!(version_number(&third) > version_number(&second));
+    // Another lifetime, or nothing stored: NotFound. No uid: InvalidArgument.
+    assert_eq!(
+        t.api
+            .write_status(status_request(t.id("Status", "s", "u9"), "health", "g", ""))
+            .await,
+        Err(ClientError::NotFound)
+    );
+    assert_eq!(
+        t.api
+            .write_status(status_request(t.id("Status", "absent", "u1"), "health", "g", ""))
+            .await,
+        Err(ClientError::NotFound)
+    );
+    assert_invalid(
+        t.api
+            .write_status(status_request(t.id("Status", "s", ""), "health", "g", ""))
+            .await,
+        "id.uid",
+        "a status write without a uid",
+    );
+    assert_invalid(
+        t.api
+            .write_status(status_request(t.id("Status", "s", "u1"), "", "g", ""))
+            .await,
+        "key",
+        "a status write without a key",
+    );
 }
 
 pub async fn list_rules(t: &Target<'_>) {

@@ -151,6 +151,13 @@ impl ResourceApi for RawGrpc {
         })
     }
 
+    fn write_status(&self, request: WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {
+        Box::pin(async move {
+            let written = answer(Operation::Mutation, self.grpc().write_status(request).await)?;
+            carried(Operation::Mutation, written.resource)
+        })
+    }
+
     fn list(&self, request: ListRequest) -> ApiFuture<'_, Listing> {
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;

@@ -551,6 +551,12 @@ impl RaftHandle {
     /// A write or delete may share its entry with other writes (see
     /// [`write_batch`]); every other command is an entry of its own.
     pub async fn propose(&self, command: Command) -> Result<(u64, Applied), ApiError> {
+        // A command the cluster version does not allow is refused here, on the node that
+        // received it (a follower never forwards one to a leader of an older build) and
+        // again on the leader before it enters the log; apply checks once more.
+        if let Some(feature) = command.needs() {
+            self.store.cluster_version().require(feature)?;
+        }
         // Refused before proposing: not a proposal (a follower's forwarded writes come
         // here first, and must not count as failed proposals).
         self.require_leader()?;
