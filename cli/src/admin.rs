@@ -65,6 +65,26 @@ pub enum MemberCommand {
 }
 
 #[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Lower the cluster version and pin it there (`--to 0.1`), so that members can be
+    /// rolled back to a build of that release; then wait (with a progress line) until every
+    /// member has compacted its log past every command the lower version does not allow.
+    /// `--cancel` removes the pin: the version rises again once every member supports it.
+    /// Refused while a member does not run a build of 0.2.0 or later.
+    Downgrade {
+        /// The cluster version to go down to (MAJOR.MINOR).
+        #[arg(long, value_parser = cairn_fsm::ClusterVersion::parse, required_unless_present = "cancel", conflicts_with = "cancel")]
+        to: Option<cairn_fsm::ClusterVersion>,
+        /// Remove the pin of an earlier downgrade.
+        #[arg(long)]
+        cancel: bool,
+        /// How long to wait for every member to compact its log; 0: do not wait.
+        #[arg(long, default_value_t = 120_000)]
+        compact_timeout_ms: u64,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum EndpointCommand {
     /// Whether each endpoint serves (gRPC health: a known leader, a linearizable read,
     /// applied close to the leader's commit index), and how long it took to answer.
@@ -914,6 +934,169 @@ pub async fn transfer_leader(args: &TransferArgs, global: &GlobalArgs) -> u8 {
             exit::OK
         }
         Err(e) => fail(&e),
+    }
+}
+
+/// `cairn cluster ...`.
+pub async fn cluster(command: ClusterCommand, global: &GlobalArgs) -> u8 {
+    let client = match client_of(global) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let ClusterCommand::Downgrade {
+        to,
+        cancel,
+        compact_timeout_ms,
+    } = command;
+    let request = pb::ClusterVersionRequest {
+        downgrade_to: to.map(|v| v.to_string()).unwrap_or_default(),
+        cancel_downgrade: cancel,
+    };
+    let changed = client
+        .at_leader(Operation::Mutation, |mut c| {
+            let request = request.clone();
+            async move { c.cluster_version(request).await }
+        })
+        .await;
+    let r = match changed {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    let version = if r.cluster_version_downgrade.is_empty() {
+        r.cluster_version.clone()
+    } else {
+        format!(
+            "{} (downgrade to {} pinned)",
+            r.cluster_version, r.cluster_version_downgrade
+        )
+    };
+    if cancel {
+        let line = format!(
+            "the downgrade is cancelled; the cluster version is {version} and rises once every \
+             member supports a higher one (log index {})",
+            r.log_index
+        );
+        print_version_change(global.output, &line, &r, &[]);
+        return exit::OK;
+    }
+    let compact_timeout = Duration::from_millis(compact_timeout_ms);
+    if compact_timeout.is_zero() {
+        let line = format!(
+            "the cluster version is {version}; not waiting for the members to compact their \
+             logs through index {} (each member's purged index in `cairn status -o json`)",
+            r.log_index
+        );
+        print_version_change(global.output, &line, &r, &[]);
+        return exit::OK;
+    }
+    eprintln!(
+        "cairn: the cluster version is {version}; waiting up to {} for every member to compact \
+         its log through index {}",
+        human_duration(compact_timeout_ms),
+        r.log_index
+    );
+    let progress = indicatif::ProgressBar::new_spinner()
+        .with_style(indicatif::ProgressStyle::with_template("{spinner} {msg}").expect("template"));
+    progress.enable_steady_tick(Duration::from_millis(100));
+    let waited = wait_compacted(&client, r.log_index, compact_timeout, |line| {
+        progress.set_message(line.to_string())
+    })
+    .await;
+    progress.finish_and_clear();
+    match waited {
+        Ok(members) => {
+            let line = format!(
+                "the cluster version is {version}, and every member has compacted its log \
+                 through index {}: members may now be replaced, one at a time, by a build that \
+                 supports {} (docs/upgrading.md)",
+                r.log_index, r.cluster_version
+            );
+            print_version_change(global.output, &line, &r, &members);
+            exit::OK
+        }
+        Err(e) => {
+            let code = fail(&e);
+            eprintln!(
+                "cairn: the downgrade is in place, but do not start an older build on a member \
+                 until `cairn status -o json` shows its purged_index at or above {}",
+                r.log_index
+            );
+            code
+        }
+    }
+}
+
+fn print_version_change(
+    output: OutputFormat,
+    line: &str,
+    r: &pb::ClusterVersionResponse,
+    members: &[(u64, u64)],
+) {
+    match output {
+        OutputFormat::Table => out!("{line}"),
+        OutputFormat::Json => {
+            let compacted: Vec<Value> = members
+                .iter()
+                .map(|(id, purged)| json!({"id": id, "purged_index": purged}))
+                .collect();
+            print_json(&json!({
+                "result": line,
+                "cluster_version": r.cluster_version,
+                "cluster_version_downgrade": r.cluster_version_downgrade,
+                "log_index": r.log_index,
+                "members": compacted,
+            }))
+        }
+    }
+}
+
+/// Polls every member (as the first node that answers lists them) until each reports its
+/// log purged through `index`, for at most `within`; `progress` sees one line per poll.
+/// Returns each member's id and purged index.
+async fn wait_compacted(
+    client: &AdminClient,
+    index: u64,
+    within: Duration,
+    progress: impl Fn(&str),
+) -> Result<Vec<(u64, u64)>, ApiError> {
+    let deadline = Instant::now() + within;
+    loop {
+        let (_, any) = client.first_status(|_| Ok(())).await?;
+        let addresses: Vec<String> = any
+            .members
+            .iter()
+            .map(|m| m.client_address.clone())
+            .collect();
+        let statuses = client.statuses(&addresses).await;
+        let mut done = Vec::new();
+        let mut waiting = Vec::new();
+        for (member, status) in any.members.iter().zip(statuses) {
+            match status {
+                Ok(s) if s.purged_index >= index => done.push((member.id, s.purged_index)),
+                Ok(s) => waiting.push(format!(
+                    "node {} purged through {} (snapshot at {})",
+                    member.id, s.purged_index, s.snapshot_index
+                )),
+                Err(e) => waiting.push(format!("node {} does not answer: {e}", member.id)),
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(done);
+        }
+        let line = format!(
+            "{} of {} members compacted; waiting for {}",
+            done.len(),
+            any.members.len(),
+            waiting.join(", ")
+        );
+        if Instant::now() >= deadline {
+            return Err(ApiError::Unavailable(format!(
+                "not every member compacted its log through index {index} within {}: {line}",
+                human_duration(within.as_millis() as u64)
+            )));
+        }
+        progress(&line);
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

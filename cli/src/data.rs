@@ -81,7 +81,7 @@ pub enum DataCommand {
     Write(WriteArgs),
     /// Delete a resource (whatever is current, or exactly --version).
     Delete(DeleteArgs),
-    /// Write one controller's entry of a resource's status (--key), checked against its
+    /// Write one controller's entry of a resource's status (--status-key), checked against its
     /// uid and, only with --version, its version: it never conflicts with a data write.
     WriteStatus(WriteStatusArgs),
     /// List the resources of a type.
@@ -203,9 +203,10 @@ pub struct WriteStatusArgs {
     /// The lifetime the status is about (default: whatever is current).
     #[arg(long, default_value = "")]
     pub uid: String,
-    /// The status entry to replace (one per controller).
+    /// The status entry to replace: one per controller (the API's `key`; `--key` is the
+    /// TLS client key).
     #[arg(long)]
-    pub key: String,
+    pub status_key: String,
     /// The status as JSON (`{"observed_generation": "..", "conditions": [..],
     /// "updated_at": ".."}`), or `-` to read it from stdin.
     #[arg(long)]
@@ -462,7 +463,7 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
             let id = with_stored_uid(&client, id, c.consistency.into()).await?;
             let request = WriteStatusRequest {
                 id: Some(id),
-                key: a.key,
+                key: a.status_key,
                 status: Some(status),
                 version: a.version.unwrap_or_default(),
             };

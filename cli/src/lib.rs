@@ -86,6 +86,10 @@ enum Command {
     /// List the members, or change the membership.
     #[command(subcommand)]
     Member(MemberCommand),
+    /// The cluster version: `cluster downgrade --to V`, `cluster downgrade --cancel`
+    /// (docs/upgrading.md).
+    #[command(subcommand)]
+    Cluster(admin::ClusterCommand),
     /// Hand leadership to another voter (the most up-to-date one by default).
     TransferLeader(TransferArgs),
     /// Load generator: measure a running cluster (write, read, list, mixed, watch).
@@ -130,6 +134,7 @@ pub fn main() -> ExitCode {
             runtime().block_on(admin::endpoint_status(global, &args))
         }
         Command::Member(m) => runtime().block_on(admin::member(m, global)),
+        Command::Cluster(c) => runtime().block_on(admin::cluster(c, global)),
         Command::TransferLeader(t) => runtime().block_on(admin::transfer_leader(&t, global)),
         Command::Snapshot(s) => snapshot::run(s, global),
         Command::Data(d) => runtime().block_on(data::run(d)),

@@ -31,6 +31,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cairn_fsm::ClusterVersion;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::admin_service_server::AdminService;
 use cairn_proto::v1::{self as pb};
@@ -366,6 +367,21 @@ impl Admin {
         self.membership(self.raft.remove(id).await).await
     }
 
+    /// `cairn cluster downgrade`: lowers and pins the cluster version (`Some(to)`), or
+    /// removes the pin (`None`), on the leader. See [`crate::raft::cluster_version`].
+    pub async fn change_cluster_version(
+        &self,
+        downgrade_to: Option<ClusterVersion>,
+    ) -> Result<pb::ClusterVersionResponse, ApiError> {
+        let (state, log_index) =
+            crate::raft::cluster_version::change(&self.raft, downgrade_to).await?;
+        Ok(pb::ClusterVersionResponse {
+            cluster_version: state.version.to_string(),
+            cluster_version_downgrade: state.downgrade.map(|v| v.to_string()).unwrap_or_default(),
+            log_index,
+        })
+    }
+
     pub async fn transfer_leader(&self, to: u64) -> Result<pb::MembershipResponse, ApiError> {
         let status = self.leader_status()?;
         let me = self.raft.node_id;
@@ -626,6 +642,39 @@ impl AdminService for Admin {
             .require_admin(&r, AdminOperation::TransferLeader)?;
         Ok(Response::new(
             self.transfer_leader(r.into_inner().to).await?,
+        ))
+    }
+
+    async fn cluster_version(
+        &self,
+        r: Request<pb::ClusterVersionRequest>,
+    ) -> Result<Response<pb::ClusterVersionResponse>, Status> {
+        self.auth
+            .require_admin(&r, AdminOperation::ClusterVersion)?;
+        let r = r.into_inner();
+        let downgrade_to = match (r.downgrade_to.is_empty(), r.cancel_downgrade) {
+            (false, false) => Some(
+                ClusterVersion::parse(&r.downgrade_to)
+                    .map_err(|reason| ApiError::invalid("downgrade_to", reason))?,
+            ),
+            (true, true) => None,
+            (false, true) => {
+                return Err(ApiError::invalid(
+                    "cancel_downgrade",
+                    "give either downgrade_to or cancel_downgrade, not both",
+                )
+                .into())
+            }
+            (true, false) => {
+                return Err(ApiError::invalid(
+                    "downgrade_to",
+                    "is required (a version such as 0.1), unless cancel_downgrade is set",
+                )
+                .into())
+            }
+        };
+        Ok(Response::new(
+            self.change_cluster_version(downgrade_to).await?,
         ))
     }
 

@@ -143,6 +143,7 @@ pub enum AdminOperation {
     TriggerElection,
     SaveSnapshot,
     RestoreSnapshot,
+    ClusterVersion,
 }
 
 /// What a request asks to do, with its fields already validated.

@@ -14,7 +14,8 @@
 
 use std::time::Duration;
 
-use cairn_fsm::{ClusterVersion, ClusterVersionState, Command, VersionAction};
+use cairn_fsm::{Applied, ClusterVersion, ClusterVersionState, Command, VersionAction};
+use cairn_proto::error::ApiError;
 
 use super::types::NodeId;
 use crate::fatal::FatalCause;
@@ -64,6 +65,98 @@ pub fn raise_target(
     (target > current.version).then_some(target)
 }
 
+/// The lowest cluster version whose builds know [`Command::ClusterVersion`] (release
+/// 0.2.0): every member must support it before one is proposed, raise, downgrade or
+/// cancel (an older build could not apply it).
+pub const COMMAND_SINCE: ClusterVersion = ClusterVersion::new(0, 2);
+
+/// What every member other than this node (the leader) last reported of its build's
+/// support, `None` for a member not heard from within [`REPORT_FRESH`].
+fn member_reports(raft: &super::RaftHandle) -> Vec<(NodeId, Option<ClusterVersion>)> {
+    let status = raft.status();
+    status
+        .voters
+        .keys()
+        .chain(status.learners.keys())
+        .filter(|id| **id != raft.node_id)
+        .map(|id| (*id, raft.contacts.supported_recently(*id, REPORT_FRESH)))
+        .collect()
+}
+
+/// Why a command needing `version` of every member's build may not be proposed now: the
+/// members that did not report supporting it recently, named with what they reported.
+pub fn unsupported_by(
+    members: &[(NodeId, Option<ClusterVersion>)],
+    version: ClusterVersion,
+) -> Option<String> {
+    let short: Vec<String> = members
+        .iter()
+        .filter_map(|(id, supported)| match supported {
+            Some(v) if *v >= version => None,
+            Some(v) => Some(format!("node {id} runs a build that supports up to {v}")),
+            None => Some(format!(
+                "node {id} has not answered within {} s",
+                REPORT_FRESH.as_secs()
+            )),
+        })
+        .collect();
+    (!short.is_empty()).then(|| short.join("; "))
+}
+
+/// `cairn cluster downgrade --to V` (`Some(V)`) or `--cancel` (`None`), on the leader.
+/// Returns the cluster version after it and the log index an older build's data dirs must
+/// be compacted through (for a cancel: the change's index).
+///
+/// A downgrade is proposed twice: the second, a no-op by the table of
+/// [`cairn_fsm::ClusterVersionState::decide`], is a barrier. A command is checked against
+/// the cluster version right before it is proposed ([`super::RaftHandle::propose`]), so
+/// every command checked before the first was applied (and so allowed under the higher
+/// version) was proposed before the second. Each member compacts its log through the
+/// index it has applied when it applies a downgrade (a snapshot, then a purge:
+/// [`super::LogGrowth::compact_through`]); after the barrier, its log holds no command
+/// that the lower version does not allow.
+pub async fn change(
+    raft: &super::RaftHandle,
+    downgrade_to: Option<ClusterVersion>,
+) -> Result<(ClusterVersionState, u64), ApiError> {
+    raft.require_leader()?;
+    if let Some(why) = unsupported_by(&member_reports(raft), COMMAND_SINCE) {
+        return Err(ApiError::FailedPrecondition(format!(
+            "a change of the cluster version is a command of release 0.2.0 or later, and not \
+             every member is known to run one: {why}. Upgrade those members, or wait until \
+             they answer, then try again"
+        )));
+    }
+    let current = raft.store.cluster_version();
+    let command = Command::ClusterVersion {
+        action: match downgrade_to {
+            Some(_) => VersionAction::Downgrade,
+            None => VersionAction::CancelDowngrade,
+        },
+        version: downgrade_to.unwrap_or(current.version),
+    };
+    let (index, state) = propose_change(raft, command.clone()).await?;
+    if downgrade_to.is_none() {
+        return Ok((state, index));
+    }
+    let (barrier, state) = propose_change(raft, command).await?;
+    assert!(barrier > index, "the barrier follows the downgrade");
+    tracing::info!(cluster_version = %state, barrier, "downgraded the cluster version");
+    Ok((state, barrier))
+}
+
+async fn propose_change(
+    raft: &super::RaftHandle,
+    command: Command,
+) -> Result<(u64, ClusterVersionState), ApiError> {
+    match raft.propose(command).await? {
+        (index, Applied::ClusterVersion(state)) => Ok((index, state)),
+        (index, other) => Err(ApiError::Internal(format!(
+            "a cluster version change at index {index} applied as {other:?}"
+        ))),
+    }
+}
+
 /// On the leader, every [`RAISE_INTERVAL`]: raises the cluster version when [`raise_target`]
 /// says so. Runs for the life of the node (a task of the agent).
 pub async fn raise_when_supported(raft: super::RaftHandle) {
@@ -74,14 +167,7 @@ pub async fn raise_when_supported(raft: super::RaftHandle) {
         if !raft.is_leader() {
             continue;
         }
-        let status = raft.status();
-        let members: Vec<(NodeId, Option<ClusterVersion>)> = status
-            .voters
-            .keys()
-            .chain(status.learners.keys())
-            .filter(|id| **id != raft.node_id)
-            .map(|id| (*id, raft.contacts.supported_recently(*id, REPORT_FRESH)))
-            .collect();
+        let members = member_reports(&raft);
         let current = raft.store.cluster_version();
         let Some(target) = raise_target(current, ClusterVersion::SUPPORTED_MAX, &members) else {
             continue;

@@ -11,6 +11,12 @@
 //! log never holds much more than the state itself, and the cost of building
 //! snapshots stays proportional to the bytes written (a large state is not
 //! rewritten for every few megabytes of writes).
+//!
+//! On request, the log is also compacted through an index
+//! ([`LogGrowth::compact_through`]): a snapshot that covers it, then a purge of
+//! every entry up to the snapshot (openraft otherwise keeps
+//! `max_in_snapshot_log_to_keep` entries behind it). A downgrade asks for it, so
+//! that the log no longer holds commands an older build cannot read.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,6 +33,8 @@ pub struct LogGrowth {
     last_snapshot_bytes: AtomicU64,
     floor_bytes: u64,
     due: Notify,
+    /// The index the log must be compacted through (0: none asked).
+    compact_through: tokio::sync::watch::Sender<u64>,
 }
 
 impl LogGrowth {
@@ -40,6 +48,7 @@ impl LogGrowth {
             last_snapshot_bytes: AtomicU64::new(0),
             floor_bytes,
             due: Notify::new(),
+            compact_through: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -84,6 +93,55 @@ impl LogGrowth {
         self.since_snapshot_bytes.store(0, Ordering::Relaxed);
         self.last_snapshot_bytes
             .store(snapshot_bytes, Ordering::Relaxed);
+    }
+
+    /// Asks for the log to be compacted through `index` (already applied): see
+    /// [`LogGrowth::compact_on_request`]. A lower index than one already asked is ignored.
+    pub fn compact_through(&self, index: u64) {
+        self.compact_through.send_if_modified(|through| {
+            let raised = index > *through;
+            if raised {
+                *through = index;
+            }
+            raised
+        });
+    }
+
+    /// Compacts the log through the last index asked ([`LogGrowth::compact_through`]): a
+    /// snapshot covering it, then a purge up to that snapshot, until the log's purged index
+    /// reaches it; until Raft stops.
+    pub async fn compact_on_request(self: Arc<Self>, raft: Raft) {
+        let mut asked = self.compact_through.subscribe();
+        loop {
+            if asked.changed().await.is_err() {
+                return;
+            }
+            let through = *asked.borrow_and_update();
+            loop {
+                let (snapshot, purged) = {
+                    let m = raft.metrics();
+                    let m = m.borrow();
+                    (
+                        m.snapshot.map(|l| l.index).unwrap_or(0),
+                        m.purged.map(|l| l.index).unwrap_or(0),
+                    )
+                };
+                if purged >= through {
+                    tracing::info!(through, purged, "compacted the log as asked");
+                    break;
+                }
+                // openraft ignores either trigger while a snapshot or a purge is under way.
+                let triggered = if snapshot < through {
+                    raft.trigger().snapshot().await
+                } else {
+                    raft.trigger().purge_log(snapshot).await
+                };
+                if triggered.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 
     /// Triggers a snapshot whenever the budget is exceeded, until Raft stops.

@@ -420,7 +420,11 @@ impl RaftHandle {
             gate.clone(),
             node_id,
         ));
-        tasks.spawn("log-growth watcher", growth.run(raft.clone()));
+        tasks.spawn("log-growth watcher", growth.clone().run(raft.clone()));
+        tasks.spawn(
+            "log compaction on request",
+            growth.compact_on_request(raft.clone()),
+        );
         tasks.spawn(
             "check-quorum",
             check_quorum::run(

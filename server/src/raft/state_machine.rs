@@ -542,6 +542,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                                 &format!("the log entry at index {}", log_id.index),
                             )
                             .map_err(|cause| self.fail(cause))?;
+                            // Downgraded: the log must lose the commands that the lower
+                            // version does not allow, so that an older build can start.
+                            if state.downgrade.is_some() {
+                                self.shared.growth.compact_through(log_id.index);
+                            }
                         }
                         Reply(applied.map_err(ApiError::from))
                     }
