@@ -334,6 +334,22 @@ impl Admin {
                      lags weakens the quorum; wait until `cairn status` shows it caught up"
                 ))
             })?;
+            // A voter must run a build that supports the cluster's version (a learner of an
+            // older build is kept out of the quorum).
+            let cluster = self.raft.store.cluster_version().version;
+            let reported = self
+                .raft
+                .contacts
+                .supported_recently(id, crate::raft::cluster_version::REPORT_FRESH);
+            if let Some(why) =
+                crate::raft::cluster_version::unsupported_by(&[(id, reported)], cluster)
+            {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "refusing to promote node {id}: the cluster runs cluster version \
+                     {cluster}, and {why}: restart it with a build that supports {cluster} \
+                     (docs/upgrading.md), or remove it (`cairn member remove {id}`)"
+                )));
+            }
         }
         self.membership(self.raft.promote(id).await).await
     }

@@ -711,6 +711,28 @@ async fn check_against_cluster(
                 node = status.node_id,
             )));
         }
+        if fresh && config.join.is_some() {
+            // A build that cannot run at the cluster's version must not join it: it would
+            // stop (or, a build of 0.1.0, skip commands) once it applied the log.
+            let version = if status.cluster_version.is_empty() {
+                cairn_fsm::ClusterVersion::BASELINE
+            } else {
+                cairn_fsm::ClusterVersion::parse(&status.cluster_version).map_err(|e| {
+                    refuse(format!("node {} at {address} reports {e}", status.node_id))
+                })?
+            };
+            if !version.is_supported_here() {
+                return Err(refuse(format!(
+                    "cluster {theirs} runs cluster version {version} (node {node} at {address} \
+                     says so), and this build ({release}) supports cluster versions {min} to \
+                     {max}: join it with a build that supports {version} (docs/upgrading.md)",
+                    node = status.node_id,
+                    release = env!("CARGO_PKG_VERSION"),
+                    min = cairn_fsm::ClusterVersion::SUPPORTED_MIN,
+                    max = cairn_fsm::ClusterVersion::SUPPORTED_MAX,
+                )));
+            }
+        }
         let listed = status.members.iter().find(|m| m.id == id);
         if fresh && config.join.is_some() && listed.is_some_and(|m| m.voter) {
             return Err(refuse(format!(

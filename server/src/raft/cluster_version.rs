@@ -263,4 +263,37 @@ mod tests {
         );
         assert_eq!(refused.exit_code(), crate::fatal::exit::DATA_DIR_REFUSED);
     }
+
+    #[test]
+    fn a_command_needing_a_version_of_every_build_names_each_member_short_of_it() {
+        // (members' reports, needed, refusal names)
+        let table: [(
+            Vec<(NodeId, Option<ClusterVersion>)>,
+            ClusterVersion,
+            Option<&str>,
+        ); 4] = [
+            (vec![(2, Some(V02)), (3, Some(V03))], V02, None),
+            (
+                vec![(2, Some(V02)), (3, Some(V01))],
+                V02,
+                Some("node 3 runs a build that supports up to 0.1"),
+            ),
+            (
+                vec![(2, None), (3, Some(V02))],
+                V02,
+                Some("node 2 has not answered within 3 s"),
+            ),
+            (vec![(4, Some(V01))], V01, None),
+        ];
+        for (members, needed, names) in table {
+            let got = unsupported_by(&members, needed);
+            match names {
+                None => assert_eq!(got, None, "{members:?}"),
+                Some(words) => assert!(
+                    got.as_deref().is_some_and(|g| g.contains(words)),
+                    "{members:?}: {got:?}"
+                ),
+            }
+        }
+    }
 }
