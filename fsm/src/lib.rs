@@ -113,8 +113,9 @@ pub use state::View;
 pub use store::{Applied, Batch, Store};
 pub use stored::{ResourceHead, StoredResource, TenancyHead, TypeHead};
 pub use validate::{
-    validate_id, validate_list, validate_write, validate_write_status, Limits, METADATA_ENTRIES_HARD_MAX,
-    NAME_BYTES_HARD_MAX, RESOURCE_BYTES_HARD_MAX, STATUS_CONDITIONS_HARD_MAX,
+    validate_id, validate_list, validate_write, validate_write_status, Limits,
+    METADATA_ENTRIES_HARD_MAX, NAME_BYTES_HARD_MAX, RESOURCE_BYTES_HARD_MAX,
+    STATUS_CONDITIONS_HARD_MAX,
 };
 pub use version::{ClusterVersion, ClusterVersionState, Feature, VersionAction};
 pub use watch::{Event, Watch, WatchEventKind, WatchFilter, WatchStats};

@@ -433,7 +433,12 @@ pub async fn status_write_rules(t: &Target<'_>) {
     let first = eventually("the first status write", || async {
         match t
             .api
-            .write_status(status_request(t.id("Status", "s", "u1"), "health", "g1", ""))
+            .write_status(status_request(
+                t.id("Status", "s", "u1"),
+                "health",
+                "g1",
+                "",
+            ))
             .await
         {
             Ok(written) => Ok(written),
@@ -443,7 +448,10 @@ pub async fn status_write_rules(t: &Target<'_>) {
     })
     .await;
     assert!(version_number(&first) > version_number(&stored));
-    assert_eq!(first.generation, "g1", "a status write keeps the generation");
+    assert_eq!(
+        first.generation, "g1",
+        "a status write keeps the generation"
+    );
     assert_eq!(first.data, stored.data);
     assert_eq!(first.metadata, stored.metadata);
     assert_eq!(first.status.len(), 2, "the other entry is kept");
@@ -458,7 +466,12 @@ pub async fn status_write_rules(t: &Target<'_>) {
         .await;
     let second = t
         .api
-        .write_status(status_request(t.id("Status", "s", "u1"), "health", "g2", ""))
+        .write_status(status_request(
+            t.id("Status", "s", "u1"),
+            "health",
+            "g2",
+            "",
+        ))
         .await
         .unwrap();
     assert_eq!(second.data, updated.data);
@@ -467,7 +480,12 @@ pub async fn status_write_rules(t: &Target<'_>) {
     assert!(
         matches!(
             t.api
-                .write_status(status_request(t.id("Status", "s", "u1"), "health", "x", &first.version))
+                .write_status(status_request(
+                    t.id("Status", "s", "u1"),
+                    "health",
+                    "x",
+                    &first.version
+                ))
                 .await,
             Err(ClientError::CasFailure(_))
         ),
@@ -476,7 +494,12 @@ pub async fn status_write_rules(t: &Target<'_>) {
     );
     let third = t
         .api
-        .write_status(status_request(t.id("Status", "s", "u1"), "health", "g3", &second.version))
+        .write_status(status_request(
+            t.id("Status", "s", "u1"),
+            "health",
+            "g3",
+            &second.version,
+        ))
         .await
         .unwrap();
     assert!(version_number(&third) > version_number(&second));
@@ -489,7 +512,12 @@ pub async fn status_write_rules(t: &Target<'_>) {
     );
     assert_eq!(
         t.api
-            .write_status(status_request(t.id("Status", "absent", "u1"), "health", "g", ""))
+            .write_status(status_request(
+                t.id("Status", "absent", "u1"),
+                "health",
+                "g",
+                ""
+            ))
             .await,
         Err(ClientError::NotFound)
     );
