@@ -954,6 +954,9 @@ impl cairn_client::ResourceApi for ScriptedWatches {
     fn delete(&self, _: Id, _: String) -> ApiFuture<'_, u64> {
         Box::pin(async { Err(unscripted()) })
     }
+    fn write_status(&self, _: cairn_proto::v1::WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {
+        Box::pin(async { Err(unscripted()) })
+    }
     fn list(&self, _: ListRequest) -> ApiFuture<'_, cairn_client::Listing> {
         Box::pin(async { Err(unscripted()) })
     }

@@ -253,6 +253,30 @@ impl ResourceService for Service {
         }
     }
 
+    async fn write_status(
+        &self,
+        r: Request<pb::WriteStatusRequest>,
+    ) -> Result<Response<pb::WriteStatusResponse>, Status> {
+        self.before_write().await?;
+        let r = r.into_inner();
+        let id =
+            r.id.ok_or_else(|| status(ApiError::invalid("id", "is required")))?;
+        let command = Command::WriteStatus {
+            id,
+            key: r.key,
+            status: r.status.unwrap_or_default(),
+            version: r.version,
+        };
+        let applied = self.backing.apply(&command).map_err(status)?;
+        self.after_apply().await;
+        match applied {
+            (_, Applied::Written(r)) => Ok(Response::new(pb::WriteStatusResponse {
+                resource: Some(r.resource()),
+            })),
+            other => Err(status(ApiError::Internal(format!("{other:?}")))),
+        }
+    }
+
     async fn delete(
         &self,
         r: Request<pb::DeleteRequest>,

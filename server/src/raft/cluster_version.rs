@@ -267,11 +267,8 @@ mod tests {
     #[test]
     fn a_command_needing_a_version_of_every_build_names_each_member_short_of_it() {
         // (members' reports, needed, refusal names)
-        let table: [(
-            Vec<(NodeId, Option<ClusterVersion>)>,
-            ClusterVersion,
-            Option<&str>,
-        ); 4] = [
+        type Reports = Vec<(NodeId, Option<ClusterVersion>)>;
+        let table: [(Reports, ClusterVersion, Option<&str>); 4] = [
             (vec![(2, Some(V02)), (3, Some(V03))], V02, None),
             (
                 vec![(2, Some(V02)), (3, Some(V01))],
