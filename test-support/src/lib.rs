@@ -7,5 +7,10 @@
 //!   (`fsm/tests/fuzz_command.rs`, `fsm/tests/resource_head.rs`,
 //!   `proto/tests/wire_identity.rs`, `raft-log/tests/fuzz_wal.rs`,
 //!   `server/tests/fuzz_decoders.rs`).
+//! - [`fixtures`]: the compatibility fixtures under `tests/compat/` (reading them, writing
+//!   the missing ones once, and the RPCs and commands a `.proto` file declares), for
+//!   `fsm/tests/compat_commands.rs`, `proto/tests/compat_wire.rs` and
+//!   `server/tests/compat_wire.rs`.
 
+pub mod fixtures;
 pub mod fuzz;

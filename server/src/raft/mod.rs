@@ -36,7 +36,8 @@ use openraft::ChangeMembers;
 
 pub use identity::{check_node_id, ClusterIdentity};
 pub use network::{
-    decode as decode_raft_message, Network, RaftRpcService, RaftServerLimits, DECODE_BYTES_MAX,
+    decode as decode_raft_message, encode as encode_raft_message, Network, RaftRpcService,
+    RaftServerLimits, DECODE_BYTES_MAX,
 };
 pub use peer_gate::PeerGate;
 pub use series::{describe_metrics, PEER_ROUND_TRIP_TIME};

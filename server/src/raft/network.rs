@@ -75,7 +75,8 @@ use crate::rate_limit::RateLimit;
 
 pub use crate::bounds::DECODE_BYTES_MAX;
 
-fn encode<T: Serialize>(value: &T) -> Result<Bytes, bincode::error::EncodeError> {
+/// Encodes a Raft message or reply (the payload of a `RaftMessage`).
+pub fn encode<T: Serialize>(value: &T) -> Result<Bytes, bincode::error::EncodeError> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).map(Bytes::from)
 }
 
