@@ -32,9 +32,17 @@
 //!   lowered; the cgroup is removed with the node.
 //!
 //! A node that exits by itself (a `FATAL` stop, a panic, the OOM killer) is seen with
-//! [`Cluster::exited`]; [`Cluster::log_tail`] gives the end of its log for the report.
+//! [`Cluster::exited`]; [`Cluster::log_tail`] gives the end of its log for the report
+//! ([`Cluster::exit_report`]).
+//!
+//! Every node runs [`ClusterOptions::binary`] unless [`Cluster::set_binary`] gave it another
+//! one for its next start: a rolling upgrade or a rollback replaces one member's build
+//! ([`crate::upgrade`]). The `cairn agent` arguments of a start are decided in one place
+//! ([`Cluster::agent_flags`] lists them), and every one of them is known to release 0.1.0's
+//! `cairn agent` as well, so that a node of that release starts the same way.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -160,6 +168,9 @@ pub struct NodeProcess {
     pub metrics_address: Option<String>,
     /// `RLIMIT_NOFILE` (soft and hard) for the next start; `None`: inherited.
     pub nofile_limit: Option<u64>,
+    /// The binary of the node's next start, when not [`ClusterOptions::binary`]
+    /// ([`Cluster::set_binary`]).
+    binary: Option<PathBuf>,
     /// The power-cut filesystem under the data dir (with [`ClusterOptions::powercut`]).
     disk: Option<PowerCutHandle>,
     child: Option<Child>,
@@ -263,6 +274,7 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
             .then(|| format!("{}:{}", options.host, free_port())),
         nofile_limit: None,
         namespace,
+        binary: None,
         disk,
         child: None,
         memory_cgroup,
@@ -307,6 +319,108 @@ fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) on a pid we spawned; failure (already gone) is harmless.
     unsafe {
         libc::kill(pid as i32, sig);
+    }
+}
+
+/// The `cairn agent` arguments of `node`'s next start: the one place that decides them. Each
+/// flag here is one that release 0.1.0's `cairn agent` knows too (`jepsen-tests upgrade`
+/// checks the earlier build's `agent --help` lists every one before it starts a node of it);
+/// [`ClusterOptions::extra_args`] are the caller's to choose.
+fn agent_args(options: &ClusterOptions, node: &NodeProcess) -> Vec<OsString> {
+    let id = node.id.to_string();
+    let mut args: Vec<OsString> = vec![
+        "agent".into(),
+        "--node-id".into(),
+        id.clone().into(),
+        "--data-dir".into(),
+        node.data_dir.clone().into(),
+        "--client-address".into(),
+        node.client_address.clone().into(),
+        "--peer-address".into(),
+        node.peer_address.clone().into(),
+    ];
+    args.extend(node.bootstrap.iter().map(OsString::from));
+    args.extend([
+        "--election-timeout-ms".into(),
+        options.election_timeout_ms.to_string().into(),
+        "--snapshot-log-entries".into(),
+        options.snapshot_log_entries.to_string().into(),
+        "--log-level".into(),
+        options.log_level.clone().into(),
+    ]);
+    if let Some(address) = &node.metrics_address {
+        args.extend(["--metrics-address".into(), address.into()]);
+    }
+    args.extend(
+        options
+            .extra_args
+            .iter()
+            .map(|a| OsString::from(a.replace("{id}", &id))),
+    );
+    args
+}
+
+/// An admin client of `address` (over TLS when `client_tls` is given), carrying `admin_token`.
+async fn admin_client(
+    client_tls: Option<&cairn_client::TlsOptions>,
+    admin_token: Option<&str>,
+    address: &str,
+) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, String> {
+    let token = admin_token
+        .map(|t| cairn_client::BearerToken::new(t.to_owned()))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let access = cairn_client::Access::from_options(client_tls)
+        .map_err(|e| e.to_string())?
+        .with_token(token.as_ref());
+    access.admin(address).await
+}
+
+/// The admin status of the node at `address`, if it answers within a second.
+async fn status_at(
+    client_tls: Option<&cairn_client::TlsOptions>,
+    admin_token: Option<&str>,
+    address: &str,
+) -> Option<StatusResponse> {
+    let fut = async {
+        let mut c = admin_client(client_tls, admin_token, address).await.ok()?;
+        c.status(StatusRequest {})
+            .await
+            .ok()
+            .map(|r| r.into_inner())
+    };
+    tokio::time::timeout(Duration::from_secs(1), fut)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Asks the nodes of a cluster for their admin status from a task of its own, while the
+/// [`Cluster`] stays with whoever starts and stops the nodes ([`Cluster::status_probe`]):
+/// each node's client address and the cluster's admin credentials.
+#[derive(Clone, Debug)]
+pub struct StatusProbe {
+    addresses: BTreeMap<u64, String>,
+    client_tls: Option<cairn_client::TlsOptions>,
+    admin_token: Option<String>,
+}
+
+impl StatusProbe {
+    /// The nodes it asks.
+    pub fn ids(&self) -> Vec<u64> {
+        self.addresses.keys().copied().collect()
+    }
+
+    /// The admin status of node `id`, if it answers within a second (`None` as well for a
+    /// node the probe does not know).
+    pub async fn status(&self, id: u64) -> Option<StatusResponse> {
+        let address = self.addresses.get(&id)?;
+        status_at(
+            self.client_tls.as_ref(),
+            self.admin_token.as_deref(),
+            address,
+        )
+        .await
     }
 }
 
@@ -388,6 +502,47 @@ impl Cluster {
         self.nodes.iter().map(|n| n.id).collect()
     }
 
+    /// Runs node `id` from `binary` from its next start on ([`Cluster::spawn`],
+    /// [`Cluster::restart`]), with the same data dir and arguments: a rolling upgrade, or a
+    /// rollback, of one member. The running process, if any, is left alone.
+    pub fn set_binary(&mut self, id: u64, binary: impl Into<PathBuf>) {
+        self.node_mut(id).binary = Some(binary.into());
+    }
+
+    /// The binary node `id` runs from its next start: [`Cluster::set_binary`]'s, or
+    /// [`ClusterOptions::binary`].
+    pub fn binary_of(&self, id: u64) -> &Path {
+        self.node(id)
+            .binary
+            .as_deref()
+            .unwrap_or(&self.options.binary)
+    }
+
+    /// The flags (`--name`) of node `id`'s next `cairn agent` start, in order, without their
+    /// values: what a build must know to be started by this harness.
+    pub fn agent_flags(&self, id: u64) -> Vec<String> {
+        agent_args(&self.options, self.node(id))
+            .iter()
+            .filter_map(|a| a.to_str())
+            .filter(|a| a.starts_with("--"))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A [`StatusProbe`] of the cluster's nodes as they are now (nodes added later are not
+    /// in it).
+    pub fn status_probe(&self) -> StatusProbe {
+        StatusProbe {
+            addresses: self
+                .nodes
+                .iter()
+                .map(|n| (n.id, n.client_address.clone()))
+                .collect(),
+            client_tls: self.options.client_tls.clone(),
+            admin_token: self.options.admin_token.clone(),
+        }
+    }
+
     /// Every node's id but `id`'s (the survivors of a killed leader, say).
     pub fn ids_except(&self, id: u64) -> Vec<u64> {
         self.nodes
@@ -422,13 +577,17 @@ impl Cluster {
             .append(true)
             .open(&node.log_path)
             .expect("node log");
+        let binary = node
+            .binary
+            .clone()
+            .unwrap_or_else(|| options.binary.clone());
         let mut command = match &node.namespace {
             Some(namespace) => {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", namespace]).arg(&options.binary);
+                c.args(["netns", "exec", namespace]).arg(&binary);
                 c
             }
-            None => Command::new(&options.binary),
+            None => Command::new(&binary),
         };
         if let Some(spec) = &node.faketime {
             let library = faketime_library().unwrap_or_else(|| {
@@ -502,42 +661,12 @@ impl Cluster {
             }
         }
         let child = command
-            .arg("agent")
-            .args(["--node-id", &id.to_string()])
-            .arg("--data-dir")
-            .arg(&node.data_dir)
-            .args([
-                "--client-address",
-                &node.client_address,
-                "--peer-address",
-                &node.peer_address,
-            ])
-            .args(&node.bootstrap)
-            .args([
-                "--election-timeout-ms",
-                &options.election_timeout_ms.to_string(),
-            ])
-            .args([
-                "--snapshot-log-entries",
-                &options.snapshot_log_entries.to_string(),
-            ])
-            .args(["--log-level", &options.log_level])
-            .args(
-                node.metrics_address
-                    .iter()
-                    .flat_map(|a| ["--metrics-address", a.as_str()]),
-            )
-            .args(
-                options
-                    .extra_args
-                    .iter()
-                    .map(|a| a.replace("{id}", &id.to_string())),
-            )
+            .args(agent_args(&options, node))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", options.binary.display()));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         drop(cgroup_procs);
         node.child = Some(child);
     }
@@ -650,6 +779,30 @@ impl Cluster {
         }
     }
 
+    /// SIGTERM, then waits (bounded) for node `id` to exit without blocking the runtime, so
+    /// that the workloads keep running meanwhile; returns how it ended, or `None` if it still
+    /// ran after `timeout` (it is then killed with `kill -9`). `None` too for a node that was
+    /// not running.
+    pub async fn stop_gracefully(
+        &mut self,
+        id: u64,
+        timeout: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        self.node(id).pid()?;
+        self.terminate(id);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.wait_exit(id, Duration::ZERO) {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                self.kill(id);
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Blocks every operation on node `id`'s power-cut disk until the returned guard is
     /// dropped: storage that hangs. Panics without [`ClusterOptions::powercut`].
     pub fn freeze_disk(&self, id: u64) -> cairn_powercut_fs::Freeze {
@@ -691,6 +844,69 @@ impl Cluster {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
+    /// A node that exited by itself: its exit status and the end of its log.
+    pub fn exit_report(&self, id: u64, status: std::process::ExitStatus) -> String {
+        let tail: Vec<String> = self
+            .log_tail(id, 8)
+            .lines()
+            .map(|line| line.chars().take(400).collect())
+            .collect();
+        format!(
+            "node {id} exited by itself ({status}); the end of its log ({}):\n    {}",
+            self.node(id).log_path.display(),
+            tail.join("\n    ")
+        )
+    }
+
+    /// Fails, with [`Cluster::exit_report`], when a node exited by itself.
+    pub fn check_all_running(&mut self) -> Result<(), String> {
+        for id in self.ids() {
+            if let Some(status) = self.exited(id) {
+                return Err(self.exit_report(id, status));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the (re)started node `id` has applied the leader's commit index (read
+    /// once `id` answers); fails if it, or any other node, exits meanwhile, or if it has not
+    /// caught up within `timeout`. Returns (the index it reached, how long it took).
+    pub async fn wait_caught_up(
+        &mut self,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<(u64, Duration), String> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut target: Option<u64> = None;
+        let mut applied = 0u64;
+        loop {
+            self.check_all_running()?;
+            if target.is_none() {
+                if let Some(leader) = self.leader().await {
+                    target = self.status(leader).await.map(|s| s.commit_index);
+                }
+            }
+            if let Some(status) = self.status(id).await {
+                applied = status.applied_index;
+                if target.is_some_and(|t| applied >= t) {
+                    return Ok((applied, started.elapsed()));
+                }
+            }
+            if Instant::now() >= deadline {
+                let target = target.map_or("unknown (no leader)".to_string(), |t| t.to_string());
+                return Err(format!(
+                    "node {id} did not catch up within {timeout:?} of its restart: it \
+                     applied {applied}, the leader's commit index was {target}; the end of its \
+                     log ({}):\n    {}",
+                    self.node(id).log_path.display(),
+                    self.log_tail(id, 8).replace('\n', "\n    ")
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Node `id`'s memory cgroup (with [`ClusterOptions::memory_limit_bytes`]).
     pub fn memory_cgroup(&self, id: u64) -> Option<&crate::memcg::MemoryCgroup> {
         self.node(id).memory_cgroup.as_ref()
@@ -714,33 +930,22 @@ impl Cluster {
         &self,
         address: &str,
     ) -> Result<AdminServiceClient<cairn_client::AuthenticatedChannel>, String> {
-        let token = self
-            .options
-            .admin_token
-            .clone()
-            .map(cairn_client::BearerToken::new)
-            .transpose()
-            .map_err(|e| e.to_string())?;
-        let access = cairn_client::Access::from_options(self.options.client_tls.as_ref())
-            .map_err(|e| e.to_string())?
-            .with_token(token.as_ref());
-        access.admin(address).await
+        admin_client(
+            self.options.client_tls.as_ref(),
+            self.options.admin_token.as_deref(),
+            address,
+        )
+        .await
     }
 
     /// The admin status of node `id`, if it answers within a second.
     pub async fn status(&self, id: u64) -> Option<StatusResponse> {
-        let address = self.node(id).client_address.clone();
-        let fut = async {
-            let mut c = self.admin(&address).await.ok()?;
-            c.status(StatusRequest {})
-                .await
-                .ok()
-                .map(|r| r.into_inner())
-        };
-        tokio::time::timeout(Duration::from_secs(1), fut)
-            .await
-            .ok()
-            .flatten()
+        status_at(
+            self.options.client_tls.as_ref(),
+            self.options.admin_token.as_deref(),
+            &self.node(id).client_address,
+        )
+        .await
     }
 
     /// Waits until a node reports itself leader, and (if `among` is given) only

@@ -39,6 +39,9 @@
 //!   events, checked against the acknowledged writes and the final state.
 //! - [`runner`]: scenarios, the `ci` suite, `soak` and `prove-broken`, and the
 //!   results folder (histories, node logs, nemesis logs, summary with seed).
+//! - [`upgrade`]: the rolling upgrade from an earlier release, built from the commit
+//!   `tests/compat/releases.toml` pins, to this build, with a rollback on the way, under the
+//!   register and set workloads.
 //!
 //! ## What this crate must not do
 //! - Report a history as correct (or incorrect) without having decided it: running
@@ -96,6 +99,7 @@ pub mod net;
 pub mod runner;
 pub mod scoped;
 pub mod set;
+pub mod upgrade;
 pub mod watch_check;
 pub mod workload;
 

@@ -17,7 +17,10 @@
 //! every nemesis until the time is up or the first failure; `jepsen-tests
 //! prove-broken` runs the broken-node matrix: for every `--unsafe-*` mode of the node
 //! (`runner::BrokenMode`), a scenario whose checker must find the history INVALID.
-//! Under `CI=true` a skipped scenario or mode is a failure. Each writes its results
+//! Under `CI=true` a skipped scenario or mode is a failure. `jepsen-tests upgrade` builds the
+//! newest release pinned in `tests/compat/releases.toml` from its commit and upgrades a
+//! 3-node cluster of it to this build member by member, with a rollback, under the register
+//! and set workloads (`jepsen_tests::upgrade`). Each writes its results
 //! (histories, node logs, nemesis logs, checker reports, `summary.txt` with
 //! the seed) to `--results` (default `./jepsen-results/<timestamp>`).
 
@@ -78,6 +81,10 @@ enum Command {
     /// checker meant for it (exit 0 all caught, 1 one not caught, 2 one skipped; a skip is
     /// a failure under CI=true).
     ProveBroken(ProveArgs),
+    /// Upgrade a 3-node cluster of an earlier release (tests/compat/releases.toml, built from
+    /// its commit) to this build member by member, with a rollback, under the register and
+    /// set workloads (exit 1 on any failure).
+    Upgrade(UpgradeArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -118,6 +125,25 @@ struct ProveArgs {
     mode: Vec<ModeArg>,
     /// The whole matrix ends within this many minutes; a mode not caught by then fails.
     #[arg(long, default_value_t = 12)]
+    minutes: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct UpgradeArgs {
+    /// Seed of every random choice (default: from the clock); printed for replay.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Results folder (default: ./jepsen-results/<timestamp>).
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// This build's cairn binary (default: built with cargo next to this program).
+    #[arg(long)]
+    cairn_binary: Option<PathBuf>,
+    /// The release to upgrade from, one of tests/compat/releases.toml (default: the newest).
+    #[arg(long)]
+    from: Option<String>,
+    /// The scenario ends within this many minutes (building the earlier release not counted).
+    #[arg(long, default_value_t = 5)]
     minutes: u64,
 }
 
@@ -188,6 +214,7 @@ fn main() -> ExitCode {
         Command::Auth(args) => fault_run(FaultCommand::Auth(args)),
         Command::Soak(args) => fault_run(FaultCommand::Soak(args)),
         Command::ProveBroken(args) => fault_run(FaultCommand::ProveBroken(args)),
+        Command::Upgrade(args) => fault_run(FaultCommand::Upgrade(args)),
         Command::Check(args) => {
             let mut out = String::new();
             let result = run_check(&args, &mut out);
@@ -539,6 +566,7 @@ enum FaultCommand {
     Auth(RunArgs),
     Soak(SoakArgs),
     ProveBroken(ProveArgs),
+    Upgrade(UpgradeArgs),
 }
 
 /// Runs a fault-injection command on a single-threaded runtime: nodes are
@@ -621,10 +649,11 @@ fn prepare(args: &RunArgs) -> Result<Prepared, String> {
 }
 
 async fn fault_command(command: FaultCommand) -> ExitCode {
-    let args = match &command {
-        FaultCommand::Ci(a) | FaultCommand::Auth(a) => a.clone(),
-        FaultCommand::Soak(a) => a.run.clone(),
-        FaultCommand::ProveBroken(a) => a.run.clone(),
+    let args = match command {
+        FaultCommand::Ci(ref a) | FaultCommand::Auth(ref a) => a.clone(),
+        FaultCommand::Soak(ref a) => a.run.clone(),
+        FaultCommand::ProveBroken(ref a) => a.run.clone(),
+        FaultCommand::Upgrade(upgrade) => return upgrade_command(upgrade).await,
     };
     let prepared = match prepare(&args) {
         Ok(p) => p,
@@ -697,6 +726,7 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
             }
             finish("soak", seed, &env, &results, started)
         }
+        FaultCommand::Upgrade(_) => unreachable!("run by upgrade_command"),
         FaultCommand::ProveBroken(prove) => {
             let modes: Vec<runner::BrokenMode> = if prove.mode.is_empty() {
                 runner::BrokenMode::ALL.to_vec()
@@ -793,6 +823,113 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
+    }
+}
+
+/// `jepsen-tests upgrade`: builds the earlier release (unless built already), then this build
+/// (which links `target/release/cairn` again), checks which is which, and runs the scenario.
+async fn upgrade_command(args: UpgradeArgs) -> ExitCode {
+    use jepsen_tests::upgrade::{self, release};
+    let started = Instant::now();
+    let fail = |why: String| {
+        eprintln!("error: {why}");
+        println!("upgrade: 0 passed, 1 failed");
+        ExitCode::from(1)
+    };
+    let workspace = match runner::workspace_dir() {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
+    let earlier = match release::load(&workspace)
+        .and_then(|releases| release::pick(&releases, args.from.as_deref()))
+    {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let built = match release::target_dir() {
+        Ok(target) => release::build(&earlier, &workspace, &target).await,
+        Err(e) => Err(e),
+    };
+    let built = match built {
+        Ok(b) => b,
+        Err(e) => return fail(e),
+    };
+    let build_line = match built.build_time {
+        Some(took) => format!(
+            "release {} (commit {}) built in {:.0} s: {}",
+            earlier.version,
+            earlier.short_commit(),
+            took.as_secs_f64(),
+            built.binary.display()
+        ),
+        None => format!(
+            "release {} (commit {}) already built: {}",
+            earlier.version,
+            earlier.short_commit(),
+            built.binary.display()
+        ),
+    };
+    println!("{build_line}");
+    // This build after the earlier one: both link target/release/cairn, this one last.
+    let prepared = match prepare(&RunArgs {
+        seed: args.seed,
+        results: args.results.clone(),
+        cairn_binary: args.cairn_binary.clone(),
+        only: None,
+    }) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let current_release = env!("CARGO_PKG_VERSION");
+    let checked = release::check_version(&built.binary, &earlier.version)
+        .and_then(|()| release::check_version(&prepared.env.binary, current_release));
+    if let Err(e) = checked {
+        return fail(e);
+    }
+    let builds = upgrade::Builds {
+        earlier: upgrade::Build {
+            release: earlier.version.clone(),
+            binary: built.binary.clone(),
+        },
+        current: upgrade::Build {
+            release: current_release.to_owned(),
+            binary: prepared.env.binary.clone(),
+        },
+    };
+    let seed = prepared.seed;
+    let env = std::sync::Arc::new(prepared.env);
+    let ready = started.elapsed();
+    println!(
+        "results in {} (seed {seed}); builds ready in {:.0} s",
+        env.results.display(),
+        ready.as_secs_f64()
+    );
+    let result = upgrade::run_bounded(
+        builds.clone(),
+        env.clone(),
+        seed,
+        Duration::from_secs(args.minutes * 60),
+    )
+    .await;
+    upgrade::print_result(&builds, &result);
+    let lines = [
+        build_line,
+        format!("builds ready in {:.1}s", ready.as_secs_f64()),
+        format!("elapsed: {:.1}s", started.elapsed().as_secs_f64()),
+    ];
+    upgrade::write_summary(&env.results, seed, &builds, &result, &lines);
+    println!(
+        "upgrade: {:.1}s, summary in {}",
+        started.elapsed().as_secs_f64(),
+        env.results.join("summary.txt").display()
+    );
+    if result.status == runner::Status::Passed {
+        println!("upgrade: 1 passed, 0 failed");
+        ExitCode::SUCCESS
+    } else {
+        println!("replay with: cargo run -p jepsen-tests --release -- upgrade --seed {seed}");
+        println!("upgrade: 0 passed, 1 failed");
+        ExitCode::from(1)
     }
 }
 

@@ -14,6 +14,10 @@
 //! The kill loops ([`kill_loop_scenario`], [`nemesis::kill_loop`]) run the set workload
 //! with 256 KiB of padding per element on nodes that snapshot every 100 entries and keep a
 //! history of 256 changes; the oom loop's nodes each run in a memory cgroup.
+//!
+//! The rolling upgrade ([`crate::upgrade`]) is a scenario of its own with two workloads; it
+//! takes the register and set checks, the minimums ([`Minimums::shortfall`]) and the bound
+//! ([`bounded`]) from here.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -188,28 +192,34 @@ pub fn work_done(history: &crate::History) -> (usize, usize) {
 
 /// Why a scenario did too little to count, if it did.
 pub fn shortfall(scenario: &Scenario, history: &crate::History, faults: usize) -> Option<String> {
-    let minimums = Minimums::of(scenario.workload, scenario.nemesis);
-    let (writes, reads) = work_done(history);
-    let mut short = Vec::new();
-    if writes < minimums.acknowledged_writes {
-        short.push(format!(
-            "{writes} acknowledged writes (at least {} required)",
-            minimums.acknowledged_writes
-        ));
+    Minimums::of(scenario.workload, scenario.nemesis).shortfall(history, faults)
+}
+
+impl Minimums {
+    /// Why `history` and `faults` fall short of these minimums, if they do.
+    pub fn shortfall(&self, history: &crate::History, faults: usize) -> Option<String> {
+        let (writes, reads) = work_done(history);
+        let mut short = Vec::new();
+        if writes < self.acknowledged_writes {
+            short.push(format!(
+                "{writes} acknowledged writes (at least {} required)",
+                self.acknowledged_writes
+            ));
+        }
+        if reads < self.successful_reads {
+            short.push(format!(
+                "{reads} successful reads (at least {} required)",
+                self.successful_reads
+            ));
+        }
+        if faults < self.faults {
+            short.push(format!(
+                "{faults} faults injected (at least {} required)",
+                self.faults
+            ));
+        }
+        (!short.is_empty()).then(|| format!("too little work to count: {}", short.join(", ")))
     }
-    if reads < minimums.successful_reads {
-        short.push(format!(
-            "{reads} successful reads (at least {} required)",
-            minimums.successful_reads
-        ));
-    }
-    if faults < minimums.faults {
-        short.push(format!(
-            "{faults} faults injected (at least {} required)",
-            minimums.faults
-        ));
-    }
-    (!short.is_empty()).then(|| format!("too little work to count: {}", short.join(", ")))
 }
 
 /// The nodes' `--log-level`: `info`, or `JEPSEN_NODE_LOG_LEVEL` (e.g.
@@ -387,6 +397,14 @@ pub fn timestamp() -> String {
     )
 }
 
+/// The workspace this program was built from (its sources: `tests/compat/`, the git clone).
+pub fn workspace_dir() -> Result<PathBuf, String> {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| "no workspace directory".to_owned())
+}
+
 /// Locates (building it if needed) the `cairn` binary next to this program:
 /// `cargo build -p cairn-cli --bin cairn` in the same profile, so that a
 /// stale node is never tested.
@@ -397,13 +415,11 @@ pub fn cairn_binary() -> Result<PathBuf, String> {
         .ok_or("the current exe has no directory")?
         .to_path_buf();
     let release = dir.file_name().is_some_and(|n| n == "release");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .ok_or("no workspace directory")?;
+    let workspace = workspace_dir()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = std::process::Command::new(cargo);
     command
-        .current_dir(workspace)
+        .current_dir(&workspace)
         .args(["build", "--quiet", "-p", "cairn-cli", "--bin", "cairn"]);
     if release {
         command.arg("--release");
@@ -427,7 +443,7 @@ pub fn cairn_binary() -> Result<PathBuf, String> {
     }
 }
 
-fn write_file(path: &Path, text: &str) {
+pub(crate) fn write_file(path: &Path, text: &str) {
     if let Err(e) = std::fs::write(path, text) {
         eprintln!("jepsen: cannot write {}: {e}", path.display());
     }
@@ -646,81 +662,14 @@ async fn run_scenario_inner(
         let _ = std::fs::write(folder.join("history.jsonl"), &jsonl);
     }
     let verdict = match scenario.workload {
-        WorkloadKind::Register => {
-            let options = CheckOptions {
-                time_budget: env.check_budget,
-                ..CheckOptions::default()
-            };
-            let r = models::check(&history, ModelKind::Register, &options)
-                .map_err(|e| e.to_string())?;
-            let _ = writeln!(
-                report,
-                "register checker: {:?} ({} keys, {:?})",
-                r.verdict,
-                r.keys.len(),
-                r.elapsed
-            );
-            for key in &r.keys {
-                let _ = writeln!(
-                    report,
-                    "  key {}: {} ops, {:?}",
-                    key.key,
-                    key.operation_count,
-                    short_outcome(&key.outcome)
-                );
-                if let KeyOutcome::NotLinearizable(prefix) = &key.outcome {
-                    let ops = history.operations();
-                    let _ = writeln!(
-                        report,
-                        "    cannot linearize #{}: {}",
-                        prefix.failing_operation, ops[prefix.failing_operation]
-                    );
-                    for i in prefix.prefix_operations.iter().rev().take(12).rev() {
-                        let _ = writeln!(report, "      #{i} {}", ops[*i]);
-                    }
-                }
-            }
-            // Eventual reads: monotonic per node (checked offline with
-            // `check --model monotonic eventual.jsonl`).
-            let eventual = workload.eventual.history();
-            let mut jsonl = Vec::new();
-            if eventual.write_jsonl(&mut jsonl).is_ok() {
-                let _ = std::fs::write(folder.join("eventual.jsonl"), &jsonl);
-            }
-            let m = monotonic::check(&eventual).map_err(|e| e.to_string())?;
-            let _ = writeln!(
-                report,
-                "monotonic-reads checker: {:?} ({} eventual reads on {} node/key pairs)",
-                m.verdict, m.reads, m.series
-            );
-            for anomaly in m.anomalies.iter().take(20) {
-                let _ = writeln!(report, "  {anomaly}");
-            }
-            r.verdict.combine(m.verdict)
-        }
-        WorkloadKind::Set => {
-            let r = set::check(&history).map_err(|e| e.to_string())?;
-            let _ = writeln!(report, "set checker: {:?}", r.verdict);
-            for fate in &r.restores {
-                let _ = writeln!(report, "  {fate}");
-            }
-            for key in &r.keys {
-                let _ = writeln!(
-                    report,
-                    "  key {}: {:?}, {} reads ({} stale), {} acknowledged, {} indeterminate ({} present), {} failed, anomalies {:?}",
-                    key.key,
-                    key.verdict,
-                    key.reads,
-                    key.stale_reads,
-                    key.acknowledged_elements,
-                    key.indeterminate_elements,
-                    key.indeterminate_elements_present,
-                    key.failed_elements,
-                    key.anomalies.iter().take(10).collect::<Vec<_>>()
-                );
-            }
-            r.verdict
-        }
+        WorkloadKind::Register => check_register(
+            &history,
+            &workload.eventual.history(),
+            env.check_budget,
+            folder,
+            &mut report,
+        )?,
+        WorkloadKind::Set => check_set(&history, &mut report)?,
         WorkloadKind::Append => {
             let r = append::check(&history).map_err(|e| e.to_string())?;
             let _ = writeln!(report, "append checker: {:?}", r.verdict);
@@ -793,6 +742,92 @@ async fn run_scenario_inner(
     }
 }
 
+/// Checks a register workload's history (linearizable, within `budget`) and its eventual
+/// reads (monotonic per node; written to `folder/eventual.jsonl`), and writes what each
+/// checker found into `report`. The verdict combines both.
+pub(crate) fn check_register(
+    history: &crate::History,
+    eventual: &crate::History,
+    budget: Duration,
+    folder: &Path,
+    report: &mut String,
+) -> Result<Verdict, String> {
+    let options = CheckOptions {
+        time_budget: budget,
+        ..CheckOptions::default()
+    };
+    let r = models::check(history, ModelKind::Register, &options).map_err(|e| e.to_string())?;
+    let _ = writeln!(
+        report,
+        "register checker: {:?} ({} keys, {:?})",
+        r.verdict,
+        r.keys.len(),
+        r.elapsed
+    );
+    for key in &r.keys {
+        let _ = writeln!(
+            report,
+            "  key {}: {} ops, {:?}",
+            key.key,
+            key.operation_count,
+            short_outcome(&key.outcome)
+        );
+        if let KeyOutcome::NotLinearizable(prefix) = &key.outcome {
+            let ops = history.operations();
+            let _ = writeln!(
+                report,
+                "    cannot linearize #{}: {}",
+                prefix.failing_operation, ops[prefix.failing_operation]
+            );
+            for i in prefix.prefix_operations.iter().rev().take(12).rev() {
+                let _ = writeln!(report, "      #{i} {}", ops[*i]);
+            }
+        }
+    }
+    // Eventual reads: monotonic per node (checked offline with
+    // `check --model monotonic eventual.jsonl`).
+    let mut jsonl = Vec::new();
+    if eventual.write_jsonl(&mut jsonl).is_ok() {
+        let _ = std::fs::write(folder.join("eventual.jsonl"), &jsonl);
+    }
+    let m = monotonic::check(eventual).map_err(|e| e.to_string())?;
+    let _ = writeln!(
+        report,
+        "monotonic-reads checker: {:?} ({} eventual reads on {} node/key pairs)",
+        m.verdict, m.reads, m.series
+    );
+    for anomaly in m.anomalies.iter().take(20) {
+        let _ = writeln!(report, "  {anomaly}");
+    }
+    Ok(r.verdict.combine(m.verdict))
+}
+
+/// Checks a set workload's history (no acknowledged element lost, none from nowhere) and
+/// writes what the checker found into `report`.
+pub(crate) fn check_set(history: &crate::History, report: &mut String) -> Result<Verdict, String> {
+    let r = set::check(history).map_err(|e| e.to_string())?;
+    let _ = writeln!(report, "set checker: {:?}", r.verdict);
+    for fate in &r.restores {
+        let _ = writeln!(report, "  {fate}");
+    }
+    for key in &r.keys {
+        let _ = writeln!(
+            report,
+            "  key {}: {:?}, {} reads ({} stale), {} acknowledged, {} indeterminate ({} present), {} failed, anomalies {:?}",
+            key.key,
+            key.verdict,
+            key.reads,
+            key.stale_reads,
+            key.acknowledged_elements,
+            key.indeterminate_elements,
+            key.indeterminate_elements_present,
+            key.failed_elements,
+            key.anomalies.iter().take(10).collect::<Vec<_>>()
+        );
+    }
+    Ok(r.verdict)
+}
+
 fn short_outcome(outcome: &KeyOutcome) -> String {
     match outcome {
         KeyOutcome::Linearizable => "linearizable".into(),
@@ -801,7 +836,7 @@ fn short_outcome(outcome: &KeyOutcome) -> String {
     }
 }
 
-fn outcome_counts(history: &crate::History) -> String {
+pub(crate) fn outcome_counts(history: &crate::History) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for op in history.operations() {
         *counts
@@ -815,7 +850,7 @@ fn outcome_counts(history: &crate::History) -> String {
         .join(" ")
 }
 
-async fn wait_leader(cluster: &Cluster, timeout: Duration) -> Result<u64, String> {
+pub(crate) async fn wait_leader(cluster: &Cluster, timeout: Duration) -> Result<u64, String> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(l) = cluster.leader().await {
@@ -879,24 +914,14 @@ pub async fn run_bounded(
     let folder = env.results.join(&scenario.name);
     let started = Instant::now();
     let task_scenario = scenario.clone();
-    let mut task = tokio::spawn(async move { run_scenario(&task_scenario, &env).await });
-    let status = match tokio::time::timeout(bound, &mut task).await {
-        Ok(Ok(result)) => return result,
-        Ok(Err(e)) if e.is_panic() => {
-            let payload = e.into_panic();
-            let message = payload
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic".into());
-            Status::Failed(format!("panicked: {message}"))
-        }
-        Ok(Err(e)) => Status::Failed(format!("the scenario task failed: {e}")),
-        Err(_) => {
-            task.abort();
-            let _ = task.await;
-            Status::Failed(format!("did not finish within {bound:?}"))
-        }
+    let status = match bounded(
+        bound,
+        async move { run_scenario(&task_scenario, &env).await },
+    )
+    .await
+    {
+        Ok(result) => return result,
+        Err(why) => Status::Failed(why),
     };
     ScenarioResult {
         scenario,
@@ -908,6 +933,34 @@ pub async fn run_bounded(
         successful_reads: 0,
         faults: 0,
         folder,
+    }
+}
+
+/// Runs `run` as its own task, bounded by `bound`: its output, or why there is none (it
+/// panicked, or did not finish in time and was dropped, with whatever it owned: nodes,
+/// namespaces, mounts).
+pub async fn bounded<T: Send + 'static>(
+    bound: Duration,
+    run: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, String> {
+    let mut task = tokio::spawn(run);
+    match tokio::time::timeout(bound, &mut task).await {
+        Ok(Ok(output)) => Ok(output),
+        Ok(Err(e)) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".into());
+            Err(format!("panicked: {message}"))
+        }
+        Ok(Err(e)) => Err(format!("the scenario task failed: {e}")),
+        Err(_) => {
+            task.abort();
+            let _ = task.await;
+            Err(format!("did not finish within {bound:?}"))
+        }
     }
 }
 

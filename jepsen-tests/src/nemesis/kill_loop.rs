@@ -249,36 +249,12 @@ async fn wait_for_moment(
         }
         if now >= next_liveness_check {
             if let Some(status) = cluster.exited(id) {
-                return Err(exit_report(cluster, id, status));
+                return Err(cluster.exit_report(id, status));
             }
             next_liveness_check = now + Duration::from_millis(50);
         }
         tokio::time::sleep(POLL).await;
     }
-}
-
-/// A node that exited by itself: its exit status and the end of its log.
-fn exit_report(cluster: &Cluster, id: u64, status: std::process::ExitStatus) -> String {
-    let tail: Vec<String> = cluster
-        .log_tail(id, 8)
-        .lines()
-        .map(|line| line.chars().take(400).collect())
-        .collect();
-    format!(
-        "node {id} exited by itself ({status}); the end of its log ({}):\n    {}",
-        cluster.node(id).log_path.display(),
-        tail.join("\n    ")
-    )
-}
-
-/// Fails when a node exited by itself.
-fn check_all_running(cluster: &mut Cluster) -> Result<(), String> {
-    for id in cluster.ids() {
-        if let Some(status) = cluster.exited(id) {
-            return Err(exit_report(cluster, id, status));
-        }
-    }
-    Ok(())
 }
 
 /// How the victim went down.
@@ -296,7 +272,7 @@ async fn take_down(
     moment: Moment,
 ) -> Result<Kill, String> {
     if let Some(status) = cx.cluster.exited(victim) {
-        return Err(exit_report(cx.cluster, victim, status));
+        return Err(cx.cluster.exit_report(victim, status));
     }
     *cx.kill_loop.kills_by_moment.entry(moment).or_default() += 1;
     cx.log.faults += 1;
@@ -367,7 +343,7 @@ async fn kernel_kill(cx: &mut NemesisContext<'_>, victim: u64) -> Result<Kill, S
                 return Err(format!(
                     "{} (its memory limit had been lowered to {} MiB {} ms before; the \
                      cgroup counts {} OOM kills, {} before)",
-                    exit_report(cx.cluster, victim, status),
+                    cx.cluster.exit_report(victim, status),
                     mib(lowered_to),
                     waited.as_millis(),
                     oom_kills_after,
@@ -421,36 +397,9 @@ fn raise_limit(cx: &mut NemesisContext<'_>, victim: u64) -> Result<(), String> {
 /// the victim runs); fails if it, or any other node, exits meanwhile, or if it has not
 /// caught up within [`CATCH_UP_WAIT`]. Returns (the index it reached, how long it took).
 async fn catch_up(cx: &mut NemesisContext<'_>, victim: u64) -> Result<(u64, Duration), String> {
-    let started = Instant::now();
-    let deadline = started + CATCH_UP_WAIT;
-    let mut target: Option<u64> = None;
-    let mut applied = 0u64;
-    loop {
-        check_all_running(cx.cluster)?;
-        if target.is_none() {
-            if let Some(leader) = cx.cluster.leader().await {
-                target = cx.cluster.status(leader).await.map(|s| s.commit_index);
-            }
-        }
-        if let Some(status) = cx.cluster.status(victim).await {
-            applied = status.applied_index;
-            if target.is_some_and(|t| applied >= t) {
-                cx.kill_loop.restarts += 1;
-                return Ok((applied, started.elapsed()));
-            }
-        }
-        if Instant::now() >= deadline {
-            let target = target.map_or("unknown (no leader)".to_string(), |t| t.to_string());
-            return Err(format!(
-                "node {victim} did not catch up within {CATCH_UP_WAIT:?} of its restart: it \
-                 applied {applied}, the leader's commit index was {target}; the end of its log \
-                 ({}):\n    {}",
-                cx.cluster.node(victim).log_path.display(),
-                cx.cluster.log_tail(victim, 8).replace('\n', "\n    ")
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let caught_up = cx.cluster.wait_caught_up(victim, CATCH_UP_WAIT).await?;
+    cx.kill_loop.restarts += 1;
+    Ok(caught_up)
 }
 
 /// One round of a kill loop (see the module docs); `round` counts from 1.
@@ -459,7 +408,7 @@ pub async fn round(
     killer: Killer,
     round: usize,
 ) -> Result<(), String> {
-    check_all_running(cx.cluster)?;
+    cx.cluster.check_all_running()?;
     if round.is_multiple_of(INSTALL_ROUND_EVERY) {
         return install_round(cx, killer, round).await;
     }
@@ -517,7 +466,7 @@ pub async fn round(
 async fn wait_new_leader(cx: &mut NemesisContext<'_>, victim: u64) -> Result<Option<u64>, String> {
     let deadline = Instant::now() + NEW_LEADER_WAIT;
     while Instant::now() < deadline {
-        check_all_running(cx.cluster)?;
+        cx.cluster.check_all_running()?;
         if let Some(leader) = cx.cluster.leader().await.filter(|l| *l != victim) {
             return Ok(Some(leader));
         }
@@ -576,7 +525,7 @@ async fn install_round(
         let deadline = Instant::now() + INSTALL_WAIT;
         while cx.cluster.status(victim).await.is_none() && Instant::now() < deadline {
             if let Some(status) = cx.cluster.exited(victim) {
-                return Err(exit_report(cx.cluster, victim, status));
+                return Err(cx.cluster.exit_report(victim, status));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -691,7 +640,7 @@ async fn wait_purged_past(
         for id in cx.cluster.ids() {
             // The victim is down: its process is gone, not exited by itself.
             if let Some(status) = cx.cluster.exited(id) {
-                return Err(exit_report(cx.cluster, id, status));
+                return Err(cx.cluster.exit_report(id, status));
             }
         }
         if let Some(leader) = cx.cluster.leader().await {
@@ -709,7 +658,7 @@ async fn wait_purged_past(
 /// After the last round: every node must be running; notes the counts; an oom loop must
 /// have seen at least [`KERNEL_KILLS_MIN`] kills by the kernel.
 pub fn finish(cx: &mut NemesisContext<'_>, killer: Killer) -> Result<(), String> {
-    check_all_running(cx.cluster)?;
+    cx.cluster.check_all_running()?;
     let counts = &cx.kill_loop;
     let moments: Vec<String> = counts
         .kills_by_moment
