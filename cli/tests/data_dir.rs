@@ -6,7 +6,9 @@
 //!   membership it stores;
 //! - a flipped byte in a snapshot file, in a WAL segment and in a sled blob each stop the
 //!   node (exit code 12) with one line naming the file, where in it, and the two ways out;
-//!   the dir is then marked, and the next start is refused naming the marker.
+//!   the dir is then marked, and the next start is refused naming the marker;
+//! - a dir whose WAL segments or snapshot a newer build wrote (a newer format version) is
+//!   refused (exit code 15), saying so, and never marked damaged.
 
 mod support;
 
@@ -286,6 +288,73 @@ async fn a_flipped_byte_in_the_snapshot_names_the_snapshot_file() {
         line.contains("byte") || line.contains("checksum"),
         "says where or what: {line}"
     );
+}
+
+/// Starts node 1 of `cluster` on a dir a newer build wrote (`file` in a newer format):
+/// refused with exit 15, one line naming the file and "a newer release", nothing marked.
+fn expect_newer_refused(cluster: &mut Cluster, file: &str) {
+    let marker = cluster.node(1).data_dir.join("CORRUPT");
+    cluster.spawn(1);
+    let status = cluster.wait_exit(1, START_TIMEOUT);
+    let log = cluster.log_of(1);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(EXIT_DATA_DIR_REFUSED),
+        "{log}"
+    );
+    // The log holds every start's lines: this start's is the last.
+    let line = *fatal_lines(&log).last().expect("a fatal line");
+    for needle in [
+        file,
+        "a newer release of Cairn wrote it",
+        "docs/upgrading.md",
+    ] {
+        assert!(line.contains(needle), "{needle:?} missing from: {line}");
+    }
+    assert!(
+        !marker.exists(),
+        "an intact newer dir is not marked damaged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_of_a_newer_format_is_refused_as_newer_never_marked_damaged() {
+    // What a rollback past a format change looks like: the WAL segments, then the snapshot,
+    // say a format version above this build's. Each is refused (exit 15), not damage.
+    let mut o = options(1);
+    o.snapshot_log_entries = 100;
+    let mut cluster = Cluster::start(o);
+    cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let address = cluster.node(1).client_address.clone();
+    for i in 0..220 {
+        write(&address, thing(&format!("r{i:03}"), "u1", "", b"payload"))
+            .await
+            .expect("write");
+    }
+    let snapshots_dir = cluster.node(1).data_dir.join("snapshots");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while files_in(&snapshots_dir, Some("snap")).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot was taken"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.stop(1);
+    let log_dir = cluster.node(1).data_dir.join("raft-log");
+    let rewritten =
+        cairn_raft_log::test_hooks::rewrite_segment_format_version(&log_dir, 2).expect("rewrite");
+    assert!(rewritten > 0);
+    expect_newer_refused(&mut cluster, ".wal");
+
+    cairn_raft_log::test_hooks::rewrite_segment_format_version(&log_dir, 1).expect("rewrite");
+    // The snapshot's format version: the u32 after the 8-byte magic.
+    for snapshot in files_in(&snapshots_dir, Some("snap")) {
+        let mut bytes = std::fs::read(&snapshot).expect("read");
+        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        std::fs::write(&snapshot, &bytes).expect("write");
+    }
+    expect_newer_refused(&mut cluster, ".snap");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,20 @@ pub enum LogError {
         reason: String,
     },
 
+    /// A file of the log carries a format version above what this build reads: a newer
+    /// release of Cairn wrote it. Not damage: the file is intact, and nothing is changed.
+    #[error(
+        "{} has WAL format version {found}, and this build reads version {reads}: a newer \
+         release of Cairn wrote it. Run that release (or a later one) on this data dir \
+         (docs/upgrading.md)",
+        file.display()
+    )]
+    NewerFormat {
+        file: PathBuf,
+        found: u32,
+        reads: u32,
+    },
+
     /// The data directory was written by another log engine than the one requested.
     #[error(
         "the raft log in {dir} was written by the `{found}` log engine, but this node is set to use `{requested}`: \

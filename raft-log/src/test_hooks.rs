@@ -65,3 +65,32 @@ pub fn delete_stored_entry(dir: &Path, index: u64) -> Result<bool, LogError> {
     db.flush().map_err(engine)?;
     Ok(removed)
 }
+
+/// Rewrites the header of every WAL segment of the closed log store at `dir` to say format
+/// `version`, sealed again with a valid checksum: how a data dir written by a build of another
+/// format looks to this one. Returns how many segments it rewrote. Takes the directory lock.
+pub fn rewrite_segment_format_version(dir: &Path, version: u32) -> Result<usize, LogError> {
+    use crate::wal::format;
+    let _lock = DirLock::acquire(dir)?;
+    let segments = dir.join(crate::marker::WAL_SEGMENTS_SUBDIR);
+    let io = |doing: &str, e| LogError::io(format!("{doing} {}", segments.display()), e);
+    let mut rewritten = 0;
+    for entry in std::fs::read_dir(&segments).map_err(|e| io("list", e))? {
+        let path = entry.map_err(|e| io("list", e))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let Some((base_index, segment_id)) =
+            name.as_deref().and_then(format::parse_segment_file_name)
+        else {
+            continue;
+        };
+        let mut bytes = std::fs::read(&path).map_err(|e| io("read", e))?;
+        let header = format::segment_header_of_version(version, segment_id, base_index);
+        if bytes.len() < header.len() {
+            continue;
+        }
+        bytes[..header.len()].copy_from_slice(&header);
+        std::fs::write(&path, &bytes).map_err(|e| io("write", e))?;
+        rewritten += 1;
+    }
+    Ok(rewritten)
+}

@@ -368,6 +368,43 @@ fn flip_payload_byte(dir: &Path, index: u64) -> String {
 }
 
 #[test]
+fn wal_segments_of_a_newer_format_are_refused_as_newer_not_as_damage() {
+    // A data dir written by a newer build (format version 2, intact): reopening says so,
+    // names the file and both versions, and is not corruption (no CORRUPT marker, exit 15
+    // in the node). An older version than this build's is damage.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = write_wal_entries(dir.path());
+    let rewritten = test_hooks::rewrite_segment_format_version(dir.path(), 2).expect("rewrite");
+    assert!(rewritten >= 4, "{rewritten} segments");
+    match Store::open(dir.path(), options.clone()) {
+        Err(
+            error @ LogError::NewerFormat {
+                found: 2, reads: 1, ..
+            },
+        ) => {
+            let message = error.to_string();
+            assert!(!error.is_corruption(), "{message}");
+            assert!(
+                message.contains("a newer release of Cairn wrote it"),
+                "{message}"
+            );
+            assert!(message.contains(".wal"), "names the file: {message}");
+        }
+        other => panic!("expected NewerFormat, got {other:?}"),
+    }
+    test_hooks::rewrite_segment_format_version(dir.path(), 0).expect("rewrite");
+    match Store::open(dir.path(), options) {
+        Err(error @ LogError::CorruptSegment { .. }) => {
+            assert!(
+                error.to_string().contains("segment format version 0"),
+                "{error}"
+            );
+        }
+        other => panic!("expected CorruptSegment, got {other:?}"),
+    }
+}
+
+#[test]
 fn wal_flipped_byte_in_a_middle_segment_names_the_segment_and_the_index() {
     // Entries 1..=200 spread over many 4 KiB segments; a byte of entry 100 (in a sealed segment
     // in the middle) is flipped: reopening fails with CorruptSegment naming that file and index.

@@ -152,9 +152,16 @@ impl FatalCause {
 
     /// The classification of a Raft log error that is damage or the operating system
     /// refusing; `log_dir` is the log's directory, named when the error cannot name a file of
-    /// its own. `None` for any other error (a locked dir, the wrong engine, a failure of the
-    /// log's own logic): at start those are configuration problems, reported as they are.
+    /// its own; a log written by a newer build is a refused data dir. `None` for any other
+    /// error (a locked dir, the wrong engine, a failure of the log's own logic): at start
+    /// those are configuration problems, reported as they are.
     pub fn from_log_error(error: &cairn_raft_log::LogError, log_dir: &Path) -> Option<FatalCause> {
+        if let cairn_raft_log::LogError::NewerFormat { .. } = error {
+            // Intact, and another build's: refused, never marked damaged.
+            return Some(FatalCause::DataDirRefused {
+                reason: error.to_string(),
+            });
+        }
         if error.is_corruption() {
             return Some(FatalCause::Corruption {
                 file: error

@@ -145,9 +145,14 @@ pub(crate) fn push_commit(out: &mut Vec<u8>, batch_start: u64, batch_crc: u32, f
 
 /// The segment-header frame of segment `segment_id` whose first entry will be `base_index`.
 pub(crate) fn segment_header(segment_id: u64, base_index: u64) -> Vec<u8> {
+    segment_header_of_version(FORMAT_VERSION, segment_id, base_index)
+}
+
+/// [`segment_header`] saying format `version` (tests make a newer build's segment with it).
+pub(crate) fn segment_header_of_version(version: u32, segment_id: u64, base_index: u64) -> Vec<u8> {
     let mut payload = Vec::with_capacity(SEGMENT_HEADER_PAYLOAD_LEN_BYTES);
     payload.extend_from_slice(&MAGIC);
-    payload.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    payload.extend_from_slice(&version.to_le_bytes());
     payload.extend_from_slice(&0u32.to_le_bytes());
     payload.extend_from_slice(&segment_id.to_le_bytes());
     let mut out = Vec::with_capacity(SEGMENT_HEADER_LEN_BYTES);
@@ -177,12 +182,23 @@ pub(crate) fn decode_commit(payload: &[u8]) -> Option<Commit> {
 }
 
 /// Checks a segment header frame's payload against the segment it should describe.
+/// Why a segment header is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeaderProblem {
+    /// An intact header of a format version above [`FORMAT_VERSION`]: a newer build wrote it.
+    Newer { found: u32 },
+    /// Damaged, or not a segment header of this log.
+    Damaged(String),
+}
+
+/// Checks the header frame of segment `segment_id` (first entry `base_index`).
 pub(crate) fn check_segment_header(
     bytes: &[u8],
     segment_id: u64,
     base_index: u64,
     check_crc: bool,
-) -> Result<(), String> {
+) -> Result<(), HeaderProblem> {
+    use HeaderProblem::Damaged;
     match parse_frame(bytes, 0, check_crc) {
         Parsed::Frame {
             kind: FrameKind::SegmentHeader,
@@ -191,29 +207,34 @@ pub(crate) fn check_segment_header(
             ..
         } => {
             if payload.len() != SEGMENT_HEADER_PAYLOAD_LEN_BYTES || payload[..8] != MAGIC {
-                return Err("the segment header does not carry the WAL magic".to_string());
+                return Err(Damaged(
+                    "the segment header does not carry the WAL magic".to_string(),
+                ));
             }
             let version = u32::from_le_bytes(payload[8..12].try_into().unwrap_or([0; 4]));
+            if version > FORMAT_VERSION {
+                return Err(HeaderProblem::Newer { found: version });
+            }
             if version != FORMAT_VERSION {
-                return Err(format!(
+                return Err(Damaged(format!(
                     "segment format version {version}, this build reads version {FORMAT_VERSION}"
-                ));
+                )));
             }
             let id = u64::from_le_bytes(payload[16..24].try_into().unwrap_or([0; 8]));
             if id != segment_id || index != base_index {
-                return Err(format!(
+                return Err(Damaged(format!(
                     "the segment header names segment {id} with base index {index}, expected segment {segment_id} with base index {base_index}"
-                ));
+                )));
             }
             Ok(())
         }
-        Parsed::Frame { kind, .. } => Err(format!(
+        Parsed::Frame { kind, .. } => Err(Damaged(format!(
             "the segment starts with a {kind:?} frame, not a segment header"
+        ))),
+        Parsed::End => Err(Damaged(
+            "the segment header is missing (the file starts with zeros)".to_string(),
         )),
-        Parsed::End => {
-            Err("the segment header is missing (the file starts with zeros)".to_string())
-        }
-        Parsed::Bad { reason } => Err(format!("the segment header is damaged: {reason}")),
+        Parsed::Bad { reason } => Err(Damaged(format!("the segment header is damaged: {reason}"))),
     }
 }
 

@@ -152,8 +152,16 @@ where
             }
             bytes.truncate(sealed_end as usize);
         }
-        format::check_segment_header(&bytes, record.id, record.base_index, check_crc)
-            .map_err(|reason| corrupt(next_index(&state), 0, reason))?;
+        format::check_segment_header(&bytes, record.id, record.base_index, check_crc).map_err(
+            |problem| match problem {
+                format::HeaderProblem::Newer { found } => LogError::NewerFormat {
+                    file: path.clone(),
+                    found,
+                    reads: format::FORMAT_VERSION,
+                },
+                format::HeaderProblem::Damaged(reason) => corrupt(next_index(&state), 0, reason),
+            },
+        )?;
         let scan = format::scan_segment(&bytes, check_crc);
         apply_frames(
             &mut state,
