@@ -396,6 +396,18 @@ impl ApiError {
     /// Rebuilds the error from a status: the one decoder of Cairn's errors.
     /// Never fails: a status without Cairn's `ErrorInfo` is classified by its
     /// code.
+    /// What an UNIMPLEMENTED answer means to a Cairn client: the server does not know the
+    /// call, so it certainly did not run it. A node of an older release answers so for a
+    /// call added later (`WriteStatus` on release 0.1.0): FailedPrecondition, saying so.
+    pub fn unimplemented(message: &str) -> ApiError {
+        ApiError::FailedPrecondition(format!(
+            "the server does not implement this call (UNIMPLEMENTED{}{message}): a node of an \
+             older release of Cairn does not know it; `cairn status` shows each member's \
+             release and the cluster version (docs/upgrading.md)",
+            if message.is_empty() { "" } else { ": " }
+        ))
+    }
+
     pub fn from_status(status: &tonic::Status) -> ApiError {
         if let Some(error) = ApiError::from_cairn_status(status) {
             return error;
@@ -414,6 +426,7 @@ impl ApiError {
             },
             Code::Unauthenticated => ApiError::Unauthenticated(message),
             Code::PermissionDenied => ApiError::PermissionDenied(message),
+            Code::Unimplemented => ApiError::unimplemented(&message),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                 ApiError::Unavailable(format!("{:?}: {message}", status.code()))
             }

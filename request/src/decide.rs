@@ -13,6 +13,7 @@
 //! | sent, connection lost / no answer in time         | Unsure        | retry           | stop, Unknown    |
 //! | answered Inconsistent                             | Unsure        | retry           | stop, Unknown    |
 //! | a verdict: NotFound, CasFailure, WrongUid, GroupVersionMismatch, WatchClosed, Compacted, InvalidArgument, ResourceExhausted, Unauthenticated, PermissionDenied, FailedPrecondition | Verdict | stop, NotApplied | stop, NotApplied |
+//! | UNIMPLEMENTED (a node of an older release: read as FailedPrecondition) | Verdict | stop, NotApplied | stop, NotApplied |
 //! | answered Internal                                 | Recurring     | stop, NotApplied | stop, Unknown   |
 //! | a message over a size limit; a foreign status     | Recurring     | stop, NotApplied | stop, Unknown   |
 //!
@@ -97,6 +98,10 @@ impl Failure {
         };
         if source.is_some_and(is_connect_failure) {
             return Failure::NotSent(text);
+        }
+        if status.code() == Code::Unimplemented {
+            // The server does not know the call: it certainly did not run it.
+            return Failure::Answered(ApiError::unimplemented(status.message()));
         }
         match status.code() {
             // tonic's codec refuses a message over its limit with OUT_OF_RANGE

@@ -222,13 +222,15 @@ fn every_transport_failure_has_its_step_for_reads_and_writes() {
             Step::Stop(NotApplied),
             Step::Stop(Unknown),
         ),
-        // Not a Cairn server.
+        // A server that does not know the call (a node of an older release): it certainly
+        // did not run it.
         (
             tonic::Status::unimplemented("no such method"),
-            "foreign",
+            "failed_precondition",
             Step::Stop(NotApplied),
-            Step::Stop(Unknown),
+            Step::Stop(NotApplied),
         ),
+        // Not a Cairn server.
         (
             tonic::Status::permission_denied("a proxy said no"),
             "foreign",
