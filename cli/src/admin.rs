@@ -962,14 +962,7 @@ pub async fn cluster(command: ClusterCommand, global: &GlobalArgs) -> u8 {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
-    let version = if r.cluster_version_downgrade.is_empty() {
-        r.cluster_version.clone()
-    } else {
-        format!(
-            "{} (downgrade to {} pinned)",
-            r.cluster_version, r.cluster_version_downgrade
-        )
-    };
+    let version = describe_cluster_version(&r.cluster_version, &r.cluster_version_downgrade);
     if cancel {
         let line = format!(
             "the downgrade is cancelled; the cluster version is {version} and rises once every \
@@ -1108,18 +1101,18 @@ pub fn interactive() -> bool {
 /// The cluster version a member's status reports (`0.2`, with the downgrade pinned, if
 /// any); a member of release 0.1.0 reports none, which is 0.1.
 fn cluster_version_of(status: &pb::StatusResponse) -> String {
-    let version = if status.cluster_version.is_empty() {
-        cairn_fsm::ClusterVersion::BASELINE.to_string()
+    let version = cairn_fsm::ClusterVersion::reported(&status.cluster_version)
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| status.cluster_version.clone());
+    describe_cluster_version(&version, &status.cluster_version_downgrade)
+}
+
+/// A cluster version as `cairn` prints it: `0.1`, or `0.1 (downgrade to 0.1 pinned)`.
+fn describe_cluster_version(version: &str, downgrade: &str) -> String {
+    if downgrade.is_empty() {
+        version.to_string()
     } else {
-        status.cluster_version.clone()
-    };
-    if status.cluster_version_downgrade.is_empty() {
-        version
-    } else {
-        format!(
-            "{version} (downgrade to {} pinned)",
-            status.cluster_version_downgrade
-        )
+        format!("{version} (downgrade to {downgrade} pinned)")
     }
 }
 

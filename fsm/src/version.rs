@@ -61,6 +61,16 @@ impl ClusterVersion {
         Ok(version)
     }
 
+    /// A cluster version as a member's status reports it (`StatusResponse.cluster_version`):
+    /// empty, from a member of release 0.1.0 (which knows none), is the baseline.
+    pub fn reported(text: &str) -> Result<ClusterVersion, String> {
+        if text.is_empty() {
+            Ok(ClusterVersion::BASELINE)
+        } else {
+            ClusterVersion::parse(text)
+        }
+    }
+
     /// Whether this build can run in a cluster of this version.
     pub fn is_supported_here(self) -> bool {
         (ClusterVersion::SUPPORTED_MIN..=ClusterVersion::SUPPORTED_MAX).contains(&self)

@@ -714,13 +714,8 @@ async fn check_against_cluster(
         if fresh && config.join.is_some() {
             // A build that cannot run at the cluster's version must not join it: it would
             // stop (or, a build of 0.1.0, skip commands) once it applied the log.
-            let version = if status.cluster_version.is_empty() {
-                cairn_fsm::ClusterVersion::BASELINE
-            } else {
-                cairn_fsm::ClusterVersion::parse(&status.cluster_version).map_err(|e| {
-                    refuse(format!("node {} at {address} reports {e}", status.node_id))
-                })?
-            };
+            let version = cairn_fsm::ClusterVersion::reported(&status.cluster_version)
+                .map_err(|e| refuse(format!("node {} at {address} reports {e}", status.node_id)))?;
             if !version.is_supported_here() {
                 return Err(refuse(format!(
                     "cluster {theirs} runs cluster version {version} (node {node} at {address} \
