@@ -138,10 +138,17 @@ async fn with_forwarding_configured_a_follower_sends_strong_reads_to_the_leader(
     let at_follower = client_of(&cluster, follower, Duration::from_secs(10));
     // An eventual read first: it is served once the follower has caught up since its start
     // (one read index, asked at the start), so the count below is the strong read's alone.
-    at_follower
-        .read(id("a", ""), Consistency::Eventual)
-        .await
-        .expect("an eventual read on the follower once it caught up");
+    // Eventual: the follower may not have applied the write yet, so it is asked until it has.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match at_follower.read(id("a", ""), Consistency::Eventual).await {
+            Ok(_) => break,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("an eventual read on the follower once it caught up: {e}"),
+        }
+    }
     let read_indexes_before = forwarded_calls(&cluster, follower, "read_index");
     let read = at_follower
         .read(id("a", ""), Consistency::Strong)
