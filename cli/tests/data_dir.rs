@@ -7,8 +7,8 @@
 //! - a flipped byte in a snapshot file, in a WAL segment and in a sled blob each stop the
 //!   node (exit code 12) with one line naming the file, where in it, and the two ways out;
 //!   the dir is then marked, and the next start is refused naming the marker;
-//! - a dir whose WAL segments or snapshot a newer build wrote (a newer format version) is
-//!   refused (exit code 15), saying so, and never marked damaged.
+//! - a dir whose WAL segments a newer build wrote (a newer format version) is refused (exit
+//!   code 15), saying so, and never marked damaged.
 
 mod support;
 
@@ -319,8 +319,10 @@ fn expect_newer_refused(cluster: &mut Cluster, file: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_dir_of_a_newer_format_is_refused_as_newer_never_marked_damaged() {
-    // What a rollback past a format change looks like: the WAL segments, then the snapshot,
-    // say a format version above this build's. Each is refused (exit 15), not damage.
+    // What a rollback past a format change looks like: the WAL segments say a format version
+    // above this build's (their headers intact: a checksum covers them). Refused (exit 15),
+    // not damage. (A snapshot's version field has no checksum of its own, so a strange
+    // version there is damage: the node falls back to an older snapshot or stops, exit 12.)
     let mut o = options(1);
     o.snapshot_log_entries = 100;
     let mut cluster = Cluster::start(o);
@@ -346,15 +348,6 @@ async fn a_data_dir_of_a_newer_format_is_refused_as_newer_never_marked_damaged()
         cairn_raft_log::test_hooks::rewrite_segment_format_version(&log_dir, 2).expect("rewrite");
     assert!(rewritten > 0);
     expect_newer_refused(&mut cluster, ".wal");
-
-    cairn_raft_log::test_hooks::rewrite_segment_format_version(&log_dir, 1).expect("rewrite");
-    // The snapshot's format version: the u32 after the 8-byte magic.
-    for snapshot in files_in(&snapshots_dir, Some("snap")) {
-        let mut bytes = std::fs::read(&snapshot).expect("read");
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
-        std::fs::write(&snapshot, &bytes).expect("write");
-    }
-    expect_newer_refused(&mut cluster, ".snap");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,17 +70,6 @@ fn snapshot_failure(doing: &str, path: &Path, error: &SnapshotFileError) -> Fata
             path: io_path,
             source,
         } => FatalCause::from_io(doing, io_path, source),
-        SnapshotFileError::UnsupportedVersion { found }
-            if *found > crate::snapshot_file::SNAPSHOT_FORMAT_VERSION =>
-        {
-            FatalCause::DataDirRefused {
-                reason: format!(
-                    "{}: {error}: a newer release of Cairn wrote it. Run that release (or a \
-                     later one) on this data dir (docs/upgrading.md)",
-                    path.display()
-                ),
-            }
-        }
         damage => FatalCause::Corruption {
             file: path.to_path_buf(),
             detail: damage.to_string(),
