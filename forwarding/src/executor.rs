@@ -23,6 +23,24 @@ fn too_many_results(results_max: usize) -> ApiError {
     )
 }
 
+/// The stored encoding of what a write or status write (`what`) applied as: a written
+/// resource whose version is its entry's index.
+fn written(what: &str, (index, applied): (u64, Applied)) -> Result<bytes::Bytes, ApiError> {
+    match applied {
+        Applied::Written(resource) => {
+            assert_eq!(
+                resource.version(),
+                index.to_string(),
+                "a written resource's version is its entry's index"
+            );
+            Ok(resource.encoded().clone())
+        }
+        other => Err(ApiError::Internal(format!(
+            "{what} at index {index} applied as {other:?}"
+        ))),
+    }
+}
+
 /// The watch stream served to clients: events (each resource as its stored
 /// bytes), then at most one error (WatchClosed, Compacted), after which the
 /// stream ends. Errors are the one vocabulary, [`ApiError`]: only the gRPC
@@ -256,21 +274,13 @@ impl<H: Handle> Executor<H> {
             .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
         // `propose` checks leadership (the one check of this request): on a node that does
         // not lead it answers NotLeader, certainly not proposed.
-        match self.handle.propose(Command::Write { resource }).await? {
-            (index, Applied::Written(resource)) => {
-                assert_eq!(
-                    resource.version(),
-                    index.to_string(),
-                    "a written resource's version is its entry's index"
-                );
-                Ok(shared::WriteResponse {
-                    resource: Some(resource.encoded().clone()),
-                })
-            }
-            (index, other) => Err(ApiError::Internal(format!(
-                "write at index {index} applied as {other:?}"
-            ))),
-        }
+        let resource = written(
+            "write",
+            self.handle.propose(Command::Write { resource }).await?,
+        )?;
+        Ok(shared::WriteResponse {
+            resource: Some(resource),
+        })
     }
 
     /// A status write. [`Handle::propose`] refuses it while the cluster version is below
@@ -286,21 +296,10 @@ impl<H: Handle> Executor<H> {
             status: r.status.unwrap_or_default(),
             version: r.version,
         };
-        match self.handle.propose(command).await? {
-            (index, Applied::Written(resource)) => {
-                assert_eq!(
-                    resource.version(),
-                    index.to_string(),
-                    "a written resource's version is its entry's index"
-                );
-                Ok(shared::WriteStatusResponse {
-                    resource: Some(resource.encoded().clone()),
-                })
-            }
-            (index, other) => Err(ApiError::Internal(format!(
-                "status write at index {index} applied as {other:?}"
-            ))),
-        }
+        let resource = written("status write", self.handle.propose(command).await?)?;
+        Ok(shared::WriteStatusResponse {
+            resource: Some(resource),
+        })
     }
 
     pub(crate) async fn delete_checked(
