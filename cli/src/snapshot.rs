@@ -503,6 +503,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         pending_restore: None,
         cluster_version: None,
         cluster_version_downgrade: None,
+        space_quota_bytes: None,
+        nospace_alarm_index: None,
     };
     let snapshots = cairn_server::raft::snapshot_dir(data_dir);
     std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;

@@ -445,6 +445,7 @@ pub mod checks {
             .as_ref()
             .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
         cairn_fsm::validate_write(resource, limits)?;
+        cairn_fsm::capacity::validate_quota_write(resource)?;
         Ok(())
     }
 

@@ -11,6 +11,7 @@ use cairn_proto::v1::{Id, Resource, Status};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
 
+use crate::capacity::CapacityAction;
 use crate::version::{ClusterVersion, Feature, VersionAction};
 use crate::FsmError;
 
@@ -63,6 +64,9 @@ pub enum Command {
         status: Status,
         version: String,
     },
+    /// Changes the cluster's space quota or its `NOSPACE` alarm ([`crate::capacity`]).
+    /// Needs cluster version 0.2 ([`crate::Feature::Capacity`]).
+    Capacity { action: CapacityAction },
 }
 
 /// Tag of `Command.write` and `Command.delete`, and of `WriteCommand.resource`.
@@ -79,6 +83,7 @@ impl Command {
     pub fn needs(&self) -> Option<Feature> {
         match self {
             Command::WriteStatus { .. } => Some(Feature::StatusWrites),
+            Command::Capacity { .. } => Some(Feature::Capacity),
             Command::Write { .. }
             | Command::Delete { .. }
             | Command::Batch { .. }
@@ -199,6 +204,18 @@ impl Command {
                 status: Some(status.clone()),
                 version: version.clone(),
             }),
+            Command::Capacity { action } => {
+                use log::capacity_command::Action;
+                let (action, quota_bytes) = match action {
+                    CapacityAction::SetQuota(bytes) => (Action::SetQuota, *bytes),
+                    CapacityAction::RaiseAlarm => (Action::RaiseAlarm, 0),
+                    CapacityAction::DisarmAlarm => (Action::DisarmAlarm, 0),
+                };
+                LogCommand::Capacity(log::CapacityCommand {
+                    action: action as i32,
+                    quota_bytes,
+                })
+            }
         }
     }
 
@@ -330,6 +347,21 @@ impl Command {
             Some(LogCommand::WriteStatus(_)) => Err(FsmError::Decode(
                 "write-status command without an id or a status".into(),
             )),
+            Some(LogCommand::Capacity(c)) => {
+                use log::capacity_command::Action;
+                let action = match Action::try_from(c.action) {
+                    Ok(Action::SetQuota) => CapacityAction::SetQuota(c.quota_bytes),
+                    Ok(Action::RaiseAlarm) => CapacityAction::RaiseAlarm,
+                    Ok(Action::DisarmAlarm) => CapacityAction::DisarmAlarm,
+                    Err(_) => {
+                        return Err(FsmError::Decode(format!(
+                            "capacity command with unknown action {}",
+                            c.action
+                        )))
+                    }
+                };
+                Ok(Command::Capacity { action })
+            }
             None => Err(FsmError::Decode("command without a body".into())),
         }
     }

@@ -58,6 +58,14 @@ pub enum FsmError {
     /// ([`crate::ClusterVersionState`]). The message names both versions.
     #[error("{}", labelled(ErrorKind::FailedPrecondition, .0))]
     FailedPrecondition(String),
+    /// A write the space quota or a tenant quota refused ([`crate::capacity`]): `limit`
+    /// names the quota, `value` its value, `reason` the usage and the write's growth.
+    #[error("resource exhausted: {reason}")]
+    ResourceExhausted {
+        limit: String,
+        value: u64,
+        reason: String,
+    },
 }
 
 /// What a CAS failure says is stored: `version "2" is stored`, or `nothing is stored`.
@@ -83,6 +91,7 @@ impl FsmError {
             FsmError::RestoreConflict(_) => ErrorKind::Inconsistent,
             FsmError::Decode(_) => ErrorKind::Internal,
             FsmError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            FsmError::ResourceExhausted { .. } => ErrorKind::ResourceExhausted,
         }
     }
 
@@ -119,6 +128,15 @@ impl From<FsmError> for ApiError {
             e @ FsmError::RestoreConflict(_) => ApiError::Inconsistent(e.to_string()),
             FsmError::Decode(message) => ApiError::Internal(format!("decode: {message}")),
             FsmError::FailedPrecondition(message) => ApiError::FailedPrecondition(message),
+            FsmError::ResourceExhausted {
+                limit,
+                value,
+                reason,
+            } => ApiError::ResourceExhausted {
+                limit,
+                value,
+                reason,
+            },
         }
     }
 }
@@ -155,6 +173,11 @@ mod tests {
             FsmError::RestoreConflict("another restore".into()),
             FsmError::Decode("truncated".into()),
             FsmError::FailedPrecondition("WriteStatus needs cluster version 0.2".into()),
+            FsmError::ResourceExhausted {
+                limit: "data_bytes_max".into(),
+                value: 1,
+                reason: "full".into(),
+            },
         ];
         for error in every {
             assert_eq!(

@@ -85,6 +85,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod capacity;
 mod command;
 mod error;
 mod history;
@@ -100,6 +101,7 @@ mod validate;
 mod version;
 mod watch;
 
+pub use capacity::{CapacityAction, SpaceState, Usage};
 pub use command::{Command, COMMAND_FORMAT_VERSION};
 pub use error::FsmError;
 pub use page::{

@@ -260,7 +260,9 @@ pub(crate) fn install(w: &mut Writer, mut state: State, revision: u64) {
     state.revision = revision;
     w.state = state;
     w.history = History::default();
+    w.history_bytes = 0;
     w.oldest_retained_revision = revision;
+    w.space = w.space.settle(w.state.usage.bytes);
     w.unpublished.clear();
     w.registry.close_all(REASON_RESTORE);
     assert_eq!(w.registry.len(), 0, "a restore leaves no watch open");

@@ -9,7 +9,7 @@ use imbl::ordmap;
 use crate::key::Key;
 use crate::restore::{install, PendingRestore, RestoreTable};
 use crate::store::{Published, Shared};
-use crate::{ClusterVersionState, FsmError, StoredResource};
+use crate::{ClusterVersionState, FsmError, SpaceState, StoredResource};
 
 /// The format of the resources a [`Snapshot`] yields: each is a complete
 /// `cairn.v1.Resource` with its assigned version, as stored (its encoding is
@@ -30,6 +30,8 @@ pub struct Snapshot {
     /// The cluster version at `applied_index` ([`crate::ClusterVersionState`]): part of
     /// the replicated state, so a node that installs the image takes it too.
     pub cluster: ClusterVersionState,
+    /// The space quota and its alarm at `applied_index` (replicated, like `cluster`).
+    pub space: SpaceState,
     len: usize,
     resources: ordmap::ConsumingIter<Key, StoredResource, imbl::shared_ptr::DefaultSharedPtr>,
 }
@@ -48,6 +50,7 @@ impl Snapshot {
                 resources: p.table.state.resources.clone().into_iter(),
             }),
             cluster: published.cluster,
+            space: published.space,
             len: state.resources.len(),
             // O(1): the map is shared, and copied out element by element as
             // the iteration proceeds.
@@ -122,6 +125,7 @@ pub struct Restoration {
     table: RestoreTable,
     pending: Option<PendingRestore>,
     cluster: ClusterVersionState,
+    space: SpaceState,
 }
 
 impl Restoration {
@@ -131,7 +135,14 @@ impl Restoration {
             table: RestoreTable::default(),
             pending: None,
             cluster: ClusterVersionState::default(),
+            space: SpaceState::default(),
         }
+    }
+
+    /// Declares the space quota and alarm the image was taken with (none: the default).
+    /// The commit installs them.
+    pub fn set_space(&mut self, space: SpaceState) {
+        self.space = space;
     }
 
     /// Declares the cluster version the image was taken at (an image that names none was
@@ -213,6 +224,7 @@ impl Restoration {
         install(&mut w, table.state, applied_index);
         w.pending = self.pending.take();
         w.cluster = self.cluster;
+        w.space = self.space.settle(w.state.usage.bytes);
         self.shared.publish(&mut w);
         Ok(())
     }

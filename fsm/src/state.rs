@@ -6,6 +6,7 @@ use std::sync::Arc;
 use cairn_proto::v1::{Id, Tenancy, Type};
 use imbl::OrdMap;
 
+use crate::capacity::Usage;
 use crate::key::{self, Key};
 use crate::{FsmError, ReadScope, StoredResource};
 
@@ -20,6 +21,51 @@ pub(crate) struct State {
     pub resources: OrdMap<Key, StoredResource>,
     /// Owner-index entry (owner prefix ++ storage key) -> the owned resource.
     pub owned: OrdMap<Key, StoredResource>,
+    /// What the table accounts for ([`crate::capacity`]): every stored resource.
+    pub usage: Usage,
+    /// The same per type and tenancy (`group NUL kind NUL partition NUL namespace`, the
+    /// storage key without its name); only non-empty ones are held.
+    pub by_type: OrdMap<Key, Usage>,
+    /// The same per tenancy (`partition NUL namespace`); only non-empty ones are held.
+    pub by_tenancy: OrdMap<Key, Usage>,
+}
+
+/// The type-and-tenancy part of a storage key (`group NUL kind NUL partition NUL
+/// namespace`): the key without its last field, the name.
+pub(crate) fn type_key(storage_key: &str) -> &str {
+    match storage_key.rfind(key::SEPARATOR) {
+        Some(end) => &storage_key[..end],
+        None => unreachable!("a storage key has five fields"),
+    }
+}
+
+/// The tenancy part of a type key (`partition NUL namespace`).
+pub(crate) fn tenancy_key(type_key: &str) -> &str {
+    let mut separators = type_key.match_indices(key::SEPARATOR).map(|(i, _)| i);
+    match separators.nth(1) {
+        Some(start) => &type_key[start + 1..],
+        None => unreachable!("a type key has four fields"),
+    }
+}
+
+/// Adds (`add`) or removes `bytes` of one resource under `key` in `map`, dropping an entry
+/// that becomes empty.
+fn count(map: &mut OrdMap<Key, Usage>, key: &str, bytes: u64, add: bool) {
+    match map.get_mut(key) {
+        Some(usage) => {
+            usage.change(bytes, add);
+            if usage.count == 0 {
+                assert_eq!(usage.bytes, 0, "an empty tenant holds no bytes");
+                map.remove(key);
+            }
+        }
+        None => {
+            assert!(add, "a resource removed was counted");
+            let mut usage = Usage::default();
+            usage.change(bytes, true);
+            map.insert(Key::from(key), usage);
+        }
+    }
 }
 
 impl State {
@@ -37,6 +83,12 @@ impl State {
                 assert!(removed.is_some(), "owner index holds every owned resource");
             }
         }
+        if let Some(old) = &previous {
+            self.account(key, old.accounted_bytes(key.len()), false);
+        }
+        if let Some(new) = &value {
+            self.account(key, new.accounted_bytes(key.len()), true);
+        }
         if let (Some(entry), Some(v)) = (new_entry, value) {
             self.owned.insert(entry, v);
         }
@@ -48,6 +100,32 @@ impl State {
     }
 }
 
+impl State {
+    /// Counts one resource at `key` in (`add`) or out of the usage totals.
+    fn account(&mut self, key: &str, bytes: u64, add: bool) {
+        self.usage.change(bytes, add);
+        let type_key = type_key(key);
+        count(&mut self.by_type, type_key, bytes, add);
+        count(&mut self.by_tenancy, tenancy_key(type_key), bytes, add);
+        assert!(
+            self.by_type.len() as u64 <= self.usage.count
+                && self.by_tenancy.len() <= self.by_type.len(),
+            "every tenant entry holds a resource"
+        );
+    }
+
+    /// The usage of the type (`group`, `kind`) in the tenancy, and of the tenancy.
+    pub fn tenant_usage(&self, type_key: &str) -> (Usage, Usage) {
+        let type_usage = self.by_type.get(type_key).copied().unwrap_or_default();
+        let tenancy_usage = self
+            .by_tenancy
+            .get(tenancy_key(type_key))
+            .copied()
+            .unwrap_or_default();
+        (type_usage, tenancy_usage)
+    }
+}
+
 /// One change kept in the history: the resource at `key` before and after
 /// the entry at `revision` (None = absent). At least one side is present.
 #[derive(Clone)]
@@ -56,6 +134,13 @@ pub(crate) struct Change {
     pub key: Key,
     pub before: Option<StoredResource>,
     pub after: Option<StoredResource>,
+}
+
+impl Change {
+    /// The bytes of its before-image: what the history holds that the table may no longer.
+    pub fn before_bytes(&self) -> u64 {
+        self.before.as_ref().map_or(0, |b| b.encoded().len() as u64)
+    }
 }
 
 /// A consistent, immutable point-in-time view of the table. Cheap to clone;
@@ -140,6 +225,25 @@ impl View {
             .cloned()
             .collect();
         (found.len() <= results_max).then_some(found)
+    }
+
+    /// What the table accounts for ([`crate::capacity`]).
+    pub fn usage(&self) -> Usage {
+        self.state.usage
+    }
+
+    /// The usage of each type in each tenancy: `([group, kind, partition, namespace],
+    /// usage)`, in that order.
+    pub fn usage_by_type(&self) -> Vec<([String; 4], Usage)> {
+        self.state
+            .by_type
+            .iter()
+            .map(|(k, usage)| {
+                let mut fields = k.split(key::SEPARATOR).map(str::to_string);
+                let mut next = || fields.next().unwrap_or_default();
+                ([next(), next(), next(), next()], *usage)
+            })
+            .collect()
     }
 
     /// How many resources the view holds.

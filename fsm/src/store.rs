@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use cairn_proto::v1::{Id, Resource};
 use parking_lot::{Mutex, MutexGuard, RwLock};
+use prost::Message;
 
 use crate::history::History;
 use crate::key::{self, Key};
@@ -12,6 +13,7 @@ use crate::restore::{self, PendingRestore, PendingRestoreStatus};
 use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
 use crate::validate::{validate_id, validate_list, validate_write, Limits};
+use crate::capacity::{self, SpaceRefusal, SpaceState, TenantGrowth};
 use crate::version::{ClusterVersionState, Feature};
 use crate::watch::{self, Registry, Watch, WatchFilter};
 use crate::{Command, FsmError, StoredResource};
@@ -36,6 +38,8 @@ pub enum Applied {
     Batch(Vec<Result<Applied, FsmError>>),
     /// The cluster version after a [`Command::ClusterVersion`].
     ClusterVersion(ClusterVersionState),
+    /// The space quota and alarm after a [`Command::Capacity`].
+    Capacity(SpaceState),
 }
 
 /// What readers see: the latest state and the history that leads to it.
@@ -48,6 +52,8 @@ pub(crate) struct Published {
     pub pending: Option<PendingRestore>,
     /// The cluster version at `state.revision`.
     pub cluster: ClusterVersionState,
+    /// The space quota and its alarm at `state.revision`.
+    pub space: SpaceState,
 }
 
 /// Everything the single writer owns.
@@ -66,6 +72,11 @@ pub(crate) struct Writer {
     pub pending: Option<PendingRestore>,
     /// The cluster version (`crate::version`); an online restore leaves it alone.
     pub cluster: ClusterVersionState,
+    /// The space quota and its alarm (`crate::capacity`); an online restore leaves them.
+    pub space: SpaceState,
+    /// The bytes of the resources the history holds that the table no longer does (the
+    /// before-images of its changes).
+    pub history_bytes: u64,
     /// Changes applied in the current batch, not yet sent to watches. Kept
     /// here so its capacity is reused from batch to batch.
     pub unpublished: Vec<Change>,
@@ -89,12 +100,17 @@ pub(crate) struct Shared {
 impl Shared {
     /// Makes the writer's state the one readers see.
     pub(crate) fn publish(&self, w: &mut Writer) {
+        assert!(
+            w.space.holds_with(w.state.usage.bytes),
+            "a raised NOSPACE alarm has a quota and usage above its low-water mark"
+        );
         let next = Arc::new(Published {
             state: Arc::new(w.state.clone()),
             history: w.history.clone(),
             oldest_retained_revision: w.oldest_retained_revision,
             pending: w.pending.clone(),
             cluster: w.cluster,
+            space: w.space,
         });
         let previous = {
             let mut guard = self.published.write();
@@ -122,6 +138,7 @@ impl Store {
             oldest_retained_revision: 0,
             pending: None,
             cluster: ClusterVersionState::default(),
+            space: SpaceState::default(),
         };
         Store {
             shared: Arc::new(Shared {
@@ -136,6 +153,8 @@ impl Store {
                     registry: Registry::default(),
                     pending: None,
                     cluster: ClusterVersionState::default(),
+                    space: SpaceState::default(),
+                    history_bytes: 0,
                     unpublished: Vec::new(),
                     dirty: false,
                 }),
@@ -202,6 +221,67 @@ impl Store {
     /// The cluster version as of [`Store::applied_index`] (`crate::version`).
     pub fn cluster_version(&self) -> ClusterVersionState {
         self.shared.published.read().cluster
+    }
+
+    /// The space quota and its alarm as of [`Store::applied_index`] (`crate::capacity`).
+    pub fn space(&self) -> SpaceState {
+        self.shared.published.read().space
+    }
+
+    /// Bytes the history holds of resources the table no longer does (bounded by
+    /// [`Limits::history_bytes_max`]).
+    pub fn history_bytes(&self) -> u64 {
+        self.shared.writer.lock().history_bytes
+    }
+
+    /// The capacity rules ([`crate::capacity`]) for `command` against the latest state:
+    /// what the node checks before it proposes a write, so that a write over a quota is
+    /// refused before it reaches the log. Apply checks again with the exact size. Only
+    /// writes and status writes can be refused; a write whose other checks fail (a CAS
+    /// failure, an absent resource) passes here and fails at apply.
+    pub fn check_capacity(&self, command: &Command) -> Result<(), FsmError> {
+        let published = self.shared.published.read().clone();
+        let state = &published.state;
+        if published.space == SpaceState::default() && !any_quota(state) {
+            return Ok(());
+        }
+        let resource = match command {
+            Command::Write { resource } => std::borrow::Cow::Borrowed(resource),
+            Command::WriteStatus {
+                id,
+                key,
+                status,
+                version,
+            } => match with_status(
+                state,
+                &self.shared.limits,
+                id,
+                key.clone(),
+                status.clone(),
+                version,
+            ) {
+                Ok(resource) => std::borrow::Cow::Owned(resource),
+                Err(_) => return Ok(()),
+            },
+            _ => return Ok(()),
+        };
+        let Some(id) = resource.id.as_ref() else {
+            return Ok(());
+        };
+        let key = key::storage_key(id);
+        let stored = state.resources.get(key.as_str());
+        let owner_entry_len = resource
+            .owner
+            .as_ref()
+            .map(|owner| key::owner_entry(owner, &key).len());
+        let growth = TenantGrowth {
+            count: i64::from(stored.is_none()),
+            bytes: capacity::accounted_bytes(resource.encoded_len(), key.len(), owner_entry_len)
+                as i64
+                - stored.map_or(0, |s| s.accounted_bytes(key.len()) as i64),
+        };
+        check_capacity(state, published.space, &key, growth)
+            .map_err(|refusal| refusal.into_error(state, published.space, growth))
     }
 
     /// The oldest revision that [`Store::view_at`] and [`Store::watch`] can
@@ -388,6 +468,7 @@ impl Batch<'_> {
             Command::Batch { .. }
             | Command::RestoreChunk { .. }
             | Command::WriteStatus { .. }
+            | Command::Capacity { .. }
             | Command::ClusterVersion { .. } => self.apply_owned(index, command.clone()),
             other => self.restore(index, other),
         }
@@ -436,6 +517,13 @@ impl Batch<'_> {
                 w.cluster = w.cluster.decide(action, version)?;
                 Ok(Applied::ClusterVersion(w.cluster))
             }
+            Command::Capacity { action } => {
+                self.advance(index);
+                let w = &mut *self.writer;
+                w.cluster.require(Feature::Capacity)?;
+                w.space = w.space.act(action, index, w.state.usage.bytes);
+                Ok(Applied::Capacity(w.space))
+            }
             Command::WriteStatus {
                 id,
                 key,
@@ -445,7 +533,7 @@ impl Batch<'_> {
                 self.advance(index);
                 self.writer.cluster.require(Feature::StatusWrites)?;
                 let resource = with_status(
-                    &self.writer,
+                    &self.writer.state,
                     &self.shared.apply_limits,
                     &id,
                     key,
@@ -474,6 +562,7 @@ impl Batch<'_> {
             | Command::RestoreChunk { .. }
             | Command::Batch { .. }
             | Command::ClusterVersion { .. }
+            | Command::Capacity { .. }
             | Command::WriteStatus { .. } => unreachable!("handled by the caller"),
         }
     }
@@ -551,14 +640,24 @@ impl Batch<'_> {
         if history_changes_max == 0 {
             w.oldest_retained_revision = change.revision;
         } else {
+            w.history_bytes += change.before_bytes();
             w.history.push(change.clone());
-            while w.history.len() > history_changes_max {
+            let history_bytes_max = self.shared.limits.history_bytes_max as u64;
+            while w.history.len() > history_changes_max
+                || (w.history_bytes > history_bytes_max && w.history.len() > 1)
+            {
+                let oldest = w.history.get(w.history.start()).map(Change::before_bytes);
                 if let Some(evicted) = w.history.pop_front() {
+                    w.history_bytes -= oldest.unwrap_or(0);
                     w.oldest_retained_revision = evicted;
                 }
             }
         }
         assert!(w.history.len() <= history_changes_max);
+        assert!(
+            w.history.len() <= 1 || w.history_bytes <= self.shared.limits.history_bytes_max as u64,
+            "the history holds at most history_bytes_max bytes, or one change"
+        );
         assert!(w.oldest_retained_revision <= w.state.revision);
         w.unpublished.push(change);
     }
@@ -624,8 +723,30 @@ fn write(
     })?;
     // The final bytes are known only now (the version is this index): the
     // one encoding of this resource, which every answer will send.
+    // The capacity rules hold from cluster version 0.2 on: a 0.1 build applies none.
+    let capacity_rules = w.cluster.require(Feature::Capacity).is_ok();
+    if capacity_rules {
+        capacity::validate_quota_write(given)?;
+    }
     let after = input.stored_with_version(index, &key);
+    let stored = w.state.resources.get(&key);
+    let growth = TenantGrowth {
+        count: i64::from(stored.is_none()),
+        bytes: after.accounted_bytes(key.len()) as i64
+            - stored.map_or(0, |s| s.accounted_bytes(key.len()) as i64),
+    };
+    let checked = match capacity_rules {
+        true => check_capacity(&w.state, w.space, &key, growth),
+        false => Ok(()),
+    };
+    checked.inspect_err(|refusal| {
+        if let Refused::Space(SpaceRefusal::Quota) = refusal {
+            // Passing the quota raises NOSPACE, at this entry, on every replica.
+            w.space = w.space.act(capacity::CapacityAction::RaiseAlarm, index, w.state.usage.bytes);
+        }
+    }).map_err(|refusal| refusal.into_error(&w.state, w.space, growth))?;
     let before = w.state.set(&key, Some(after.clone()));
+    w.space = w.space.settle(w.state.usage.bytes);
     w.version_issued_max = index;
     Ok(Change {
         revision: index,
@@ -635,13 +756,92 @@ fn write(
     })
 }
 
+/// Why [`check_capacity`] refused a write.
+pub(crate) enum Refused {
+    Space(SpaceRefusal),
+    Tenant(FsmError),
+}
+
+impl Refused {
+    pub(crate) fn into_error(self, state: &State, space: SpaceState, growth: TenantGrowth) -> FsmError {
+        match self {
+            Refused::Space(refusal) => {
+                space.refusal_error(refusal, state.usage.bytes, growth.bytes.max(0) as u64)
+            }
+            Refused::Tenant(error) => error,
+        }
+    }
+}
+
+/// The capacity rules for a write that changes the table by `growth` at the storage key
+/// `key`: the space quota ([`capacity::space_decision`]), then the quotas of the write's
+/// tenancy ([`capacity::tenant_decision`]; a quota itself is never held back by one). The
+/// same at apply and before proposing ([`Store::check_capacity`]).
+pub(crate) fn check_capacity(
+    state: &State,
+    space: SpaceState,
+    key: &str,
+    growth: TenantGrowth,
+) -> Result<(), Refused> {
+    capacity::space_decision(space, state.usage.bytes, growth.bytes).map_err(Refused::Space)?;
+    let type_key = crate::state::type_key(key);
+    let [group, kind, ..] = key::fields(key);
+    if capacity::is_quota_type(group, kind) {
+        return Ok(());
+    }
+    let quotas = quotas_of(state, crate::state::tenancy_key(type_key));
+    if quotas.is_empty() {
+        return Ok(());
+    }
+    let (type_usage, tenancy_usage) = state.tenant_usage(type_key);
+    capacity::tenant_decision(&quotas, group, kind, tenancy_usage, type_usage, growth)
+        .map_err(Refused::Tenant)
+}
+
+/// Whether any tenant quota is stored (one lookup in the per-type usage).
+fn any_quota(state: &State) -> bool {
+    const QUOTA_TYPES: &str = "cairn\0Quota\0";
+    const _: () = assert!(key::SEPARATOR == '\0');
+    debug_assert_eq!(
+        QUOTA_TYPES,
+        format!("{}\0{}\0", capacity::QUOTA_GROUP, capacity::QUOTA_KIND)
+    );
+    state
+        .by_type
+        .range::<_, str>((std::ops::Bound::Included(QUOTA_TYPES), std::ops::Bound::Unbounded))
+        .next()
+        .is_some_and(|(k, _)| k.starts_with(QUOTA_TYPES))
+}
+
+/// The quotas stored for the tenancy `tenancy_key` (`partition NUL namespace`), by name.
+/// A quota whose data no longer parses (it cannot be written so) is skipped.
+fn quotas_of(state: &State, tenancy_key: &str) -> Vec<(String, Vec<(capacity::QuotaLimit, u64)>)> {
+    let sep = key::SEPARATOR;
+    // Most clusters hold no quota at all: one lookup.
+    if !any_quota(state) {
+        return Vec::new();
+    }
+    let quota_types = format!("{}{sep}{}{sep}", capacity::QUOTA_GROUP, capacity::QUOTA_KIND);
+    let prefix = format!("{quota_types}{tenancy_key}{sep}");
+    state
+        .resources
+        .range::<_, str>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded))
+        .take_while(|(k, _)| k.starts_with(prefix.as_str()))
+        .filter_map(|(k, stored)| {
+            let resource = stored.resource();
+            let limits = capacity::parse_quota(resource.data.as_ref()).ok()?;
+            Some((k[prefix.len()..].to_string(), limits))
+        })
+        .collect()
+}
+
 /// The resource `id` with its status entry `key` replaced by `status`: the status-write
 /// rules (`docs/contract.md`), checked in this order: the id and key are valid, the uid is
 /// given, a resource with that uid is stored (else NotFound), and `version`, when not empty,
 /// is the stored one (else a CAS failure). The result keeps the stored version, so the
 /// write that stores it passes its own checks; its generation is the stored one.
 fn with_status(
-    w: &Writer,
+    state: &State,
     limits: &Limits,
     id: &Id,
     key: String,
@@ -650,7 +850,7 @@ fn with_status(
 ) -> Result<Resource, FsmError> {
     crate::validate::validate_write_status(id, &key, &status, version, limits)?;
     let stored = key::with_storage_key(id, |storage_key| {
-        w.state.resources.get(storage_key).cloned()
+        state.resources.get(storage_key).cloned()
     });
     let Some(stored) = stored.filter(|s| s.uid() == id.uid) else {
         return Err(FsmError::NotFound);
@@ -695,6 +895,7 @@ fn delete(
     };
     let before = w.state.set(&key, None);
     assert!(before.is_some(), "a delete removes what it found");
+    w.space = w.space.settle(w.state.usage.bytes);
     Ok(Some(Change {
         revision: index,
         key,

@@ -157,6 +157,16 @@ impl StoredResource {
         ""
     }
 
+    /// What this resource counts for in the table's usage, stored under a key of
+    /// `key_len` bytes ([`crate::capacity::accounted_bytes`]).
+    pub fn accounted_bytes(&self, key_len: usize) -> u64 {
+        crate::capacity::accounted_bytes(
+            self.0.encoded.len(),
+            key_len,
+            self.0.owner_entry.as_ref().map(|e| e.len()),
+        )
+    }
+
     pub(crate) fn owner_entry(&self) -> Option<&Key> {
         self.0.owner_entry.as_ref()
     }

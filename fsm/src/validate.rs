@@ -26,6 +26,10 @@ pub struct Limits {
     pub name_bytes_max: usize,
     /// How many changes the history keeps for past reads and watch replays.
     pub history_changes_max: usize,
+    /// How many bytes of resources the table no longer holds the history may keep (the
+    /// older images of changed and deleted resources); the oldest changes go first, and
+    /// the newest is always kept.
+    pub history_bytes_max: usize,
     /// Capacity of each watch's buffer of live events; a watch whose buffer
     /// is full when an event arrives is closed as lagging.
     pub watch_buffer_events: usize,
@@ -81,6 +85,7 @@ impl Default for Limits {
             resource_bytes_max: 1024 * 1024,
             name_bytes_max: 256,
             history_changes_max: 10_000,
+            history_bytes_max: 256 * 1024 * 1024,
             watch_buffer_events: 4096,
             metadata_entries_max: 64,
             list_results_max: 100_000,

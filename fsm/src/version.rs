@@ -99,13 +99,15 @@ pub enum VersionAction {
 pub enum Feature {
     /// `WriteStatus` ([`crate::Command::WriteStatus`]).
     StatusWrites,
+    /// The space quota and its alarm ([`crate::Command::Capacity`]).
+    Capacity,
 }
 
 impl Feature {
     /// The lowest cluster version that enables it.
     pub fn since(self) -> ClusterVersion {
         match self {
-            Feature::StatusWrites => ClusterVersion::new(0, 2),
+            Feature::StatusWrites | Feature::Capacity => ClusterVersion::new(0, 2),
         }
     }
 
@@ -113,6 +115,7 @@ impl Feature {
     pub fn name(self) -> &'static str {
         match self {
             Feature::StatusWrites => "WriteStatus",
+            Feature::Capacity => "the space quota and its alarm",
         }
     }
 }

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use cairn_fsm::{ClusterVersion, Command, VersionAction};
+use cairn_fsm::{CapacityAction, ClusterVersion, Command, VersionAction};
 use cairn_proto::google::protobuf::{Any, Timestamp};
 use cairn_proto::v1::{condition, Condition, Id, Reference, Resource, Status, Tenancy, Type};
 use cairn_test_support::fixtures::{self, FixtureDir};
@@ -190,6 +190,24 @@ fn samples() -> Vec<(&'static str, Command)> {
                 key: "consul.io/health-controller".into(),
                 status: status(),
                 version: "43".into(),
+            },
+        ),
+        (
+            "command-capacity-set-quota.bin",
+            Command::Capacity {
+                action: CapacityAction::SetQuota(256 * 1024 * 1024),
+            },
+        ),
+        (
+            "command-capacity-raise-alarm.bin",
+            Command::Capacity {
+                action: CapacityAction::RaiseAlarm,
+            },
+        ),
+        (
+            "command-capacity-disarm-alarm.bin",
+            Command::Capacity {
+                action: CapacityAction::DisarmAlarm,
             },
         ),
     ]

@@ -232,7 +232,13 @@ impl Admin {
             .await
             .unwrap_or(0);
         let cluster = self.raft.store.cluster_version();
+        let space = self.raft.store.space();
+        let data_bytes = self.raft.store.view().usage().bytes;
         pb::StatusResponse {
+            data_bytes,
+            data_bytes_quota: space.quota_bytes,
+            data_bytes_max: self.raft.contacts.own_data_bytes_max(),
+            alarms: crate::raft::capacity::alarms(space, data_bytes),
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             data_dir_bytes,
@@ -394,6 +400,21 @@ impl Admin {
         Ok(pb::ClusterVersionResponse {
             cluster_version: state.version.to_string(),
             cluster_version_downgrade: state.downgrade.map(|v| v.to_string()).unwrap_or_default(),
+            log_index,
+        })
+    }
+
+    /// `cairn alarm list` (this node's view) and `cairn alarm disarm` (on the leader,
+    /// through the log).
+    pub async fn alarm(&self, disarm: bool) -> Result<pb::AlarmResponse, ApiError> {
+        let (log_index, space) = if disarm {
+            crate::raft::capacity::propose(&self.raft, cairn_fsm::CapacityAction::DisarmAlarm)
+                .await?
+        } else {
+            (0, self.raft.store.space())
+        };
+        Ok(pb::AlarmResponse {
+            alarms: crate::raft::capacity::alarms(space, self.raft.store.view().usage().bytes),
             log_index,
         })
     }
@@ -692,6 +713,14 @@ impl AdminService for Admin {
         Ok(Response::new(
             self.change_cluster_version(downgrade_to).await?,
         ))
+    }
+
+    async fn alarm(
+        &self,
+        r: Request<pb::AlarmRequest>,
+    ) -> Result<Response<pb::AlarmResponse>, Status> {
+        self.auth.require_admin(&r, AdminOperation::Alarm)?;
+        Ok(Response::new(self.alarm(r.into_inner().disarm).await?))
     }
 
     async fn trigger_election(

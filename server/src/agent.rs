@@ -64,6 +64,7 @@ pub fn limits(config: &Config) -> cairn_fsm::Limits {
         resource_bytes_max: config.resource_bytes_max,
         name_bytes_max: config.name_bytes_max,
         history_changes_max: config.history_changes_max,
+        history_bytes_max: usize::try_from(config.capacity().1).unwrap_or(usize::MAX),
         watch_buffer_events: config.watch_buffer_events,
         metadata_entries_max: config.metadata_entries_max,
         list_results_max: config.list_results_max,
@@ -203,6 +204,7 @@ impl Agent {
             tls: access.tls.clone(),
             own_peer_address: config.peer_address.clone(),
             unsafe_skip_fsync: config.unsafe_modes.unsafe_skip_fsync,
+            data_bytes_max: config.capacity().0,
         };
         for mode in config.unsafe_modes.enabled() {
             tracing::warn!("{mode}: DANGEROUS test-only mode on; this node breaks its contract");
@@ -407,6 +409,11 @@ impl Agent {
         tasks.spawn(
             "cluster version",
             crate::raft::cluster_version::raise_when_supported(raft.clone()),
+        );
+        // The leader sets the cluster's space quota to the lowest its members ask for.
+        tasks.spawn(
+            "space quota",
+            crate::raft::capacity::keep_quota(raft.clone()),
         );
         let (fatal_sender, fatal) = watch::channel(None);
         tasks.spawn(

@@ -144,6 +144,8 @@ pub enum AdminOperation {
     SaveSnapshot,
     RestoreSnapshot,
     ClusterVersion,
+    /// `cairn alarm list` and `cairn alarm disarm`.
+    Alarm,
 }
 
 /// What a request asks to do, with its fields already validated.

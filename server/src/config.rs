@@ -238,6 +238,15 @@ pub struct Config {
     pub snapshot_chunk_bytes: u64,
     /// MVCC history retained for reads at past revisions and watches from a revision.
     pub history_changes_max: usize,
+    /// ... and at most this many bytes of older images in it (absent: a share of the
+    /// node's memory, [`crate::memory::capacity_defaults`]).
+    #[serde(default)]
+    pub history_bytes_max: Option<u64>,
+    /// The space quota this node asks for: the bytes its table may account for
+    /// (`docs/operations.md`, "Capacity"). The cluster's quota is the lowest its members
+    /// ask for. Absent: a share of the node's memory ([`crate::memory::capacity_defaults`]).
+    #[serde(default)]
+    pub data_bytes_max: Option<u64>,
     pub resource_bytes_max: usize,
     pub watch_buffer_events: usize,
     /// Largest gRPC message on the client port, and of a forwarded request
@@ -426,6 +435,8 @@ impl Default for Config {
             snapshot_log_bytes: 64 * 1024 * 1024,
             snapshot_chunk_bytes: 4 * 1024 * 1024,
             history_changes_max: fsm.history_changes_max,
+            history_bytes_max: None,
+            data_bytes_max: None,
             resource_bytes_max: fsm.resource_bytes_max,
             watch_buffer_events: fsm.watch_buffer_events,
             client_message_bytes_max: 32 * 1024 * 1024,
@@ -642,6 +653,20 @@ impl Config {
     /// The settings whose values differ between `self` and `other`, by
     /// config key: those a reload leaves as they were at start (the
     /// `[auth]` table, grants and node token file, is reloaded).
+    /// `(data_bytes_max, history_bytes_max)`: as configured, or the shares of the memory
+    /// this node may use ([`crate::memory::capacity_defaults`]; a machine whose memory
+    /// cannot be read counts as 1 GiB).
+    pub fn capacity(&self) -> (u64, u64) {
+        let memory = crate::memory::memory_limit_bytes()
+            .map(|(bytes, _)| bytes)
+            .unwrap_or(1 << 30);
+        let (data, history) = crate::memory::capacity_defaults(memory);
+        (
+            self.data_bytes_max.unwrap_or(data),
+            self.history_bytes_max.unwrap_or(history),
+        )
+    }
+
     pub fn settings_changed(&self, other: &Config) -> Vec<String> {
         let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) =
             (serde_json::to_value(self), serde_json::to_value(other))
@@ -796,6 +821,12 @@ impl Config {
             self.history_changes_max,
             0..=100_000_000,
         )?;
+        if let Some(bytes) = self.data_bytes_max {
+            check_range("data_bytes_max", bytes, 1024 * 1024..=1 << 44)?;
+        }
+        if let Some(bytes) = self.history_bytes_max {
+            check_range("history_bytes_max", bytes, 0..=1 << 44)?;
+        }
         check_range("request_timeout_ms", self.request_timeout_ms, 100..=600_000)?;
         crate::logging::check_log_level(&self.log_level)
             .map_err(|reason| invalid("log_level", reason))?;

@@ -75,6 +75,7 @@ pub mod forward;
 pub mod grpc_metrics;
 pub mod limits;
 pub mod logging;
+pub mod memory;
 pub mod ops;
 pub mod raft;
 pub mod rate_limit;

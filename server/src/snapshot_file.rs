@@ -66,6 +66,14 @@ pub struct SnapshotHeader {
     pub cluster_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_version_downgrade: Option<String>,
+    /// The cluster's space quota at `last_log_index`, and the index that raised `NOSPACE`
+    /// if it was raised then (`cairn_fsm::SpaceState`): absent while they are the
+    /// defaults (none), so older readers see the files they wrote. A cluster restored from
+    /// a backup takes them, and its leader then sets the quota its own members ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub space_quota_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nospace_alarm_index: Option<u64>,
 }
 
 /// An online restore in progress when a Raft snapshot was taken.
@@ -105,6 +113,20 @@ impl SnapshotHeader {
         self.cluster_version =
             (state.version != baseline.version).then(|| state.version.to_string());
         self.cluster_version_downgrade = state.downgrade.map(|v| v.to_string());
+    }
+
+    /// The space quota and alarm the file records (none: the defaults).
+    pub fn space(&self) -> cairn_fsm::SpaceState {
+        cairn_fsm::SpaceState {
+            quota_bytes: self.space_quota_bytes.unwrap_or(0),
+            alarm_index: self.nospace_alarm_index,
+        }
+    }
+
+    /// Records `space`, leaving the fields out while they are the defaults.
+    pub fn set_space(&mut self, space: cairn_fsm::SpaceState) {
+        self.space_quota_bytes = (space.quota_bytes != 0).then_some(space.quota_bytes);
+        self.nospace_alarm_index = space.alarm_index;
     }
 
     /// Every record in the file: the table's, then the pending restore's.
@@ -350,6 +372,8 @@ impl<R: Read> SnapshotReader<R> {
                 pending_restore: None,
                 cluster_version: None,
                 cluster_version_downgrade: None,
+                space_quota_bytes: None,
+                nospace_alarm_index: None,
             },
             crc: 0,
             offset: 0,
@@ -543,6 +567,8 @@ mod tests {
             pending_restore: None,
             cluster_version: None,
             cluster_version_downgrade: None,
+            space_quota_bytes: None,
+            nospace_alarm_index: None,
         }
     }
 

@@ -30,6 +30,9 @@ pub struct Contacts {
     peers: Mutex<HashMap<NodeId, Peer>>,
     /// When this node last accepted a message of the leader of its term.
     leader: Mutex<Option<Instant>>,
+    /// This node's configured `data_bytes_max`, which its every Raft message and reply
+    /// reports (the leader sets the cluster's space quota to the lowest reported).
+    own_data_bytes_max: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -41,6 +44,8 @@ struct Peer {
     reported: bool,
     /// The highest cluster version its build supports, as its last reply said.
     supported: Option<ClusterVersion>,
+    /// Its configured `data_bytes_max`, as its last reply said (0: none reported).
+    data_bytes_max: u64,
 }
 
 /// What the log should say after a call to a peer (see the module docs).
@@ -89,10 +94,34 @@ impl Contacts {
         }
     }
 
-    /// `peer`'s reply said that its build supports cluster versions up to `version`.
-    pub fn reported_support(&self, peer: NodeId, version: ClusterVersion) {
+    /// `peer`'s reply said that its build supports cluster versions up to `version`, and
+    /// that its `data_bytes_max` is `data_bytes_max` (0: it says nothing).
+    pub fn reported_support(&self, peer: NodeId, version: ClusterVersion, data_bytes_max: u64) {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        peers.entry(peer).or_default().supported = Some(version);
+        let entry = peers.entry(peer).or_default();
+        entry.supported = Some(version);
+        entry.data_bytes_max = data_bytes_max;
+    }
+
+    /// The `data_bytes_max` `peer` reported, if it answered within `within` (0: it
+    /// reported none).
+    pub fn data_bytes_max_recently(&self, peer: NodeId, within: Duration) -> Option<u64> {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = peers.get(&peer)?;
+        let recent = entry.last_reply.is_some_and(|t| t.elapsed() <= within);
+        recent.then_some(entry.data_bytes_max)
+    }
+
+    /// Sets what this node reports as its `data_bytes_max`.
+    pub fn set_own_data_bytes_max(&self, bytes: u64) {
+        self.own_data_bytes_max
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What this node reports as its `data_bytes_max`.
+    pub fn own_data_bytes_max(&self) -> u64 {
+        self.own_data_bytes_max
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The highest cluster version `peer` supports, if it answered within `within`.

@@ -3,6 +3,7 @@
 //! conversion of openraft's errors into Cairn's. The rest of the node talks to
 //! [`RaftHandle`] only, so a move to another openraft version is contained here.
 
+pub mod capacity;
 mod check_quorum;
 pub mod cluster_version;
 pub mod contacts;
@@ -117,6 +118,9 @@ pub struct RaftSettings {
     /// DANGEROUS, test-only (`--unsafe-skip-fsync`): the Raft log skips its file and
     /// directory syncs.
     pub unsafe_skip_fsync: bool,
+    /// The space quota this node asks for (`data_bytes_max`), reported on every Raft
+    /// message; the leader sets the cluster's to the lowest reported ([`capacity`]).
+    pub data_bytes_max: u64,
 }
 
 /// A snapshot of this node's Raft state, for status and health.
@@ -171,6 +175,8 @@ pub struct RaftHandle {
     log_dir: PathBuf,
     /// When the peers and the leader were last heard from.
     pub contacts: Arc<contacts::Contacts>,
+    /// Whether a raise of `NOSPACE` is on its way ([`capacity::raise_alarm`]).
+    raising_alarm: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn leader_view_of(
@@ -388,6 +394,7 @@ impl RaftHandle {
         );
         network.set_write_stages(stages.clone());
         let contacts = Arc::new(contacts::Contacts::default());
+        contacts.set_own_data_bytes_max(settings.data_bytes_max);
         network.set_contacts(contacts.clone());
         let raft = Raft::new(
             node_id,
@@ -458,6 +465,7 @@ impl RaftHandle {
             log_store,
             log_dir,
             contacts,
+            raising_alarm: Default::default(),
         })
     }
 
@@ -565,6 +573,15 @@ impl RaftHandle {
         // Refused before proposing: not a proposal (a follower's forwarded writes come
         // here first, and must not count as failed proposals).
         self.require_leader()?;
+        // The quotas, on the leader, before the log (apply checks again with the exact
+        // size). A write the space quota refuses raises NOSPACE through the log.
+        if let Err(refusal) = self.store.check_capacity(&command) {
+            let space = self.store.space();
+            if cairn_fsm::capacity::is_space_refusal(&refusal) && space.alarm_index.is_none() {
+                capacity::raise_alarm(self, self.raising_alarm.clone());
+            }
+            return Err(refusal.into());
+        }
         let pending = series::Pending::start();
         let result = match command {
             Command::Write { .. } | Command::Delete { .. } => {

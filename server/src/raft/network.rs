@@ -246,6 +246,7 @@ impl Network {
             sender_node_id: self.node_id,
             cluster_version_supported_major: ClusterVersion::SUPPORTED_MAX.major,
             cluster_version_supported_minor: ClusterVersion::SUPPORTED_MAX.minor,
+            data_bytes_max: self.contacts.own_data_bytes_max(),
         }
     }
 
@@ -342,7 +343,7 @@ impl PeerClient {
                 }
             }
             let reply = response?.into_inner();
-            contacts.reported_support(target, supported_by(&reply));
+            contacts.reported_support(target, supported_by(&reply), reply.data_bytes_max);
             Ok(reply.payload)
         }
     }
@@ -850,6 +851,7 @@ impl RaftRpcService {
             sender_node_id: self.node_id,
             cluster_version_supported_major: ClusterVersion::SUPPORTED_MAX.major,
             cluster_version_supported_minor: ClusterVersion::SUPPORTED_MAX.minor,
+            data_bytes_max: self.contacts.own_data_bytes_max(),
         }))
     }
 }

@@ -122,6 +122,7 @@ fn restore_from_file(
     super::cluster_version::check_supported(cluster, &format!("the snapshot {}", path.display()))?;
     let mut restoration = store.restore();
     restoration.set_cluster_version(cluster);
+    restoration.set_space(header.space());
     if let Some(p) = &header.pending_restore {
         restoration.begin_pending(p.restore_id.clone(), p.resource_count, p.failure.clone());
     }
@@ -399,8 +400,11 @@ impl StateMachine {
                 }),
                 cluster_version: None,
                 cluster_version_downgrade: None,
+                space_quota_bytes: None,
+                nospace_alarm_index: None,
             };
             header.set_cluster_version(fsm_snapshot.cluster);
+            header.set_space(fsm_snapshot.space);
             return Ok((fsm_snapshot, header));
         }
     }
@@ -764,6 +768,8 @@ mod tests {
             pending_restore: None,
             cluster_version: None,
             cluster_version_downgrade: None,
+            space_quota_bytes: None,
+            nospace_alarm_index: None,
         }
     }
 

@@ -155,6 +155,8 @@ enum ReplyWire {
     },
     /// The cluster version after the entry: (major, minor), and the pinned downgrade's.
     ClusterVersion((u32, u32), Option<(u32, u32)>),
+    /// The space quota after the entry, and the index that raised NOSPACE, if raised.
+    Capacity(u64, Option<u64>),
 }
 
 impl ReplyWire {
@@ -170,6 +172,7 @@ impl ReplyWire {
                 (state.version.major, state.version.minor),
                 state.downgrade.map(|v| (v.major, v.minor)),
             ),
+            Ok(Applied::Capacity(space)) => ReplyWire::Capacity(space.quota_bytes, space.alarm_index),
             Ok(Applied::Batch(results)) => ReplyWire::Batch(
                 results
                     .iter()
@@ -212,6 +215,12 @@ impl<'de> Deserialize<'de> for Reply {
                     version: cairn_fsm::ClusterVersion::new(major, minor),
                     downgrade: downgrade
                         .map(|(major, minor)| cairn_fsm::ClusterVersion::new(major, minor)),
+                }))
+            }
+            ReplyWire::Capacity(quota_bytes, alarm_index) => {
+                Ok(Applied::Capacity(cairn_fsm::SpaceState {
+                    quota_bytes,
+                    alarm_index,
                 }))
             }
             // A reply only ever goes to the proposer on the node that applied
