@@ -368,6 +368,26 @@ impl ClusterReport {
             })
             .collect();
         print_table(&header, &rows);
+        if let Some(l) = self.leader.as_ref() {
+            out!("{}", describe_capacity(l));
+        }
+        let mut alarms: std::collections::BTreeMap<(String, u64), (String, Vec<u64>)> =
+            Default::default();
+        for m in &self.members {
+            for a in m.answer.iter().flat_map(|s| &s.alarms) {
+                let entry = alarms
+                    .entry((a.name.clone(), a.raised_index))
+                    .or_insert_with(|| (a.reason.clone(), Vec::new()));
+                entry.1.push(m.member.id);
+            }
+        }
+        for ((name, index), (reason, on)) in alarms {
+            let on: Vec<String> = on.iter().map(u64::to_string).collect();
+            out!(
+                "ALARM {name} raised at index {index} (members {}): {reason}",
+                on.join(", ")
+            );
+        }
         if let Some(p) = self
             .leader
             .as_ref()
@@ -429,6 +449,17 @@ impl ClusterReport {
                         ("version", json!(s.version)),
                         ("uptime_ms", json!(s.uptime_ms)),
                         ("data_dir_bytes", json!(s.data_dir_bytes)),
+                        ("data_bytes", json!(s.data_bytes)),
+                        ("data_bytes_quota", json!(s.data_bytes_quota)),
+                        ("data_bytes_max", json!(s.data_bytes_max)),
+                        (
+                            "alarms",
+                            json!(s
+                                .alarms
+                                .iter()
+                                .map(|a| json!({"name": a.name, "raised_index": a.raised_index, "reason": a.reason}))
+                                .collect::<Vec<_>>()),
+                        ),
                     ] {
                         map.insert(key.to_string(), value);
                     }
@@ -454,6 +485,24 @@ impl ClusterReport {
             "members": members,
         })
     }
+}
+
+/// The capacity line of `cairn status`: the data the leader's table accounts for, against
+/// the cluster's space quota.
+fn describe_capacity(s: &pb::StatusResponse) -> String {
+    if s.data_bytes_quota == 0 {
+        return format!(
+            "data: {} (no space quota set yet; this node asks for {})",
+            human_bytes(s.data_bytes),
+            human_bytes(s.data_bytes_max)
+        );
+    }
+    format!(
+        "data: {} of the space quota {} ({:.0} %)",
+        human_bytes(s.data_bytes),
+        human_bytes(s.data_bytes_quota),
+        s.data_bytes as f64 * 100.0 / s.data_bytes_quota as f64
+    )
 }
 
 /// Asks every member of the cluster (see the module docs).

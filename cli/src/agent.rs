@@ -63,6 +63,15 @@ pub struct AgentArgs {
     /// Changes kept for reads at past revisions and watches resuming from a revision.
     #[arg(long)]
     history_changes_max: Option<usize>,
+    /// ... and at most this many bytes of older resource images (default: 10 % of the
+    /// node's memory past 128 MiB; docs/operations.md, "Capacity").
+    #[arg(long)]
+    history_bytes_max: Option<u64>,
+    /// The space quota this node asks for, in accounted bytes (default: 40 % of the node's
+    /// memory, its cgroup's limit or the machine's, past 128 MiB; docs/operations.md,
+    /// "Capacity"). The cluster's quota is the lowest its members ask for.
+    #[arg(long)]
+    data_bytes_max: Option<u64>,
     /// Most bytes of entries in one AppendEntries to a lagging follower.
     #[arg(long)]
     replication_batch_bytes_max: Option<usize>,
@@ -237,6 +246,12 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     }
     if let Some(v) = a.history_changes_max {
         put("history_changes_max", v.into())
+    }
+    if let Some(v) = a.history_bytes_max {
+        put("history_bytes_max", v.into())
+    }
+    if let Some(v) = a.data_bytes_max {
+        put("data_bytes_max", v.into())
     }
     if let Some(v) = &a.log_level {
         put("log_level", v.clone().into())

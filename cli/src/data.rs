@@ -662,7 +662,9 @@ async fn write(client: &Client, c: &CommonArgs, a: WriteArgs) -> Result<Resource
 
 /// Creates the resource, or replaces whatever lifetime and version is
 /// stored (keeping its uid unless one is given), retrying CAS conflicts.
-async fn upsert(client: &Client, resource: Resource) -> Result<Resource, ClientError> {
+/// Creates `resource`, or replaces whatever lifetime of it is stored (compare-and-set,
+/// retried on a conflict): `cairn write --upsert`, and `cairn quota set`.
+pub(crate) async fn upsert(client: &Client, resource: Resource) -> Result<Resource, ClientError> {
     let id = resource.id.clone().unwrap_or_default();
     let any_lifetime = Id {
         uid: String::new(),

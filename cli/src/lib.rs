@@ -41,6 +41,7 @@
 pub mod admin;
 pub mod agent;
 pub mod bench;
+pub mod capacity;
 pub mod check;
 pub mod common;
 pub mod data;
@@ -90,6 +91,12 @@ enum Command {
     /// (docs/upgrading.md).
     #[command(subcommand)]
     Cluster(admin::ClusterCommand),
+    /// The cluster's alarms: `alarm list`, `alarm disarm` (docs/operations.md, "Capacity").
+    #[command(subcommand)]
+    Alarm(capacity::AlarmCommand),
+    /// Tenant quotas: `quota set NAME count=100 bytes=64Mi ...`, `quota list`, `quota delete`.
+    #[command(subcommand)]
+    Quota(capacity::QuotaCommand),
     /// Hand leadership to another voter (the most up-to-date one by default).
     TransferLeader(TransferArgs),
     /// Load generator: measure a running cluster (write, read, list, mixed, watch).
@@ -135,6 +142,8 @@ pub fn main() -> ExitCode {
         }
         Command::Member(m) => runtime().block_on(admin::member(m, global)),
         Command::Cluster(c) => runtime().block_on(admin::cluster(c, global)),
+        Command::Alarm(a) => runtime().block_on(capacity::alarm(a, global)),
+        Command::Quota(q) => runtime().block_on(capacity::quota(q, global)),
         Command::TransferLeader(t) => runtime().block_on(admin::transfer_leader(&t, global)),
         Command::Snapshot(s) => snapshot::run(s, global),
         Command::Data(d) => runtime().block_on(data::run(d)),

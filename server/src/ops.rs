@@ -76,6 +76,8 @@ pub struct Check {
     pub name: &'static str,
     /// Why it failed; `None` when it passed.
     pub failure: Option<String>,
+    /// What a passing check has to say (`?verbose` prints it).
+    pub detail: Option<String>,
 }
 
 impl Check {
@@ -83,6 +85,16 @@ impl Check {
         Check {
             name,
             failure: result.err(),
+            detail: None,
+        }
+    }
+
+    /// A check that passes, saying `detail`.
+    fn informing(name: &'static str, detail: String) -> Check {
+        Check {
+            name,
+            failure: None,
+            detail: Some(detail),
         }
     }
 }
@@ -114,9 +126,14 @@ impl Verdict {
         if verbose || !self.passed() {
             for check in &self.checks {
                 match &check.failure {
-                    None if verbose => {
-                        let _ = writeln!(body, "[+]{} ok", check.name);
-                    }
+                    None if verbose => match &check.detail {
+                        Some(detail) => {
+                            let _ = writeln!(body, "[+]{} ok: {detail}", check.name);
+                        }
+                        None => {
+                            let _ = writeln!(body, "[+]{} ok", check.name);
+                        }
+                    },
                     None => {}
                     Some(why) => {
                         let _ = writeln!(body, "[-]{} failed: {why}", check.name);
@@ -200,6 +217,21 @@ impl Probes {
     }
 
     /// `/readyz` and gRPC health: may this node serve clients now?
+    /// The space line of `/readyz?verbose`: usage, quota, and the alarm if raised.
+    fn describe_space(&self) -> String {
+        let space = self.raft.store.space();
+        let usage = self.raft.store.view().usage().bytes;
+        let quota = match space.quota_bytes {
+            0 => "no space quota set".to_string(),
+            q => format!("of the space quota {q} bytes"),
+        };
+        let alarms = crate::raft::capacity::alarms(space, usage);
+        match alarms.first() {
+            Some(alarm) => format!("{usage} bytes {quota}; ALARM {}: {}", alarm.name, alarm.reason),
+            None => format!("{usage} bytes {quota}"),
+        }
+    }
+
     pub async fn readiness(&self) -> Verdict {
         let mut checks = vec![self.fatal_check()];
         let status = self.raft.status();
@@ -258,6 +290,9 @@ impl Probes {
             Err("not (yet) in the cluster's membership".to_string())
         };
         checks.push(Check::new("member", member));
+        // NOSPACE does not make a node unready: reads, watches and deletes go on, and
+        // deleting is how room is made. It is shown here, in `cairn status` and in metrics.
+        checks.push(Check::informing("space", self.describe_space()));
         Verdict { checks }
     }
 }
@@ -352,6 +387,10 @@ pub const WATCHES_OPEN: &str = "cairn_watches_open";
 pub const WATCH_EVENTS_QUEUED: &str = "cairn_watch_events_queued_total";
 pub const WATCHES_CLOSED_LAGGING: &str = "cairn_watches_closed_lagging_total";
 pub const WATCH_UNREAD_BYTES: &str = "cairn_watch_unread_bytes";
+pub const DATA_BYTES: &str = "cairn_data_bytes";
+pub const DATA_BYTES_QUOTA: &str = "cairn_data_bytes_quota";
+pub const HISTORY_BYTES: &str = "cairn_history_bytes";
+pub const ALARM_ACTIVE: &str = "cairn_alarm_active";
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
@@ -386,6 +425,22 @@ fn describe() {
         WATCH_UNREAD_BYTES,
         "Bytes of watch events buffered and not yet read, over every watch."
     );
+    describe_gauge!(
+        DATA_BYTES,
+        "Bytes the state machine accounts for (docs/operations.md, Capacity)."
+    );
+    describe_gauge!(
+        DATA_BYTES_QUOTA,
+        "The cluster's space quota on cairn_data_bytes (0: none set)."
+    );
+    describe_gauge!(
+        HISTORY_BYTES,
+        "Bytes of older resource images the history holds (bounded by history_bytes_max)."
+    );
+    describe_gauge!(
+        ALARM_ACTIVE,
+        "1 while the alarm named by the label (NOSPACE) is raised, else 0."
+    );
     crate::raft::describe_metrics();
     crate::grpc_metrics::describe();
     cairn_raft_log::describe_metrics();
@@ -406,6 +461,11 @@ async fn record_state(probes: &Probes) {
     for (type_, count) in store.view().count_by_type() {
         metrics::gauge!(RESOURCES, "type" => type_).set(count as f64);
     }
+    let space = store.space();
+    metrics::gauge!(DATA_BYTES).set(store.view().usage().bytes as f64);
+    metrics::gauge!(DATA_BYTES_QUOTA).set(space.quota_bytes as f64);
+    metrics::gauge!(HISTORY_BYTES).set(store.history_bytes() as f64);
+    metrics::gauge!(ALARM_ACTIVE, "alarm" => "NOSPACE").set(flag(space.alarm_index.is_some()));
     let watches = store.watch_stats();
     metrics::gauge!(WATCHES_OPEN).set(watches.open as f64);
     metrics::gauge!(WATCH_UNREAD_BYTES).set(watches.unread_bytes as f64);
