@@ -305,7 +305,17 @@ impl Agent {
         let api = Arc::new(
             ResourceApi::new(forwarding.forwarder, auth.clone(), request_timeout)
                 .with_connection_limits(connection_limits.clone())
-                .with_unsafe_modes(config.unsafe_modes.clone()),
+                .with_unsafe_modes(config.unsafe_modes.clone())
+                .with_fairness(
+                    Arc::new(crate::fairness::Fairness::new(
+                        Duration::from_millis(config.client_rate_wait_ms_max),
+                        config.writes_in_flight_max,
+                    )),
+                    crate::fairness::Rates {
+                        requests_per_second: config.client_requests_per_second_max,
+                        bytes_per_second: config.client_bytes_per_second_max,
+                    },
+                ),
         );
         // Eventual reads are served once a read index confirmed since this start is applied
         // here; confirm one now rather than on the first read, so that a follower cut off

@@ -76,6 +76,9 @@ pub struct Grant {
     /// What the holder may see: read and write scopes together.
     visible: Arc<ReadScope>,
     pub admin: bool,
+    /// Its own rates, where its config gives them (`None`: the node's).
+    pub requests_per_second: Option<u64>,
+    pub bytes_per_second: Option<u64>,
 }
 
 impl Grant {
@@ -96,6 +99,8 @@ impl Grant {
             write,
             visible,
             admin: config.admin,
+            requests_per_second: config.requests_per_second,
+            bytes_per_second: config.bytes_per_second,
         }
     }
 
@@ -693,6 +698,7 @@ mod tests {
                 read,
                 write,
                 admin,
+                ..GrantConfig::default()
             })
             .unwrap(),
         ))

@@ -82,6 +82,13 @@ pub struct GrantConfig {
     /// Membership, leader transfer, elections, snapshot save and restore, status.
     #[serde(default)]
     pub admin: bool,
+    /// This grant's rate on each node: requests and request bytes per second (absent: the
+    /// node's `client_requests_per_second_max` / `client_bytes_per_second_max`; 0: no
+    /// limit). See [`crate::fairness`].
+    #[serde(default)]
+    pub requests_per_second: Option<u64>,
+    #[serde(default)]
+    pub bytes_per_second: Option<u64>,
 }
 
 /// A set of resources: every type matching one of `types` (`group.kind`,
@@ -276,6 +283,21 @@ pub struct Config {
     pub watches_max: usize,
     /// Most requests in flight on one client connection (watches not counted).
     pub requests_per_connection_max: usize,
+    /// The rate of each caller (a grant, or a connection without grants) that has none of
+    /// its own: requests and request bytes per second, with one second's burst; 0 = no
+    /// limit ([`crate::fairness`]).
+    #[serde(default)]
+    pub client_requests_per_second_max: u64,
+    #[serde(default)]
+    pub client_bytes_per_second_max: u64,
+    /// How long a request over its caller's rate may wait for its turn before it is
+    /// refused RESOURCE_EXHAUSTED.
+    #[serde(default = "default_client_rate_wait_ms_max")]
+    pub client_rate_wait_ms_max: u64,
+    /// Most writes (writes, deletes, status writes) in flight through this node; when all
+    /// are taken, callers get the freed ones in turn ([`crate::fairness::FairSlots`]).
+    #[serde(default = "default_writes_in_flight_max")]
+    pub writes_in_flight_max: usize,
     /// Largest backup `cairn snapshot restore` may upload.
     pub restore_upload_bytes_max: u64,
     /// Bytes of events buffered and not yet read, per watch and on the whole
@@ -418,6 +440,14 @@ impl UnsafeModes {
     }
 }
 
+fn default_client_rate_wait_ms_max() -> u64 {
+    1000
+}
+
+fn default_writes_in_flight_max() -> usize {
+    1024
+}
+
 impl Default for Config {
     fn default() -> Self {
         // The state machine's limits have one set of defaults: the fsm's.
@@ -450,6 +480,10 @@ impl Default for Config {
             watches_per_connection_max: 128,
             watches_max: 10_000,
             requests_per_connection_max: 256,
+            client_requests_per_second_max: 0,
+            client_bytes_per_second_max: 0,
+            client_rate_wait_ms_max: default_client_rate_wait_ms_max(),
+            writes_in_flight_max: default_writes_in_flight_max(),
             restore_upload_bytes_max: 4 * 1024 * 1024 * 1024,
             watch_buffer_bytes_max: fsm.watch_buffer_bytes_max,
             watch_buffers_bytes_max: fsm.watch_buffers_bytes_max,
@@ -1003,6 +1037,8 @@ impl Config {
             self.requests_per_connection_max,
             1..=100_000,
         )?;
+        check_range("client_rate_wait_ms_max", self.client_rate_wait_ms_max, 0..=600_000)?;
+        check_range("writes_in_flight_max", self.writes_in_flight_max, 1..=1_000_000)?;
         check_range(
             "restore_upload_bytes_max",
             self.restore_upload_bytes_max,

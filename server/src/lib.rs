@@ -70,6 +70,7 @@ pub mod config;
 pub mod connections;
 pub mod durable;
 pub mod embed;
+pub mod fairness;
 pub mod fatal;
 pub mod forward;
 pub mod grpc_metrics;

@@ -442,6 +442,7 @@ fn describe() {
         "1 while the alarm named by the label (NOSPACE) is raised, else 0."
     );
     crate::raft::describe_metrics();
+    crate::fairness::describe_metrics();
     crate::grpc_metrics::describe();
     cairn_raft_log::describe_metrics();
 }

@@ -73,6 +73,9 @@ pub struct ResourceApi {
     /// lists are answered as eventual ones, from this node's possibly stale state) and
     /// `--unsafe-drop-watch-events N` (every Nth change of each watch stream is dropped).
     unsafe_modes: crate::config::UnsafeModes,
+    /// Rate limits per caller and fair write slots (`None`: neither, as for the
+    /// in-process client).
+    fairness: Option<(Arc<crate::fairness::Fairness>, crate::fairness::Rates)>,
 }
 
 impl ResourceApi {
@@ -88,7 +91,19 @@ impl ResourceApi {
             connection_limits: None,
             watch_openers: Arc::default(),
             unsafe_modes: crate::config::UnsafeModes::default(),
+            fairness: None,
         }
+    }
+
+    /// Paces each caller to its rate (`default_rates` for a caller without its own) and
+    /// shares the write slots fairly ([`crate::fairness`]).
+    pub fn with_fairness(
+        mut self,
+        fairness: Arc<crate::fairness::Fairness>,
+        default_rates: crate::fairness::Rates,
+    ) -> ResourceApi {
+        self.fairness = Some((fairness, default_rates));
+        self
     }
 
     /// Bounds the watches open per connection and on the node.
@@ -137,19 +152,53 @@ impl ResourceApi {
         }
     }
 
-    /// Authenticates the request, then validates its message (`check`, one
-    /// of the executor's checks), then authorizes the action `what` derives
-    /// from it.
-    fn authorize<T, C>(
+    /// Authenticates the request, then validates its message (`check`, one of the
+    /// executor's checks), then authorizes the action `what` derives from it; then waits
+    /// for the caller's turn ([`crate::fairness`]): paced to its rate, and for a write
+    /// (`write`), a write slot, held until the returned permit is dropped.
+    async fn admit<T: prost::Message, C>(
         &self,
         r: &Request<T>,
         check: impl FnOnce(&Executor<NodeHandle>, &T) -> Result<C, ApiError>,
         what: impl FnOnce(&T) -> Result<Action<'_>, ApiError>,
-    ) -> Result<Visibility, ApiError> {
+        write: bool,
+        deadline: Instant,
+    ) -> Result<(Visibility, Option<crate::fairness::SlotPermit>), ApiError> {
         let caller = self.auth.caller(r)?;
         check(self.forwarder.executor(), r.get_ref())?;
         let action = what(r.get_ref())?;
-        authorize(&caller, &action)
+        let visibility = authorize(&caller, &action)?;
+        let Some((fairness, default_rates)) = &self.fairness else {
+            return Ok((visibility, None));
+        };
+        let (key, rates) = match &caller {
+            crate::auth::Caller::Granted(grant) => (
+                format!("grant {:?}", grant.name),
+                crate::fairness::Rates {
+                    requests_per_second: grant
+                        .requests_per_second
+                        .unwrap_or(default_rates.requests_per_second),
+                    bytes_per_second: grant
+                        .bytes_per_second
+                        .unwrap_or(default_rates.bytes_per_second),
+                },
+            ),
+            crate::auth::Caller::Unrestricted => (
+                match r.extensions().get::<ConnectionInfo>() {
+                    Some(c) => format!("the connection from {}", c.remote_address),
+                    None => "an in-process caller".to_string(),
+                },
+                *default_rates,
+            ),
+        };
+        fairness
+            .pace(&key, rates, r.get_ref().encoded_len() as u64, deadline)
+            .await?;
+        let permit = match write {
+            true => Some(fairness.write_slot(&key, deadline).await?),
+            false => None,
+        };
+        Ok((visibility, permit))
     }
 
     /// When a request must be answered by.
@@ -311,10 +360,18 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::ReadRequest>,
     ) -> Result<Response<shared::ReadResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.authorize(&r, Executor::check_read, |m| {
-            let (type_, tenancy) = id_parts(m.id.as_ref())?;
-            Ok(Action::Read { type_, tenancy })
-        })?;
+        self.0
+            .admit(
+                &r,
+                Executor::check_read,
+                |m| {
+                    let (type_, tenancy) = id_parts(m.id.as_ref())?;
+                    Ok(Action::Read { type_, tenancy })
+                },
+                false,
+                d,
+            )
+            .await?;
         Ok(Response::new(self.0.read(r.into_inner(), d).await?))
     }
 
@@ -323,14 +380,23 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::WriteRequest>,
     ) -> Result<Response<shared::WriteResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.authorize(&r, Executor::check_write, |m| {
-            let id = m
-                .resource
-                .as_ref()
-                .and_then(|resource| resource.id.as_ref());
-            let (type_, tenancy) = id_parts(id)?;
-            Ok(Action::Write { type_, tenancy })
-        })?;
+        let (_, _slot) = self
+            .0
+            .admit(
+                &r,
+                Executor::check_write,
+                |m| {
+                    let id = m
+                        .resource
+                        .as_ref()
+                        .and_then(|resource| resource.id.as_ref());
+                    let (type_, tenancy) = id_parts(id)?;
+                    Ok(Action::Write { type_, tenancy })
+                },
+                true,
+                d,
+            )
+            .await?;
         Ok(Response::new(self.0.write(r.into_inner(), d).await?))
     }
 
@@ -339,10 +405,19 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::DeleteRequest>,
     ) -> Result<Response<pb::DeleteResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.authorize(&r, Executor::check_delete, |m| {
-            let (type_, tenancy) = id_parts(m.id.as_ref())?;
-            Ok(Action::Write { type_, tenancy })
-        })?;
+        let (_, _slot) = self
+            .0
+            .admit(
+                &r,
+                Executor::check_delete,
+                |m| {
+                    let (type_, tenancy) = id_parts(m.id.as_ref())?;
+                    Ok(Action::Write { type_, tenancy })
+                },
+                true,
+                d,
+            )
+            .await?;
         Ok(Response::new(self.0.delete(r.into_inner(), d).await?))
     }
 
@@ -351,10 +426,19 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::WriteStatusRequest>,
     ) -> Result<Response<shared::WriteStatusResponse>, Status> {
         let d = self.0.deadline(&r);
-        self.0.authorize(&r, Executor::check_write_status, |m| {
-            let (type_, tenancy) = id_parts(m.id.as_ref())?;
-            Ok(Action::Write { type_, tenancy })
-        })?;
+        let (_, _slot) = self
+            .0
+            .admit(
+                &r,
+                Executor::check_write_status,
+                |m| {
+                    let (type_, tenancy) = id_parts(m.id.as_ref())?;
+                    Ok(Action::Write { type_, tenancy })
+                },
+                true,
+                d,
+            )
+            .await?;
         Ok(Response::new(self.0.write_status(r.into_inner(), d).await?))
     }
 
@@ -363,9 +447,16 @@ impl ResourceService for ResourceGrpc {
         r: Request<pb::ListRequest>,
     ) -> Result<Response<shared::ListResponse>, Status> {
         let d = self.0.deadline(&r);
-        let visible = self.0.authorize(&r, Executor::check_list, |m| {
-            list_action(m.r#type.as_ref(), m.tenancy.as_ref())
-        })?;
+        let (visible, _) = self
+            .0
+            .admit(
+                &r,
+                Executor::check_list,
+                |m| list_action(m.r#type.as_ref(), m.tenancy.as_ref()),
+                false,
+                d,
+            )
+            .await?;
         let answer = self
             .0
             .list(r.into_inner(), visible.read_scope().cloned(), d)
@@ -377,10 +468,17 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::ListByOwnerRequest>,
     ) -> Result<Response<shared::ListByOwnerResponse>, Status> {
-        let visible = self.0.authorize(&r, Executor::check_list_by_owner, |_| {
-            Ok(Action::ListByOwner)
-        })?;
         let deadline = self.0.deadline(&r);
+        let (visible, _) = self
+            .0
+            .admit(
+                &r,
+                Executor::check_list_by_owner,
+                |_| Ok(Action::ListByOwner),
+                false,
+                deadline,
+            )
+            .await?;
         let answer = self
             .0
             .list_by_owner(r.into_inner(), visible.read_scope().map(|s| &**s), deadline)
@@ -394,7 +492,7 @@ impl ResourceService for ResourceGrpc {
         &self,
         r: Request<pb::WatchListRequest>,
     ) -> Result<Response<GrpcWatchStream>, Status> {
-        // Authenticated first (as `ResourceApi::authorize` does), then
+        // Authenticated first (as `ResourceApi::admit` does), then
         // validated; authorized by the guard, now and again at every reload
         // of the grants.
         let caller = self.0.auth.watch_caller(&r)?;
