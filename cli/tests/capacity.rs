@@ -57,6 +57,23 @@ async fn alarms_per_member(endpoints: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Waits until the cluster runs at cluster version 0.2, where the capacity rules hold (a
+/// new cluster rises to it by itself within seconds). `extra` goes to `cairn status`.
+async fn wait_capacity_rules(endpoints: &str, extra: &[&str]) {
+    let mut args = vec!["status", "-o", "json"];
+    args.extend(extra);
+    let risen = eventually(Duration::from_secs(20), || {
+        let args = args.clone();
+        async move {
+            let run = cairn_at(endpoints, &args).await;
+            serde_json::from_str::<Value>(&run.stdout)
+                .is_ok_and(|s| s["cluster_version"] == "0.2")
+        }
+    })
+    .await;
+    assert!(risen, "the cluster version rises to 0.2");
+}
+
 /// A 64 KiB payload, as JSON.
 fn payload() -> String {
     format!(r#"{{"fill": "{}"}}"#, "x".repeat(64 * 1024))
@@ -193,18 +210,12 @@ async fn a_tenant_quota_refuses_a_write_over_it_and_names_itself() {
     let cluster = Cluster::start(ClusterOptions::new(binary(), 3));
     cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let endpoints = cluster.endpoints().join(",");
-    // The cluster rises to 0.2, where quotas hold, by itself within seconds.
-    let set = loop {
-        let run = cairn_at(
-            &endpoints,
-            &["quota", "set", "team", "--tenancy", "default/default", "count/demo.Thing=2"],
-        )
-        .await;
-        if run.code == 0 || !run.stderr.contains("cluster version") {
-            break run;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    wait_capacity_rules(&endpoints, &[]).await;
+    let set = cairn_at(
+        &endpoints,
+        &["quota", "set", "team", "--tenancy", "default/default", "count/demo.Thing=2"],
+    )
+    .await;
     assert_eq!(set.code, 0, "{set:?}");
     let bad = cairn_at(&endpoints, &["quota", "set", "bad", "pods=2"]).await;
     assert_eq!(bad.code, 2, "a malformed limit is a usage error: {bad:?}");
@@ -250,4 +261,68 @@ async fn a_tenant_quota_refuses_a_write_over_it_and_names_itself() {
     let deleted = cairn_at(&endpoints, &["quota", "delete", "team"]).await;
     assert_eq!(deleted.code, 0, "{deleted:?}");
     assert_eq!(write("d").await.code, 0, "no quota: no limit");
+}
+
+/// `cairn token new`: the token and its `token_sha256 = "..."` line.
+async fn new_token() -> (String, String) {
+    let run = client_support::cairn(&["token", "new"], None).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let mut lines = run.stdout.lines();
+    (
+        lines.next().expect("a token").to_string(),
+        lines.next().expect("a hash line").to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_grants_quotas_are_set_by_who_may_write_them_and_bind_every_tenant_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (admin, admin_hash) = new_token().await;
+    let (tenant, tenant_hash) = new_token().await;
+    let (quotas, quotas_hash) = new_token().await;
+    let node_token = dir.path().join("node.token");
+    std::fs::write(&node_token, &admin).unwrap();
+    let config = dir.path().join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth]\nnode_token_file = \"{}\"\n\n\
+             [[auth.grants]]\nname = \"harness\"\n{admin_hash}\nadmin = true\n\n\
+             [[auth.grants]]\nname = \"tenant\"\n{tenant_hash}\n\
+             write = {{ types = [\"demo.*\"], tenancies = [\"default/*\"] }}\n\n\
+             [[auth.grants]]\nname = \"quota-keeper\"\n{quotas_hash}\n\
+             write = {{ types = [\"cairn.Quota\"], tenancies = [\"*\"] }}\n",
+            node_token.display()
+        ),
+    )
+    .unwrap();
+    let mut options = ClusterOptions::new(binary(), 3);
+    options.extra_args = vec!["--config".into(), config.display().to_string()];
+    options.admin_token = Some(admin.clone());
+    let cluster = Cluster::start(options);
+    cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let endpoints = cluster.endpoints().join(",");
+    let as_ = |token: &str, args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend(["--token".into(), token.into()]);
+        let endpoints = endpoints.clone();
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            cairn_at(&endpoints, &all).await
+        }
+    };
+    // A tenant writer may not set its own quota.
+    let denied = as_(&tenant, &["quota", "set", "mine", "count=1000"]).await;
+    assert_eq!(denied.code, 6, "PERMISSION_DENIED: {denied:?}");
+    // The quota keeper may.
+    wait_capacity_rules(&endpoints, &["--token", &admin]).await;
+    let set = as_(&quotas, &["quota", "set", "team", "count/demo.Thing=1"]).await;
+    assert_eq!(set.code, 0, "{set:?}");
+    let write = |name: &'static str| {
+        as_(&tenant, &["write", "--type", "demo.v1.Thing", "--name", name, "--data-json", "{}"])
+    };
+    assert_eq!(write("a").await.code, 0);
+    let over = write("b").await;
+    assert_eq!(over.code, 1, "{over:?}");
+    assert!(over.stderr.contains("\"team\""), "names the quota: {over:?}");
 }

@@ -242,7 +242,10 @@ impl Store {
     pub fn check_capacity(&self, command: &Command) -> Result<(), FsmError> {
         let published = self.shared.published.read().clone();
         let state = &published.state;
-        if published.space == SpaceState::default() && !any_quota(state) {
+        // The rules hold from cluster version 0.2 on, as at apply.
+        if published.cluster.require(Feature::Capacity).is_err()
+            || (published.space == SpaceState::default() && !any_quota(state))
+        {
             return Ok(());
         }
         let resource = match command {
