@@ -37,16 +37,6 @@ struct Tokens {
     web: String,
 }
 
-/// `cairn token new`: line 1 the token, line 2 its `token_sha256` line.
-async fn new_token() -> (String, String) {
-    let run = cairn(&["token", "new"], None).await;
-    assert_eq!(run.code, 0, "{run:?}");
-    let mut lines = run.stdout.lines();
-    let token = lines.next().expect("a token line").to_string();
-    let hash_line = lines.next().expect("a hash line").to_string();
-    assert!(hash_line.starts_with("token_sha256 = \""), "{hash_line}");
-    (token, hash_line)
-}
 
 /// Writes the `[auth]` config every node of the test cluster loads: the
 /// grants of [`Tokens`], then `more` (TOML appended as is).

@@ -17,8 +17,8 @@ use std::time::Duration;
 use cairn_client::ClientError;
 use cairn_proto::v1::{Consistency, WatchListRequest};
 use client_support::{
-    client_for, default_tenancy, eventually, id, thing, unversioned, Cluster, ClusterOptions,
-    Run, LEADER_TIMEOUT,
+    client_for, default_tenancy, eventually, new_token, thing, unversioned, Cluster,
+    ClusterOptions, Run, LEADER_TIMEOUT,
 };
 use serde_json::Value;
 
@@ -202,7 +202,6 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
     for id in cluster.ids() {
         assert!(cluster.is_running(id), "node {id} is running");
     }
-    let _ = id("Blob", "unused");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,16 +262,6 @@ async fn a_tenant_quota_refuses_a_write_over_it_and_names_itself() {
     assert_eq!(write("d").await.code, 0, "no quota: no limit");
 }
 
-/// `cairn token new`: the token and its `token_sha256 = "..."` line.
-async fn new_token() -> (String, String) {
-    let run = client_support::cairn(&["token", "new"], None).await;
-    assert_eq!(run.code, 0, "{run:?}");
-    let mut lines = run.stdout.lines();
-    (
-        lines.next().expect("a token").to_string(),
-        lines.next().expect("a hash line").to_string(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_grants_quotas_are_set_by_who_may_write_them_and_bind_every_tenant_writer() {

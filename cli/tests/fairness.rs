@@ -15,16 +15,6 @@ use std::time::{Duration, Instant};
 use cairn_client::{BearerToken, Client, ClientError, ClientOptions};
 use client_support::*;
 
-/// `cairn token new`: the token and its `token_sha256 = "..."` line.
-async fn new_token() -> (String, String) {
-    let run = cairn(&["token", "new"], None).await;
-    assert_eq!(run.code, 0, "{run:?}");
-    let mut lines = run.stdout.lines();
-    (
-        lines.next().expect("a token").to_string(),
-        lines.next().expect("a hash line").to_string(),
-    )
-}
 
 async fn client_with(endpoints: &[String], token: Option<&str>) -> Client {
     let options = ClientOptions {

@@ -271,3 +271,14 @@ pub fn cache_state(cache: &WatchCache, kind: &str) -> Vec<String> {
     v.sort();
     v
 }
+
+/// `cairn token new`: line 1 the token, line 2 its `token_sha256 = "..."` config line.
+pub async fn new_token() -> (String, String) {
+    let run = cairn(&["token", "new"], None).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let mut lines = run.stdout.lines();
+    let token = lines.next().expect("a token line").to_string();
+    let hash_line = lines.next().expect("a hash line").to_string();
+    assert!(hash_line.starts_with("token_sha256 = \""), "{hash_line}");
+    (token, hash_line)
+}
