@@ -15,6 +15,11 @@
 //! with 256 KiB of padding per element on nodes that snapshot every 100 entries and keep a
 //! history of 256 changes; the oom loop's nodes each run in a memory cgroup.
 //!
+//! The quota scenario ([`quota_scenario`]) fills the cluster's space quota with the set
+//! workload under kills: it fails unless the quota refused some adds
+//! ([`quota_shortfall`]), and unless every node still runs when the faults end and after
+//! the final reads.
+//!
 //! The rolling upgrade ([`crate::upgrade`]) is a scenario of its own with two workloads; it
 //! takes the register and set checks, the minimums ([`Minimums::shortfall`]) and the bound
 //! ([`bounded`]) from here.
@@ -57,6 +62,9 @@ pub struct Scenario {
     pub auth: bool,
     /// At most this many nemesis rounds (`None`: rounds until the duration is over).
     pub rounds_max: Option<usize>,
+    /// Start every node with `--data-bytes-max` this many bytes, and run the set workload
+    /// with elements large enough to reach that quota ([`quota_scenario`]).
+    pub quota_bytes: Option<u64>,
 }
 
 /// A node broken on purpose: one `--unsafe-*` switch of `cairn agent`, and the scenario
@@ -138,6 +146,7 @@ impl BrokenMode {
             broken: Some(self),
             auth: false,
             rounds_max: None,
+            quota_bytes: None,
         }
     }
 }
@@ -255,6 +264,8 @@ pub struct ScenarioResult {
     pub acknowledged_writes: usize,
     pub successful_reads: usize,
     pub faults: usize,
+    /// Quota scenarios: the adds the space quota refused.
+    pub quota_refusals: Option<usize>,
     pub folder: PathBuf,
 }
 
@@ -267,7 +278,8 @@ pub struct RunEnvironment {
 }
 
 /// The short suite: at least six scenarios on 3 nodes, one under authentication
-/// ([`auth_scenario`]), the last two kill loops ([`kill_loop_scenario`]).
+/// ([`auth_scenario`]), then two kill loops ([`kill_loop_scenario`]), and last the quota
+/// scenario ([`quota_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     // Every nemesis at least once, each with a checker that sees what it can break:
     // stale or lost values (register, append), lost or resurrected elements (set), gaps
@@ -297,6 +309,7 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             broken: None,
             auth: false,
             rounds_max: None,
+            quota_bytes: None,
         })
         .chain(std::iter::once(Scenario {
             name: "12-set-auth-partition-kill-transfer".into(),
@@ -320,6 +333,10 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
                     CI_OOM_KILL_LOOP_ROUNDS,
                     seed.wrapping_add(13 * 7919),
                 )
+            },
+            Scenario {
+                name: "15-set-quota-kill".into(),
+                ..quota_scenario(seed.wrapping_add(14 * 7919))
             },
         ])
         .collect()
@@ -351,6 +368,7 @@ pub fn kill_loop_scenario(kill: NemesisKind, nodes: usize, rounds: usize, seed: 
         broken: None,
         auth: false,
         rounds_max: Some(rounds),
+        quota_bytes: None,
     }
 }
 
@@ -368,7 +386,63 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         broken: None,
         auth: true,
         rounds_max: None,
+        quota_bytes: None,
     }
+}
+
+/// The space quota every node of [`quota_scenario`] asks for: 1 MiB, the smallest
+/// `--data-bytes-max` a node accepts.
+pub const QUOTA_BYTES: u64 = 1024 * 1024;
+/// The padding of each element of [`quota_scenario`]
+/// ([`WorkloadOptions::payload_bytes`], kept for good: the data only grows). An element
+/// then counts about 4.4 KiB (its encoding, its storage key and 192 bytes), so about 235
+/// acknowledged adds fill [`QUOTA_BYTES`]: 3–4 s of the set workload's writes, so that it
+/// gets there within the first half of an 18 s run even when it starts with a majority
+/// killed for seconds, and spends the rest of the run refused, under kills.
+pub const QUOTA_PAYLOAD_BYTES: usize = 4 * 1024;
+/// The configuration key the space quota's refusals name (`limit` of ResourceExhausted).
+pub const SPACE_LIMIT: &str = "data_bytes_max";
+
+/// The quota scenario: 3 nodes that each ask for a space quota of [`QUOTA_BYTES`], the set
+/// workload of [`QUOTA_PAYLOAD_BYTES`] elements filling it, and kills. The cluster takes
+/// the quota through its log a few seconds after it starts; from then on an add past it is
+/// refused with ResourceExhausted (a definite `fail`: the set checker must never see that
+/// element), and the NOSPACE alarm refuses every add after. Every acknowledged add must
+/// still be read at the end; the scenario fails unless the quota refused at least one add
+/// ([`quota_shortfall`]) and unless no node exited by itself.
+pub fn quota_scenario(seed: u64) -> Scenario {
+    Scenario {
+        name: "set-quota-kill".into(),
+        workload: WorkloadKind::Set,
+        nemesis: NemesisKind::Kill,
+        nodes: 3,
+        duration: Duration::from_secs(18),
+        seed,
+        broken: None,
+        auth: false,
+        rounds_max: None,
+        quota_bytes: Some(QUOTA_BYTES),
+    }
+}
+
+/// The node flags of a scenario's quota: `--data-bytes-max N` (none without a quota).
+pub fn quota_flags(scenario: &Scenario) -> Vec<String> {
+    scenario
+        .quota_bytes
+        .map(|bytes| vec!["--data-bytes-max".to_owned(), bytes.to_string()])
+        .unwrap_or_default()
+}
+
+/// Why a quota scenario tested nothing, if it did not: the quota of `quota_bytes` never
+/// refused an add (`refused` adds of the history were refused by it), so the run never
+/// reached it and only showed what every other set scenario shows.
+pub fn quota_shortfall(quota_bytes: u64, refused: usize) -> Option<String> {
+    (refused == 0).then(|| {
+        format!(
+            "the quota never refused an add (data_bytes_max = {quota_bytes} bytes): the \
+             workload never reached it, so nothing near the quota was tested"
+        )
+    })
 }
 
 /// Seconds since the Unix epoch as `YYYY-MM-DDTHH-MM-SSZ` (UTC).
@@ -462,6 +536,7 @@ pub async fn run_scenario(scenario: &Scenario, env: &RunEnvironment) -> Scenario
         acknowledged_writes: 0,
         successful_reads: 0,
         faults: 0,
+        quota_refusals: None,
         folder: folder.clone(),
     };
     if let Some(reason) = scenario.nemesis.unavailable_reason() {
@@ -539,6 +614,7 @@ async fn run_scenario_inner(
     if scenario.nemesis == NemesisKind::OomKillLoop {
         options.memory_limit_bytes = Some(nemesis::kill_loop::MEMORY_LIMIT_BYTES);
     }
+    options.extra_args.extend(quota_flags(scenario));
     options.die_with_parent = true;
     options.log_level = node_log_level();
     if let Some(mode) = scenario.broken {
@@ -561,6 +637,10 @@ async fn run_scenario_inner(
         } else {
             kill_loop::PROCESSES
         };
+    }
+    if scenario.quota_bytes.is_some() {
+        workload_options.payload_bytes = QUOTA_PAYLOAD_BYTES;
+        workload_options.padded_elements_max = usize::MAX;
     }
     let lifetimes = workload::NodeLifetimes::new(cluster.lifetimes(), cluster.ids());
     let mut workload = Workload::start(workload_options, &endpoints, lifetimes);
@@ -587,6 +667,11 @@ async fn run_scenario_inner(
         scenario.nodes
     ));
     let nemesis_result = nemesis::run(scenario.nemesis, &mut cx, scenario.duration).await;
+    // Before healing: it starts every node that is down, one that exited by itself too.
+    let exited_under_faults = match scenario.quota_bytes {
+        Some(_) => cx.cluster.check_all_running().err(),
+        None => None,
+    };
     let heal_result = nemesis::heal_all(&mut cx);
     let NemesisContext {
         log: mut nemesis_log,
@@ -595,9 +680,9 @@ async fn run_scenario_inner(
     workload.stop_processes().await;
     nemesis_log.note("workload stopped");
     result.faults = nemesis_log.faults;
-    let mut failure: Option<String> = None;
+    let mut failure: Option<String> = exited_under_faults;
     if let Err(e) = nemesis_result.and(heal_result) {
-        failure = Some(format!("nemesis: {e}"));
+        failure.get_or_insert(format!("nemesis: {e}"));
     }
     if let Err(e) = nemesis::converge(&cluster, Duration::from_secs(40)).await {
         failure.get_or_insert(format!("the cluster did not converge after healing: {e}"));
@@ -619,6 +704,11 @@ async fn run_scenario_inner(
         .await
     {
         failure.get_or_insert("the final reads did not succeed within 30 s".into());
+    }
+    if scenario.quota_bytes.is_some() {
+        if let Err(e) = cluster.check_all_running() {
+            failure.get_or_insert(e);
+        }
     }
     let mut report = String::new();
     let mut watch_final = None;
@@ -656,6 +746,18 @@ async fn run_scenario_inner(
     (result.acknowledged_writes, result.successful_reads) = work_done(&history);
     if let Some(short) = shortfall(scenario, &history, result.faults) {
         failure.get_or_insert(short);
+    }
+    if let Some(quota) = scenario.quota_bytes {
+        let refused = workload::refused_adds(&history, SPACE_LIMIT);
+        result.quota_refusals = Some(refused);
+        let _ = writeln!(
+            report,
+            "quota: data_bytes_max = {quota} bytes; {} adds acknowledged, {refused} refused by it",
+            result.acknowledged_writes
+        );
+        if let Some(short) = quota_shortfall(quota, refused) {
+            failure.get_or_insert(short);
+        }
     }
     let mut jsonl = Vec::new();
     if history.write_jsonl(&mut jsonl).is_ok() {
@@ -932,6 +1034,7 @@ pub async fn run_bounded(
         acknowledged_writes: 0,
         successful_reads: 0,
         faults: 0,
+        quota_refusals: None,
         folder,
     }
 }
@@ -968,24 +1071,38 @@ pub async fn bounded<T: Send + 'static>(
 pub fn print_result(r: &ScenarioResult) {
     match &r.status {
         Status::Passed => println!(
-            "PASS {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults)",
+            "PASS {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults{})",
             r.scenario.name,
             r.elapsed.as_secs_f64(),
             r.operations,
             r.acknowledged_writes,
             r.successful_reads,
-            r.faults
+            r.faults,
+            quota_note(r)
         ),
         Status::Failed(why) => println!(
-            "FAIL {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults): {why}",
+            "FAIL {} ({:.1}s, {} ops: {} writes acknowledged, {} reads; {} faults{}): {why}",
             r.scenario.name,
             r.elapsed.as_secs_f64(),
             r.operations,
             r.acknowledged_writes,
             r.successful_reads,
-            r.faults
+            r.faults,
+            quota_note(r)
         ),
         Status::Skipped(why) => println!("SKIP {}: {why}", r.scenario.name),
+    }
+}
+
+/// `; quota 1048576 bytes: 431 adds acknowledged, 610 refused` for a quota scenario that
+/// got as far as its history; empty otherwise.
+fn quota_note(r: &ScenarioResult) -> String {
+    match (r.scenario.quota_bytes, r.quota_refusals) {
+        (Some(quota), Some(refused)) => format!(
+            "; quota {quota} bytes: {} adds acknowledged, {refused} refused",
+            r.acknowledged_writes
+        ),
+        _ => String::new(),
     }
 }
 
@@ -1009,7 +1126,7 @@ pub fn write_summary(
         };
         let _ = writeln!(
             text,
-            "{} workload={} nemesis={} nodes={} seed={} ops={} acknowledged_writes={} successful_reads={} faults={} elapsed={:.1}s verdict={:?} {status}",
+            "{} workload={} nemesis={} nodes={} seed={} ops={} acknowledged_writes={} successful_reads={} faults={}{} elapsed={:.1}s verdict={:?} {status}",
             r.scenario.name,
             r.scenario.workload.name(),
             r.scenario.nemesis.name(),
@@ -1019,6 +1136,9 @@ pub fn write_summary(
             r.acknowledged_writes,
             r.successful_reads,
             r.faults,
+            r.quota_refusals
+                .map(|refused| format!(" quota_refusals={refused}"))
+                .unwrap_or_default(),
             r.elapsed.as_secs_f64(),
             r.verdict
         );
@@ -1074,13 +1194,14 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         broken: None,
         auth: false,
         rounds_max: None,
+        quota_bytes: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{OpKind, Recorder, Value};
+    use crate::history::{OpKind, Outcome, Recorder, Value};
 
     #[test]
     fn the_ci_suite_and_the_soak_run_every_nemesis() {
@@ -1120,6 +1241,84 @@ mod tests {
             }
             assert_eq!(s.broken, None, "{}", s.name);
         }
+    }
+
+    #[test]
+    fn the_quota_scenario_ends_ci_and_only_it_starts_its_nodes_with_a_quota() {
+        let ci = ci_scenarios(1);
+        let quota = ci.last().expect("scenarios");
+        assert_eq!(quota.name, "15-set-quota-kill");
+        assert_eq!(
+            (quota.workload, quota.nemesis, quota.nodes),
+            (WorkloadKind::Set, NemesisKind::Kill, 3)
+        );
+        // The smallest quota a node accepts, so that the workload reaches it soon.
+        assert_eq!(quota.quota_bytes, Some(1024 * 1024));
+        assert_eq!(quota_flags(quota), ["--data-bytes-max", "1048576"]);
+        // Every other scenario runs with the nodes' default quota.
+        let others: Vec<Scenario> = ci[..ci.len() - 1]
+            .iter()
+            .cloned()
+            .chain((0..18).map(|i| soak_scenario(i, 1)))
+            .chain(BrokenMode::ALL.map(|mode| mode.scenario(1, 1)))
+            .collect();
+        for s in &others {
+            assert_eq!(s.quota_bytes, None, "{}", s.name);
+            assert!(quota_flags(s).is_empty(), "{}", s.name);
+        }
+    }
+
+    /// Adds of 1 and 2 acknowledged, 3 refused by the space quota, 4 by a tenant quota, 5
+    /// failed otherwise; then a read listing `read`.
+    fn quota_history(read: &[i64]) -> crate::History {
+        let recorder = Recorder::new();
+        for element in [1, 2] {
+            recorder
+                .invoke(0, OpKind::Add, "s", Value::Int(element))
+                .ok(Value::Null);
+        }
+        recorder
+            .invoke(0, OpKind::Add, "s", Value::Int(3))
+            .complete(Outcome::Fail, workload::refusal_output(SPACE_LIMIT));
+        recorder
+            .invoke(0, OpKind::Add, "s", Value::Int(4))
+            .complete(Outcome::Fail, workload::refusal_output("quota q bytes"));
+        recorder.invoke(0, OpKind::Add, "s", Value::Int(5)).fail();
+        recorder
+            .invoke(1, OpKind::Read, "s", Value::Null)
+            .ok(Value::List(read.iter().map(|&e| Value::Int(e)).collect()));
+        recorder.history()
+    }
+
+    #[test]
+    fn an_add_the_quota_refused_is_counted_and_is_a_definite_failure() {
+        // Only the space quota's refusals count as the quota's.
+        let history = quota_history(&[1, 2]);
+        assert_eq!(workload::refused_adds(&history, SPACE_LIMIT), 1);
+        assert_eq!(work_done(&history), (2, 1));
+        // Refused is certainly not added: neither lost nor expected in a read...
+        let report = set::check(&history).expect("a set history");
+        assert_eq!(report.verdict, Verdict::Valid);
+        let key = &report.keys[0];
+        assert_eq!((key.acknowledged_elements, key.failed_elements), (2, 3));
+        // ... and a read that lists it shows a refusal that applied after all.
+        let report = set::check(&quota_history(&[1, 2, 3])).expect("a set history");
+        assert_eq!(report.verdict, Verdict::Invalid);
+        assert_eq!(
+            report.keys[0].anomalies,
+            vec![set::SetAnomaly::FailedButPresent {
+                element: Value::Int(3),
+                read: 5,
+                add: 2
+            }]
+        );
+    }
+
+    #[test]
+    fn a_quota_scenario_the_quota_never_refused_fails() {
+        let why = quota_shortfall(QUOTA_BYTES, 0).expect("nothing refused");
+        assert!(why.contains("the quota never refused"), "{why}");
+        assert_eq!(quota_shortfall(QUOTA_BYTES, 1), None);
     }
 
     #[test]

@@ -32,6 +32,9 @@
 //!   its add stored, not recorded in the history: it leaves the element as it was, and
 //!   cannot create one that is gone). Lists are then paged
 //!   ([`WorkloadOptions::list_page_limit`]) so that each answer fits the client's 4 MiB.
+//!   An add a node refuses with ResourceExhausted (a limit such as the space quota) is a
+//!   definite `fail` whose output names the limit ([`refusal_output`]), so that a run can
+//!   count what a limit refused ([`refused_adds`]).
 //! - **append**: a list in a resource's data, `append` = strong read then CAS
 //!   write of the list plus the element (retried after CAS failures), `read` =
 //!   strong read.
@@ -58,7 +61,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cluster::Lifetimes;
-use crate::history::{OpKind, Recorder, Value};
+use crate::history::{History, OpKind, Outcome, Recorder, Value};
 
 /// Group of every resource the workloads write.
 pub const GROUP: &str = "jepsen";
@@ -119,7 +122,7 @@ pub struct WorkloadOptions {
     /// docs.
     pub payload_bytes: usize,
     /// Set workload with padding: acknowledged elements a process keeps padded before it
-    /// strips the oldest one's padding.
+    /// strips the oldest one's padding (`usize::MAX`: never; the data only grows).
     pub padded_elements_max: usize,
 }
 
@@ -157,6 +160,24 @@ impl WorkloadOptions {
         let element_bytes = self.payload_bytes + 1024;
         u32::try_from((LIST_PAGE_BYTES_MAX / element_bytes).max(1)).unwrap_or(u32::MAX)
     }
+}
+
+/// The output of a set add that a node refused with ResourceExhausted, naming the
+/// `limit` the refusal names (`data_bytes_max` for the space quota). The outcome stays
+/// `fail` (certainly not applied, so the set checker counts the element as failed, and
+/// flags it if a read ever lists it); the output only says why.
+pub fn refusal_output(limit: &str) -> Value {
+    Value::Str(format!("resource exhausted: {limit}"))
+}
+
+/// How many adds of `history` the limit `limit` refused ([`refusal_output`]).
+pub fn refused_adds(history: &History, limit: &str) -> usize {
+    let refused = refusal_output(limit);
+    history
+        .operations()
+        .iter()
+        .filter(|op| op.op == OpKind::Add && op.outcome == Outcome::Fail && op.output == refused)
+        .count()
 }
 
 /// `len` random characters from a 64-letter alphabet (6 bits of entropy each): padding
@@ -888,6 +909,11 @@ impl Process {
                 // Nobody else creates this name: a conflict would mean an
                 // earlier attempt applied, which never happens (no retries); unknown.
                 Err(e) if e.is_cas_conflict() => op.info(),
+                // Definite (the client never retries a write after an attempt that may
+                // have applied), with the limit that refused it.
+                Err(ClientError::ResourceExhausted { limit, .. }) => {
+                    op.complete(Outcome::Fail, refusal_output(&limit))
+                }
                 Err(e) if e.outcome().is_definite() => op.fail(),
                 Err(_) => op.info(),
             }
