@@ -67,7 +67,10 @@ pub async fn keep_quota(raft: super::RaftHandle) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if !raft.is_leader() || raft.store.cluster_version().require(Feature::Capacity).is_err()
+        // A new leader first applies what its log holds: the quota it would compare with
+        // may be in it.
+        if raft.store.cluster_version().require(Feature::Capacity).is_err()
+            || !raft.leads_with_current_state().await
         {
             continue;
         }

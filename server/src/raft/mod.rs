@@ -705,6 +705,26 @@ impl RaftHandle {
     }
 
     /// The committed index as this node knows it.
+    /// Whether this node leads and its state machine holds everything committed: it has
+    /// committed an entry of its own term (so every entry of earlier terms it holds is
+    /// committed) and applied up to it. Until then a new leader's state may be older than
+    /// its log (what the replicated quota is, for one).
+    pub async fn leads_with_current_state(&self) -> bool {
+        if !self.is_leader() {
+            return false;
+        }
+        let term = self.status().term;
+        let committed = self
+            .raft
+            .with_raft_state(|s| s.committed)
+            .await
+            .ok()
+            .flatten();
+        committed.is_some_and(|c| {
+            c.leader_id.term == term && self.store.applied_index() >= c.index
+        })
+    }
+
     pub async fn committed_index(&self) -> u64 {
         self.raft
             .with_raft_state(|s| s.committed.map(|l| l.index).unwrap_or(0))
