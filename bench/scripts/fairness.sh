@@ -2,11 +2,12 @@
 # fairness.sh -- a well-behaved writer (1 client, 100 writes/s) alone, then beside a runaway (64
 # clients on 4 connections at full speed), on a three-node cluster with grants, all to the leader
 # (docs/benchmarks.md, "Fairness"); the runaway's grant first without a rate limit, then with
-# requests_per_second = 2000; two rounds of each. env: CAIRN (default target/release/cairn), OUT.
+# requests_per_second = 2000; two rounds of each. (bench asks the cluster's status to find the
+# leader, hence admin on both grants: a grant is one caller whatever its roles.) env: CAIRN (default target/release/cairn), OUT.
 set -u
 B=${CAIRN:-target/release/cairn}
 D=${OUT:-/tmp/cairn-fairness}; rm -rf "$D"; mkdir -p "$D"
-mk() { $B token new; }
+mk() { $B token new 2>/dev/null; }
 read -r ADMIN ADMIN_H < <(mk | paste -sd' ')
 read -r RUN RUN_H < <(mk | paste -sd' ')
 read -r GOOD GOOD_H < <(mk | paste -sd' ')
@@ -25,12 +26,14 @@ admin = true
 name = "runaway"
 $RUN_H
 write = { types = ["bench.*"], tenancies = ["*"] }
+admin = true
 $1
 
 [[auth.grants]]
 name = "good"
 $GOOD_H
 write = { types = ["bench.*"], tenancies = ["*"] }
+admin = true
 CFG
 }
 MEMBERS=1=127.0.0.1:18101/127.0.0.1:18001,2=127.0.0.1:18102/127.0.0.1:18002,3=127.0.0.1:18103/127.0.0.1:18003
@@ -48,9 +51,10 @@ runaway() { $B bench write --endpoints 127.0.0.1:18001,127.0.0.1:18002,127.0.0.1
 round() { # $1 label
   good 20 "good alone ($1)" 2>&1 | grep -E "^write|label|ops/s" 
   runaway 30 "runaway ($1)" > $D/runaway.out 2>&1 &
+  local runaway_pid=$!
   sleep 4
   good 20 "good beside the runaway ($1)" 2>&1 | grep -E "^write|ops/s"
-  wait
+  wait $runaway_pid
   grep -E "^write|ops/s|errors" $D/runaway.out
 }
 for i in 1 2; do
