@@ -22,13 +22,6 @@ use serde_json::{json, Value};
 
 use cairn_client::admin::{describe_catch_up, leads, AdminClient, Operation};
 
-/// `println!` that ignores a closed stdout (`cairn status | head -1`) instead of panicking.
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
 use crate::common::{exit, exit_code_of_kind};
 
 #[derive(Subcommand)]

@@ -19,12 +19,6 @@ use crate::admin::{client_of, fail};
 use crate::common::{exit, exit_code, GlobalArgs, OutputFormat};
 use cairn_client::admin::Operation;
 
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
 
 #[derive(Subcommand)]
 pub enum AlarmCommand {

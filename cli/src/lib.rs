@@ -38,6 +38,15 @@
 //! - The `CAIRN_*` variables of the cluster flags are the ones the node knows to ignore
 //!   (`cairn_server::config::COMMAND_LINE_ENVIRONMENT`, tested in [`common`]).
 
+/// `println!` that ignores a closed stdout (`cairn status | head -1`) instead of panicking;
+/// for every command module below (declared before them, so in scope in each).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 pub mod admin;
 pub mod agent;
 pub mod bench;
