@@ -19,7 +19,6 @@ use crate::admin::{client_of, fail};
 use crate::common::{exit, exit_code, GlobalArgs, OutputFormat};
 use cairn_client::admin::Operation;
 
-
 #[derive(Subcommand)]
 pub enum AlarmCommand {
     /// The alarms raised in the cluster (as the first node that answers applied them).
@@ -80,7 +79,11 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
         "Ki" => 1 << 10,
         "Mi" => 1 << 20,
         "Gi" => 1 << 30,
-        other => return Err(format!("{other:?} is not a suffix: use K, M, G, Ki, Mi or Gi")),
+        other => {
+            return Err(format!(
+                "{other:?} is not a suffix: use K, M, G, Ki, Mi or Gi"
+            ))
+        }
     };
     n.checked_mul(factor)
         .ok_or_else(|| format!("{s:?} is too large"))
@@ -134,7 +137,12 @@ pub async fn alarm(command: AlarmCommand, global: &GlobalArgs) -> u8 {
                 }
             } else {
                 for a in &r.alarms {
-                    out!("{}\traised at index {}\t{}", a.name, a.raised_index, a.reason);
+                    out!(
+                        "{}\traised at index {}\t{}",
+                        a.name,
+                        a.raised_index,
+                        a.reason
+                    );
                 }
             }
         }
@@ -207,13 +215,24 @@ async fn run_quota(
             print_quotas(output, &listed.resources);
         }
         QuotaCommand::Delete { name, tenancy } => {
-            match client.read(quota_id(&name, &tenancy), Consistency::Strong).await {
+            match client
+                .read(quota_id(&name, &tenancy), Consistency::Strong)
+                .await
+            {
                 Ok(stored) => {
                     let id = stored.id.clone().unwrap_or_default();
                     client.delete(id, stored.version).await?;
-                    out!("deleted quota {name} of {}/{}", tenancy.partition, tenancy.namespace);
+                    out!(
+                        "deleted quota {name} of {}/{}",
+                        tenancy.partition,
+                        tenancy.namespace
+                    );
                 }
-                Err(ClientError::NotFound) => out!("no quota {name} in {}/{}", tenancy.partition, tenancy.namespace),
+                Err(ClientError::NotFound) => out!(
+                    "no quota {name} in {}/{}",
+                    tenancy.partition,
+                    tenancy.namespace
+                ),
                 Err(e) => return Err(e),
             }
         }
@@ -277,7 +296,10 @@ mod tests {
         assert_eq!(parse_quantity("2G"), Ok(2_000_000_000));
         assert!(parse_quantity("1Ti").is_err());
         assert!(parse_quantity("x").is_err());
-        assert_eq!(parse_limit("count/catalog.Service=5"), Ok(("count/catalog.Service".into(), 5)));
+        assert_eq!(
+            parse_limit("count/catalog.Service=5"),
+            Ok(("count/catalog.Service".into(), 5))
+        );
         assert!(parse_limit("pods=5").is_err());
         assert!(parse_limit("count").is_err());
     }

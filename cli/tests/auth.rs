@@ -37,7 +37,6 @@ struct Tokens {
     web: String,
 }
 
-
 /// Writes the `[auth]` config every node of the test cluster loads: the
 /// grants of [`Tokens`], then `more` (TOML appended as is).
 async fn write_auth_config(dir: &Path, more: &str) -> (Tokens, PathBuf) {

@@ -17,8 +17,8 @@ use std::time::Duration;
 use cairn_client::ClientError;
 use cairn_proto::v1::{Consistency, WatchListRequest};
 use client_support::{
-    client_for, default_tenancy, eventually, new_token, thing, unversioned, Cluster,
-    ClusterOptions, Run, LEADER_TIMEOUT,
+    cairn_at, client_for, default_tenancy, eventually, new_token, thing, unversioned, Cluster,
+    ClusterOptions, LEADER_TIMEOUT,
 };
 use serde_json::Value;
 
@@ -27,12 +27,6 @@ const QUOTA_BYTES: u64 = 2 * 1024 * 1024;
 
 fn binary() -> String {
     env!("CARGO_BIN_EXE_cairn").into()
-}
-
-async fn cairn_at(endpoints: &str, args: &[&str]) -> Run {
-    let mut all = args.to_vec();
-    all.extend(["--endpoints", endpoints]);
-    client_support::run_cairn(&binary(), &all, None, &[]).await
 }
 
 async fn status(endpoints: &str) -> Value {
@@ -51,7 +45,11 @@ async fn alarms_per_member(endpoints: &str) -> Vec<Vec<String>> {
         .map(|m| {
             m["alarms"]
                 .as_array()
-                .map(|a| a.iter().map(|x| x["name"].as_str().unwrap_or("").to_string()).collect())
+                .map(|a| {
+                    a.iter()
+                        .map(|x| x["name"].as_str().unwrap_or("").to_string())
+                        .collect()
+                })
                 .unwrap_or_default()
         })
         .collect()
@@ -66,8 +64,7 @@ async fn wait_capacity_rules(endpoints: &str, extra: &[&str]) {
         let args = args.clone();
         async move {
             let run = cairn_at(endpoints, &args).await;
-            serde_json::from_str::<Value>(&run.stdout)
-                .is_ok_and(|s| s["cluster_version"] == "0.2")
+            serde_json::from_str::<Value>(&run.stdout).is_ok_and(|s| s["cluster_version"] == "0.2")
         }
     })
     .await;
@@ -90,7 +87,8 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
         eventually(Duration::from_secs(20), || async {
             let s = status(&endpoints).await;
             s["members"].as_array().is_some_and(|m| {
-                m.iter().all(|m| m["data_bytes_quota"].as_u64() == Some(QUOTA_BYTES))
+                m.iter()
+                    .all(|m| m["data_bytes_quota"].as_u64() == Some(QUOTA_BYTES))
             })
         })
         .await,
@@ -107,7 +105,10 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
             Ok(stored) => written.push(stored),
             Err(e) => break e,
         }
-        assert!(written.len() < 100, "2 MiB hold fewer than 100 resources of 64 KiB");
+        assert!(
+            written.len() < 100,
+            "2 MiB hold fewer than 100 resources of 64 KiB"
+        );
     };
     let message = refusal.to_string();
     assert!(
@@ -123,7 +124,10 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
     // NOSPACE on every member, in status and in `cairn alarm list`.
     assert!(
         eventually(Duration::from_secs(10), || async {
-            alarms_per_member(&endpoints).await.iter().all(|a| a == &["NOSPACE"])
+            alarms_per_member(&endpoints)
+                .await
+                .iter()
+                .all(|a| a == &["NOSPACE"])
         })
         .await,
         "NOSPACE on every member: {:?}",
@@ -146,7 +150,10 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
         .await
         .expect("a watch under NOSPACE");
     let event = tokio::time::timeout(Duration::from_secs(10), watch.next()).await;
-    assert!(matches!(event, Ok(Some(Ok(_)))), "the watch's snapshot flows: {event:?}");
+    assert!(
+        matches!(event, Ok(Some(Ok(_)))),
+        "the watch's snapshot flows: {event:?}"
+    );
     let tiny = client.create(thing("Blob", "tiny", "{}")).await;
     assert!(
         matches!(tiny, Err(ClientError::ResourceExhausted { .. })),
@@ -163,7 +170,10 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
     }
     assert!(
         eventually(Duration::from_secs(10), || async {
-            alarms_per_member(&endpoints).await.iter().all(Vec::is_empty)
+            alarms_per_member(&endpoints)
+                .await
+                .iter()
+                .all(Vec::is_empty)
         })
         .await,
         "the alarm clears on every member: {:?}",
@@ -185,7 +195,10 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
     }
     assert!(
         eventually(Duration::from_secs(10), || async {
-            alarms_per_member(&endpoints).await.iter().all(|a| a == &["NOSPACE"])
+            alarms_per_member(&endpoints)
+                .await
+                .iter()
+                .all(|a| a == &["NOSPACE"])
         })
         .await
     );
@@ -193,7 +206,10 @@ async fn a_full_cluster_refuses_growth_raises_nospace_everywhere_and_recovers_wh
     assert_eq!(disarmed.code, 0, "{disarmed:?}");
     assert!(
         eventually(Duration::from_secs(10), || async {
-            alarms_per_member(&endpoints).await.iter().all(Vec::is_empty)
+            alarms_per_member(&endpoints)
+                .await
+                .iter()
+                .all(Vec::is_empty)
         })
         .await,
         "disarmed on every member"
@@ -212,7 +228,14 @@ async fn a_tenant_quota_refuses_a_write_over_it_and_names_itself() {
     wait_capacity_rules(&endpoints, &[]).await;
     let set = cairn_at(
         &endpoints,
-        &["quota", "set", "team", "--tenancy", "default/default", "count/demo.Thing=2"],
+        &[
+            "quota",
+            "set",
+            "team",
+            "--tenancy",
+            "default/default",
+            "count/demo.Thing=2",
+        ],
     )
     .await;
     assert_eq!(set.code, 0, "{set:?}");
@@ -225,7 +248,15 @@ async fn a_tenant_quota_refuses_a_write_over_it_and_names_itself() {
         async move {
             cairn_at(
                 &endpoints,
-                &["write", "--type", "demo.v1.Thing", "--name", name, "--data-json", "{}"],
+                &[
+                    "write",
+                    "--type",
+                    "demo.v1.Thing",
+                    "--name",
+                    name,
+                    "--data-json",
+                    "{}",
+                ],
             )
             .await
         }
@@ -241,7 +272,15 @@ async fn a_tenant_quota_refuses_a_write_over_it_and_names_itself() {
     // Another type in the same tenancy is not limited.
     let other = cairn_at(
         &endpoints,
-        &["write", "--type", "demo.v1.Other", "--name", "c", "--data-json", "{}"],
+        &[
+            "write",
+            "--type",
+            "demo.v1.Other",
+            "--name",
+            "c",
+            "--data-json",
+            "{}",
+        ],
     )
     .await;
     assert_eq!(other.code, 0, "{other:?}");
@@ -261,7 +300,6 @@ async fn a_tenant_quota_refuses_a_write_over_it_and_names_itself() {
     assert_eq!(deleted.code, 0, "{deleted:?}");
     assert_eq!(write("d").await.code, 0, "no quota: no limit");
 }
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_grants_quotas_are_set_by_who_may_write_them_and_bind_every_tenant_writer() {
@@ -308,10 +346,24 @@ async fn under_grants_quotas_are_set_by_who_may_write_them_and_bind_every_tenant
     let set = as_(&quotas, &["quota", "set", "team", "count/demo.Thing=1"]).await;
     assert_eq!(set.code, 0, "{set:?}");
     let write = |name: &'static str| {
-        as_(&tenant, &["write", "--type", "demo.v1.Thing", "--name", name, "--data-json", "{}"])
+        as_(
+            &tenant,
+            &[
+                "write",
+                "--type",
+                "demo.v1.Thing",
+                "--name",
+                name,
+                "--data-json",
+                "{}",
+            ],
+        )
     };
     assert_eq!(write("a").await.code, 0);
     let over = write("b").await;
     assert_eq!(over.code, 1, "{over:?}");
-    assert!(over.stderr.contains("\"team\""), "names the quota: {over:?}");
+    assert!(
+        over.stderr.contains("\"team\""),
+        "names the quota: {over:?}"
+    );
 }

@@ -45,7 +45,9 @@ async fn status(endpoints: &str) -> Value {
 }
 
 fn every_member(s: &Value, check: impl Fn(&Value) -> bool) -> bool {
-    s["members"].as_array().is_some_and(|m| m.len() == 3 && m.iter().all(check))
+    s["members"]
+        .as_array()
+        .is_some_and(|m| m.len() == 3 && m.iter().all(check))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,17 +78,26 @@ async fn a_runaway_writer_fills_the_quota_and_no_node_dies() {
     let cgroups: Vec<std::path::PathBuf> = cluster
         .ids()
         .iter()
-        .map(|id| cluster.memory_cgroup(*id).expect("a cgroup").path().to_path_buf())
+        .map(|id| {
+            cluster
+                .memory_cgroup(*id)
+                .expect("a cgroup")
+                .path()
+                .to_path_buf()
+        })
         .collect();
     let sampling = {
         let peaks = peaks.clone();
         tokio::spawn(async move {
             loop {
                 for (i, path) in cgroups.iter().enumerate() {
-                    let stat = std::fs::read_to_string(path.join("memory.stat")).unwrap_or_default();
+                    let stat =
+                        std::fs::read_to_string(path.join("memory.stat")).unwrap_or_default();
                     let anon = stat.lines().find_map(|l| {
                         let (k, v) = l.split_once(' ')?;
-                        (k == "rss" || k == "anon").then(|| v.trim().parse::<u64>().ok()).flatten()
+                        (k == "rss" || k == "anon")
+                            .then(|| v.trim().parse::<u64>().ok())
+                            .flatten()
                     });
                     if let Some(anon) = anon {
                         let mut peaks = peaks.lock().unwrap();
@@ -134,7 +145,9 @@ async fn a_runaway_writer_fills_the_quota_and_no_node_dies() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let catch_up_peaks = peaks.lock().unwrap().clone();
     assert!(
-        cluster.log_of(absent).contains("installed snapshot from the leader"),
+        cluster
+            .log_of(absent)
+            .contains("installed snapshot from the leader"),
         "the follower installed a snapshot:\n{}",
         cluster.log_tail(absent, 20)
     );
@@ -152,7 +165,10 @@ async fn a_runaway_writer_fills_the_quota_and_no_node_dies() {
         status(&endpoints).await
     );
     let last = written.last().unwrap().id.clone().unwrap();
-    client.read(last, Consistency::Strong).await.expect("a read under NOSPACE");
+    client
+        .read(last, Consistency::Strong)
+        .await
+        .expect("a read under NOSPACE");
 
     // Deletes make room; the alarm clears; writes go on.
     let fifth = written.len() / 5 + 1;
@@ -181,9 +197,24 @@ async fn a_runaway_writer_fills_the_quota_and_no_node_dies() {
     // Nobody died: the kernel killed nothing, and every node still runs.
     for (i, id) in cluster.ids().into_iter().enumerate() {
         let cgroup = cluster.memory_cgroup(id).expect("a cgroup");
-        assert_eq!(cgroup.oom_kills(), Ok(0), "node {id} was OOM-killed:\n{}", cluster.log_tail(id, 20));
-        assert!(cluster.is_running(id), "node {id} runs:\n{}", cluster.log_tail(id, 20));
-        let role = if id == leader { "leader" } else if id == absent { "restarted follower" } else { "follower" };
+        assert_eq!(
+            cgroup.oom_kills(),
+            Ok(0),
+            "node {id} was OOM-killed:\n{}",
+            cluster.log_tail(id, 20)
+        );
+        assert!(
+            cluster.is_running(id),
+            "node {id} runs:\n{}",
+            cluster.log_tail(id, 20)
+        );
+        let role = if id == leader {
+            "leader"
+        } else if id == absent {
+            "restarted follower"
+        } else {
+            "follower"
+        };
         eprintln!(
             "node {id} ({role}): peak anonymous memory {} MiB while the writer filled {data_mib} \
              MiB, {} MiB while the restarted follower caught up (limit {} MiB)",

@@ -14,18 +14,11 @@ mod client_support;
 
 use std::time::{Duration, Instant};
 
-use client_support::{Cluster, ClusterOptions, Run, LEADER_TIMEOUT};
+use client_support::{cairn_at, Cluster, ClusterOptions, Run, LEADER_TIMEOUT};
 use serde_json::Value;
 
 fn binary() -> String {
     env!("CARGO_BIN_EXE_cairn").into()
-}
-
-/// `cairn ARGS --endpoints ENDPOINTS`.
-async fn cairn_at(endpoints: &str, args: &[&str]) -> Run {
-    let mut all = args.to_vec();
-    all.extend(["--endpoints", endpoints]);
-    client_support::run_cairn(&binary(), &all, None, &[]).await
 }
 
 fn json(run: &Run) -> Value {

@@ -15,14 +15,15 @@ use std::time::{Duration, Instant};
 use cairn_client::{BearerToken, Client, ClientError, ClientOptions};
 use client_support::*;
 
-
 async fn client_with(endpoints: &[String], token: Option<&str>) -> Client {
     let options = ClientOptions {
         token: token.map(|t| BearerToken::new(t).expect("a valid token")),
         // One attempt per call: a refusal must come back as it is.
         ..client_options()
     };
-    Client::connect_with(endpoints, options).await.expect("a client")
+    Client::connect_with(endpoints, options)
+        .await
+        .expect("a client")
 }
 
 /// Fires `count` creates at once through `client`; returns (accepted, refused by `limit`).
@@ -85,7 +86,11 @@ async fn a_grant_over_its_rate_is_refused_and_another_grant_is_not_held_back() {
             // The good grant writes one at a time meanwhile.
             let mut refused = 0;
             for i in 0..10 {
-                if good.create(thing("Thing", &format!("good-{i}"), "{}")).await.is_err() {
+                if good
+                    .create(thing("Thing", &format!("good-{i}"), "{}"))
+                    .await
+                    .is_err()
+                {
                     refused += 1;
                 }
             }
@@ -122,5 +127,9 @@ async fn without_grants_each_connection_is_held_to_the_node_rate() {
     let started = Instant::now();
     let (accepted, refused) = burst(&second, "second", 15, "requests_per_second").await;
     assert_eq!((accepted, refused), (15, 0));
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
 }

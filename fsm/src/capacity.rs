@@ -147,8 +147,7 @@ impl SpaceState {
     /// The invariant after every entry: a raised alarm has a quota, and usage above its
     /// low-water mark.
     pub fn holds_with(&self, usage_bytes: u64) -> bool {
-        self.alarm_index.is_none()
-            || (self.quota_bytes > 0 && usage_bytes > self.low_water_bytes())
+        self.alarm_index.is_none() || (self.quota_bytes > 0 && usage_bytes > self.low_water_bytes())
     }
 
     /// Clears the alarm once usage is at or below the low-water mark (or no quota is set).
@@ -167,7 +166,12 @@ impl SpaceState {
 
     /// The refusal as the caller sees it: `RESOURCE_EXHAUSTED` naming the quota, the usage
     /// and the request's growth.
-    pub fn refusal_error(&self, refusal: SpaceRefusal, usage_bytes: u64, growth_bytes: u64) -> FsmError {
+    pub fn refusal_error(
+        &self,
+        refusal: SpaceRefusal,
+        usage_bytes: u64,
+        growth_bytes: u64,
+    ) -> FsmError {
         let reason = match refusal {
             SpaceRefusal::Alarm => format!(
                 "the NOSPACE alarm is raised (usage {usage_bytes} bytes of the quota \
@@ -252,8 +256,11 @@ impl QuotaLimit {
         let Some((group, kind)) = type_.rsplit_once('.') else {
             return Err(format!("{key:?} names no type: use {what}/<group>.<kind>"));
         };
-        if group.is_empty() || kind.is_empty() || type_.chars().any(|c| c.is_control() || c == '*') {
-            return Err(format!("{key:?} names no valid type: use {what}/<group>.<kind>"));
+        if group.is_empty() || kind.is_empty() || type_.chars().any(|c| c.is_control() || c == '*')
+        {
+            return Err(format!(
+                "{key:?} names no valid type: use {what}/<group>.<kind>"
+            ));
         }
         let (group, kind) = (group.to_string(), kind.to_string());
         match what {
@@ -268,7 +275,9 @@ impl QuotaLimit {
 
 /// A tenant quota's data, decoded and checked: at most [`QUOTA_LIMITS_MAX`] well-formed
 /// limits. The error names the field.
-pub fn parse_quota(data: Option<&cairn_proto::google::protobuf::Any>) -> Result<Vec<(QuotaLimit, u64)>, FsmError> {
+pub fn parse_quota(
+    data: Option<&cairn_proto::google::protobuf::Any>,
+) -> Result<Vec<(QuotaLimit, u64)>, FsmError> {
     let Some(data) = data else {
         return Err(FsmError::invalid(
             "resource.data",
@@ -278,7 +287,10 @@ pub fn parse_quota(data: Option<&cairn_proto::google::protobuf::Any>) -> Result<
     if data.type_url != QUOTA_TYPE_URL {
         return Err(FsmError::invalid(
             "resource.data.type_url",
-            format!("is {:?}; a {QUOTA_GROUP}.{QUOTA_KIND} holds {QUOTA_TYPE_URL}", data.type_url),
+            format!(
+                "is {:?}; a {QUOTA_GROUP}.{QUOTA_KIND} holds {QUOTA_TYPE_URL}",
+                data.type_url
+            ),
         ));
     }
     let spec = QuotaSpec::decode(data.value.as_ref())
@@ -416,18 +428,35 @@ mod tests {
     fn the_alarm_clears_at_the_low_water_mark_and_a_raise_below_it_does_nothing() {
         let raised = space(1000, true);
         assert_eq!(raised.low_water_bytes(), 900);
-        assert_eq!(raised.settle(901), raised, "above the low-water mark: still raised");
+        assert_eq!(
+            raised.settle(901),
+            raised,
+            "above the low-water mark: still raised"
+        );
         assert_eq!(raised.settle(900).alarm_index, None, "at the mark: cleared");
-        assert_eq!(space(0, true).settle(u64::MAX).alarm_index, None, "no quota: cleared");
+        assert_eq!(
+            space(0, true).settle(u64::MAX).alarm_index,
+            None,
+            "no quota: cleared"
+        );
         let clear = space(1000, false);
-        assert_eq!(clear.act(CapacityAction::RaiseAlarm, 9, 950).alarm_index, Some(9));
-        assert_eq!(clear.act(CapacityAction::RaiseAlarm, 9, 800).alarm_index, None);
+        assert_eq!(
+            clear.act(CapacityAction::RaiseAlarm, 9, 950).alarm_index,
+            Some(9)
+        );
+        assert_eq!(
+            clear.act(CapacityAction::RaiseAlarm, 9, 800).alarm_index,
+            None
+        );
         assert_eq!(
             raised.act(CapacityAction::RaiseAlarm, 9, 950).alarm_index,
             Some(7),
             "a second raise keeps the first index"
         );
-        assert_eq!(raised.act(CapacityAction::DisarmAlarm, 9, 5000).alarm_index, None);
+        assert_eq!(
+            raised.act(CapacityAction::DisarmAlarm, 9, 5000).alarm_index,
+            None
+        );
         assert_eq!(clear.act(CapacityAction::SetQuota(5), 9, 0).quota_bytes, 5);
         // The mark does not overflow for the largest quota.
         assert!(space(u64::MAX, false).low_water_bytes() < u64::MAX);
@@ -451,7 +480,15 @@ mod tests {
                 kind: "Thing".into()
             })
         );
-        for bad in ["", "counts", "count/", "count/Thing", "size/demo.Thing", "count/.Thing", "count/demo.*"] {
+        for bad in [
+            "",
+            "counts",
+            "count/",
+            "count/Thing",
+            "size/demo.Thing",
+            "count/.Thing",
+            "count/demo.*",
+        ] {
             assert!(QuotaLimit::parse(bad).is_err(), "{bad:?} parsed");
         }
     }
@@ -475,21 +512,65 @@ mod tests {
             (&[("count", 3)], used(3, 0), used(3, 0), grow(1, 10), false),
             // An update (no new resource) passes a full count limit.
             (&[("count", 3)], used(3, 0), used(3, 0), grow(0, 10), true),
-            (&[("bytes", 100)], used(1, 90), used(1, 90), grow(0, 10), true),
-            (&[("bytes", 100)], used(1, 90), used(1, 90), grow(0, 11), false),
+            (
+                &[("bytes", 100)],
+                used(1, 90),
+                used(1, 90),
+                grow(0, 10),
+                true,
+            ),
+            (
+                &[("bytes", 100)],
+                used(1, 90),
+                used(1, 90),
+                grow(0, 11),
+                false,
+            ),
             // Shrinking and deleting always pass.
-            (&[("bytes", 100)], used(1, 500), used(1, 500), grow(0, -1), true),
+            (
+                &[("bytes", 100)],
+                used(1, 500),
+                used(1, 500),
+                grow(0, -1),
+                true,
+            ),
             (&[("count", 0)], used(9, 0), used(9, 0), grow(-1, -10), true),
             // A per-type limit counts its type only.
-            (&[("count/demo.Thing", 1)], used(5, 0), used(1, 0), grow(1, 1), false),
-            (&[("count/demo.Other", 1)], used(5, 0), used(1, 0), grow(1, 1), true),
-            (&[("bytes/demo.Thing", 10)], used(5, 0), used(1, 5), grow(0, 6), false),
+            (
+                &[("count/demo.Thing", 1)],
+                used(5, 0),
+                used(1, 0),
+                grow(1, 1),
+                false,
+            ),
+            (
+                &[("count/demo.Other", 1)],
+                used(5, 0),
+                used(1, 0),
+                grow(1, 1),
+                true,
+            ),
+            (
+                &[("bytes/demo.Thing", 10)],
+                used(5, 0),
+                used(1, 5),
+                grow(0, 6),
+                false,
+            ),
         ];
         for (limits, tenancy, type_, growth, accepted) in table {
-            let decision = tenant_decision(&quota(limits), "demo", "Thing", *tenancy, *type_, *growth);
-            assert_eq!(decision.is_ok(), *accepted, "{limits:?} {tenancy:?} {type_:?} {growth:?}");
+            let decision =
+                tenant_decision(&quota(limits), "demo", "Thing", *tenancy, *type_, *growth);
+            assert_eq!(
+                decision.is_ok(),
+                *accepted,
+                "{limits:?} {tenancy:?} {type_:?} {growth:?}"
+            );
             if let Err(FsmError::ResourceExhausted { limit, .. }) = decision {
-                assert!(limit.starts_with("quota q "), "the refusal names the quota: {limit}");
+                assert!(
+                    limit.starts_with("quota q "),
+                    "the refusal names the quota: {limit}"
+                );
             }
         }
     }

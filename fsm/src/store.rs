@@ -7,13 +7,13 @@ use cairn_proto::v1::{Id, Resource};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use prost::Message;
 
+use crate::capacity::{self, SpaceRefusal, SpaceState, TenantGrowth};
 use crate::history::History;
 use crate::key::{self, Key};
 use crate::restore::{self, PendingRestore, PendingRestoreStatus};
 use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
 use crate::validate::{validate_id, validate_list, validate_write, Limits};
-use crate::capacity::{self, SpaceRefusal, SpaceState, TenantGrowth};
 use crate::version::{ClusterVersionState, Feature};
 use crate::watch::{self, Registry, Watch, WatchFilter};
 use crate::{Command, FsmError, StoredResource};
@@ -277,12 +277,11 @@ impl Store {
             .owner
             .as_ref()
             .map(|owner| key::owner_entry(owner, &key).len());
-        let growth = TenantGrowth {
-            count: i64::from(stored.is_none()),
-            bytes: capacity::accounted_bytes(resource.encoded_len(), key.len(), owner_entry_len)
-                as i64
-                - stored.map_or(0, |s| s.accounted_bytes(key.len()) as i64),
-        };
+        let growth = growth_over(
+            stored,
+            capacity::accounted_bytes(resource.encoded_len(), key.len(), owner_entry_len),
+            key.len(),
+        );
         check_capacity(state, published.space, &key, growth)
             .map_err(|refusal| refusal.into_error(state, published.space, growth))
     }
@@ -724,30 +723,35 @@ fn write(
         }
         Ok(Key::from(key))
     })?;
-    // The final bytes are known only now (the version is this index): the
-    // one encoding of this resource, which every answer will send.
     // The capacity rules hold from cluster version 0.2 on: a 0.1 build applies none.
     let capacity_rules = w.cluster.require(Feature::Capacity).is_ok();
     if capacity_rules {
         capacity::validate_quota_write(given)?;
     }
+    // The final bytes are known only now (the version is this index): the
+    // one encoding of this resource, which every answer will send.
     let after = input.stored_with_version(index, &key);
-    let stored = w.state.resources.get(&key);
-    let growth = TenantGrowth {
-        count: i64::from(stored.is_none()),
-        bytes: after.accounted_bytes(key.len()) as i64
-            - stored.map_or(0, |s| s.accounted_bytes(key.len()) as i64),
-    };
+    let growth = growth_over(
+        w.state.resources.get(&key),
+        after.accounted_bytes(key.len()),
+        key.len(),
+    );
     let checked = match capacity_rules {
         true => check_capacity(&w.state, w.space, &key, growth),
         false => Ok(()),
     };
-    checked.inspect_err(|refusal| {
-        if let Refused::Space(SpaceRefusal::Quota) = refusal {
-            // Passing the quota raises NOSPACE, at this entry, on every replica.
-            w.space = w.space.act(capacity::CapacityAction::RaiseAlarm, index, w.state.usage.bytes);
-        }
-    }).map_err(|refusal| refusal.into_error(&w.state, w.space, growth))?;
+    checked
+        .inspect_err(|refusal| {
+            if let Refused::Space(SpaceRefusal::Quota) = refusal {
+                // Passing the quota raises NOSPACE, at this entry, on every replica.
+                w.space = w.space.act(
+                    capacity::CapacityAction::RaiseAlarm,
+                    index,
+                    w.state.usage.bytes,
+                );
+            }
+        })
+        .map_err(|refusal| refusal.into_error(&w.state, w.space, growth))?;
     let before = w.state.set(&key, Some(after.clone()));
     w.space = w.space.settle(w.state.usage.bytes);
     w.version_issued_max = index;
@@ -759,6 +763,16 @@ fn write(
     })
 }
 
+/// What storing a resource of `new_bytes` accounted bytes at a key of `key_len` bytes, where
+/// `stored` is, does to its tenancy: one more resource if none was stored, and the change in
+/// bytes. The one rule for the check before proposing and the check at apply.
+fn growth_over(stored: Option<&StoredResource>, new_bytes: u64, key_len: usize) -> TenantGrowth {
+    TenantGrowth {
+        count: i64::from(stored.is_none()),
+        bytes: new_bytes as i64 - stored.map_or(0, |s| s.accounted_bytes(key_len) as i64),
+    }
+}
+
 /// Why [`check_capacity`] refused a write.
 pub(crate) enum Refused {
     Space(SpaceRefusal),
@@ -766,7 +780,12 @@ pub(crate) enum Refused {
 }
 
 impl Refused {
-    pub(crate) fn into_error(self, state: &State, space: SpaceState, growth: TenantGrowth) -> FsmError {
+    pub(crate) fn into_error(
+        self,
+        state: &State,
+        space: SpaceState,
+        growth: TenantGrowth,
+    ) -> FsmError {
         match self {
             Refused::Space(refusal) => {
                 space.refusal_error(refusal, state.usage.bytes, growth.bytes.max(0) as u64)
@@ -811,7 +830,10 @@ fn any_quota(state: &State) -> bool {
     );
     state
         .by_type
-        .range::<_, str>((std::ops::Bound::Included(QUOTA_TYPES), std::ops::Bound::Unbounded))
+        .range::<_, str>((
+            std::ops::Bound::Included(QUOTA_TYPES),
+            std::ops::Bound::Unbounded,
+        ))
         .next()
         .is_some_and(|(k, _)| k.starts_with(QUOTA_TYPES))
 }
@@ -824,11 +846,18 @@ fn quotas_of(state: &State, tenancy_key: &str) -> Vec<(String, Vec<(capacity::Qu
     if !any_quota(state) {
         return Vec::new();
     }
-    let quota_types = format!("{}{sep}{}{sep}", capacity::QUOTA_GROUP, capacity::QUOTA_KIND);
+    let quota_types = format!(
+        "{}{sep}{}{sep}",
+        capacity::QUOTA_GROUP,
+        capacity::QUOTA_KIND
+    );
     let prefix = format!("{quota_types}{tenancy_key}{sep}");
     state
         .resources
-        .range::<_, str>((std::ops::Bound::Included(prefix.as_str()), std::ops::Bound::Unbounded))
+        .range::<_, str>((
+            std::ops::Bound::Included(prefix.as_str()),
+            std::ops::Bound::Unbounded,
+        ))
         .take_while(|(k, _)| k.starts_with(prefix.as_str()))
         .filter_map(|(k, stored)| {
             let resource = stored.resource();
@@ -852,9 +881,7 @@ fn with_status(
     version: &str,
 ) -> Result<Resource, FsmError> {
     crate::validate::validate_write_status(id, &key, &status, version, limits)?;
-    let stored = key::with_storage_key(id, |storage_key| {
-        state.resources.get(storage_key).cloned()
-    });
+    let stored = key::with_storage_key(id, |storage_key| state.resources.get(storage_key).cloned());
     let Some(stored) = stored.filter(|s| s.uid() == id.uid) else {
         return Err(FsmError::NotFound);
     };

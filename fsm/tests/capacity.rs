@@ -84,9 +84,16 @@ fn a_full_cluster_refuses_growth_raises_the_alarm_and_recovers_when_deletes_make
         "the refusal names the quota and the usage: {reason}"
     );
     let usage = log.store.view().usage();
-    assert!(usage.bytes <= 10_000, "usage never passes the quota: {usage:?}");
+    assert!(
+        usage.bytes <= 10_000,
+        "usage never passes the quota: {usage:?}"
+    );
     let space = log.store.space();
-    assert_eq!(space.alarm_index, Some(log.index), "the refused entry raised NOSPACE");
+    assert_eq!(
+        space.alarm_index,
+        Some(log.index),
+        "the refused entry raised NOSPACE"
+    );
 
     // Under the alarm: a small new write is refused too, reads go on, an overwrite that
     // does not grow the resource (its data shrinks by as much as its version grows) and a
@@ -96,19 +103,32 @@ fn a_full_cluster_refuses_growth_raises_the_alarm_and_recovers_when_deletes_make
     let (name, version) = versions.remove(0);
     let overwritten = log.put(sized(&name, 398, &version));
     versions.insert(0, (name.clone(), overwritten.version().to_string()));
-    assert!(log.store.view().read(&id(&format!("uid-{name}"), &name)).is_ok());
+    assert!(log
+        .store
+        .view()
+        .read(&id(&format!("uid-{name}"), &name))
+        .is_ok());
 
     // Deleting one resource leaves usage above the low-water mark (90 %): still raised.
     let (name, version) = versions.pop().unwrap();
-    log.delete(id(&format!("uid-{name}"), &name), &version).unwrap();
+    log.delete(id(&format!("uid-{name}"), &name), &version)
+        .unwrap();
     let usage = log.store.view().usage().bytes;
     if usage > 9_000 {
-        assert!(log.store.space().alarm_index.is_some(), "above the mark at {usage}");
+        assert!(
+            log.store.space().alarm_index.is_some(),
+            "above the mark at {usage}"
+        );
         let (name, version) = versions.pop().unwrap();
-        log.delete(id(&format!("uid-{name}"), &name), &version).unwrap();
+        log.delete(id(&format!("uid-{name}"), &name), &version)
+            .unwrap();
     }
     assert!(log.store.view().usage().bytes <= 9_000);
-    assert_eq!(log.store.space().alarm_index, None, "cleared at the low-water mark");
+    assert_eq!(
+        log.store.space().alarm_index,
+        None,
+        "cleared at the low-water mark"
+    );
     log.put(sized("after", 10, ""));
 }
 
@@ -135,7 +155,11 @@ fn a_write_that_does_not_fit_below_the_low_water_mark_raises_no_alarm() {
     capacity(&mut log, CapacityAction::SetQuota(10_000));
     log.put(sized("a", 1_000, ""));
     exhausted(log.write(sized("huge", 20_000, "")));
-    assert_eq!(log.store.space().alarm_index, None, "room is left: no alarm");
+    assert_eq!(
+        log.store.space().alarm_index,
+        None,
+        "room is left: no alarm"
+    );
     log.put(sized("b", 1_000, ""));
 }
 
@@ -145,7 +169,10 @@ fn a_raise_proposed_before_the_limit_holds_only_above_the_low_water_mark() {
     capacity(&mut log, CapacityAction::SetQuota(100_000));
     log.put(sized("a", 1_000, ""));
     let space = capacity(&mut log, CapacityAction::RaiseAlarm);
-    assert_eq!(space.alarm_index, None, "far below the quota a raise clears at once");
+    assert_eq!(
+        space.alarm_index, None,
+        "far below the quota a raise clears at once"
+    );
 }
 
 #[test]
@@ -157,7 +184,10 @@ fn at_cluster_version_0_1_no_capacity_rule_applies_and_the_command_is_refused() 
             action: CapacityAction::SetQuota(1),
         },
     );
-    assert!(matches!(refused, Err(FsmError::FailedPrecondition(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(FsmError::FailedPrecondition(_))),
+        "{refused:?}"
+    );
     // A quota-shaped resource is an ordinary resource to a 0.1 cluster.
     let mut quota = quota_resource("q", "default", "default", &[("count", 0)]);
     quota.data = None;
@@ -187,7 +217,12 @@ fn quota_resource(name: &str, partition: &str, namespace: &str, hard: &[(&str, u
 #[test]
 fn a_tenant_quota_limits_its_tenancy_and_type_only() {
     let mut log = log_at_0_2(Limits::default());
-    log.put(quota_resource("team-a", "default", "default", &[("count/catalog.Service", 2)]));
+    log.put(quota_resource(
+        "team-a",
+        "default",
+        "default",
+        &[("count/catalog.Service", 2)],
+    ));
     log.put(sized("one", 10, ""));
     let two = log.put(sized("two", 10, ""));
     let refused = log.write(sized("three", 10, ""));
@@ -223,7 +258,10 @@ fn a_malformed_quota_is_refused_naming_the_field() {
     }
     let mut no_data = quota_resource("q", "default", "default", &[]);
     no_data.data = None;
-    assert!(matches!(log.write(no_data), Err(FsmError::InvalidArgument { .. })));
+    assert!(matches!(
+        log.write(no_data),
+        Err(FsmError::InvalidArgument { .. })
+    ));
 }
 
 #[test]
@@ -242,11 +280,13 @@ fn the_check_before_proposing_agrees_with_apply() {
         log.store.check_capacity(&too_big),
         Err(FsmError::ResourceExhausted { .. })
     ));
-    assert!(log.store.check_capacity(&Command::Delete {
-        id: id("uid-a", "a"),
-        version: "1".into()
-    })
-    .is_ok());
+    assert!(log
+        .store
+        .check_capacity(&Command::Delete {
+            id: id("uid-a", "a"),
+            version: "1".into()
+        })
+        .is_ok());
 }
 
 #[test]
@@ -258,13 +298,27 @@ fn the_history_holds_at_most_its_bytes_of_older_images() {
     let mut log = Log::with_limits(limits);
     let mut version = String::new();
     for _ in 0..100 {
-        version = log.put(sized("churn", 1_000, &version)).version().to_string();
+        version = log
+            .put(sized("churn", 1_000, &version))
+            .version()
+            .to_string();
     }
-    assert!(log.store.history_bytes() <= 10_000, "{}", log.store.history_bytes());
-    assert!(log.store.history_bytes() >= 9_000, "{}", log.store.history_bytes());
+    assert!(
+        log.store.history_bytes() <= 10_000,
+        "{}",
+        log.store.history_bytes()
+    );
+    assert!(
+        log.store.history_bytes() >= 9_000,
+        "{}",
+        log.store.history_bytes()
+    );
     // The newest changes are still served.
     assert!(log.store.view_at(log.index - 5).is_ok());
-    assert!(log.store.view_at(2).is_err(), "old revisions were compacted");
+    assert!(
+        log.store.view_at(2).is_err(),
+        "old revisions were compacted"
+    );
 }
 
 /// One step of a random log.

@@ -1037,8 +1037,16 @@ impl Config {
             self.requests_per_connection_max,
             1..=100_000,
         )?;
-        check_range("client_rate_wait_ms_max", self.client_rate_wait_ms_max, 0..=600_000)?;
-        check_range("writes_in_flight_max", self.writes_in_flight_max, 1..=1_000_000)?;
+        check_range(
+            "client_rate_wait_ms_max",
+            self.client_rate_wait_ms_max,
+            0..=600_000,
+        )?;
+        check_range(
+            "writes_in_flight_max",
+            self.writes_in_flight_max,
+            1..=1_000_000,
+        )?;
         check_range(
             "restore_upload_bytes_max",
             self.restore_upload_bytes_max,

@@ -55,7 +55,13 @@ pub struct Rates {
 /// | ≤ burst | go now |
 /// | burst < … ≤ burst + wait_max | wait the difference |
 /// | > burst + wait_max | refuse |
-pub fn gcra(tat: u64, now: u64, increment: u64, burst: u64, wait_max: u64) -> Result<(u64, u64), u64> {
+pub fn gcra(
+    tat: u64,
+    now: u64,
+    increment: u64,
+    burst: u64,
+    wait_max: u64,
+) -> Result<(u64, u64), u64> {
     let new_tat = tat.max(now).saturating_add(increment);
     let wait = new_tat.saturating_sub(now.saturating_add(burst));
     if wait > wait_max {
@@ -129,17 +135,21 @@ impl Fairness {
             let requests = match rates.requests_per_second {
                 0 => None,
                 rate => Some(
-                    gcra(state.requests_tat, now, increment(1, rate), burst, wait_max).map_err(
-                        |_| refusal("requests_per_second", rate, caller, "requests"),
-                    )?,
+                    gcra(state.requests_tat, now, increment(1, rate), burst, wait_max)
+                        .map_err(|_| refusal("requests_per_second", rate, caller, "requests"))?,
                 ),
             };
             let bytes_decision = match rates.bytes_per_second {
                 0 => None,
                 rate => Some(
-                    gcra(state.bytes_tat, now, increment(bytes, rate), burst, wait_max).map_err(
-                        |_| refusal("bytes_per_second", rate, caller, "request bytes"),
-                    )?,
+                    gcra(
+                        state.bytes_tat,
+                        now,
+                        increment(bytes, rate),
+                        burst,
+                        wait_max,
+                    )
+                    .map_err(|_| refusal("bytes_per_second", rate, caller, "request bytes"))?,
                 ),
             };
             // Both pass: only now is either charged.
@@ -163,7 +173,11 @@ impl Fairness {
 
     /// A write slot for `caller`, in its turn among the callers waiting ([`FairSlots`]),
     /// by `deadline`; else RESOURCE_EXHAUSTED naming `writes_in_flight_max`.
-    pub async fn write_slot(&self, caller: &str, deadline: Instant) -> Result<SlotPermit, ApiError> {
+    pub async fn write_slot(
+        &self,
+        caller: &str,
+        deadline: Instant,
+    ) -> Result<SlotPermit, ApiError> {
         let waiting = self.slots.acquire(caller);
         match tokio::time::timeout_at(deadline, waiting).await {
             Ok(permit) => Ok(permit),
@@ -321,7 +335,14 @@ mod tests {
             // A fresh caller goes at once.
             (0, 10 * S, S / 10, S, S, Ok((10 * S + S / 10, 0))),
             // Within the burst: at once.
-            (10 * S + S / 2, 10 * S, S / 10, S, S, Ok((10 * S + 6 * S / 10, 0))),
+            (
+                10 * S + S / 2,
+                10 * S,
+                S / 10,
+                S,
+                S,
+                Ok((10 * S + 6 * S / 10, 0)),
+            ),
             // Past the burst by 0.1 s: wait 0.1 s.
             (11 * S, 10 * S, S / 10, S, S, Ok((11 * S + S / 10, S / 10))),
             // Past the burst by more than wait_max: refused, with the wait it would need.
@@ -330,7 +351,11 @@ mod tests {
             (0, 10 * S, 3 * S, S, S, Err(2 * S)),
         ];
         for &(tat, now, inc, burst, wait_max, expected) in table {
-            assert_eq!(gcra(tat, now, inc, burst, wait_max), expected, "tat {tat} now {now} inc {inc}");
+            assert_eq!(
+                gcra(tat, now, inc, burst, wait_max),
+                expected,
+                "tat {tat} now {now} inc {inc}"
+            );
         }
     }
 
@@ -378,7 +403,10 @@ mod tests {
         // The runaway queues three writes, then a good caller queues one.
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for (i, caller) in ["runaway", "runaway", "runaway", "good"].into_iter().enumerate() {
+        for (i, caller) in ["runaway", "runaway", "runaway", "good"]
+            .into_iter()
+            .enumerate()
+        {
             let slots = slots.clone();
             let order = order.clone();
             tasks.push(tokio::spawn(async move {

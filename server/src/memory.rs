@@ -79,7 +79,10 @@ pub fn cgroup_limit(text: &str, root: &Path) -> Option<(u64, MemorySource)> {
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
         let relative = path.trim_start_matches('/');
         if controllers.split(',').any(|c| c == "memory") {
-            let file = root.join("memory").join(relative).join("memory.limit_in_bytes");
+            let file = root
+                .join("memory")
+                .join(relative)
+                .join("memory.limit_in_bytes");
             if let Some(limit) = read_limit(&file) {
                 return Some((limit, MemorySource::CgroupV1(file.display().to_string())));
             }
@@ -109,10 +112,18 @@ mod tests {
         const MIB: u64 = 1024 * 1024;
         // (memory, data_bytes_max, history_bytes_max)
         let table = [
-            (700 * MIB, 228 * MIB + 819 * 1024 + 204, 57 * MIB + 204 * 1024 + 819),
+            (
+                700 * MIB,
+                228 * MIB + 819 * 1024 + 204,
+                57 * MIB + 204 * 1024 + 819,
+            ),
             (128 * MIB, DATA_BYTES_MAX_MIN, HISTORY_BYTES_MAX_MIN),
             (0, DATA_BYTES_MAX_MIN, HISTORY_BYTES_MAX_MIN),
-            (24 * 1024 * MIB, (24 * 1024 - 128) * MIB / 10 * 4, (24 * 1024 - 128) * MIB / 10),
+            (
+                24 * 1024 * MIB,
+                (24 * 1024 - 128) * MIB / 10 * 4,
+                (24 * 1024 - 128) * MIB / 10,
+            ),
         ];
         for (memory, data, history) in table {
             let (d, h) = capacity_defaults(memory);
@@ -133,13 +144,19 @@ mod tests {
             Some(734_003_200)
         );
         std::fs::write(v2.join("memory.max"), "max\n").unwrap();
-        assert_eq!(cgroup_limit("0::/system.slice/cairn.service\n", root.path()), None);
+        assert_eq!(
+            cgroup_limit("0::/system.slice/cairn.service\n", root.path()),
+            None
+        );
 
         let v1 = root.path().join("memory/cairn-1");
         std::fs::create_dir_all(&v1).unwrap();
         std::fs::write(v1.join("memory.limit_in_bytes"), "524288000\n").unwrap();
         let text = "12:cpu,cpuacct:/\n4:memory:/cairn-1\n";
-        assert_eq!(cgroup_limit(text, root.path()).map(|l| l.0), Some(524_288_000));
+        assert_eq!(
+            cgroup_limit(text, root.path()).map(|l| l.0),
+            Some(524_288_000)
+        );
         std::fs::write(v1.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
         assert_eq!(cgroup_limit(text, root.path()), None, "v1's no-limit value");
     }

@@ -227,7 +227,10 @@ impl Probes {
         };
         let alarms = crate::raft::capacity::alarms(space, usage);
         match alarms.first() {
-            Some(alarm) => format!("{usage} bytes {quota}; ALARM {}: {}", alarm.name, alarm.reason),
+            Some(alarm) => format!(
+                "{usage} bytes {quota}; ALARM {}: {}",
+                alarm.name, alarm.reason
+            ),
             None => format!("{usage} bytes {quota}"),
         }
     }

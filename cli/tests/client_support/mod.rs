@@ -282,3 +282,10 @@ pub async fn new_token() -> (String, String) {
     assert!(hash_line.starts_with("token_sha256 = \""), "{hash_line}");
     (token, hash_line)
 }
+
+/// `cairn ARGS --endpoints ENDPOINTS`, with this build's binary.
+pub async fn cairn_at(endpoints: &str, args: &[&str]) -> Run {
+    let mut all = args.to_vec();
+    all.extend(["--endpoints", endpoints]);
+    run_cairn(env!("CARGO_BIN_EXE_cairn"), &all, None, &[]).await
+}

@@ -69,7 +69,11 @@ pub async fn keep_quota(raft: super::RaftHandle) {
         tick.tick().await;
         // A new leader first applies what its log holds: the quota it would compare with
         // may be in it.
-        if raft.store.cluster_version().require(Feature::Capacity).is_err()
+        if raft
+            .store
+            .cluster_version()
+            .require(Feature::Capacity)
+            .is_err()
             || !raft.leads_with_current_state().await
         {
             continue;
@@ -80,7 +84,12 @@ pub async fn keep_quota(raft: super::RaftHandle) {
             .keys()
             .chain(status.learners.keys())
             .filter(|id| **id != raft.node_id)
-            .map(|id| (*id, raft.contacts.data_bytes_max_recently(*id, REPORT_FRESH)))
+            .map(|id| {
+                (
+                    *id,
+                    raft.contacts.data_bytes_max_recently(*id, REPORT_FRESH),
+                )
+            })
             .collect();
         let current = raft.store.space().quota_bytes;
         let own = raft.contacts.own_data_bytes_max();
@@ -157,8 +166,11 @@ mod tests {
             (0, 100, &[], Some(100)),
         ];
         for (current, own, reports, expected) in table {
-            let members: Vec<(NodeId, Option<u64>)> =
-                reports.iter().enumerate().map(|(i, r)| (i as u64 + 2, *r)).collect();
+            let members: Vec<(NodeId, Option<u64>)> = reports
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (i as u64 + 2, *r))
+                .collect();
             assert_eq!(
                 quota_target(*current, *own, &members),
                 *expected,

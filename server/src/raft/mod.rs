@@ -720,9 +720,7 @@ impl RaftHandle {
             .await
             .ok()
             .flatten();
-        committed.is_some_and(|c| {
-            c.leader_id.term == term && self.store.applied_index() >= c.index
-        })
+        committed.is_some_and(|c| c.leader_id.term == term && self.store.applied_index() >= c.index)
     }
 
     pub async fn committed_index(&self) -> u64 {

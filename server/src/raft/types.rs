@@ -172,7 +172,9 @@ impl ReplyWire {
                 (state.version.major, state.version.minor),
                 state.downgrade.map(|v| (v.major, v.minor)),
             ),
-            Ok(Applied::Capacity(space)) => ReplyWire::Capacity(space.quota_bytes, space.alarm_index),
+            Ok(Applied::Capacity(space)) => {
+                ReplyWire::Capacity(space.quota_bytes, space.alarm_index)
+            }
             Ok(Applied::Batch(results)) => ReplyWire::Batch(
                 results
                     .iter()
