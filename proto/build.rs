@@ -10,6 +10,7 @@ const SHARED_PACKAGE: &str = "cairn.v1.shared";
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/cairn/v1/resource.proto",
+        "proto/cairn/v1/lease.proto",
         "proto/cairn/v1/shared.proto",
         "proto/cairn/v1/errors.proto",
         "proto/cairn/v1/forwarding.proto",

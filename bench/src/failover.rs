@@ -109,6 +109,7 @@ pub async fn run(cluster: &Cluster, args: FailoverArgs, format: Format) -> Resul
         let outcome = tokio::time::timeout(
             Duration::from_millis(args.probe_timeout_ms.max(1)),
             client.write(pb::WriteRequest {
+                fence: None,
                 resource: Some(resource),
             }),
         )

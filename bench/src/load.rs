@@ -323,6 +323,7 @@ pub async fn remove_keys(cluster: &Cluster, options: &LoadOptions) -> Result<u64
     let mut deleted = 0;
     for resource in listed {
         let mut request = tonic::Request::new(pb::DeleteRequest {
+            fence: None,
             id: resource.id,
             version: resource.version,
         });
@@ -449,6 +450,7 @@ async fn write_key(
     );
     match client
         .write(pb::WriteRequest {
+            fence: None,
             resource: Some(resource),
         })
         .await

@@ -346,6 +346,7 @@ async fn writer(
         let outcome = tokio::time::timeout(
             plan.op_timeout,
             client.write(pb::WriteRequest {
+                fence: None,
                 resource: Some(resource),
             }),
         )

@@ -158,6 +158,14 @@ struct UnsafeFlags {
     /// replaces it with the stored version).
     #[arg(long)]
     unsafe_accept_stale_cas: bool,
+    /// DANGEROUS, test-only: decide lease expiry on the wall clock instead of the
+    /// monotonic one (a clock jump expires leases early).
+    #[arg(long)]
+    unsafe_lease_wall_clock: bool,
+    /// DANGEROUS, test-only: apply a fenced write without checking its fence (a deposed
+    /// holder's writes are accepted).
+    #[arg(long)]
+    unsafe_ignore_fences: bool,
 }
 
 impl From<UnsafeFlags> for cairn_server::config::UnsafeModes {
@@ -168,6 +176,8 @@ impl From<UnsafeFlags> for cairn_server::config::UnsafeModes {
             unsafe_ack_before_commit: flags.unsafe_ack_before_commit,
             unsafe_drop_watch_events: flags.unsafe_drop_watch_events,
             unsafe_accept_stale_cas: flags.unsafe_accept_stale_cas,
+            unsafe_lease_wall_clock: flags.unsafe_lease_wall_clock,
+            unsafe_ignore_fences: flags.unsafe_ignore_fences,
         }
     }
 }

@@ -172,6 +172,10 @@ pub struct WriteArgs {
     /// Create, or replace whatever is stored.
     #[arg(long)]
     pub upsert: bool,
+    /// Attach the resource to this lease (`cairn lease grant`): it is deleted when the
+    /// lease expires or is revoked. A write without it detaches the resource.
+    #[arg(long)]
+    pub lease: Option<u64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -466,6 +470,7 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
                 key: a.status_key,
                 status: Some(status),
                 version: a.version.unwrap_or_default(),
+                fence: None,
             };
             let stored = client.write_status(request).await?;
             print_resources(out, c.global.output, &[stored], None)?;
@@ -627,11 +632,18 @@ fn resource_of(c: &CommonArgs, a: &WriteArgs) -> Result<Resource, ClientError> {
         metadata: a.metadata.iter().cloned().collect::<BTreeMap<_, _>>(),
         status: BTreeMap::new(),
         data,
+        lease: 0,
     })
 }
 
 async fn write(client: &Client, c: &CommonArgs, a: WriteArgs) -> Result<Resource, ClientError> {
     let mut resource = resource_of(c, &a)?;
+    if let Some(lease) = a.lease {
+        if lease == 0 {
+            return Err(ClientError::invalid("lease", "0 is not a lease id"));
+        }
+        resource.lease = lease;
+    }
     if let Some(version) = &a.version {
         resource.version = version.clone();
     }

@@ -105,6 +105,9 @@ pub fn resource_to_json(r: &Resource) -> Value {
     if !r.generation.is_empty() {
         m.insert("generation".into(), Value::String(r.generation.clone()));
     }
+    if r.lease != 0 {
+        m.insert("lease".into(), Value::from(r.lease));
+    }
     if !r.metadata.is_empty() {
         let metadata: Map<String, Value> = r
             .metadata
@@ -238,6 +241,7 @@ pub fn resource_from_json(v: &Value) -> Result<Resource, JsonError> {
         "metadata",
         "status",
         "data",
+        "lease",
     ])?;
     let id = match o.get("id") {
         Some(v) => id_from_json(v, "id")?,
@@ -273,6 +277,12 @@ pub fn resource_from_json(v: &Value) -> Result<Resource, JsonError> {
         metadata,
         status,
         data,
+        lease: match o.get("lease") {
+            None => 0,
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| err("lease", "must be a lease id (a whole number)"))?,
+        },
     })
 }
 
@@ -635,6 +645,7 @@ mod tests {
             namespace: "ns1".into(),
         };
         Resource {
+            lease: 0,
             id: Some(Id {
                 uid: "01HV6Q7ZJ5K8Y3T2W9XG4M1N0P".into(),
                 name: "web".into(),

@@ -505,6 +505,8 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         cluster_version_downgrade: None,
         space_quota_bytes: None,
         nospace_alarm_index: None,
+        // The leases go with the table (their resources name them).
+        leases: old.leases.clone(),
     };
     let snapshots = cairn_server::raft::snapshot_dir(data_dir);
     std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;

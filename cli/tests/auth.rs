@@ -321,7 +321,10 @@ async fn each_role_gets_exactly_its_grant_through_the_client_library() {
         let malformed = || {
             let mut r = resource("Thing", "x", dd(), None);
             r.id.as_mut().unwrap().name = "bad\u{1}name".into();
-            pb::WriteRequest { resource: Some(r) }
+            pb::WriteRequest {
+                resource: Some(r),
+                fence: None,
+            }
         };
         let mut raw = pb::resource_service_client::ResourceServiceClient::connect(format!(
             "http://{}",

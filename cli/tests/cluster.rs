@@ -158,6 +158,7 @@ async fn a_node_restarted_after_compaction_catches_up_through_a_snapshot() {
                     let mut c = c.clone();
                     let name = format!("r-{round:02}-{i:05}");
                     c.write(cairn_proto::v1::WriteRequest {
+                        fence: None,
                         resource: Some(thing(&name, "u1", "", &[7u8; 64])),
                     })
                     .await
@@ -208,6 +209,7 @@ async fn the_log_is_compacted_by_size_long_before_the_entry_count() {
     for i in 0..48usize {
         let name = format!("big-{i:02}");
         c.write(cairn_proto::v1::WriteRequest {
+            fence: None,
             resource: Some(thing(&name, "u1", "", &[7u8; 64 * 1024])),
         })
         .await

@@ -194,6 +194,7 @@ async fn a_100_mib_message_is_refused_on_both_ports_and_memory_stays_bounded() {
         .max_encoding_message_size(usize::MAX);
     let refused = client
         .write(cairn_proto::v1::WriteRequest {
+            fence: None,
             resource: Some(thing("huge", "u1", "", &huge)),
         })
         .await;
@@ -284,6 +285,7 @@ async fn a_thousand_then_twenty_thousand_idle_connections_are_bounded_and_closed
         let mut c = steady.clone();
         async move {
             c.write(cairn_proto::v1::WriteRequest {
+                fence: None,
                 resource: Some(resource),
             })
             .await
@@ -318,6 +320,7 @@ async fn a_thousand_then_twenty_thousand_idle_connections_are_bounded_and_closed
     steady = client(&node.client_address).await;
     steady
         .write(cairn_proto::v1::WriteRequest {
+            fence: None,
             resource: Some(thing("after", "u1", "", b"x")),
         })
         .await
@@ -531,6 +534,7 @@ async fn requests_dribbled_at_one_byte_a_second_are_closed_while_a_watch_and_oth
     while started.elapsed() < limit {
         writer
             .write(cairn_proto::v1::WriteRequest {
+                fence: None,
                 resource: Some(thing(&format!("steady-{written}"), "u1", "", b"x")),
             })
             .await
@@ -552,6 +556,7 @@ async fn requests_dribbled_at_one_byte_a_second_are_closed_while_a_watch_and_oth
     // The watch, silent all along, is still served.
     writer
         .write(cairn_proto::v1::WriteRequest {
+            fence: None,
             resource: Some(thing("watched-1", "u1", "", b"x")),
         })
         .await
@@ -722,6 +727,7 @@ async fn an_idle_connection_is_closed_with_goaway_and_a_request_racing_the_close
         .connect_lazy();
     let mut c = cairn_proto::v1::resource_service_client::ResourceServiceClient::new(channel);
     let write = |name: &str| cairn_proto::v1::WriteRequest {
+        fence: None,
         resource: Some(thing(name, "u1", "", b"x")),
     };
     c.write(write("warm-up")).await.expect("first request");

@@ -306,6 +306,7 @@ async fn a_follower_with_256_descriptors_refuses_a_flood_and_keeps_serving_raft(
     for i in 0..20 {
         let write = steady
             .write(cairn_proto::v1::WriteRequest {
+                fence: None,
                 resource: Some(thing(&format!("during-{i}"), "u1", "", &payload)),
             })
             .await;

@@ -103,6 +103,7 @@ async fn cas_writes_forwarded_by_a_follower_survive_the_leader_being_killed() {
                 break;
             }
             let mut request = tonic::Request::new(WriteRequest {
+                fence: None,
                 resource: Some(thing("counter", "u1", &version, &seq.to_be_bytes())),
             });
             request.set_timeout(Duration::from_secs(3));

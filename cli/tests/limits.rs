@@ -100,6 +100,7 @@ fn sized(name: &str, size_bytes: usize, request: bool) -> Resource {
     let measure = |r: &Resource| {
         if request {
             WriteRequest {
+                fence: None,
                 resource: Some(r.clone()),
             }
             .encoded_len()
@@ -126,10 +127,13 @@ async fn write_on(
     c: &mut ResourceServiceClient<Channel>,
     r: Resource,
 ) -> Result<Resource, ApiError> {
-    c.write(WriteRequest { resource: Some(r) })
-        .await
-        .map(|r| r.into_inner().resource.unwrap())
-        .map_err(ApiError::from)
+    c.write(WriteRequest {
+        resource: Some(r),
+        fence: None,
+    })
+    .await
+    .map(|r| r.into_inner().resource.unwrap())
+    .map_err(ApiError::from)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -327,6 +327,7 @@ async fn restore_scenario(cluster: &Cluster, leader_address: &str) -> RestoreSce
             let deleted = client(leader_address)
                 .await
                 .delete(cairn_proto::v1::DeleteRequest {
+                    fence: None,
                     id: r.id.clone(),
                     version: r.version.clone(),
                 })

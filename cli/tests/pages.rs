@@ -77,6 +77,7 @@ impl Model {
         let revision = client(address)
             .await
             .delete(DeleteRequest {
+                fence: None,
                 id: stored.id.clone(),
                 version: stored.version.clone(),
             })

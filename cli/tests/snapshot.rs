@@ -209,6 +209,7 @@ fn damaged_backups_are_refused_each_with_its_own_message() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.snap");
     let header = cairn_server::snapshot_file::SnapshotHeader {
+        leases: Vec::new(),
         cluster_id: "c".into(),
         last_log_index: 7,
         last_log_term: 1,

@@ -305,6 +305,7 @@ async fn a_certificate_from_the_cluster_ca_speaks_only_for_the_node_it_names() {
     assert!(status.message().contains("names no node"), "{status:?}");
 
     let mut forged = tonic::Request::new(WriteRequest {
+        fence: None,
         resource: Some(thing("forged", "u1", "", b"x")),
     });
     forged

@@ -435,11 +435,20 @@ impl Client {
     /// version expected to be stored ("" = create). Returns the stored
     /// resource with its new version.
     pub async fn write(&self, resource: Resource) -> Result<Resource, ClientError> {
+        self.write_request(WriteRequest {
+            resource: Some(resource),
+            fence: None,
+        })
+        .await
+    }
+
+    /// A write with every option of the request: a fence
+    /// ([`crate::Election::fence`]) makes it apply only while the election it names is
+    /// still held at that token (FailedPrecondition otherwise).
+    pub async fn write_request(&self, request: WriteRequest) -> Result<Resource, ClientError> {
         let response = self
             .call(Operation::Mutation, move |mut c, remaining| {
-                let mut r = tonic::Request::new(WriteRequest {
-                    resource: Some(resource.clone()),
-                });
+                let mut r = tonic::Request::new(request.clone());
                 r.set_timeout(remaining);
                 async move { c.write(r).await }
             })
@@ -455,10 +464,17 @@ impl Client {
     /// `version`. Nothing stored, or another lifetime stored: success, nothing
     /// deleted. Returns the revision at which the delete was applied.
     pub async fn delete(&self, id: Id, version: impl Into<String>) -> Result<u64, ClientError> {
-        let request = DeleteRequest {
+        self.delete_request(DeleteRequest {
             id: Some(id),
             version: version.into(),
-        };
+            fence: None,
+        })
+        .await
+    }
+
+    /// A delete with every option of the request (a fence, as
+    /// [`Client::write_request`]).
+    pub async fn delete_request(&self, request: DeleteRequest) -> Result<u64, ClientError> {
         let response = self
             .call(Operation::Mutation, move |mut c, remaining| {
                 let mut r = tonic::Request::new(request.clone());

@@ -6,7 +6,9 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cairn_fsm::{Applied, Command, PageBounds, PageToken, ReadScope, View, WatchFilter};
+use cairn_fsm::{
+    Applied, Command, LeaseApplied, PageBounds, PageToken, ReadScope, View, WatchFilter,
+};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::{self as pb, shared, Consistency};
 use futures::Stream;
@@ -38,6 +40,17 @@ fn written(what: &str, (index, applied): (u64, Applied)) -> Result<bytes::Bytes,
         other => Err(ApiError::Internal(format!(
             "{what} at index {index} applied as {other:?}"
         ))),
+    }
+}
+
+/// `command`, applied only while `fence` holds, if there is one.
+fn fenced(fence: Option<pb::Fence>, command: Command) -> Command {
+    match fence {
+        Some(fence) => Command::Fenced {
+            fence,
+            command: Box::new(command),
+        },
+        None => command,
     }
 }
 
@@ -274,10 +287,8 @@ impl<H: Handle> Executor<H> {
             .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
         // `propose` checks leadership (the one check of this request): on a node that does
         // not lead it answers NotLeader, certainly not proposed.
-        let resource = written(
-            "write",
-            self.handle.propose(Command::Write { resource }).await?,
-        )?;
+        let command = fenced(r.fence, Command::Write { resource });
+        let resource = written("write", self.handle.propose(command).await?)?;
         Ok(shared::WriteResponse {
             resource: Some(resource),
         })
@@ -290,12 +301,15 @@ impl<H: Handle> Executor<H> {
         r: pb::WriteStatusRequest,
     ) -> Result<shared::WriteStatusResponse, ApiError> {
         let id = r.id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
-        let command = Command::WriteStatus {
-            id,
-            key: r.key,
-            status: r.status.unwrap_or_default(),
-            version: r.version,
-        };
+        let command = fenced(
+            r.fence,
+            Command::WriteStatus {
+                id,
+                key: r.key,
+                status: r.status.unwrap_or_default(),
+                version: r.version,
+            },
+        );
         let resource = written("status write", self.handle.propose(command).await?)?;
         Ok(shared::WriteStatusResponse {
             resource: Some(resource),
@@ -307,14 +321,14 @@ impl<H: Handle> Executor<H> {
         r: pb::DeleteRequest,
     ) -> Result<pb::DeleteResponse, ApiError> {
         let id = r.id.ok_or_else(|| ApiError::invalid("id", "is required"))?;
-        match self
-            .handle
-            .propose(Command::Delete {
+        let command = fenced(
+            r.fence,
+            Command::Delete {
                 id,
                 version: r.version,
-            })
-            .await?
-        {
+            },
+        );
+        match self.handle.propose(command).await? {
             (index, Applied::Deleted { .. }) => {
                 assert!(index > 0, "a delete entry has a log index");
                 Ok(pb::DeleteResponse { revision: index })
@@ -323,6 +337,66 @@ impl<H: Handle> Executor<H> {
                 "delete at index {index} applied as {other:?}"
             ))),
         }
+    }
+
+    /// Validates, then runs a lease grant, revoke or keep-alive through this node's Raft;
+    /// NotLeader on a follower.
+    pub async fn lease(
+        &self,
+        r: pb::LeaseCommandRequest,
+    ) -> Result<pb::LeaseCommandResponse, ApiError> {
+        self.check_lease(&r)?;
+        self.lease_checked(r).await
+    }
+
+    /// Checks a lease command against this node's limits (`lease_ttl_min_ms`,
+    /// `lease_ttl_max_ms`, `leases_max`; apply checks the hard bounds).
+    pub fn check_lease(&self, r: &pb::LeaseCommandRequest) -> Result<(), ApiError> {
+        checks::lease(self.limits(), self.handle.store().view().lease_count(), r)
+    }
+
+    pub(crate) async fn lease_checked(
+        &self,
+        r: pb::LeaseCommandRequest,
+    ) -> Result<pb::LeaseCommandResponse, ApiError> {
+        use pb::lease_command_request::Command as Asked;
+        use pb::lease_command_response::Answer;
+        let command = match r.command {
+            Some(Asked::Grant(g)) => Command::LeaseGrant { ttl_ms: g.ttl_ms },
+            Some(Asked::Revoke(v)) => Command::LeaseRevoke { id: v.id },
+            Some(Asked::KeepAlive(k)) => Command::LeaseKeepAlive { ids: k.ids },
+            None => return Err(ApiError::invalid("command", "is required")),
+        };
+        let (index, applied) = self.handle.propose(command).await?;
+        let answer = match applied {
+            Applied::Lease(LeaseApplied::Granted(lease)) => Answer::Grant(pb::LeaseGrantResponse {
+                id: lease.id,
+                ttl_ms: lease.ttl_ms,
+                revision: index,
+            }),
+            Applied::Lease(LeaseApplied::Revoked { existed, deleted }) => {
+                Answer::Revoke(pb::LeaseRevokeResponse {
+                    revision: if existed { index } else { 0 },
+                    deleted_count: deleted,
+                })
+            }
+            Applied::Lease(LeaseApplied::KeptAlive(answers)) => {
+                Answer::KeepAlive(pb::LeaseKeepAliveAnswers {
+                    leases: answers
+                        .into_iter()
+                        .map(|(id, ttl_ms)| pb::LeaseKeepAliveResponse { id, ttl_ms })
+                        .collect(),
+                })
+            }
+            other => {
+                return Err(ApiError::Internal(format!(
+                    "lease command at index {index} applied as {other:?}"
+                )))
+            }
+        };
+        Ok(pb::LeaseCommandResponse {
+            answer: Some(answer),
+        })
     }
 
     /// ListByOwner: always local (contract section 3). Only what `visible`
@@ -446,11 +520,71 @@ pub mod checks {
             .ok_or_else(|| ApiError::invalid("resource", "is required"))?;
         cairn_fsm::validate_write(resource, limits)?;
         cairn_fsm::capacity::validate_quota_write(resource)?;
+        fence(limits, r.fence.as_ref())
+    }
+
+    /// A fence, if any: it names a resource and a token (whether it holds is checked at
+    /// apply).
+    pub fn fence(limits: &Limits, fence: Option<&pb::Fence>) -> Result<(), ApiError> {
+        let Some(fence) = fence else {
+            return Ok(());
+        };
+        let election = fence
+            .election
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("fence.election", "is required"))?;
+        let id = pb::Id {
+            uid: String::new(),
+            name: election.name.clone(),
+            r#type: election.r#type.clone(),
+            tenancy: election.tenancy.clone(),
+        };
+        cairn_fsm::validate_id("fence.election", &id, limits)?;
+        if !election.section.is_empty() {
+            return Err(ApiError::invalid(
+                "fence.election.section",
+                "must be empty: a fence names a whole resource",
+            ));
+        }
+        if fence.token == 0 {
+            return Err(ApiError::invalid(
+                "fence.token",
+                "must not be 0 (it is the version the election was won at)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A lease command, against this node's limits; `lease_count` leases exist.
+    pub fn lease(
+        limits: &Limits,
+        lease_count: usize,
+        r: &pb::LeaseCommandRequest,
+    ) -> Result<(), ApiError> {
+        use pb::lease_command_request::Command as Asked;
+        match &r.command {
+            Some(Asked::Grant(g)) => {
+                cairn_fsm::lease::check_ttl(
+                    g.ttl_ms,
+                    limits.lease_ttl_min_ms,
+                    limits.lease_ttl_max_ms,
+                    " (lease_ttl_min_ms..=lease_ttl_max_ms)",
+                )?;
+                cairn_fsm::lease::check_grant(g.ttl_ms, lease_count, limits.leases_max)?;
+            }
+            Some(Asked::Revoke(v)) if v.id == 0 => {
+                return Err(ApiError::invalid("id", "0 is not a lease id"))
+            }
+            Some(Asked::Revoke(_)) => {}
+            Some(Asked::KeepAlive(k)) => cairn_fsm::lease::check_ids(&k.ids)?,
+            None => return Err(ApiError::invalid("command", "is required")),
+        }
         Ok(())
     }
 
     /// A delete.
     pub fn delete(limits: &Limits, r: &pb::DeleteRequest) -> Result<(), ApiError> {
+        fence(limits, r.fence.as_ref())?;
         let id =
             r.id.as_ref()
                 .ok_or_else(|| ApiError::invalid("id", "is required"))?;
@@ -478,7 +612,7 @@ pub mod checks {
             .as_ref()
             .ok_or_else(|| ApiError::invalid("status", "is required"))?;
         cairn_fsm::validate_write_status(id, &r.key, status, &r.version, limits)?;
-        Ok(())
+        fence(limits, r.fence.as_ref())
     }
 
     /// A list; returns the consistency it asks for. Its page token, if

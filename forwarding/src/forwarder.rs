@@ -167,6 +167,26 @@ impl<H: Handle> Forwarder<H> {
         self.route(r, deadline).await
     }
 
+    /// A lease grant, revoke or keep-alive: through Raft here on the leader, else at the
+    /// leader; refused here while the cluster version this node applied is below 0.2.
+    pub async fn lease(
+        &self,
+        r: pb::LeaseCommandRequest,
+        deadline: Instant,
+    ) -> Result<pb::LeaseCommandResponse, ApiError> {
+        self.executor.check_lease(&r)?;
+        if let Err(e) = self
+            .executor
+            .handle()
+            .store()
+            .cluster_version()
+            .require(cairn_fsm::Feature::Leases)
+        {
+            return Err(e.into());
+        }
+        self.route(r, deadline).await
+    }
+
     /// List (one page): eventual here, strong here on the leader or at the
     /// leader. Only what `visible` shows (`None`: everything) is listed and
     /// counted against the page's bounds; a forwarded list carries it to the
@@ -554,6 +574,25 @@ impl Forwardable for pb::WriteStatusRequest {
         request: Request<Self>,
     ) -> impl Future<Output = Result<Response<Self::Response>, Status>> + Send {
         client.write_status(request)
+    }
+}
+
+impl Forwardable for pb::LeaseCommandRequest {
+    type Response = pb::LeaseCommandResponse;
+    const METHOD: Method = Method::Lease;
+
+    fn local<H: Handle>(
+        self,
+        executor: &Executor<H>,
+    ) -> impl Future<Output = Result<Self::Response, ApiError>> + Send {
+        executor.lease_checked(self)
+    }
+
+    fn remote(
+        client: &mut ForwardingServiceClient<Channel>,
+        request: Request<Self>,
+    ) -> impl Future<Output = Result<Response<Self::Response>, Status>> + Send {
+        client.lease(request)
     }
 }
 

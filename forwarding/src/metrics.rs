@@ -53,6 +53,7 @@ pub(crate) enum Method {
     Read,
     List,
     ReadIndex,
+    Lease,
 }
 
 impl Method {
@@ -64,6 +65,7 @@ impl Method {
             Method::Read => "read",
             Method::List => "list",
             Method::ReadIndex => "read_index",
+            Method::Lease => "lease",
         }
     }
 
@@ -71,7 +73,7 @@ impl Method {
     /// only when it certainly did not apply).
     pub(crate) fn operation(self) -> cairn_request::Operation {
         match self {
-            Method::Write | Method::Delete | Method::WriteStatus => {
+            Method::Write | Method::Delete | Method::WriteStatus | Method::Lease => {
                 cairn_request::Operation::Mutation
             }
             Method::Read | Method::List | Method::ReadIndex => cairn_request::Operation::Read,

@@ -194,6 +194,15 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
         .await
     }
 
+    async fn lease(
+        &self,
+        r: Request<pb::LeaseCommandRequest>,
+    ) -> Result<Response<pb::LeaseCommandResponse>, Status> {
+        let timeout = caller_timeout(&r);
+        self.serve(Method::Lease, timeout, self.executor.lease(r.into_inner()))
+            .await
+    }
+
     async fn read_index(
         &self,
         r: Request<pb::ReadIndexRequest>,

@@ -71,6 +71,7 @@ async fn a_follower_forwards_writes_deletes_strong_reads_and_strong_lists() {
     let deleted = f
         .delete(
             DeleteRequest {
+                fence: None,
                 id: Some(id("a", "u1")),
                 version: "1".into(),
             },
@@ -1089,6 +1090,7 @@ async fn a_strong_listing_through_a_follower_pages_at_its_first_revision() {
     leader
         .delete(
             DeleteRequest {
+                fence: None,
                 id: Some(id("n3", "u1")),
                 version: "4".into(),
             },

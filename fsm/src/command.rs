@@ -7,7 +7,7 @@
 
 use bytes::{BufMut, Bytes};
 use cairn_proto::v1::log::{self, command::Command as LogCommand};
-use cairn_proto::v1::{Id, Resource, Status};
+use cairn_proto::v1::{Fence, Id, Resource, Status};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
 
@@ -35,6 +35,8 @@ pub enum Command {
     RestoreBegin {
         restore_id: String,
         resource_count: u64,
+        /// The backup's leases (`id`, `ttl_ms`): the commit installs them.
+        leases: Vec<(u64, u64)>,
     },
     /// Adds resources to the pending restore `restore_id`.
     RestoreChunk {
@@ -67,6 +69,19 @@ pub enum Command {
     /// Changes the cluster's space quota or its `NOSPACE` alarm ([`crate::capacity`]).
     /// Needs cluster version 0.2 ([`crate::Feature::Capacity`]).
     Capacity { action: CapacityAction },
+    /// Grants a lease of `ttl_ms` ([`crate::lease`]). Needs cluster version 0.2
+    /// ([`crate::Feature::Leases`]), as every lease command and `Fenced` do.
+    LeaseGrant { ttl_ms: u64 },
+    /// Revokes the lease `id` and deletes what is attached to it.
+    LeaseRevoke { id: u64 },
+    /// Renews the leases `ids` at this entry.
+    LeaseKeepAlive { ids: Vec<u64> },
+    /// The leader's verdict that leases ran out: each `(id, renewed_revision)` is
+    /// revoked if that is still its last renewal ([`crate::lease::expire_decision`]).
+    LeaseExpire { leases: Vec<(u64, u64)> },
+    /// A write, delete or status write applied only while `fence` holds: the resource it
+    /// names is stored at version `fence.token`.
+    Fenced { fence: Fence, command: Box<Command> },
 }
 
 /// Tag of `Command.write` and `Command.delete`, and of `WriteCommand.resource`.
@@ -84,9 +99,16 @@ impl Command {
         match self {
             Command::WriteStatus { .. } => Some(Feature::StatusWrites),
             Command::Capacity { .. } => Some(Feature::Capacity),
+            Command::LeaseGrant { .. }
+            | Command::LeaseRevoke { .. }
+            | Command::LeaseKeepAlive { .. }
+            | Command::LeaseExpire { .. }
+            | Command::Fenced { .. } => Some(Feature::Leases),
+            Command::Write { resource } if resource.lease != 0 => Some(Feature::Leases),
+            Command::RestoreBegin { leases, .. } if !leases.is_empty() => Some(Feature::Leases),
+            Command::Batch { commands } => commands.iter().find_map(Command::needs),
             Command::Write { .. }
             | Command::Delete { .. }
-            | Command::Batch { .. }
             | Command::RestoreBegin { .. }
             | Command::RestoreChunk { .. }
             | Command::RestoreCommit { .. }
@@ -147,12 +169,14 @@ impl Command {
         }
     }
 
-    /// The protobuf form of every command but a write (which is hand-framed).
+    /// The protobuf form of every command but a batch (hand-framed; a write is too, but
+    /// inside a fenced command it is a message like any other).
     fn to_log(&self) -> LogCommand {
         match self {
-            Command::Write { .. } | Command::Batch { .. } => {
-                unreachable!("writes and batches are hand-framed")
-            }
+            Command::Batch { .. } => unreachable!("batches are hand-framed"),
+            Command::Write { resource } => LogCommand::Write(log::WriteCommand {
+                resource: Some(resource.clone()),
+            }),
             Command::Delete { id, version } => LogCommand::Delete(log::DeleteCommand {
                 id: Some(id.clone()),
                 version: version.clone(),
@@ -160,9 +184,14 @@ impl Command {
             Command::RestoreBegin {
                 restore_id,
                 resource_count,
+                leases,
             } => LogCommand::RestoreBegin(log::RestoreBeginCommand {
                 restore_id: restore_id.clone(),
                 resource_count: *resource_count,
+                leases: leases
+                    .iter()
+                    .map(|&(id, ttl_ms)| log::LeaseRecord { id, ttl_ms })
+                    .collect(),
             }),
             Command::RestoreChunk {
                 restore_id,
@@ -216,7 +245,40 @@ impl Command {
                     quota_bytes,
                 })
             }
+            Command::LeaseGrant { ttl_ms } => {
+                LogCommand::LeaseGrant(log::LeaseGrantCommand { ttl_ms: *ttl_ms })
+            }
+            Command::LeaseRevoke { id } => {
+                LogCommand::LeaseRevoke(log::LeaseRevokeCommand { id: *id })
+            }
+            Command::LeaseKeepAlive { ids } => {
+                LogCommand::LeaseKeepAlive(log::LeaseKeepAliveCommand { ids: ids.clone() })
+            }
+            Command::LeaseExpire { leases } => LogCommand::LeaseExpire(log::LeaseExpireCommand {
+                ids: leases.iter().map(|l| l.0).collect(),
+                renewed_revisions: leases.iter().map(|l| l.1).collect(),
+            }),
+            Command::Fenced { fence, command } => {
+                assert!(
+                    command.is_fenceable(),
+                    "a fence guards a write, delete or status write"
+                );
+                LogCommand::Fenced(Box::new(log::FencedCommand {
+                    fence: Some(fence.clone()),
+                    command: Some(Box::new(log::Command {
+                        command: Some(command.to_log()),
+                    })),
+                }))
+            }
         }
+    }
+
+    /// Whether a fence may guard the command: a write, a delete or a status write.
+    pub fn is_fenceable(&self) -> bool {
+        matches!(
+            self,
+            Command::Write { .. } | Command::Delete { .. } | Command::WriteStatus { .. }
+        )
     }
 
     /// Encodes `Command::Batch` around commands already encoded with
@@ -304,6 +366,7 @@ impl Command {
             Some(LogCommand::RestoreBegin(c)) => Ok(Command::RestoreBegin {
                 restore_id: c.restore_id,
                 resource_count: c.resource_count,
+                leases: c.leases.iter().map(|l| (l.id, l.ttl_ms)).collect(),
             }),
             Some(LogCommand::RestoreChunk(c)) => Ok(Command::RestoreChunk {
                 restore_id: c.restore_id,
@@ -361,6 +424,38 @@ impl Command {
                     }
                 };
                 Ok(Command::Capacity { action })
+            }
+            Some(LogCommand::LeaseGrant(c)) => Ok(Command::LeaseGrant { ttl_ms: c.ttl_ms }),
+            Some(LogCommand::LeaseRevoke(c)) => Ok(Command::LeaseRevoke { id: c.id }),
+            Some(LogCommand::LeaseKeepAlive(c)) => Ok(Command::LeaseKeepAlive { ids: c.ids }),
+            Some(LogCommand::LeaseExpire(c)) => {
+                if c.ids.len() != c.renewed_revisions.len() {
+                    return Err(FsmError::Decode(format!(
+                        "lease expiry with {} ids and {} renewals",
+                        c.ids.len(),
+                        c.renewed_revisions.len()
+                    )));
+                }
+                Ok(Command::LeaseExpire {
+                    leases: c.ids.into_iter().zip(c.renewed_revisions).collect(),
+                })
+            }
+            Some(LogCommand::Fenced(c)) => {
+                let (Some(fence), Some(inner)) = (c.fence, c.command) else {
+                    return Err(FsmError::Decode(
+                        "fenced command without a fence or a command".into(),
+                    ));
+                };
+                let command = Command::from_log(inner.command)?;
+                if !command.is_fenceable() {
+                    return Err(FsmError::Decode(
+                        "a fence guards only a write, a delete or a status write".into(),
+                    ));
+                }
+                Ok(Command::Fenced {
+                    fence,
+                    command: Box::new(command),
+                })
             }
             None => Err(FsmError::Decode("command without a body".into())),
         }
@@ -488,6 +583,25 @@ mod tests {
             Command::RestoreBegin {
                 restore_id: "r1".into(),
                 resource_count: 2,
+                leases: vec![(3, 10_000)],
+            },
+            Command::LeaseGrant { ttl_ms: 10_000 },
+            Command::LeaseRevoke { id: 12 },
+            Command::LeaseKeepAlive { ids: vec![12, 13] },
+            Command::LeaseExpire {
+                leases: vec![(12, 40), (13, 41)],
+            },
+            Command::Fenced {
+                fence: Fence {
+                    election: Some(cairn_proto::v1::Reference {
+                        name: "leader".into(),
+                        ..Default::default()
+                    }),
+                    token: 17,
+                },
+                command: Box::new(Command::Write {
+                    resource: resource(),
+                }),
             },
             Command::RestoreChunk {
                 restore_id: "r1".into(),

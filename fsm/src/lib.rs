@@ -90,6 +90,7 @@ mod command;
 mod error;
 mod history;
 mod key;
+pub mod lease;
 mod page;
 mod restore;
 mod scope;
@@ -104,6 +105,7 @@ mod watch;
 pub use capacity::{CapacityAction, SpaceState, Usage};
 pub use command::{Command, COMMAND_FORMAT_VERSION};
 pub use error::FsmError;
+pub use lease::{Lease, LeaseApplied};
 pub use page::{
     ListFilter, Page, PageBounds, PageToken, LIST_PAGE_BYTES_MAX, PAGE_TOKEN_CHARS_MAX,
     PAGE_TOKEN_FORMAT_VERSION,

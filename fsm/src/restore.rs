@@ -24,6 +24,7 @@ use cairn_proto::v1::Resource;
 
 use crate::history::History;
 use crate::key::{self, Key};
+use crate::lease::Lease;
 use crate::state::State;
 use crate::store::Writer;
 use crate::validate::{validate_write, Limits};
@@ -62,6 +63,15 @@ impl RestoreTable {
                     format!("{:?} is not a log index", resource.version),
                 )
             })?;
+        if resource.lease != 0 && !self.state.leases.contains_key(&resource.lease) {
+            return Err(FsmError::invalid(
+                "resource.lease",
+                format!(
+                    "names lease {}, which the snapshot does not hold",
+                    resource.lease
+                ),
+            ));
+        }
         let id = resource
             .id
             .as_ref()
@@ -153,20 +163,28 @@ fn failed(reason: &str) -> FsmError {
 
 pub(crate) fn begin(
     w: &mut Writer,
+    index: u64,
     restore_id: &str,
     resource_count: u64,
+    leases: &[(u64, u64)],
 ) -> Result<Applied, FsmError> {
     validate_restore_id(restore_id)?;
+    if !leases.is_empty() {
+        w.cluster.require(crate::Feature::Leases)?;
+    }
+    let leases = lease_table(leases, index)?;
     if let Some(p) = &w.pending {
         return Err(FsmError::RestoreConflict(format!(
             "restore {:?} is already in progress",
             p.restore_id
         )));
     }
+    let mut table = RestoreTable::default();
+    table.state.leases = leases;
     w.pending = Some(PendingRestore {
         restore_id: restore_id.to_string(),
         resource_count,
-        table: RestoreTable::default(),
+        table,
         failure: None,
     });
     w.dirty = true;
@@ -198,7 +216,9 @@ pub(crate) fn chunk(
                 .map(|e| format!("resource {position}: {e}"))
         };
         if let Some(reason) = refused {
+            let leases = std::mem::take(&mut pending.table.state.leases);
             pending.table = RestoreTable::default();
+            pending.table.state.leases = leases;
             pending.failure = Some(reason.clone());
             w.dirty = true;
             return Err(failed(&reason));
@@ -227,6 +247,21 @@ pub(crate) fn commit(w: &mut Writer, index: u64, restore_id: &str) -> Result<App
     }
     let version = index.to_string();
     let mut state = State::default();
+    // The backup's leases, each renewed by the commit: a full TTL from it.
+    state.leases = pending
+        .table
+        .state
+        .leases
+        .values()
+        .map(|l| {
+            let renewed = Lease {
+                granted_revision: index,
+                renewed_revision: index,
+                ..*l
+            };
+            (l.id, renewed)
+        })
+        .collect();
     for (key, stored) in pending.table.state.resources {
         // Restamped: decoded and encoded again, once per restore.
         let mut resource = stored.resource();
@@ -238,6 +273,44 @@ pub(crate) fn commit(w: &mut Writer, index: u64, restore_id: &str) -> Result<App
     install(w, state, index);
     w.version_issued_max = index;
     Ok(Applied::Restored { resource_count })
+}
+
+/// The leases `(id, ttl_ms)` of a backup as a lease table renewed at `index`: ids not 0
+/// and distinct, TTLs within the hard bounds, at most [`crate::lease::LEASES_HARD_MAX`].
+pub(crate) fn lease_table(
+    leases: &[(u64, u64)],
+    index: u64,
+) -> Result<imbl::OrdMap<u64, Lease>, FsmError> {
+    if leases.len() > crate::lease::LEASES_HARD_MAX {
+        return Err(FsmError::invalid(
+            "leases",
+            format!(
+                "{} leases, more than {}",
+                leases.len(),
+                crate::lease::LEASES_HARD_MAX
+            ),
+        ));
+    }
+    let mut table = imbl::OrdMap::new();
+    for &(id, ttl_ms) in leases {
+        if id == 0 {
+            return Err(FsmError::invalid("leases", "0 is not a lease id"));
+        }
+        crate::lease::check_ttl(ttl_ms, 1, crate::lease::LEASE_TTL_HARD_MAX_MS, "")?;
+        let lease = Lease {
+            id,
+            ttl_ms,
+            granted_revision: index,
+            renewed_revision: index,
+        };
+        if table.insert(id, lease).is_some() {
+            return Err(FsmError::invalid(
+                "leases",
+                format!("lease {id} appears twice"),
+            ));
+        }
+    }
+    Ok(table)
 }
 
 pub(crate) fn abort(w: &mut Writer, restore_id: &str) -> Applied {

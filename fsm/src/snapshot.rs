@@ -7,6 +7,7 @@ use cairn_proto::v1::Resource;
 use imbl::ordmap;
 
 use crate::key::Key;
+use crate::lease::Lease;
 use crate::restore::{install, PendingRestore, RestoreTable};
 use crate::store::{Published, Shared};
 use crate::{ClusterVersionState, FsmError, SpaceState, StoredResource};
@@ -32,6 +33,8 @@ pub struct Snapshot {
     pub cluster: ClusterVersionState,
     /// The space quota and its alarm at `applied_index` (replicated, like `cluster`).
     pub space: SpaceState,
+    /// The leases at `applied_index`, by id (replicated; the resources name theirs).
+    pub leases: Vec<Lease>,
     len: usize,
     resources: ordmap::ConsumingIter<Key, StoredResource, imbl::shared_ptr::DefaultSharedPtr>,
 }
@@ -46,11 +49,19 @@ impl Snapshot {
                 restore_id: p.restore_id.clone(),
                 resource_count: p.resource_count,
                 failure: p.failure.clone(),
+                leases: p
+                    .table
+                    .state
+                    .leases
+                    .values()
+                    .map(|l| (l.id, l.ttl_ms))
+                    .collect(),
                 len: p.table.state.resources.len(),
                 resources: p.table.state.resources.clone().into_iter(),
             }),
             cluster: published.cluster,
             space: published.space,
+            leases: state.leases.values().copied().collect(),
             len: state.resources.len(),
             // O(1): the map is shared, and copied out element by element as
             // the iteration proceeds.
@@ -88,6 +99,8 @@ pub struct PendingSnapshot {
     pub restore_id: String,
     pub resource_count: u64,
     pub failure: Option<String>,
+    /// The leases the restore brought (installed by its commit).
+    pub leases: Vec<(u64, u64)>,
     len: usize,
     resources: ordmap::ConsumingIter<Key, StoredResource, imbl::shared_ptr::DefaultSharedPtr>,
 }
@@ -151,6 +164,30 @@ impl Restoration {
         self.cluster = cluster;
     }
 
+    /// Declares the leases the image holds, exactly as they were (their grant and renewal
+    /// revisions included): before any resource is added, since a resource attached to a
+    /// lease the image does not hold is refused. At most
+    /// [`crate::lease::LEASES_HARD_MAX`], ids distinct and not 0.
+    pub fn set_leases(&mut self, leases: Vec<Lease>) -> Result<(), FsmError> {
+        assert!(
+            self.table.len() == 0,
+            "leases are declared before resources"
+        );
+        let pairs: Vec<(u64, u64)> = leases.iter().map(|l| (l.id, l.ttl_ms)).collect();
+        let mut table = crate::restore::lease_table(&pairs, 0)?;
+        for lease in leases {
+            if lease.granted_revision > lease.renewed_revision {
+                return Err(FsmError::invalid(
+                    "leases",
+                    format!("lease {} renewed before its grant", lease.id),
+                ));
+            }
+            table.insert(lease.id, lease);
+        }
+        self.table.state.leases = table;
+        Ok(())
+    }
+
     /// How many resources have been added so far.
     pub fn len(&self) -> usize {
         self.table.len() as usize
@@ -176,14 +213,18 @@ impl Restoration {
         restore_id: String,
         resource_count: u64,
         failure: Option<String>,
-    ) {
+        leases: &[(u64, u64)],
+    ) -> Result<(), FsmError> {
         assert!(self.pending.is_none(), "an image holds one pending restore");
+        let mut table = RestoreTable::default();
+        table.state.leases = crate::restore::lease_table(leases, 0)?;
         self.pending = Some(PendingRestore {
             restore_id,
             resource_count,
-            table: RestoreTable::default(),
+            table,
             failure,
         });
+        Ok(())
     }
 
     /// Adds one resource received by the pending restore declared with
@@ -209,6 +250,21 @@ impl Restoration {
         // A pending restore's resources carry the backup's versions, which
         // the commit restamps: only the table itself is bounded here.
         let version_max = self.table.version_max;
+        if let Some(lease) = self
+            .table
+            .state
+            .leases
+            .values()
+            .find(|l| l.renewed_revision > applied_index)
+        {
+            return Err(FsmError::invalid(
+                "applied_index",
+                format!(
+                    "{applied_index} is below the renewal {} of lease {} found in the snapshot",
+                    lease.renewed_revision, lease.id
+                ),
+            ));
+        }
         if version_max > applied_index {
             return Err(FsmError::invalid(
                 "applied_index",

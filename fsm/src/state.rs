@@ -4,10 +4,11 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use cairn_proto::v1::{Id, Tenancy, Type};
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 
 use crate::capacity::Usage;
 use crate::key::{self, Key};
+use crate::lease::Lease;
 use crate::{FsmError, ReadScope, StoredResource};
 
 /// The table at one revision. Cloning is O(1): the maps are persistent and
@@ -28,6 +29,10 @@ pub(crate) struct State {
     pub by_type: OrdMap<Key, Usage>,
     /// The same per tenancy (`partition NUL namespace`); only non-empty ones are held.
     pub by_tenancy: OrdMap<Key, Usage>,
+    /// The leases ([`crate::lease`]), by id.
+    pub leases: OrdMap<u64, Lease>,
+    /// (lease id, storage key) of every stored resource attached to a lease.
+    pub lease_keys: OrdSet<(u64, Key)>,
 }
 
 /// The type-and-tenancy part of a storage key (`group NUL kind NUL partition NUL
@@ -83,6 +88,19 @@ impl State {
                 assert!(removed.is_some(), "owner index holds every owned resource");
             }
         }
+        let new_lease = value.as_ref().map_or(0, StoredResource::lease);
+        if let Some(old) = previous.as_ref().map(StoredResource::lease) {
+            if old != 0 && old != new_lease {
+                let removed = self.lease_keys.remove(&(old, key.clone()));
+                assert!(
+                    removed.is_some(),
+                    "the lease index holds every leased resource"
+                );
+            }
+        }
+        if new_lease != 0 {
+            self.lease_keys.insert((new_lease, key.clone()));
+        }
         if let Some(old) = &previous {
             self.account(key, old.accounted_bytes(key.len()), false);
         }
@@ -101,6 +119,21 @@ impl State {
 }
 
 impl State {
+    /// The storage keys of the resources attached to the lease `id`, in order.
+    pub fn keys_of_lease(&self, id: u64) -> Vec<Key> {
+        let start: (u64, Key) = (id, Key::from(""));
+        self.lease_keys
+            .range(start..)
+            .take_while(|(lease, _)| *lease == id)
+            .map(|(_, key)| key.clone())
+            .collect()
+    }
+
+    /// The highest lease id held (0: none).
+    pub fn highest_lease_id(&self) -> u64 {
+        self.leases.get_max().map_or(0, |(id, _)| *id)
+    }
+
     /// Counts one resource at `key` in (`add`) or out of the usage totals.
     fn account(&mut self, key: &str, bytes: u64, add: bool) {
         self.usage.change(bytes, add);
@@ -272,6 +305,38 @@ impl View {
             }
         }
         counts
+    }
+
+    /// Every lease, by id ([`crate::lease`]).
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> + '_ {
+        self.state.leases.values()
+    }
+
+    /// How many leases exist.
+    pub fn lease_count(&self) -> usize {
+        self.state.leases.len()
+    }
+
+    /// The lease `id` and how many resources are attached to it.
+    pub fn lease(&self, id: u64) -> Option<(Lease, u64)> {
+        let lease = *self.state.leases.get(&id)?;
+        let start: (u64, Key) = (id, Key::from(""));
+        let attached = self
+            .state
+            .lease_keys
+            .range(start..)
+            .take_while(|(lease, _)| *lease == id)
+            .count() as u64;
+        Some((lease, attached))
+    }
+
+    /// The resources attached to the lease `id`, in storage-key order.
+    pub fn resources_of_lease(&self, id: u64) -> Vec<StoredResource> {
+        self.state
+            .keys_of_lease(id)
+            .iter()
+            .filter_map(|key| self.state.resources.get(key).cloned())
+            .collect()
     }
 
     /// Every resource of the view, in storage-key order.

@@ -10,6 +10,7 @@ use prost::Message;
 use crate::capacity::{self, SpaceRefusal, SpaceState, TenantGrowth};
 use crate::history::History;
 use crate::key::{self, Key};
+use crate::lease::{self, Lease, LeaseApplied};
 use crate::restore::{self, PendingRestore, PendingRestoreStatus};
 use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
@@ -40,6 +41,8 @@ pub enum Applied {
     ClusterVersion(ClusterVersionState),
     /// The space quota and alarm after a [`Command::Capacity`].
     Capacity(SpaceState),
+    /// What a lease command did ([`crate::lease`]).
+    Lease(LeaseApplied),
 }
 
 /// What readers see: the latest state and the history that leads to it.
@@ -471,6 +474,11 @@ impl Batch<'_> {
             | Command::RestoreChunk { .. }
             | Command::WriteStatus { .. }
             | Command::Capacity { .. }
+            | Command::LeaseGrant { .. }
+            | Command::LeaseRevoke { .. }
+            | Command::LeaseKeepAlive { .. }
+            | Command::LeaseExpire { .. }
+            | Command::Fenced { .. }
             | Command::ClusterVersion { .. } => self.apply_owned(index, command.clone()),
             other => self.restore(index, other),
         }
@@ -533,16 +541,85 @@ impl Batch<'_> {
                 version,
             } => {
                 self.advance(index);
-                self.writer.cluster.require(Feature::StatusWrites)?;
-                let resource = with_status(
-                    &self.writer.state,
-                    &self.shared.apply_limits,
-                    &id,
-                    key,
-                    status,
-                    &version,
-                )?;
-                self.write(index, WriteInput::Owned(resource))
+                self.write_status(index, &id, key, status, &version)
+            }
+            Command::LeaseGrant { ttl_ms } => {
+                self.advance(index);
+                self.writer.cluster.require(Feature::Leases)?;
+                let w = &mut *self.writer;
+                lease::check_grant(ttl_ms, w.state.leases.len(), lease::LEASES_HARD_MAX)?;
+                let granted = Lease {
+                    id: lease::grant_id(index, w.state.highest_lease_id()),
+                    ttl_ms,
+                    granted_revision: index,
+                    renewed_revision: index,
+                };
+                let previous = w.state.leases.insert(granted.id, granted);
+                assert!(previous.is_none(), "a granted lease id is new");
+                Ok(Applied::Lease(LeaseApplied::Granted(granted)))
+            }
+            Command::LeaseRevoke { id } => {
+                self.advance(index);
+                self.writer.cluster.require(Feature::Leases)?;
+                let existed = self.writer.state.leases.contains_key(&id);
+                let deleted = if existed {
+                    self.end_lease(index, id)
+                } else {
+                    0
+                };
+                Ok(Applied::Lease(LeaseApplied::Revoked { existed, deleted }))
+            }
+            Command::LeaseKeepAlive { ids } => {
+                self.advance(index);
+                self.writer.cluster.require(Feature::Leases)?;
+                lease::check_ids(&ids)?;
+                let leases = &mut self.writer.state.leases;
+                let answers = ids
+                    .into_iter()
+                    .map(|id| match leases.get_mut(&id) {
+                        Some(lease) => {
+                            lease.renewed_revision = index;
+                            (id, lease.ttl_ms)
+                        }
+                        None => (id, 0),
+                    })
+                    .collect();
+                Ok(Applied::Lease(LeaseApplied::KeptAlive(answers)))
+            }
+            Command::LeaseExpire { leases } => {
+                self.advance(index);
+                self.writer.cluster.require(Feature::Leases)?;
+                let ids: Vec<u64> = leases.iter().map(|l| l.0).collect();
+                lease::check_ids(&ids)?;
+                let mut expired = Vec::new();
+                let mut deleted = 0;
+                for (id, judged_renewal) in leases {
+                    let now = self.writer.state.leases.get(&id).copied();
+                    if lease::expire_decision(now.as_ref(), judged_renewal) {
+                        deleted += self.end_lease(index, id);
+                        expired.push(id);
+                    }
+                }
+                Ok(Applied::Lease(LeaseApplied::Expired { expired, deleted }))
+            }
+            Command::Fenced { fence, command } => {
+                self.advance(index);
+                self.writer.cluster.require(Feature::Leases)?;
+                check_fence(&self.writer.state, &self.shared.apply_limits, &fence)?;
+                match *command {
+                    Command::Write { resource } => self.write(index, WriteInput::Owned(resource)),
+                    Command::Delete { id, version } => self.delete(index, &id, &version),
+                    Command::WriteStatus {
+                        id,
+                        key,
+                        status,
+                        version,
+                    } => self.write_status(index, &id, key, status, &version),
+                    _ => Err(FsmError::invalid(
+                        "fence",
+                        "guards only a write, a delete or a status write",
+                    )),
+                }
             }
             other => self.restore(index, &other),
         }
@@ -556,7 +633,8 @@ impl Batch<'_> {
             Command::RestoreBegin {
                 restore_id,
                 resource_count,
-            } => restore::begin(w, restore_id, *resource_count),
+                leases,
+            } => restore::begin(w, index, restore_id, *resource_count, leases),
             Command::RestoreCommit { restore_id } => restore::commit(w, index, restore_id),
             Command::RestoreAbort { restore_id } => Ok(restore::abort(w, restore_id)),
             Command::Write { .. }
@@ -565,6 +643,11 @@ impl Batch<'_> {
             | Command::Batch { .. }
             | Command::ClusterVersion { .. }
             | Command::Capacity { .. }
+            | Command::LeaseGrant { .. }
+            | Command::LeaseRevoke { .. }
+            | Command::LeaseKeepAlive { .. }
+            | Command::LeaseExpire { .. }
+            | Command::Fenced { .. }
             | Command::WriteStatus { .. } => unreachable!("handled by the caller"),
         }
     }
@@ -582,6 +665,57 @@ impl Batch<'_> {
     /// Ends the batch: publishes the new state, then sends the events.
     pub fn finish(self) {
         drop(self);
+    }
+
+    /// A status write at `index`, which the caller has advanced to.
+    fn write_status(
+        &mut self,
+        index: u64,
+        id: &Id,
+        key: String,
+        status: cairn_proto::v1::Status,
+        version: &str,
+    ) -> Result<Applied, FsmError> {
+        self.writer.cluster.require(Feature::StatusWrites)?;
+        let resource = with_status(
+            &self.writer.state,
+            &self.shared.apply_limits,
+            id,
+            key,
+            status,
+            version,
+        )?;
+        self.write(index, WriteInput::Owned(resource))
+    }
+
+    /// Ends the lease `id` at `index` (the caller has advanced to it): deletes every
+    /// resource attached to it (their watchers see the Deletes, at this revision), then
+    /// the lease. Returns how many resources went.
+    fn end_lease(&mut self, index: u64, id: u64) -> u64 {
+        let keys = self.writer.state.keys_of_lease(id);
+        for key in &keys {
+            let w = &mut *self.writer;
+            let before = w.state.set(key, None);
+            assert!(
+                before.as_ref().map(StoredResource::lease) == Some(id),
+                "the lease index names a resource attached to the lease"
+            );
+            w.space = w.space.settle(w.state.usage.bytes);
+            self.remember(Change {
+                revision: index,
+                key: key.clone(),
+                before,
+                after: None,
+            });
+        }
+        let w = &mut *self.writer;
+        let removed = w.state.leases.remove(&id);
+        assert!(removed.is_some(), "an ended lease existed");
+        assert!(
+            w.state.keys_of_lease(id).is_empty(),
+            "nothing stays attached to an ended lease"
+        );
+        keys.len() as u64
     }
 
     /// A write at `index`, which the caller has advanced to (once per entry:
@@ -723,6 +857,12 @@ fn write(
         }
         Ok(Key::from(key))
     })?;
+    if given.lease != 0 {
+        w.cluster.require(Feature::Leases)?;
+        if !w.state.leases.contains_key(&given.lease) {
+            return Err(lease::no_such_lease(given.lease));
+        }
+    }
     // The capacity rules hold from cluster version 0.2 on: a 0.1 build applies none.
     let capacity_rules = w.cluster.require(Feature::Capacity).is_ok();
     if capacity_rules {
@@ -761,6 +901,48 @@ fn write(
         before,
         after: Some(after),
     })
+}
+
+/// The fencing rule: the resource `fence.election` names (type, tenancy and name; no
+/// section) is stored at version `fence.token`, else FailedPrecondition saying what is.
+pub(crate) fn check_fence(
+    state: &State,
+    limits: &Limits,
+    fence: &cairn_proto::v1::Fence,
+) -> Result<(), FsmError> {
+    let Some(election) = fence.election.as_ref() else {
+        return Err(FsmError::invalid("fence.election", "is required"));
+    };
+    if !election.section.is_empty() {
+        return Err(FsmError::invalid(
+            "fence.election.section",
+            "must be empty: a fence names a whole resource",
+        ));
+    }
+    if fence.token == 0 {
+        return Err(FsmError::invalid("fence.token", "must not be 0"));
+    }
+    let id = Id {
+        uid: String::new(),
+        name: election.name.clone(),
+        r#type: election.r#type.clone(),
+        tenancy: election.tenancy.clone(),
+    };
+    validate_id("fence.election", &id, limits)?;
+    let stored = key::with_storage_key(&id, |key| state.resources.get(key).cloned());
+    let token = fence.token.to_string();
+    match stored {
+        Some(stored) if stored.version() == token => Ok(()),
+        Some(stored) => Err(FsmError::FailedPrecondition(format!(
+            "fence: {:?} is held at token {}, not {token}: another holder won it since",
+            election.name,
+            stored.version()
+        ))),
+        None => Err(FsmError::FailedPrecondition(format!(
+            "fence: {:?} is not held by anyone (token {token} ended)",
+            election.name
+        ))),
+    }
 }
 
 /// What storing a resource of `new_bytes` accounted bytes at a key of `key_len` bytes, where

@@ -39,6 +39,8 @@ struct Inner {
     /// The owner-index entry (owner prefix ++ storage key) of an owned
     /// resource: the very key the owner index holds it under.
     owner_entry: Option<Key>,
+    /// The lease it is attached to (0: none).
+    lease: u64,
 }
 
 impl StoredResource {
@@ -53,6 +55,7 @@ impl StoredResource {
                 .owner
                 .as_ref()
                 .map(|owner| Key::from(key::owner_entry(owner, key))),
+            lease: resource.lease,
         }));
         debug_assert!(
             Resource::decode(stored.encoded().as_ref()).as_ref() == Ok(resource),
@@ -165,6 +168,11 @@ impl StoredResource {
             key_len,
             self.0.owner_entry.as_ref().map(|e| e.len()),
         )
+    }
+
+    /// The lease it is attached to (0: none).
+    pub fn lease(&self) -> u64 {
+        self.0.lease
     }
 
     pub(crate) fn owner_entry(&self) -> Option<&Key> {

@@ -50,6 +50,11 @@ pub struct Limits {
     /// Bytes of live events all watches together may hold unread; the watch
     /// whose event would go over is closed as lagging.
     pub watch_buffers_bytes_max: usize,
+    /// The shortest and longest TTL a lease may be granted ([`crate::lease`]).
+    pub lease_ttl_min_ms: u64,
+    pub lease_ttl_max_ms: u64,
+    /// Most leases that may exist at once.
+    pub leases_max: usize,
 }
 
 /// The largest `resource_bytes_max` a node may configure, and the bound on
@@ -74,6 +79,9 @@ impl Limits {
             name_bytes_max: NAME_BYTES_HARD_MAX,
             metadata_entries_max: METADATA_ENTRIES_HARD_MAX,
             status_conditions_max: STATUS_CONDITIONS_HARD_MAX,
+            lease_ttl_min_ms: 1,
+            lease_ttl_max_ms: crate::lease::LEASE_TTL_HARD_MAX_MS,
+            leases_max: crate::lease::LEASES_HARD_MAX,
             ..self.clone()
         }
     }
@@ -93,6 +101,9 @@ impl Default for Limits {
             status_conditions_max: 64,
             watch_buffer_bytes_max: 8 * 1024 * 1024,
             watch_buffers_bytes_max: 512 * 1024 * 1024,
+            lease_ttl_min_ms: 1_000,
+            lease_ttl_max_ms: 24 * 60 * 60 * 1000,
+            leases_max: crate::lease::LEASES_HARD_MAX,
         }
     }
 }

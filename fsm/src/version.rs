@@ -101,13 +101,17 @@ pub enum Feature {
     StatusWrites,
     /// The space quota and its alarm ([`crate::Command::Capacity`]).
     Capacity,
+    /// Leases, writes attached to a lease, and fenced writes ([`crate::lease`]).
+    Leases,
 }
 
 impl Feature {
     /// The lowest cluster version that enables it.
     pub fn since(self) -> ClusterVersion {
         match self {
-            Feature::StatusWrites | Feature::Capacity => ClusterVersion::new(0, 2),
+            Feature::StatusWrites | Feature::Capacity | Feature::Leases => {
+                ClusterVersion::new(0, 2)
+            }
         }
     }
 
@@ -116,6 +120,7 @@ impl Feature {
         match self {
             Feature::StatusWrites => "WriteStatus",
             Feature::Capacity => "the space quota and its alarm",
+            Feature::Leases => "leases and fenced writes",
         }
     }
 }

@@ -261,6 +261,7 @@ fn an_online_restore_leaves_the_cluster_version_alone() {
         Command::RestoreBegin {
             restore_id: "r1".into(),
             resource_count: 1,
+            leases: vec![],
         },
         Command::RestoreChunk {
             restore_id: "r1".into(),

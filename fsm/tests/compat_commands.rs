@@ -90,6 +90,7 @@ fn rich(version: &str) -> Resource {
             type_url: "type.googleapis.com/catalog.v2.Endpoint".into(),
             value: Bytes::from_static(&[0x0a, 0x05, b'w', b'e', b'b', b'-', b'1', 0x10, 0x50]),
         }),
+        lease: 0,
     }
 }
 
@@ -141,6 +142,7 @@ fn samples() -> Vec<(&'static str, Command)> {
             Command::RestoreBegin {
                 restore_id: "restore-01J9ZK3Q4V".into(),
                 resource_count: 142,
+                leases: vec![],
             },
         ),
         (
@@ -208,6 +210,55 @@ fn samples() -> Vec<(&'static str, Command)> {
             "command-capacity-disarm-alarm.bin",
             Command::Capacity {
                 action: CapacityAction::DisarmAlarm,
+            },
+        ),
+        (
+            "command-restore-begin-leases.bin",
+            Command::RestoreBegin {
+                restore_id: "restore-01J9ZK3Q4W".into(),
+                resource_count: 3,
+                leases: vec![(57, 10_000), (58, 30_000)],
+            },
+        ),
+        (
+            "command-write-leased.bin",
+            Command::Write {
+                resource: Resource {
+                    lease: 57,
+                    ..plain("api")
+                },
+            },
+        ),
+        (
+            "command-lease-grant.bin",
+            Command::LeaseGrant { ttl_ms: 10_000 },
+        ),
+        ("command-lease-revoke.bin", Command::LeaseRevoke { id: 57 }),
+        (
+            "command-lease-keep-alive.bin",
+            Command::LeaseKeepAlive { ids: vec![57, 58] },
+        ),
+        (
+            "command-lease-expire.bin",
+            Command::LeaseExpire {
+                leases: vec![(57, 60), (58, 61)],
+            },
+        ),
+        (
+            "command-fenced-write.bin",
+            Command::Fenced {
+                fence: cairn_proto::v1::Fence {
+                    election: Some(cairn_proto::v1::Reference {
+                        r#type: id("Election", "leader", "").r#type,
+                        tenancy: id("Election", "leader", "").tenancy,
+                        name: "leader".into(),
+                        section: String::new(),
+                    }),
+                    token: 62,
+                },
+                command: Box::new(Command::Write {
+                    resource: plain("api"),
+                }),
             },
         ),
     ]

@@ -59,6 +59,7 @@ fn seeds() -> Vec<Vec<u8>> {
         Command::RestoreBegin {
             restore_id: "r1".into(),
             resource_count: 2,
+            leases: vec![],
         },
         Command::RestoreChunk {
             restore_id: "r1".into(),
@@ -101,6 +102,7 @@ fn decode_and_apply(bytes: &[u8]) {
         Command::RestoreBegin {
             restore_id: "r1".into(),
             resource_count: 2,
+            leases: vec![],
         },
     ];
     for (i, c) in seeded.iter().enumerate() {

@@ -62,6 +62,7 @@ fn an_entry_accepted_under_looser_limits_applies_under_tighter_ones() {
         Command::RestoreBegin {
             restore_id: "r1".into(),
             resource_count: 1,
+            leases: vec![],
         },
         Command::RestoreChunk {
             restore_id: "r1".into(),

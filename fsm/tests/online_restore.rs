@@ -19,6 +19,7 @@ fn begin(id: &str, resource_count: u64) -> Command {
     Command::RestoreBegin {
         restore_id: id.into(),
         resource_count,
+        leases: vec![],
     }
 }
 
@@ -241,7 +242,14 @@ fn a_snapshot_taken_mid_restore_carries_it_and_a_replica_loaded_from_it_commits_
     for r in image {
         restoration.apply(r.resource()).unwrap();
     }
-    restoration.begin_pending(pending.restore_id.clone(), pending.resource_count, None);
+    restoration
+        .begin_pending(
+            pending.restore_id.clone(),
+            pending.resource_count,
+            None,
+            &pending.leases,
+        )
+        .unwrap();
     for r in pending {
         restoration.apply_pending(r.resource()).unwrap();
     }

@@ -154,6 +154,7 @@ fn full_id(name: &str) -> Id {
 
 fn full_resource() -> Resource {
     Resource {
+        lease: 0,
         id: Some(full_id("web")),
         owner: Some(Box::new(full_id("owner"))),
         version: "42".into(),
@@ -301,6 +302,7 @@ fn arb_resource() -> impl Strategy<Value = Resource> {
     )
         .prop_map(
             |(id, owner, version, generation, metadata, status, data)| Resource {
+                lease: 0,
                 id,
                 owner: owner.map(Box::new),
                 version,

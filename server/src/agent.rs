@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::admin_service_server::AdminServiceServer;
+use cairn_proto::v1::lease_service_server::LeaseServiceServer;
 use cairn_proto::v1::shared::resource_service_server::ResourceServiceServer;
 use cairn_proto::v1::{self as pb};
 use tokio::sync::watch;
@@ -72,6 +73,9 @@ pub fn limits(config: &Config) -> cairn_fsm::Limits {
         status_conditions_max: config.status_conditions_max,
         watch_buffer_bytes_max: config.watch_buffer_bytes_max,
         watch_buffers_bytes_max: config.watch_buffers_bytes_max,
+        lease_ttl_min_ms: config.lease_ttl_min_ms,
+        lease_ttl_max_ms: config.lease_ttl_max_ms,
+        leases_max: config.leases_max,
     }
 }
 
@@ -204,6 +208,7 @@ impl Agent {
             tls: access.tls.clone(),
             own_peer_address: config.peer_address.clone(),
             unsafe_skip_fsync: config.unsafe_modes.unsafe_skip_fsync,
+            unsafe_lease_wall_clock: config.unsafe_modes.unsafe_lease_wall_clock,
             data_bytes_max: config.capacity().0,
         };
         for mode in config.unsafe_modes.enabled() {
@@ -355,6 +360,9 @@ impl Agent {
             data_dir: config.data_dir.clone(),
             started: Instant::now(),
         };
+        // Keep-alives arriving together share one log entry.
+        let (keep_alives, gathering) = crate::lease_service::KeepAliveBatcher::start(api.clone());
+        tasks.spawn("lease keep-alives", gathering);
         // Every client service counts against `requests_per_connection_max`.
         let limited = crate::limits::RequestLimitLayer::new(
             connection_limits,
@@ -373,6 +381,18 @@ impl Agent {
                     AdminServiceServer::new(admin.clone())
                         .max_decoding_message_size(config.client_message_bytes_max)
                         .max_encoding_message_size(config.client_message_bytes_max),
+                ),
+            ))
+            .add_service(grpc_metrics::wrap(
+                limited.wrap(
+                    LeaseServiceServer::new(crate::lease_service::LeaseGrpc::new(
+                        api.clone(),
+                        keep_alives,
+                        raft.store.clone(),
+                        raft.leases.clone(),
+                    ))
+                    .max_decoding_message_size(config.client_message_bytes_max)
+                    .max_encoding_message_size(config.client_message_bytes_max),
                 ),
             ))
             .add_service(grpc_metrics::wrap(limited.wrap(health_service)))
@@ -424,6 +444,10 @@ impl Agent {
         tasks.spawn(
             "space quota",
             crate::raft::capacity::keep_quota(raft.clone()),
+        );
+        tasks.spawn(
+            "lease expiry",
+            crate::raft::leases::expire_leases(raft.clone()),
         );
         let (fatal_sender, fatal) = watch::channel(None);
         tasks.spawn(

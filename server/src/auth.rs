@@ -173,6 +173,9 @@ pub enum Action<'a> {
     },
     /// Every resource owned by one resource, whatever its type.
     ListByOwner,
+    /// Grant, keep alive, look at or list leases (a revoke also needs write on what is
+    /// attached to the lease: each is authorized as a [`Action::Write`]).
+    Lease,
     Admin(AdminOperation),
 }
 
@@ -225,6 +228,7 @@ pub fn permission_of(action: &Action<'_>) -> String {
             tenancy_text(tenancy)
         ),
         Action::ListByOwner => "read on any type".into(),
+        Action::Lease => "write on some type (leases are for writers)".into(),
         Action::Admin(operation) => format!("admin (for {operation:?})"),
     }
 }
@@ -247,6 +251,7 @@ pub fn authorize(caller: &Caller, action: &Action<'_>) -> Result<Visibility, Api
         Action::Write { type_, tenancy } => grant.may_write(&(*type_).into(), &(*tenancy).into()),
         Action::List { type_, tenancy } => grant.scopes().any(|s| s.overlaps(type_, tenancy)),
         Action::ListByOwner => grant.scopes().next().is_some(),
+        Action::Lease => grant.write.is_some() || grant.admin,
         Action::Admin(_) => grant.admin,
     };
     if allowed {
@@ -920,6 +925,10 @@ mod tests {
                 false,
             ),
             (&admin, ListByOwner, false),
+            // Leases: for writers (and admins), never for a read-only grant.
+            (&reader, Lease, false),
+            (&writer, Lease, true),
+            (&admin, Lease, true),
             (
                 &everything,
                 Write {

@@ -298,6 +298,14 @@ pub struct Config {
     /// are taken, callers get the freed ones in turn ([`crate::fairness::FairSlots`]).
     #[serde(default = "default_writes_in_flight_max")]
     pub writes_in_flight_max: usize,
+    /// The shortest and longest TTL a lease may be granted, and the most leases that may
+    /// exist at once (checked by the node that proposes a grant).
+    #[serde(default = "default_lease_ttl_min_ms")]
+    pub lease_ttl_min_ms: u64,
+    #[serde(default = "default_lease_ttl_max_ms")]
+    pub lease_ttl_max_ms: u64,
+    #[serde(default = "default_leases_max")]
+    pub leases_max: usize,
     /// Largest backup `cairn snapshot restore` may upload.
     pub restore_upload_bytes_max: u64,
     /// Bytes of events buffered and not yet read, per watch and on the whole
@@ -412,6 +420,12 @@ pub struct UnsafeModes {
     /// DANGEROUS, test-only: accept a compare-and-set whose version is stale (the leader
     /// replaces it with the stored version).
     pub unsafe_accept_stale_cas: bool,
+    /// DANGEROUS, test-only: decide lease expiry on the wall clock instead of the
+    /// monotonic one (a clock jump expires leases early).
+    pub unsafe_lease_wall_clock: bool,
+    /// DANGEROUS, test-only: apply a fenced write without checking its fence (a deposed
+    /// holder's writes are accepted).
+    pub unsafe_ignore_fences: bool,
 }
 
 impl UnsafeModes {
@@ -436,6 +450,12 @@ impl UnsafeModes {
         if self.unsafe_accept_stale_cas {
             on.push("--unsafe-accept-stale-cas".to_owned());
         }
+        if self.unsafe_lease_wall_clock {
+            on.push("--unsafe-lease-wall-clock".to_owned());
+        }
+        if self.unsafe_ignore_fences {
+            on.push("--unsafe-ignore-fences".to_owned());
+        }
         on
     }
 }
@@ -446,6 +466,18 @@ fn default_client_rate_wait_ms_max() -> u64 {
 
 fn default_writes_in_flight_max() -> usize {
     1024
+}
+
+fn default_lease_ttl_min_ms() -> u64 {
+    cairn_fsm::Limits::default().lease_ttl_min_ms
+}
+
+fn default_lease_ttl_max_ms() -> u64 {
+    cairn_fsm::Limits::default().lease_ttl_max_ms
+}
+
+fn default_leases_max() -> usize {
+    cairn_fsm::Limits::default().leases_max
 }
 
 impl Default for Config {
@@ -484,6 +516,9 @@ impl Default for Config {
             client_bytes_per_second_max: 0,
             client_rate_wait_ms_max: default_client_rate_wait_ms_max(),
             writes_in_flight_max: default_writes_in_flight_max(),
+            lease_ttl_min_ms: default_lease_ttl_min_ms(),
+            lease_ttl_max_ms: default_lease_ttl_max_ms(),
+            leases_max: default_leases_max(),
             restore_upload_bytes_max: 4 * 1024 * 1024 * 1024,
             watch_buffer_bytes_max: fsm.watch_buffer_bytes_max,
             watch_buffers_bytes_max: fsm.watch_buffers_bytes_max,
@@ -862,6 +897,22 @@ impl Config {
             check_range("history_bytes_max", bytes, 0..=1 << 44)?;
         }
         check_range("request_timeout_ms", self.request_timeout_ms, 100..=600_000)?;
+        let ttl_hard_max_ms = cairn_fsm::lease::LEASE_TTL_HARD_MAX_MS;
+        check_range(
+            "lease_ttl_min_ms",
+            self.lease_ttl_min_ms,
+            100..=ttl_hard_max_ms,
+        )?;
+        check_range(
+            "lease_ttl_max_ms",
+            self.lease_ttl_max_ms,
+            self.lease_ttl_min_ms..=ttl_hard_max_ms,
+        )?;
+        check_range(
+            "leases_max",
+            self.leases_max,
+            1..=cairn_fsm::lease::LEASES_HARD_MAX,
+        )?;
         crate::logging::check_log_level(&self.log_level)
             .map_err(|reason| invalid("log_level", reason))?;
         self.validate_limits()?;
@@ -1196,6 +1247,8 @@ mod tests {
             "unsafe_ack_before_commit = true",
             "unsafe_drop_watch_events = 3",
             "unsafe_accept_stale_cas = true",
+            "unsafe_lease_wall_clock = true",
+            "unsafe_ignore_fences = true",
             "unsafe_modes = { unsafe_skip_fsync = true }",
         ] {
             std::fs::write(&file, format!("node_id = 1\n{key}\n{members}")).unwrap();

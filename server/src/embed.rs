@@ -258,6 +258,7 @@ impl ResourceApi for InProcessClient {
     fn write(&self, resource: Resource) -> ApiFuture<'_, Arc<Resource>> {
         Box::pin(async move {
             let request = pb::WriteRequest {
+                fence: None,
                 resource: Some(resource),
             };
             let answer = self
@@ -275,6 +276,7 @@ impl ResourceApi for InProcessClient {
             let request = pb::DeleteRequest {
                 id: Some(id),
                 version,
+                fence: None,
             };
             self.api
                 .delete(request, self.deadline())

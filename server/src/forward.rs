@@ -118,6 +118,12 @@ impl Handle for NodeHandle {
         } else {
             command
         };
+        // DANGEROUS, test-only (`--unsafe-ignore-fences`): the fence is dropped on the
+        // leader, so a deposed holder's writes apply.
+        let command = match command {
+            Command::Fenced { command, .. } if self.unsafe_modes.unsafe_ignore_fences => *command,
+            other => other,
+        };
         if self.unsafe_modes.unsafe_ack_before_commit && matches!(command, Command::Write { .. }) {
             // Only a leader acknowledges a write (early, here); a follower forwards it.
             self.raft.require_leader()?;

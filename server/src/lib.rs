@@ -74,6 +74,7 @@ pub mod fairness;
 pub mod fatal;
 pub mod forward;
 pub mod grpc_metrics;
+pub mod lease_service;
 pub mod limits;
 pub mod logging;
 pub mod memory;

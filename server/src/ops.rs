@@ -394,6 +394,8 @@ pub const DATA_BYTES: &str = "cairn_data_bytes";
 pub const DATA_BYTES_QUOTA: &str = "cairn_data_bytes_quota";
 pub const HISTORY_BYTES: &str = "cairn_history_bytes";
 pub const ALARM_ACTIVE: &str = "cairn_alarm_active";
+pub const LEASES: &str = "cairn_leases";
+pub const LEASES_EXPIRED_TOTAL: &str = "cairn_leases_expired_total";
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
@@ -444,6 +446,11 @@ fn describe() {
         ALARM_ACTIVE,
         "1 while the alarm named by the label (NOSPACE) is raised, else 0."
     );
+    describe_gauge!(LEASES, "How many leases exist.");
+    describe_counter!(
+        LEASES_EXPIRED_TOTAL,
+        "Leases this node expired as leader (their holders stopped keeping them alive)."
+    );
     crate::raft::describe_metrics();
     crate::fairness::describe_metrics();
     crate::grpc_metrics::describe();
@@ -470,6 +477,7 @@ async fn record_state(probes: &Probes) {
     metrics::gauge!(DATA_BYTES_QUOTA).set(space.quota_bytes as f64);
     metrics::gauge!(HISTORY_BYTES).set(store.history_bytes() as f64);
     metrics::gauge!(ALARM_ACTIVE, "alarm" => "NOSPACE").set(flag(space.alarm_index.is_some()));
+    metrics::gauge!(LEASES).set(store.view().lease_count() as f64);
     let watches = store.watch_stats();
     metrics::gauge!(WATCHES_OPEN).set(watches.open as f64);
     metrics::gauge!(WATCH_UNREAD_BYTES).set(watches.unread_bytes as f64);

@@ -178,6 +178,7 @@ impl Restorer {
             .propose(Command::RestoreBegin {
                 restore_id: restore_id.to_string(),
                 resource_count: header.resource_count,
+                leases: header.leases.iter().map(|l| (l[0], l[1])).collect(),
             })
             .await?;
         // The file is read on a blocking thread, a chunk or two ahead.

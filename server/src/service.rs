@@ -206,6 +206,32 @@ impl ResourceApi {
         self.deadline_within(cairn_forwarding::caller_timeout(r))
     }
 
+    /// When a request must be answered by (for the other services of the client port).
+    pub(crate) fn deadline_of<T>(&self, r: &Request<T>) -> Instant {
+        self.deadline(r)
+    }
+
+    /// Authenticates the caller of `r` and authorizes `action` (a lease request, or a
+    /// write a lease's revoke would make).
+    pub(crate) fn authorize_lease<T>(
+        &self,
+        r: &Request<T>,
+        action: &Action<'_>,
+    ) -> Result<(), ApiError> {
+        let caller = self.auth.caller(r)?;
+        authorize(&caller, action).map(|_| ())
+    }
+
+    /// A lease grant, revoke or keep-alive: through Raft on the leader, forwarded from a
+    /// follower.
+    pub async fn lease_command(
+        &self,
+        r: pb::LeaseCommandRequest,
+        deadline: Instant,
+    ) -> Result<pb::LeaseCommandResponse, ApiError> {
+        self.forwarder.lease(r, deadline).await
+    }
+
     /// When a request whose caller waits `caller` (`None`: as long as the node allows)
     /// must be answered by: that less a margin, at most the node's request timeout.
     pub fn deadline_within(&self, caller: Option<Duration>) -> Instant {

@@ -32,7 +32,9 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: &[u8; 8] = b"CAIRNSNP";
 pub const END_MARKER: &[u8; 8] = b"CAIRNEND";
 pub const SNAPSHOT_FORMAT_VERSION: u32 = 1;
-pub const HEADER_BYTES_MAX: u32 = 1024 * 1024;
+/// Room for the largest header: 100,000 leases take about 5 MiB of it. (Release 0.1.0
+/// read at most 1 MiB, which a file without leases never passes.)
+pub const HEADER_BYTES_MAX: u32 = 16 * 1024 * 1024;
 /// A record holds one resource; resources are bounded by the fsm's limit (1 MiB
 /// by default); this bound leaves room for a raised limit and protects readers.
 pub const RECORD_BYTES_MAX: u32 = 64 * 1024 * 1024;
@@ -74,6 +76,12 @@ pub struct SnapshotHeader {
     pub space_quota_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nospace_alarm_index: Option<u64>,
+    /// The leases at `last_log_index`, each `[id, ttl_ms, granted_revision,
+    /// renewed_revision]` (`cairn_fsm::Lease`): absent when there are none, so older
+    /// readers see the files they wrote. A backup restored into a running cluster brings
+    /// them, renewed by the restore.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<[u64; 4]>,
 }
 
 /// An online restore in progress when a Raft snapshot was taken.
@@ -87,6 +95,9 @@ pub struct PendingRestoreHeader {
     /// Why it can no longer commit, if a resource was refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// The leases it brought, each `[id, ttl_ms]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<[u64; 2]>,
 }
 
 impl SnapshotHeader {
@@ -127,6 +138,29 @@ impl SnapshotHeader {
     pub fn set_space(&mut self, space: cairn_fsm::SpaceState) {
         self.space_quota_bytes = (space.quota_bytes != 0).then_some(space.quota_bytes);
         self.nospace_alarm_index = space.alarm_index;
+    }
+
+    /// The leases the file records.
+    pub fn leases(&self) -> Vec<cairn_fsm::Lease> {
+        self.leases
+            .iter()
+            .map(
+                |&[id, ttl_ms, granted_revision, renewed_revision]| cairn_fsm::Lease {
+                    id,
+                    ttl_ms,
+                    granted_revision,
+                    renewed_revision,
+                },
+            )
+            .collect()
+    }
+
+    /// Records `leases`.
+    pub fn set_leases(&mut self, leases: &[cairn_fsm::Lease]) {
+        self.leases = leases
+            .iter()
+            .map(|l| [l.id, l.ttl_ms, l.granted_revision, l.renewed_revision])
+            .collect();
     }
 
     /// Every record in the file: the table's, then the pending restore's.
@@ -374,6 +408,7 @@ impl<R: Read> SnapshotReader<R> {
                 cluster_version_downgrade: None,
                 space_quota_bytes: None,
                 nospace_alarm_index: None,
+                leases: Vec::new(),
             },
             crc: 0,
             offset: 0,
@@ -569,6 +604,7 @@ mod tests {
             cluster_version_downgrade: None,
             space_quota_bytes: None,
             nospace_alarm_index: None,
+            leases: Vec::new(),
         }
     }
 

@@ -131,6 +131,7 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
         (
             0,
             pb::WriteRequest {
+                fence: None,
                 resource: Some(resource("a")),
             }
             .encode_to_vec(),
@@ -147,6 +148,7 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
         (
             2,
             pb::DeleteRequest {
+                fence: None,
                 id: Some(id("a")),
                 version: "3".into(),
             }
@@ -388,6 +390,7 @@ fn decode_raft(kind: usize, bytes: &[u8]) {
 
 fn snapshot_seed() -> Vec<u8> {
     let header = SnapshotHeader {
+        leases: Vec::new(),
         cluster_id: "c0ffee".into(),
         last_log_index: 9,
         last_log_term: 2,

@@ -266,6 +266,7 @@ pub async fn write_rules(t: &Target<'_>) {
         "a version given but nothing stored"
     );
     let rich = Resource {
+        lease: 0,
         id: Some(t.id("Write", "w", "u1")),
         owner: Some(Box::new(t.id("Owner", "o", "u-owner"))),
         version: String::new(),
@@ -402,6 +403,7 @@ pub async fn delete_rules(t: &Target<'_>) {
 /// A status write of `key` to `id` at `version` ("" = any).
 fn status_request(id: Id, key: &str, observed: &str, version: &str) -> WriteStatusRequest {
     WriteStatusRequest {
+        fence: None,
         id: Some(id),
         key: key.into(),
         status: Some(Status {

@@ -133,6 +133,7 @@ impl ResourceApi for RawGrpc {
     fn write(&self, resource: Resource) -> ApiFuture<'_, Arc<Resource>> {
         Box::pin(async move {
             let request = WriteRequest {
+                fence: None,
                 resource: Some(resource),
             };
             let written = answer(Operation::Mutation, self.grpc().write(request).await)?;
@@ -145,6 +146,7 @@ impl ResourceApi for RawGrpc {
             let request = DeleteRequest {
                 id: Some(id),
                 version,
+                fence: None,
             };
             let deleted = answer(Operation::Mutation, self.grpc().delete(request).await)?;
             Ok(deleted.revision)

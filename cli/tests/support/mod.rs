@@ -75,6 +75,7 @@ pub fn thing(name: &str, uid: &str, version: &str, payload: &[u8]) -> Resource {
 pub async fn write(address: &str, resource: Resource) -> Result<Resource, ApiError> {
     let mut c = client(address).await;
     c.write(WriteRequest {
+        fence: None,
         resource: Some(resource),
     })
     .await

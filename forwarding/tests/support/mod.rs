@@ -497,6 +497,7 @@ pub fn thing(name: &str, uid: &str, version: &str, payload: &[u8]) -> Resource {
 
 pub fn write_request(resource: Resource) -> WriteRequest {
     WriteRequest {
+        fence: None,
         resource: Some(resource),
     }
 }

@@ -9,6 +9,7 @@ pub mod cluster_version;
 pub mod contacts;
 mod identity;
 mod leadership;
+pub mod leases;
 mod log_growth;
 mod network;
 pub mod peer_gate;
@@ -118,6 +119,9 @@ pub struct RaftSettings {
     /// DANGEROUS, test-only (`--unsafe-skip-fsync`): the Raft log skips its file and
     /// directory syncs.
     pub unsafe_skip_fsync: bool,
+    /// DANGEROUS, test-only (`--unsafe-lease-wall-clock`): leases are measured on the
+    /// wall clock.
+    pub unsafe_lease_wall_clock: bool,
     /// The space quota this node asks for (`data_bytes_max`), reported on every Raft
     /// message; the leader sets the cluster's to the lowest reported ([`capacity`]).
     pub data_bytes_max: u64,
@@ -177,6 +181,8 @@ pub struct RaftHandle {
     pub contacts: Arc<contacts::Contacts>,
     /// Whether a raise of `NOSPACE` is on its way ([`capacity::raise_alarm`]).
     raising_alarm: Arc<std::sync::atomic::AtomicBool>,
+    /// When this node saw each lease's last renewal ([`leases`]).
+    pub leases: Arc<leases::LeaseClock>,
 }
 
 fn leader_view_of(
@@ -466,6 +472,7 @@ impl RaftHandle {
             log_dir,
             contacts,
             raising_alarm: Default::default(),
+            leases: leases::clock(settings.unsafe_lease_wall_clock),
         })
     }
 

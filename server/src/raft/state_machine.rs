@@ -123,8 +123,19 @@ fn restore_from_file(
     let mut restoration = store.restore();
     restoration.set_cluster_version(cluster);
     restoration.set_space(header.space());
+    restoration
+        .set_leases(header.leases())
+        .map_err(|e| damaged(e.to_string()))?;
     if let Some(p) = &header.pending_restore {
-        restoration.begin_pending(p.restore_id.clone(), p.resource_count, p.failure.clone());
+        let leases: Vec<(u64, u64)> = p.leases.iter().map(|&[id, ttl]| (id, ttl)).collect();
+        restoration
+            .begin_pending(
+                p.restore_id.clone(),
+                p.resource_count,
+                p.failure.clone(),
+                &leases,
+            )
+            .map_err(|e| damaged(e.to_string()))?;
     }
     loop {
         match reader.next_record() {
@@ -396,15 +407,18 @@ impl StateMachine {
                         resource_count: p.resource_count,
                         received_count: p.len() as u64,
                         failure: p.failure.clone(),
+                        leases: p.leases.iter().map(|&(id, ttl)| [id, ttl]).collect(),
                     }
                 }),
                 cluster_version: None,
                 cluster_version_downgrade: None,
                 space_quota_bytes: None,
                 nospace_alarm_index: None,
+                leases: Vec::new(),
             };
             header.set_cluster_version(fsm_snapshot.cluster);
             header.set_space(fsm_snapshot.space);
+            header.set_leases(&fsm_snapshot.leases);
             return Ok((fsm_snapshot, header));
         }
     }
@@ -770,6 +784,7 @@ mod tests {
             cluster_version_downgrade: None,
             space_quota_bytes: None,
             nospace_alarm_index: None,
+            leases: Vec::new(),
         }
     }
 

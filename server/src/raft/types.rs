@@ -157,6 +157,61 @@ enum ReplyWire {
     ClusterVersion((u32, u32), Option<(u32, u32)>),
     /// The space quota after the entry, and the index that raised NOSPACE, if raised.
     Capacity(u64, Option<u64>),
+    /// What a lease command did.
+    Lease(LeaseWire),
+}
+
+/// [`cairn_fsm::LeaseApplied`], field by field.
+#[derive(Serialize, Deserialize)]
+enum LeaseWire {
+    /// id, ttl_ms, granted_revision, renewed_revision.
+    Granted([u64; 4]),
+    Revoked {
+        existed: bool,
+        deleted: u64,
+    },
+    KeptAlive(Vec<(u64, u64)>),
+    Expired {
+        expired: Vec<u64>,
+        deleted: u64,
+    },
+}
+
+impl LeaseWire {
+    fn of(applied: &cairn_fsm::LeaseApplied) -> LeaseWire {
+        use cairn_fsm::LeaseApplied as A;
+        match applied {
+            A::Granted(l) => {
+                LeaseWire::Granted([l.id, l.ttl_ms, l.granted_revision, l.renewed_revision])
+            }
+            A::Revoked { existed, deleted } => LeaseWire::Revoked {
+                existed: *existed,
+                deleted: *deleted,
+            },
+            A::KeptAlive(answers) => LeaseWire::KeptAlive(answers.clone()),
+            A::Expired { expired, deleted } => LeaseWire::Expired {
+                expired: expired.clone(),
+                deleted: *deleted,
+            },
+        }
+    }
+
+    fn applied(self) -> cairn_fsm::LeaseApplied {
+        use cairn_fsm::LeaseApplied as A;
+        match self {
+            LeaseWire::Granted([id, ttl_ms, granted_revision, renewed_revision]) => {
+                A::Granted(cairn_fsm::Lease {
+                    id,
+                    ttl_ms,
+                    granted_revision,
+                    renewed_revision,
+                })
+            }
+            LeaseWire::Revoked { existed, deleted } => A::Revoked { existed, deleted },
+            LeaseWire::KeptAlive(answers) => A::KeptAlive(answers),
+            LeaseWire::Expired { expired, deleted } => A::Expired { expired, deleted },
+        }
+    }
 }
 
 impl ReplyWire {
@@ -175,6 +230,7 @@ impl ReplyWire {
             Ok(Applied::Capacity(space)) => {
                 ReplyWire::Capacity(space.quota_bytes, space.alarm_index)
             }
+            Ok(Applied::Lease(applied)) => ReplyWire::Lease(LeaseWire::of(applied)),
             Ok(Applied::Batch(results)) => ReplyWire::Batch(
                 results
                     .iter()
@@ -225,6 +281,7 @@ impl<'de> Deserialize<'de> for Reply {
                     alarm_index,
                 }))
             }
+            ReplyWire::Lease(wire) => Ok(Applied::Lease(wire.applied())),
             // A reply only ever goes to the proposer on the node that applied
             // the entry (openraft never sends it); a batch's per-command fsm
             // errors have no lossless way back from the wire form.
