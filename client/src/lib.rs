@@ -16,6 +16,13 @@
 //! `cairn` admin commands, the load generator and a node joining a cluster all
 //! use it.
 //!
+//! Leases and elections ([`lease`], [`election`]): [`Client::grant_lease`] gives a
+//! [`Lease`] that keeps itself alive on a task of its own and says when it must be
+//! assumed lost (the send time of the last acknowledged keep-alive plus the TTL);
+//! [`Election::campaign`] holds an election with it, as one resource attached to the
+//! lease, and gives a [`Leadership`] whose fencing token the cluster checks at apply
+//! ([`Leadership::fence`]).
+//!
 //! [`ResourceApi`] ([`api`]) is the contract's calls as one trait, with
 //! resources shared (`Arc<Resource>`): [`Client`] implements it, and so does
 //! an embedded node's in-process client (`cairn_server::embed`). A
@@ -46,13 +53,15 @@
 //! one eagerly connected channel per endpoint (HTTP/2, multiplexed) and the
 //! preferred endpoint, both behind a short `parking_lot` mutex never held
 //! across an await. Each call is a future on the caller's Tokio runtime; the
-//! client spawns nothing. A [`WatchCache`] spawns one task per watched type;
-//! the tasks apply changes (maps, indexes and revisions together) and status
-//! changes under the cache's dispatch lock then its table lock (always in
-//! that order) and run subscriber and status callbacks under the dispatch
-//! lock only, so readers of the table never wait for a callback. Dropping
-//! the cache aborts its tasks. A [`PrimingBarrier`] only watches the caches'
-//! primed flags; it spawns nothing.
+//! client spawns nothing for them. A [`WatchCache`] spawns one task per watched
+//! type; the tasks apply changes (maps, indexes and revisions together) and
+//! status changes under the cache's dispatch lock then its table lock (always
+//! in that order) and run subscriber and status callbacks under the dispatch
+//! lock only, so readers of the table never wait for a callback. Dropping the
+//! cache aborts its tasks. A [`Lease`] spawns one task (its keep-alives) and a
+//! [`Leadership`] one (its watch of the election); each ends with its handle.
+//! A [`PrimingBarrier`] only watches the caches' primed flags; it spawns
+//! nothing.
 //!
 //! ## Invariants
 //! - A write or delete is sent again only after an attempt that certainly
@@ -75,6 +84,10 @@
 //!   the table at that moment would.
 //! - Status callbacks see every status change once, in order; InSync always
 //!   carries a revision. Once primed, a cache stays primed.
+//! - A [`Lease`] is held no later than the send time of its last acknowledged
+//!   keep-alive (or grant) plus its TTL; once lost it is never held again. A
+//!   [`Leadership`] is lost once its lease is, or once its election resource is
+//!   no longer stored at its uid and token.
 
 #![forbid(unsafe_code)]
 
@@ -83,9 +96,11 @@ pub mod api;
 pub mod auth;
 pub mod barrier;
 pub mod client;
+pub mod election;
 mod error;
 mod helpers;
 pub mod index;
+pub mod lease;
 pub mod tls;
 pub mod watch_cache;
 
@@ -96,9 +111,11 @@ pub use client::{
     watch_resume_revision, Client, ClientOptions, ListPages, WatchProgress, WatchStream,
     LIST_RESTARTS_MAX,
 };
+pub use election::{Election, Holder, Leadership, LeadershipLoss, Observer};
 pub use error::{ClientError, Outcome};
 pub use helpers::new_uid;
 pub use index::Index;
+pub use lease::{Lease, LeaseLoss, LeaseRevoked, LeaseState};
 pub use tls::{Access, TlsOptions};
 pub use watch_cache::{
     CacheEvent, CacheStats, CacheStatus, ResourceKey, StatusUpdate, SubscriptionId, WatchCache,
