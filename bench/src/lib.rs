@@ -42,6 +42,7 @@
 //!   `AdminService.Status`) unless `--target all` is given.
 
 pub mod failover;
+pub mod leases;
 pub mod load;
 mod procfs;
 mod report;

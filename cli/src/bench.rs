@@ -38,6 +38,32 @@ enum Workload {
     Watch(WatchArgs),
     /// kill -9 the leader, then time the first successful write through a survivor.
     Failover(FailoverRun),
+    /// Grant N leases and keep them alive at their TTL: the nodes' CPU and memory per lease.
+    Leases(LeasesRun),
+    /// A holder stops renewing: time to the next holder's first accepted fenced write.
+    Election(ElectionRun),
+}
+
+#[derive(Args)]
+struct LeasesRun {
+    /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS.
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    options: cairn_bench::leases::LeasesArgs,
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: OutputFormat,
+}
+
+#[derive(Args)]
+struct ElectionRun {
+    /// The cluster (`--endpoints`), and how to reach it: `--token`, TLS.
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(flatten)]
+    options: cairn_bench::leases::ElectionArgs,
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: OutputFormat,
 }
 
 /// What every load workload takes: the cluster, the load's own options, the report's
@@ -137,6 +163,22 @@ pub fn run(args: BenchArgs) -> u8 {
                 }
                 Workload::Failover(a) => {
                     failover::run(&cluster_of(&a.cluster), a.options, format_of(a.output)).await
+                }
+                Workload::Leases(a) => {
+                    cairn_bench::leases::run(
+                        &cluster_of(&a.cluster),
+                        a.options,
+                        format_of(a.output),
+                    )
+                    .await
+                }
+                Workload::Election(a) => {
+                    cairn_bench::leases::election(
+                        &cluster_of(&a.cluster),
+                        a.options,
+                        format_of(a.output),
+                    )
+                    .await
                 }
             }
         })
