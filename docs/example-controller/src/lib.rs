@@ -274,3 +274,88 @@ mod tests {
         assert!(is_reconciled(&c, &desired));
     }
 }
+
+/// The calls of a [`Client`](cairn_client::Client) with every write, delete and status write
+/// fenced by `fence` (an election's [`Leadership::fence`](cairn_client::Leadership::fence)):
+/// once another replica won the election, the cluster refuses them (FailedPrecondition),
+/// whatever this replica believes. Reads, lists and watches go through as they are.
+pub struct Fenced {
+    pub client: cairn_client::Client,
+    pub fence: cairn_proto::v1::Fence,
+}
+
+impl ResourceApi for Fenced {
+    fn read(
+        &self,
+        id: Id,
+        consistency: Consistency,
+    ) -> cairn_client::api::ApiFuture<'_, Arc<Resource>> {
+        ResourceApi::read(&self.client, id, consistency)
+    }
+
+    fn write(&self, resource: Resource) -> cairn_client::api::ApiFuture<'_, Arc<Resource>> {
+        Box::pin(async move {
+            let request = cairn_proto::v1::WriteRequest {
+                resource: Some(resource),
+                fence: Some(self.fence.clone()),
+            };
+            self.client.write_request(request).await.map(Arc::new)
+        })
+    }
+
+    fn delete(&self, id: Id, version: String) -> cairn_client::api::ApiFuture<'_, u64> {
+        Box::pin(async move {
+            let request = cairn_proto::v1::DeleteRequest {
+                id: Some(id),
+                version,
+                fence: Some(self.fence.clone()),
+            };
+            self.client.delete_request(request).await
+        })
+    }
+
+    fn write_status(
+        &self,
+        mut request: cairn_proto::v1::WriteStatusRequest,
+    ) -> cairn_client::api::ApiFuture<'_, Arc<Resource>> {
+        request.fence = Some(self.fence.clone());
+        ResourceApi::write_status(&self.client, request)
+    }
+
+    fn list(
+        &self,
+        request: cairn_proto::v1::ListRequest,
+    ) -> cairn_client::api::ApiFuture<'_, cairn_client::Listing> {
+        ResourceApi::list(&self.client, request)
+    }
+
+    fn list_page(
+        &self,
+        request: cairn_proto::v1::ListRequest,
+    ) -> cairn_client::api::ApiFuture<'_, cairn_client::Listing> {
+        ResourceApi::list_page(&self.client, request)
+    }
+
+    fn list_by_owner(&self, owner: Id) -> cairn_client::api::ApiFuture<'_, cairn_client::Listing> {
+        ResourceApi::list_by_owner(&self.client, owner)
+    }
+
+    fn watch_list(
+        &self,
+        request: cairn_proto::v1::WatchListRequest,
+    ) -> cairn_client::api::ApiFuture<'_, cairn_client::Watch> {
+        ResourceApi::watch_list(&self.client, request)
+    }
+
+    fn watch_progress(
+        &self,
+        source: &str,
+        watch_ids: Vec<u64>,
+    ) -> cairn_client::api::ApiFuture<'_, cairn_client::WatchProgress> {
+        ResourceApi::watch_progress(&self.client, source, watch_ids)
+    }
+
+    fn avoid(&self, source: &str) {
+        ResourceApi::avoid(&self.client, source)
+    }
+}

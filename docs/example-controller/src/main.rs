@@ -39,6 +39,15 @@ struct Args {
     /// The embedded node's peer address.
     #[arg(long, default_value = "127.0.0.1:8501")]
     peer_address: String,
+    /// With --endpoints: the election the replicas hold, so that only one reconciles.
+    #[arg(long, default_value = "example-controller")]
+    election: String,
+    /// This replica's name in the election (default: host name and process id).
+    #[arg(long)]
+    replica: Option<String>,
+    /// The TTL of this replica's lease: how long after it dies another takes over.
+    #[arg(long, default_value_t = 3_000)]
+    lease_ttl_ms: u64,
     /// error, warn, info, debug, trace, or a filter such as info,cairn_server=debug
     /// (the node's own log filter, `cairn agent --log-level`).
     #[arg(long, default_value = "info")]
@@ -65,6 +74,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// Ctrl-C or SIGTERM, as a flag every replica loop reads.
+fn stop_signal() -> tokio::sync::watch::Receiver<bool> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        self::stopped().await;
+        let _ = stop.send(true);
+    });
+    stopped
+}
+
 /// Ctrl-C or SIGTERM.
 async fn stopped() {
     let terminate = async {
@@ -81,13 +100,71 @@ async fn stopped() {
     }
 }
 
+/// One replica against a cluster: it campaigns for the election, reconciles only while it
+/// holds it (every write fenced with its token), and campaigns again when it loses it.
+/// A stop resigns, so another replica takes over at once.
+async fn replica(client: Client, args: &Args) -> anyhow::Result<()> {
+    let mut stop = stop_signal();
+    let identity = args
+        .replica
+        .clone()
+        .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id()));
+    let election = cairn_client::Election::new(client.clone(), args.election.clone(), None);
+    let ttl = std::time::Duration::from_millis(args.lease_ttl_ms);
+    while !*stop.borrow() {
+        let lease = match client.grant_lease(ttl).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                // A cluster still rising to version 0.2, or between leaders.
+                tracing::warn!(error = %e, "cannot grant a lease yet; trying again");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        tracing::info!(election = %args.election, replica = %identity, "waiting to lead");
+        let leadership = tokio::select! {
+            won = election.campaign(&lease, identity.clone()) => match won {
+                Ok(leadership) => leadership,
+                Err(e) => {
+                    tracing::warn!(error = %e, "campaign failed; trying again");
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        tracing::info!(token = leadership.token(), replica = %identity, "leading: reconciling");
+        let fenced: Arc<dyn ResourceApi> = Arc::new(cairn_example_controller::Fenced {
+            client: client.clone(),
+            fence: leadership.fence(),
+        });
+        let lost = leadership.lost();
+        let mut stopping = stop.clone();
+        let until = async move {
+            tokio::select! {
+                loss = lost => tracing::warn!(?loss, "lost the election: stopped reconciling"),
+                _ = stopping.wait_for(|s| *s) => {}
+            }
+        };
+        cairn_example_controller::run(fenced, until).await?;
+        if *stop.borrow() {
+            let _ = leadership.resign().await;
+            let _ = lease.revoke().await;
+        }
+    }
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
     if !args.in_process {
         let client = Client::connect(&args.endpoints).await?;
         tracing::info!(endpoints = ?client.endpoints(), "running against the cluster");
-        let client: Arc<dyn ResourceApi> = Arc::new(client);
-        cairn_example_controller::run(client, stopped()).await?;
-        return Ok(());
+        return replica(client, &args).await;
     }
     let data_dir = args.data_dir.context("--in-process needs --data-dir")?;
     let members = format!("1={}/{}", args.peer_address, args.client_address);

@@ -221,3 +221,64 @@ async fn remote_it_reconciles_the_counters_of_the_cluster_it_reaches() {
     assert!(text.contains("running against the cluster"), "{text}");
     node.shutdown().await;
 }
+
+/// Whether `log` says its replica is leading.
+fn leads(log: &std::path::Path) -> bool {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains("leading: reconciling")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_only_one_reconciles_and_the_other_takes_over_when_it_dies() {
+    // Two replicas against one cluster: one wins the election and reconciles (fenced), the
+    // other waits; kill -9 the leading one and the other takes over within its lease TTL.
+    let dir = tempfile::tempdir().unwrap();
+    let client_address = format!("127.0.0.1:{}", free_port());
+    let peer_address = format!("127.0.0.1:{}", free_port());
+    let node = EmbeddedNode::start(Config {
+        node_id: 1,
+        data_dir: dir.path().join("data"),
+        members: parse_members(&format!("1={peer_address}/{client_address}")).unwrap(),
+        client_address: client_address.clone(),
+        peer_address,
+        ..Config::default()
+    })
+    .await
+    .expect("the node starts");
+    let logs = [dir.path().join("a.log"), dir.path().join("b.log")];
+    let mut replicas: Vec<Option<Controller>> = ["a", "b"]
+        .iter()
+        .zip(&logs)
+        .map(|(name, log)| {
+            Some(Controller::start(
+                &[
+                    "--endpoints",
+                    &client_address,
+                    "--replica",
+                    name,
+                    "--lease-ttl-ms",
+                    "1500",
+                ],
+                log,
+            ))
+        })
+        .collect();
+    let client = remote_client(&client_address);
+    use condition::State::True;
+    set_value(&client, "c1", r#"{"value": 1}"#).await;
+    wait_for_status(&client, "c1", True, "Odd", &logs[0]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leading: Vec<usize> = (0..2).filter(|i| leads(&logs[*i])).collect();
+    assert_eq!(leading.len(), 1, "exactly one replica leads: {leading:?}");
+    let (leader, other) = (leading[0], 1 - leading[0]);
+    // The leader dies without resigning: its lease expires, the other takes over.
+    drop(replicas[leader].take());
+    set_value(&client, "c2", r#"{"value": 2}"#).await;
+    wait_for_status(&client, "c2", True, "Even", &logs[other]).await;
+    assert!(leads(&logs[other]), "the other replica took over");
+    let status = replicas[other].take().unwrap().stop();
+    let text = std::fs::read_to_string(&logs[other]).unwrap_or_default();
+    assert!(status.success(), "{status}: {text}");
+    node.shutdown().await;
+}
