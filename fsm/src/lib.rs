@@ -7,7 +7,9 @@
 //! revision ([`View`]), owner lookups, watches (a snapshot or a history replay
 //! followed by live events, [`Watch`]), paginated lists whose pages all
 //! reflect their first page's revision ([`View::list_page`], [`PageToken`]),
-//! and snapshot / restore.
+//! snapshot / restore, leases with the resources attached to them and fenced
+//! writes ([`lease`]: everything but time, which the node measures), and the
+//! capacity rules ([`capacity`]).
 //!
 //! **What it must not do.** No I/O, no async runtime, no clock, no
 //! randomness, no threads: the node feeds it committed entries and gets back
@@ -80,6 +82,9 @@
 //!   (asserted against the token), in storage-key order, strictly after the
 //!   last key the previous page served; a page holds at most its bounds'
 //!   resources and, but for a lone resource, at most their bytes.
+//! - The lease index holds exactly the stored resources whose `lease` is not 0,
+//!   each under a lease that exists (see [`lease`] for the lease invariants).
+//! - A fenced command applies only if its fence held when its entry applied.
 //! - The watch registry holds exactly the open, unclosed watches: dropping a
 //!   [`Watch`] removes it; a restore removes them all.
 
