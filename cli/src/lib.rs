@@ -13,6 +13,7 @@
 //! | [`check`] | `check disk`, `check perf`, `check cache` |
 //! | [`tls`] | `tls init`: development certificates |
 //! | [`token`] | `token new`, `token hash` |
+//! | [`lease`] | `lease grant / keep-alive / revoke / list / ttl`, `lock`, `elect` |
 //! | [`bench`](mod@bench) | `bench`: its workloads and flags (the load generator is [`cairn_bench`]) |
 //!
 //! [`common`] holds what they share: the cluster flags (endpoints, token, TLS),
@@ -56,6 +57,7 @@ pub mod common;
 pub mod data;
 pub mod dev;
 pub mod json;
+pub mod lease;
 pub mod snapshot;
 pub mod tls;
 pub mod token;
@@ -108,6 +110,17 @@ enum Command {
     Quota(capacity::QuotaCommand),
     /// Hand leadership to another voter (the most up-to-date one by default).
     TransferLeader(TransferArgs),
+    /// Leases: `lease grant --ttl 10s`, `lease keep-alive ID`, `lease revoke ID`,
+    /// `lease list`, `lease ttl ID` (attach resources with `write --lease ID`).
+    #[command(subcommand)]
+    Lease(lease::LeaseCommand),
+    /// Run a command while holding a lock: `lock NAME [--ttl 10s] -- CMD ARGS...` (the
+    /// command gets CAIRN_LOCK_TOKEN, the fencing token). Exits with CMD's code, or 7 if
+    /// the lock was lost while it ran.
+    Lock(lease::LockArgs),
+    /// Campaign in an election and hold it until Ctrl-C (exit 7 if lost), or follow its
+    /// holder with --listen.
+    Elect(lease::ElectArgs),
     /// Load generator: measure a running cluster (write, read, list, mixed, watch).
     Bench(bench::BenchArgs),
     /// Is this disk, this cluster, fit to run Cairn? `check disk`, `check perf`.
@@ -154,6 +167,9 @@ pub fn main() -> ExitCode {
         Command::Alarm(a) => runtime().block_on(capacity::alarm(a, global)),
         Command::Quota(q) => runtime().block_on(capacity::quota(q, global)),
         Command::TransferLeader(t) => runtime().block_on(admin::transfer_leader(&t, global)),
+        Command::Lease(l) => runtime().block_on(lease::lease(l, global)),
+        Command::Lock(l) => runtime().block_on(lease::lock(l, global)),
+        Command::Elect(e) => runtime().block_on(lease::elect(e, global)),
         Command::Snapshot(s) => snapshot::run(s, global),
         Command::Data(d) => runtime().block_on(data::run(d)),
         Command::Token(t) => token::run(t),
