@@ -526,31 +526,8 @@ pub mod checks {
     /// A fence, if any: it names a resource and a token (whether it holds is checked at
     /// apply).
     pub fn fence(limits: &Limits, fence: Option<&pb::Fence>) -> Result<(), ApiError> {
-        let Some(fence) = fence else {
-            return Ok(());
-        };
-        let election = fence
-            .election
-            .as_ref()
-            .ok_or_else(|| ApiError::invalid("fence.election", "is required"))?;
-        let id = pb::Id {
-            uid: String::new(),
-            name: election.name.clone(),
-            r#type: election.r#type.clone(),
-            tenancy: election.tenancy.clone(),
-        };
-        cairn_fsm::validate_id("fence.election", &id, limits)?;
-        if !election.section.is_empty() {
-            return Err(ApiError::invalid(
-                "fence.election.section",
-                "must be empty: a fence names a whole resource",
-            ));
-        }
-        if fence.token == 0 {
-            return Err(ApiError::invalid(
-                "fence.token",
-                "must not be 0 (it is the version the election was won at)",
-            ));
+        if let Some(fence) = fence {
+            cairn_fsm::validate_fence(fence, limits)?;
         }
         Ok(())
     }

@@ -175,15 +175,8 @@ impl<H: Handle> Forwarder<H> {
         deadline: Instant,
     ) -> Result<pb::LeaseCommandResponse, ApiError> {
         self.executor.check_lease(&r)?;
-        if let Err(e) = self
-            .executor
-            .handle()
-            .store()
-            .cluster_version()
-            .require(cairn_fsm::Feature::Leases)
-        {
-            return Err(e.into());
-        }
+        // The cluster version is checked where every command is, before proposing
+        // (`Handle::propose`), here on this node first: a follower never forwards it.
         self.route(r, deadline).await
     }
 

@@ -122,7 +122,7 @@ pub use state::View;
 pub use store::{Applied, Batch, Store};
 pub use stored::{ResourceHead, StoredResource, TenancyHead, TypeHead};
 pub use validate::{
-    validate_id, validate_list, validate_write, validate_write_status, Limits,
+    validate_fence, validate_id, validate_list, validate_write, validate_write_status, Limits,
     METADATA_ENTRIES_HARD_MAX, NAME_BYTES_HARD_MAX, RESOURCE_BYTES_HARD_MAX,
     STATUS_CONDITIONS_HARD_MAX,
 };

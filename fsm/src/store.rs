@@ -910,37 +910,19 @@ pub(crate) fn check_fence(
     limits: &Limits,
     fence: &cairn_proto::v1::Fence,
 ) -> Result<(), FsmError> {
-    let Some(election) = fence.election.as_ref() else {
-        return Err(FsmError::invalid("fence.election", "is required"));
-    };
-    if !election.section.is_empty() {
-        return Err(FsmError::invalid(
-            "fence.election.section",
-            "must be empty: a fence names a whole resource",
-        ));
-    }
-    if fence.token == 0 {
-        return Err(FsmError::invalid("fence.token", "must not be 0"));
-    }
-    let id = Id {
-        uid: String::new(),
-        name: election.name.clone(),
-        r#type: election.r#type.clone(),
-        tenancy: election.tenancy.clone(),
-    };
-    validate_id("fence.election", &id, limits)?;
+    let id = crate::validate::validate_fence(fence, limits)?;
     let stored = key::with_storage_key(&id, |key| state.resources.get(key).cloned());
     let token = fence.token.to_string();
     match stored {
         Some(stored) if stored.version() == token => Ok(()),
         Some(stored) => Err(FsmError::FailedPrecondition(format!(
             "fence: {:?} is held at token {}, not {token}: another holder won it since",
-            election.name,
+            id.name,
             stored.version()
         ))),
         None => Err(FsmError::FailedPrecondition(format!(
             "fence: {:?} is not held by anyone (token {token} ended)",
-            election.name
+            id.name
         ))),
     }
 }

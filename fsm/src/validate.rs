@@ -238,6 +238,35 @@ fn check_id(field: Field<'_>, id: &Id, limits: &Limits) -> Result<(), FsmError> 
     Ok(())
 }
 
+/// Validates a fence ([`crate::Command::Fenced`]): an election named (type, tenancy, name,
+/// as an id is; no section) and a token that is not 0. Returns the election's id (no uid).
+/// Whether the fence holds is decided at apply.
+pub fn validate_fence(fence: &cairn_proto::v1::Fence, limits: &Limits) -> Result<Id, FsmError> {
+    let Some(election) = fence.election.as_ref() else {
+        return Err(FsmError::invalid("fence.election", "is required"));
+    };
+    if !election.section.is_empty() {
+        return Err(FsmError::invalid(
+            "fence.election.section",
+            "must be empty: a fence names a whole resource",
+        ));
+    }
+    if fence.token == 0 {
+        return Err(FsmError::invalid(
+            "fence.token",
+            "must not be 0 (it is the version the election was won at)",
+        ));
+    }
+    let id = Id {
+        uid: String::new(),
+        name: election.name.clone(),
+        r#type: election.r#type.clone(),
+        tenancy: election.tenancy.clone(),
+    };
+    validate_id("fence.election", &id, limits)?;
+    Ok(id)
+}
+
 /// Validates a status write ([`crate::Command::WriteStatus`]): the id as [`validate_id`]
 /// with its uid required (a status is about one lifetime), the key required, bounded and
 /// free of control characters as a written resource's status keys are, the expected
