@@ -267,3 +267,76 @@ async fn a_deposed_holder_is_fenced_off_and_a_revoke_takes_what_is_attached() {
         "{error:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_survives_snapshots_and_a_restart_of_every_node() {
+    // Snapshots every 100 entries: the lease and what is attached to it come back from a
+    // snapshot when every node is killed and started again, and its holder keeps it.
+    let mut options = options(3);
+    options.snapshot_log_entries = 100;
+    let mut cluster = Cluster::start(options);
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let through = cluster.node(leader).client_address.clone();
+    let lease = grant(&through, 30_000).await;
+    let mut held = thing("held", "", "", b"x");
+    held.lease = lease;
+    write(&through, held).await.expect("attached");
+    for i in 0..300 {
+        write(&through, thing(&format!("filler-{i:03}"), "", "", b"f"))
+            .await
+            .expect("a filler write");
+    }
+    let before = leases(&through)
+        .time_to_live(LeaseTimeToLiveRequest { id: lease })
+        .await
+        .expect("the lease")
+        .into_inner()
+        .lease
+        .unwrap();
+    for id in cluster.ids() {
+        cluster.kill(id);
+    }
+    for id in cluster.ids() {
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    let through = cluster.node(leader).client_address.clone();
+    let after = leases(&through)
+        .time_to_live(LeaseTimeToLiveRequest { id: lease })
+        .await
+        .expect("the lease after the restart")
+        .into_inner()
+        .lease
+        .unwrap();
+    assert_eq!(
+        (
+            after.ttl_ms,
+            after.attached_count,
+            after.granted_revision,
+            after.renewed_revision
+        ),
+        (
+            before.ttl_ms,
+            1,
+            before.granted_revision,
+            before.renewed_revision
+        ),
+        "the lease comes back exactly"
+    );
+    assert!(
+        after.remaining_ms > 25_000,
+        "a restart gives a full TTL: {after:?}"
+    );
+    let (stop, keeper) = keep_alive(vec![through.clone()], lease, Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = stop.send(());
+    assert!(keeper.await.unwrap() >= 1, "kept alive after the restart");
+    let revoked = leases(&through)
+        .revoke(LeaseRevokeRequest { id: lease })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(revoked.deleted_count, 1);
+    assert!(!exists(&through, "held").await);
+    assert!(exists(&through, "filler-299").await);
+}
