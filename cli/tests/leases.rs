@@ -4,6 +4,8 @@
 //!   kept alive by `cairn lease keep-alive` outlives its TTL; `cairn lease revoke` deletes
 //!   what is attached (and the keep-alive then exits 7, the lease lost); a lease nobody keeps
 //!   alive expires and its resource disappears within the TTL and a couple of seconds;
+//! - a lease kept alive by the library survives the death of the leader its keep-alives
+//!   went to (the handle moves to another node; a new leader is elected);
 //! - `cairn lock` runs its command with the fencing token in `CAIRN_LOCK_TOKEN`, exits with
 //!   the command's code, and two `cairn lock`s on one name never run their commands at the
 //!   same time; a lock deleted under a running command gets it SIGTERM and exits 7;
@@ -505,4 +507,44 @@ async fn a_write_fenced_by_an_old_holder_s_token_is_refused() {
     second.resign().await.expect("resign");
     assert_eq!(election.leader().await.expect("leader"), None);
     second_lease.revoke().await.expect("revoke");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_kept_by_the_library_outlives_the_death_of_the_leader_it_talked_to() {
+    // The handle's keep-alives go to the leader (first endpoint); the leader is killed: the
+    // handle moves to another node, a new leader is elected, and neither the lease nor its
+    // resource is lost, well past the TTL.
+    let (mut cluster, _endpoints) = lease_cluster().await;
+    let leader = cluster.leader().await.expect("a leader");
+    let mut endpoints = vec![cluster.node(leader).client_address.clone()];
+    for other in cluster.ids_except(leader) {
+        endpoints.push(cluster.node(other).client_address.clone());
+    }
+    let client = client_for(&endpoints).await;
+    let ttl = Duration::from_secs(5);
+    let lease = client.grant_lease(ttl).await.expect("grant");
+    let mut resource = thing("Leased", "kept", "{}");
+    resource.lease = lease.id();
+    client.create(resource).await.expect("attached");
+
+    cluster.kill(leader);
+    let survivors = cluster.ids_except(leader);
+    cluster
+        .wait_for_leader_among(&survivors, LEADER_TIMEOUT)
+        .await;
+    tokio::time::sleep(ttl + Duration::from_secs(2)).await;
+    assert_eq!(lease.loss(), None, "still held: {lease:?}");
+    let remaining = client
+        .lease_time_to_live(lease.id())
+        .await
+        .expect("time to live");
+    assert!(
+        remaining.is_some_and(|l| l.attached_count == 1),
+        "the cluster holds it, with its resource: {remaining:?}"
+    );
+    assert!(client
+        .read(id("Leased", "kept"), Consistency::Strong)
+        .await
+        .is_ok());
+    assert_eq!(lease.revoke().await, Ok(1), "revoked with its resource");
 }
