@@ -155,7 +155,17 @@ pub fn check(history: &History) -> Result<AppendReport, Error> {
                     list,
                 });
             }
-            OpKind::Write | OpKind::Cas | OpKind::Delete | OpKind::Add | OpKind::Restore => {
+            OpKind::Write
+            | OpKind::Cas
+            | OpKind::Delete
+            | OpKind::Add
+            | OpKind::Restore
+            | OpKind::Grant
+            | OpKind::KeepAlive
+            | OpKind::Revoke
+            | OpKind::Campaign
+            | OpKind::Fenced
+            | OpKind::Resign => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: "append",

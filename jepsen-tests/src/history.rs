@@ -13,6 +13,15 @@
 //! | `append` | the element appended            | ignored                           |
 //! | `add`    | the element added               | ignored                           |
 //! | `restore`| the backup: `[[key, [elements]], ...]` (every key not named is empty) | ignored |
+//! | `grant`  | the TTL asked for, in ms        | `[lease, revision]`               |
+//! | `keepalive` | the lease                    | the TTL answered (`0`: the lease is gone) |
+//! | `revoke` | the lease                       | the revision of the revoke        |
+//! | `campaign` | the lease the election is created with | the token won (the create's version) |
+//! | `fenced` | `[token, seq, stale]` (`stale` 1: the holder's one write after a pause) | the revision it applied at |
+//! | `resign` | the token                       | the revision of the delete (`0`: nothing was stored) |
+//!
+//! The last six are the election workload's ([`crate::election`]): a refused `campaign` or
+//! `fenced` (`fail`) carries the node's message as output.
 //!
 //! A `restore` (key `""`: it replaces every key at once) is the online restore of a
 //! backup into a set history ([`crate::set`]). Its `info` completion time is when
@@ -200,6 +209,34 @@ pub enum OpKind {
     Append,
     Add,
     Restore,
+    /// Election workload ([`crate::election`]): a lease granted.
+    Grant,
+    /// Election workload: one keep-alive of a lease.
+    #[serde(rename = "keepalive")]
+    KeepAlive,
+    /// Election workload: a lease revoked by its owner.
+    Revoke,
+    /// Election workload: the create-only write of the election resource.
+    Campaign,
+    /// Election workload: a write under a fencing token.
+    Fenced,
+    /// Election workload: the holder deletes the election resource.
+    Resign,
+}
+
+impl OpKind {
+    /// Whether this is one of the election workload's kinds, which only its checker reads.
+    pub fn is_election(self) -> bool {
+        matches!(
+            self,
+            OpKind::Grant
+                | OpKind::KeepAlive
+                | OpKind::Revoke
+                | OpKind::Campaign
+                | OpKind::Fenced
+                | OpKind::Resign
+        )
+    }
 }
 
 impl fmt::Display for OpKind {
@@ -212,6 +249,12 @@ impl fmt::Display for OpKind {
             OpKind::Append => "append",
             OpKind::Add => "add",
             OpKind::Restore => "restore",
+            OpKind::Grant => "grant",
+            OpKind::KeepAlive => "keepalive",
+            OpKind::Revoke => "revoke",
+            OpKind::Campaign => "campaign",
+            OpKind::Fenced => "fenced",
+            OpKind::Resign => "resign",
         })
     }
 }
@@ -480,8 +523,15 @@ impl Recorder {
         }
     }
 
-    fn now_ns(&self) -> u64 {
+    /// Nanoseconds since the recorder was created: the clock of every operation it records
+    /// (the election workload stamps its watch events and fault windows with it too).
+    pub fn now_ns(&self) -> u64 {
         u64::try_from(self.inner.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// When the recorder was created: time 0 of [`Recorder::now_ns`].
+    pub fn started(&self) -> Instant {
+        self.inner.start
     }
 
     /// Notes the invocation time of an operation; call this right before sending

@@ -17,6 +17,8 @@
 //!   a key-value map partitioned by key.
 //! - [`set`] and [`append`]: cheaper checkers for the set and list-append workloads.
 //! - [`monotonic`]: eventual reads never go backwards on one node.
+//! - [`election::check`]: leases and fencing tokens: one holder per token, no stale
+//!   holder's write accepted, a stopped lease gone in time, no lease ending early.
 //!
 //! The binary (`src/main.rs`) exposes them as `jepsen-tests check`.
 //!
@@ -37,6 +39,8 @@
 //!   `cairn-client`, each logical process against a random node.
 //! - [`watch_check`]: exactly-once, in-order, no-rewind delivery of watch
 //!   events, checked against the acknowledged writes and the final state.
+//! - [`election`]: candidates campaigning for one election with leases, holders writing
+//!   under their fencing token, through the fencing nemesis ([`nemesis::fencing`]).
 //! - [`runner`]: scenarios, the `ci` suite, `soak` and `prove-broken`, and the
 //!   results folder (histories, node logs, nemesis logs, summary with seed).
 //! - [`upgrade`]: the rolling upgrade from an earlier release, built from the commit
@@ -88,6 +92,7 @@
 
 pub mod append;
 pub mod cluster;
+pub mod election;
 pub mod error;
 pub mod history;
 pub mod linearizability;

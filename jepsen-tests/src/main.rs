@@ -3,7 +3,8 @@
 //! `jepsen-tests check --model register|kv|set|append|monotonic FILE` checks a recorded
 //! history (project JSONL or Jepsen log, detected automatically);
 //! `jepsen-tests check --model watch DIR` re-checks a watch scenario's results
-//! folder (history, watch log and final state). Both exit with
+//! folder (history, watch log and final state), `jepsen-tests check --model election DIR`
+//! an election scenario's (history, watch log, fault windows, final state). All exit with
 //! 0 = valid (linearizable), 1 = invalid, 2 = unknown within the time budget,
 //! 3 = the command or the file could not be used.
 //!
@@ -120,7 +121,7 @@ struct ProveArgs {
     #[arg(long, default_value_t = 3)]
     attempts: usize,
     /// Only these modes (repeatable): local-strong-reads, skip-fsync, ack-before-commit,
-    /// drop-watch-events, accept-stale-cas. Default: every one.
+    /// drop-watch-events, accept-stale-cas, ignore-fences, lease-wall-clock. Default: every one.
     #[arg(long, value_parser = parse_mode)]
     mode: Vec<ModeArg>,
     /// The whole matrix ends within this many minutes; a mode not caught by then fails.
@@ -184,6 +185,9 @@ enum ModelArg {
     /// Watch delivery (FILE is a watch scenario's results folder: history.jsonl,
     /// watch.jsonl, watch-final.json).
     Watch,
+    /// Leases and fencing tokens (FILE is an election scenario's results folder:
+    /// history.jsonl, watch.jsonl, faults.jsonl, election.json).
+    Election,
     /// Eventual reads never go backwards on one node in one lifetime (read with
     /// [node lifetime], or the node alone, as input and [version value] as
     /// output; a run's eventual.jsonl).
@@ -239,9 +243,12 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
         FormatArg::Jsonl => Some(Format::Jsonl),
         FormatArg::JepsenLog => Some(Format::JepsenLog),
     };
-    // A watch run is a folder, not one history file.
+    // A watch or an election run is a folder, not one history file.
     if matches!(args.model, ModelArg::Watch) {
         return check_watch(args, out);
+    }
+    if matches!(args.model, ModelArg::Election) {
+        return check_election(args, out);
     }
     let (history, format) = History::load(&args.file, format)?;
     let key_count = history
@@ -320,6 +327,7 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
             Ok(report.verdict)
         }
         ModelArg::Watch => check_watch(args, out),
+        ModelArg::Election => check_election(args, out),
         ModelArg::Monotonic => {
             let report = monotonic::check(&history)?;
             say!(out, "checker: monotonic reads");
@@ -390,6 +398,30 @@ fn check_watch(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
         say!(out, "  {line}");
     }
     print_anomalies(out, report.anomalies.iter().cloned(), args.print_max);
+    say!(out, "verdict: {}", verdict_word(report.verdict, false));
+    Ok(report.verdict)
+}
+
+/// `check --model election DIR`: re-checks an election scenario's folder.
+fn check_election(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
+    use jepsen_tests::election;
+    let run = election::load_run(&args.file)?;
+    say!(
+        out,
+        "election run: {} ({} operations, {} watch records, {} fault windows)",
+        args.file.display(),
+        run.history.len(),
+        run.watch.len(),
+        run.faults.len()
+    );
+    let report = election::check::check(
+        &run.history,
+        &run.watch,
+        &run.faults,
+        &run.record.final_state,
+        &run.record.timing,
+    );
+    out.push_str(&election::describe(&report, args.print_max));
     say!(out, "verdict: {}", verdict_word(report.verdict, false));
     Ok(report.verdict)
 }

@@ -231,7 +231,16 @@ pub fn partitions(
                     }
                 }
             }
-            OpKind::Delete | OpKind::Append | OpKind::Add | OpKind::Restore => {
+            OpKind::Delete
+            | OpKind::Append
+            | OpKind::Add
+            | OpKind::Restore
+            | OpKind::Grant
+            | OpKind::KeepAlive
+            | OpKind::Revoke
+            | OpKind::Campaign
+            | OpKind::Fenced
+            | OpKind::Resign => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: kind.name(),

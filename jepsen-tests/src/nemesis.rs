@@ -8,6 +8,10 @@
 //! and [`converge`] waits until a leader is elected and every node has
 //! applied what it committed.
 //!
+//! The fencing nemesis ([`fencing`]) takes the election from its holder (isolating or
+//! stopping the node it talks to, killing it, moving the leader) and jumps the leader's wall
+//! clock, for the election workload ([`crate::election`]).
+//!
 //! The kill loops ([`kill_loop`]) are nemeses whose every round is a kill and a restart
 //! that must succeed: a node that does not come back, or does not catch up, fails the
 //! scenario on the spot with the end of its log.
@@ -23,6 +27,7 @@ use rand::Rng;
 use crate::cluster::Cluster;
 use crate::net::{shapes, NetworkLab};
 
+pub mod fencing;
 pub mod kill_loop;
 mod restore;
 
@@ -67,6 +72,14 @@ pub enum NemesisKind {
     /// cgroup of its own, and the victim's limit is lowered to just above its heap so that
     /// its next allocation burst gets it OOM-killed ([`crate::memcg`]).
     OomKillLoop,
+    /// The election's faults ([`fencing`]): the holder's node or the leader isolated, a
+    /// SIGSTOP longer than the leases' TTL, the leader's wall clock jumped by minutes, kills,
+    /// leader transfers; election workload only (its checker knows the holder).
+    Fencing,
+    /// The leader's wall clock jumped by minutes, every round ([`fencing::leader_clock_round`]):
+    /// the broken-node proof of `--unsafe-lease-wall-clock` only, with the election workload
+    /// (not in [`NemesisKind::ALL`]: [`NemesisKind::Fencing`] runs it among its rounds).
+    LeaderClock,
 }
 
 /// The history a [`NemesisKind::Compaction`] cluster keeps: a node down for a second
@@ -88,10 +101,14 @@ impl NemesisKind {
             NemesisKind::RestoreKill => "restore-kill",
             NemesisKind::KillLoop => "kill-loop",
             NemesisKind::OomKillLoop => "oom-kill-loop",
+            NemesisKind::Fencing => "fencing",
+            NemesisKind::LeaderClock => "leader-clock",
         }
     }
 
-    pub const ALL: [NemesisKind; 12] = [
+    /// Every nemesis `ci` and `soak` run (the broken-node proof's [`NemesisKind::LeaderClock`]
+    /// aside).
+    pub const ALL: [NemesisKind; 13] = [
         NemesisKind::Kill,
         NemesisKind::Pause,
         NemesisKind::Partition,
@@ -104,6 +121,7 @@ impl NemesisKind {
         NemesisKind::RestoreKill,
         NemesisKind::KillLoop,
         NemesisKind::OomKillLoop,
+        NemesisKind::Fencing,
     ];
 
     /// Whether this is a kill loop: large entries, frequent snapshots, a kill each round
@@ -116,7 +134,15 @@ impl NemesisKind {
     pub fn needs_network(self) -> bool {
         matches!(
             self,
-            NemesisKind::Partition | NemesisKind::MembershipPartition
+            NemesisKind::Partition | NemesisKind::MembershipPartition | NemesisKind::Fencing
+        )
+    }
+
+    /// Whether its cluster runs with clock files ([`crate::cluster::ClusterOptions::live_clocks`]).
+    pub fn needs_live_clocks(self) -> bool {
+        matches!(
+            self,
+            NemesisKind::Clock | NemesisKind::Fencing | NemesisKind::LeaderClock
         )
     }
 
@@ -127,13 +153,20 @@ impl NemesisKind {
                 crate::net::unavailable_reason()
             }
             NemesisKind::PowerCut => cairn_powercut_fs::fuse_unavailable_reason(),
-            NemesisKind::Clock => match crate::cluster::faketime_library() {
-                Some(_) => None,
-                None => Some("libfaketime is not installed (Debian package `faketime`)".into()),
-            },
+            NemesisKind::Clock => faketime_missing(),
             NemesisKind::OomKillLoop => crate::memcg::unavailable_reason(),
+            NemesisKind::Fencing => crate::net::unavailable_reason().or_else(faketime_missing),
+            NemesisKind::LeaderClock => faketime_missing(),
             _ => None,
         }
+    }
+}
+
+/// Why clock faults cannot run here, if they cannot.
+fn faketime_missing() -> Option<String> {
+    match crate::cluster::faketime_library() {
+        Some(_) => None,
+        None => Some("libfaketime is not installed (Debian package `faketime`)".into()),
     }
 }
 
@@ -181,6 +214,9 @@ pub struct NemesisContext<'a> {
     pub kill_loop: KillLoopRounds,
     /// At most this many rounds (`None`: rounds until the time is up).
     pub rounds_max: Option<usize>,
+    /// What the fencing nemesis shares with the election workload (its holder, the history's
+    /// clock, the fault windows); `None` for every other workload.
+    pub election: Option<fencing::ElectionLink>,
 }
 
 fn millis(rng: &mut StdRng, range: (u64, u64)) -> Duration {
@@ -244,6 +280,8 @@ pub async fn run_rotating(
             NemesisKind::OomKillLoop => {
                 kill_loop::round(cx, kill_loop::Killer::Kernel, round).await?
             }
+            NemesisKind::Fencing => fencing::round(cx, round).await?,
+            NemesisKind::LeaderClock => fencing::leader_clock_round(cx).await?,
         }
         // A kill loop's round ends with its node caught up: a short pause is enough.
         let quiet = if kind.is_kill_loop() {

@@ -20,6 +20,10 @@
 //! ([`quota_shortfall`]), and unless every node still runs when the faults end and after
 //! the final reads.
 //!
+//! The election scenario ([`election_scenario`], run by [`crate::election::run`]) has
+//! candidates campaign for one election under leases and fencing tokens, with the fencing
+//! nemesis; its checker is [`crate::election::check`].
+//!
 //! The rolling upgrade ([`crate::upgrade`]) is a scenario of its own with two workloads; it
 //! takes the register and set checks, the minimums ([`Minimums::shortfall`]) and the bound
 //! ([`bounded`]) from here.
@@ -84,15 +88,23 @@ pub enum BrokenMode {
     /// `--unsafe-accept-stale-cas`: a CAS against a stale version succeeds; register
     /// checker (it sees each `cas` and each `write`'s compare).
     AcceptStaleCas,
+    /// `--unsafe-ignore-fences`: the leader drops a write's fence, so a deposed holder's
+    /// writes apply; election checker (checks 1 and 2: the post-pause writes), fencing nemesis.
+    IgnoreFences,
+    /// `--unsafe-lease-wall-clock`: leases expire on the leader's wall clock; election checker
+    /// (check 4: a lease ends before its TTL), the leader's wall clock jumped every round.
+    LeaseWallClock,
 }
 
 impl BrokenMode {
-    pub const ALL: [BrokenMode; 5] = [
+    pub const ALL: [BrokenMode; 7] = [
         BrokenMode::LocalStrongReads,
         BrokenMode::SkipFsync,
         BrokenMode::AckBeforeCommit,
         BrokenMode::DropWatchEvents,
         BrokenMode::AcceptStaleCas,
+        BrokenMode::IgnoreFences,
+        BrokenMode::LeaseWallClock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +114,8 @@ impl BrokenMode {
             BrokenMode::AckBeforeCommit => "ack-before-commit",
             BrokenMode::DropWatchEvents => "drop-watch-events",
             BrokenMode::AcceptStaleCas => "accept-stale-cas",
+            BrokenMode::IgnoreFences => "ignore-fences",
+            BrokenMode::LeaseWallClock => "lease-wall-clock",
         }
     }
 
@@ -113,6 +127,8 @@ impl BrokenMode {
             BrokenMode::AckBeforeCommit => &["--unsafe-ack-before-commit"],
             BrokenMode::DropWatchEvents => &["--unsafe-drop-watch-events", "7"],
             BrokenMode::AcceptStaleCas => &["--unsafe-accept-stale-cas"],
+            BrokenMode::IgnoreFences => &["--unsafe-ignore-fences"],
+            BrokenMode::LeaseWallClock => &["--unsafe-lease-wall-clock"],
         };
         flags.iter().map(|f| f.to_string()).collect()
     }
@@ -125,6 +141,8 @@ impl BrokenMode {
             BrokenMode::AckBeforeCommit => (WorkloadKind::Set, NemesisKind::Partition),
             BrokenMode::DropWatchEvents => (WorkloadKind::Watch, NemesisKind::LeaderTransfer),
             BrokenMode::AcceptStaleCas => (WorkloadKind::Register, NemesisKind::LeaderTransfer),
+            BrokenMode::IgnoreFences => (WorkloadKind::Election, NemesisKind::Fencing),
+            BrokenMode::LeaseWallClock => (WorkloadKind::Election, NemesisKind::LeaderClock),
         }
     }
 
@@ -178,7 +196,7 @@ impl Minimums {
                 30
             },
             faults: match nemesis {
-                NemesisKind::Clock => 1,
+                NemesisKind::Clock | NemesisKind::LeaderClock => 1,
                 NemesisKind::KillLoop | NemesisKind::OomKillLoop => 5,
                 _ => 2,
             },
@@ -194,8 +212,17 @@ pub fn work_done(history: &crate::History) -> (usize, usize) {
         .iter()
         .filter(|op| op.outcome == Outcome::Ok);
     let (reads, writes): (Vec<_>, Vec<_>) = ok.partition(|op| op.op == OpKind::Read);
-    // A restore (the restore nemesis's) is a fault, not a write.
-    let writes = writes.iter().filter(|op| op.op != OpKind::Restore).count();
+    // A restore (the restore nemesis's) is a fault, not a write; a lease's grant, keep-alives
+    // and revoke write no data.
+    let writes = writes
+        .iter()
+        .filter(|op| {
+            !matches!(
+                op.op,
+                OpKind::Restore | OpKind::Grant | OpKind::KeepAlive | OpKind::Revoke
+            )
+        })
+        .count();
     (writes, reads.len())
 }
 
@@ -278,8 +305,8 @@ pub struct RunEnvironment {
 }
 
 /// The short suite: at least six scenarios on 3 nodes, one under authentication
-/// ([`auth_scenario`]), then two kill loops ([`kill_loop_scenario`]), and last the quota
-/// scenario ([`quota_scenario`]).
+/// ([`auth_scenario`]), then two kill loops ([`kill_loop_scenario`]), the quota scenario
+/// ([`quota_scenario`]) and last the election ([`election_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     // Every nemesis at least once, each with a checker that sees what it can break:
     // stale or lost values (register, append), lost or resurrected elements (set), gaps
@@ -338,6 +365,10 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
                 name: "15-set-quota-kill".into(),
                 ..quota_scenario(seed.wrapping_add(14 * 7919))
             },
+            Scenario {
+                name: "16-election-fencing".into(),
+                ..election_scenario(3, seed.wrapping_add(15 * 7919))
+            },
         ])
         .collect()
 }
@@ -385,6 +416,27 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         seed,
         broken: None,
         auth: true,
+        rounds_max: None,
+        quota_bytes: None,
+    }
+}
+
+/// How long the election scenario's faults last in `ci` (about 23 s in all).
+pub const CI_ELECTION_SECONDS: u64 = 16;
+
+/// The election scenario on `nodes` nodes ([`crate::election`]): candidates campaign for one
+/// election, holders write under their fencing token, and the fencing nemesis takes the
+/// election from them.
+pub fn election_scenario(nodes: usize, seed: u64) -> Scenario {
+    Scenario {
+        name: "election-fencing".into(),
+        workload: WorkloadKind::Election,
+        nemesis: NemesisKind::Fencing,
+        nodes,
+        duration: Duration::from_secs(CI_ELECTION_SECONDS),
+        seed,
+        broken: None,
+        auth: false,
         rounds_max: None,
         quota_bytes: None,
     }
@@ -549,6 +601,8 @@ pub async fn run_scenario(scenario: &Scenario, env: &RunEnvironment) -> Scenario
     }
     let outcome = if scenario.auth {
         crate::scoped::run(scenario, env, &folder, &mut result).await
+    } else if scenario.workload == WorkloadKind::Election {
+        crate::election::run(scenario, env, &folder, &mut result).await
     } else {
         run_scenario_inner(scenario, env, &folder, &mut result).await
     };
@@ -587,7 +641,7 @@ async fn run_scenario_inner(
     options.snapshot_log_entries = 500;
     options.network = lab.clone();
     options.powercut = scenario.nemesis == NemesisKind::PowerCut;
-    options.live_clocks = scenario.nemesis == NemesisKind::Clock;
+    options.live_clocks = scenario.nemesis.needs_live_clocks();
     if scenario.nemesis == NemesisKind::Compaction {
         options.extra_args.extend([
             "--history-changes-max".to_owned(),
@@ -661,6 +715,7 @@ async fn run_scenario_inner(
         restores: Default::default(),
         kill_loop: Default::default(),
         rounds_max: scenario.rounds_max,
+        election: None,
     };
     cx.log.note(format!(
         "cluster of {} up, leader {first_leader}",
@@ -823,6 +878,7 @@ async fn run_scenario_inner(
                 None => Verdict::Unknown,
             }
         }
+        WorkloadKind::Election => unreachable!("run_scenario runs it with crate::election::run"),
     };
     let counts = outcome_counts(&history);
     let _ = writeln!(report, "operations: {counts}");
@@ -1172,10 +1228,12 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(i as u64 * 104_729));
     let nemesis = NemesisKind::ALL[i % NemesisKind::ALL.len()];
     // Compaction breaks only what watches see; restores are modelled by the set
-    // checker alone; every other nemesis meets every workload.
+    // checker alone; the fencing nemesis needs the election's holder, and the election
+    // workload runs with it alone; every other nemesis meets every other workload.
     let workload = match nemesis {
         NemesisKind::Compaction => WorkloadKind::Watch,
         NemesisKind::RestoreKill => WorkloadKind::Set,
+        NemesisKind::Fencing => WorkloadKind::Election,
         _ => *WorkloadKind::ALL.choose(&mut rng).expect("workloads"),
     };
     if nemesis.is_kill_loop() {
@@ -1231,6 +1289,13 @@ mod tests {
             if s.nemesis == NemesisKind::RestoreKill {
                 assert_eq!(s.workload, WorkloadKind::Set, "{}", s.name);
             }
+            // The election and its faults go together, and nowhere else.
+            assert_eq!(
+                s.nemesis == NemesisKind::Fencing,
+                s.workload == WorkloadKind::Election,
+                "{}",
+                s.name
+            );
             // The kill loops run the set workload of large entries, for a bounded number
             // of rounds.
             if s.nemesis.is_kill_loop() {
@@ -1244,9 +1309,29 @@ mod tests {
     }
 
     #[test]
-    fn the_quota_scenario_ends_ci_and_only_it_starts_its_nodes_with_a_quota() {
+    fn the_election_ends_ci_short_and_on_three_nodes() {
         let ci = ci_scenarios(1);
-        let quota = ci.last().expect("scenarios");
+        let election = ci.last().expect("scenarios");
+        assert_eq!(election.name, "16-election-fencing");
+        assert_eq!(
+            (election.workload, election.nemesis, election.nodes),
+            (WorkloadKind::Election, NemesisKind::Fencing, 3)
+        );
+        // CI time is tight: about 23 s with the cluster's start, the heal and the check.
+        assert!(election.duration <= Duration::from_secs(18));
+        // Numbered in the order they run.
+        for (i, s) in ci.iter().enumerate() {
+            assert!(s.name.starts_with(&format!("{:02}-", i + 1)), "{}", s.name);
+        }
+    }
+
+    #[test]
+    fn only_the_quota_scenario_starts_its_nodes_with_a_quota() {
+        let ci = ci_scenarios(1);
+        let quota = ci
+            .iter()
+            .find(|s| s.quota_bytes.is_some())
+            .expect("a quota scenario");
         assert_eq!(quota.name, "15-set-quota-kill");
         assert_eq!(
             (quota.workload, quota.nemesis, quota.nodes),
@@ -1256,8 +1341,9 @@ mod tests {
         assert_eq!(quota.quota_bytes, Some(1024 * 1024));
         assert_eq!(quota_flags(quota), ["--data-bytes-max", "1048576"]);
         // Every other scenario runs with the nodes' default quota.
-        let others: Vec<Scenario> = ci[..ci.len() - 1]
+        let others: Vec<Scenario> = ci
             .iter()
+            .filter(|s| s.name != quota.name)
             .cloned()
             .chain((0..18).map(|i| soak_scenario(i, 1)))
             .chain(BrokenMode::ALL.map(|mode| mode.scenario(1, 1)))

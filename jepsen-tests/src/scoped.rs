@@ -571,6 +571,7 @@ pub async fn run(
         restores: Default::default(),
         kill_loop: Default::default(),
         rounds_max: scenario.rounds_max,
+        election: None,
     };
     cx.log.note(format!(
         "authenticated cluster of {} up, leader {first_leader}",

@@ -218,7 +218,16 @@ pub fn check(history: &History) -> Result<SetReport, Error> {
                     members: elements.iter().collect(),
                 });
             }
-            OpKind::Write | OpKind::Cas | OpKind::Delete | OpKind::Append => {
+            OpKind::Write
+            | OpKind::Cas
+            | OpKind::Delete
+            | OpKind::Append
+            | OpKind::Grant
+            | OpKind::KeepAlive
+            | OpKind::Revoke
+            | OpKind::Campaign
+            | OpKind::Fenced
+            | OpKind::Resign => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: "set",

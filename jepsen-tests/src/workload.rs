@@ -79,6 +79,10 @@ pub enum WorkloadKind {
     Set,
     Append,
     Watch,
+    /// Leases, one election and fenced writes: run by [`crate::election`] (its own
+    /// candidates, final reads and checker), with the fencing nemesis only; not in
+    /// [`WorkloadKind::ALL`].
+    Election,
 }
 
 impl WorkloadKind {
@@ -88,9 +92,11 @@ impl WorkloadKind {
             WorkloadKind::Set => "set",
             WorkloadKind::Append => "append",
             WorkloadKind::Watch => "watch",
+            WorkloadKind::Election => "election",
         }
     }
 
+    /// The workloads of this module, which any nemesis but the fencing one may run with.
     pub const ALL: [WorkloadKind; 4] = [
         WorkloadKind::Register,
         WorkloadKind::Set,
@@ -104,6 +110,7 @@ impl WorkloadKind {
             WorkloadKind::Set => "SetElement",
             WorkloadKind::Append => "List",
             WorkloadKind::Watch => "Watched",
+            WorkloadKind::Election => "Election",
         }
     }
 }
@@ -141,6 +148,7 @@ impl WorkloadOptions {
                 WorkloadKind::Set => 2,
                 WorkloadKind::Append => 3,
                 WorkloadKind::Watch => 6,
+                WorkloadKind::Election => 1,
             },
             pause_ms: (20, 60),
             client,
@@ -247,6 +255,7 @@ pub fn key_name(kind: WorkloadKind, key: usize) -> String {
         WorkloadKind::Set => format!("set{key:02}-"),
         WorkloadKind::Append => format!("list{key:02}"),
         WorkloadKind::Watch => format!("w{key:02}"),
+        WorkloadKind::Election => crate::election::check::ELECTION_KEY.to_owned(),
     }
 }
 
@@ -422,6 +431,11 @@ impl Workload {
         lifetimes: NodeLifetimes,
     ) -> Workload {
         assert!(!endpoints.is_empty(), "a workload needs at least one node");
+        assert_ne!(
+            options.kind,
+            WorkloadKind::Election,
+            "the election workload runs in crate::election"
+        );
         assert_eq!(
             lifetimes.ids.len(),
             endpoints.len(),
@@ -541,6 +555,11 @@ impl Workload {
                     }
                     WorkloadKind::Register | WorkloadKind::Append | WorkloadKind::Watch => {
                         value_read(client, &self.recorder, u64::MAX, kind, &name).await
+                    }
+                    WorkloadKind::Election => {
+                        unreachable!(
+                            "the election workload is crate::election's, never started here"
+                        )
                     }
                 };
                 if !done {
@@ -707,6 +726,9 @@ impl Process {
                 WorkloadKind::Set => self.set_op(&name).await,
                 WorkloadKind::Append => self.append_op(&name).await,
                 WorkloadKind::Watch => self.watch_writer_op(&name).await,
+                WorkloadKind::Election => {
+                    unreachable!("the election workload is crate::election's, never started here")
+                }
             }
             let pause = self.rng.random_range(self.pause_ms.0..=self.pause_ms.1);
             tokio::time::sleep(Duration::from_millis(pause)).await;
