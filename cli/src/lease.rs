@@ -150,7 +150,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn format_ms(ms: u64) -> String {
     if ms < 1_000 {
         format!("{ms}ms")
-    } else if ms % 1_000 == 0 {
+    } else if ms.is_multiple_of(1_000) {
         format!("{}s", ms / 1_000)
     } else {
         format!("{}.{}s", ms / 1_000, (ms % 1_000) / 100)

@@ -290,7 +290,7 @@ async fn grant(client: &Client, ttl_ms: u64) -> Lease {
 async fn a_lease_is_kept_alive_a_third_of_its_ttl_apart() {
     // TTL 600 ms: a keep-alive about every 200 ms, and the lease held throughout.
     let node = FakeLeaseNode::start(Mode::Answer).await;
-    let client = client(&[node.address.clone()]);
+    let client = client(std::slice::from_ref(&node.address));
     let lease = grant(&client, 600).await;
     assert!(lease.id() >= 100);
     assert_eq!(lease.ttl(), Duration::from_millis(600));
@@ -316,7 +316,7 @@ async fn a_keep_alive_answered_with_ttl_zero_loses_the_lease_at_once() {
     // The cluster says the lease is gone: lost with Gone at the next keep-alive
     // (a third of the TTL), never held again, and no more keep-alives are sent.
     let node = FakeLeaseNode::start(Mode::Answer).await;
-    let client = client(&[node.address.clone()]);
+    let client = client(std::slice::from_ref(&node.address));
     let lease = grant(&client, 3000).await;
     node.set(Mode::Gone);
     let lost = tokio::time::timeout(Duration::from_millis(1500), lease.lost()).await;
@@ -337,7 +337,7 @@ async fn a_silent_cluster_loses_the_lease_by_the_last_acknowledged_send_plus_the
     // acknowledged keep-alive's sending (at or before its arrival) plus the TTL, and not
     // before the node fell silent.
     let node = FakeLeaseNode::start(Mode::Answer).await;
-    let client = client(&[node.address.clone()]);
+    let client = client(std::slice::from_ref(&node.address));
     let ttl = Duration::from_millis(600);
     let lease = grant(&client, 600).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -410,7 +410,7 @@ async fn the_keeper_moves_to_another_node_when_one_refuses_or_is_down() {
 #[tokio::test]
 async fn a_dropped_lease_is_revoked_and_a_detached_one_is_not() {
     let node = FakeLeaseNode::start(Mode::Answer).await;
-    let client = client(&[node.address.clone()]);
+    let client = client(std::slice::from_ref(&node.address));
     let dropped = grant(&client, 3000).await;
     let dropped_id = dropped.id();
     let lost = dropped.lost();
@@ -445,7 +445,7 @@ async fn the_one_shot_calls_say_none_for_a_lease_that_is_gone() {
     // keep_alive_once, revoke_lease and lease_time_to_live answer None, not an error,
     // for a lease that does not exist; resume_lease too.
     let node = FakeLeaseNode::start(Mode::Answer).await;
-    let client = client(&[node.address.clone()]);
+    let client = client(std::slice::from_ref(&node.address));
     let lease = grant(&client, 2000).await;
     let id = lease.detach();
     assert_eq!(
