@@ -326,7 +326,8 @@ fn print_renewal(output: OutputFormat, id: u64, ttl: Duration, held_for: Option<
     }
 }
 
-/// `cairn lease keep-alive ID`: until Ctrl-C or SIGTERM, or until the lease is lost.
+/// `cairn lease keep-alive ID`: until Ctrl-C or SIGTERM, or until the lease is lost. It
+/// never revokes the lease: it only stops renewing it.
 async fn keep_alive(
     client: &Client,
     id: u64,
@@ -351,6 +352,8 @@ async fn keep_alive(
         match now {
             LeaseState::Lost(loss) => {
                 eprintln!("error: lease {id} lost: {loss}");
+                // Whatever the cluster still holds is left to expire, never revoked here.
+                lease.detach();
                 return Ok(exit_lost::LOST);
             }
             LeaseState::Held { until } if verbose => {
@@ -367,6 +370,7 @@ async fn keep_alive(
             changed = state.changed() => {
                 if changed.is_err() {
                     eprintln!("error: lease {id}: its keeper stopped");
+                    lease.detach();
                     return Ok(exit::ERROR);
                 }
             }
