@@ -1101,3 +1101,700 @@ pub fn check(
         checks,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Each check on small histories, as tables: what a correct cluster may produce passes,
+    //! and each way a broken one shows itself is found, named by its anomaly.
+
+    use super::*;
+
+    const MS: u64 = NS_PER_MS;
+
+    /// A history under construction; times in milliseconds.
+    #[derive(Default, Clone)]
+    struct Script {
+        ops: Vec<Operation>,
+        watch: Vec<WatchRecord>,
+        writes: BTreeMap<String, u64>,
+        faults: Vec<FaultWindow>,
+    }
+
+    fn int(n: u64) -> Value {
+        Value::Int(n as i64)
+    }
+
+    impl Script {
+        #[allow(clippy::too_many_arguments)]
+        fn op(
+            mut self,
+            process: u64,
+            op: OpKind,
+            input: Value,
+            outcome: Outcome,
+            output: Value,
+            invoke_ms: u64,
+            complete_ms: Option<u64>,
+        ) -> Script {
+            let key = match op {
+                OpKind::Grant | OpKind::KeepAlive | OpKind::Revoke => LEASE_KEY,
+                _ => ELECTION_KEY,
+            };
+            self.ops.push(Operation {
+                process,
+                op,
+                key: key.into(),
+                input,
+                output,
+                outcome,
+                invoke_ns: invoke_ms * MS,
+                complete_ns: complete_ms.map(|c| c * MS),
+            });
+            self
+        }
+
+        /// Client `process` is granted lease `lease` (TTL 1,500 ms), asked at `at` and
+        /// answered 1 ms later.
+        fn grant(self, process: u64, lease: u64, at: u64) -> Script {
+            self.op(
+                process,
+                OpKind::Grant,
+                int(1500),
+                Outcome::Ok,
+                Value::List(vec![int(lease), int(lease)]),
+                at,
+                Some(at + 1),
+            )
+        }
+
+        /// A keep-alive of `lease` sent at `at`, answered `ttl` 1 ms later.
+        fn keep_alive(self, process: u64, lease: u64, at: u64, ttl: u64) -> Script {
+            self.op(
+                process,
+                OpKind::KeepAlive,
+                int(lease),
+                Outcome::Ok,
+                int(ttl),
+                at,
+                Some(at + 1),
+            )
+        }
+
+        /// A keep-alive sent at `at` that was never answered.
+        fn keep_alive_lost(self, process: u64, lease: u64, at: u64) -> Script {
+            self.op(
+                process,
+                OpKind::KeepAlive,
+                int(lease),
+                Outcome::Info,
+                Value::Null,
+                at,
+                Some(at + 1500),
+            )
+        }
+
+        /// Client `process` wins `token` with `lease`, answered at `at`.
+        fn win(self, process: u64, lease: u64, token: u64, at: u64) -> Script {
+            self.op(
+                process,
+                OpKind::Campaign,
+                int(lease),
+                Outcome::Ok,
+                int(token),
+                at - 1,
+                Some(at),
+            )
+        }
+
+        /// Fenced write `seq` of `process` under `token`: `applied` = answered with that
+        /// revision (and stored), `None` = refused by the fence.
+        fn write(
+            mut self,
+            process: u64,
+            token: u64,
+            seq: u64,
+            stale: bool,
+            applied: Option<u64>,
+            at: u64,
+        ) -> Script {
+            let input = FencedInput { token, seq, stale }.value();
+            match applied {
+                Some(revision) => {
+                    self.writes.insert(write_name(process, seq), revision);
+                    self.op(
+                        process,
+                        OpKind::Fenced,
+                        input,
+                        Outcome::Ok,
+                        int(revision),
+                        at,
+                        Some(at + 1),
+                    )
+                }
+                None => self.op(
+                    process,
+                    OpKind::Fenced,
+                    input,
+                    Outcome::Fail,
+                    refusal(REFUSED_BY_FENCE, "fence: not held"),
+                    at,
+                    Some(at + 1),
+                ),
+            }
+        }
+
+        /// A watch record of `event` ("upsert", "delete") of `token`, held by `client` with
+        /// `lease`, at `revision`, received at `at`.
+        fn watched(
+            mut self,
+            event: &str,
+            token: u64,
+            client: u64,
+            lease: u64,
+            revision: u64,
+            at: u64,
+        ) -> Script {
+            self.watch.push(WatchRecord {
+                node: 0,
+                event: event.into(),
+                revision,
+                name: ELECTION_KEY.into(),
+                version: token.to_string(),
+                value: Value::List(vec![int(client), int(lease)]),
+                at_ns: at * MS,
+            });
+            self
+        }
+
+        fn history(&self) -> History {
+            History::new(self.ops.clone()).expect("a valid history")
+        }
+
+        fn last(&self, observed_until_ms: u64) -> FinalState {
+            FinalState {
+                writes: self.writes.clone(),
+                revision: 1000,
+                observed_until_ns: observed_until_ms * MS,
+            }
+        }
+
+        fn report(&self, observed_until_ms: u64) -> Report {
+            check(
+                &self.history(),
+                &self.watch,
+                &self.faults,
+                &self.last(observed_until_ms),
+                &Timing::of_cluster(800),
+            )
+        }
+    }
+
+    /// Two holders one after the other, as a correct cluster has them: client 0 wins token
+    /// 10 with lease 5 and writes at revisions 11 and 12; its resource is deleted at 20
+    /// (seen 3 s in, the lease granted at 0 was never renewed); client 1 is granted lease 6,
+    /// wins token 25 with it and writes at 26.
+    fn two_holders() -> Script {
+        Script::default()
+            .grant(0, 5, 0)
+            .grant(1, 6, 3_000)
+            .win(0, 5, 10, 10)
+            .watched("upsert", 10, 0, 5, 10, 11)
+            .write(0, 10, 1, false, Some(11), 20)
+            .write(0, 10, 2, false, Some(12), 40)
+            .watched("delete", 10, 0, 5, 20, 3000)
+            .win(1, 6, 25, 3100)
+            .watched("upsert", 25, 1, 6, 25, 3101)
+            .write(1, 25, 1, false, Some(26), 3200)
+    }
+
+    /// The kinds of anomaly a finding holds, for tables.
+    fn kinds(anomalies: &[Anomaly]) -> Vec<&'static str> {
+        anomalies
+            .iter()
+            .map(|a| match a {
+                Anomaly::TokenShared { .. } => "token-shared",
+                Anomaly::TokensOverlap { .. } => "tokens-overlap",
+                Anomaly::WriteUnderForeignToken { .. } => "foreign-token",
+                Anomaly::WriteOutsideTenure { stale: true, .. } => "stale-write-accepted",
+                Anomaly::WriteOutsideTenure { stale: false, .. } => "write-outside-tenure",
+                Anomaly::RefusedButApplied { .. } => "refused-but-applied",
+                Anomaly::AcknowledgedWriteLost { .. } => "acknowledged-write-lost",
+                Anomaly::ExpiredLate { .. } => "expired-late",
+                Anomaly::LeaseOutlived { .. } => "lease-outlived",
+                Anomaly::ExpiredEarly { .. } => "expired-early",
+            })
+            .collect()
+    }
+
+    fn token_and_write_anomalies(script: &Script) -> Vec<&'static str> {
+        let history = script.history();
+        let tokens = tokens(&history, &script.watch);
+        let mut found = kinds(&check_tokens(&tokens).anomalies);
+        found.extend(kinds(
+            &check_writes(&history, &tokens, &script.last(10_000)).anomalies,
+        ));
+        found
+    }
+
+    #[test]
+    fn fenced_writes_must_apply_within_their_tokens_tenure() {
+        let mut stored_elsewhere = two_holders();
+        stored_elsewhere.writes.insert(write_name(0, 2), 13);
+        let mut refused_but_stored = two_holders().write(0, 10, 3, true, None, 3300);
+        refused_but_stored.writes.insert(write_name(0, 3), 27);
+        let mut lost = two_holders();
+        lost.writes.remove(&write_name(1, 1));
+        let mut unknown_applied_late = two_holders().op(
+            0,
+            OpKind::Fenced,
+            FencedInput {
+                token: 10,
+                seq: 3,
+                stale: false,
+            }
+            .value(),
+            Outcome::Info,
+            Value::Null,
+            2000,
+            Some(5000),
+        );
+        unknown_applied_late.writes.insert(write_name(0, 3), 24);
+        let mut unknown_applied_in_time = unknown_applied_late.clone();
+        unknown_applied_in_time.writes.insert(write_name(0, 3), 19);
+        // (what happened, the records, the anomalies found)
+        let table: Vec<(&str, Script, Vec<&str>)> = vec![
+            ("two holders one after the other", two_holders(), vec![]),
+            (
+                "the deposed holder's post-pause write refused",
+                two_holders().write(0, 10, 3, true, None, 3300),
+                vec![],
+            ),
+            (
+                "the deposed holder's post-pause write accepted after the next win",
+                two_holders().write(0, 10, 3, true, Some(27), 3300),
+                vec!["stale-write-accepted"],
+            ),
+            (
+                "a write accepted after the deletion, before anyone else won",
+                two_holders().write(0, 10, 3, false, Some(21), 2900),
+                vec!["write-outside-tenure"],
+            ),
+            (
+                "a write in the entry that deleted its token (a batch: it may have come first)",
+                two_holders().write(0, 10, 3, false, Some(20), 2900),
+                vec![],
+            ),
+            (
+                "a write under a token before the token existed",
+                two_holders().write(1, 25, 2, false, Some(24), 3300),
+                vec!["write-outside-tenure"],
+            ),
+            (
+                "the end known only from the next token: a write before it is in its tenure",
+                {
+                    let mut s = two_holders().write(0, 10, 3, false, Some(22), 2900);
+                    s.watch.retain(|r| r.event != "delete");
+                    s
+                },
+                vec![],
+            ),
+            (
+                "the end known only from the next token: a write after it is not",
+                {
+                    let mut s = two_holders().write(0, 10, 3, true, Some(26), 3300);
+                    s.watch.retain(|r| r.event != "delete");
+                    s
+                },
+                vec!["stale-write-accepted"],
+            ),
+            (
+                "a write of unknown outcome stored within its tenure",
+                unknown_applied_in_time,
+                vec![],
+            ),
+            (
+                "a write of unknown outcome stored after its tenure",
+                unknown_applied_late,
+                vec!["write-outside-tenure"],
+            ),
+            (
+                "a write refused by the fence, stored anyway",
+                refused_but_stored,
+                vec!["refused-but-applied"],
+            ),
+            (
+                "an acknowledged write missing at the end",
+                lost,
+                vec!["acknowledged-write-lost"],
+            ),
+            (
+                "an acknowledged write stored at another revision",
+                stored_elsewhere,
+                vec!["acknowledged-write-lost"],
+            ),
+            (
+                "a write under another client's token",
+                two_holders().write(2, 25, 1, false, Some(27), 3300),
+                vec!["foreign-token"],
+            ),
+            (
+                "one token seen held by two clients",
+                two_holders().watched("upsert", 25, 2, 7, 25, 3102),
+                vec!["token-shared"],
+            ),
+            (
+                "a token won while the one before was still held",
+                {
+                    let mut s = two_holders();
+                    s.watch.retain(|r| r.event != "delete");
+                    s.watched("delete", 10, 0, 5, 30, 3_000)
+                },
+                vec!["tokens-overlap"],
+            ),
+        ];
+        for (what, script, expected) in table {
+            assert_eq!(token_and_write_anomalies(&script), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_tenure_ends_at_its_deletion_or_at_the_next_token() {
+        let history = two_holders().history();
+        let mut tokens = tokens(&history, &two_holders().watch);
+        assert_eq!(tokens.keys().copied().collect::<Vec<_>>(), [10, 25]);
+        assert_eq!(tokens[&10].clients, BTreeSet::from([0]));
+        assert_eq!(tokens[&10].leases, BTreeSet::from([5]));
+        assert_eq!(tokens[&10].known_ns, 10 * MS);
+        assert_eq!(tenure_end(&tokens, 10).map(|e| e.0), Some(20));
+        assert_eq!(tenure_end(&tokens, 25), None);
+        tokens.get_mut(&10).expect("token 10").deleted_at = None;
+        assert_eq!(tenure_end(&tokens, 10).map(|e| e.0), Some(25));
+    }
+
+    #[test]
+    fn the_expiry_deadline_grows_with_the_faults_that_overlap_it() {
+        let timing = Timing::of_cluster(800);
+        // TTL 1,500 + two elections 1,600 + two ticks 200 + slack 1,000.
+        let budget = 4_300;
+        let window = |from_ms: u64, to_ms: u64, effect| FaultWindow {
+            what: "fault".into(),
+            from_ns: from_ms * MS,
+            to_ns: to_ms * MS,
+            effect,
+        };
+        // (the faults, the deadline of a renewal answered at 1,000 ms)
+        let table: Vec<(Vec<FaultWindow>, u64)> = vec![
+            (vec![], 1_000 + budget),
+            (
+                vec![window(2_000, 3_000, FaultEffect::None)],
+                1_000 + budget,
+            ),
+            (
+                vec![window(2_000, 3_000, FaultEffect::LeaderChange)],
+                1_000 + budget + 1_600,
+            ),
+            // Before the renewal, or after the deadline: no effect.
+            (vec![window(0, 900, FaultEffect::Restart)], 1_000 + budget),
+            (
+                vec![window(6_000, 9_000, FaultEffect::Restart)],
+                1_000 + budget,
+            ),
+            // A restart: the whole budget again from the restart, plus the start-up.
+            (
+                vec![window(2_000, 5_000, FaultEffect::Restart)],
+                5_000 + 1_500 + budget,
+            ),
+            // A fault that starts inside a deadline an earlier fault extended counts too.
+            (
+                vec![
+                    window(2_000, 3_000, FaultEffect::LeaderChange),
+                    window(5_500, 6_000, FaultEffect::LeaderChange),
+                ],
+                1_000 + budget + 2 * 1_600,
+            ),
+        ];
+        for (faults, deadline_ms) in table {
+            assert_eq!(
+                timing.expiry_deadline_ns(1_000 * MS, 1_500, &faults),
+                deadline_ms * MS,
+                "{faults:?}"
+            );
+        }
+    }
+
+    /// Client 0 holds token 10 with lease 5 (TTL 1,500 ms), renews it at 500 and 1,000 ms
+    /// (answered at 1,001: the deadline is 1,001 + 4,300 = 5,301 ms), then stops.
+    fn a_stopped_holder() -> Script {
+        Script::default()
+            .grant(0, 5, 0)
+            .win(0, 5, 10, 10)
+            .watched("upsert", 10, 0, 5, 10, 11)
+            .keep_alive(0, 5, 500, 1500)
+            .keep_alive(0, 5, 1000, 1500)
+    }
+
+    fn late_anomalies(script: &Script, observed_until_ms: u64) -> (Vec<&'static str>, usize) {
+        let history = script.history();
+        let tokens = tokens(&history, &script.watch);
+        let ends = token_ends(&history, &script.watch, &tokens);
+        let (finding, judged) = check_late_expiry(
+            &history,
+            &leases(&history),
+            &tokens,
+            &ends,
+            &script.faults,
+            &Timing::of_cluster(800),
+            observed_until_ms * MS,
+        );
+        (kinds(&finding.anomalies), judged)
+    }
+
+    #[test]
+    fn a_stopped_lease_must_be_seen_gone_by_its_deadline() {
+        let restarted = {
+            let mut s = a_stopped_holder().watched("delete", 10, 0, 5, 40, 6_000);
+            s.faults.push(FaultWindow {
+                what: "kill -9 the leader".into(),
+                from_ns: 2_000 * MS,
+                to_ns: 5_000 * MS,
+                effect: FaultEffect::Restart,
+            });
+            s
+        };
+        // (what happened, until when the run looked (ms), anomalies, stops judged)
+        let table: Vec<(&str, Script, u64, Vec<&str>, usize)> = vec![
+            (
+                "deleted 1.5 s after the last renewal",
+                a_stopped_holder().watched("delete", 10, 0, 5, 40, 2_600),
+                10_000,
+                vec![],
+                1,
+            ),
+            (
+                "seen gone first by another candidate's win",
+                a_stopped_holder().win(1, 6, 40, 2_700),
+                10_000,
+                vec![],
+                1,
+            ),
+            (
+                "seen gone first by the holder's next keep-alive, answered 0",
+                a_stopped_holder().keep_alive(0, 5, 3_000, 0),
+                10_000,
+                vec![],
+                1,
+            ),
+            (
+                "deleted after the deadline",
+                a_stopped_holder().watched("delete", 10, 0, 5, 40, 6_000),
+                10_000,
+                vec!["expired-late"],
+                1,
+            ),
+            (
+                "never deleted, though the run looked long after the deadline",
+                a_stopped_holder(),
+                10_000,
+                vec!["expired-late"],
+                1,
+            ),
+            (
+                "a kill in the wait gives it the budget again from the restart",
+                restarted,
+                10_000,
+                vec![],
+                1,
+            ),
+            (
+                "the run stopped looking before the deadline: not judged",
+                a_stopped_holder(),
+                5_000,
+                vec![],
+                0,
+            ),
+            (
+                "a keep-alive of unknown outcome before the stop may have renewed it: not judged",
+                Script::default()
+                    .grant(0, 5, 0)
+                    .win(0, 5, 10, 10)
+                    .keep_alive_lost(0, 5, 200)
+                    .keep_alive(0, 5, 1_000, 1_500),
+                10_000,
+                vec![],
+                0,
+            ),
+            (
+                "resigned: not an expiry",
+                a_stopped_holder().op(
+                    0,
+                    OpKind::Resign,
+                    int(10),
+                    Outcome::Ok,
+                    int(30),
+                    1_100,
+                    Some(1_101),
+                ),
+                10_000,
+                vec![],
+                0,
+            ),
+            (
+                "a keep-alive sent after the deadline renewed it",
+                a_stopped_holder()
+                    .watched("delete", 10, 0, 5, 40, 2_600)
+                    .keep_alive(0, 5, 7_000, 1_500),
+                10_000,
+                vec!["lease-outlived"],
+                0,
+            ),
+        ];
+        for (what, script, observed_until_ms, expected, judged) in table {
+            assert_eq!(
+                late_anomalies(&script, observed_until_ms),
+                (expected, judged),
+                "{what}"
+            );
+        }
+    }
+
+    fn early_anomalies(script: &Script) -> Vec<&'static str> {
+        let history = script.history();
+        let tokens = tokens(&history, &script.watch);
+        let ends = token_ends(&history, &script.watch, &tokens);
+        kinds(
+            &check_early_expiry(&history, &leases(&history), &tokens, &ends)
+                .0
+                .anomalies,
+        )
+    }
+
+    #[test]
+    fn no_lease_may_end_before_a_ttl_after_an_acknowledged_renewal_was_sent() {
+        // The last renewal was sent at 1,000 ms: the lease lives until at least 2,500 ms.
+        let table: Vec<(&str, Script, Vec<&str>)> = vec![
+            (
+                "its resource deleted after the TTL",
+                a_stopped_holder().watched("delete", 10, 0, 5, 40, 2_600),
+                vec![],
+            ),
+            (
+                "its resource deleted before the TTL ran out",
+                a_stopped_holder().watched("delete", 10, 0, 5, 40, 2_400),
+                vec!["expired-early"],
+            ),
+            (
+                "its next keep-alive answered 0 before the TTL ran out",
+                a_stopped_holder().keep_alive(0, 5, 2_000, 0),
+                vec!["expired-early"],
+            ),
+            (
+                "another candidate's strong read found nobody before the TTL ran out",
+                a_stopped_holder().op(
+                    1,
+                    OpKind::Read,
+                    Value::Null,
+                    Outcome::Ok,
+                    Value::Null,
+                    2_000,
+                    Some(2_100),
+                ),
+                vec!["expired-early"],
+            ),
+            (
+                "a strong read invoked before the token was known proves nothing",
+                a_stopped_holder().op(
+                    1,
+                    OpKind::Read,
+                    Value::Null,
+                    Outcome::Ok,
+                    Value::Null,
+                    5,
+                    Some(20),
+                ),
+                vec![],
+            ),
+            (
+                "the holder's own write refused by the fence before the TTL ran out",
+                a_stopped_holder().write(0, 10, 1, false, None, 2_000),
+                vec!["expired-early"],
+            ),
+            (
+                "another candidate won before the TTL ran out",
+                a_stopped_holder().win(1, 6, 40, 2_300),
+                vec!["expired-early"],
+            ),
+            (
+                "the holder resigned: its resource may go at once",
+                a_stopped_holder()
+                    .op(
+                        0,
+                        OpKind::Resign,
+                        int(10),
+                        Outcome::Ok,
+                        int(30),
+                        1_100,
+                        Some(1_101),
+                    )
+                    .watched("delete", 10, 0, 5, 30, 1_102),
+                vec![],
+            ),
+            (
+                "the holder revoked its lease: it goes at once",
+                a_stopped_holder()
+                    .op(
+                        0,
+                        OpKind::Revoke,
+                        int(5),
+                        Outcome::Ok,
+                        int(30),
+                        1_100,
+                        Some(1_101),
+                    )
+                    .watched("delete", 10, 0, 5, 30, 1_102)
+                    .keep_alive(0, 5, 1_200, 0),
+                vec![],
+            ),
+        ];
+        for (what, script, expected) in table {
+            assert_eq!(early_anomalies(&script), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_whole_check_is_valid_only_without_anomalies_and_counts_what_it_saw() {
+        // Lease 6, last renewed at 3,000 ms, is due to go by 7,301 ms: after the run stopped
+        // looking, so only lease 5's stop is judged.
+        let valid = two_holders()
+            .keep_alive(0, 5, 500, 1_500)
+            .write(0, 10, 3, true, None, 3_300)
+            .report(7_000);
+        assert_eq!(valid.verdict, Verdict::Valid, "{valid:?}");
+        assert_eq!(
+            valid.counts,
+            Counts {
+                tokens: 2,
+                writes_acknowledged: 3,
+                stale_writes: 1,
+                stale_writes_refused: 1,
+                stops_judged: 1,
+                renewals_compared: 2,
+            }
+        );
+        let invalid = two_holders()
+            .write(0, 10, 3, true, Some(27), 3_300)
+            .report(7_000);
+        assert_eq!(invalid.verdict, Verdict::Invalid);
+        let text = invalid
+            .checks
+            .iter()
+            .flat_map(|(_, f)| f.anomalies.iter().map(ToString::to_string))
+            .collect::<Vec<_>>();
+        assert_eq!(
+            text,
+            [
+                "#7: process 0's post-pause fenced write under token 10 applied at revision 27, \
+              outside the token's tenure (10, 20] (deleted at revision 20)"
+            ]
+        );
+    }
+}
