@@ -779,6 +779,10 @@ impl Candidate {
                         let pause =
                             Duration::from_millis(self.options.ttl_ms) + self.millis((1000, 2500));
                         self.sleep(pause).await;
+                        if self.stopped() {
+                            // Cut short: not a pause past the TTL.
+                            break;
+                        }
                         let written = self.fenced_write(token, true).await;
                         if let Some(lease) = &self.lease {
                             lease.resume_renewals();
