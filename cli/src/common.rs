@@ -30,6 +30,12 @@ pub mod exit {
     pub const CAS_CONFLICT: u8 = 4;
     pub const UNAVAILABLE: u8 = 5;
     pub const DENIED: u8 = 6;
+    /// A lease, lock or election was lost while held (`cairn lease keep-alive`, `lock`,
+    /// `elect`).
+    pub const LOST: u8 = 7;
+    /// `cairn lock`: CMD could not be started, or was not found (as a shell says).
+    pub const CANNOT_RUN: u8 = 126;
+    pub const COMMAND_NOT_FOUND: u8 = 127;
 }
 
 /// The one exit-code table of the `cairn` binary: every command's error,

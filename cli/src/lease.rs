@@ -15,10 +15,10 @@
 //!   `CAIRN_LEASE_ID`, then resigns, revokes the lease and exits with CMD's code. Ctrl-C
 //!   and SIGTERM are passed on to CMD. If the lock is lost while CMD runs (the lease could
 //!   not be kept alive, or the election was deleted), CMD gets SIGTERM (SIGKILL
-//!   [`KILL_AFTER`] later if it is still running) and `cairn lock` exits [`exit_lost::LOST`].
+//!   [`KILL_AFTER`] later if it is still running) and `cairn lock` exits [`exit::LOST`].
 //! - `cairn elect NAME [VALUE]` campaigns as VALUE (default `HOSTNAME:PID`), prints
 //!   `elected NAME token T` when it wins, and holds the election until Ctrl-C or SIGTERM
-//!   (then resigns and exits 0) or until it is lost (exit [`exit_lost::LOST`]).
+//!   (then resigns and exits 0) or until it is lost (exit [`exit::LOST`]).
 //!   `cairn elect NAME --listen` prints the holder at first and at every change, until
 //!   Ctrl-C.
 //!
@@ -29,7 +29,7 @@
 //!
 //! The shared table ([`crate::common`]): 0 ok, 1 error, 2 invalid argument, 3 not found
 //! (no such lease), 4 CAS conflict, 5 unavailable, 6 not authorized; and
-//! [`exit_lost`]: 7 when the lease, lock or election was lost while held (`lease
+//! [`exit`]: 7 when the lease, lock or election was lost while held (`lease
 //! keep-alive`, `lock`, `elect`); for `lock`, CMD's own code when it ran (128 + N when a
 //! signal N ended it), 126 when it could not be started and 127 when it was not found.
 
@@ -41,16 +41,6 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use crate::common::{exit, exit_code, GlobalArgs, OutputFormat};
-
-/// The exit codes of `cairn lease keep-alive`, `lock` and `elect` beyond the shared table.
-pub mod exit_lost {
-    /// The lease, lock or election was lost while held.
-    pub const LOST: u8 = 7;
-    /// `cairn lock`: CMD could not be started (as a shell says).
-    pub const CANNOT_RUN: u8 = 126;
-    /// `cairn lock`: CMD was not found (as a shell says).
-    pub const NOT_FOUND: u8 = 127;
-}
 
 /// How long CMD gets to end after SIGTERM once the lock is lost, before SIGKILL.
 pub const KILL_AFTER: Duration = Duration::from_secs(10);
@@ -354,7 +344,7 @@ async fn keep_alive(
                 eprintln!("error: lease {id} lost: {loss}");
                 // Whatever the cluster still holds is left to expire, never revoked here.
                 lease.detach();
-                return Ok(exit_lost::LOST);
+                return Ok(exit::LOST);
             }
             LeaseState::Held { until } if verbose => {
                 let held_for = until.saturating_duration_since(tokio::time::Instant::now());
@@ -468,8 +458,8 @@ pub async fn lock(args: LockArgs, global: &GlobalArgs) -> u8 {
             let _ = leadership.resign().await;
             let _ = lease.revoke().await;
             return match e.kind() {
-                std::io::ErrorKind::NotFound => exit_lost::NOT_FOUND,
-                _ => exit_lost::CANNOT_RUN,
+                std::io::ErrorKind::NotFound => exit::COMMAND_NOT_FOUND,
+                _ => exit::CANNOT_RUN,
             };
         }
     };
@@ -505,7 +495,7 @@ pub async fn lock(args: LockArgs, global: &GlobalArgs) -> u8 {
                     }
                 }
                 let _ = tokio::time::timeout(CLEAN_UP_AFTER_LOSS, lease.revoke()).await;
-                return exit_lost::LOST;
+                return exit::LOST;
             }
         }
     };
@@ -595,7 +585,7 @@ pub async fn elect(args: ElectArgs, global: &GlobalArgs) -> u8 {
         loss = leadership.lost() => {
             eprintln!("error: lost the election {} (token {token}): {loss}", args.name);
             let _ = tokio::time::timeout(CLEAN_UP_AFTER_LOSS, lease.revoke()).await;
-            exit_lost::LOST
+            exit::LOST
         }
     }
 }
@@ -725,7 +715,7 @@ mod tests {
             ErrorKind::FailedPrecondition,
             ErrorKind::Internal,
         ] {
-            assert_ne!(crate::exit_code_of_kind(kind), exit_lost::LOST, "{kind:?}");
+            assert_ne!(crate::exit_code_of_kind(kind), exit::LOST, "{kind:?}");
         }
     }
 }

@@ -443,7 +443,7 @@ impl Client {
     }
 
     /// A write with every option of the request: a fence
-    /// ([`crate::Election::fence`]) makes it apply only while the election it names is
+    /// ([`crate::Leadership::fence`]) makes it apply only while the election it names is
     /// still held at that token (FailedPrecondition otherwise).
     pub async fn write_request(&self, request: WriteRequest) -> Result<Resource, ClientError> {
         let response = self
@@ -725,6 +725,60 @@ impl Client {
         F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
         Fut: Future<Output = Answer<T>>,
     {
+        self.serve_until(
+            operation,
+            deadline,
+            endpoints,
+            preferred,
+            ResourceServiceClient::new,
+            call,
+        )
+        .await
+    }
+
+    /// One call of another service of the client port (`service` makes its client from
+    /// a node's channel) with the same failover and deadline as the resource calls: the
+    /// lease calls.
+    pub(crate) async fn call_service<S, T, M, F, Fut>(
+        &self,
+        operation: Operation,
+        service: M,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        M: Fn(AuthenticatedChannel) -> S,
+        F: FnMut(S, Duration) -> Fut,
+        Fut: Future<Output = Answer<T>>,
+    {
+        let deadline = Instant::now() + self.inner.options.request_timeout;
+        let preferred = self.inner.routing.lock().preferred.clone();
+        self.serve_until(
+            operation,
+            deadline,
+            &self.inner.endpoints,
+            &preferred,
+            service,
+            call,
+        )
+        .await
+        .map(|(response, _)| response.into_inner())
+    }
+
+    /// The shared loop (`cairn_request::run`) over [`Endpoints`] for any service.
+    async fn serve_until<S, T, M, F, Fut>(
+        &self,
+        operation: Operation,
+        deadline: Instant,
+        endpoints: &[String],
+        preferred: &str,
+        service: M,
+        call: F,
+    ) -> Result<(tonic::Response<T>, String), ClientError>
+    where
+        M: Fn(AuthenticatedChannel) -> S,
+        F: FnMut(S, Duration) -> Fut,
+        Fut: Future<Output = Answer<T>>,
+    {
         let options = &self.inner.options;
         let (route, target) = Route::new(endpoints, preferred);
         let mut endpoints = Endpoints {
@@ -732,6 +786,7 @@ impl Client {
             operation,
             route,
             target,
+            service,
             call,
         };
         let pacing = Pacing {
@@ -747,7 +802,7 @@ impl Client {
     /// The cached channel to `uri`, or a new eagerly connected one (bounded by
     /// the connect timeout and the call's deadline). `Err` = not connected,
     /// nothing sent.
-    async fn channel(&self, uri: &str, deadline: Instant) -> Result<Channel, String> {
+    pub(crate) async fn channel(&self, uri: &str, deadline: Instant) -> Result<Channel, String> {
         if let Some(channel) = self.inner.routing.lock().channels.get(uri) {
             return Ok(channel.clone());
         }
@@ -782,25 +837,36 @@ impl Client {
         }
     }
 
-    fn evict(&self, uri: &str) {
+    pub(crate) fn evict(&self, uri: &str) {
         self.inner.routing.lock().channels.remove(uri);
+    }
+
+    /// `channel` with this client's credentials on every call.
+    pub(crate) fn authenticated(&self, channel: Channel) -> AuthenticatedChannel {
+        tonic::service::interceptor::InterceptedService::new(
+            channel,
+            self.inner.credentials.clone(),
+        )
     }
 }
 
 /// The client's transport for the shared loop: one call at the current
 /// endpoint; after a failure, the leader a node named, else the next
 /// endpoint, pausing once every endpoint failed in a row.
-struct Endpoints<'a, F> {
+struct Endpoints<'a, M, F> {
     client: &'a Client,
     operation: Operation,
     route: Route,
     target: String,
+    /// Makes the service's client from a node's channel.
+    service: M,
     call: F,
 }
 
-impl<T, F, Fut> Attempts for Endpoints<'_, F>
+impl<S, T, M, F, Fut> Attempts for Endpoints<'_, M, F>
 where
-    F: FnMut(ResourceServiceClient<AuthenticatedChannel>, Duration) -> Fut,
+    M: Fn(AuthenticatedChannel) -> S,
+    F: FnMut(S, Duration) -> Fut,
     Fut: Future<Output = Answer<T>>,
 {
     type Response = (tonic::Response<T>, String);
@@ -820,8 +886,7 @@ where
             .channel(target, deadline)
             .await
             .map_err(Failure::NotSent)?;
-        let rpc =
-            ResourceServiceClient::with_interceptor(channel, client.inner.credentials.clone());
+        let rpc = (self.service)(client.authenticated(channel));
         match tokio::time::timeout(limit, (self.call)(rpc, limit)).await {
             Ok(Ok(response)) => {
                 client.inner.routing.lock().preferred = target.clone();

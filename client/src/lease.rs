@@ -50,26 +50,23 @@
 //! - A handle's task ends once the lease is lost, revoked, detached or dropped; the
 //!   handle never revokes a lease it detached.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn_proto::error::LeaderHint;
 use cairn_proto::v1::lease_service_client::LeaseServiceClient;
 use cairn_proto::v1::{
     LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseListRequest,
     LeaseListResponse, LeaseRevokeRequest, LeaseTimeToLiveRequest,
 };
-use cairn_request::{Attempts, Ended, Failure, Operation, Pacing};
+use cairn_request::{Failure, Operation};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use crate::auth::AuthenticatedChannel;
 use crate::error::{ClientError, Outcome};
-use crate::{Access, Client, TlsOptions};
+use crate::Client;
 
 /// The lease service of one node, as the client calls it.
 type LeaseRpc = LeaseServiceClient<AuthenticatedChannel>;
@@ -658,101 +655,51 @@ async fn keep_alive(
 
 // ----------------------------------------------------------- transport ----
 
-/// How the lease calls reach the nodes: a client's endpoints, TLS settings, token and
-/// deadlines, with a channel per endpoint and the endpoint to try first.
-///
-/// The same route as [`Client`]'s calls (the preferred endpoint, then the list in turn,
-/// following a named leader), over `cairn_request::run`; kept apart because the
-/// client's own transport is built for the resource service only.
+/// How the lease calls reach the nodes: the client's own calls (its endpoints, channels,
+/// credentials, failover and deadlines, [`Client::call_service`]) for grants, revokes and
+/// the one-shot calls; and, for the keep-alive stream, the endpoint to open it at next.
 #[derive(Clone)]
 struct LeaseNodes {
-    endpoints: Arc<[String]>,
-    access: Access,
-    request_timeout: Duration,
-    read_attempt_timeout: Duration,
-    connect_timeout: Duration,
-    pacing: Pacing,
-    routing: Arc<Mutex<LeaseRouting>>,
-}
-
-struct LeaseRouting {
-    preferred: String,
-    channels: HashMap<String, Channel>,
+    client: Client,
+    /// Where the next keep-alive stream opens.
+    preferred: Arc<Mutex<String>>,
 }
 
 impl LeaseNodes {
     fn of(client: &Client) -> Result<LeaseNodes, ClientError> {
-        let options = client.options();
-        let endpoints: Arc<[String]> = client.endpoints().into();
-        assert!(!endpoints.is_empty(), "a client has at least one endpoint");
-        let wants_tls = endpoints.iter().any(|e| e.starts_with("https://"));
-        let tls = match (&options.tls, wants_tls) {
-            (Some(tls), _) => Some(tls.clone()),
-            (None, true) => Some(TlsOptions::default()),
-            (None, false) => None,
-        };
-        let access = Access::from_options(tls.as_ref())?.with_token(options.token.as_ref());
+        let first = client.endpoints().first().cloned();
+        let first = first.unwrap_or_else(|| unreachable!("a client has at least one endpoint"));
         Ok(LeaseNodes {
-            routing: Arc::new(Mutex::new(LeaseRouting {
-                preferred: endpoints[0].clone(),
-                channels: HashMap::new(),
-            })),
-            endpoints,
-            access,
-            request_timeout: options.request_timeout,
-            read_attempt_timeout: options.read_attempt_timeout,
-            connect_timeout: options.connect_timeout,
-            pacing: Pacing {
-                pause_initial: options.backoff_initial,
-                pause_max: options.backoff_max,
-                attempts_max: u32::MAX,
-            },
+            client: client.clone(),
+            preferred: Arc::new(Mutex::new(first)),
         })
     }
 
-    /// The lease service at `uri`, on a cached channel or a new one (connected within
-    /// the connect timeout and the time left). `Err`: not connected, nothing sent.
+    /// The lease service at `uri`, on the client's channel to it (connected within the
+    /// connect timeout and the time left). `Err`: not connected, nothing sent.
     async fn rpc(&self, uri: &str, deadline: Instant) -> Result<LeaseRpc, String> {
-        let cached = self.routing.lock().channels.get(uri).cloned();
-        let channel = match cached {
-            Some(channel) => channel,
-            None => {
-                let limit = deadline
-                    .saturating_duration_since(Instant::now())
-                    .min(self.connect_timeout);
-                let channel = self.access.connect(uri, limit).await?;
-                self.routing
-                    .lock()
-                    .channels
-                    .insert(uri.to_string(), channel.clone());
-                channel
-            }
-        };
-        Ok(LeaseServiceClient::with_interceptor(
-            channel,
-            self.access.credentials.clone(),
-        ))
+        let channel = self.client.channel(uri, deadline).await?;
+        Ok(LeaseServiceClient::new(self.client.authenticated(channel)))
     }
 
     fn preferred(&self) -> String {
-        self.routing.lock().preferred.clone()
+        self.preferred.lock().clone()
     }
 
     /// The next endpoint becomes the preferred one (the current one failed).
     fn move_on(&self) {
-        let mut routing = self.routing.lock();
-        let position = self.endpoints.iter().position(|e| *e == routing.preferred);
-        routing.preferred = match position {
-            Some(i) => self.endpoints[(i + 1) % self.endpoints.len()].clone(),
-            None => self.endpoints[0].clone(),
+        let endpoints = self.client.endpoints();
+        let mut preferred = self.preferred.lock();
+        let position = endpoints.iter().position(|e| *e == *preferred);
+        *preferred = match position {
+            Some(i) => endpoints[(i + 1) % endpoints.len()].clone(),
+            None => endpoints[0].clone(),
         };
     }
 
     /// Forgets the channel of the preferred endpoint (reconnect eagerly next time).
     fn evict_current(&self) {
-        let mut routing = self.routing.lock();
-        let preferred = routing.preferred.clone();
-        routing.channels.remove(&preferred);
+        self.client.evict(&self.preferred());
     }
 
     /// Opens a keep-alive stream at the preferred endpoint, sending one keep-alive.
@@ -778,143 +725,15 @@ impl LeaseNodes {
             })
     }
 
-    /// One call with failover and the client's deadline: the shared loop over
-    /// [`LeaseAttempts`].
+    /// One call with the client's failover and deadline.
     async fn call<T, F, Fut>(&self, operation: Operation, call: F) -> Result<T, ClientError>
     where
         F: FnMut(LeaseRpc, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let deadline = Instant::now() + self.request_timeout;
-        let target = self.preferred();
-        let mut attempts = LeaseAttempts {
-            nodes: self,
-            operation,
-            position: self
-                .endpoints
-                .iter()
-                .position(|e| *e == target)
-                .unwrap_or(self.endpoints.len() - 1),
-            failures_in_round: 0,
-            target,
-            call,
-        };
-        cairn_request::run(operation, &mut attempts, &self.pacing, deadline)
+        self.client
+            .call_service(operation, LeaseServiceClient::new, call)
             .await
-            .map(tonic::Response::into_inner)
-            .map_err(|ended| ended_error(ended, self.request_timeout))
-    }
-}
-
-/// The lease transport for the shared loop: one call at the current endpoint; after a
-/// failure, the leader a node named, else the next endpoint, pausing once every
-/// endpoint failed in a row.
-struct LeaseAttempts<'a, F> {
-    nodes: &'a LeaseNodes,
-    operation: Operation,
-    target: String,
-    /// Position in the endpoints of the last one handed out.
-    position: usize,
-    failures_in_round: usize,
-    call: F,
-}
-
-impl<T, F, Fut> Attempts for LeaseAttempts<'_, F>
-where
-    F: FnMut(LeaseRpc, Duration) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    type Response = tonic::Response<T>;
-
-    async fn attempt(&mut self, deadline: Instant) -> Result<Self::Response, Failure> {
-        let nodes = self.nodes;
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        // A read waits for one node at most `read_attempt_timeout`; a grant or revoke up
-        // to the deadline (giving up on a sent one leaves it unknown).
-        let limit = match self.operation {
-            Operation::Read => remaining.min(nodes.read_attempt_timeout),
-            Operation::Mutation => remaining,
-        };
-        let target = self.target.clone();
-        let rpc = nodes
-            .rpc(&target, deadline)
-            .await
-            .map_err(|m| Failure::NotSent(format!("{target}: {m}")))?;
-        match tokio::time::timeout(limit, (self.call)(rpc, limit)).await {
-            Ok(Ok(response)) => {
-                nodes.routing.lock().preferred = target;
-                Ok(response)
-            }
-            Ok(Err(status)) => Err(match Failure::from_status(&status) {
-                Failure::Answered(answer) => Failure::Answered(answer),
-                other => {
-                    nodes.routing.lock().channels.remove(&target);
-                    match other {
-                        Failure::NotSent(m) => Failure::NotSent(format!("{target}: {m}")),
-                        Failure::Lost(m) => Failure::Lost(format!("{target}: {m}")),
-                        Failure::NoAnswer(m) => Failure::NoAnswer(format!("{target}: {m}")),
-                        Failure::TooLarge(m) => Failure::TooLarge(format!("{target}: {m}")),
-                        Failure::Foreign(m) => Failure::Foreign(format!("{target}: {m}")),
-                        Failure::Answered(_) => unreachable!("matched above"),
-                    }
-                }
-            }),
-            Err(_elapsed) => Err(Failure::NoAnswer(format!(
-                "no answer from {target} within {} ms",
-                limit.as_millis()
-            ))),
-        }
-    }
-
-    fn move_on(&mut self, failure: &Failure, leader: Option<&LeaderHint>) -> bool {
-        let endpoints = &self.nodes.endpoints;
-        let hinted = leader
-            .and_then(|hint| hint.client_address.as_deref())
-            .and_then(|a| crate::client::endpoint_uri(a).ok())
-            .filter(|a| *a != self.target);
-        // NotLeader without a usable hint: an election may be under way.
-        let no_hint = hinted.is_none()
-            && matches!(failure, Failure::Answered(e) if e.kind() == cairn_proto::v1::ErrorKind::NotLeader);
-        self.target = hinted.unwrap_or_else(|| {
-            self.position = (self.position + 1) % endpoints.len();
-            endpoints[self.position].clone()
-        });
-        self.failures_in_round += 1;
-        let round = self.failures_in_round >= endpoints.len();
-        if round {
-            self.failures_in_round = 0;
-        }
-        round || no_hint
-    }
-}
-
-/// The error a caller gets when the loop ended without an answer (as the client's
-/// resource calls: a node's verdict keeps its kind; no answer in time is a deadline).
-fn ended_error(ended: Ended, timeout: Duration) -> ClientError {
-    let deadline_ms = duration_ms(timeout);
-    let (failure, outcome) = match ended {
-        Ended::OutOfTime { last } => {
-            return ClientError::DeadlineExceeded {
-                deadline_ms,
-                detail: last.map_or_else(|| "no endpoint tried".to_string(), |f| f.to_string()),
-                outcome: Outcome::NotApplied,
-            }
-        }
-        Ended::Stopped { failure, outcome } => (failure, outcome),
-    };
-    match failure {
-        Failure::Answered(api) => ClientError::from_api(api, outcome),
-        Failure::NotSent(message) | Failure::Lost(message) => {
-            ClientError::Unavailable { message, outcome }
-        }
-        Failure::NoAnswer(detail) => ClientError::DeadlineExceeded {
-            deadline_ms,
-            detail,
-            outcome,
-        },
-        Failure::TooLarge(message) | Failure::Foreign(message) => {
-            ClientError::Internal { message, outcome }
-        }
     }
 }
 
@@ -933,41 +752,5 @@ mod tests {
         assert_eq!(p.retry_pause, Duration::from_millis(250));
         let p = KeepAlivePacing::for_ttl(Duration::from_millis(100));
         assert_eq!(p.retry_pause, Duration::from_millis(10));
-    }
-
-    #[test]
-    fn a_stopped_loop_keeps_a_verdict_s_kind_and_says_unknown_when_unsure() {
-        // A node's verdict (NotFound, FailedPrecondition) keeps its kind; a grant whose
-        // connection broke after sending is Unavailable with an unknown outcome.
-        let e = ended_error(
-            Ended::Stopped {
-                failure: Failure::Answered(cairn_proto::error::ApiError::NotFound),
-                outcome: Outcome::NotApplied,
-            },
-            Duration::from_secs(1),
-        );
-        assert_eq!(e, ClientError::NotFound);
-        let e = ended_error(
-            Ended::Stopped {
-                failure: Failure::Lost("reset".into()),
-                outcome: Outcome::Unknown,
-            },
-            Duration::from_secs(1),
-        );
-        assert!(matches!(
-            e,
-            ClientError::Unavailable {
-                outcome: Outcome::Unknown,
-                ..
-            }
-        ));
-        let e = ended_error(Ended::OutOfTime { last: None }, Duration::from_secs(1));
-        assert!(matches!(
-            e,
-            ClientError::DeadlineExceeded {
-                deadline_ms: 1000,
-                ..
-            }
-        ));
     }
 }
