@@ -78,7 +78,7 @@ pub fn refusal(category: &str, message: &str) -> Value {
 #[serde(rename_all = "kebab-case")]
 pub enum FaultEffect {
     /// Leaves the leader and its monotonic clock alone: a jump of a wall clock.
-    None,
+    NoDelay,
     /// May cost the cluster its leader for an election: a partition, a SIGSTOP, a leader
     /// transfer.
     LeaderChange,
@@ -153,7 +153,7 @@ impl Timing {
                 continue;
             }
             match fault.effect {
-                FaultEffect::None => {}
+                FaultEffect::NoDelay => {}
                 FaultEffect::LeaderChange => deadline += leader_change_ns,
                 FaultEffect::Restart => {
                     deadline = (deadline + leader_change_ns)
@@ -1486,7 +1486,7 @@ mod tests {
         let table: Vec<(Vec<FaultWindow>, u64)> = vec![
             (vec![], 1_000 + budget),
             (
-                vec![window(2_000, 3_000, FaultEffect::None)],
+                vec![window(2_000, 3_000, FaultEffect::NoDelay)],
                 1_000 + budget,
             ),
             (

@@ -251,7 +251,7 @@ pub async fn leader_clock_round(cx: &mut NemesisContext<'_>) -> Result<(), Strin
     link.record(
         format!("wall clock of the leader {leader} {jump}"),
         from_ns,
-        FaultEffect::None,
+        FaultEffect::NoDelay,
     );
     Ok(())
 }
