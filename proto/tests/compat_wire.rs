@@ -81,6 +81,7 @@ fn status() -> Status {
 /// condition and a timestamp, and data.
 fn rich(version: &str) -> Resource {
     Resource {
+        lease: 0,
         id: Some(id("Endpoint", "web-1", "01J9ZK3Q4V6W7X8Y9Z0A1B2C3E")),
         owner: Some(Box::new(id("Service", "web", "01J9ZK3Q4V6W7X8Y9Z0A1B2C3F"))),
         version: version.into(),
@@ -173,6 +174,7 @@ fn samples() -> Vec<Row> {
         row(
             "forward-write-request.bin",
             pb::WriteRequest {
+                fence: None,
                 resource: Some(rich("41")),
             },
         ),
@@ -188,6 +190,7 @@ fn samples() -> Vec<Row> {
         row(
             "forward-delete-request.bin",
             pb::DeleteRequest {
+                fence: None,
                 id: Some(id("Endpoint", "web-1", "01J9ZK3Q4V6W7X8Y9Z0A1B2C3E")),
                 version: "57".into(),
             },
@@ -199,6 +202,7 @@ fn samples() -> Vec<Row> {
         row(
             "forward-write-status-request.bin",
             pb::WriteStatusRequest {
+                fence: None,
                 id: Some(id("Endpoint", "web-1", "01J9ZK3Q4V6W7X8Y9Z0A1B2C3E")),
                 key: "consul.io/health-controller".into(),
                 status: Some(status()),
