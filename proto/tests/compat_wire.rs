@@ -284,6 +284,30 @@ fn samples() -> Vec<Row> {
             "forward-read-index-response.bin",
             pb::ReadIndexResponse { index: 61 },
         ),
+        row(
+            "forward-lease-request.bin",
+            pb::LeaseCommandRequest {
+                command: Some(pb::lease_command_request::Command::KeepAlive(
+                    pb::LeaseKeepAlives { ids: vec![57, 58] },
+                )),
+            },
+        ),
+        row(
+            "forward-lease-response.bin",
+            pb::LeaseCommandResponse {
+                answer: Some(pb::lease_command_response::Answer::KeepAlive(
+                    pb::LeaseKeepAliveAnswers {
+                        leases: vec![
+                            pb::LeaseKeepAliveResponse {
+                                id: 57,
+                                ttl_ms: 10_000,
+                            },
+                            pb::LeaseKeepAliveResponse { id: 58, ttl_ms: 0 },
+                        ],
+                    },
+                )),
+            },
+        ),
     ]
 }
 
