@@ -58,17 +58,7 @@ async fn alarms_per_member(endpoints: &str) -> Vec<Vec<String>> {
 /// Waits until the cluster runs at cluster version 0.2, where the capacity rules hold (a
 /// new cluster rises to it by itself within seconds). `extra` goes to `cairn status`.
 async fn wait_capacity_rules(endpoints: &str, extra: &[&str]) {
-    let mut args = vec!["status", "-o", "json"];
-    args.extend(extra);
-    let risen = eventually(Duration::from_secs(20), || {
-        let args = args.clone();
-        async move {
-            let run = cairn_at(endpoints, &args).await;
-            serde_json::from_str::<Value>(&run.stdout).is_ok_and(|s| s["cluster_version"] == "0.2")
-        }
-    })
-    .await;
-    assert!(risen, "the cluster version rises to 0.2");
+    client_support::wait_cluster_version_0_2(endpoints, extra).await;
 }
 
 /// A 64 KiB payload, as JSON.

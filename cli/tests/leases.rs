@@ -33,15 +33,7 @@ async fn lease_cluster() -> (Cluster, String) {
     let cluster = Cluster::start(options(3));
     cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let endpoints = cluster.endpoints().join(",");
-    let risen = eventually(Duration::from_secs(20), || {
-        let endpoints = endpoints.clone();
-        async move {
-            let run = cairn_at(&endpoints, &["status", "-o", "json"]).await;
-            serde_json::from_str::<Value>(&run.stdout).is_ok_and(|s| s["cluster_version"] == "0.2")
-        }
-    })
-    .await;
-    assert!(risen, "the cluster version rises to 0.2");
+    client_support::wait_cluster_version_0_2(&endpoints, &[]).await;
     (cluster, endpoints)
 }
 

@@ -6,34 +6,12 @@ mod common;
 
 use bytes::Bytes;
 use cairn_fsm::capacity::{QUOTA_GROUP, QUOTA_GROUP_VERSION, QUOTA_KIND, QUOTA_TYPE_URL};
-use cairn_fsm::{
-    Applied, CapacityAction, ClusterVersion, Command, FsmError, Limits, SpaceState, Store,
-    VersionAction,
-};
+use cairn_fsm::{Applied, CapacityAction, Command, FsmError, Limits, SpaceState, Store};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{QuotaSpec, Resource};
 use common::*;
 use proptest::prelude::*;
 use prost::Message;
-
-/// A log at cluster version 0.2, where the capacity rules hold.
-fn log_at_0_2(limits: Limits) -> Log {
-    let mut log = Log::with_limits(limits);
-    apply(
-        &mut log,
-        Command::ClusterVersion {
-            action: VersionAction::Raise,
-            version: ClusterVersion::new(0, 2),
-        },
-    )
-    .unwrap();
-    log
-}
-
-fn apply(log: &mut Log, command: Command) -> Result<Applied, FsmError> {
-    log.index += 1;
-    log.store.apply(log.index, &command)
-}
 
 fn capacity(log: &mut Log, action: CapacityAction) -> SpaceState {
     match apply(log, Command::Capacity { action }) {

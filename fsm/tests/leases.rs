@@ -5,29 +5,12 @@
 
 mod common;
 
-use cairn_fsm::{
-    Applied, ClusterVersion, Command, FsmError, Lease, LeaseApplied, Store, VersionAction,
-    WatchEventKind,
-};
+use cairn_fsm::{Applied, Command, FsmError, Lease, LeaseApplied, Store, WatchEventKind};
 use cairn_proto::v1::{Fence, Reference, Resource};
 use common::*;
 
 fn at_0_2() -> Log {
-    let mut log = Log::new();
-    apply(
-        &mut log,
-        Command::ClusterVersion {
-            action: VersionAction::Raise,
-            version: ClusterVersion::new(0, 2),
-        },
-    )
-    .unwrap();
-    log
-}
-
-fn apply(log: &mut Log, command: Command) -> Result<Applied, FsmError> {
-    log.index += 1;
-    log.store.apply(log.index, &command)
+    log_at_0_2(Default::default())
 }
 
 fn lease_applied(log: &mut Log, command: Command) -> LeaseApplied {

@@ -289,3 +289,20 @@ pub async fn cairn_at(endpoints: &str, args: &[&str]) -> Run {
     all.extend(["--endpoints", endpoints]);
     run_cairn(env!("CARGO_BIN_EXE_cairn"), &all, None, &[]).await
 }
+
+/// Waits until the cluster at `endpoints` runs at cluster version 0.2 (a new cluster rises
+/// to it by itself within seconds), as `cairn status -o json` with `extra` reports it.
+pub async fn wait_cluster_version_0_2(endpoints: &str, extra: &[&str]) {
+    let mut args = vec!["status", "-o", "json"];
+    args.extend(extra);
+    let risen = eventually(Duration::from_secs(20), || {
+        let args = args.clone();
+        async move {
+            let run = cairn_at(endpoints, &args).await;
+            serde_json::from_str::<serde_json::Value>(&run.stdout)
+                .is_ok_and(|s| s["cluster_version"] == "0.2")
+        }
+    })
+    .await;
+    assert!(risen, "the cluster version rises to 0.2");
+}

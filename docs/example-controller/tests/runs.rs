@@ -154,6 +154,23 @@ async fn the_controller_reconciles(client: &Client, log: &std::path::Path) {
     );
 }
 
+/// A single node embedded in the test, its data in `dir`; and its client address.
+async fn embedded_node(dir: &std::path::Path) -> (EmbeddedNode, String) {
+    let client_address = format!("127.0.0.1:{}", free_port());
+    let peer_address = format!("127.0.0.1:{}", free_port());
+    let node = EmbeddedNode::start(Config {
+        node_id: 1,
+        data_dir: dir.join("data"),
+        members: parse_members(&format!("1={peer_address}/{client_address}")).unwrap(),
+        client_address: client_address.clone(),
+        peer_address,
+        ..Config::default()
+    })
+    .await
+    .expect("the node starts");
+    (node, client_address)
+}
+
 fn remote_client(address: &str) -> Client {
     Client::new(
         &[address],
@@ -199,18 +216,7 @@ async fn remote_it_reconciles_the_counters_of_the_cluster_it_reaches() {
     // `--endpoints`: the same controller against a node over gRPC (a node this test
     // embeds; any cluster would do).
     let dir = tempfile::tempdir().unwrap();
-    let client_address = format!("127.0.0.1:{}", free_port());
-    let peer_address = format!("127.0.0.1:{}", free_port());
-    let node = EmbeddedNode::start(Config {
-        node_id: 1,
-        data_dir: dir.path().join("data"),
-        members: parse_members(&format!("1={peer_address}/{client_address}")).unwrap(),
-        client_address: client_address.clone(),
-        peer_address,
-        ..Config::default()
-    })
-    .await
-    .expect("the node starts");
+    let (node, client_address) = embedded_node(dir.path()).await;
     let log = dir.path().join("controller.log");
     let controller = Controller::start(&["--endpoints", &client_address], &log);
     let client = remote_client(&client_address);
@@ -234,18 +240,7 @@ async fn two_replicas_only_one_reconciles_and_the_other_takes_over_when_it_dies(
     // Two replicas against one cluster: one wins the election and reconciles (fenced), the
     // other waits; kill -9 the leading one and the other takes over within its lease TTL.
     let dir = tempfile::tempdir().unwrap();
-    let client_address = format!("127.0.0.1:{}", free_port());
-    let peer_address = format!("127.0.0.1:{}", free_port());
-    let node = EmbeddedNode::start(Config {
-        node_id: 1,
-        data_dir: dir.path().join("data"),
-        members: parse_members(&format!("1={peer_address}/{client_address}")).unwrap(),
-        client_address: client_address.clone(),
-        peer_address,
-        ..Config::default()
-    })
-    .await
-    .expect("the node starts");
+    let (node, client_address) = embedded_node(dir.path()).await;
     let logs = [dir.path().join("a.log"), dir.path().join("b.log")];
     let mut replicas: Vec<Option<Controller>> = ["a", "b"]
         .iter()

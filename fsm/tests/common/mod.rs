@@ -152,3 +152,23 @@ pub fn names(resources: &[StoredResource]) -> Vec<String> {
     v.sort();
     v
 }
+
+/// A log at cluster version 0.2, where the rules of that version (capacity, leases) hold.
+pub fn log_at_0_2(limits: Limits) -> Log {
+    let mut log = Log::with_limits(limits);
+    apply(
+        &mut log,
+        Command::ClusterVersion {
+            action: cairn_fsm::VersionAction::Raise,
+            version: cairn_fsm::ClusterVersion::new(0, 2),
+        },
+    )
+    .unwrap();
+    log
+}
+
+/// Applies `command` at the log's next index.
+pub fn apply(log: &mut Log, command: Command) -> Result<Applied, FsmError> {
+    log.index += 1;
+    log.store.apply(log.index, &command)
+}
