@@ -4,7 +4,7 @@ and nothing of Cairn's code. Cairn's .proto files are its published
 contract: the request stubs and Cairn's own detail messages are generated
 from them here, at run time, with grpcio-tools.
 
-Run by cli/tests/grpc_error_model.rs against a real cluster:
+Run by cli/tests/system/grpc_error_model.rs against a real cluster:
 
     python3 grpc_error_model.py PROTO_DIR LEADER FOLLOWER OPS_TOKEN READER_TOKEN ADMIN_TOKEN
 

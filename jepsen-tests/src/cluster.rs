@@ -1021,20 +1021,33 @@ impl Cluster {
 
     /// Asks the leader to hand leadership to `to` (0 = the most up-to-date
     /// voter); returns the former leader.
+    /// Asks the leader to hand leadership to `to`. A transfer the leader answers Unavailable
+    /// (the target did not catch up or win in time: a loaded machine) is asked again, as an
+    /// operator would, until `timeout`. Returns the leader it transferred from.
     pub async fn transfer_leader(&self, to: u64, timeout: Duration) -> Result<u64, String> {
-        let leader = self.leader().await.ok_or("no leader to transfer from")?;
-        let address = self.node(leader).client_address.clone();
-        let call = async {
-            let mut c = self.admin(&address).await?;
-            c.transfer_leader(TransferLeaderRequest { to })
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(())) => Ok(leader),
-            Ok(Err(e)) => Err(format!("transfer from {leader} to {to}: {e}")),
-            Err(_) => Err(format!("transfer from {leader} to {to}: timed out")),
+        let deadline = Instant::now() + timeout;
+        loop {
+            let leader = self.leader().await.ok_or("no leader to transfer from")?;
+            if leader == to {
+                return Ok(leader);
+            }
+            let address = self.node(leader).client_address.clone();
+            let call = async {
+                let mut c = self.admin(&address).await.map_err(|e| (false, e))?;
+                c.transfer_leader(TransferLeaderRequest { to })
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| (e.code() == tonic::Code::Unavailable, e.to_string()))
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, call).await {
+                Ok(Ok(())) => return Ok(leader),
+                Ok(Err((true, _))) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(Err((_, e))) => return Err(format!("transfer from {leader} to {to}: {e}")),
+                Err(_) => return Err(format!("transfer from {leader} to {to}: timed out")),
+            }
         }
     }
 
