@@ -326,6 +326,7 @@ pub async fn remove_keys(cluster: &Cluster, options: &LoadOptions) -> Result<u64
             fence: None,
             id: resource.id,
             version: resource.version,
+            orphan_dependents: false,
         });
         request.set_timeout(timeout);
         client

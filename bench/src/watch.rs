@@ -105,6 +105,7 @@ pub async fn run(
             name_prefix: prefix.clone(),
             start_revision: 0,
             consistency: pb::Consistency::Eventual as i32,
+            selector: String::new(),
         };
         watcher_tasks.push(tokio::spawn(watcher(shared.clone(), channel, request)));
     }

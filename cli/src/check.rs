@@ -841,6 +841,7 @@ async fn check_cache(args: &CacheArgs, what: &str) -> Result<CacheVerdict, Cache
         type_: args.type_.clone(),
         tenancy: args.tenancy.clone(),
         name_prefix: args.prefix.clone(),
+        selector: String::new(),
     };
     let (group, kind) = (args.type_.group.as_str(), args.type_.kind.as_str());
     let cache = WatchCache::start(client.clone(), vec![spec], Default::default())?;

@@ -230,6 +230,10 @@ pub struct ListArgs {
     /// Only names starting with this.
     #[arg(long, default_value = "")]
     pub prefix: String,
+    /// Only resources whose metadata matches this selector (Kubernetes' label-selector
+    /// syntax: `app=web,tier!=db,env in (prod,staging),!canary`).
+    #[arg(short = 'l', long, default_value = "")]
+    pub selector: String,
     /// Resources asked for per page (0 = the node's list_page_size_max;
     /// more is capped to it). The listing is printed page by page.
     #[arg(long, default_value_t = 0)]
@@ -261,6 +265,10 @@ pub struct WatchArgs {
     /// Only names starting with this.
     #[arg(long, default_value = "")]
     pub prefix: String,
+    /// Only resources whose metadata matches this selector (as `cairn list -l`): one
+    /// that stops matching is printed as a delete, one that starts as an upsert.
+    #[arg(short = 'l', long, default_value = "")]
+    pub selector: String,
     /// Replay the changes after this revision instead of starting with a snapshot.
     #[arg(long, default_value_t = 0)]
     pub from_revision: u64,
@@ -482,6 +490,7 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
                 name_prefix: a.prefix,
                 consistency: Consistency::from(c.consistency) as i32,
                 limit: a.page_size,
+                selector: a.selector,
                 ..ListRequest::default()
             };
             // One page at a time: printed, then dropped.
@@ -732,6 +741,7 @@ async fn watch(
         name_prefix: a.prefix.clone(),
         start_revision: a.from_revision,
         consistency: Consistency::from(c.consistency) as i32,
+        selector: a.selector.clone(),
     };
     // The revision from which a re-opened watch continues without gap: the
     // last one whose changes were all printed. Known once the snapshot ended

@@ -45,8 +45,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use cairn_proto::v1::{
-    watch_event, Consistency, Id, ListByOwnerResponse, ListRequest, ListResponse, Resource,
-    WatchEvent, WatchListRequest, WriteStatusRequest,
+    watch_event, Consistency, DeleteRequest, DeleteResponse, Id, ListByOwnerResponse, ListRequest,
+    ListResponse, Resource, WatchEvent, WatchListRequest, WriteStatusRequest,
 };
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
@@ -74,7 +74,21 @@ pub trait ResourceApi: Send + Sync + 'static {
     /// Deletes the lifetime `id.uid` if its stored version is `version`;
     /// nothing stored, or another lifetime stored, is success. Returns the
     /// revision at which the delete applied.
-    fn delete(&self, id: Id, version: String) -> ApiFuture<'_, u64>;
+    fn delete(&self, id: Id, version: String) -> ApiFuture<'_, u64> {
+        Box::pin(async move {
+            let request = DeleteRequest {
+                id: Some(id),
+                version,
+                fence: None,
+                orphan_dependents: false,
+            };
+            self.delete_request(request).await.map(|r| r.revision)
+        })
+    }
+
+    /// A delete with every option of the request (a fence, `orphan_dependents`); the
+    /// answer says whether the resource was only marked for deletion.
+    fn delete_request(&self, request: DeleteRequest) -> ApiFuture<'_, DeleteResponse>;
 
     /// Replaces the entry `request.key` of the `status` map of the lifetime
     /// `request.id.uid` (required), checked against `request.version` only when
@@ -357,8 +371,8 @@ impl ResourceApi for Client {
         Box::pin(async move { Client::write(self, resource).await.map(Arc::new) })
     }
 
-    fn delete(&self, id: Id, version: String) -> ApiFuture<'_, u64> {
-        Box::pin(Client::delete(self, id, version))
+    fn delete_request(&self, request: DeleteRequest) -> ApiFuture<'_, DeleteResponse> {
+        Box::pin(Client::delete_request(self, request))
     }
 
     fn write_status(&self, request: WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {
@@ -435,8 +449,8 @@ impl<T: ResourceApi + ?Sized> ResourceApi for Arc<T> {
         (**self).write(resource)
     }
 
-    fn delete(&self, id: Id, version: String) -> ApiFuture<'_, u64> {
-        (**self).delete(id, version)
+    fn delete_request(&self, request: DeleteRequest) -> ApiFuture<'_, DeleteResponse> {
+        (**self).delete_request(request)
     }
 
     fn write_status(&self, request: WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {

@@ -36,9 +36,9 @@ use std::time::Duration;
 use cairn_proto::error::{ApiError, LeaderHint};
 use cairn_proto::v1::resource_service_client::ResourceServiceClient;
 use cairn_proto::v1::{
-    Consistency, DeleteRequest, Id, ListByOwnerRequest, ListByOwnerResponse, ListRequest,
-    ListResponse, ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchEvent, WatchListRequest,
-    WatchProgressRequest, WriteRequest, WriteStatusRequest,
+    Consistency, DeleteRequest, DeleteResponse, Id, ListByOwnerRequest, ListByOwnerResponse,
+    ListRequest, ListResponse, ReadRequest, ReadResponse, Resource, Tenancy, Type, WatchEvent,
+    WatchListRequest, WatchProgressRequest, WriteRequest, WriteStatusRequest,
 };
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -468,21 +468,27 @@ impl Client {
             id: Some(id),
             version: version.into(),
             fence: None,
+            orphan_dependents: false,
         })
         .await
+        .map(|r| r.revision)
     }
 
     /// A delete with every option of the request (a fence, as
     /// [`Client::write_request`]).
-    pub async fn delete_request(&self, request: DeleteRequest) -> Result<u64, ClientError> {
-        let response = self
-            .call(Operation::Mutation, move |mut c, remaining| {
-                let mut r = tonic::Request::new(request.clone());
-                r.set_timeout(remaining);
-                async move { c.delete(r).await }
-            })
-            .await?;
-        Ok(response.revision)
+    /// Its answer says whether the resource was only marked for deletion (it has
+    /// finalizers, or `orphan_dependents` keeps what it owns: `docs/contract.md`,
+    /// "Lifecycle").
+    pub async fn delete_request(
+        &self,
+        request: DeleteRequest,
+    ) -> Result<DeleteResponse, ClientError> {
+        self.call(Operation::Mutation, move |mut c, remaining| {
+            let mut r = tonic::Request::new(request.clone());
+            r.set_timeout(remaining);
+            async move { c.delete(r).await }
+        })
+        .await
     }
 
     /// Replaces one entry (`request.key`) of the `status` map of the lifetime

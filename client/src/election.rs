@@ -373,6 +373,7 @@ impl Observer {
                 name_prefix: e.name.clone(),
                 start_revision: 0,
                 consistency: Consistency::Strong as i32,
+                selector: String::new(),
             })
             .await?;
         self.snapshot = Some(None);
@@ -523,8 +524,10 @@ impl Leadership {
                 id: Some(id),
                 version: version.into(),
                 fence: Some(self.fence()),
+                orphan_dependents: false,
             })
             .await
+            .map(|r| r.revision)
     }
 
     /// Writes a status entry, fenced by this holding ([`Client::write_status`]).

@@ -90,13 +90,17 @@ use crate::error::ClientError;
 use crate::index::{Index, Indexes};
 
 /// What one watch of the cache selects: an unversioned type (group + kind),
-/// a tenancy in which `*` matches any value, and a name prefix.
+/// a tenancy in which `*` matches any value, a name prefix and a metadata selector
+/// (Kubernetes' label-selector syntax; "" = all). A resource that stops matching the
+/// selector leaves the cache (the node sends it as a Delete), one that starts matching
+/// enters it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchSpec {
     /// Only `group` and `kind` are used.
     pub type_: Type,
     pub tenancy: Tenancy,
     pub name_prefix: String,
+    pub selector: String,
 }
 
 impl WatchSpec {
@@ -113,7 +117,14 @@ impl WatchSpec {
                 namespace: "*".into(),
             },
             name_prefix: String::new(),
+            selector: String::new(),
         }
+    }
+
+    /// Only the resources whose metadata matches `selector` (`app=web,tier!=db`).
+    pub fn with_selector(mut self, selector: impl Into<String>) -> WatchSpec {
+        self.selector = selector.into();
+        self
     }
 
     pub fn with_tenancy(mut self, tenancy: Tenancy) -> WatchSpec {
@@ -1229,6 +1240,7 @@ impl TypeWatcher {
                 name_prefix: spec.name_prefix.clone(),
                 start_revision,
                 consistency: consistency as i32,
+                selector: spec.selector.clone(),
             };
             let mut stream = match self.client.watch_list(request).await {
                 Ok(stream) => stream,

@@ -1,7 +1,7 @@
 //! Client calls and helpers against in-process nodes backed by
 //! `cairn_fsm::Store`: failover, leader hints, the retry rules that keep a
 //! write's outcome honest, and typed errors. (The `cairn` data commands built
-//! on this library are tested through the binary: `cli/tests/client_cli.rs`.)
+//! on this library are tested through the binary: `cli/tests/system/client_cli.rs`.)
 
 mod support;
 

@@ -7,7 +7,7 @@
 //!   down, revoked on drop and left alone when detached.
 //!
 //! The real service (expiry on the leader, attached resources deleted, elections and
-//! fencing) is tested end to end in `cli/tests/leases.rs`.
+//! fencing) is tested end to end in `cli/tests/system/leases.rs`.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};

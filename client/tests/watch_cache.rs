@@ -951,7 +951,10 @@ impl cairn_client::ResourceApi for ScriptedWatches {
     fn write(&self, _: Resource) -> ApiFuture<'_, Arc<Resource>> {
         Box::pin(async { Err(unscripted()) })
     }
-    fn delete(&self, _: Id, _: String) -> ApiFuture<'_, u64> {
+    fn delete_request(
+        &self,
+        _: cairn_proto::v1::DeleteRequest,
+    ) -> ApiFuture<'_, cairn_proto::v1::DeleteResponse> {
         Box::pin(async { Err(unscripted()) })
     }
     fn write_status(&self, _: cairn_proto::v1::WriteStatusRequest) -> ApiFuture<'_, Arc<Resource>> {

@@ -15,6 +15,15 @@ use futures::Stream;
 
 use crate::handle::{Handle, ReadAt};
 
+/// This node's wall-clock time in Unix milliseconds: what the leader proposes with a
+/// command that may mark a resource for deletion (`cairn_fsm::lifecycle`; the mark is an
+/// RFC 3339 time a person reads, never a deadline, so the wall clock is the right one).
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The refusal of an owner lookup that matches more than `list_results_max`
 /// resources.
 fn too_many_results(results_max: usize) -> ApiError {
@@ -239,7 +248,8 @@ impl<H: Handle> Executor<H> {
         consistency: Consistency,
         visible: Option<&ReadScope>,
     ) -> Result<shared::ListResponse, ApiError> {
-        let filter = checks::list_filter(&r)?;
+        let selector = checks::selector(&r.selector)?;
+        let filter = checks::list_filter(&r, selector.as_ref())?;
         let token = checks::page_token(&r, &filter)?;
         let view = match &token {
             None => self.view_for(consistency, r.revision).await?,
@@ -326,12 +336,24 @@ impl<H: Handle> Executor<H> {
             Command::Delete {
                 id,
                 version: r.version,
+                now_ms: wall_clock_ms(),
+                orphan: r.orphan_dependents,
             },
         );
         match self.handle.propose(command).await? {
             (index, Applied::Deleted { .. }) => {
                 assert!(index > 0, "a delete entry has a log index");
-                Ok(pb::DeleteResponse { revision: index })
+                Ok(pb::DeleteResponse {
+                    revision: index,
+                    marked: false,
+                })
+            }
+            (index, Applied::Marked(_)) => {
+                assert!(index > 0, "a delete entry has a log index");
+                Ok(pb::DeleteResponse {
+                    revision: index,
+                    marked: true,
+                })
             }
             (index, other) => Err(ApiError::Internal(format!(
                 "delete at index {index} applied as {other:?}"
@@ -363,7 +385,10 @@ impl<H: Handle> Executor<H> {
         use pb::lease_command_response::Answer;
         let command = match r.command {
             Some(Asked::Grant(g)) => Command::LeaseGrant { ttl_ms: g.ttl_ms },
-            Some(Asked::Revoke(v)) => Command::LeaseRevoke { id: v.id },
+            Some(Asked::Revoke(v)) => Command::LeaseRevoke {
+                id: v.id,
+                now_ms: wall_clock_ms(),
+            },
             Some(Asked::KeepAlive(k)) => Command::LeaseKeepAlive { ids: k.ids },
             None => return Err(ApiError::invalid("command", "is required")),
         };
@@ -449,6 +474,7 @@ impl<H: Handle> Executor<H> {
             type_,
             tenancy,
             name_prefix: r.name_prefix,
+            selector: checks::selector(&r.selector)?.map(std::sync::Arc::new),
         };
         let watch = self.handle.store().watch(filter, r.start_revision)?;
         let id = watch.id();
@@ -496,7 +522,7 @@ impl<H: Handle> Executor<H> {
 /// them, and so can anything that must validate exactly as a node does
 /// (the decoders' fuzz harness).
 pub mod checks {
-    use cairn_fsm::{Limits, ListFilter, PageToken};
+    use cairn_fsm::{Limits, ListFilter, PageToken, Selector};
     use cairn_proto::error::ApiError;
     use cairn_proto::v1::{self as pb, Consistency};
 
@@ -602,13 +628,28 @@ pub mod checks {
             r.tenancy.as_ref(),
             &r.name_prefix,
         )?;
-        page_token(r, &list_filter(r)?)?;
+        let selector = selector(&r.selector)?;
+        page_token(r, &list_filter(r, selector.as_ref())?)?;
         Ok(consistency)
     }
 
+    /// The metadata selector of a List or WatchList ("" = none), parsed: bad syntax is
+    /// InvalidArgument on `selector`, saying where and what.
+    pub fn selector(text: &str) -> Result<Option<Selector>, ApiError> {
+        match text.trim().is_empty() {
+            true => Ok(None),
+            false => Selector::parse(text)
+                .map(Some)
+                .map_err(|e| ApiError::invalid("selector", e.to_string())),
+        }
+    }
+
     /// The filter of a list request: its type (required) and tenancy (none:
-    /// the default one) and name prefix.
-    pub fn list_filter(r: &pb::ListRequest) -> Result<ListFilter<'_>, ApiError> {
+    /// the default one), name prefix and `selector` (parsed from the request's).
+    pub fn list_filter<'a>(
+        r: &'a pb::ListRequest,
+        selector: Option<&'a Selector>,
+    ) -> Result<ListFilter<'a>, ApiError> {
         /// The tenancy of a request that names none.
         static DEFAULT_TENANCY: pb::Tenancy = pb::Tenancy {
             partition: String::new(),
@@ -622,6 +663,7 @@ pub mod checks {
             type_,
             tenancy: r.tenancy.as_ref().unwrap_or(&DEFAULT_TENANCY),
             name_prefix: &r.name_prefix,
+            selector,
         })
     }
 
@@ -677,6 +719,7 @@ pub mod checks {
             r.tenancy.as_ref(),
             &r.name_prefix,
         )?;
+        selector(&r.selector)?;
         Ok(consistency)
     }
 

@@ -87,7 +87,7 @@ mod read_index;
 mod server;
 
 pub use channel::{LeaderChannel, LeaderChannelOptions, Target};
-pub use executor::{checks, Executor, OpenedWatch, WatchStream};
+pub use executor::{checks, wall_clock_ms, Executor, OpenedWatch, WatchStream};
 pub use forwarder::{Forwarder, ForwarderOptions, RequestStamp};
 pub use handle::{Handle, ReadAt};
 pub use read_index::LeaderReadIndex;

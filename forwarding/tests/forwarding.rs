@@ -74,6 +74,7 @@ async fn a_follower_forwards_writes_deletes_strong_reads_and_strong_lists() {
                 fence: None,
                 id: Some(id("a", "u1")),
                 version: "1".into(),
+                orphan_dependents: false,
             },
             deadline(),
         )
@@ -1093,6 +1094,7 @@ async fn a_strong_listing_through_a_follower_pages_at_its_first_revision() {
                 fence: None,
                 id: Some(id("n3", "u1")),
                 version: "4".into(),
+                orphan_dependents: false,
             },
             deadline(),
         )
@@ -1156,6 +1158,7 @@ async fn a_page_token_ahead_of_a_node_is_unavailable_until_it_applies_that_revis
         type_: &t,
         tenancy: &ten,
         name_prefix: "",
+        selector: None,
     };
     let bounds = cairn_fsm::PageBounds {
         resources_max: 1,

@@ -325,6 +325,7 @@ fn bench_list(c: &mut Criterion) {
                             type_: services(),
                             tenancy: tenancy("default", "*"),
                             name_prefix: String::new(),
+                            selector: None,
                         },
                         0,
                     )
@@ -368,6 +369,7 @@ fn bench_fan_out(c: &mut Criterion) {
                             type_: services(),
                             tenancy: tenancy("default", "*"),
                             name_prefix: "service-".into(),
+                            selector: None,
                         },
                         store.applied_index(),
                     )

@@ -187,6 +187,7 @@ fn watch_all(store: &Store, start_revision: u64) -> Watch {
                 type_: items(),
                 tenancy: every_tenancy(),
                 name_prefix: String::new(),
+                selector: None,
             },
             start_revision,
         )

@@ -28,8 +28,15 @@ pub enum Command {
     /// Compare-and-set write; `resource.version` is the expected version
     /// (empty = create).
     Write { resource: Resource },
-    /// Compare-and-set delete of the lifetime `id.uid` at `version`.
-    Delete { id: Id, version: String },
+    /// Compare-and-set delete of the lifetime `id.uid` at `version`. From cluster version
+    /// 0.2 ([`crate::lifecycle`]) a resource with finalizers is only marked, at `now_ms`
+    /// (the proposing leader's Unix time), and `orphan` keeps what it owns.
+    Delete {
+        id: Id,
+        version: String,
+        now_ms: u64,
+        orphan: bool,
+    },
     /// Starts an online restore of `resource_count` resources (see
     /// `crate::restore` for the rules of the four restore commands).
     RestoreBegin {
@@ -72,16 +79,23 @@ pub enum Command {
     /// Grants a lease of `ttl_ms` ([`crate::lease`]). Needs cluster version 0.2
     /// ([`crate::Feature::Leases`]), as every lease command and `Fenced` do.
     LeaseGrant { ttl_ms: u64 },
-    /// Revokes the lease `id` and deletes what is attached to it.
-    LeaseRevoke { id: u64 },
+    /// Revokes the lease `id` and deletes what is attached to it (marks, at `now_ms`, what
+    /// has finalizers).
+    LeaseRevoke { id: u64, now_ms: u64 },
     /// Renews the leases `ids` at this entry.
     LeaseKeepAlive { ids: Vec<u64> },
     /// The leader's verdict that leases ran out: each `(id, renewed_revision)` is
     /// revoked if that is still its last renewal ([`crate::lease::expire_decision`]).
-    LeaseExpire { leases: Vec<(u64, u64)> },
+    LeaseExpire {
+        leases: Vec<(u64, u64)>,
+        now_ms: u64,
+    },
     /// A write, delete or status write applied only while `fence` holds: the resource it
     /// names is stored at version `fence.token`.
     Fenced { fence: Fence, command: Box<Command> },
+    /// One bounded step of collecting the dependents of `owner` ([`crate::lifecycle`]):
+    /// proposed by the leader. Needs cluster version 0.2 ([`crate::Feature::Lifecycle`]).
+    Collect { owner: Id, now_ms: u64 },
 }
 
 /// Tag of `Command.write` and `Command.delete`, and of `WriteCommand.resource`.
@@ -105,6 +119,9 @@ impl Command {
             | Command::LeaseExpire { .. }
             | Command::Fenced { .. } => Some(Feature::Leases),
             Command::Write { resource } if resource.lease != 0 => Some(Feature::Leases),
+            Command::Delete { orphan: true, .. } | Command::Collect { .. } => {
+                Some(Feature::Lifecycle)
+            }
             Command::RestoreBegin { leases, .. } if !leases.is_empty() => Some(Feature::Leases),
             Command::Batch { commands } => commands.iter().find_map(Command::needs),
             Command::Write { .. }
@@ -177,9 +194,16 @@ impl Command {
             Command::Write { resource } => LogCommand::Write(log::WriteCommand {
                 resource: Some(resource.clone()),
             }),
-            Command::Delete { id, version } => LogCommand::Delete(log::DeleteCommand {
+            Command::Delete {
+                id,
+                version,
+                now_ms,
+                orphan,
+            } => LogCommand::Delete(log::DeleteCommand {
                 id: Some(id.clone()),
                 version: version.clone(),
+                now_ms: *now_ms,
+                orphan: *orphan,
             }),
             Command::RestoreBegin {
                 restore_id,
@@ -248,15 +272,25 @@ impl Command {
             Command::LeaseGrant { ttl_ms } => {
                 LogCommand::LeaseGrant(log::LeaseGrantCommand { ttl_ms: *ttl_ms })
             }
-            Command::LeaseRevoke { id } => {
-                LogCommand::LeaseRevoke(log::LeaseRevokeCommand { id: *id })
+            Command::LeaseRevoke { id, now_ms } => {
+                LogCommand::LeaseRevoke(log::LeaseRevokeCommand {
+                    id: *id,
+                    now_ms: *now_ms,
+                })
             }
             Command::LeaseKeepAlive { ids } => {
                 LogCommand::LeaseKeepAlive(log::LeaseKeepAliveCommand { ids: ids.clone() })
             }
-            Command::LeaseExpire { leases } => LogCommand::LeaseExpire(log::LeaseExpireCommand {
-                ids: leases.iter().map(|l| l.0).collect(),
-                renewed_revisions: leases.iter().map(|l| l.1).collect(),
+            Command::LeaseExpire { leases, now_ms } => {
+                LogCommand::LeaseExpire(log::LeaseExpireCommand {
+                    ids: leases.iter().map(|l| l.0).collect(),
+                    renewed_revisions: leases.iter().map(|l| l.1).collect(),
+                    now_ms: *now_ms,
+                })
+            }
+            Command::Collect { owner, now_ms } => LogCommand::Collect(log::CollectCommand {
+                owner: Some(owner.clone()),
+                now_ms: *now_ms,
             }),
             Command::Fenced { fence, command } => {
                 assert!(
@@ -359,7 +393,14 @@ impl Command {
             Some(LogCommand::Delete(log::DeleteCommand {
                 id: Some(id),
                 version,
-            })) => Ok(Command::Delete { id, version }),
+                now_ms,
+                orphan,
+            })) => Ok(Command::Delete {
+                id,
+                version,
+                now_ms,
+                orphan,
+            }),
             Some(LogCommand::Delete(log::DeleteCommand { id: None, .. })) => {
                 Err(FsmError::Decode("delete command without an id".into()))
             }
@@ -426,7 +467,10 @@ impl Command {
                 Ok(Command::Capacity { action })
             }
             Some(LogCommand::LeaseGrant(c)) => Ok(Command::LeaseGrant { ttl_ms: c.ttl_ms }),
-            Some(LogCommand::LeaseRevoke(c)) => Ok(Command::LeaseRevoke { id: c.id }),
+            Some(LogCommand::LeaseRevoke(c)) => Ok(Command::LeaseRevoke {
+                id: c.id,
+                now_ms: c.now_ms,
+            }),
             Some(LogCommand::LeaseKeepAlive(c)) => Ok(Command::LeaseKeepAlive { ids: c.ids }),
             Some(LogCommand::LeaseExpire(c)) => {
                 if c.ids.len() != c.renewed_revisions.len() {
@@ -438,6 +482,7 @@ impl Command {
                 }
                 Ok(Command::LeaseExpire {
                     leases: c.ids.into_iter().zip(c.renewed_revisions).collect(),
+                    now_ms: c.now_ms,
                 })
             }
             Some(LogCommand::Fenced(c)) => {
@@ -456,6 +501,13 @@ impl Command {
                     fence,
                     command: Box::new(command),
                 })
+            }
+            Some(LogCommand::Collect(log::CollectCommand {
+                owner: Some(owner),
+                now_ms,
+            })) => Ok(Command::Collect { owner, now_ms }),
+            Some(LogCommand::Collect(_)) => {
+                Err(FsmError::Decode("collect command without an owner".into()))
             }
             None => Err(FsmError::Decode("command without a body".into())),
         }
@@ -579,6 +631,12 @@ mod tests {
             Command::Delete {
                 id: resource().id.unwrap_or_default(),
                 version: "9".into(),
+                now_ms: 1_764_410_400_123,
+                orphan: true,
+            },
+            Command::Collect {
+                owner: resource().id.unwrap_or_default(),
+                now_ms: 1_764_410_400_123,
             },
             Command::RestoreBegin {
                 restore_id: "r1".into(),
@@ -586,10 +644,11 @@ mod tests {
                 leases: vec![(3, 10_000)],
             },
             Command::LeaseGrant { ttl_ms: 10_000 },
-            Command::LeaseRevoke { id: 12 },
+            Command::LeaseRevoke { id: 12, now_ms: 5 },
             Command::LeaseKeepAlive { ids: vec![12, 13] },
             Command::LeaseExpire {
                 leases: vec![(12, 40), (13, 41)],
+                now_ms: 5,
             },
             Command::Fenced {
                 fence: Fence {
@@ -642,6 +701,8 @@ mod tests {
                     Command::Delete {
                         id: resource().id.unwrap_or_default(),
                         version: "9".into(),
+                        now_ms: 0,
+                        orphan: false,
                     },
                 ],
             },
@@ -688,6 +749,7 @@ mod tests {
             command: Some(LogCommand::Delete(log::DeleteCommand {
                 id: None,
                 version: "1".into(),
+                ..Default::default()
             })),
         };
         let mut b = vec![1];

@@ -51,7 +51,7 @@ use cairn_proto::v1::{Tenancy, Type};
 use crate::key::{self, Key};
 use crate::state::View;
 use crate::validate::{Limits, NAME_BYTES_HARD_MAX};
-use crate::{FsmError, ReadScope, StoredResource};
+use crate::{FsmError, ReadScope, Selector, StoredResource};
 
 /// The byte budget of one page's encoded resources: a little under the 4 MiB
 /// a gRPC client decodes by default, leaving room for the rest of the answer
@@ -80,9 +80,17 @@ pub struct ListFilter<'a> {
     pub type_: &'a Type,
     pub tenancy: &'a Tenancy,
     pub name_prefix: &'a str,
+    /// Only resources whose metadata matches (None: all).
+    pub selector: Option<&'a Selector>,
 }
 
 impl ListFilter<'_> {
+    /// Whether `resource` passes the selector (decodes it only when there is one).
+    pub(crate) fn selects(&self, resource: &StoredResource) -> bool {
+        self.selector
+            .is_none_or(|s| s.is_empty() || s.matches(&resource.resource().metadata))
+    }
+
     /// FNV-1a 64 of the filter's fields, each closed by 0xFF (a byte UTF-8
     /// never holds, so no two filters share a byte string). Fixed forever:
     /// a token issued by one node is checked by another.
@@ -96,8 +104,14 @@ impl ListFilter<'_> {
             self.tenancy.namespace.as_str(),
             self.name_prefix,
         ];
+        // A selector is one more field, only when there is one: a listing without it keeps
+        // the fingerprint it had before selectors (its tokens cross an upgrade).
+        let selector = self
+            .selector
+            .filter(|s| !s.is_empty())
+            .map(|s| s.to_string());
         let mut hash = OFFSET_BASIS;
-        for field in fields {
+        for field in fields.into_iter().chain(selector.as_deref()) {
             for byte in field.bytes().chain([0xff]) {
                 hash ^= u64::from(byte);
                 hash = hash.wrapping_mul(PRIME);
@@ -213,8 +227,8 @@ impl PageToken {
         }
         if filter_fingerprint != filter.fingerprint() {
             return Err(invalid(
-                "belongs to another listing: its type, tenancy or name prefix differ from this \
-                 request's"
+                "belongs to another listing: its type, tenancy, name prefix or selector differ \
+                 from this request's"
                     .into(),
             ));
         }
@@ -314,7 +328,8 @@ impl View {
             .range::<_, str>((start, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .filter(|(k, _)| matcher.matches_key(k))
-            .filter(|(_, r)| visible.is_none_or(|v| v.shows_resource(r)));
+            .filter(|(_, r)| visible.is_none_or(|v| v.shows_resource(r)))
+            .filter(|(_, r)| filter.selects(r));
         let mut resources: Vec<StoredResource> = Vec::new();
         let mut bytes = 0usize;
         let mut last_key: Option<&Key> = None;
@@ -399,6 +414,7 @@ mod tests {
             type_: &t,
             tenancy: &ten,
             name_prefix: "na",
+            selector: None,
         };
         let original = token(42, &filter, "g\0K\0p\0ns\0name");
         let text = original.encode();
@@ -415,6 +431,7 @@ mod tests {
             type_: &t,
             tenancy: &everything,
             name_prefix: prefix,
+            selector: None,
         };
         let text = token(u64::MAX, &filter, &key).encode();
         assert!(text.len() <= PAGE_TOKEN_CHARS_MAX);
@@ -429,6 +446,7 @@ mod tests {
             type_: &t,
             tenancy: &ten,
             name_prefix: "",
+            selector: None,
         };
         let fp = filter.fingerprint();
         let good_key = b"g\0K\0p\0ns\0name";
@@ -472,6 +490,7 @@ mod tests {
                 type_: t,
                 tenancy: ten,
                 name_prefix: prefix,
+                selector: None,
             }
             .fingerprint()
         };

@@ -33,6 +33,51 @@ pub(crate) struct State {
     pub leases: OrdMap<u64, Lease>,
     /// (lease id, storage key) of every stored resource attached to a lease.
     pub lease_keys: OrdSet<(u64, Key)>,
+    /// Derived ([`crate::lifecycle`]): the owner prefixes (as in [`State::owned`]) of the
+    /// owners that are not stored (with that uid) while something names them: what the
+    /// leader collects.
+    pub dangling: OrdSet<Key>,
+    /// Derived: the storage keys of the marked resources holding the orphan finalizer.
+    pub orphaning: OrdSet<Key>,
+}
+
+/// The owner prefix (as the owner index keys it) of the resource stored at `key` with
+/// `uid`: its storage key, its uid, each followed by the separator.
+pub(crate) fn self_prefix(key: &str, uid: &str) -> Key {
+    let mut s = String::with_capacity(key.len() + uid.len() + 2);
+    s.push_str(key);
+    s.push(key::SEPARATOR);
+    s.push_str(uid);
+    s.push(key::SEPARATOR);
+    Key::from(s)
+}
+
+/// The storage key and uid an owner prefix names (the inverse of [`self_prefix`]).
+pub(crate) fn split_owner_prefix(prefix: &str) -> (&str, &str) {
+    let body = prefix.strip_suffix(key::SEPARATOR).unwrap_or(prefix);
+    match body.rfind(key::SEPARATOR) {
+        Some(at) => (&body[..at], &body[at + 1..]),
+        None => unreachable!("an owner prefix has six fields"),
+    }
+}
+
+/// The id (uid included, group version empty) an owner prefix names.
+pub(crate) fn owner_id_of_prefix(prefix: &str) -> Id {
+    let (storage_key, uid) = split_owner_prefix(prefix);
+    let [group, kind, partition, namespace, name] = key::fields(storage_key);
+    Id {
+        uid: uid.to_string(),
+        name: name.to_string(),
+        r#type: Some(Type {
+            group: group.to_string(),
+            group_version: String::new(),
+            kind: kind.to_string(),
+        }),
+        tenancy: Some(Tenancy {
+            partition: partition.to_string(),
+            namespace: namespace.to_string(),
+        }),
+    }
 }
 
 /// The type-and-tenancy part of a storage key (`group NUL kind NUL partition NUL
@@ -107,18 +152,124 @@ impl State {
         if let Some(new) = &value {
             self.account(key, new.accounted_bytes(key.len()), true);
         }
-        if let (Some(entry), Some(v)) = (new_entry, value) {
-            self.owned.insert(entry, v);
+        let old_prefix = previous
+            .as_ref()
+            .and_then(StoredResource::owner_entry)
+            .map(|e| Key::from(&e[..e.len() - key.len()]));
+        let new_prefix = new_entry
+            .as_ref()
+            .map(|e| Key::from(&e[..e.len() - key.len()]));
+        if let (Some(entry), Some(v)) = (new_entry, value.as_ref()) {
+            self.owned.insert(entry, v.clone());
         }
         assert!(
             self.owned.len() <= self.resources.len(),
             "owner index is never larger than the table"
         );
+        self.track_lifecycle(
+            key,
+            previous.as_ref(),
+            value.as_ref(),
+            old_prefix,
+            new_prefix,
+        );
         previous
+    }
+
+    /// Keeps the derived lifecycle indexes ([`State::dangling`], [`State::orphaning`]) in
+    /// step with a change at `key` from `previous` to `value`, whose owners' prefixes were
+    /// `old_prefix` and are `new_prefix`.
+    fn track_lifecycle(
+        &mut self,
+        key: &Key,
+        previous: Option<&StoredResource>,
+        value: Option<&StoredResource>,
+        old_prefix: Option<Key>,
+        new_prefix: Option<Key>,
+    ) {
+        match value.is_some_and(|v| v.lifecycle().orphaning) {
+            true => self.orphaning.insert(key.clone()),
+            false => self.orphaning.remove(key),
+        };
+        if self.owned.is_empty() && self.dangling.is_empty() {
+            return;
+        }
+        // As a dependent: the owner it named may have no dependent left; the one it names
+        // may not be stored.
+        if old_prefix != new_prefix {
+            if let Some(p) = &old_prefix {
+                if !self.has_owned_prefix(p) {
+                    self.dangling.remove(p);
+                }
+            }
+        }
+        if let Some(p) = &new_prefix {
+            let (owner_key, uid) = split_owner_prefix(p);
+            if !self
+                .resources
+                .get(owner_key)
+                .is_some_and(|o| o.uid() == uid)
+            {
+                self.dangling.insert(p.clone());
+            }
+        }
+        // As an owner: stored now, or gone with dependents left.
+        let old_self = previous.map(|r| self_prefix(key, r.uid()));
+        let new_self = value.map(|r| self_prefix(key, r.uid()));
+        if let Some(p) = &new_self {
+            self.dangling.remove(p);
+        }
+        if let Some(p) = old_self {
+            if Some(&p) != new_self.as_ref() && self.has_owned_prefix(&p) {
+                self.dangling.insert(p);
+            }
+        }
+        debug_assert!(
+            self.dangling.iter().all(|p| self.has_owned_prefix(p)),
+            "a dangling owner has dependents"
+        );
+    }
+
+    /// Whether anything names the owner of prefix `prefix`.
+    pub fn has_owned_prefix(&self, prefix: &str) -> bool {
+        self.owned
+            .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(prefix))
+    }
+
+    /// The dependents of the owner prefix `prefix`, in owner-index order.
+    pub fn owned_by_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a Key, &'a StoredResource)> + 'a {
+        self.owned
+            .range::<_, str>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(move |(k, _)| k.starts_with(prefix))
     }
 }
 
 impl State {
+    /// The owners the leader should propose a [`crate::Command::Collect`] for, at most
+    /// `max`: every orphaning owner, and every dangling owner with a dependent that is
+    /// not marked yet (a marked one waits for its finalizers). Each is an id with its uid
+    /// (and an empty group version).
+    pub fn collect_candidates(&self, max: usize) -> Vec<Id> {
+        let orphaning = self.orphaning.iter().filter_map(|key| {
+            let stored = self.resources.get(key)?;
+            Some(self_prefix(key, stored.uid()))
+        });
+        let dangling = self.dangling.iter().cloned().filter(|p| {
+            self.owned_by_prefix(p)
+                .any(|(_, dependent)| !dependent.lifecycle().marked)
+        });
+        orphaning
+            .chain(dangling)
+            .take(max)
+            .map(|p| owner_id_of_prefix(&p))
+            .collect()
+    }
+
     /// The storage keys of the resources attached to the lease `id`, in order.
     pub fn keys_of_lease(&self, id: u64) -> Vec<Key> {
         let start: (u64, Key) = (id, Key::from(""));
@@ -184,6 +335,12 @@ pub struct View {
 }
 
 impl View {
+    /// The owners whose dependents the leader should collect now, at most `max`
+    /// ([`crate::lifecycle`]; each an id with its uid).
+    pub fn collect_candidates(&self, max: usize) -> Vec<Id> {
+        self.state.collect_candidates(max)
+    }
+
     /// The applied index this view reflects.
     pub fn revision(&self) -> u64 {
         self.state.revision
@@ -219,6 +376,7 @@ impl View {
             type_,
             tenancy,
             name_prefix,
+            selector: None,
         };
         let page = self.list_page(&filter, None, None, crate::PageBounds::UNBOUNDED);
         assert!(page.next.is_none(), "an unbounded page ends the listing");

@@ -11,6 +11,7 @@ use crate::capacity::{self, SpaceRefusal, SpaceState, TenantGrowth};
 use crate::history::History;
 use crate::key::{self, Key};
 use crate::lease::{self, Lease, LeaseApplied};
+use crate::lifecycle;
 use crate::restore::{self, PendingRestore, PendingRestoreStatus};
 use crate::snapshot::{Restoration, Snapshot};
 use crate::state::{Change, State, View};
@@ -43,6 +44,11 @@ pub enum Applied {
     Capacity(SpaceState),
     /// What a lease command did ([`crate::lease`]).
     Lease(LeaseApplied),
+    /// A Delete that only marked the resource (it has finalizers, or it orphans what it
+    /// owns: [`crate::lifecycle`]): the resource as now stored.
+    Marked(StoredResource),
+    /// A [`Command::Collect`]: how many dependents (or the owner) it changed.
+    Collected { changed: u64 },
 }
 
 /// What readers see: the latest state and the history that leads to it.
@@ -465,9 +471,14 @@ impl Batch<'_> {
                 self.advance(index);
                 self.write(index, WriteInput::Borrowed(resource))
             }
-            Command::Delete { id, version } => {
+            Command::Delete {
+                id,
+                version,
+                now_ms,
+                orphan,
+            } => {
                 self.advance(index);
-                self.delete(index, id, version)
+                self.delete(index, id, version, *now_ms, *orphan)
             }
             // Rare or resource-carrying: one implementation, in `apply_owned`.
             Command::Batch { .. }
@@ -479,6 +490,7 @@ impl Batch<'_> {
             | Command::LeaseKeepAlive { .. }
             | Command::LeaseExpire { .. }
             | Command::Fenced { .. }
+            | Command::Collect { .. }
             | Command::ClusterVersion { .. } => self.apply_owned(index, command.clone()),
             other => self.restore(index, other),
         }
@@ -491,9 +503,14 @@ impl Batch<'_> {
                 self.advance(index);
                 self.write(index, WriteInput::Owned(resource))
             }
-            Command::Delete { id, version } => {
+            Command::Delete {
+                id,
+                version,
+                now_ms,
+                orphan,
+            } => {
                 self.advance(index);
-                self.delete(index, &id, &version)
+                self.delete(index, &id, &version, now_ms, orphan)
             }
             Command::Batch { commands } => {
                 self.advance(index);
@@ -503,7 +520,12 @@ impl Batch<'_> {
                         Command::Write { resource } => {
                             self.write(index, WriteInput::Owned(resource))
                         }
-                        Command::Delete { id, version } => self.delete(index, &id, &version),
+                        Command::Delete {
+                            id,
+                            version,
+                            now_ms,
+                            orphan,
+                        } => self.delete(index, &id, &version, now_ms, orphan),
                         _ => unreachable!("a batch holds only writes and deletes"),
                     })
                     .collect();
@@ -558,12 +580,12 @@ impl Batch<'_> {
                 assert!(previous.is_none(), "a granted lease id is new");
                 Ok(Applied::Lease(LeaseApplied::Granted(granted)))
             }
-            Command::LeaseRevoke { id } => {
+            Command::LeaseRevoke { id, now_ms } => {
                 self.advance(index);
                 self.writer.cluster.require(Feature::Leases)?;
                 let existed = self.writer.state.leases.contains_key(&id);
                 let deleted = if existed {
-                    self.end_lease(index, id)
+                    self.end_lease(index, id, now_ms)
                 } else {
                     0
                 };
@@ -586,7 +608,7 @@ impl Batch<'_> {
                     .collect();
                 Ok(Applied::Lease(LeaseApplied::KeptAlive(answers)))
             }
-            Command::LeaseExpire { leases } => {
+            Command::LeaseExpire { leases, now_ms } => {
                 self.advance(index);
                 self.writer.cluster.require(Feature::Leases)?;
                 let ids: Vec<u64> = leases.iter().map(|l| l.0).collect();
@@ -596,7 +618,7 @@ impl Batch<'_> {
                 for (id, judged_renewal) in leases {
                     let now = self.writer.state.leases.get(&id).copied();
                     if lease::expire_decision(now.as_ref(), judged_renewal) {
-                        deleted += self.end_lease(index, id);
+                        deleted += self.end_lease(index, id, now_ms);
                         expired.push(id);
                     }
                 }
@@ -608,7 +630,12 @@ impl Batch<'_> {
                 check_fence(&self.writer.state, &self.shared.apply_limits, &fence)?;
                 match *command {
                     Command::Write { resource } => self.write(index, WriteInput::Owned(resource)),
-                    Command::Delete { id, version } => self.delete(index, &id, &version),
+                    Command::Delete {
+                        id,
+                        version,
+                        now_ms,
+                        orphan,
+                    } => self.delete(index, &id, &version, now_ms, orphan),
                     Command::WriteStatus {
                         id,
                         key,
@@ -620,6 +647,16 @@ impl Batch<'_> {
                         "guards only a write, a delete or a status write",
                     )),
                 }
+            }
+            Command::Collect { owner, now_ms } => {
+                self.advance(index);
+                self.writer.cluster.require(Feature::Lifecycle)?;
+                validate_id("owner", &owner, &self.shared.apply_limits)?;
+                if owner.uid.is_empty() {
+                    return Err(FsmError::invalid("owner.uid", "must not be empty"));
+                }
+                let changed = self.collect(index, &owner, now_ms);
+                Ok(Applied::Collected { changed })
             }
             other => self.restore(index, &other),
         }
@@ -648,6 +685,7 @@ impl Batch<'_> {
             | Command::LeaseKeepAlive { .. }
             | Command::LeaseExpire { .. }
             | Command::Fenced { .. }
+            | Command::Collect { .. }
             | Command::WriteStatus { .. } => unreachable!("handled by the caller"),
         }
     }
@@ -690,23 +728,36 @@ impl Batch<'_> {
 
     /// Ends the lease `id` at `index` (the caller has advanced to it): deletes every
     /// resource attached to it (their watchers see the Deletes, at this revision), then
-    /// the lease. Returns how many resources went.
-    fn end_lease(&mut self, index: u64, id: u64) -> u64 {
+    /// the lease. From cluster version 0.2 one with finalizers is marked at `now_ms` and
+    /// detached instead ([`crate::lifecycle`]). Returns how many resources it changed.
+    fn end_lease(&mut self, index: u64, id: u64, now_ms: u64) -> u64 {
         let keys = self.writer.state.keys_of_lease(id);
+        let lifecycle = self.writer.cluster.require(Feature::Lifecycle).is_ok();
         for key in &keys {
             let w = &mut *self.writer;
-            let before = w.state.set(key, None);
-            assert!(
-                before.as_ref().map(StoredResource::lease) == Some(id),
-                "the lease index names a resource attached to the lease"
+            let Some(stored) = w.state.resources.get(key).cloned() else {
+                unreachable!("the lease index names stored resources")
+            };
+            assert_eq!(
+                stored.lease(),
+                id,
+                "the lease index names a resource attached to it"
             );
-            w.space = w.space.settle(w.state.usage.bytes);
-            self.remember(Change {
-                revision: index,
-                key: key.clone(),
-                before,
-                after: None,
-            });
+            let flags = stored.lifecycle();
+            let after = match lifecycle && (flags.finalizers || flags.marked) {
+                true => {
+                    let mut r = stored.resource();
+                    if !flags.marked {
+                        lifecycle::mark(&mut r, now_ms, false);
+                        r.generation = index.to_string();
+                    }
+                    r.lease = 0;
+                    r.version = index.to_string();
+                    Some(StoredResource::new(&r, key))
+                }
+                false => None,
+            };
+            self.change(index, key, after);
         }
         let w = &mut *self.writer;
         let removed = w.state.leases.remove(&id);
@@ -718,31 +769,137 @@ impl Batch<'_> {
         keys.len() as u64
     }
 
+    /// Stores `after` at `key` (None: removes what is there) at `index`, which the caller
+    /// has advanced to, as the store itself decided (a mark, a collection, a lease's end):
+    /// no write rule applies. Records the change for the history and the watches.
+    fn change(&mut self, index: u64, key: &Key, after: Option<StoredResource>) {
+        let w = &mut *self.writer;
+        let before = w.state.set(key, after.clone());
+        assert!(before.is_some(), "the store changes only what is stored");
+        w.space = w.space.settle(w.state.usage.bytes);
+        if after.is_some() {
+            w.version_issued_max = index;
+        }
+        self.remember(Change {
+            revision: index,
+            key: key.clone(),
+            before,
+            after,
+        });
+    }
+
+    /// One step of collecting the dependents of `owner` ([`Command::Collect`]): returns
+    /// how many resources it changed (0: nothing to do, the entry changes nothing).
+    fn collect(&mut self, index: u64, owner: &Id, now_ms: u64) -> u64 {
+        let prefix = key::owner_prefix(owner);
+        let state = &self.writer.state;
+        let stored_owner = key::with_storage_key(owner, |k| {
+            state
+                .resources
+                .get(k)
+                .filter(|o| o.uid() == owner.uid)
+                .map(|o| (Key::from(k), o.clone()))
+        });
+        let dependents = |unmarked_only: bool| -> Vec<(Key, StoredResource)> {
+            state
+                .owned_by_prefix(&prefix)
+                .filter(|(_, r)| !unmarked_only || !r.lifecycle().marked)
+                .take(lifecycle::COLLECT_BATCH_MAX)
+                .map(|(entry, r)| (Key::from(&entry[prefix.len()..]), r.clone()))
+                .collect()
+        };
+        match stored_owner {
+            // Gone: delete what it owned, marking what has finalizers.
+            None => {
+                let victims = dependents(true);
+                for (key, dependent) in &victims {
+                    let after = match dependent.lifecycle().finalizers {
+                        true => {
+                            let mut r = dependent.resource();
+                            lifecycle::mark(&mut r, now_ms, false);
+                            r.generation = index.to_string();
+                            r.version = index.to_string();
+                            Some(StoredResource::new(&r, key))
+                        }
+                        false => None,
+                    };
+                    self.change(index, key, after);
+                }
+                victims.len() as u64
+            }
+            // Being deleted with its dependents orphaned: clear their owner, then let it go.
+            Some((owner_key, stored)) if stored.lifecycle().orphaning => {
+                let victims = dependents(false);
+                for (key, dependent) in &victims {
+                    let mut r = dependent.resource();
+                    r.owner = None;
+                    r.version = index.to_string();
+                    self.change(index, key, Some(StoredResource::new(&r, key)));
+                }
+                let mut changed = victims.len() as u64;
+                if !self.writer.state.has_owned_prefix(&prefix) {
+                    let mut r = stored.resource();
+                    lifecycle::without_finalizer(&mut r, lifecycle::ORPHAN_FINALIZER);
+                    let after = match lifecycle::has_finalizers(&r.metadata) {
+                        true => {
+                            r.version = index.to_string();
+                            r.generation = index.to_string();
+                            Some(StoredResource::new(&r, &owner_key))
+                        }
+                        false => None,
+                    };
+                    self.change(index, &owner_key, after);
+                    changed += 1;
+                }
+                changed
+            }
+            // Stored again (or never gone): nothing to collect.
+            Some(_) => 0,
+        }
+    }
+
     /// A write at `index`, which the caller has advanced to (once per entry:
     /// the commands of a batch share it).
     fn write(&mut self, index: u64, input: WriteInput<'_>) -> Result<Applied, FsmError> {
-        let change = write(&mut self.writer, &self.shared.apply_limits, index, input)?;
-        let Some(after) = change.after.clone() else {
-            unreachable!("a write has an after-image")
-        };
+        let (change, written) = write(&mut self.writer, &self.shared.apply_limits, index, input)?;
+        assert!(
+            change
+                .after
+                .as_ref()
+                .is_none_or(|a| StoredResource::ptr_eq(a, &written)),
+            "a write stores what it answers, or removes the resource"
+        );
         self.remember(change);
-        Ok(Applied::Written(after))
+        Ok(Applied::Written(written))
     }
 
     /// A delete at `index`, which the caller has advanced to.
-    fn delete(&mut self, index: u64, id: &Id, version: &str) -> Result<Applied, FsmError> {
-        match delete(
-            &mut self.writer,
-            &self.shared.apply_limits,
-            index,
+    fn delete(
+        &mut self,
+        index: u64,
+        id: &Id,
+        version: &str,
+        now_ms: u64,
+        orphan: bool,
+    ) -> Result<Applied, FsmError> {
+        let asked = DeleteAsked {
             id,
             version,
-        )? {
-            Some(change) => {
+            now_ms,
+            orphan,
+        };
+        match delete(&mut self.writer, &self.shared.apply_limits, index, asked)? {
+            DeleteDone::Removed(change) => {
                 self.remember(change);
                 Ok(Applied::Deleted { existed: true })
             }
-            None => Ok(Applied::Deleted { existed: false }),
+            DeleteDone::Marked(change, stored) => {
+                if let Some(change) = change {
+                    self.remember(change);
+                }
+                Ok(Applied::Marked(stored))
+            }
+            DeleteDone::Nothing => Ok(Applied::Deleted { existed: false }),
         }
     }
 
@@ -818,13 +975,15 @@ impl Drop for Batch<'_> {
     }
 }
 
-/// The write rules, in the contract's order. Returns the change made.
+/// The write rules, in the contract's order. Returns the change made and the resource
+/// written (what the write answers; the change removes it when the write removed a marked
+/// resource's last finalizer).
 fn write(
     w: &mut Writer,
     limits: &Limits,
     index: u64,
     input: WriteInput<'_>,
-) -> Result<Change, FsmError> {
+) -> Result<(Change, StoredResource), FsmError> {
     let given = input.get();
     validate_write(given, limits)?;
     let Some(id) = given.id.as_ref() else {
@@ -863,14 +1022,43 @@ fn write(
             return Err(lease::no_such_lease(given.lease));
         }
     }
+    // The lifecycle rules (cluster version 0.2): the generation, and a marked resource may
+    // only lose finalizers (the last one going removes it).
+    let mut generation = None;
+    let mut removes = false;
+    if w.cluster.require(Feature::Lifecycle).is_ok() {
+        let stored = w.state.resources.get(&key).map(StoredResource::resource);
+        match stored
+            .as_ref()
+            .filter(|s| lifecycle::is_marked(&s.metadata))
+        {
+            Some(marked) => {
+                removes = lifecycle::marked_write(marked, given)? == lifecycle::MarkedWrite::Remove
+            }
+            None => lifecycle::unmarked_write(given)?,
+        }
+        generation = Some(lifecycle::generation(stored.as_ref(), given, index));
+    }
     // The capacity rules hold from cluster version 0.2 on: a 0.1 build applies none.
-    let capacity_rules = w.cluster.require(Feature::Capacity).is_ok();
+    let capacity_rules = w.cluster.require(Feature::Capacity).is_ok() && !removes;
     if capacity_rules {
         capacity::validate_quota_write(given)?;
     }
     // The final bytes are known only now (the version is this index): the
     // one encoding of this resource, which every answer will send.
-    let after = input.stored_with_version(index, &key);
+    let after = input.stored_with_version(index, generation, &key);
+    if removes {
+        let before = w.state.set(&key, None);
+        w.space = w.space.settle(w.state.usage.bytes);
+        w.version_issued_max = index;
+        let change = Change {
+            revision: index,
+            key,
+            before,
+            after: None,
+        };
+        return Ok((change, after));
+    }
     let growth = growth_over(
         w.state.resources.get(&key),
         after.accounted_bytes(key.len()),
@@ -895,12 +1083,13 @@ fn write(
     let before = w.state.set(&key, Some(after.clone()));
     w.space = w.space.settle(w.state.usage.bytes);
     w.version_issued_max = index;
-    Ok(Change {
+    let change = Change {
         revision: index,
         key,
         before,
-        after: Some(after),
-    })
+        after: Some(after.clone()),
+    };
+    Ok((change, after))
 }
 
 /// The fencing rule: the resource `fence.election` names (type, tenancy and name; no
@@ -1060,15 +1249,45 @@ fn with_status(
     Ok(resource)
 }
 
-/// The delete rules, in the contract's order. `None` = a no-op delete.
+/// A Delete as asked: the lifetime and version it names, the proposing leader's time and
+/// whether to orphan what the resource owns.
+struct DeleteAsked<'a> {
+    id: &'a Id,
+    version: &'a str,
+    now_ms: u64,
+    orphan: bool,
+}
+
+/// What a Delete did.
+enum DeleteDone {
+    /// Nothing stored, or another lifetime: nothing changed.
+    Nothing,
+    /// Removed.
+    Removed(Change),
+    /// Marked (the change; None if it was already marked), and the resource as stored.
+    Marked(Option<Change>, StoredResource),
+}
+
+/// The delete rules, in the contract's order, then the lifecycle's ([`crate::lifecycle`],
+/// cluster version 0.2): a resource with finalizers, or one whose dependents are to be
+/// orphaned, is only marked.
 fn delete(
     w: &mut Writer,
     limits: &Limits,
     index: u64,
-    id: &Id,
-    version: &str,
-) -> Result<Option<Change>, FsmError> {
+    asked: DeleteAsked<'_>,
+) -> Result<DeleteDone, FsmError> {
+    let DeleteAsked {
+        id,
+        version,
+        now_ms,
+        orphan,
+    } = asked;
     validate_id("id", id, limits)?;
+    let lifecycle_rules = w.cluster.require(Feature::Lifecycle).is_ok();
+    if orphan && !lifecycle_rules {
+        w.cluster.require(Feature::Lifecycle)?;
+    }
     let key = key::with_storage_key(id, |key| {
         let Some(stored) = w.state.resources.get(key) else {
             return Ok(None);
@@ -1082,20 +1301,52 @@ fn delete(
                 stored: Some(stored.version().to_string()),
             });
         }
-        Ok(Some(Key::from(key)))
+        Ok(Some((Key::from(key), stored.clone())))
     })?;
-    let Some(key) = key else {
-        return Ok(None);
+    let Some((key, stored)) = key else {
+        return Ok(DeleteDone::Nothing);
     };
-    let before = w.state.set(&key, None);
-    assert!(before.is_some(), "a delete removes what it found");
-    w.space = w.space.settle(w.state.usage.bytes);
-    Ok(Some(Change {
-        revision: index,
-        key,
-        before,
-        after: None,
-    }))
+    let outcome = match lifecycle_rules {
+        true => {
+            let flags = stored.lifecycle();
+            let dependents = orphan
+                && w.state
+                    .has_owned_prefix(&crate::state::self_prefix(&key, stored.uid()));
+            lifecycle::delete_decision(flags.marked, flags.finalizers, orphan, dependents)
+        }
+        false => lifecycle::DeleteOutcome::Remove,
+    };
+    match outcome {
+        lifecycle::DeleteOutcome::Remove => {
+            let before = w.state.set(&key, None);
+            assert!(before.is_some(), "a delete removes what it found");
+            w.space = w.space.settle(w.state.usage.bytes);
+            Ok(DeleteDone::Removed(Change {
+                revision: index,
+                key,
+                before,
+                after: None,
+            }))
+        }
+        lifecycle::DeleteOutcome::AlreadyMarked => Ok(DeleteDone::Marked(None, stored)),
+        lifecycle::DeleteOutcome::Mark { orphan } => {
+            let mut r = stored.resource();
+            lifecycle::mark(&mut r, now_ms, orphan);
+            r.version = index.to_string();
+            r.generation = index.to_string();
+            let after = StoredResource::new(&r, &key);
+            let before = w.state.set(&key, Some(after.clone()));
+            w.space = w.space.settle(w.state.usage.bytes);
+            w.version_issued_max = index;
+            let change = Change {
+                revision: index,
+                key,
+                before,
+                after: Some(after.clone()),
+            };
+            Ok(DeleteDone::Marked(Some(change), after))
+        }
+    }
 }
 
 /// A resource to write, borrowed from a command or moved out of one. Lives
@@ -1114,14 +1365,23 @@ impl WriteInput<'_> {
         }
     }
 
-    /// The resource stored with version `index`: the borrowed one is copied
-    /// first, the owned one is changed in place; either is encoded once.
-    fn stored_with_version(self, index: u64, key: &str) -> StoredResource {
+    /// The resource stored with version `index` (and `generation`, when the store sets
+    /// it): the borrowed one is copied first, the owned one is changed in place; either
+    /// is encoded once.
+    fn stored_with_version(
+        self,
+        index: u64,
+        generation: Option<String>,
+        key: &str,
+    ) -> StoredResource {
         let mut resource = match self {
             WriteInput::Borrowed(r) => r.clone(),
             WriteInput::Owned(r) => r,
         };
         resource.version = index.to_string();
+        if let Some(generation) = generation {
+            resource.generation = generation;
+        }
         StoredResource::new(&resource, key)
     }
 }

@@ -41,6 +41,19 @@ struct Inner {
     owner_entry: Option<Key>,
     /// The lease it is attached to (0: none).
     lease: u64,
+    /// Its lifecycle metadata ([`crate::lifecycle`]), read once when it is stored.
+    lifecycle: LifecycleFlags,
+}
+
+/// What [`crate::lifecycle`] needs to know of a stored resource without decoding it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LifecycleFlags {
+    /// It holds at least one finalizer.
+    pub finalizers: bool,
+    /// It is marked for deletion.
+    pub marked: bool,
+    /// It is marked and holds [`crate::lifecycle::ORPHAN_FINALIZER`].
+    pub orphaning: bool,
 }
 
 impl StoredResource {
@@ -56,6 +69,13 @@ impl StoredResource {
                 .as_ref()
                 .map(|owner| Key::from(key::owner_entry(owner, key))),
             lease: resource.lease,
+            lifecycle: LifecycleFlags {
+                finalizers: crate::lifecycle::has_finalizers(&resource.metadata),
+                marked: crate::lifecycle::is_marked(&resource.metadata),
+                orphaning: crate::lifecycle::is_marked(&resource.metadata)
+                    && crate::lifecycle::finalizers(&resource.metadata)
+                        .contains(&crate::lifecycle::ORPHAN_FINALIZER),
+            },
         }));
         debug_assert!(
             Resource::decode(stored.encoded().as_ref()).as_ref() == Ok(resource),
@@ -173,6 +193,11 @@ impl StoredResource {
     /// The lease it is attached to (0: none).
     pub fn lease(&self) -> u64 {
         self.0.lease
+    }
+
+    /// Its lifecycle metadata ([`crate::lifecycle`]).
+    pub(crate) fn lifecycle(&self) -> LifecycleFlags {
+        self.0.lifecycle
     }
 
     pub(crate) fn owner_entry(&self) -> Option<&Key> {

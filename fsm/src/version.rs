@@ -103,13 +103,16 @@ pub enum Feature {
     Capacity,
     /// Leases, writes attached to a lease, and fenced writes ([`crate::lease`]).
     Leases,
+    /// The store-set generation, finalizers and deletion marks, and the collection of
+    /// what a removed owner owned ([`crate::lifecycle`]).
+    Lifecycle,
 }
 
 impl Feature {
     /// The lowest cluster version that enables it.
     pub fn since(self) -> ClusterVersion {
         match self {
-            Feature::StatusWrites | Feature::Capacity | Feature::Leases => {
+            Feature::StatusWrites | Feature::Capacity | Feature::Leases | Feature::Lifecycle => {
                 ClusterVersion::new(0, 2)
             }
         }
@@ -121,6 +124,7 @@ impl Feature {
             Feature::StatusWrites => "WriteStatus",
             Feature::Capacity => "the space quota and its alarm",
             Feature::Leases => "leases and fenced writes",
+            Feature::Lifecycle => "finalizers, orphaning deletes and owner collection",
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::history::History;
 use crate::key::{self, Key};
 use crate::state::{Change, State};
 use crate::store::Shared;
-use crate::{FsmError, Limits, StoredResource};
+use crate::{FsmError, Limits, Selector, StoredResource};
 
 /// What a watch selects: the list rule (group + kind, tenancy with `*`,
 /// name prefix).
@@ -23,6 +23,34 @@ pub struct WatchFilter {
     pub type_: Type,
     pub tenancy: Tenancy,
     pub name_prefix: String,
+    /// Only resources whose metadata matches (None: all). A change that makes a resource
+    /// stop matching is sent as a Delete, one that makes it start as an Upsert.
+    pub selector: Option<Arc<Selector>>,
+}
+
+/// The event a watch with `selector` sees of `change`, if any: a resource that matches
+/// after the change is an Upsert; one that matched before and no longer does (or is
+/// gone) is a Delete, carrying the resource as now stored (or as last stored).
+pub(crate) fn selected_event(change: &Change, selector: &Selector) -> Option<Event> {
+    let matches = |r: &Option<StoredResource>| {
+        r.as_ref()
+            .is_some_and(|r| selector.matches(&r.resource().metadata))
+    };
+    let (before, after) = (matches(&change.before), matches(&change.after));
+    let (kind, resource) = match (&change.after, after, before) {
+        (Some(now), true, _) => (WatchEventKind::Upsert, now),
+        (Some(now), false, true) => (WatchEventKind::Delete, now),
+        (None, _, true) => match &change.before {
+            Some(last) => (WatchEventKind::Delete, last),
+            None => unreachable!("it matched before, so it was stored"),
+        },
+        (_, _, false) => return None,
+    };
+    Some(Event {
+        kind,
+        resource: Some(resource.clone()),
+        revision: change.revision,
+    })
 }
 
 /// The kind of a watch event.
@@ -165,6 +193,7 @@ struct Subscriber {
     id: u64,
     tenancy: Tenancy,
     name_prefix: String,
+    selector: Option<Arc<Selector>>,
     sender: mpsc::Sender<Buffered>,
     close_reason: CloseReason,
     unread: Unread,
@@ -263,6 +292,17 @@ impl Registry {
             if !key::tenancy_matches(&change.key, &s.tenancy, &s.name_prefix) {
                 return true;
             }
+            let selected;
+            let (event, size_bytes) = match s.selector.as_deref().filter(|x| !x.is_empty()) {
+                None => (&event, size_bytes),
+                Some(selector) => match selected_event(change, selector) {
+                    Some(e) => {
+                        selected = e;
+                        (&selected, size_bytes)
+                    }
+                    None => return true,
+                },
+            };
             let watch_unread = s.unread.watch_bytes.load(Ordering::SeqCst);
             if watch_unread + size_bytes > limits.watch_buffer_bytes_max {
                 let _first = s.close_reason.set(format!(
@@ -445,6 +485,7 @@ pub(crate) fn register(
             id,
             tenancy: filter.tenancy.clone(),
             name_prefix: filter.name_prefix.clone(),
+            selector: filter.selector.clone(),
             sender,
             close_reason: close_reason.clone(),
             unread: unread.clone(),
@@ -582,7 +623,13 @@ impl Watch {
                         .resources
                         .range::<_, str>((lower, Bound::Unbounded))
                         .take_while(|(k, _)| k.starts_with(scan_prefix))
-                        .filter(|(k, _)| self.matcher.matches_key(k));
+                        .filter(|(k, _)| self.matcher.matches_key(k))
+                        .filter(|(_, r)| {
+                            self.filter
+                                .selector
+                                .as_deref()
+                                .is_none_or(|s| s.is_empty() || s.matches(&r.resource().metadata))
+                        });
                     for (k, r) in scan.by_ref().take(SNAPSHOT_CHUNK_RESOURCES) {
                         ready.push_back(r.clone());
                         last = Some(k);
@@ -615,8 +662,16 @@ impl Watch {
             Phase::Replay { history, position } => {
                 while let Some(change) = history.get(*position) {
                     *position += 1;
-                    if self.matcher.matches_key(&change.key) {
-                        return Ok(Some(Event::of_change(change)));
+                    if !self.matcher.matches_key(&change.key) {
+                        continue;
+                    }
+                    match self.filter.selector.as_deref().filter(|s| !s.is_empty()) {
+                        None => return Ok(Some(Event::of_change(change))),
+                        Some(selector) => {
+                            if let Some(event) = selected_event(change, selector) {
+                                return Ok(Some(event));
+                            }
+                        }
                     }
                 }
                 self.phase = Phase::Live;

@@ -37,6 +37,8 @@ fn a_batch_applies_in_order_with_one_outcome_each_at_one_revision() {
                 Command::Delete {
                     id: id("u", "d"),
                     version: d.version().to_string(),
+                    now_ms: 0,
+                    orphan: false,
                 },
             ],
         },

@@ -262,7 +262,9 @@ fn the_check_before_proposing_agrees_with_apply() {
         .store
         .check_capacity(&Command::Delete {
             id: id("uid-a", "a"),
-            version: "1".into()
+            version: "1".into(),
+            now_ms: 0,
+            orphan: false,
         })
         .is_ok());
 }
@@ -342,6 +344,8 @@ fn command_of(step: &Step, store: &Store) -> Command {
             Command::Delete {
                 id: id(&format!("uid-{name}"), &name),
                 version: stored(&name),
+                now_ms: 0,
+                orphan: false,
             }
         }
         Step::Quota(bytes) => Command::Capacity {

@@ -120,6 +120,8 @@ fn samples() -> Vec<(&'static str, Command)> {
             Command::Delete {
                 id: id("Endpoint", "web-1", "01J9ZK3Q4V6W7X8Y9Z0A1B2C3E"),
                 version: "42".into(),
+                now_ms: 0,
+                orphan: false,
             },
         ),
         (
@@ -133,6 +135,8 @@ fn samples() -> Vec<(&'static str, Command)> {
                     Command::Delete {
                         id: id("Service", "old", "01J9ZK3Q4V6W7X8Y9Z0A1B2C41"),
                         version: "17".into(),
+                        now_ms: 0,
+                        orphan: false,
                     },
                 ],
             },
@@ -233,7 +237,10 @@ fn samples() -> Vec<(&'static str, Command)> {
             "command-lease-grant.bin",
             Command::LeaseGrant { ttl_ms: 10_000 },
         ),
-        ("command-lease-revoke.bin", Command::LeaseRevoke { id: 57 }),
+        (
+            "command-lease-revoke.bin",
+            Command::LeaseRevoke { id: 57, now_ms: 0 },
+        ),
         (
             "command-lease-keep-alive.bin",
             Command::LeaseKeepAlive { ids: vec![57, 58] },
@@ -242,6 +249,7 @@ fn samples() -> Vec<(&'static str, Command)> {
             "command-lease-expire.bin",
             Command::LeaseExpire {
                 leases: vec![(57, 60), (58, 61)],
+                now_ms: 0,
             },
         ),
         (
@@ -259,6 +267,38 @@ fn samples() -> Vec<(&'static str, Command)> {
                 command: Box::new(Command::Write {
                     resource: plain("api"),
                 }),
+            },
+        ),
+        // The lifecycle (cluster version 0.2): a delete proposed with the leader's time and
+        // orphaning, the lease commands with it, and a step of collection.
+        (
+            "command-delete-orphan.bin",
+            Command::Delete {
+                id: id("Thing", "api", "u1"),
+                version: "63".into(),
+                now_ms: 1_764_410_400_123,
+                orphan: true,
+            },
+        ),
+        (
+            "command-lease-revoke-at.bin",
+            Command::LeaseRevoke {
+                id: 57,
+                now_ms: 1_764_410_400_123,
+            },
+        ),
+        (
+            "command-lease-expire-at.bin",
+            Command::LeaseExpire {
+                leases: vec![(57, 60)],
+                now_ms: 1_764_410_400_123,
+            },
+        ),
+        (
+            "command-collect.bin",
+            Command::Collect {
+                owner: id("Thing", "api", "u1"),
+                now_ms: 1_764_410_400_123,
             },
         ),
     ]

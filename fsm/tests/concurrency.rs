@@ -130,6 +130,8 @@ fn apply_one(batch: &mut Batch<'_>, index: u64, versions: &mut BTreeMap<u64, (St
             let command = Command::Delete {
                 id: scratch_id(index - 2),
                 version: (index - 2).to_string(),
+                now_ms: 0,
+                orphan: false,
             };
             assert_eq!(
                 batch.apply(index, &command),

@@ -171,7 +171,9 @@ fn apply_owned_stores_the_same_as_apply() {
             2,
             Command::Delete {
                 id: id("u1", "web"),
-                version: "1".into()
+                version: "1".into(),
+                now_ms: 0,
+                orphan: false,
             }
         ),
         Ok(Applied::Deleted { existed: true })
@@ -1338,7 +1340,9 @@ fn a_batch_is_invisible_until_it_ends_and_then_sends_its_events_in_order() {
             4,
             &Command::Delete {
                 id: id("u", "a"),
-                version: "1".into()
+                version: "1".into(),
+                now_ms: 0,
+                orphan: false,
             }
         ),
         Err(FsmError::CasFailure {

@@ -55,6 +55,8 @@ fn seeds() -> Vec<Vec<u8>> {
         Command::Delete {
             id: id("a"),
             version: "3".into(),
+            now_ms: 0,
+            orphan: false,
         },
         Command::RestoreBegin {
             restore_id: "r1".into(),
@@ -79,6 +81,8 @@ fn seeds() -> Vec<Vec<u8>> {
                 Command::Delete {
                     id: id("b"),
                     version: String::new(),
+                    now_ms: 0,
+                    orphan: false,
                 },
             ],
         },

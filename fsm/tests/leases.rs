@@ -80,7 +80,13 @@ fn a_revoked_lease_takes_its_resources_and_their_watchers_see_the_deletes() {
         )
         .unwrap();
 
-    let revoked = lease_applied(&mut log, Command::LeaseRevoke { id: lease.id });
+    let revoked = lease_applied(
+        &mut log,
+        Command::LeaseRevoke {
+            id: lease.id,
+            now_ms: 0,
+        },
+    );
     assert_eq!(
         revoked,
         LeaseApplied::Revoked {
@@ -109,7 +115,13 @@ fn a_revoked_lease_takes_its_resources_and_their_watchers_see_the_deletes() {
     assert!(view.lease(lease.id).is_none());
     // Revoking again changes nothing; a write naming the dead lease is refused.
     assert_eq!(
-        lease_applied(&mut log, Command::LeaseRevoke { id: lease.id }),
+        lease_applied(
+            &mut log,
+            Command::LeaseRevoke {
+                id: lease.id,
+                now_ms: 0
+            }
+        ),
         LeaseApplied::Revoked {
             existed: false,
             deleted: 0
@@ -131,7 +143,13 @@ fn a_write_without_the_lease_detaches_the_resource() {
     again.version = stored.version().to_string();
     log.put(again);
     assert_eq!(log.store.view().lease(lease.id).map(|l| l.1), Some(0));
-    lease_applied(&mut log, Command::LeaseRevoke { id: lease.id });
+    lease_applied(
+        &mut log,
+        Command::LeaseRevoke {
+            id: lease.id,
+            now_ms: 0,
+        },
+    );
     assert_eq!(log.store.view().len(), 1, "a detached resource stays");
 }
 
@@ -156,6 +174,7 @@ fn an_expiry_loses_to_a_keep_alive_applied_after_its_verdict() {
         &mut log,
         Command::LeaseExpire {
             leases: vec![(lease.id, lease.renewed_revision)],
+            now_ms: 0,
         },
     );
     assert_eq!(
@@ -171,6 +190,7 @@ fn an_expiry_loses_to_a_keep_alive_applied_after_its_verdict() {
         &mut log,
         Command::LeaseExpire {
             leases: vec![(lease.id, renewed)],
+            now_ms: 0,
         },
     );
     assert_eq!(
@@ -207,6 +227,7 @@ fn a_fence_refuses_the_writes_of_a_deposed_holder() {
         &mut log,
         Command::LeaseExpire {
             leases: vec![(first.id, first.renewed_revision)],
+            now_ms: 0,
         },
     );
     let why = failed_precondition(apply(&mut log, fenced(token, "late")));
@@ -239,6 +260,8 @@ fn a_fence_refuses_the_writes_of_a_deposed_holder() {
         command: Box::new(Command::Delete {
             id: id("uid-by-second", "by-second"),
             version: String::new(),
+            now_ms: 0,
+            orphan: false,
         }),
     };
     failed_precondition(apply(&mut log, delete));
@@ -300,7 +323,13 @@ fn leases_survive_a_snapshot_and_an_online_restore_exactly() {
     assert_eq!(attached, 1);
     assert_eq!(restored.renewed_revision, target.index);
     // Revoking the restored lease takes the restored resource.
-    lease_applied(&mut target, Command::LeaseRevoke { id: lease.id });
+    lease_applied(
+        &mut target,
+        Command::LeaseRevoke {
+            id: lease.id,
+            now_ms: 0,
+        },
+    );
     assert!(target.store.view().is_empty());
     // A grant after a restore that brought higher ids gets an id above them.
     let mut high = at_0_2();

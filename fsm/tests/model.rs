@@ -622,7 +622,15 @@ fn mutate(op: Op, model: &mut Model, target: &mut Target<'_, '_>) -> Result<(), 
             let version = resolve_version(model, &k, version);
             let id = make_id(key, &uid, GROUP_VERSIONS[group_version]);
             let expected = model.delete(&id, &version);
-            let actual = target.apply(model.applied, Command::Delete { id, version });
+            let actual = target.apply(
+                model.applied,
+                Command::Delete {
+                    id,
+                    version,
+                    now_ms: 0,
+                    orphan: false,
+                },
+            );
             prop_assert_eq!(actual, expected);
         }
         Op::Noop => {
@@ -726,6 +734,7 @@ fn run(limits: Limits, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     type_: ty(g, "", k),
                     tenancy: tenancy(PARTITIONS[partition], NAMESPACES[namespace]),
                     name_prefix: PREFIXES[prefix].into(),
+                    selector: None,
                 };
                 let start_revision = match start {
                     Start::Snapshot => 0,

@@ -138,6 +138,7 @@ fn pages_follow_storage_key_order_and_together_are_the_list() {
             type_: &services,
             tenancy: &ten,
             name_prefix: prefix,
+            selector: None,
         };
         let all = view.list(&services, &ten, prefix);
         for size in 1..=9 {
@@ -177,6 +178,7 @@ fn a_page_counts_only_what_the_caller_may_see() {
         type_: &services(),
         tenancy: &everything,
         name_prefix: "",
+        selector: None,
     };
     let pages = listing(&view, &filter, Some(&scope), bounds(2));
     assert_eq!(pages.len(), 2);
@@ -224,6 +226,7 @@ fn a_page_ends_before_its_byte_budget_but_holds_at_least_one_resource() {
         type_: &services(),
         tenancy: &ten,
         name_prefix: "",
+        selector: None,
     };
     let budget = PageBounds {
         resources_max: 100,
@@ -265,6 +268,7 @@ fn later_pages_read_the_first_pages_revision_while_the_table_changes() {
         type_: &services(),
         tenancy: &ten,
         name_prefix: "",
+        selector: None,
     };
     let first_view = log.store.view();
     let expected = keys(&first_view.list(&services(), &ten, ""));
@@ -321,6 +325,7 @@ fn a_token_of_a_compacted_revision_cannot_be_served() {
         type_: &services(),
         tenancy: &ten,
         name_prefix: "",
+        selector: None,
     };
     let token = log
         .store
@@ -352,6 +357,7 @@ fn a_page_read_at_another_revision_than_its_token_is_a_bug() {
         type_: &services(),
         tenancy: &ten,
         name_prefix: "",
+        selector: None,
     };
     let token = log
         .store
@@ -398,7 +404,7 @@ proptest! {
         let view = log.store.view();
         let ten = tenancy(partition, namespace);
         let t: Type = services();
-        let filter = ListFilter { type_: &t, tenancy: &ten, name_prefix: &prefix };
+        let filter = ListFilter { type_: &t, tenancy: &ten, name_prefix: &prefix, selector: None };
         let budget = PageBounds { resources_max, bytes_max };
         let pages = listing(&view, &filter, None, budget);
         prop_assert_eq!(keys(&flatten(&pages)), keys(&view.list(&t, &ten, &prefix)));
@@ -416,7 +422,7 @@ proptest! {
         // Arbitrary text, and arbitrary records in valid base64: refused on page_token or read.
         let ten = tenancy("*", "*");
         let t = services();
-        let filter = ListFilter { type_: &t, tenancy: &ten, name_prefix: "" };
+        let filter = ListFilter { type_: &t, tenancy: &ten, name_prefix: "", selector: None };
         for candidate in [text, URL_SAFE_NO_PAD.encode(&raw)] {
             match PageToken::decode(&candidate, &filter) {
                 Ok(token) => prop_assert_eq!(PageToken::decode(&token.encode(), &filter), Ok(token)),
@@ -439,7 +445,7 @@ proptest! {
         }
         let ten = tenancy("default", "*");
         let t = services();
-        let filter = ListFilter { type_: &t, tenancy: &ten, name_prefix: "n" };
+        let filter = ListFilter { type_: &t, tenancy: &ten, name_prefix: "n", selector: None };
         let token = log.store.view().list_page(&filter, None, None, bounds(1)).next.unwrap();
         let text = token.encode();
         let edited = if on_text {

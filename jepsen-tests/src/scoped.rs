@@ -353,6 +353,7 @@ async fn watcher(client: Client, scope: usize, audit: Arc<Audit>, stop: Arc<Atom
             name_prefix: String::new(),
             start_revision,
             consistency: Consistency::Eventual as i32,
+            selector: String::new(),
         };
         let mut stream = match client.watch_list(request).await {
             Ok(s) => s,

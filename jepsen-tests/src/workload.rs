@@ -1122,6 +1122,7 @@ async fn watcher(
             name_prefix: String::new(),
             start_revision,
             consistency: Consistency::Eventual as i32,
+            selector: String::new(),
         };
         let mut stream = match client.watch_list(request).await {
             Ok(s) => s,

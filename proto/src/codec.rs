@@ -7,7 +7,7 @@
 //! of two up to twice its size, and held the last two at once while copying:
 //! about 2.7 times the answer at the peak. Reserved up front, an answer takes
 //! one allocation of its own size (measured by the paging test: a node's peak
-//! growth while `cairn list` pages 100,000 resources, `cli/tests/pages.rs`).
+//! growth while `cairn list` pages 100,000 resources, `cli/tests/system/pages.rs`).
 //!
 //! Decoding is prost's, unchanged.
 

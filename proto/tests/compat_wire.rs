@@ -193,6 +193,7 @@ fn samples() -> Vec<Row> {
                 fence: None,
                 id: Some(id("Endpoint", "web-1", "01J9ZK3Q4V6W7X8Y9Z0A1B2C3E")),
                 version: "57".into(),
+                orphan_dependents: false,
             },
         ),
         row(
@@ -251,6 +252,7 @@ fn samples() -> Vec<Row> {
                     revision: 60,
                     limit: 3,
                     page_token: "AAAAAAAAADwFd2ViLTE".into(),
+                    selector: String::new(),
                 }),
                 read_scope: Some(pb::ReadScope {
                     any_of: vec![

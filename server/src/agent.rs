@@ -449,6 +449,10 @@ impl Agent {
             "lease expiry",
             crate::raft::leases::expire_leases(raft.clone()),
         );
+        tasks.spawn(
+            "owner collection",
+            crate::raft::collector::collect_dependents(raft.clone()),
+        );
         let (fatal_sender, fatal) = watch::channel(None);
         tasks.spawn(
             "core watcher",

@@ -271,17 +271,11 @@ impl ResourceApi for InProcessClient {
         })
     }
 
-    fn delete(&self, id: Id, version: String) -> ApiFuture<'_, u64> {
+    fn delete_request(&self, request: pb::DeleteRequest) -> ApiFuture<'_, pb::DeleteResponse> {
         Box::pin(async move {
-            let request = pb::DeleteRequest {
-                id: Some(id),
-                version,
-                fence: None,
-            };
             self.api
                 .delete(request, self.deadline())
                 .await
-                .map(|answer| answer.revision)
                 .map_err(|e| ClientError::from_node_answer(e, Operation::Mutation))
         })
     }

@@ -119,6 +119,7 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
             type_: &list_type,
             tenancy: &list_tenancy,
             name_prefix: "a",
+            selector: None,
         }),
         r#type: Some(list_type.clone()),
         tenancy: Some(list_tenancy.clone()),
@@ -126,6 +127,7 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
         consistency: 1,
         revision: 2,
         limit: 10,
+        selector: "app=web,env in (prod)".into(),
     };
     vec![
         (
@@ -151,6 +153,7 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
                 fence: None,
                 id: Some(id("a")),
                 version: "3".into(),
+                orphan_dependents: false,
             }
             .encode_to_vec(),
         ),

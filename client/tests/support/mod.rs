@@ -82,6 +82,8 @@ impl Backing {
         self.apply(&Command::Delete {
             id: exact,
             version: stored.version().to_string(),
+            now_ms: 0,
+            orphan: false,
         })
         .expect("remove applies");
     }
@@ -291,6 +293,8 @@ impl ResourceService for Service {
             .apply(&Command::Delete {
                 id,
                 version: r.version,
+                now_ms: 0,
+                orphan: false,
             })
             .map_err(status)?;
         self.after_apply().await;
@@ -324,6 +328,7 @@ impl ResourceService for Service {
             type_: &type_,
             tenancy: &tenancy,
             name_prefix: &r.name_prefix,
+            selector: None,
         };
         let token = match r.page_token.as_str() {
             "" => None,
@@ -405,6 +410,7 @@ impl ResourceService for Service {
             type_,
             tenancy: r.tenancy.unwrap_or_default(),
             name_prefix: r.name_prefix,
+            selector: None,
         };
         let watch = self
             .backing

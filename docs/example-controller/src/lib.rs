@@ -303,15 +303,12 @@ impl ResourceApi for Fenced {
         })
     }
 
-    fn delete(&self, id: Id, version: String) -> cairn_client::api::ApiFuture<'_, u64> {
-        Box::pin(async move {
-            let request = cairn_proto::v1::DeleteRequest {
-                id: Some(id),
-                version,
-                fence: Some(self.fence.clone()),
-            };
-            self.client.delete_request(request).await
-        })
+    fn delete_request(
+        &self,
+        mut request: cairn_proto::v1::DeleteRequest,
+    ) -> cairn_client::api::ApiFuture<'_, cairn_proto::v1::DeleteResponse> {
+        request.fence = Some(self.fence.clone());
+        Box::pin(async move { self.client.delete_request(request).await })
     }
 
     fn write_status(

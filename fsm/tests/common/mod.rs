@@ -66,6 +66,7 @@ pub fn filter(type_: Type, tenancy: Tenancy, name_prefix: &str) -> WatchFilter {
         type_,
         tenancy,
         name_prefix: name_prefix.into(),
+        selector: None,
     }
 }
 
@@ -107,6 +108,8 @@ impl Log {
             &Command::Delete {
                 id,
                 version: version.into(),
+                now_ms: 0,
+                orphan: false,
             },
         )
     }

@@ -845,10 +845,11 @@ impl Candidate {
                 id: Some(election_id(uid)),
                 version: token.to_string(),
                 fence: Some(fence(token)),
+                orphan_dependents: false,
             })
             .await;
         match answer {
-            Ok(revision) => op.ok(Value::Int(revision as i64)),
+            Ok(answer) => op.ok(Value::Int(answer.revision as i64)),
             Err(ClientError::FailedPrecondition(message)) if message.contains("fence") => {
                 op.complete(Outcome::Fail, refusal(REFUSED_BY_FENCE, &message))
             }
@@ -934,6 +935,7 @@ async fn watcher(
             name_prefix: ELECTION_KEY.into(),
             start_revision,
             consistency: Consistency::Eventual as i32,
+            selector: String::new(),
         };
         let mut stream = match client.watch_list(request).await {
             Ok(s) => s,

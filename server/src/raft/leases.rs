@@ -145,6 +145,7 @@ pub async fn expire_leases(raft: super::RaftHandle) {
             match raft
                 .propose(Command::LeaseExpire {
                     leases: leases.to_vec(),
+                    now_ms: cairn_forwarding::wall_clock_ms(),
                 })
                 .await
             {
@@ -236,7 +237,9 @@ mod tests {
         assert!(clock.expired(&store.view(), 50_999).is_empty());
         assert_eq!(clock.expired(&store.view(), 51_000).len(), 1);
         // A revoked lease is forgotten.
-        store.apply(3, &Command::LeaseRevoke { id: 2 }).unwrap();
+        store
+            .apply(3, &Command::LeaseRevoke { id: 2, now_ms: 0 })
+            .unwrap();
         clock.observe(&store.view(), 51_000);
         assert!(clock.seen.lock().is_empty());
     }

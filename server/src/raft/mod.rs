@@ -6,6 +6,7 @@
 pub mod capacity;
 mod check_quorum;
 pub mod cluster_version;
+pub mod collector;
 pub mod contacts;
 mod identity;
 mod leadership;

@@ -159,6 +159,10 @@ enum ReplyWire {
     Capacity(u64, Option<u64>),
     /// What a lease command did.
     Lease(LeaseWire),
+    /// A delete that only marked: the stored resource's encoding.
+    Marked(#[serde(with = "serde_bytes_compat")] Bytes),
+    /// A collection step: how many resources it changed.
+    Collected(u64),
 }
 
 /// [`cairn_fsm::LeaseApplied`], field by field.
@@ -231,6 +235,8 @@ impl ReplyWire {
                 ReplyWire::Capacity(space.quota_bytes, space.alarm_index)
             }
             Ok(Applied::Lease(applied)) => ReplyWire::Lease(LeaseWire::of(applied)),
+            Ok(Applied::Marked(resource)) => ReplyWire::Marked(resource.encoded().clone()),
+            Ok(Applied::Collected { changed }) => ReplyWire::Collected(*changed),
             Ok(Applied::Batch(results)) => ReplyWire::Batch(
                 results
                     .iter()
@@ -282,6 +288,12 @@ impl<'de> Deserialize<'de> for Reply {
                 }))
             }
             ReplyWire::Lease(wire) => Ok(Applied::Lease(wire.applied())),
+            ReplyWire::Marked(bytes) => {
+                let resource: pb::Resource =
+                    prost::Message::decode(bytes).map_err(serde::de::Error::custom)?;
+                Ok(Applied::Marked(StoredResource::from_resource(&resource)))
+            }
+            ReplyWire::Collected(changed) => Ok(Applied::Collected { changed }),
             // A reply only ever goes to the proposer on the node that applied
             // the entry (openraft never sends it); a batch's per-command fsm
             // errors have no lossless way back from the wire form.
