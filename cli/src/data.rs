@@ -63,8 +63,8 @@ use bytes::Bytes;
 use cairn_client::{Client, ClientError, ClientOptions, Outcome};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{
-    watch_event, Consistency, Id, ListRequest, Resource, Status, Tenancy, Type, WatchEvent,
-    WatchListRequest, WriteStatusRequest,
+    watch_event, Consistency, DeleteRequest, DeleteResponse, Id, ListRequest, Resource, Status,
+    Tenancy, Type, WatchEvent, WatchListRequest, WriteStatusRequest,
 };
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -193,6 +193,10 @@ pub struct DeleteArgs {
     /// Delete only this version (compare-and-set).
     #[arg(long)]
     pub version: Option<String>,
+    /// Keep what the resource owns: their owner reference is cleared instead of their
+    /// being deleted with it (cluster version 0.2).
+    #[arg(long)]
+    pub orphan: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -453,14 +457,21 @@ async fn execute(command: DataCommand, out: &mut (dyn Write + Send)) -> Result<u
             let deleted = match a.version {
                 Some(version) => {
                     let exact = with_stored_uid(&client, id, c.consistency.into()).await?;
-                    client.delete(exact.clone(), version.clone()).await?;
-                    Some(Resource {
+                    let request = DeleteRequest {
+                        id: Some(exact.clone()),
+                        version: version.clone(),
+                        fence: None,
+                        orphan_dependents: a.orphan,
+                    };
+                    let answer = client.delete_request(request).await?;
+                    let resource = Resource {
                         id: Some(exact),
                         version,
                         ..Default::default()
-                    })
+                    };
+                    Some((resource, answer))
                 }
-                None => client.delete_current(id).await?,
+                None => client.delete_current_request(id, a.orphan).await?,
             };
             print_deleted(out, c.global.output, deleted.as_ref())?;
         }
@@ -1092,20 +1103,25 @@ impl ListingPrinter {
 fn print_deleted(
     out: &mut (dyn Write + Send),
     format: OutputFormat,
-    deleted: Option<&Resource>,
+    deleted: Option<&(Resource, DeleteResponse)>,
 ) -> Result<(), ClientError> {
     let written = match (format, deleted) {
-        (OutputFormat::Json, Some(r)) => writeln!(
+        (OutputFormat::Json, Some((r, answer))) => writeln!(
             out,
             "{:#}",
-            json!({"deleted": true, "resource": resource_to_json(r)})
+            json!({"deleted": true, "marked": answer.marked, "revision": answer.revision,
+                   "resource": resource_to_json(r)})
         ),
         (OutputFormat::Json, None) => writeln!(out, "{:#}", json!({"deleted": false})),
-        (OutputFormat::Table, Some(r)) => {
+        (OutputFormat::Table, Some((r, answer))) => {
             let row = row_of(r);
+            let what = match answer.marked {
+                true => "marked for deletion (it has finalizers: it goes when they are removed)",
+                false => "deleted",
+            };
             writeln!(
                 out,
-                "deleted {} {} in {} (version {}, uid {})",
+                "{what} {} {} in {} (version {}, uid {})",
                 row[0], row[1], row[2], row[3], row[4]
             )
         }

@@ -2,7 +2,7 @@
 //! generated uid, create-if-absent, read-modify-write with CAS retry, and
 //! delete of whatever is current.
 
-use cairn_proto::v1::{Consistency, Id, Resource};
+use cairn_proto::v1::{Consistency, DeleteRequest, DeleteResponse, Id, Resource};
 
 use crate::error::{ClientError, Outcome};
 use crate::Client;
@@ -107,15 +107,34 @@ impl Client {
     /// version, then deletes by CAS, starting over on a conflict. Returns the
     /// resource as it was when deleted, `None` when nothing was stored.
     pub async fn delete_current(&self, id: Id) -> Result<Option<Resource>, ClientError> {
+        Ok(self
+            .delete_current_request(id, false)
+            .await?
+            .map(|(r, _)| r))
+    }
+
+    /// As [`Client::delete_current`], keeping what the resource owns when `orphan`
+    /// (`orphan_dependents`); also returns the answer, which says whether the resource
+    /// was only marked for deletion (it has finalizers).
+    pub async fn delete_current_request(
+        &self,
+        id: Id,
+        orphan: bool,
+    ) -> Result<Option<(Resource, DeleteResponse)>, ClientError> {
         for _ in 0..self.options().cas_attempts_max {
             let current = match self.read_any_group_version(id.clone()).await {
                 Ok(current) => current,
                 Err(ClientError::NotFound) => return Ok(None),
                 Err(e) => return Err(e),
             };
-            let exact = current.id.clone().unwrap_or_default();
-            match self.delete(exact, current.version.clone()).await {
-                Ok(_) => return Ok(Some(current)),
+            let request = DeleteRequest {
+                id: current.id.clone(),
+                version: current.version.clone(),
+                fence: None,
+                orphan_dependents: orphan,
+            };
+            match self.delete_request(request).await {
+                Ok(answer) => return Ok(Some((current, answer))),
                 Err(e) if e.is_cas_conflict() => continue,
                 Err(e) => return Err(e),
             }

@@ -34,35 +34,16 @@ use cairn_proto::v1::Resource;
 
 use crate::FsmError;
 
-/// The metadata key of a resource's finalizers: names separated by white space.
-pub const FINALIZERS: &str = "finalizers";
-/// The metadata key of a deletion mark: the RFC 3339 time the resource was marked.
-pub const DELETION_TIMESTAMP: &str = "deletionTimestamp";
-/// The finalizer an orphaning Delete adds to a resource that owns others: the collection
-/// removes it once every dependent's owner reference is cleared.
-pub const ORPHAN_FINALIZER: &str = "cairn.io/orphan";
+pub use cairn_proto::lifecycle::{finalizers, DELETION_TIMESTAMP, FINALIZERS, ORPHAN_FINALIZER};
 /// The most dependents one [`crate::Command::Collect`] entry deletes, marks or orphans.
 pub const COLLECT_BATCH_MAX: usize = 256;
 
-/// The finalizers of a resource's metadata, in order.
-pub fn finalizers(metadata: &BTreeMap<String, String>) -> Vec<&str> {
-    metadata
-        .get(FINALIZERS)
-        .map(|f| f.split_whitespace().collect())
-        .unwrap_or_default()
-}
-
 /// Whether the metadata holds at least one finalizer.
 pub fn has_finalizers(metadata: &BTreeMap<String, String>) -> bool {
-    metadata
-        .get(FINALIZERS)
-        .is_some_and(|f| f.split_whitespace().next().is_some())
+    !finalizers(metadata).is_empty()
 }
 
-/// Whether the resource is marked for deletion.
-pub fn is_marked(metadata: &BTreeMap<String, String>) -> bool {
-    metadata.contains_key(DELETION_TIMESTAMP)
-}
+pub use cairn_proto::lifecycle::is_marked;
 
 /// The generation a write stores: the stored one when neither `data` nor `metadata`
 /// changes, else the write's own version (`index`).
@@ -107,31 +88,15 @@ pub fn mark(resource: &mut Resource, now_ms: u64, orphan: bool) {
     resource
         .metadata
         .insert(DELETION_TIMESTAMP.to_string(), timestamp_of_ms(now_ms));
-    if orphan {
-        let mut names = finalizers(&resource.metadata);
-        if !names.contains(&ORPHAN_FINALIZER) {
-            names.push(ORPHAN_FINALIZER);
-        }
-        let joined = names.join(" ");
-        resource.metadata.insert(FINALIZERS.to_string(), joined);
+    if orphan && !finalizers(&resource.metadata).contains(&ORPHAN_FINALIZER) {
+        cairn_proto::lifecycle::set_finalizer(&mut resource.metadata, ORPHAN_FINALIZER, true);
     }
     assert!(is_marked(&resource.metadata));
 }
 
 /// `resource` without the finalizer `name` (the key goes when the list empties).
 pub fn without_finalizer(resource: &mut Resource, name: &str) {
-    let kept: Vec<String> = finalizers(&resource.metadata)
-        .into_iter()
-        .filter(|f| *f != name)
-        .map(str::to_string)
-        .collect();
-    if kept.is_empty() {
-        resource.metadata.remove(FINALIZERS);
-    } else {
-        resource
-            .metadata
-            .insert(FINALIZERS.to_string(), kept.join(" "));
-    }
+    cairn_proto::lifecycle::set_finalizer(&mut resource.metadata, name, false);
 }
 
 /// The RFC 3339 form of a Unix time in milliseconds.

@@ -744,19 +744,14 @@ impl Batch<'_> {
                 "the lease index names a resource attached to it"
             );
             let flags = stored.lifecycle();
-            let after = match lifecycle && (flags.finalizers || flags.marked) {
-                true => {
-                    let mut r = stored.resource();
+            let after = (lifecycle && (flags.finalizers || flags.marked)).then(|| {
+                rewritten(&stored, key, index, |r| {
                     if !flags.marked {
-                        lifecycle::mark(&mut r, now_ms, false);
-                        r.generation = index.to_string();
+                        lifecycle::mark(r, now_ms, false);
                     }
                     r.lease = 0;
-                    r.version = index.to_string();
-                    Some(StoredResource::new(&r, key))
-                }
-                false => None,
-            };
+                })
+            });
             self.change(index, key, after);
         }
         let w = &mut *self.writer;
@@ -813,16 +808,9 @@ impl Batch<'_> {
             None => {
                 let victims = dependents(true);
                 for (key, dependent) in &victims {
-                    let after = match dependent.lifecycle().finalizers {
-                        true => {
-                            let mut r = dependent.resource();
-                            lifecycle::mark(&mut r, now_ms, false);
-                            r.generation = index.to_string();
-                            r.version = index.to_string();
-                            Some(StoredResource::new(&r, key))
-                        }
-                        false => None,
-                    };
+                    let after = dependent.lifecycle().finalizers.then(|| {
+                        rewritten(dependent, key, index, |r| lifecycle::mark(r, now_ms, false))
+                    });
                     self.change(index, key, after);
                 }
                 victims.len() as u64
@@ -831,23 +819,15 @@ impl Batch<'_> {
             Some((owner_key, stored)) if stored.lifecycle().orphaning => {
                 let victims = dependents(false);
                 for (key, dependent) in &victims {
-                    let mut r = dependent.resource();
-                    r.owner = None;
-                    r.version = index.to_string();
-                    self.change(index, key, Some(StoredResource::new(&r, key)));
+                    let after = rewritten(dependent, key, index, |r| r.owner = None);
+                    self.change(index, key, Some(after));
                 }
                 let mut changed = victims.len() as u64;
                 if !self.writer.state.has_owned_prefix(&prefix) {
-                    let mut r = stored.resource();
-                    lifecycle::without_finalizer(&mut r, lifecycle::ORPHAN_FINALIZER);
-                    let after = match lifecycle::has_finalizers(&r.metadata) {
-                        true => {
-                            r.version = index.to_string();
-                            r.generation = index.to_string();
-                            Some(StoredResource::new(&r, &owner_key))
-                        }
-                        false => None,
-                    };
+                    let released = rewritten(&stored, &owner_key, index, |r| {
+                        lifecycle::without_finalizer(r, lifecycle::ORPHAN_FINALIZER)
+                    });
+                    let after = released.lifecycle().finalizers.then_some(released);
                     self.change(index, &owner_key, after);
                     changed += 1;
                 }
@@ -1249,6 +1229,23 @@ fn with_status(
     Ok(resource)
 }
 
+/// `stored` as the store itself rewrites it at `index` (a mark, a lease's end, an orphaned
+/// owner reference): `change` applied, the version `index`, and the generation by the
+/// rule of every write ([`lifecycle::generation`]).
+fn rewritten(
+    stored: &StoredResource,
+    key: &Key,
+    index: u64,
+    change: impl FnOnce(&mut Resource),
+) -> StoredResource {
+    let before = stored.resource();
+    let mut r = before.clone();
+    change(&mut r);
+    r.generation = lifecycle::generation(Some(&before), &r, index);
+    r.version = index.to_string();
+    StoredResource::new(&r, key)
+}
+
 /// A Delete as asked: the lifetime and version it names, the proposing leader's time and
 /// whether to orphan what the resource owns.
 struct DeleteAsked<'a> {
@@ -1330,11 +1327,7 @@ fn delete(
         }
         lifecycle::DeleteOutcome::AlreadyMarked => Ok(DeleteDone::Marked(None, stored)),
         lifecycle::DeleteOutcome::Mark { orphan } => {
-            let mut r = stored.resource();
-            lifecycle::mark(&mut r, now_ms, orphan);
-            r.version = index.to_string();
-            r.generation = index.to_string();
-            let after = StoredResource::new(&r, &key);
+            let after = rewritten(&stored, &key, index, |r| lifecycle::mark(r, now_ms, orphan));
             let before = w.state.set(&key, Some(after.clone()));
             w.space = w.space.settle(w.state.usage.bytes);
             w.version_issued_max = index;

@@ -20,6 +20,7 @@
 
 pub mod codec;
 pub mod error;
+pub mod lifecycle;
 pub mod rfc3339;
 
 /// Protobuf well-known types, compiled here so that `Any.value` is `Bytes`.

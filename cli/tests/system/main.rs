@@ -32,6 +32,7 @@ mod hostile_peer;
 mod in_process;
 mod lease_service;
 mod leases;
+mod lifecycle;
 mod limits;
 mod logs;
 mod online_restore;

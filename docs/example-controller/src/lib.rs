@@ -13,13 +13,22 @@
 //!
 //! How: a [`WatchCache`] of the Counters, primed before any work; its
 //! subscriber queues the key of every Counter written; the worker
-//! reconciles each key from the cache: when the status is not the one the
-//! data calls for, it writes the Counter back with that status, as a
-//! compare-and-set on the version it read. Someone else's write in between
-//! (a Conflict: CasFailure or WrongUid) makes it read the Counter again
-//! (strongly) and start over, a bounded number of times. Its own write comes
-//! back through the cache and finds the status as it should be: nothing more
-//! to do. Level-triggered: each pass computes the status from the data alone.
+//! reconciles each key from the cache, with the store's lifecycle
+//! (`docs/contract.md`, section 4b):
+//! - a Counter without the controller's finalizer ([`FINALIZER`]) gets it, by a
+//!   compare-and-set write of the Counter as read (someone else's write in between, a
+//!   conflict, makes it read the Counter again, strongly, and start over, a bounded
+//!   number of times);
+//! - its status entry is written with a status write, which never conflicts with the
+//!   users writing the data, whenever the entry does not say what the data at the
+//!   current `generation` calls for (`observed_generation` is that generation, which the
+//!   store moves only when the data or metadata change);
+//! - a Counter marked for deletion (a user deleted it while it held the finalizer) is
+//!   finalized: the controller does its cleanup (here: it logs the last value) and
+//!   writes the Counter back without its finalizer, which removes it.
+//!
+//! Its own writes come back through the cache and find nothing more to do.
+//! Level-triggered: each pass decides from the Counter alone.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,7 +38,10 @@ use cairn_client::{
     CacheEvent, ClientError, ResourceApi, ResourceKey, WatchCache, WatchCacheOptions, WatchSpec,
 };
 use cairn_proto::google::protobuf::Timestamp;
-use cairn_proto::v1::{condition, Condition, Consistency, Id, Resource, Status, Tenancy, Type};
+use cairn_proto::lifecycle;
+use cairn_proto::v1::{
+    condition, Condition, Consistency, Id, Resource, Status, Tenancy, Type, WriteStatusRequest,
+};
 use tokio::sync::mpsc;
 
 pub const GROUP: &str = "demo";
@@ -41,6 +53,11 @@ pub const CONDITION: &str = "Parity";
 /// How many conflicts one reconciliation retries before it leaves the key
 /// to its next event.
 pub const CONFLICT_RETRIES_MAX: u32 = 16;
+/// The finalizer the controller keeps on every Counter: a deleted Counter stays (marked)
+/// until the controller has finalized it.
+pub const FINALIZER: &str = "example-controller.demo/cleanup";
+/// How long a key whose reconciliation failed waits before it is tried again.
+pub const RETRY_AFTER: Duration = Duration::from_millis(500);
 
 /// `demo.v1.Counter`.
 pub fn counter_type() -> Type {
@@ -124,48 +141,110 @@ fn id_of(key: &ResourceKey) -> Id {
 /// What one reconciliation did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reconciled {
-    /// The status already said what the data calls for (or the Counter is gone).
+    /// The Counter needed nothing (or is gone).
     Unchanged,
-    /// The Counter was written back with its status, at this version.
+    /// The Counter's status entry was written: the Counter as stored after it.
     Written(Arc<Resource>),
+    /// The Counter was marked for deletion: the controller removed its finalizer, and
+    /// with it the Counter.
+    Finalized,
 }
 
-/// Brings the Counter `current` (as last seen) to the status its data calls
-/// for, writing it with compare-and-set; on a conflict it reads the Counter
-/// again and starts over, at most [`CONFLICT_RETRIES_MAX`] times.
-pub async fn reconcile(
+/// Whether the Counter holds [`FINALIZER`].
+fn holds_finalizer(counter: &Resource) -> bool {
+    lifecycle::finalizers(&counter.metadata).contains(&FINALIZER)
+}
+
+/// The Counter with [`FINALIZER`] added (`present`) or removed.
+fn with_finalizer(counter: &Resource, present: bool) -> Resource {
+    let mut next = counter.clone();
+    lifecycle::set_finalizer(&mut next.metadata, FINALIZER, present);
+    next
+}
+
+/// A compare-and-set write of `change(current)`, reading the Counter again on a conflict,
+/// at most [`CONFLICT_RETRIES_MAX`] times. `None` from `change`: nothing to write.
+async fn write_with_retries(
     client: &dyn ResourceApi,
     mut current: Arc<Resource>,
-) -> Result<Reconciled, ClientError> {
+    change: impl Fn(&Resource) -> Option<Resource>,
+) -> Result<Option<Arc<Resource>>, ClientError> {
     let id = current.id.clone().unwrap_or_default();
     let mut conflicts = 0;
     loop {
-        let desired = desired_status(&current);
-        if is_reconciled(&current, &desired) {
-            return Ok(Reconciled::Unchanged);
-        }
-        // The write replaces every field: the Counter as read, this status in it.
-        let mut next = Resource::clone(&current);
-        next.status.insert(
-            STATUS_KEY.to_string(),
-            Status {
-                updated_at: Some(now()),
-                ..desired
-            },
-        );
+        let Some(next) = change(&current) else {
+            return Ok(Some(current));
+        };
         match client.write(next).await {
-            Ok(written) => return Ok(Reconciled::Written(written)),
+            Ok(written) => return Ok(Some(written)),
             Err(e) if e.is_cas_conflict() && conflicts < CONFLICT_RETRIES_MAX => {
                 conflicts += 1;
                 tracing::debug!(name = %id.name, conflicts, "conflict; reading the Counter again");
-                current = match client.read(id.clone(), Consistency::Strong).await {
+                let mut exact = id.clone();
+                exact.uid = String::new();
+                current = match client.read(exact, Consistency::Strong).await {
                     Ok(latest) => latest,
-                    Err(ClientError::NotFound) => return Ok(Reconciled::Unchanged),
+                    Err(ClientError::NotFound) => return Ok(None),
                     Err(e) => return Err(e),
                 };
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Brings the Counter `current` (as last seen) to what the controller wants of it: its
+/// finalizer on, its status entry saying what the data calls for, or, once it is marked
+/// for deletion, finalized.
+pub async fn reconcile(
+    client: &dyn ResourceApi,
+    current: Arc<Resource>,
+) -> Result<Reconciled, ClientError> {
+    if lifecycle::is_marked(&current.metadata) {
+        if !holds_finalizer(&current) {
+            return Ok(Reconciled::Unchanged);
+        }
+        // The cleanup a real controller does outside the store goes here.
+        tracing::info!(
+            name = %current.id.as_ref().map(|i| i.name.as_str()).unwrap_or(""),
+            value = ?counter_value(&current).ok(),
+            "finalizing a deleted Counter"
+        );
+        write_with_retries(client, current, |c| {
+            holds_finalizer(c).then(|| with_finalizer(c, false))
+        })
+        .await?;
+        return Ok(Reconciled::Finalized);
+    }
+    // The finalizer first: a Counter deleted from now on waits for the controller.
+    let Some(current) = write_with_retries(client, current, |c| {
+        (!holds_finalizer(c) && !lifecycle::is_marked(&c.metadata)).then(|| with_finalizer(c, true))
+    })
+    .await?
+    else {
+        return Ok(Reconciled::Unchanged);
+    };
+    let desired = desired_status(&current);
+    if is_reconciled(&current, &desired) {
+        return Ok(Reconciled::Unchanged);
+    }
+    // One entry of the status, against the uid only: no conflict with the data's writers.
+    let written = client
+        .write_status(WriteStatusRequest {
+            id: current.id.clone(),
+            key: STATUS_KEY.to_string(),
+            status: Some(Status {
+                updated_at: Some(now()),
+                ..desired
+            }),
+            version: String::new(),
+            fence: None,
+        })
+        .await;
+    match written {
+        Ok(written) => Ok(Reconciled::Written(written)),
+        Err(ClientError::NotFound) => Ok(Reconciled::Unchanged),
+        Err(e) => Err(e),
     }
 }
 
@@ -178,6 +257,7 @@ pub async fn run(
     stop: impl Future<Output = ()>,
 ) -> Result<(), ClientError> {
     let (queue, mut keys) = mpsc::unbounded_channel::<ResourceKey>();
+    let retry = queue.clone();
     let cache = WatchCache::start_with(
         client.clone(),
         vec![WatchSpec::new(GROUP, KIND)],
@@ -220,8 +300,21 @@ pub async fn run(
                     "reconciled"
                 );
             }
+            Ok(Reconciled::Finalized) => {
+                tracing::info!(name = %key.name, "finalized");
+            }
             Ok(Reconciled::Unchanged) => {}
-            Err(e) => tracing::warn!(name = %key.name, error = %e, "reconciling failed"),
+            Err(e) => {
+                // Tried again after a pause (a cluster still below version 0.2 refuses
+                // status writes for its first seconds, say); a later event also brings
+                // the key back. One pending retry per failure, so as many as keys failed.
+                tracing::warn!(name = %key.name, error = %e, "reconciling failed; trying again");
+                let retry = retry.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(RETRY_AFTER).await;
+                    let _ = retry.send(key);
+                });
+            }
         }
     }
 }

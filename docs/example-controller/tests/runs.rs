@@ -8,9 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn_client::{Client, ClientOptions};
-use cairn_example_controller::{counter_type, STATUS_KEY};
+use cairn_example_controller::{counter_type, FINALIZER, STATUS_KEY};
 use cairn_proto::google::protobuf::Any;
-use cairn_proto::v1::{condition, Consistency, Id, Resource, Tenancy};
+use cairn_proto::v1::{condition, Consistency, DeleteRequest, Id, Resource, Tenancy};
 use cairn_server::config::{parse_members, Config};
 use cairn_server::embed::EmbeddedNode;
 use jepsen_tests::cluster::free_port;
@@ -152,6 +152,32 @@ async fn the_controller_reconciles(client: &Client, log: &std::path::Path) {
         later.version, settled.version,
         "a reconciled Counter is left alone"
     );
+    // Its status entry follows the generation the store set, and it holds the finalizer.
+    assert_eq!(
+        later.status[STATUS_KEY].observed_generation, later.generation,
+        "the status says which generation it saw"
+    );
+    assert!(later.metadata["finalizers"].contains(FINALIZER));
+    // A deleted Counter waits (marked) until the controller finalized it, then goes.
+    let answer = client
+        .delete_request(DeleteRequest {
+            id: later.id.clone(),
+            version: later.version.clone(),
+            fence: None,
+            orphan_dependents: false,
+        })
+        .await
+        .unwrap();
+    assert!(answer.marked, "the finalizer holds the Counter back");
+    let deadline = Instant::now() + WAIT;
+    while client.read(id("c1"), Consistency::Strong).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the controller never finalized c1; its log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A single node embedded in the test, its data in `dir`; and its client address.
