@@ -437,6 +437,34 @@ async fn a_late_subscriber_first_gets_the_cached_resources_then_live_changes() {
     assert_eq!(recorder.len(), 2, "no events after unsubscribing");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_with_a_selector_holds_exactly_the_matching_resources_as_they_change() {
+    // A resource that stops matching leaves the cache (the node sends a Delete), one that
+    // starts matching enters it; the cache always equals the store's matching resources.
+    let backing = Backing::new(Limits::default());
+    backing.put(tiered("A", "a", "web", None));
+    backing.put(tiered("A", "b", "db", None));
+    let node = TestNode::start(backing.clone()).await;
+    let client = Client::connect_with(&[node.address.as_str()], options())
+        .await
+        .unwrap();
+    let spec = WatchSpec::new("g", "A").with_selector("tier=web");
+    let cache = WatchCache::start(client, vec![spec], fast_retries()).unwrap();
+    tokio::time::timeout(WAIT, cache.wait_primed())
+        .await
+        .expect("primed");
+    let names = |cache: &WatchCache| -> Vec<String> {
+        let mut v: Vec<String> = kind_names(&cache.list("g", "A"));
+        v.sort();
+        v
+    };
+    assert_eq!(names(&cache), ["A/a"]);
+    backing.put(tiered("A", "a", "db", None)); // stops matching
+    backing.put(tiered("A", "b", "web", None)); // starts matching
+    backing.put(tiered("A", "c", "web", None)); // new, matching
+    assert!(eventually(WAIT, || names(&cache) == ["A/b", "A/c"]).await, "{:?}", names(&cache));
+}
+
 /// "Kind/name" of each resource, in the order given.
 fn kind_names(resources: &[Arc<Resource>]) -> Vec<String> {
     resources

@@ -198,7 +198,10 @@ fn samples() -> Vec<Row> {
         ),
         row(
             "forward-delete-response.bin",
-            pb::DeleteResponse { revision: 58 },
+            pb::DeleteResponse {
+                revision: 58,
+                marked: false,
+            },
         ),
         row(
             "forward-write-status-request.bin",

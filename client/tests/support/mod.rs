@@ -288,17 +288,20 @@ impl ResourceService for Service {
         let id =
             r.id.ok_or_else(|| status(ApiError::invalid("id", "is required")))?;
         cairn_fsm::validate_id("id", &id, self.backing.store.limits()).map_err(status)?;
-        let (index, _) = self
+        let (index, applied) = self
             .backing
             .apply(&Command::Delete {
                 id,
                 version: r.version,
                 now_ms: 0,
-                orphan: false,
+                orphan: r.orphan_dependents,
             })
             .map_err(status)?;
         self.after_apply().await;
-        Ok(Response::new(pb::DeleteResponse { revision: index }))
+        Ok(Response::new(pb::DeleteResponse {
+            revision: index,
+            marked: matches!(applied, Applied::Marked(_)),
+        }))
     }
 
     async fn list(
@@ -406,11 +409,18 @@ impl ResourceService for Service {
             .r#type
             .ok_or_else(|| status(ApiError::invalid("type", "is required")))?;
         let delay = self.control.event_delay.lock().get(&type_.kind).copied();
+        let selector = match r.selector.trim().is_empty() {
+            true => None,
+            false => Some(std::sync::Arc::new(
+                cairn_fsm::Selector::parse(&r.selector)
+                    .map_err(|e| status(ApiError::invalid("selector", e.to_string())))?,
+            )),
+        };
         let filter = WatchFilter {
             type_,
             tenancy: r.tenancy.unwrap_or_default(),
             name_prefix: r.name_prefix,
-            selector: None,
+            selector,
         };
         let watch = self
             .backing
