@@ -93,6 +93,10 @@ fn page_token(filter: &cairn_fsm::ListFilter<'_>) -> String {
                 &cairn_fsm::Command::Write {
                     resource: pb::Resource {
                         version: String::new(),
+                        // What the seed list's selector asks for.
+                        metadata: [("app", "web"), ("env", "prod")]
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .into(),
                         ..resource(name)
                     },
                 },
@@ -114,12 +118,14 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
         namespace: "default".into(),
     };
     let list_type = id("x").r#type.expect("a type");
+    let list_selector = "app=web,env in (prod)";
+    let parsed_selector = cairn_fsm::Selector::parse(list_selector).expect("a valid selector");
     let list = pb::ListRequest {
         page_token: page_token(&cairn_fsm::ListFilter {
             type_: &list_type,
             tenancy: &list_tenancy,
             name_prefix: "a",
-            selector: None,
+            selector: Some(&parsed_selector),
         }),
         r#type: Some(list_type.clone()),
         tenancy: Some(list_tenancy.clone()),
@@ -127,7 +133,7 @@ fn request_seeds() -> Vec<(usize, Vec<u8>)> {
         consistency: 1,
         revision: 2,
         limit: 10,
-        selector: "app=web,env in (prod)".into(),
+        selector: list_selector.into(),
     };
     vec![
         (
