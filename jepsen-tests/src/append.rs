@@ -165,7 +165,9 @@ pub fn check(history: &History) -> Result<AppendReport, Error> {
             | OpKind::Revoke
             | OpKind::Campaign
             | OpKind::Fenced
-            | OpKind::Resign => {
+            | OpKind::Resign
+            | OpKind::Status
+            | OpKind::Finalize => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: "append",

@@ -65,8 +65,9 @@ pub const ELECTION_TIMEOUT_MS: u64 = 800;
 /// The cluster version that enables leases and fences.
 const LEASES_CLUSTER_VERSION: &str = "0.2";
 
-/// Waits until every node reports the cluster version `version`.
-async fn wait_cluster_version(
+/// Waits until every node reports the cluster version `version` (the lifecycle workload
+/// waits for it too, in the runner).
+pub(crate) async fn wait_cluster_version(
     cluster: &Cluster,
     version: &str,
     timeout: Duration,

@@ -19,9 +19,13 @@
 //! | `campaign` | the lease the election is created with | the token won (the create's version) |
 //! | `fenced` | `[token, seq, stale]` (`stale` 1: the holder's one write after a pause) | the revision it applied at |
 //! | `resign` | the token                       | the revision of the delete (`0`: nothing was stored) |
+//! | `status` | `[uid, status key, value]`      | the version stored (a refusal's output names it: `not-found`, `cas-failure: ...`) |
+//! | `finalize` | `[uid, version]`              | the version answered |
 //!
-//! The last six are the election workload's ([`crate::election`]): a refused `campaign` or
-//! `fenced` (`fail`) carries the node's message as output.
+//! The six from `grant` to `resign` are the election workload's ([`crate::election`]): a
+//! refused `campaign` or `fenced` (`fail`) carries the node's message as output. `status` and
+//! `finalize` are the lifecycle workload's ([`crate::lifecycle`]), whose `read`, `write` and
+//! `delete` carry uids and versions too (see there).
 //!
 //! A `restore` (key `""`: it replaces every key at once) is the online restore of a
 //! backup into a set history ([`crate::set`]). Its `info` completion time is when
@@ -222,6 +226,10 @@ pub enum OpKind {
     Fenced,
     /// Election workload: the holder deletes the election resource.
     Resign,
+    /// Lifecycle workload ([`crate::lifecycle`]): a status write without a version.
+    Status,
+    /// Lifecycle workload: the write removing a marked lifetime's last finalizer.
+    Finalize,
 }
 
 impl OpKind {
@@ -255,6 +263,8 @@ impl fmt::Display for OpKind {
             OpKind::Campaign => "campaign",
             OpKind::Fenced => "fenced",
             OpKind::Resign => "resign",
+            OpKind::Status => "status",
+            OpKind::Finalize => "finalize",
         })
     }
 }

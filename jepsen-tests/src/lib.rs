@@ -41,6 +41,8 @@
 //!   events, checked against the acknowledged writes and the final state.
 //! - [`election`]: candidates campaigning for one election with leases, holders writing
 //!   under their fencing token, through the fencing nemesis ([`nemesis::fencing`]).
+//! - [`lifecycle`]: status writes, finalizers, deletion marks, re-creations and a
+//!   selector-fed watch cache, under any nemesis; its checker is [`lifecycle::check`].
 //! - [`runner`]: scenarios, the `ci` suite, `soak` and `prove-broken`, and the
 //!   results folder (histories, node logs, nemesis logs, summary with seed).
 //! - [`upgrade`]: the rolling upgrade from an earlier release, built from the commit
@@ -95,6 +97,7 @@ pub mod cluster;
 pub mod election;
 pub mod error;
 pub mod history;
+pub mod lifecycle;
 pub mod linearizability;
 pub mod memcg;
 pub mod models;

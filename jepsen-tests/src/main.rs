@@ -4,7 +4,9 @@
 //! history (project JSONL or Jepsen log, detected automatically);
 //! `jepsen-tests check --model watch DIR` re-checks a watch scenario's results
 //! folder (history, watch log and final state), `jepsen-tests check --model election DIR`
-//! an election scenario's (history, watch log, fault windows, final state). All exit with
+//! an election scenario's (history, watch log, fault windows, final state),
+//! `jepsen-tests check --model lifecycle DIR` a lifecycle scenario's (history and
+//! `lifecycle.jsonl`). All exit with
 //! 0 = valid (linearizable), 1 = invalid, 2 = unknown within the time budget,
 //! 3 = the command or the file could not be used.
 //!
@@ -188,6 +190,9 @@ enum ModelArg {
     /// Leases and fencing tokens (FILE is an election scenario's results folder:
     /// history.jsonl, watch.jsonl, faults.jsonl, election.json).
     Election,
+    /// Status writes, finalizers and the selector cache (FILE is a lifecycle scenario's
+    /// results folder: history.jsonl, lifecycle.jsonl).
+    Lifecycle,
     /// Eventual reads never go backwards on one node in one lifetime (read with
     /// [node lifetime], or the node alone, as input and [version value] as
     /// output; a run's eventual.jsonl).
@@ -249,6 +254,9 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
     }
     if matches!(args.model, ModelArg::Election) {
         return check_election(args, out);
+    }
+    if matches!(args.model, ModelArg::Lifecycle) {
+        return check_lifecycle(args, out);
     }
     let (history, format) = History::load(&args.file, format)?;
     let key_count = history
@@ -328,6 +336,7 @@ fn run_check(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
         }
         ModelArg::Watch => check_watch(args, out),
         ModelArg::Election => check_election(args, out),
+        ModelArg::Lifecycle => check_lifecycle(args, out),
         ModelArg::Monotonic => {
             let report = monotonic::check(&history)?;
             say!(out, "checker: monotonic reads");
@@ -422,6 +431,23 @@ fn check_election(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> 
         &run.record.timing,
     );
     out.push_str(&election::describe(&report, args.print_max));
+    say!(out, "verdict: {}", verdict_word(report.verdict, false));
+    Ok(report.verdict)
+}
+
+/// `check --model lifecycle DIR`: re-checks a lifecycle scenario's folder.
+fn check_lifecycle(args: &CheckArgs, out: &mut String) -> Result<Verdict, Error> {
+    use jepsen_tests::lifecycle;
+    let (history, records) = lifecycle::load_run(&args.file)?;
+    say!(
+        out,
+        "lifecycle run: {} ({} operations, {} records)",
+        args.file.display(),
+        history.len(),
+        records.len()
+    );
+    let report = lifecycle::check::check(&history, &records);
+    out.push_str(&lifecycle::check::describe(&report, args.print_max));
     say!(out, "verdict: {}", verdict_word(report.verdict, false));
     Ok(report.verdict)
 }

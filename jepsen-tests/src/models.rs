@@ -240,7 +240,9 @@ pub fn partitions(
             | OpKind::Revoke
             | OpKind::Campaign
             | OpKind::Fenced
-            | OpKind::Resign => {
+            | OpKind::Resign
+            | OpKind::Status
+            | OpKind::Finalize => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: kind.name(),

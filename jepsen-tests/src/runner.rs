@@ -20,6 +20,10 @@
 //! ([`quota_shortfall`]), and unless every node still runs when the faults end and after
 //! the final reads.
 //!
+//! The lifecycle scenario ([`lifecycle_scenario`]) runs the lifecycle workload
+//! ([`crate::lifecycle`]) through this runner like any other, once the cluster has reached
+//! version 0.2; its checker is [`crate::lifecycle::check`].
+//!
 //! The election scenario ([`election_scenario`], run by [`crate::election::run`]) has
 //! candidates campaign for one election under leases and fencing tokens, with the fencing
 //! nemesis; its checker is [`crate::election::check`].
@@ -306,7 +310,8 @@ pub struct RunEnvironment {
 
 /// The short suite: at least six scenarios on 3 nodes, one under authentication
 /// ([`auth_scenario`]), then two kill loops ([`kill_loop_scenario`]), the quota scenario
-/// ([`quota_scenario`]) and last the election ([`election_scenario`]).
+/// ([`quota_scenario`]), the lifecycle ([`lifecycle_scenario`]) and last the election
+/// ([`election_scenario`]).
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     // Every nemesis at least once, each with a checker that sees what it can break:
     // stale or lost values (register, append), lost or resurrected elements (set), gaps
@@ -366,7 +371,11 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
                 ..quota_scenario(seed.wrapping_add(14 * 7919))
             },
             Scenario {
-                name: "16-election-fencing".into(),
+                name: "16-lifecycle-kill".into(),
+                ..lifecycle_scenario(seed.wrapping_add(16 * 7919))
+            },
+            Scenario {
+                name: "17-election-fencing".into(),
                 ..election_scenario(3, seed.wrapping_add(15 * 7919))
             },
         ])
@@ -416,6 +425,23 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         seed,
         broken: None,
         auth: true,
+        rounds_max: None,
+        quota_bytes: None,
+    }
+}
+
+/// The lifecycle scenario: the lifecycle workload ([`crate::lifecycle`]) on 3 nodes under
+/// kills (a random node, the leader or a majority), 18 s.
+pub fn lifecycle_scenario(seed: u64) -> Scenario {
+    Scenario {
+        name: "lifecycle-kill".into(),
+        workload: WorkloadKind::Lifecycle,
+        nemesis: NemesisKind::Kill,
+        nodes: 3,
+        duration: Duration::from_secs(18),
+        seed,
+        broken: None,
+        auth: false,
         rounds_max: None,
         quota_bytes: None,
     }
@@ -677,6 +703,16 @@ async fn run_scenario_inner(
     let mut cluster = Cluster::try_start(options)?;
     let endpoints = cluster.endpoints();
     let first_leader = wait_leader(&cluster, Duration::from_secs(20)).await?;
+    if scenario.workload == WorkloadKind::Lifecycle {
+        // Status writes, finalizers and selectors need cluster version 0.2, which a fresh
+        // cluster reaches within seconds.
+        crate::election::wait_cluster_version(
+            &cluster,
+            crate::lifecycle::LIFECYCLE_CLUSTER_VERSION,
+            Duration::from_secs(20),
+        )
+        .await?;
+    }
 
     let mut workload_options = WorkloadOptions::new(scenario.workload, rng.random());
     if scenario.nodes >= 5 {
@@ -790,6 +826,11 @@ async fn run_scenario_inner(
         }
         workload.stop_watchers().await;
     }
+    if scenario.workload == WorkloadKind::Lifecycle {
+        // A few more progress points compared on the healed, quiet cluster.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        workload.stop_watchers().await;
+    }
     nemesis_log.note("final reads done");
     write_file(
         &folder.join("nemesis.log"),
@@ -877,6 +918,16 @@ async fn run_scenario_inner(
                 }
                 None => Verdict::Unknown,
             }
+        }
+        WorkloadKind::Lifecycle => {
+            let records = workload.lifecycle_log.lock().clone();
+            crate::lifecycle::save_records(folder, &records);
+            let r = crate::lifecycle::check::check(&history, &records);
+            report.push_str(&crate::lifecycle::check::describe(&r, 40));
+            if let Some(short) = crate::lifecycle::check::shortfall(&r.counts) {
+                failure.get_or_insert(short);
+            }
+            r.verdict
         }
         WorkloadKind::Election => unreachable!("run_scenario runs it with crate::election::run"),
     };
@@ -1312,7 +1363,7 @@ mod tests {
     fn the_election_ends_ci_short_and_on_three_nodes() {
         let ci = ci_scenarios(1);
         let election = ci.last().expect("scenarios");
-        assert_eq!(election.name, "16-election-fencing");
+        assert_eq!(election.name, "17-election-fencing");
         assert_eq!(
             (election.workload, election.nemesis, election.nodes),
             (WorkloadKind::Election, NemesisKind::Fencing, 3)
@@ -1323,6 +1374,23 @@ mod tests {
         for (i, s) in ci.iter().enumerate() {
             assert!(s.name.starts_with(&format!("{:02}-", i + 1)), "{}", s.name);
         }
+    }
+
+    #[test]
+    fn the_lifecycle_runs_in_ci_under_kills_on_three_nodes_before_the_election() {
+        let ci = ci_scenarios(1);
+        let lifecycle: Vec<&Scenario> = ci
+            .iter()
+            .filter(|s| s.workload == WorkloadKind::Lifecycle)
+            .collect();
+        assert_eq!(lifecycle.len(), 1, "one lifecycle scenario in ci");
+        let s = lifecycle[0];
+        assert_eq!(s.name, "16-lifecycle-kill");
+        assert_eq!((s.nemesis, s.nodes), (NemesisKind::Kill, 3));
+        assert!(s.duration <= Duration::from_secs(18));
+        assert_eq!(ci[ci.len() - 2].name, s.name);
+        // The soak may pick it with any nemesis but those that need their own workload.
+        assert!(WorkloadKind::ALL.contains(&WorkloadKind::Lifecycle));
     }
 
     #[test]

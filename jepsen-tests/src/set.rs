@@ -227,7 +227,9 @@ pub fn check(history: &History) -> Result<SetReport, Error> {
             | OpKind::Revoke
             | OpKind::Campaign
             | OpKind::Fenced
-            | OpKind::Resign => {
+            | OpKind::Resign
+            | OpKind::Status
+            | OpKind::Finalize => {
                 return Err(Error::UnsupportedOperation {
                     index,
                     checker: "set",

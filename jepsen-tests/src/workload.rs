@@ -42,6 +42,10 @@
 //!   values); one watcher per node keeps a watch open on that node (reopening
 //!   from its last revision after a break) and logs every event. Checked by
 //!   [`crate::watch_check`] against the acknowledged writes and the final state.
+//! - **lifecycle**: data writes, version-less status writes, deletes that only mark (every
+//!   lifetime has a finalizer), the writes removing the finalizer, re-creations, and watch
+//!   caches with a selector compared with a List: [`crate::lifecycle`], checked by
+//!   [`crate::lifecycle::check`].
 //!
 //! Every value is unique: `process * 1_000_000 + counter`.
 
@@ -79,6 +83,9 @@ pub enum WorkloadKind {
     Set,
     Append,
     Watch,
+    /// Status writes, finalizers, deletion marks and a selector-fed cache
+    /// ([`crate::lifecycle`]); needs cluster version 0.2, which the runner waits for.
+    Lifecycle,
     /// Leases, one election and fenced writes: run by [`crate::election`] (its own
     /// candidates, final reads and checker), with the fencing nemesis only; not in
     /// [`WorkloadKind::ALL`].
@@ -92,16 +99,18 @@ impl WorkloadKind {
             WorkloadKind::Set => "set",
             WorkloadKind::Append => "append",
             WorkloadKind::Watch => "watch",
+            WorkloadKind::Lifecycle => "lifecycle",
             WorkloadKind::Election => "election",
         }
     }
 
     /// The workloads of this module, which any nemesis but the fencing one may run with.
-    pub const ALL: [WorkloadKind; 4] = [
+    pub const ALL: [WorkloadKind; 5] = [
         WorkloadKind::Register,
         WorkloadKind::Set,
         WorkloadKind::Append,
         WorkloadKind::Watch,
+        WorkloadKind::Lifecycle,
     ];
 
     fn kind_name(self) -> &'static str {
@@ -110,6 +119,7 @@ impl WorkloadKind {
             WorkloadKind::Set => "SetElement",
             WorkloadKind::Append => "List",
             WorkloadKind::Watch => "Watched",
+            WorkloadKind::Lifecycle => "Lifecycle",
             WorkloadKind::Election => "Election",
         }
     }
@@ -142,12 +152,19 @@ impl WorkloadOptions {
         };
         WorkloadOptions {
             kind,
-            processes: 6,
+            // The lifecycle workload: one process per role and more data writers
+            // ([`crate::lifecycle::Role::of`]).
+            processes: if kind == WorkloadKind::Lifecycle {
+                7
+            } else {
+                6
+            },
             keys: match kind {
                 WorkloadKind::Register => 4,
                 WorkloadKind::Set => 2,
                 WorkloadKind::Append => 3,
                 WorkloadKind::Watch => 6,
+                WorkloadKind::Lifecycle => 4,
                 WorkloadKind::Election => 1,
             },
             pause_ms: (20, 60),
@@ -255,6 +272,7 @@ pub fn key_name(kind: WorkloadKind, key: usize) -> String {
         WorkloadKind::Set => format!("set{key:02}-"),
         WorkloadKind::Append => format!("list{key:02}"),
         WorkloadKind::Watch => format!("w{key:02}"),
+        WorkloadKind::Lifecycle => format!("lc{key:02}"),
         WorkloadKind::Election => crate::election::check::ELECTION_KEY.to_owned(),
     }
 }
@@ -415,6 +433,9 @@ pub struct Workload {
     /// they are not linearizable, only monotonic per node lifetime.
     pub eventual: Recorder,
     pub watch_log: Arc<Mutex<Vec<WatchRecord>>>,
+    /// The lifecycle workload's raw watch events and cache comparisons
+    /// ([`crate::lifecycle::Record`]), on the recorder's clock.
+    pub lifecycle_log: crate::lifecycle::Records,
     stop: Arc<AtomicBool>,
     stop_watchers: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -446,6 +467,7 @@ impl Workload {
         let stop = Arc::new(AtomicBool::new(false));
         let stop_watchers = Arc::new(AtomicBool::new(false));
         let watch_log = Arc::new(Mutex::new(Vec::new()));
+        let lifecycle_log: crate::lifecycle::Records = Arc::new(Mutex::new(Vec::new()));
         let started = std::time::Instant::now();
         let mut rng = StdRng::seed_from_u64(options.seed);
         let mut tasks = Vec::new();
@@ -455,6 +477,17 @@ impl Workload {
                 continue;
             };
             let process_rng = StdRng::seed_from_u64(rng.random());
+            if options.kind == WorkloadKind::Lifecycle {
+                let p = crate::lifecycle::LifecycleProcess::new(
+                    process,
+                    client,
+                    recorder.clone(),
+                    process_rng,
+                    options.keys,
+                );
+                tasks.push(tokio::spawn(p.run(stop.clone())));
+                continue;
+            }
             let home_client = Client::new(&[endpoints[home].clone()], options.client.clone()).ok();
             let p = Process {
                 id: process,
@@ -495,11 +528,44 @@ impl Workload {
                 )));
             }
         }
+        if options.kind == WorkloadKind::Lifecycle {
+            // One raw watcher per node (check 2), and the selector caches (check 3).
+            for (node, endpoint) in endpoints.iter().enumerate() {
+                let Ok(client) =
+                    Client::new(std::slice::from_ref(endpoint), options.client.clone())
+                else {
+                    continue;
+                };
+                watchers.push(tokio::spawn(crate::lifecycle::raw_watcher(
+                    node,
+                    client,
+                    lifecycle_log.clone(),
+                    recorder.clone(),
+                    stop_watchers.clone(),
+                )));
+            }
+            for cache in 0..crate::lifecycle::CACHES {
+                let Some(client) =
+                    crate::lifecycle::cache_client(endpoints, cache, &options.client)
+                else {
+                    continue;
+                };
+                watchers.push(tokio::spawn(crate::lifecycle::cache_comparer(
+                    cache,
+                    client,
+                    lifecycle_log.clone(),
+                    recorder.clone(),
+                    stop_watchers.clone(),
+                    rng.random(),
+                )));
+            }
+        }
         Workload {
             options,
             recorder,
             eventual,
             watch_log,
+            lifecycle_log,
             stop,
             stop_watchers,
             tasks,
@@ -555,6 +621,11 @@ impl Workload {
                     }
                     WorkloadKind::Register | WorkloadKind::Append | WorkloadKind::Watch => {
                         value_read(client, &self.recorder, u64::MAX, kind, &name).await
+                    }
+                    WorkloadKind::Lifecycle => {
+                        crate::lifecycle::recorded_read(client, &self.recorder, u64::MAX, &name)
+                            .await
+                            .is_some()
                     }
                     WorkloadKind::Election => {
                         unreachable!(
@@ -726,6 +797,9 @@ impl Process {
                 WorkloadKind::Set => self.set_op(&name).await,
                 WorkloadKind::Append => self.append_op(&name).await,
                 WorkloadKind::Watch => self.watch_writer_op(&name).await,
+                WorkloadKind::Lifecycle => {
+                    unreachable!("the lifecycle workload runs crate::lifecycle's processes")
+                }
                 WorkloadKind::Election => {
                     unreachable!("the election workload is crate::election's, never started here")
                 }
