@@ -462,7 +462,11 @@ async fn a_cache_with_a_selector_holds_exactly_the_matching_resources_as_they_ch
     backing.put(tiered("A", "a", "db", None)); // stops matching
     backing.put(tiered("A", "b", "web", None)); // starts matching
     backing.put(tiered("A", "c", "web", None)); // new, matching
-    assert!(eventually(WAIT, || names(&cache) == ["A/b", "A/c"]).await, "{:?}", names(&cache));
+    assert!(
+        eventually(WAIT, || names(&cache) == ["A/b", "A/c"]).await,
+        "{:?}",
+        names(&cache)
+    );
 }
 
 /// "Kind/name" of each resource, in the order given.

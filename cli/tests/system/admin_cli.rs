@@ -94,9 +94,10 @@ async fn status_asks_every_member_and_exits_5_without_a_quorum() {
         let run = cairn_at(&endpoints, &["status", "-o", "json"]).await;
         assert_eq!(run.code, 0, "{run:?}");
         let status = json(&run);
-        let settled = status["members"]
-            .as_array()
-            .is_some_and(|ms| ms.iter().all(|m| m["role"] == "leader" || m["role"] == "follower"));
+        let settled = status["members"].as_array().is_some_and(|ms| {
+            ms.iter()
+                .all(|m| m["role"] == "leader" || m["role"] == "follower")
+        });
         if settled || std::time::Instant::now() > deadline {
             break status;
         }
