@@ -188,30 +188,19 @@ pub fn load_run(folder: &Path) -> Result<LoadedRun, Error> {
 
 /// The checker's report as text (`check.txt`, and `check --model election`).
 pub fn describe(report: &check::Report, shown_max: usize) -> String {
-    let mut text = String::new();
-    let _ = writeln!(text, "election checker: {:?}", report.verdict);
-    for (name, finding) in &report.checks {
-        let verdict = if finding.anomalies.is_empty() {
-            "ok"
-        } else {
-            "INVALID"
-        };
-        let _ = writeln!(text, "  {name}: {verdict}");
-        for line in &finding.summary {
-            let _ = writeln!(text, "    {line}");
-        }
-        for anomaly in finding.anomalies.iter().take(shown_max) {
-            let _ = writeln!(text, "    {anomaly}");
-        }
-        if finding.anomalies.len() > shown_max {
-            let _ = writeln!(
-                text,
-                "    ... and {} more",
-                finding.anomalies.len() - shown_max
-            );
-        }
-    }
-    text
+    crate::findings::describe_checks(
+        &format!("election checker: {:?}", report.verdict),
+        "",
+        report
+            .checks
+            .iter()
+            .map(|(name, f)| crate::findings::CheckText {
+                name,
+                summary: &f.summary,
+                anomalies: &f.anomalies,
+            }),
+        shown_max,
+    )
 }
 
 /// The scenario (see the module docs). Writes its files into `folder`.

@@ -96,6 +96,7 @@ pub mod append;
 pub mod cluster;
 pub mod election;
 pub mod error;
+pub mod findings;
 pub mod history;
 pub mod lifecycle;
 pub mod linearizability;

@@ -462,30 +462,19 @@ pub fn shortfall(counts: &Counts) -> Option<String> {
 
 /// The report as text (`check.txt`, and `check --model lifecycle`).
 pub fn describe(report: &Report, shown_max: usize) -> String {
-    let mut text = String::new();
-    let _ = writeln!(text, "lifecycle checker: {:?}", report.verdict);
-    for (name, finding) in &report.checks {
-        let verdict = if finding.anomalies.is_empty() {
-            "ok"
-        } else {
-            "INVALID"
-        };
-        let _ = writeln!(text, "  check {name}: {verdict}");
-        for line in &finding.summary {
-            let _ = writeln!(text, "    {line}");
-        }
-        for anomaly in finding.anomalies.iter().take(shown_max) {
-            let _ = writeln!(text, "    {anomaly}");
-        }
-        if finding.anomalies.len() > shown_max {
-            let _ = writeln!(
-                text,
-                "    ... and {} more",
-                finding.anomalies.len() - shown_max
-            );
-        }
-    }
-    text
+    crate::findings::describe_checks(
+        &format!("lifecycle checker: {:?}", report.verdict),
+        "check ",
+        report
+            .checks
+            .iter()
+            .map(|(name, f)| crate::findings::CheckText {
+                name,
+                summary: &f.summary,
+                anomalies: &f.anomalies,
+            }),
+        shown_max,
+    )
 }
 
 #[cfg(test)]
