@@ -87,8 +87,7 @@ pub struct ListFilter<'a> {
 impl ListFilter<'_> {
     /// Whether `resource` passes the selector (decodes it only when there is one).
     pub(crate) fn selects(&self, resource: &StoredResource) -> bool {
-        self.selector
-            .is_none_or(|s| s.is_empty() || s.matches(&resource.resource().metadata))
+        self.selector.is_none_or(|s| s.selects(resource))
     }
 
     /// FNV-1a 64 of the filter's fields, each closed by 0xFF (a byte UTF-8

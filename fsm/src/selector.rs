@@ -181,6 +181,12 @@ impl Selector {
 
     /// Whether a resource with this metadata (`Resource::metadata`) meets
     /// every requirement.
+    /// Whether the stored resource's metadata matches: the one rule lists and watches
+    /// use. The empty selector matches without decoding the resource.
+    pub fn selects(&self, resource: &crate::StoredResource) -> bool {
+        self.is_empty() || self.matches(&resource.resource().metadata)
+    }
+
     pub fn matches(&self, metadata: &BTreeMap<String, String>) -> bool {
         self.matches_lookup(|key| metadata.get(key).map(String::as_str))
     }

@@ -30,13 +30,15 @@ pub struct WatchFilter {
 
 /// The event a watch with `selector` sees of `change`, if any: a resource that matches
 /// after the change is an Upsert; one that matched before and no longer does (or is
-/// gone) is a Delete, carrying the resource as now stored (or as last stored).
-pub(crate) fn selected_event(change: &Change, selector: &Selector) -> Option<Event> {
-    let matches = |r: &Option<StoredResource>| {
-        r.as_ref()
-            .is_some_and(|r| selector.matches(&r.resource().metadata))
-    };
-    let (before, after) = (matches(&change.before), matches(&change.after));
+/// gone) is a Delete, carrying the resource as now stored (or as last stored). With the
+/// empty selector it is the change's own event. `seen` decodes each side's metadata once
+/// per change, however many watches look.
+pub(crate) fn selected_event(
+    change: &Change,
+    selector: &Selector,
+    seen: &mut ChangeMetadata,
+) -> Option<Event> {
+    let (before, after) = seen.of(change, selector);
     let (kind, resource) = match (&change.after, after, before) {
         (Some(now), true, _) => (WatchEventKind::Upsert, now),
         (Some(now), false, true) => (WatchEventKind::Delete, now),
@@ -51,6 +53,30 @@ pub(crate) fn selected_event(change: &Change, selector: &Selector) -> Option<Eve
         resource: Some(resource.clone()),
         revision: change.revision,
     })
+}
+
+/// The metadata of each side of one change, decoded at most once however many selector
+/// watches look at the change.
+#[derive(Default)]
+pub(crate) struct ChangeMetadata {
+    metadata: Option<[Option<std::collections::BTreeMap<String, String>>; 2]>,
+}
+
+impl ChangeMetadata {
+    /// (matched before, matches after) of `change` for `selector`.
+    fn of(&mut self, change: &Change, selector: &Selector) -> (bool, bool) {
+        if selector.is_empty() {
+            return (change.before.is_some(), change.after.is_some());
+        }
+        let [before, after] = self.metadata.get_or_insert_with(|| {
+            let decode = |r: &Option<StoredResource>| r.as_ref().map(|r| r.resource().metadata);
+            [decode(&change.before), decode(&change.after)]
+        });
+        (
+            before.as_ref().is_some_and(|m| selector.matches(m)),
+            after.as_ref().is_some_and(|m| selector.matches(m)),
+        )
+    }
 }
 
 /// The kind of a watch event.
@@ -288,14 +314,15 @@ impl Registry {
         let before = subscribers.len();
         let store_bytes = &self.unread_bytes;
         let (mut queued, mut lagging) = (0u64, 0u64);
+        let mut metadata = ChangeMetadata::default();
         subscribers.retain(|s| {
             if !key::tenancy_matches(&change.key, &s.tenancy, &s.name_prefix) {
                 return true;
             }
             let selected;
-            let (event, size_bytes) = match s.selector.as_deref().filter(|x| !x.is_empty()) {
+            let (event, size_bytes) = match s.selector.as_deref() {
                 None => (&event, size_bytes),
-                Some(selector) => match selected_event(change, selector) {
+                Some(selector) => match selected_event(change, selector, &mut metadata) {
                     Some(e) => {
                         selected = e;
                         (&selected, size_bytes)
@@ -625,10 +652,7 @@ impl Watch {
                         .take_while(|(k, _)| k.starts_with(scan_prefix))
                         .filter(|(k, _)| self.matcher.matches_key(k))
                         .filter(|(_, r)| {
-                            self.filter
-                                .selector
-                                .as_deref()
-                                .is_none_or(|s| s.is_empty() || s.matches(&r.resource().metadata))
+                            self.filter.selector.as_deref().is_none_or(|s| s.selects(r))
                         });
                     for (k, r) in scan.by_ref().take(SNAPSHOT_CHUNK_RESOURCES) {
                         ready.push_back(r.clone());
@@ -665,10 +689,11 @@ impl Watch {
                     if !self.matcher.matches_key(&change.key) {
                         continue;
                     }
-                    match self.filter.selector.as_deref().filter(|s| !s.is_empty()) {
+                    match self.filter.selector.as_deref() {
                         None => return Ok(Some(Event::of_change(change))),
                         Some(selector) => {
-                            if let Some(event) = selected_event(change, selector) {
+                            let mut metadata = ChangeMetadata::default();
+                            if let Some(event) = selected_event(change, selector, &mut metadata) {
                                 return Ok(Some(event));
                             }
                         }
