@@ -168,7 +168,7 @@ pub fn marked_write(stored: &Resource, given: &Resource) -> Result<MarkedWrite, 
 pub fn unmarked_write(given: &Resource) -> Result<(), FsmError> {
     match is_marked(&given.metadata) {
         true => Err(FsmError::invalid(
-            &format!("resource.metadata.{DELETION_TIMESTAMP}"),
+            format!("resource.metadata.{DELETION_TIMESTAMP}"),
             "is set by the store when a resource with finalizers is deleted; a write may not \
              set it",
         )),

@@ -205,11 +205,7 @@ impl State {
         }
         if let Some(p) = &new_prefix {
             let (owner_key, uid) = split_owner_prefix(p);
-            if !self
-                .resources
-                .get(owner_key)
-                .is_some_and(|o| o.uid() == uid)
-            {
+            if self.resources.get(owner_key).is_none_or(|o| o.uid() != uid) {
                 self.dangling.insert(p.clone());
             }
         }
