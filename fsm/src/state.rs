@@ -255,10 +255,14 @@ impl State {
             let stored = self.resources.get(key)?;
             Some(self_prefix(key, stored.uid()))
         });
-        let dangling = self.dangling.iter().cloned().filter(|p| {
-            self.owned_by_prefix(p)
-                .any(|(_, dependent)| !dependent.lifecycle().marked)
-        });
+        let dangling = self
+            .dangling
+            .iter()
+            .filter(|p| {
+                self.owned_by_prefix(p)
+                    .any(|(_, dependent)| !dependent.lifecycle().marked)
+            })
+            .cloned();
         orphaning
             .chain(dangling)
             .take(max)
