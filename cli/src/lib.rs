@@ -10,6 +10,7 @@
 //! | [`data`] (+ [`json`], the JSON form of resources) | `read`, `write`, `delete`, `list`, `owned-by`, `watch` |
 //! | [`admin`] | `status`, `endpoint`, `member`, `transfer-leader` |
 //! | [`snapshot`] | `snapshot save / inspect / restore` |
+//! | [`recover`] | `recover`: a new cluster from a lost quorum's survivors |
 //! | [`check`] | `check disk`, `check perf`, `check cache` |
 //! | [`tls`] | `tls init`: development certificates |
 //! | [`token`] | `token new`, `token hash` |
@@ -58,6 +59,7 @@ pub mod data;
 pub mod dev;
 pub mod json;
 pub mod lease;
+pub mod recover;
 pub mod snapshot;
 pub mod tls;
 pub mod token;
@@ -129,6 +131,9 @@ enum Command {
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
+    /// After a quorum is lost for good: report what stopped survivors' data dirs hold, or
+    /// with --members seed a new cluster from the most up-to-date one (offline).
+    Recover(recover::RecoverArgs),
     /// Make and hash bearer tokens for `[[auth.grants]]`.
     #[command(subcommand)]
     Token(token::TokenCommand),
@@ -171,6 +176,7 @@ pub fn main() -> ExitCode {
         Command::Lock(l) => runtime().block_on(lease::lock(l, global)),
         Command::Elect(e) => runtime().block_on(lease::elect(e, global)),
         Command::Snapshot(s) => snapshot::run(s, global),
+        Command::Recover(r) => recover::run(r, global),
         Command::Data(d) => runtime().block_on(data::run(d)),
         Command::Token(t) => token::run(t),
         Command::Bench(args) => bench::run(args),

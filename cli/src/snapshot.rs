@@ -25,7 +25,7 @@ use crate::common::exit;
 use cairn_client::admin::Leader;
 use cairn_server::config::parse_members;
 use cairn_server::snapshot_file::{
-    self, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter, TempFile,
+    self, SnapshotFileError, SnapshotHeader, SnapshotReader, TempFile,
 };
 
 #[derive(Subcommand)]
@@ -63,7 +63,7 @@ pub struct RestoreArgs {
 }
 
 /// The default of `--bump-index`.
-const BUMP_INDEX_DEFAULT: u64 = 1_000_000_000;
+pub(crate) const BUMP_INDEX_DEFAULT: u64 = cairn_server::seed::BUMP_INDEX_DEFAULT;
 
 impl RestoreArgs {
     /// The offline-only flags given, by name.
@@ -82,7 +82,7 @@ impl RestoreArgs {
     }
 }
 
-fn bar(total_bytes: Option<u64>, message: &str) -> ProgressBar {
+pub(crate) fn bar(total_bytes: Option<u64>, message: &str) -> ProgressBar {
     let bar = match total_bytes {
         Some(total) => ProgressBar::new(total).with_style(
             ProgressStyle::with_template(
@@ -135,7 +135,7 @@ pub fn run(command: SnapshotCommand, global: &GlobalArgs) -> u8 {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum CommandError {
+pub(crate) enum CommandError {
     #[error(transparent)]
     Api(#[from] ApiError),
     #[error(transparent)]
@@ -426,10 +426,8 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
     Ok(())
 }
 
-/// Seeds one node's data dir of a new cluster from a backup: the snapshot is
-/// placed `bump_index` above its own index, with the new membership and a new
-/// cluster id (the same on every node seeded with the same arguments, and never
-/// the old cluster's, so old members cannot rejoin).
+/// Seeds one node's data dir of a new cluster from a backup
+/// ([`cairn_server::seed::seed_data_dir`], which `cairn recover` uses too).
 fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
     let data_dir = args
         .data_dir
@@ -441,99 +439,54 @@ fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
         .ok_or_else(|| CommandError::Usage("--offline needs --members".into()))?;
     let members =
         parse_members(members).map_err(|e| CommandError::Usage(format!("--members: {e}")))?;
-    if members.is_empty() {
-        return Err(CommandError::Usage("--members is empty".into()));
-    }
     let bump_index = args.bump_index.unwrap_or(BUMP_INDEX_DEFAULT);
-    if bump_index == 0 {
-        return Err(CommandError::Usage("--bump-index must be positive".into()));
-    }
-    if cairn_server::raft::holds_node_state(data_dir) {
-        return Err(CommandError::Usage(format!(
-            "{} already holds a node's data; offline restore only seeds an empty data dir",
-            data_dir.display()
-        )));
-    }
-    let size = std::fs::metadata(&args.file)
-        .map_err(|e| io_error(&args.file, e))?
-        .len();
-    let check = bar(Some(size), "verifying");
-    let verified = snapshot_file::verify(&args.file, |_, _| {});
-    check.finish_and_clear();
-    let old = verified?;
-    let index = old
-        .last_log_index
-        .checked_add(bump_index)
-        .ok_or_else(|| CommandError::Usage("--bump-index overflows".into()))?;
-    let nodes = cairn_server::raft::membership_nodes(&members);
-    let (membership, term, leader) = cairn_server::raft::seed_membership(&nodes, index);
-    let mut id_source = format!("{}|{}|{}|", old.cluster_id, old.last_log_index, bump_index);
-    for m in &members {
-        id_source.push_str(&format!(
-            "{}={}/{};",
-            m.id, m.peer_address, m.client_address
-        ));
-    }
-    let cluster_id = format!(
-        "{:08x}{:08x}",
-        crc32c::crc32c(id_source.as_bytes()),
-        crc32c::crc32c(
-            id_source
-                .as_bytes()
-                .iter()
-                .rev()
-                .copied()
-                .collect::<Vec<_>>()
-                .as_slice()
-        )
-    );
-    let header = SnapshotHeader {
-        cluster_id: cluster_id.clone(),
-        last_log_index: index,
-        last_log_term: term,
-        last_log_leader_node_id: leader,
-        membership,
-        resource_count: old.resource_count,
-        created_at_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        applied_initial_entry: false,
-        // A restore in progress in the source file is not part of its table.
-        pending_restore: None,
-        cluster_version: None,
-        cluster_version_downgrade: None,
-        space_quota_bytes: None,
-        nospace_alarm_index: None,
-        // The leases go with the table (their resources name them).
-        leases: old.leases.clone(),
-    };
-    let snapshots = cairn_server::raft::snapshot_dir(data_dir);
-    std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;
-    let target = snapshots.join(format!("snap-{index:020}-{term}.snap"));
-    let progress = bar(Some(size), "seeding");
-    let mut reader = SnapshotReader::open(&args.file)?;
-    let mut writer = SnapshotWriter::create(&target, &header)?;
-    while let Some(resource) = reader.next_table_resource()? {
-        writer.append(&resource)?;
-        progress.set_position(reader.offset());
-    }
-    writer.finish()?;
-    progress.finish_and_clear();
-    let id_path = data_dir.join("cluster_id");
-    cairn_server::durable::write_atomically(&id_path, cluster_id.as_bytes())
-        .map_err(|e| io_error(&id_path, e))?;
+    let seeded = seed_with_progress(&args.file, data_dir, &members, bump_index)?;
     println!(
         "seeded {}: {} resources from index {} of cluster {:?}; the new cluster {} starts at log index {}",
         data_dir.display(),
-        old.resource_count,
-        old.last_log_index,
-        old.cluster_id,
-        cluster_id,
-        index
+        seeded.source.resource_count,
+        seeded.source.last_log_index,
+        seeded.source.cluster_id,
+        seeded.cluster_id,
+        seeded.log_index
     );
     println!(
         "start the node with the same --members and this --data-dir; do the same for every member"
     );
     Ok(())
+}
+
+/// [`cairn_server::seed::seed_data_dir`] with a progress bar per phase.
+pub(crate) fn seed_with_progress(
+    file: &Path,
+    data_dir: &Path,
+    members: &[cairn_server::config::MemberConfig],
+    bump_index: u64,
+) -> Result<cairn_server::seed::Seeded, CommandError> {
+    let mut shown: Option<(&'static str, ProgressBar)> = None;
+    let result = cairn_server::seed::seed_data_dir(
+        file,
+        data_dir,
+        members,
+        bump_index,
+        |phase, done, total| {
+            if shown.as_ref().is_none_or(|(p, _)| *p != phase) {
+                if let Some((_, old)) = shown.take() {
+                    old.finish_and_clear();
+                }
+                shown = Some((phase, bar(Some(total), phase)));
+            }
+            if let Some((_, bar)) = &shown {
+                bar.set_position(done);
+            }
+        },
+    );
+    if let Some((_, bar)) = shown {
+        bar.finish_and_clear();
+    }
+    result.map_err(|e| match e {
+        cairn_server::seed::SeedError::Usage(m) => CommandError::Usage(m),
+        e @ cairn_server::seed::SeedError::NotEmpty(_) => CommandError::Usage(e.to_string()),
+        cairn_server::seed::SeedError::File(e) => CommandError::File(e),
+    })
 }

@@ -16,7 +16,7 @@
 //! - Let an openraft type escape the [`raft`] module.
 //! - Let a module import one above it. The modules stand in rows (`docs/architecture.md`):
 //!   the node ([`embed`], [`agent`]); its servers ([`ops`], [`admin`], [`service`],
-//!   [`reload`], [`grpc_metrics`]); what they go through ([`forward`], [`restore`],
+//!   [`reload`], [`grpc_metrics`]); what they go through ([`forward`], [`restore`], [`seed`],
 //!   [`auth`]); Raft and the ports' layers ([`raft`], [`limits`], [`tls`],
 //!   [`connections`], [`fatal`], [`snapshot_file`]); the leaves ([`config`], [`bounds`],
 //!   [`recorder`], [`logging`], [`durable`], [`rate_limit`], [`tasks`]). A module that
@@ -84,6 +84,7 @@ pub mod rate_limit;
 pub mod recorder;
 pub mod reload;
 pub mod restore;
+pub mod seed;
 pub mod service;
 pub mod snapshot_file;
 pub mod tasks;

@@ -17,6 +17,7 @@ pub mod peer_gate;
 #[doc(hidden)]
 pub mod purge_gate;
 pub mod read_batch;
+pub mod replay;
 mod series;
 pub mod stages;
 mod state_machine;
