@@ -44,7 +44,7 @@ pub enum BackupError {
         op: &'static str,
         object: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("backup target {target} is full: cannot {op} {object}: {source}")]
     Full {
@@ -52,14 +52,14 @@ pub enum BackupError {
         op: &'static str,
         object: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("backup target {target} holds no {object}")]
     NotFound {
         target: String,
         object: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("backup {object} in target {target} failed verification: {what}")]
     Verify {
@@ -87,7 +87,7 @@ pub enum BackupError {
         op: &'static str,
         object: String,
         #[source]
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
 }
 
@@ -115,7 +115,9 @@ impl BackupError {
         source: object_store::Error,
     ) -> BackupError {
         let (target, object) = (target.to_string(), object.to_string());
-        match classify(&source) {
+        let class = classify(&source);
+        let source = Box::new(source);
+        match class {
             Class::MissingTarget => BackupError::MissingTarget {
                 target,
                 op,
@@ -238,20 +240,23 @@ fn classify_io(e: &io::Error) -> Option<Class> {
     }
 }
 
-/// The `<Code>…</Code>` values in an S3 error body (bounded: the first 8).
+/// The S3 error codes in an error's text: `<Code>…</Code>` of a response body, and
+/// `(code: …)` as object_store writes a DeleteObjects failure (bounded: the first 8).
 fn s3_codes(text: &str) -> Vec<&str> {
     let mut codes = Vec::new();
-    let mut rest = text;
-    while codes.len() < 8 {
-        let Some(start) = rest.find("<Code>") else {
-            break;
-        };
-        let after = &rest[start + "<Code>".len()..];
-        let Some(end) = after.find("</Code>") else {
-            break;
-        };
-        codes.push(after[..end].trim());
-        rest = &after[end..];
+    for (open, close) in [("<Code>", "</Code>"), ("(code: ", ")")] {
+        let mut rest = text;
+        while codes.len() < 8 {
+            let Some(start) = rest.find(open) else {
+                break;
+            };
+            let after = &rest[start + open.len()..];
+            let Some(end) = after.find(close) else {
+                break;
+            };
+            codes.push(after[..end].trim());
+            rest = &after[end..];
+        }
     }
     codes
 }
@@ -368,6 +373,13 @@ mod tests {
                 )),
                 Class::Refused,
             ),
+            (
+                "a DeleteObjects key refused",
+                generic(Text(
+                    "DeleteObjects request failed for key k: Access Denied (code: AccessDenied)",
+                )),
+                Class::Refused,
+            ),
             ("500 after retries", generic(Text(BODY_500)), Class::Other),
             // A code's name elsewhere in the text (an object path) is not a code.
             (
@@ -433,6 +445,10 @@ mod tests {
             vec!["A", "B"]
         );
         assert!(s3_codes("<Code>unterminated").is_empty());
+        assert_eq!(
+            s3_codes("DeleteObjects request failed for key k: Access Denied (code: AccessDenied)"),
+            vec!["AccessDenied"]
+        );
         assert_eq!(s3_codes(&"<Code>A</Code>".repeat(100)).len(), 8);
     }
 }

@@ -150,8 +150,9 @@ mod tests {
 
     #[test]
     fn retention_keeps_the_newest_count_and_the_young_and_prunes_the_rest() {
-        // (ages of c1's backups in hours, retain_count, retain_age in hours, pruned ages)
-        let table: &[(&[u64], usize, Option<u64>, &[u64])] = &[
+        /// (ages of c1's backups in hours, retain_count, retain_age in hours, pruned ages)
+        type Case = (&'static [u64], usize, Option<u64>, &'static [u64]);
+        let table: &[Case] = &[
             // Nothing to decide.
             (&[], 3, None, &[]),
             (&[], 0, Some(1), &[]),

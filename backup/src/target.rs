@@ -146,7 +146,11 @@ impl BackupTarget {
                 } else {
                     AmazonS3Builder::from_env()
                 };
-                builder = builder.with_bucket_name(bucket);
+                // One object at a time, by plain DELETE: what every S3-compatible server
+                // supports (DeleteObjects is not everywhere, and Cairn never deletes in bulk).
+                builder = builder
+                    .with_bucket_name(bucket)
+                    .with_disable_bulk_delete(true);
                 if let (Some(id), Some(secret)) =
                     (&options.access_key_id, &options.secret_access_key)
                 {
