@@ -87,6 +87,9 @@ pub struct AgentArgs {
     /// How far (in entries) applying may trail the leader's commit index for /readyz.
     #[arg(long)]
     ready_apply_lag_entries_max: Option<u64>,
+    /// How often the leader compares every member's table digest (0 = on demand only).
+    #[arg(long)]
+    consistency_check_interval_ms: Option<u64>,
     /// Time every stage of each write on the leader into the histogram
     /// cairn_write_stage_seconds on the metrics port.
     #[arg(long)]
@@ -166,6 +169,11 @@ struct UnsafeFlags {
     /// holder's writes are accepted).
     #[arg(long)]
     unsafe_ignore_fences: bool,
+    /// DANGEROUS, test-only: once this node has applied a write, change the data of one
+    /// resource in its own table, outside the log (its table then differs from the
+    /// other members').
+    #[arg(long)]
+    unsafe_alter_applied_state: bool,
 }
 
 impl From<UnsafeFlags> for cairn_server::config::UnsafeModes {
@@ -178,6 +186,7 @@ impl From<UnsafeFlags> for cairn_server::config::UnsafeModes {
             unsafe_accept_stale_cas: flags.unsafe_accept_stale_cas,
             unsafe_lease_wall_clock: flags.unsafe_lease_wall_clock,
             unsafe_ignore_fences: flags.unsafe_ignore_fences,
+            unsafe_alter_applied_state: flags.unsafe_alter_applied_state,
         }
     }
 }
@@ -314,6 +323,10 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
         ("receive_stall_timeout_ms", a.receive_stall_timeout_ms),
         ("shutdown_timeout_ms", a.shutdown_timeout_ms),
         ("ready_apply_lag_entries_max", a.ready_apply_lag_entries_max),
+        (
+            "consistency_check_interval_ms",
+            a.consistency_check_interval_ms,
+        ),
     ] {
         if let Some(v) = value {
             put(key, v.into())

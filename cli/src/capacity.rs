@@ -122,6 +122,7 @@ pub async fn alarm(command: AlarmCommand, global: &GlobalArgs) -> u8 {
             serde_json::to_string_pretty(&json!({
                 "alarms": r.alarms.iter().map(|a| json!({
                     "name": a.name, "raised_index": a.raised_index, "reason": a.reason,
+                    "members": a.members,
                 })).collect::<Vec<_>>(),
                 "log_index": r.log_index,
             }))

@@ -57,6 +57,16 @@ pub enum CheckCommand {
     /// Prime a client cache of a type through a watch and compare it with a list of the
     /// type at the cache's revision: PASS, or FAIL with every difference.
     Cache(CacheArgs),
+    /// Ask the leader to compare every member's table digest now: PASS, or FAIL naming the
+    /// members that differ from the majority (the CORRUPT alarm is then raised).
+    Consistency(ConsistencyArgs),
+}
+
+#[derive(Args)]
+pub struct ConsistencyArgs {
+    /// `--endpoints`, `--token`, TLS, `-o`, `--timeout-ms`.
+    #[command(flatten)]
+    global: crate::common::GlobalArgs,
 }
 
 #[derive(Args)]
@@ -115,6 +125,89 @@ pub fn run(command: CheckCommand) -> u8 {
         CheckCommand::Disk(args) => disk(args),
         CheckCommand::Perf(args) => perf(args),
         CheckCommand::Cache(args) => cache(args),
+        CheckCommand::Consistency(args) => consistency(args),
+    }
+}
+
+// ---- check consistency ------------------------------------------------------------------
+
+fn consistency(args: ConsistencyArgs) -> u8 {
+    use cairn_client::admin::Operation;
+    let global = &args.global;
+    let client = match crate::admin::client_of(global) {
+        Ok(c) => c,
+        Err(e) => return crate::admin::fail(&e),
+    };
+    let answered = crate::common::runtime().block_on(client.at_leader(
+        // It may raise the CORRUPT alarm: never sent twice blindly.
+        Operation::Mutation,
+        |mut c| async move {
+            c.check_consistency(cairn_proto::v1::CheckConsistencyRequest {})
+                .await
+        },
+    ));
+    let r = match answered {
+        Ok(r) => r,
+        Err(e) => return crate::admin::fail(&e),
+    };
+    if global.output == crate::common::OutputFormat::Json {
+        out!(
+            "{}",
+            serde_json::json!({
+                "log_index": r.log_index,
+                "verdict": r.verdict,
+                "differing": r.differing,
+                "skipped": r.skipped,
+                "raised_index": r.raised_index,
+                "members": r.members.iter().map(|m| serde_json::json!({
+                    "node_id": m.node_id, "digest": m.digest, "left_out": m.left_out,
+                })).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        out!("table digests at log index {}:", r.log_index);
+        for m in &r.members {
+            let differs = r.differing.contains(&m.node_id);
+            match m.left_out.is_empty() {
+                true => out!(
+                    "  node {}  {}{}",
+                    m.node_id,
+                    m.digest,
+                    if differs { "  DIFFERS" } else { "" }
+                ),
+                false => out!("  node {}  (left out: {})", m.node_id, m.left_out),
+            }
+        }
+    }
+    match r.verdict.as_str() {
+        "agree" => {
+            if global.output != crate::common::OutputFormat::Json {
+                out!("PASS: every member that answered holds the same table");
+            }
+            exit::OK
+        }
+        "skipped" => {
+            eprintln!("cairn check consistency: not compared: {}", r.skipped);
+            exit::UNAVAILABLE
+        }
+        verdict => {
+            eprintln!(
+                "FAIL: node(s) {:?} hold a table that differs from {} (the CORRUPT alarm {}); \
+                 replace them: docs/operations.md, \"Replace a corrupt member\"",
+                r.differing,
+                if verdict == "differ" {
+                    "the majority's"
+                } else {
+                    "every other member's: no majority agrees"
+                },
+                if r.raised_index > 0 {
+                    format!("was raised at index {}", r.raised_index)
+                } else {
+                    "names them already".to_string()
+                }
+            );
+            exit::ERROR
+        }
     }
 }
 

@@ -256,7 +256,11 @@ async fn recover(args: &RecoverArgs, output: OutputFormat) -> Result<(), Command
                 out!(
                     "{past_commit} {} (indexes {} to {}) past the commit index it knew ({}): \
                      kept, and may hold writes that were never acknowledged",
-                    if past_commit == 1 { "entry lies" } else { "entries lie" },
+                    if past_commit == 1 {
+                        "entry lies"
+                    } else {
+                        "entries lie"
+                    },
                     chosen.committed_index + 1,
                     chosen.last_log_index,
                     chosen.committed_index

@@ -204,6 +204,7 @@ impl<H: Handle> Executor<H> {
     /// The view a request reads: for a strong request, after a read index
     /// was confirmed (here on the leader, or through it) and applied here.
     async fn view_for(&self, consistency: Consistency, revision: u64) -> Result<View, ApiError> {
+        self.handle.serves_reads()?;
         let confirmed_index = match consistency {
             Consistency::Strong => Some(self.handle.confirm_read(self.strong_reads).await?),
             Consistency::Eventual => None,
@@ -432,6 +433,7 @@ impl<H: Handle> Executor<H> {
         visible: Option<&ReadScope>,
     ) -> Result<shared::ListByOwnerResponse, ApiError> {
         checks::list_by_owner(self.limits(), &r)?;
+        self.handle.serves_reads()?;
         let owner = r.owner.expect("checked: an owner is given");
         let view = self.handle.store().view();
         let results_max = self.limits().list_results_max;
@@ -458,6 +460,7 @@ impl<H: Handle> Executor<H> {
         confirmed_index: Option<u64>,
     ) -> Result<OpenedWatch, ApiError> {
         self.check_watch(&r)?;
+        self.handle.serves_reads()?;
         if let Some(index) = confirmed_index {
             // The Handle contract: this node applied the confirmed index, so the
             // snapshot (taken from the latest state, at or above it) holds every

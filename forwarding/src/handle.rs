@@ -65,4 +65,10 @@ pub trait Handle: Send + Sync + 'static {
 
     /// This node's replica of the resource table.
     fn store(&self) -> &Store;
+
+    /// Whether this node's table may answer reads: `Unavailable` when it must not (the
+    /// node's `CORRUPT` alarm names it), so that a client asks another member.
+    fn serves_reads(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
 }

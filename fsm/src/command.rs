@@ -12,6 +12,7 @@ use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, Wi
 use prost::Message;
 
 use crate::capacity::CapacityAction;
+use crate::integrity::IntegrityAction;
 use crate::version::{ClusterVersion, Feature, VersionAction};
 use crate::FsmError;
 
@@ -96,6 +97,9 @@ pub enum Command {
     /// One bounded step of collecting the dependents of `owner` ([`crate::lifecycle`]):
     /// proposed by the leader. Needs cluster version 0.2 ([`crate::Feature::Lifecycle`]).
     Collect { owner: Id, now_ms: u64 },
+    /// Changes the `CORRUPT` alarm ([`crate::integrity`]). Needs cluster version 0.2
+    /// ([`crate::Feature::Integrity`]).
+    Integrity { action: IntegrityAction },
 }
 
 /// Tag of `Command.write` and `Command.delete`, and of `WriteCommand.resource`.
@@ -113,6 +117,7 @@ impl Command {
         match self {
             Command::WriteStatus { .. } => Some(Feature::StatusWrites),
             Command::Capacity { .. } => Some(Feature::Capacity),
+            Command::Integrity { .. } => Some(Feature::Integrity),
             Command::LeaseGrant { .. }
             | Command::LeaseRevoke { .. }
             | Command::LeaseKeepAlive { .. }
@@ -292,6 +297,19 @@ impl Command {
                 owner: Some(owner.clone()),
                 now_ms: *now_ms,
             }),
+            Command::Integrity { action } => {
+                use log::integrity_command::Action;
+                let (action, members) = match action {
+                    IntegrityAction::RaiseCorrupt(members) => {
+                        (Action::RaiseCorrupt, members.clone())
+                    }
+                    IntegrityAction::Disarm => (Action::Disarm, Vec::new()),
+                };
+                LogCommand::Integrity(log::IntegrityCommand {
+                    action: action as i32,
+                    members,
+                })
+            }
             Command::Fenced { fence, command } => {
                 assert!(
                     command.is_fenceable(),
@@ -509,6 +527,27 @@ impl Command {
             Some(LogCommand::Collect(_)) => {
                 Err(FsmError::Decode("collect command without an owner".into()))
             }
+            Some(LogCommand::Integrity(c)) => {
+                use log::integrity_command::Action;
+                if c.members.len() > crate::integrity::CORRUPT_MEMBERS_MAX {
+                    return Err(FsmError::Decode(format!(
+                        "integrity command naming {} members (at most {})",
+                        c.members.len(),
+                        crate::integrity::CORRUPT_MEMBERS_MAX
+                    )));
+                }
+                let action = match Action::try_from(c.action) {
+                    Ok(Action::RaiseCorrupt) => IntegrityAction::RaiseCorrupt(c.members),
+                    Ok(Action::Disarm) => IntegrityAction::Disarm,
+                    Err(_) => {
+                        return Err(FsmError::Decode(format!(
+                            "integrity command with unknown action {}",
+                            c.action
+                        )))
+                    }
+                };
+                Ok(Command::Integrity { action })
+            }
             None => Err(FsmError::Decode("command without a body".into())),
         }
     }
@@ -637,6 +676,12 @@ mod tests {
             Command::Collect {
                 owner: resource().id.unwrap_or_default(),
                 now_ms: 1_764_410_400_123,
+            },
+            Command::Integrity {
+                action: IntegrityAction::RaiseCorrupt(vec![3, 5]),
+            },
+            Command::Integrity {
+                action: IntegrityAction::Disarm,
             },
             Command::RestoreBegin {
                 restore_id: "r1".into(),

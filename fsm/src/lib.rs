@@ -94,6 +94,7 @@ pub mod capacity;
 mod command;
 mod error;
 mod history;
+pub mod integrity;
 mod key;
 pub mod lease;
 pub mod lifecycle;
@@ -112,6 +113,7 @@ mod watch;
 pub use capacity::{CapacityAction, SpaceState, Usage};
 pub use command::{Command, COMMAND_FORMAT_VERSION};
 pub use error::FsmError;
+pub use integrity::{CorruptAlarm, IntegrityAction};
 pub use lease::{Lease, LeaseApplied};
 pub use page::{
     ListFilter, Page, PageBounds, PageToken, LIST_PAGE_BYTES_MAX, PAGE_TOKEN_CHARS_MAX,
@@ -122,7 +124,7 @@ pub use scope::{ReadScope, Scope, READ_SCOPE_PATTERNS_MAX, READ_SCOPE_SCOPES_MAX
 pub use selector::{Selector, SelectorError};
 pub use snapshot::{PendingSnapshot, Restoration, Snapshot, SNAPSHOT_FORMAT_VERSION};
 pub use state::View;
-pub use store::{Applied, Batch, Store};
+pub use store::{Applied, Batch, DigestAt, Store};
 pub use stored::{ResourceHead, StoredResource, TenancyHead, TypeHead};
 pub use validate::{
     validate_fence, validate_id, validate_list, validate_write, validate_write_status, Limits,

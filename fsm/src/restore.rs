@@ -332,6 +332,8 @@ pub(crate) fn abort(w: &mut Writer, restore_id: &str) -> Applied {
 pub(crate) fn install(w: &mut Writer, mut state: State, revision: u64) {
     state.revision = revision;
     w.state = state;
+    // The digests of the table before the swap describe another table.
+    w.digests.clear();
     w.history = History::default();
     w.history_bytes = 0;
     w.oldest_retained_revision = revision;

@@ -10,7 +10,7 @@ use crate::key::Key;
 use crate::lease::Lease;
 use crate::restore::{install, PendingRestore, RestoreTable};
 use crate::store::{Published, Shared};
-use crate::{ClusterVersionState, FsmError, SpaceState, StoredResource};
+use crate::{ClusterVersionState, CorruptAlarm, FsmError, SpaceState, StoredResource};
 
 /// The format of the resources a [`Snapshot`] yields: each is a complete
 /// `cairn.v1.Resource` with its assigned version, as stored (its encoding is
@@ -33,6 +33,8 @@ pub struct Snapshot {
     pub cluster: ClusterVersionState,
     /// The space quota and its alarm at `applied_index` (replicated, like `cluster`).
     pub space: SpaceState,
+    /// The `CORRUPT` alarm at `applied_index` (replicated, like `cluster`).
+    pub corrupt: CorruptAlarm,
     /// The leases at `applied_index`, by id (replicated; the resources name theirs).
     pub leases: Vec<Lease>,
     len: usize,
@@ -61,6 +63,7 @@ impl Snapshot {
             }),
             cluster: published.cluster,
             space: published.space,
+            corrupt: published.corrupt.clone(),
             leases: state.leases.values().copied().collect(),
             len: state.resources.len(),
             // O(1): the map is shared, and copied out element by element as
@@ -139,6 +142,7 @@ pub struct Restoration {
     pending: Option<PendingRestore>,
     cluster: ClusterVersionState,
     space: SpaceState,
+    corrupt: CorruptAlarm,
 }
 
 impl Restoration {
@@ -149,7 +153,14 @@ impl Restoration {
             pending: None,
             cluster: ClusterVersionState::default(),
             space: SpaceState::default(),
+            corrupt: CorruptAlarm::default(),
         }
+    }
+
+    /// Declares the `CORRUPT` alarm the image was taken with (none: the default). The
+    /// commit installs it.
+    pub fn set_corrupt_alarm(&mut self, corrupt: CorruptAlarm) {
+        self.corrupt = corrupt;
     }
 
     /// Declares the space quota and alarm the image was taken with (none: the default).
@@ -281,6 +292,7 @@ impl Restoration {
         w.pending = self.pending.take();
         w.cluster = self.cluster;
         w.space = self.space.settle(w.state.usage.bytes);
+        w.corrupt = std::mem::take(&mut self.corrupt);
         self.shared.publish(&mut w);
         Ok(())
     }

@@ -39,6 +39,9 @@ pub(crate) struct State {
     pub dangling: OrdSet<Key>,
     /// Derived: the storage keys of the marked resources holding the orphan finalizer.
     pub orphaning: OrdSet<Key>,
+    /// Derived ([`crate::integrity`]): the wrapping sum of every stored resource's
+    /// [`crate::integrity::entry_digest`].
+    pub digest: u64,
 }
 
 /// The owner prefix (as the owner index keys it) of the resource stored at `key` with
@@ -148,9 +151,17 @@ impl State {
         }
         if let Some(old) = &previous {
             self.account(key, old.accounted_bytes(key.len()), false);
+            self.digest = self.digest.wrapping_sub(crate::integrity::entry_digest(
+                key.as_bytes(),
+                old.encoded(),
+            ));
         }
         if let Some(new) = &value {
             self.account(key, new.accounted_bytes(key.len()), true);
+            self.digest = self.digest.wrapping_add(crate::integrity::entry_digest(
+                key.as_bytes(),
+                new.encoded(),
+            ));
         }
         let old_prefix = previous
             .as_ref()

@@ -9,6 +9,7 @@ use prost::Message;
 
 use crate::capacity::{self, SpaceRefusal, SpaceState, TenantGrowth};
 use crate::history::History;
+use crate::integrity::CorruptAlarm;
 use crate::key::{self, Key};
 use crate::lease::{self, Lease, LeaseApplied};
 use crate::lifecycle;
@@ -49,6 +50,20 @@ pub enum Applied {
     Marked(StoredResource),
     /// A [`Command::Collect`]: how many dependents (or the owner) it changed.
     Collected { changed: u64 },
+    /// The `CORRUPT` alarm after a [`Command::Integrity`].
+    Integrity(CorruptAlarm),
+}
+
+/// A member's table digest at one index ([`Store::digest_at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DigestAt {
+    /// The digest of the table after the entry at that index.
+    Known(u64),
+    /// That index is not applied here yet.
+    NotYet { applied_index: u64 },
+    /// That index is older than the digests kept ([`crate::integrity::DIGESTS_KEPT`]) or
+    /// lies inside a snapshot this member installed.
+    Forgotten { oldest_index: u64 },
 }
 
 /// What readers see: the latest state and the history that leads to it.
@@ -63,6 +78,8 @@ pub(crate) struct Published {
     pub cluster: ClusterVersionState,
     /// The space quota and its alarm at `state.revision`.
     pub space: SpaceState,
+    /// The `CORRUPT` alarm at `state.revision` ([`crate::integrity`]).
+    pub corrupt: CorruptAlarm,
 }
 
 /// Everything the single writer owns.
@@ -83,6 +100,11 @@ pub(crate) struct Writer {
     pub cluster: ClusterVersionState,
     /// The space quota and its alarm (`crate::capacity`); an online restore leaves them.
     pub space: SpaceState,
+    /// The `CORRUPT` alarm (`crate::integrity`); an online restore leaves it.
+    pub corrupt: CorruptAlarm,
+    /// (applied index, table digest after it) for the last
+    /// [`crate::integrity::DIGESTS_KEPT`] indexes applied, oldest first.
+    pub digests: std::collections::VecDeque<(u64, u64)>,
     /// The bytes of the resources the history holds that the table no longer does (the
     /// before-images of its changes).
     pub history_bytes: u64,
@@ -109,6 +131,7 @@ pub(crate) struct Shared {
 impl Shared {
     /// Makes the writer's state the one readers see.
     pub(crate) fn publish(&self, w: &mut Writer) {
+        note_digest(w);
         assert!(
             w.space.holds_with(w.state.usage.bytes),
             "a raised NOSPACE alarm has a quota and usage above its low-water mark"
@@ -120,6 +143,7 @@ impl Shared {
             pending: w.pending.clone(),
             cluster: w.cluster,
             space: w.space,
+            corrupt: w.corrupt.clone(),
         });
         let previous = {
             let mut guard = self.published.write();
@@ -148,6 +172,7 @@ impl Store {
             pending: None,
             cluster: ClusterVersionState::default(),
             space: SpaceState::default(),
+            corrupt: CorruptAlarm::default(),
         };
         Store {
             shared: Arc::new(Shared {
@@ -163,6 +188,8 @@ impl Store {
                     pending: None,
                     cluster: ClusterVersionState::default(),
                     space: SpaceState::default(),
+                    corrupt: CorruptAlarm::default(),
+                    digests: Default::default(),
                     history_bytes: 0,
                     unpublished: Vec::new(),
                     dirty: false,
@@ -235,6 +262,55 @@ impl Store {
     /// The space quota and its alarm as of [`Store::applied_index`] (`crate::capacity`).
     pub fn space(&self) -> SpaceState {
         self.shared.published.read().space
+    }
+
+    /// The `CORRUPT` alarm as of [`Store::applied_index`] (`crate::integrity`).
+    pub fn corrupt_alarm(&self) -> CorruptAlarm {
+        self.shared.published.read().corrupt.clone()
+    }
+
+    /// The table's digest after the entry at `index` ([`crate::integrity`]), if this store
+    /// still knows it. Waits for a batch being applied to end.
+    pub fn digest_at(&self, index: u64) -> DigestAt {
+        let w = self.shared.writer.lock();
+        let applied_index = w.state.revision;
+        if index > applied_index {
+            return DigestAt::NotYet { applied_index };
+        }
+        if index == applied_index {
+            return DigestAt::Known(w.state.digest);
+        }
+        match w.digests.binary_search_by_key(&index, |(i, _)| *i) {
+            Ok(at) => DigestAt::Known(w.digests[at].1),
+            Err(_) => DigestAt::Forgotten {
+                oldest_index: w.digests.front().map_or(applied_index, |(i, _)| *i),
+            },
+        }
+    }
+
+    /// DANGEROUS, test-only (`cairn agent --unsafe-alter-applied-state`): changes the data
+    /// of the first stored resource in this member's table only, as a bad RAM bit or a bug in
+    /// apply would, keeping its version. Returns its storage key (None: the table is empty).
+    /// Its digest follows (the table is changed through the one setter).
+    #[doc(hidden)]
+    pub fn unsafe_alter_one_resource_for_tests(&self) -> Option<String> {
+        let mut w = self.shared.writer.lock();
+        let (key, stored) = w
+            .state
+            .resources
+            .iter()
+            .next()
+            .map(|(k, v)| (k.clone(), v.clone()))?;
+        let mut resource = stored.resource();
+        let mut data = resource.data.take().unwrap_or_default();
+        let mut value = data.value.to_vec();
+        value.push(0x2a);
+        data.value = value.into();
+        resource.data = Some(data);
+        let altered = StoredResource::new(&resource, &key);
+        w.state.set(&key, Some(altered));
+        self.shared.publish(&mut w);
+        Some(key.to_string())
     }
 
     /// Bytes the history holds of resources the table no longer does (bounded by
@@ -485,6 +561,7 @@ impl Batch<'_> {
             | Command::RestoreChunk { .. }
             | Command::WriteStatus { .. }
             | Command::Capacity { .. }
+            | Command::Integrity { .. }
             | Command::LeaseGrant { .. }
             | Command::LeaseRevoke { .. }
             | Command::LeaseKeepAlive { .. }
@@ -555,6 +632,13 @@ impl Batch<'_> {
                 w.cluster.require(Feature::Capacity)?;
                 w.space = w.space.act(action, index, w.state.usage.bytes);
                 Ok(Applied::Capacity(w.space))
+            }
+            Command::Integrity { action } => {
+                self.advance(index);
+                let w = &mut *self.writer;
+                w.cluster.require(Feature::Integrity)?;
+                w.corrupt = w.corrupt.act(&action, index);
+                Ok(Applied::Integrity(w.corrupt.clone()))
             }
             Command::WriteStatus {
                 id,
@@ -680,6 +764,7 @@ impl Batch<'_> {
             | Command::Batch { .. }
             | Command::ClusterVersion { .. }
             | Command::Capacity { .. }
+            | Command::Integrity { .. }
             | Command::LeaseGrant { .. }
             | Command::LeaseRevoke { .. }
             | Command::LeaseKeepAlive { .. }
@@ -887,6 +972,8 @@ impl Batch<'_> {
     /// stays above every version issued before (also across a restore).
     fn advance(&mut self, index: u64) {
         let w = &mut *self.writer;
+        // The state after the previous entry is complete: keep its digest.
+        note_digest(w);
         assert!(
             index > w.state.revision,
             "log index {index} applied after index {}",
@@ -1376,5 +1463,22 @@ impl WriteInput<'_> {
             resource.generation = generation;
         }
         StoredResource::new(&resource, key)
+    }
+}
+
+/// Keeps the digest of the state at `w.state.revision` (the table after that entry) among
+/// the last [`crate::integrity::DIGESTS_KEPT`].
+pub(crate) fn note_digest(w: &mut Writer) {
+    let at = (w.state.revision, w.state.digest);
+    match w.digests.back_mut() {
+        Some(last) if last.0 == at.0 => *last = at,
+        Some(last) => {
+            assert!(last.0 < at.0, "digests are kept in index order");
+            w.digests.push_back(at);
+        }
+        None => w.digests.push_back(at),
+    }
+    if w.digests.len() > crate::integrity::DIGESTS_KEPT {
+        w.digests.pop_front();
     }
 }

@@ -106,15 +106,19 @@ pub enum Feature {
     /// The store-set generation, finalizers and deletion marks, and the collection of
     /// what a removed owner owned ([`crate::lifecycle`]).
     Lifecycle,
+    /// The `CORRUPT` alarm ([`crate::integrity`]).
+    Integrity,
 }
 
 impl Feature {
     /// The lowest cluster version that enables it.
     pub fn since(self) -> ClusterVersion {
         match self {
-            Feature::StatusWrites | Feature::Capacity | Feature::Leases | Feature::Lifecycle => {
-                ClusterVersion::new(0, 2)
-            }
+            Feature::StatusWrites
+            | Feature::Capacity
+            | Feature::Leases
+            | Feature::Lifecycle
+            | Feature::Integrity => ClusterVersion::new(0, 2),
         }
     }
 
@@ -125,6 +129,7 @@ impl Feature {
             Feature::Capacity => "the space quota and its alarm",
             Feature::Leases => "leases and fenced writes",
             Feature::Lifecycle => "finalizers, orphaning deletes and owner collection",
+            Feature::Integrity => "the CORRUPT alarm",
         }
     }
 }

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
-use cairn_fsm::{CapacityAction, ClusterVersion, Command, VersionAction};
+use cairn_fsm::{CapacityAction, ClusterVersion, Command, IntegrityAction, VersionAction};
 use cairn_proto::google::protobuf::{Any, Timestamp};
 use cairn_proto::v1::{condition, Condition, Id, Reference, Resource, Status, Tenancy, Type};
 use cairn_test_support::fixtures::{self, FixtureDir};
@@ -299,6 +299,19 @@ fn samples() -> Vec<(&'static str, Command)> {
             Command::Collect {
                 owner: id("Thing", "api", "u1"),
                 now_ms: 1_764_410_400_123,
+            },
+        ),
+        // Replicas that check each other: the CORRUPT alarm raised, then disarmed.
+        (
+            "command-integrity-raise-corrupt.bin",
+            Command::Integrity {
+                action: IntegrityAction::RaiseCorrupt(vec![3, 5]),
+            },
+        ),
+        (
+            "command-integrity-disarm.bin",
+            Command::Integrity {
+                action: IntegrityAction::Disarm,
             },
         ),
     ]

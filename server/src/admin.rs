@@ -238,7 +238,7 @@ impl Admin {
             data_bytes,
             data_bytes_quota: space.quota_bytes,
             data_bytes_max: self.raft.contacts.own_data_bytes_max(),
-            alarms: crate::raft::capacity::alarms(space, data_bytes),
+            alarms: crate::raft::alarms(&self.raft.store),
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_ms: self.started.elapsed().as_millis() as u64,
             data_dir_bytes,
@@ -407,15 +407,62 @@ impl Admin {
     /// `cairn alarm list` (this node's view) and `cairn alarm disarm` (on the leader,
     /// through the log).
     pub async fn alarm(&self, disarm: bool) -> Result<pb::AlarmResponse, ApiError> {
-        let (log_index, space) = if disarm {
-            crate::raft::capacity::propose(&self.raft, cairn_fsm::CapacityAction::DisarmAlarm)
-                .await?
-        } else {
-            (0, self.raft.store.space())
-        };
+        let mut log_index = 0;
+        if disarm {
+            (log_index, _) =
+                crate::raft::capacity::propose(&self.raft, cairn_fsm::CapacityAction::DisarmAlarm)
+                    .await?;
+            if self.raft.store.corrupt_alarm().is_raised() {
+                (log_index, _) = self
+                    .raft
+                    .propose(cairn_fsm::Command::Integrity {
+                        action: cairn_fsm::IntegrityAction::Disarm,
+                    })
+                    .await?;
+            }
+        }
         Ok(pb::AlarmResponse {
-            alarms: crate::raft::capacity::alarms(space, self.raft.store.view().usage().bytes),
+            alarms: crate::raft::alarms(&self.raft.store),
             log_index,
+        })
+    }
+
+    /// `cairn check consistency`: one consistency check now, on the leader (NotLeader
+    /// elsewhere); it raises `CORRUPT` as the periodic one does.
+    pub async fn check_consistency(&self) -> Result<pb::CheckConsistencyResponse, ApiError> {
+        let report = crate::raft::integrity::check(&self.raft).await?;
+        use crate::raft::integrity::MemberAnswer;
+        use cairn_fsm::integrity::Verdict;
+        Ok(pb::CheckConsistencyResponse {
+            log_index: report.index,
+            members: report
+                .members
+                .iter()
+                .map(|(id, answer)| pb::MemberDigest {
+                    node_id: *id,
+                    digest: match answer {
+                        MemberAnswer::Digest(d) => format!("{d:016x}"),
+                        MemberAnswer::LeftOut(_) => String::new(),
+                    },
+                    left_out: match answer {
+                        MemberAnswer::Digest(_) => String::new(),
+                        MemberAnswer::LeftOut(why) => why.clone(),
+                    },
+                })
+                .collect(),
+            verdict: match &report.verdict {
+                None => "skipped",
+                Some(Verdict::Agree) => "agree",
+                Some(Verdict::Differ(_)) => "differ",
+                Some(Verdict::NoMajority(_)) => "no-majority",
+            }
+            .to_string(),
+            differing: match report.verdict {
+                Some(Verdict::Differ(m)) | Some(Verdict::NoMajority(m)) => m,
+                _ => Vec::new(),
+            },
+            skipped: report.skipped.unwrap_or_default(),
+            raised_index: report.raised_index.unwrap_or(0),
         })
     }
 
@@ -713,6 +760,15 @@ impl AdminService for Admin {
         Ok(Response::new(
             self.change_cluster_version(downgrade_to).await?,
         ))
+    }
+
+    async fn check_consistency(
+        &self,
+        r: Request<pb::CheckConsistencyRequest>,
+    ) -> Result<Response<pb::CheckConsistencyResponse>, Status> {
+        self.auth
+            .require_admin(&r, AdminOperation::CheckConsistency)?;
+        Ok(Response::new(self.check_consistency().await?))
     }
 
     async fn alarm(

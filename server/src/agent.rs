@@ -453,6 +453,34 @@ impl Agent {
             "owner collection",
             crate::raft::collector::collect_dependents(raft.clone()),
         );
+        // Replicas that check each other: the leader's periodic check (a leader the CORRUPT
+        // alarm names hands leadership off through the admin service's transfer), and this
+        // member's own check against the leader once it has caught up after its start.
+        let hand_off: crate::raft::integrity::HandOff = {
+            let admin = admin.clone();
+            Arc::new(move || {
+                let admin = admin.clone();
+                Box::pin(async move { admin.transfer_leader(0).await.map(|_| ()) })
+            })
+        };
+        tasks.spawn(
+            "consistency check",
+            crate::raft::integrity::run(
+                raft.clone(),
+                Duration::from_millis(config.consistency_check_interval_ms),
+                hand_off,
+            ),
+        );
+        tasks.spawn(
+            "consistency check at start",
+            crate::raft::integrity::check_at_start(raft.clone(), Duration::from_secs(120)),
+        );
+        if config.unsafe_modes.unsafe_alter_applied_state {
+            tasks.spawn(
+                "unsafe: alter the applied state",
+                crate::raft::integrity::unsafe_alter_applied_state(raft.clone()),
+            );
+        }
         let (fatal_sender, fatal) = watch::channel(None);
         tasks.spawn(
             "core watcher",

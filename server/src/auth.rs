@@ -151,6 +151,8 @@ pub enum AdminOperation {
     ClusterVersion,
     /// `cairn alarm list` and `cairn alarm disarm`.
     Alarm,
+    /// `cairn check consistency`.
+    CheckConsistency,
 }
 
 /// What a request asks to do, with its fields already validated.

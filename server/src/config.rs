@@ -328,6 +328,9 @@ pub struct Config {
     /// How many entries this node's applied index may trail the leader's commit index while
     /// `/readyz` (and gRPC health) still call it ready.
     pub ready_apply_lag_entries_max: u64,
+    /// How often the leader compares every member's table digest (`docs/operations.md`,
+    /// "Replicas that check each other"); 0 = only on demand (`cairn check consistency`).
+    pub consistency_check_interval_ms: u64,
     /// Time every stage of each write on the leader (received, batched,
     /// proposed, replicated, committed, applied, answered) into the histogram
     /// `cairn_write_stage_seconds` on the metrics port. Off by default; when
@@ -426,6 +429,10 @@ pub struct UnsafeModes {
     /// DANGEROUS, test-only: apply a fenced write without checking its fence (a deposed
     /// holder's writes are accepted).
     pub unsafe_ignore_fences: bool,
+    /// DANGEROUS, test-only: once this node has applied a write, change the data of one
+    /// resource in its own table, outside the log (as a bad RAM bit or a bug in apply
+    /// would): its table then differs from the other members'.
+    pub unsafe_alter_applied_state: bool,
 }
 
 impl UnsafeModes {
@@ -455,6 +462,9 @@ impl UnsafeModes {
         }
         if self.unsafe_ignore_fences {
             on.push("--unsafe-ignore-fences".to_owned());
+        }
+        if self.unsafe_alter_applied_state {
+            on.push("--unsafe-alter-applied-state".to_owned());
         }
         on
     }
@@ -528,6 +538,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             metrics_address: None,
             ready_apply_lag_entries_max: 1000,
+            consistency_check_interval_ms: 60_000,
             write_stage_timing: false,
             log_engine: cairn_raft_log::LogEngineKind::Wal,
             follower_strong_reads: FollowerStrongReads::ReadIndex,
@@ -989,6 +1000,11 @@ impl Config {
             "keepalive_timeout_ms",
             self.keepalive_timeout_ms,
             100..=600_000,
+        )?;
+        check_off_or_range(
+            "consistency_check_interval_ms",
+            self.consistency_check_interval_ms,
+            100..=86_400_000,
         )?;
         check_off_or_range(
             "connection_idle_timeout_ms",

@@ -149,6 +149,10 @@ impl Handle for NodeHandle {
         self.raft.leader()
     }
 
+    fn serves_reads(&self) -> Result<(), ApiError> {
+        crate::raft::integrity::serves_reads(&self.raft)
+    }
+
     fn store(&self) -> &Store {
         &self.raft.store
     }

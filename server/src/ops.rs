@@ -444,7 +444,7 @@ fn describe() {
     );
     describe_gauge!(
         ALARM_ACTIVE,
-        "1 while the alarm named by the label (NOSPACE) is raised, else 0."
+        "1 while the alarm named by the label (NOSPACE, CORRUPT) is raised, else 0."
     );
     describe_gauge!(LEASES, "How many leases exist.");
     describe_counter!(
@@ -477,6 +477,8 @@ async fn record_state(probes: &Probes) {
     metrics::gauge!(DATA_BYTES_QUOTA).set(space.quota_bytes as f64);
     metrics::gauge!(HISTORY_BYTES).set(store.history_bytes() as f64);
     metrics::gauge!(ALARM_ACTIVE, "alarm" => "NOSPACE").set(flag(space.alarm_index.is_some()));
+    metrics::gauge!(ALARM_ACTIVE, "alarm" => "CORRUPT")
+        .set(flag(store.corrupt_alarm().is_raised()));
     metrics::gauge!(LEASES).set(store.view().lease_count() as f64);
     let watches = store.watch_stats();
     metrics::gauge!(WATCHES_OPEN).set(watches.open as f64);

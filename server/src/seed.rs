@@ -125,6 +125,8 @@ pub fn seed_data_dir(
         cluster_version_downgrade: None,
         space_quota_bytes: None,
         nospace_alarm_index: None,
+        corrupt_members: Vec::new(),
+        corrupt_alarm_index: None,
         // The leases go with the table (their resources name them).
         leases: old.leases.clone(),
     };

@@ -82,6 +82,12 @@ pub struct SnapshotHeader {
     /// them, renewed by the restore.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leases: Vec<[u64; 4]>,
+    /// The members the `CORRUPT` alarm names at `last_log_index`, and the index that
+    /// raised it (`cairn_fsm::CorruptAlarm`): absent while it is not raised.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrupt_members: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corrupt_alarm_index: Option<u64>,
 }
 
 /// An online restore in progress when a Raft snapshot was taken.
@@ -138,6 +144,20 @@ impl SnapshotHeader {
     pub fn set_space(&mut self, space: cairn_fsm::SpaceState) {
         self.space_quota_bytes = (space.quota_bytes != 0).then_some(space.quota_bytes);
         self.nospace_alarm_index = space.alarm_index;
+    }
+
+    /// The `CORRUPT` alarm the file records (none: not raised).
+    pub fn corrupt_alarm(&self) -> cairn_fsm::CorruptAlarm {
+        cairn_fsm::CorruptAlarm {
+            members: self.corrupt_members.clone(),
+            raised_index: self.corrupt_alarm_index.unwrap_or(0),
+        }
+    }
+
+    /// Records `alarm`, leaving the fields out while it is not raised.
+    pub fn set_corrupt_alarm(&mut self, alarm: &cairn_fsm::CorruptAlarm) {
+        self.corrupt_members = alarm.members.clone();
+        self.corrupt_alarm_index = alarm.is_raised().then_some(alarm.raised_index);
     }
 
     /// The leases the file records.
@@ -408,6 +428,8 @@ impl<R: Read> SnapshotReader<R> {
                 cluster_version_downgrade: None,
                 space_quota_bytes: None,
                 nospace_alarm_index: None,
+                corrupt_members: Vec::new(),
+                corrupt_alarm_index: None,
                 leases: Vec::new(),
             },
             crc: 0,
@@ -604,6 +626,8 @@ mod tests {
             cluster_version_downgrade: None,
             space_quota_bytes: None,
             nospace_alarm_index: None,
+            corrupt_members: Vec::new(),
+            corrupt_alarm_index: None,
             leases: Vec::new(),
         }
     }

@@ -49,6 +49,8 @@ use prost::Message;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use cairn_server::raft::integrity::{DigestAnswer, DigestQuestion, DigestReply};
+
 const RAFT_PROTO: &str = include_str!("../../proto/proto/cairn/v1/raft.proto");
 
 /// The cluster id every sample's envelope carries (as a cluster's id is: 32 hex digits).
@@ -390,6 +392,46 @@ fn samples() -> Vec<Row> {
             "Members",
             FOLLOWER,
             Vec::<NodeId>::from([1, 2, 3, 4]),
+        ),
+        // `RaftService.StateDigest`: the leader's consistency check asks for a member's table
+        // digest at an index; the member answers it, or that it has not applied it yet, or
+        // that it no longer keeps it.
+        row(
+            "peer-state-digest-request.bin",
+            "StateDigest",
+            LEADER,
+            DigestQuestion {
+                index: 12,
+                wait_ms: 2000,
+                check_soon: false,
+            },
+        ),
+        row(
+            "peer-state-digest-response-known.bin",
+            "StateDigest",
+            FOLLOWER,
+            DigestReply {
+                answer: DigestAnswer::Known(0x3f89_f266_51e1_d573),
+                build: "0.2.0".into(),
+            },
+        ),
+        row(
+            "peer-state-digest-response-not-yet.bin",
+            "StateDigest",
+            FOLLOWER,
+            DigestReply {
+                answer: DigestAnswer::NotYet { applied_index: 10 },
+                build: "0.2.0".into(),
+            },
+        ),
+        row(
+            "peer-state-digest-response-forgotten.bin",
+            "StateDigest",
+            FOLLOWER,
+            DigestReply {
+                answer: DigestAnswer::Forgotten { oldest_index: 40 },
+                build: "0.2.0".into(),
+            },
         ),
     ]
 }

@@ -413,6 +413,8 @@ fn snapshot_seed() -> Vec<u8> {
         cluster_version_downgrade: None,
         space_quota_bytes: None,
         nospace_alarm_index: None,
+        corrupt_members: Vec::new(),
+        corrupt_alarm_index: None,
     };
     let mut encoder = SnapshotEncoder::new(Vec::new(), &header).expect("encoder");
     encoder.append(&resource("a")).expect("append");

@@ -223,6 +223,8 @@ fn damaged_backups_are_refused_each_with_its_own_message() {
         cluster_version_downgrade: None,
         space_quota_bytes: None,
         nospace_alarm_index: None,
+        corrupt_members: Vec::new(),
+        corrupt_alarm_index: None,
     };
     let mut w = cairn_server::snapshot_file::SnapshotWriter::create(&good, &header).unwrap();
     w.append(&thing("x", "u", "3", b"1")).unwrap();

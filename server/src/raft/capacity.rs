@@ -55,6 +55,7 @@ pub fn alarms(space: SpaceState, usage_bytes: u64) -> Vec<cairn_proto::v1::Alarm
                 space.quota_bytes,
                 space.low_water_bytes()
             ),
+            members: Vec::new(),
         })
         .into_iter()
         .collect()

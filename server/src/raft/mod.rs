@@ -9,6 +9,7 @@ pub mod cluster_version;
 pub mod collector;
 pub mod contacts;
 mod identity;
+pub mod integrity;
 mod leadership;
 pub mod leases;
 mod log_growth;
@@ -185,6 +186,18 @@ pub struct RaftHandle {
     raising_alarm: Arc<std::sync::atomic::AtomicBool>,
     /// When this node saw each lease's last renewal ([`leases`]).
     pub leases: Arc<leases::LeaseClock>,
+    /// The client side of the peer port (the consistency check asks members through it).
+    network: Network,
+    /// The consistency check's shared state ([`integrity`]).
+    pub integrity: Arc<integrity::Integrity>,
+}
+
+/// The alarms raised in the replicated state `store` holds (`NOSPACE`, `CORRUPT`), as
+/// `cairn alarm list`, `cairn status` and `/readyz?verbose` show them.
+pub fn alarms(store: &Store) -> Vec<cairn_proto::v1::Alarm> {
+    let mut alarms = capacity::alarms(store.space(), store.view().usage().bytes);
+    alarms.extend(integrity::alarm(&store.corrupt_alarm()));
+    alarms
 }
 
 fn leader_view_of(
@@ -431,7 +444,7 @@ impl RaftHandle {
             settings.bootstrap_members.clone(),
         ));
         let vouching = Arc::new(vouch::Vouching::new(
-            network,
+            network.clone(),
             raft.clone(),
             gate.clone(),
             node_id,
@@ -475,6 +488,8 @@ impl RaftHandle {
             contacts,
             raising_alarm: Default::default(),
             leases: leases::clock(settings.unsafe_lease_wall_clock),
+            network,
+            integrity: Default::default(),
         })
     }
 
@@ -537,6 +552,7 @@ impl RaftHandle {
         };
         RaftRpcService::new(self.raft.clone(), self.node_id, self.gate.clone(), limits)
             .with_contacts(self.contacts.clone())
+            .with_digests(self.store.clone(), self.integrity.clone())
             .with_vouching({
                 let vouching = self.vouching.clone();
                 Arc::new(move |stranger| vouching.ask_about(stranger))
@@ -658,6 +674,18 @@ impl RaftHandle {
             }
             metrics.changed().await.ok()?;
         }
+    }
+
+    /// The peer address of the leader this node knows, if it knows one (and it is not this
+    /// node).
+    pub fn leader_address(&self) -> Option<String> {
+        let status = self.status();
+        let leader = status.leader_id.filter(|id| *id != self.node_id)?;
+        status
+            .voters
+            .get(&leader)
+            .or_else(|| status.learners.get(&leader))
+            .map(|node| node.peer_address.clone())
     }
 
     pub fn is_leader(&self) -> bool {

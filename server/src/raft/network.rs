@@ -271,6 +271,31 @@ impl Network {
         peer_gate::check_members_reply(&members).map_err(|refusal| refusal.to_string())?;
         Ok(members)
     }
+
+    /// Asks the node at `peer_address` for its table digest (`RaftService.StateDigest`), for
+    /// at most `timeout`.
+    pub(super) async fn digest_of(
+        &self,
+        peer_address: &str,
+        question: &super::integrity::DigestQuestion,
+        timeout: Duration,
+    ) -> Result<super::integrity::DigestReply, String> {
+        let channel = self.channel(peer_address)?;
+        let payload = encode(question).map_err(|e| e.to_string())?;
+        let mut request = tonic::Request::new(self.envelope(payload));
+        request.set_timeout(timeout);
+        let reply = RaftServiceClient::new(channel)
+            .max_decoding_message_size(self.message_bytes_max)
+            .state_digest(request)
+            .await
+            .map_err(|status| match status.code() {
+                tonic::Code::Unimplemented => {
+                    "it does not answer digests (a build of an earlier release)".to_string()
+                }
+                _ => status.message().to_string(),
+            })?;
+        decode(&reply.into_inner().payload).map_err(|e| format!("undecodable digest reply: {e}"))
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -688,6 +713,9 @@ pub struct RaftRpcService {
     vouching: Option<AskAbout>,
     /// Refusals are logged at most once a second.
     refusal_lines: Arc<RateLimit>,
+    /// The table whose digests `StateDigest` answers, and the check it may wake (`None`:
+    /// answered Unavailable).
+    digests: Option<(cairn_fsm::Store, Arc<super::integrity::Integrity>)>,
 }
 
 /// Asks the members this node knows whether a stranger the peer gate refused as unvouched
@@ -712,7 +740,18 @@ impl RaftRpcService {
             contacts: Default::default(),
             vouching: None,
             refusal_lines: Arc::new(RateLimit::once_a_second()),
+            digests: None,
         }
+    }
+
+    /// Answers `StateDigest` from `store`'s digests, waking `integrity`'s check when asked.
+    pub fn with_digests(
+        mut self,
+        store: cairn_fsm::Store,
+        integrity: Arc<super::integrity::Integrity>,
+    ) -> RaftRpcService {
+        self.digests = Some((store, integrity));
+        self
     }
 
     /// Asks the members this node knows about an unvouched stranger through `vouching`.
@@ -940,6 +979,29 @@ impl RaftService for RaftRpcService {
             .map(|(id, _)| *id)
             .collect();
         self.reply(&members)
+    }
+
+    /// Answers a member with this node's table digest at an index (see
+    /// `super::integrity`). A stranger's question is refused: it shows nothing.
+    async fn state_digest(
+        &self,
+        request: tonic::Request<RaftMessage>,
+    ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+        let (question, standing): (super::integrity::DigestQuestion, _) =
+            self.admit(request, |_| Claim::Nothing, |_, _| Ok(()))?;
+        if standing.is_stranger() {
+            return Err(tonic::Status::permission_denied(
+                "digests are answered to members only",
+            ));
+        }
+        let Some((store, integrity)) = &self.digests else {
+            return Err(tonic::Status::unavailable(
+                "this node answers no digests yet",
+            ));
+        };
+        let leads = self.raft.metrics().borrow().current_leader == Some(self.node_id);
+        let answer = super::integrity::answer(store, integrity, leads, &question).await;
+        self.reply(&answer)
     }
 }
 

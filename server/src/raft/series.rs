@@ -25,6 +25,10 @@ pub const SNAPSHOT_INSTALL_BYTES: &str = "cairn_snapshot_install_bytes";
 pub const PEER_ROUND_TRIP_TIME: &str = "cairn_network_peer_round_trip_time_seconds";
 pub const PEER_SENT_BYTES: &str = "cairn_network_peer_sent_bytes_total";
 pub const PEER_RECEIVED_BYTES: &str = "cairn_network_peer_received_bytes_total";
+pub const CONSISTENCY_CHECKS: &str = "cairn_consistency_checks_total";
+
+/// Every `outcome` of [`CONSISTENCY_CHECKS`].
+pub const CHECK_OUTCOMES: [&str; 4] = ["agree", "differ", "no-majority", "skipped"];
 
 /// Every `kind` of [`PROPOSALS_FAILED`] ([`failure_of`]'s answers).
 pub const FAILURE_KINDS: [&str; 5] = [
@@ -86,8 +90,17 @@ pub fn describe_metrics() {
         Unit::Bytes,
         "Bytes of Raft messages (requests and replies) received from each peer, by `from`."
     );
+    describe_counter!(
+        CONSISTENCY_CHECKS,
+        "Consistency checks this node ran as leader, by `outcome`: agree (every member's table \
+         digest equal), differ (some differ from the majority: CORRUPT raised), no-majority, \
+         or skipped (members of different builds)."
+    );
     for kind in FAILURE_KINDS {
         metrics::counter!(PROPOSALS_FAILED, "kind" => kind).absolute(0);
+    }
+    for outcome in CHECK_OUTCOMES {
+        metrics::counter!(CONSISTENCY_CHECKS, "outcome" => outcome).absolute(0);
     }
     for histogram in [
         SNAPSHOT_SAVE_DURATION,
@@ -190,6 +203,12 @@ impl Drop for Pending {
     fn drop(&mut self) {
         metrics::gauge!(PROPOSALS_PENDING).decrement(1.0);
     }
+}
+
+/// One consistency check ended with `outcome` (one of [`CHECK_OUTCOMES`]).
+pub fn consistency_check(outcome: &'static str) {
+    debug_assert!(CHECK_OUTCOMES.contains(&outcome), "{outcome}");
+    metrics::counter!(CONSISTENCY_CHECKS, "outcome" => outcome).increment(1);
 }
 
 pub fn snapshot_saved(elapsed: Duration, size_bytes: u64) {

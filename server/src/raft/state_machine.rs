@@ -123,6 +123,15 @@ fn restore_from_file(
     let mut restoration = store.restore();
     restoration.set_cluster_version(cluster);
     restoration.set_space(header.space());
+    let corrupt = header.corrupt_alarm();
+    if corrupt.is_raised() != (corrupt.raised_index > 0)
+        || !corrupt.members.windows(2).all(|w| w[0] < w[1])
+    {
+        return Err(damaged(format!(
+            "the snapshot header's CORRUPT alarm is malformed: {corrupt:?}"
+        )));
+    }
+    restoration.set_corrupt_alarm(corrupt);
     restoration
         .set_leases(header.leases())
         .map_err(|e| damaged(e.to_string()))?;
@@ -414,10 +423,13 @@ impl StateMachine {
                 cluster_version_downgrade: None,
                 space_quota_bytes: None,
                 nospace_alarm_index: None,
+                corrupt_members: Vec::new(),
+                corrupt_alarm_index: None,
                 leases: Vec::new(),
             };
             header.set_cluster_version(fsm_snapshot.cluster);
             header.set_space(fsm_snapshot.space);
+            header.set_corrupt_alarm(&fsm_snapshot.corrupt);
             header.set_leases(&fsm_snapshot.leases);
             return Ok((fsm_snapshot, header));
         }
@@ -784,6 +796,8 @@ mod tests {
             cluster_version_downgrade: None,
             space_quota_bytes: None,
             nospace_alarm_index: None,
+            corrupt_members: Vec::new(),
+            corrupt_alarm_index: None,
             leases: Vec::new(),
         }
     }

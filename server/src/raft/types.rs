@@ -163,6 +163,8 @@ enum ReplyWire {
     Marked(#[serde(with = "serde_bytes_compat")] Bytes),
     /// A collection step: how many resources it changed.
     Collected(u64),
+    /// The CORRUPT alarm after the entry: the members named and the index that raised it.
+    Integrity(Vec<u64>, u64),
 }
 
 /// [`cairn_fsm::LeaseApplied`], field by field.
@@ -237,6 +239,9 @@ impl ReplyWire {
             Ok(Applied::Lease(applied)) => ReplyWire::Lease(LeaseWire::of(applied)),
             Ok(Applied::Marked(resource)) => ReplyWire::Marked(resource.encoded().clone()),
             Ok(Applied::Collected { changed }) => ReplyWire::Collected(*changed),
+            Ok(Applied::Integrity(alarm)) => {
+                ReplyWire::Integrity(alarm.members.clone(), alarm.raised_index)
+            }
             Ok(Applied::Batch(results)) => ReplyWire::Batch(
                 results
                     .iter()
@@ -294,6 +299,12 @@ impl<'de> Deserialize<'de> for Reply {
                 Ok(Applied::Marked(StoredResource::from_resource(&resource)))
             }
             ReplyWire::Collected(changed) => Ok(Applied::Collected { changed }),
+            ReplyWire::Integrity(members, raised_index) => {
+                Ok(Applied::Integrity(cairn_fsm::CorruptAlarm {
+                    members,
+                    raised_index,
+                }))
+            }
             // A reply only ever goes to the proposer on the node that applied
             // the entry (openraft never sends it); a batch's per-command fsm
             // errors have no lossless way back from the wire form.
