@@ -123,6 +123,14 @@ pub struct ClusterOptions {
     /// Run every node in a memory cgroup of its own with this limit ([`crate::memcg`]);
     /// placing a node fails when no memory cgroup can be created here.
     pub memory_limit_bytes: Option<u64>,
+    /// The first bootstrap member's id; the others follow (`first_id`, `first_id + 1`, ...).
+    /// A cluster started after another in the same root takes ids of its own, so that its
+    /// node logs (`ROOT/node-ID.log`) and data dirs stay apart from the first one's.
+    pub first_id: u64,
+    /// Data dirs of given nodes, in place of `ROOT/node-ID`: a node started on a data dir
+    /// prepared beforehand (seeded offline for a new cluster, say, where an earlier node's
+    /// data dir was). Not with [`ClusterOptions::powercut`].
+    pub data_dirs: BTreeMap<u64, PathBuf>,
 }
 
 impl ClusterOptions {
@@ -147,6 +155,8 @@ impl ClusterOptions {
             env: vec![],
             started_later: vec![],
             memory_limit_bytes: None,
+            first_id: 1,
+            data_dirs: BTreeMap::new(),
         }
     }
 }
@@ -222,6 +232,8 @@ pub struct Cluster {
     pub nodes: Vec<NodeProcess>,
     lifetimes: Lifetimes,
     root: PathBuf,
+    /// The bootstrap members' `--members` value.
+    members: String,
     _temp: Option<ScratchDir>,
     /// The highest node id ever used here: ids of removed nodes are never reused.
     highest_id: u64,
@@ -251,7 +263,15 @@ fn place_node(options: &ClusterOptions, root: &Path, id: u64) -> Result<NodeProc
         }
         None => None,
     };
-    let (data_dir, disk) = if options.powercut {
+    let given_data_dir = options.data_dirs.get(&id);
+    if given_data_dir.is_some() && options.powercut {
+        return Err(format!(
+            "node {id} is given a data dir and the nodes run on power-cut disks: one or the other"
+        ));
+    }
+    let (data_dir, disk) = if let Some(dir) = given_data_dir {
+        (dir.clone(), None)
+    } else if options.powercut {
         let mountpoint = root.join(format!("node-{id}-disk"));
         std::fs::create_dir_all(&mountpoint)
             .map_err(|e| format!("cannot create {}: {e}", mountpoint.display()))?;
@@ -425,8 +445,9 @@ impl StatusProbe {
 }
 
 impl Cluster {
-    /// Starts `options.nodes` bootstrap members and returns at once (see [`Cluster::wait_for_leader`]).
-    /// Panics when the nodes cannot be placed (see [`Cluster::try_start`]).
+    /// Starts `options.nodes` bootstrap members (ids from [`ClusterOptions::first_id`]) and
+    /// returns at once (see [`Cluster::wait_for_leader`]). Panics when the nodes cannot be
+    /// placed (see [`Cluster::try_start`]).
     pub fn start(options: ClusterOptions) -> Cluster {
         Cluster::try_start(options).unwrap_or_else(|e| panic!("cannot start the cluster: {e}"))
     }
@@ -446,7 +467,7 @@ impl Cluster {
             }
         };
         let mut nodes = Vec::with_capacity(options.nodes);
-        for id in 1..=options.nodes as u64 {
+        for id in (options.first_id..).take(options.nodes) {
             nodes.push(place_node(&options, &root, id)?);
         }
         let members = nodes
@@ -457,21 +478,29 @@ impl Cluster {
         for n in &mut nodes {
             n.bootstrap = vec!["--members".into(), members.clone()];
         }
-        let highest_id = nodes.len() as u64;
+        let highest_id = nodes.iter().map(|n| n.id).max().unwrap_or(0);
         let mut cluster = Cluster {
             options,
             nodes,
             root,
+            members,
             _temp: temp,
             highest_id,
             lifetimes: Lifetimes::default(),
         };
-        for id in 1..=cluster.nodes.len() as u64 {
+        for id in cluster.ids() {
             if !cluster.options.started_later.contains(&id) {
                 cluster.spawn(id);
             }
         }
         Ok(cluster)
+    }
+
+    /// The bootstrap members' `--members` value (`ID=PEER/CLIENT,...`): what a data dir
+    /// seeded offline for this cluster (`cairn snapshot restore --offline`, `cairn recover`)
+    /// must name, before [`Cluster::spawn`] starts its node ([`ClusterOptions::started_later`]).
+    pub fn bootstrap_members(&self) -> &str {
+        &self.members
     }
 
     pub fn root(&self) -> &Path {

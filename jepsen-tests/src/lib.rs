@@ -43,6 +43,9 @@
 //!   under their fencing token, through the fencing nemesis ([`nemesis::fencing`]).
 //! - [`lifecycle`]: status writes, finalizers, deletion marks, re-creations and a
 //!   selector-fed watch cache, under any nemesis; its checker is [`lifecycle::check`].
+//! - [`recover`]: a 5-node cluster loses its quorum for good under the set workload, and a
+//!   new cluster recovered from the survivors with `cairn recover` must keep every
+//!   acknowledged add.
 //! - [`runner`]: scenarios, the `ci` suite, `soak` and `prove-broken`, and the
 //!   results folder (histories, node logs, nemesis logs, summary with seed).
 //! - [`upgrade`]: the rolling upgrade from an earlier release, built from the commit
@@ -105,6 +108,7 @@ pub mod models;
 pub mod monotonic;
 pub mod nemesis;
 pub mod net;
+pub mod recover;
 pub mod runner;
 pub mod scoped;
 pub mod set;

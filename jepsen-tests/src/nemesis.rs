@@ -80,6 +80,12 @@ pub enum NemesisKind {
     /// the broken-node proof of `--unsafe-lease-wall-clock` only, with the election workload
     /// (not in [`NemesisKind::ALL`]: [`NemesisKind::Fencing`] runs it among its rounds).
     LeaderClock,
+    /// A quorum lost for good: a follower `SIGSTOP`ped so that it lags, then `kill -9` of
+    /// three of five nodes, then of the two survivors, and a new cluster recovered from the
+    /// survivors with `cairn recover` ([`crate::recover`], which runs it as one sequence,
+    /// not in rounds); set workload only. Not in [`NemesisKind::ALL`]: no other workload or
+    /// scenario takes it.
+    QuorumLoss,
 }
 
 /// The history a [`NemesisKind::Compaction`] cluster keeps: a node down for a second
@@ -103,11 +109,13 @@ impl NemesisKind {
             NemesisKind::OomKillLoop => "oom-kill-loop",
             NemesisKind::Fencing => "fencing",
             NemesisKind::LeaderClock => "leader-clock",
+            NemesisKind::QuorumLoss => "quorum-loss",
         }
     }
 
-    /// Every nemesis `ci` and `soak` run (the broken-node proof's [`NemesisKind::LeaderClock`]
-    /// aside).
+    /// Every nemesis `ci` and `soak` run: all but the broken-node proof's
+    /// [`NemesisKind::LeaderClock`] and [`NemesisKind::QuorumLoss`], which only `ci`'s recovery
+    /// scenario runs.
     pub const ALL: [NemesisKind; 13] = [
         NemesisKind::Kill,
         NemesisKind::Pause,
@@ -282,6 +290,9 @@ pub async fn run_rotating(
             }
             NemesisKind::Fencing => fencing::round(cx, round).await?,
             NemesisKind::LeaderClock => fencing::leader_clock_round(cx).await?,
+            NemesisKind::QuorumLoss => {
+                return Err("the quorum loss is one sequence of crate::recover, not rounds".into())
+            }
         }
         // A kill loop's round ends with its node caught up: a short pause is enough.
         let quiet = if kind.is_kill_loop() {

@@ -28,6 +28,10 @@
 //! candidates campaign for one election under leases and fencing tokens, with the fencing
 //! nemesis; its checker is [`crate::election::check`].
 //!
+//! The recovery scenario ([`recover_scenario`], run by [`crate::recover::run`]) loses a
+//! quorum of a 5-node cluster for good under the set workload and recovers a new cluster
+//! from the survivors with `cairn recover`; its checker is the set checker.
+//!
 //! The rolling upgrade ([`crate::upgrade`]) is a scenario of its own with two workloads; it
 //! takes the register and set checks, the minimums ([`Minimums::shortfall`]) and the bound
 //! ([`bounded`]) from here.
@@ -73,6 +77,10 @@ pub struct Scenario {
     /// Start every node with `--data-bytes-max` this many bytes, and run the set workload
     /// with elements large enough to reach that quota ([`quota_scenario`]).
     pub quota_bytes: Option<u64>,
+    /// The recovery scenario ([`crate::recover`]) only: recover from the lagging survivor
+    /// alone, not from both survivors, so that acknowledged adds are lost and the scenario
+    /// must fail (`ci --recover-from-lagging`: the proof that it tests the choice of survivor).
+    pub recover_from_lagging: bool,
 }
 
 /// A node broken on purpose: one `--unsafe-*` switch of `cairn agent`, and the scenario
@@ -169,6 +177,7 @@ impl BrokenMode {
             auth: false,
             rounds_max: None,
             quota_bytes: None,
+            recover_from_lagging: false,
         }
     }
 }
@@ -310,8 +319,9 @@ pub struct RunEnvironment {
 
 /// The short suite: at least six scenarios on 3 nodes, one under authentication
 /// ([`auth_scenario`]), then two kill loops ([`kill_loop_scenario`]), the quota scenario
-/// ([`quota_scenario`]), the lifecycle ([`lifecycle_scenario`]) and last the election
-/// ([`election_scenario`]).
+/// ([`quota_scenario`]), the lifecycle ([`lifecycle_scenario`]), the election
+/// ([`election_scenario`]) and last the recovery from a lost quorum on 5 nodes
+/// ([`recover_scenario`]): 18 scenarios.
 pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
     // Every nemesis at least once, each with a checker that sees what it can break:
     // stale or lost values (register, append), lost or resurrected elements (set), gaps
@@ -342,6 +352,7 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
             auth: false,
             rounds_max: None,
             quota_bytes: None,
+            recover_from_lagging: false,
         })
         .chain(std::iter::once(Scenario {
             name: "12-set-auth-partition-kill-transfer".into(),
@@ -378,6 +389,10 @@ pub fn ci_scenarios(seed: u64) -> Vec<Scenario> {
                 name: "17-election-fencing".into(),
                 ..election_scenario(3, seed.wrapping_add(15 * 7919))
             },
+            Scenario {
+                name: "18-set-quorum-loss-recover".into(),
+                ..recover_scenario(seed.wrapping_add(17 * 7919))
+            },
         ])
         .collect()
 }
@@ -409,6 +424,7 @@ pub fn kill_loop_scenario(kill: NemesisKind, nodes: usize, rounds: usize, seed: 
         auth: false,
         rounds_max: Some(rounds),
         quota_bytes: None,
+        recover_from_lagging: false,
     }
 }
 
@@ -427,6 +443,7 @@ pub fn auth_scenario(seed: u64) -> Scenario {
         auth: true,
         rounds_max: None,
         quota_bytes: None,
+        recover_from_lagging: false,
     }
 }
 
@@ -444,6 +461,7 @@ pub fn lifecycle_scenario(seed: u64) -> Scenario {
         auth: false,
         rounds_max: None,
         quota_bytes: None,
+        recover_from_lagging: false,
     }
 }
 
@@ -465,6 +483,27 @@ pub fn election_scenario(nodes: usize, seed: u64) -> Scenario {
         auth: false,
         rounds_max: None,
         quota_bytes: None,
+        recover_from_lagging: false,
+    }
+}
+
+/// The recovery scenario ([`crate::recover`]): the set workload on 5 nodes, a follower
+/// paused so that it lags, then 3 nodes lost for good and the other 2 killed; a new 3-node
+/// cluster recovered with `cairn recover` from the most up-to-date survivor must still hold
+/// every acknowledged add. Its duration is the workload's time before the loss.
+pub fn recover_scenario(seed: u64) -> Scenario {
+    Scenario {
+        name: "set-quorum-loss-recover".into(),
+        workload: WorkloadKind::Set,
+        nemesis: NemesisKind::QuorumLoss,
+        nodes: 5,
+        duration: crate::recover::BEFORE_LOSS,
+        seed,
+        broken: None,
+        auth: false,
+        rounds_max: None,
+        quota_bytes: None,
+        recover_from_lagging: false,
     }
 }
 
@@ -500,6 +539,7 @@ pub fn quota_scenario(seed: u64) -> Scenario {
         auth: false,
         rounds_max: None,
         quota_bytes: Some(QUOTA_BYTES),
+        recover_from_lagging: false,
     }
 }
 
@@ -629,6 +669,8 @@ pub async fn run_scenario(scenario: &Scenario, env: &RunEnvironment) -> Scenario
         crate::scoped::run(scenario, env, &folder, &mut result).await
     } else if scenario.workload == WorkloadKind::Election {
         crate::election::run(scenario, env, &folder, &mut result).await
+    } else if scenario.nemesis == NemesisKind::QuorumLoss {
+        crate::recover::run(scenario, env, &folder, &mut result).await
     } else {
         run_scenario_inner(scenario, env, &folder, &mut result).await
     };
@@ -1304,6 +1346,7 @@ pub fn soak_scenario(i: usize, seed: u64) -> Scenario {
         auth: false,
         rounds_max: None,
         quota_bytes: None,
+        recover_from_lagging: false,
     }
 }
 
@@ -1360,9 +1403,9 @@ mod tests {
     }
 
     #[test]
-    fn the_election_ends_ci_short_and_on_three_nodes() {
+    fn the_election_runs_in_ci_short_and_on_three_nodes() {
         let ci = ci_scenarios(1);
-        let election = ci.last().expect("scenarios");
+        let election = &ci[ci.len() - 2];
         assert_eq!(election.name, "17-election-fencing");
         assert_eq!(
             (election.workload, election.nemesis, election.nodes),
@@ -1377,6 +1420,31 @@ mod tests {
     }
 
     #[test]
+    fn the_recovery_from_a_lost_quorum_ends_ci_on_five_nodes_and_nowhere_else() {
+        let ci = ci_scenarios(1);
+        let recover = ci.last().expect("scenarios");
+        assert_eq!(recover.name, "18-set-quorum-loss-recover");
+        assert_eq!(
+            (recover.workload, recover.nemesis, recover.nodes),
+            (WorkloadKind::Set, NemesisKind::QuorumLoss, 5)
+        );
+        // CI time is tight: seconds of workload before the loss, then the recovery.
+        assert!(recover.duration <= Duration::from_secs(10));
+        // It recovers from the best survivor; only `ci --recover-from-lagging` says otherwise.
+        let soak: Vec<Scenario> = (0..40).map(|i| soak_scenario(i, 1)).collect();
+        for s in ci.iter().chain(&soak) {
+            assert!(!s.recover_from_lagging, "{}", s.name);
+            assert_eq!(
+                s.nemesis == NemesisKind::QuorumLoss,
+                s.name == recover.name,
+                "{}",
+                s.name
+            );
+        }
+        assert!(!NemesisKind::ALL.contains(&NemesisKind::QuorumLoss));
+    }
+
+    #[test]
     fn the_lifecycle_runs_in_ci_under_kills_on_three_nodes_before_the_election() {
         let ci = ci_scenarios(1);
         let lifecycle: Vec<&Scenario> = ci
@@ -1388,7 +1456,7 @@ mod tests {
         assert_eq!(s.name, "16-lifecycle-kill");
         assert_eq!((s.nemesis, s.nodes), (NemesisKind::Kill, 3));
         assert!(s.duration <= Duration::from_secs(18));
-        assert_eq!(ci[ci.len() - 2].name, s.name);
+        assert_eq!(ci[ci.len() - 3].name, s.name);
         // The soak may pick it with any nemesis but those that need their own workload.
         assert!(WorkloadKind::ALL.contains(&WorkloadKind::Lifecycle));
     }

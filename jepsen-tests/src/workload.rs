@@ -21,8 +21,9 @@
 //!   reads are *eventual* reads on the process's home node alone, recorded in
 //!   [`Workload::eventual`] with the home node's lifetime ([`NodeLifetimes`])
 //!   and checked by [`crate::monotonic`].
-//! - **set**: one resource per element (`set<k>-<element>`), `add` = create,
-//!   `read` = strong list of the key's prefix. With [`WorkloadOptions::payload_bytes`]
+//! - **set**: one resource per element (`set<k>-<element>`), `add` = create (an
+//!   acknowledged add's output is the version it stored), `read` = strong list of the
+//!   key's prefix. With [`WorkloadOptions::payload_bytes`]
 //!   (the kill loops' *large entries*), each add also carries that many bytes of random
 //!   padding in the metadata key [`PADDING_KEY`] (the data, hence the element the checker
 //!   sees, is unchanged), so each add is a Raft entry of that size. To keep the state
@@ -738,6 +739,65 @@ async fn set_read(
     }
 }
 
+/// A set element whose add was acknowledged: its resource's name and uid, and the version
+/// the add stored.
+pub(crate) struct Added {
+    pub name: String,
+    pub uid: String,
+    pub version: String,
+}
+
+/// Adds `element` to the set `prefix` (creates the resource `<prefix><element>`, with
+/// `padding` in [`PADDING_KEY`] if given), recorded as `add` by `process`: `ok` with the
+/// version stored as its output; `fail` when certainly not applied (with the limit that
+/// refused it, [`refusal_output`]); `info` when it may have applied. `Some` when acknowledged.
+pub(crate) async fn set_add(
+    client: &Client,
+    recorder: &Recorder,
+    process: u64,
+    prefix: &str,
+    element: &Value,
+    padding: Option<String>,
+) -> Option<Added> {
+    let name = format!("{prefix}{element}");
+    let uid = cairn_client::new_uid();
+    let mut resource = new_resource(WorkloadKind::Set, &name, &uid, "", element);
+    if let Some(padding) = padding {
+        resource.metadata.insert(PADDING_KEY.into(), padding);
+    }
+    let op = recorder.invoke(process, OpKind::Add, prefix, element.clone());
+    match client.write(resource).await {
+        Ok(stored) => {
+            op.ok(Value::Str(stored.version.clone()));
+            Some(Added {
+                name,
+                uid,
+                version: stored.version,
+            })
+        }
+        // Nobody else creates this name: a conflict would mean an earlier attempt applied,
+        // which never happens (no retries); unknown.
+        Err(e) if e.is_cas_conflict() => {
+            op.info();
+            None
+        }
+        // Definite (the client never retries a write after an attempt that may have
+        // applied), with the limit that refused it.
+        Err(ClientError::ResourceExhausted { limit, .. }) => {
+            op.complete(Outcome::Fail, refusal_output(&limit));
+            None
+        }
+        Err(e) if e.outcome().is_definite() => {
+            op.fail();
+            None
+        }
+        Err(_) => {
+            op.info();
+            None
+        }
+    }
+}
+
 /// How a recorded CAS ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CasResult {
@@ -979,39 +1039,26 @@ impl Process {
     async fn set_op(&mut self, prefix: &str) {
         if self.rng.random_range(0..100) < 80 {
             let element = self.next_value();
-            let name = format!("{prefix}{element}");
-            let uid = cairn_client::new_uid();
-            let mut resource = new_resource(WorkloadKind::Set, &name, &uid, "", &element);
-            if self.payload_bytes > 0 {
-                let padding = padding(&mut self.rng, self.payload_bytes);
-                resource.metadata.insert(PADDING_KEY.into(), padding);
-            }
-            let op = self
-                .recorder
-                .invoke(self.id, OpKind::Add, prefix, element.clone());
-            match self.client.write(resource).await {
-                Ok(stored) => {
-                    op.ok(Value::Null);
-                    if self.payload_bytes > 0 {
-                        self.padded.push_back(PaddedElement {
-                            name,
-                            uid,
-                            version: stored.version,
-                            element,
-                        });
-                        self.strip_padding().await;
-                    }
-                }
-                // Nobody else creates this name: a conflict would mean an
-                // earlier attempt applied, which never happens (no retries); unknown.
-                Err(e) if e.is_cas_conflict() => op.info(),
-                // Definite (the client never retries a write after an attempt that may
-                // have applied), with the limit that refused it.
-                Err(ClientError::ResourceExhausted { limit, .. }) => {
-                    op.complete(Outcome::Fail, refusal_output(&limit))
-                }
-                Err(e) if e.outcome().is_definite() => op.fail(),
-                Err(_) => op.info(),
+            let padding =
+                (self.payload_bytes > 0).then(|| padding(&mut self.rng, self.payload_bytes));
+            let added = set_add(
+                &self.client,
+                &self.recorder,
+                self.id,
+                prefix,
+                &element,
+                padding,
+            )
+            .await;
+            // Only padded elements are kept track of, to strip their padding later.
+            if let Some(added) = added.filter(|_| self.payload_bytes > 0) {
+                self.padded.push_back(PaddedElement {
+                    name: added.name,
+                    uid: added.uid,
+                    version: added.version,
+                    element,
+                });
+                self.strip_padding().await;
             }
         } else {
             let page = self.list_page_limit;
