@@ -8,6 +8,7 @@ mod support;
 
 mod admin_cli;
 mod auth;
+mod backup;
 mod bench;
 mod capacity;
 mod capacity_memcg;
@@ -30,6 +31,7 @@ mod forwarding;
 mod grpc_error_model;
 mod hostile_peer;
 mod in_process;
+mod integrity;
 mod lease_service;
 mod leases;
 mod lifecycle;
