@@ -8,7 +8,6 @@ mod support;
 
 mod admin_cli;
 mod auth;
-mod backup;
 mod bench;
 mod capacity;
 mod capacity_memcg;
