@@ -56,29 +56,8 @@ async fn until_raised(
     panic!("no CORRUPT alarm within {limit:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_whose_table_differs_is_named_and_stops_serving_reads() {
-    let mut options = options(3);
-    options.extra_args.extend([
-        "--consistency-check-interval-ms".to_string(),
-        CHECK_INTERVAL_MS.to_string(),
-    ]);
-    let mut cluster = Cluster::start(options);
-    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
-    let endpoints = cluster.endpoints().join(",");
-    wait_cluster_version_0_2(&endpoints, &[]).await;
-
-    // Every member agrees on an empty table.
-    let pass = cairn_at(&endpoints, &["check", "consistency"]).await;
-    assert_eq!(pass.code, 0, "{pass:?}");
-    assert!(pass.stdout.contains("PASS"), "{pass:?}");
-
-    // The altered member: a follower, restarted through a wrapper that adds the switch.
-    let odd = cluster
-        .ids()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
+/// Restarts `id` through a wrapper of the binary that adds `--unsafe-alter-applied-state`.
+fn restart_altered(cluster: &mut Cluster, id: u64) {
     let wrapper = cluster.root().join("cairn-altered");
     std::fs::write(
         &wrapper,
@@ -90,8 +69,88 @@ async fn a_member_whose_table_differs_is_named_and_stops_serving_reads() {
     .expect("wrapper");
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    cluster.set_binary(odd, &wrapper);
-    cluster.restart(odd);
+    cluster.set_binary(id, &wrapper);
+    cluster.restart(id);
+}
+
+/// A 3-node cluster checking every `interval_ms` (0: on demand only) at cluster version
+/// 0.2, its leader, and a follower.
+async fn cluster_checking_every(interval_ms: u64) -> (Cluster, u64) {
+    let mut options = options(3);
+    options.extra_args.extend([
+        "--consistency-check-interval-ms".to_string(),
+        interval_ms.to_string(),
+    ]);
+    let cluster = Cluster::start(options);
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    wait_cluster_version_0_2(&cluster.endpoints().join(","), &[]).await;
+    let follower = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    (cluster, follower)
+}
+
+async fn write_things(endpoints: &str, names: &[&str]) {
+    for name in names {
+        let run = cairn_at(
+            endpoints,
+            &[
+                "write",
+                "--type",
+                "demo.v1.Thing",
+                "--name",
+                name,
+                "--data-json",
+                "{}",
+            ],
+        )
+        .await;
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_starts_with_a_differing_table_has_itself_checked_at_once() {
+    // No periodic check: only the member's own check after its start can ask for one.
+    let (mut cluster, odd) = cluster_checking_every(0).await;
+    let endpoints = cluster.endpoints().join(",");
+    write_things(&endpoints, &["a", "b"]).await;
+    // Its table holds resources as soon as it has replayed its log: altered at once.
+    restart_altered(&mut cluster, odd);
+    let healthy = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != odd)
+        .map(|id| cluster.node(id).client_address.clone())
+        .expect("a healthy member");
+    let (named, _, after) = until_raised(&healthy, 0, Duration::from_secs(20)).await;
+    assert_eq!(named, vec![odd]);
+    println!(
+        "CORRUPT named node {odd} {} ms after its restart",
+        after.as_millis()
+    );
+    assert!(
+        cluster
+            .log_tail(odd, 200)
+            .contains("this member's table digest differs from the leader's"),
+        "the member's own check found it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_table_differs_is_named_and_stops_serving_reads() {
+    let (mut cluster, odd) = cluster_checking_every(CHECK_INTERVAL_MS).await;
+    let endpoints = cluster.endpoints().join(",");
+
+    // Every member agrees on an empty table.
+    let pass = cairn_at(&endpoints, &["check", "consistency"]).await;
+    assert_eq!(pass.code, 0, "{pass:?}");
+    assert!(pass.stdout.contains("PASS"), "{pass:?}");
+
+    // The altered member, a follower, altered once it holds a resource.
+    restart_altered(&mut cluster, odd);
     let odd_endpoint = cluster.node(odd).client_address.clone();
     let healthy = cluster
         .ids()
