@@ -87,6 +87,10 @@
 //! - A fenced command applies only if its fence held when its entry applied.
 //! - The watch registry holds exactly the open, unclosed watches: dropping a
 //!   [`Watch`] removes it; a restore removes them all.
+//! - The table digest is the wrapping sum of [`integrity::entry_digest`] over exactly the
+//!   stored resources (kept by the one setter, for writes, restores and installs alike), so
+//!   replicas that applied the same log hold the same digest at the same index; the digests
+//!   kept for past indexes are in index order and are dropped by a restore.
 
 #![forbid(unsafe_code)]
 
