@@ -13,6 +13,9 @@
 //!   the copy, and only then publishes it under its name.
 //! - [`BackupTarget::list`], [`BackupTarget::fetch`], [`BackupTarget::delete`];
 //!   [`decide_retention`] (pure) and [`BackupTarget::apply_retention`] prune.
+//! - [`read_credentials_file`] reads S3 credentials from a file in the AWS shared
+//!   credentials format (so that a configuration names a file, never a secret);
+//!   [`S3Options::with_credentials`] puts them in the options.
 //! - [`BackupError`] sorts every failure so a caller can act on it ([`BackupError::kind`]:
 //!   refused, full, missing target, not found, verify, ...).
 //!
@@ -46,6 +49,7 @@
 //!    download streams to a local file and stops past the size expected.
 //! 6. A fetch never overwrites a file and never leaves a partial one at its destination.
 
+mod credentials;
 mod error;
 mod listing;
 mod name;
@@ -53,6 +57,10 @@ mod retention;
 mod spec;
 mod target;
 
+pub use credentials::{
+    parse_credentials, read_credentials_file, CredentialsError, ParseError, S3Credentials,
+    CREDENTIALS_FILE_BYTES_MAX,
+};
 pub use error::BackupError;
 pub use listing::{Leftover, Listing, StoredBackup};
 pub use name::{

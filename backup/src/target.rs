@@ -702,6 +702,17 @@ impl BackupTarget {
             .map_err(|e| self.store_error("delete", &object, e))
     }
 
+    /// Removes the temporary object `<name>.part` of an upload abandoned midway (its
+    /// caller stopped: [`Self::put_verified`] was dropped); nothing there is not an error.
+    /// Never touches the final name.
+    pub async fn remove_part(&self, name: &BackupName) -> Result<(), BackupError> {
+        let object = name.part_file_name();
+        match self.store.delete(&self.object_path(&object)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.store_error("remove", &object, e)),
+        }
+    }
+
     /// Lists the target, decides with [`decide_retention`] for `cluster_id` at
     /// `now_unix_ms`, and deletes what it chose (stopping at the first failure). Returns the
     /// decision carried out.

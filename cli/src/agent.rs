@@ -90,6 +90,35 @@ pub struct AgentArgs {
     /// How often the leader compares every member's table digest (0 = on demand only).
     #[arg(long)]
     consistency_check_interval_ms: Option<u64>,
+    /// Where the leader's scheduled backups go: an absolute directory or s3://BUCKET/PREFIX
+    /// (docs/operations.md, "Scheduled backups"); unset: none.
+    #[arg(long)]
+    backup_target: Option<String>,
+    /// How often the leader takes a backup (after the newest in the target); 0 = never.
+    #[arg(long)]
+    backup_interval_ms: Option<u64>,
+    /// Keep the newest this many backups of the cluster in the target (1–10000).
+    #[arg(long)]
+    backup_retain_count: Option<usize>,
+    /// ... and, beyond them, every one younger than this; 0 = none beyond the count.
+    #[arg(long)]
+    backup_retain_age_ms: Option<u64>,
+    /// Write a backup's spool file at most this fast, in bytes a second; 0 = no limit.
+    #[arg(long)]
+    backup_write_bytes_per_second_max: Option<u64>,
+    /// With an s3:// target: the URL of an S3-compatible server (unset: AWS).
+    #[arg(long)]
+    backup_s3_endpoint: Option<String>,
+    /// With an s3:// target: the region to sign for (unset: AWS_REGION, else us-east-1).
+    #[arg(long)]
+    backup_s3_region: Option<String>,
+    /// With an s3:// target: allow a plain http:// endpoint.
+    #[arg(long)]
+    backup_s3_allow_http: bool,
+    /// With an s3:// target: an AWS shared credentials file (profile AWS_PROFILE, else
+    /// default); unset: the AWS_* environment variables.
+    #[arg(long)]
+    backup_s3_credentials_file: Option<PathBuf>,
     /// Time every stage of each write on the leader into the histogram
     /// cairn_write_stage_seconds on the metrics port.
     #[arg(long)]
@@ -291,6 +320,24 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     if a.write_stage_timing {
         put("write_stage_timing", true.into())
     }
+    for (key, value) in [
+        ("backup_target", &a.backup_target),
+        ("backup_s3_endpoint", &a.backup_s3_endpoint),
+        ("backup_s3_region", &a.backup_s3_region),
+    ] {
+        if let Some(v) = value {
+            put(key, v.clone().into())
+        }
+    }
+    if let Some(v) = &a.backup_s3_credentials_file {
+        put("backup_s3_credentials_file", v.display().to_string().into())
+    }
+    if a.backup_s3_allow_http {
+        put("backup_s3_allow_http", true.into())
+    }
+    if let Some(v) = a.backup_retain_count {
+        put("backup_retain_count", v.into())
+    }
     for (key, path) in [
         ("tls_cert_file", &a.tls_cert_file),
         ("tls_key_file", &a.tls_key_file),
@@ -326,6 +373,12 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
         (
             "consistency_check_interval_ms",
             a.consistency_check_interval_ms,
+        ),
+        ("backup_interval_ms", a.backup_interval_ms),
+        ("backup_retain_age_ms", a.backup_retain_age_ms),
+        (
+            "backup_write_bytes_per_second_max",
+            a.backup_write_bytes_per_second_max,
         ),
     ] {
         if let Some(v) = value {

@@ -10,6 +10,7 @@
 //! | [`data`] (+ [`json`], the JSON form of resources) | `read`, `write`, `delete`, `list`, `owned-by`, `watch` |
 //! | [`admin`] | `status`, `endpoint`, `member`, `transfer-leader` |
 //! | [`snapshot`] | `snapshot save / inspect / restore` |
+//! | [`backup`] | `backup list / verify / restore`: a scheduled backups' target |
 //! | [`recover`] | `recover`: a new cluster from a lost quorum's survivors |
 //! | [`check`] | `check disk`, `check perf`, `check cache` |
 //! | [`tls`] | `tls init`: development certificates |
@@ -51,6 +52,7 @@ macro_rules! out {
 
 pub mod admin;
 pub mod agent;
+pub mod backup;
 pub mod bench;
 pub mod capacity;
 pub mod check;
@@ -88,7 +90,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one node.
-    Agent(agent::AgentArgs),
+    Agent(Box<agent::AgentArgs>),
     /// Run a local cluster of child processes on loopback (Ctrl-C stops it).
     Dev(dev::DevArgs),
     /// Ask every member for its own status: reachable or not, role, term, indices, lag,
@@ -131,6 +133,10 @@ enum Command {
     /// Back up, inspect and restore snapshots.
     #[command(subcommand)]
     Snapshot(snapshot::SnapshotCommand),
+    /// The leader's scheduled backups, read from their target: `backup list`, `backup
+    /// verify [NAME]`, `backup restore [NAME]` (--target DIR or s3://BUCKET/PREFIX).
+    #[command(subcommand)]
+    Backup(backup::BackupCommand),
     /// After a quorum is lost for good: report what stopped survivors' data dirs hold, or
     /// with --members seed a new cluster from the most up-to-date one (offline).
     Recover(recover::RecoverArgs),
@@ -158,7 +164,7 @@ pub fn main() -> ExitCode {
     }
     let global = &cli.global;
     let code = match cli.command {
-        Command::Agent(args) => agent::run(args),
+        Command::Agent(args) => agent::run(*args),
         Command::Dev(args) => dev::run(args),
         Command::Status => runtime().block_on(admin::status(global)),
         Command::Endpoint(EndpointCommand::Health(args)) => {
@@ -176,6 +182,7 @@ pub fn main() -> ExitCode {
         Command::Lock(l) => runtime().block_on(lease::lock(l, global)),
         Command::Elect(e) => runtime().block_on(lease::elect(e, global)),
         Command::Snapshot(s) => snapshot::run(s, global),
+        Command::Backup(b) => backup::run(b, global),
         Command::Recover(r) => recover::run(r, global),
         Command::Data(d) => runtime().block_on(data::run(d)),
         Command::Token(t) => token::run(t),

@@ -42,6 +42,14 @@ pub enum SnapshotCommand {
 #[derive(Args)]
 pub struct RestoreArgs {
     file: PathBuf,
+    #[command(flatten)]
+    how: RestoreHow,
+}
+
+/// How a backup is restored: the flags `cairn snapshot restore` and `cairn backup restore`
+/// share, and what both then run ([`restore_online`], [`restore_offline`]).
+#[derive(Args)]
+pub struct RestoreHow {
     /// Seed the data dir of one node of a NEW cluster instead (disaster recovery).
     #[arg(long)]
     offline: bool,
@@ -65,7 +73,47 @@ pub struct RestoreArgs {
 /// The default of `--bump-index`.
 pub(crate) const BUMP_INDEX_DEFAULT: u64 = cairn_server::seed::BUMP_INDEX_DEFAULT;
 
-impl RestoreArgs {
+impl RestoreHow {
+    /// Whether this is an offline restore (a new cluster's data dir).
+    pub(crate) fn offline(&self) -> bool {
+        self.offline
+    }
+
+    /// Refuses, before anything is done (a download, a prompt), what cannot go on: an
+    /// online restore with an offline flag, or without `--yes` off a terminal; an offline
+    /// one without `--data-dir` or `--members`. `what` names the backup, `offline_command`
+    /// the command line of an offline restore of it.
+    pub(crate) fn check(&self, what: &str, offline_command: &str) -> Result<(), CommandError> {
+        if self.offline {
+            if self.data_dir.is_none() {
+                return Err(CommandError::Usage("--offline needs --data-dir".into()));
+            }
+            if self.members.is_none() {
+                return Err(CommandError::Usage("--offline needs --members".into()));
+            }
+            return Ok(());
+        }
+        let offline_only = self.offline_flags();
+        if !offline_only.is_empty() {
+            return Err(CommandError::Usage(format!(
+                "{} {} for seeding a NEW cluster's data dir, with --offline; without --offline, \
+                 restore replaces the RUNNING cluster's data. For a new cluster: `{offline_command} \
+                 --data-dir DIR --members ID=PEER/CLIENT,...`",
+                offline_only.join(", "),
+                if offline_only.len() == 1 { "is" } else { "are" },
+            )));
+        }
+        if !self.yes && !crate::admin::interactive() {
+            return Err(CommandError::Usage(format!(
+                "refusing to replace the running cluster's data without a confirmation: stdin is \
+                 not a terminal. Pass --yes to restore {what} into the running cluster (every node's \
+                 data is replaced, every open watch closed), or --offline to seed a new cluster's \
+                 data dir"
+            )));
+        }
+        Ok(())
+    }
+
     /// The offline-only flags given, by name.
     fn offline_flags(&self) -> Vec<&'static str> {
         let mut given = Vec::new();
@@ -108,12 +156,40 @@ pub fn run(command: SnapshotCommand, global: &GlobalArgs) -> u8 {
         .expect("runtime");
     let result = match command {
         SnapshotCommand::Save { file } => runtime.block_on(save(&file, global)),
-        SnapshotCommand::Inspect { file } => inspect(&file),
-        SnapshotCommand::Restore(args) if args.offline => restore_offline(&args),
-        SnapshotCommand::Restore(args) => runtime.block_on(restore_online(&args, global)),
+        SnapshotCommand::Inspect { file } => inspect(&file, &file.display().to_string()),
+        SnapshotCommand::Restore(args) => {
+            let shown = args.file.display().to_string();
+            args.how
+                .check(&shown, &format!("cairn snapshot restore --offline {shown}"))
+                .and_then(|()| {
+                    if args.how.offline {
+                        restore_offline(&args.file, &args.how)
+                    } else {
+                        runtime.block_on(restore_online(&args.file, &shown, &args.how, global))
+                    }
+                })
+        }
     };
+    exit_of(result)
+}
+
+/// The exit code of a command's outcome (the one table, [`exit`]).
+pub(crate) fn exit_of(result: Result<(), CommandError>) -> u8 {
     match result {
         Ok(()) => exit::OK,
+        Err(CommandError::NotFound(e)) => {
+            eprintln!("cairn: {e}");
+            exit::NOT_FOUND
+        }
+        Err(CommandError::Target(e)) => {
+            eprintln!("cairn: {e}");
+            match e.kind() {
+                "not_found" | "missing_target" => exit::NOT_FOUND,
+                "refused" => exit::DENIED,
+                "spec" => exit::USAGE,
+                _ => exit::ERROR,
+            }
+        }
         Err(CommandError::Api(e)) => crate::admin::fail(&e),
         Err(e @ CommandError::Cancelled) => {
             eprintln!("cairn: {e}");
@@ -146,6 +222,12 @@ pub(crate) enum CommandError {
     Damaged(String),
     #[error("restore cancelled: nothing was changed")]
     Cancelled,
+    /// What is not there (a backup a target does not hold).
+    #[error("{0}")]
+    NotFound(String),
+    /// A backup target's failure (`cairn backup`).
+    #[error(transparent)]
+    Target(#[from] cairn_backup::BackupError),
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> CommandError {
@@ -239,7 +321,9 @@ fn verify_with_checksum(path: &Path) -> Result<(SnapshotHeader, u64, u32), Comma
     Ok((header, bytes, u32::from_le_bytes(tail)))
 }
 
-fn inspect(file: &Path) -> Result<(), CommandError> {
+/// Verifies `file` whole (a progress bar), then prints its header and what it holds; `shown`
+/// names it (the file, or the backup it was fetched from).
+pub(crate) fn inspect(file: &Path, shown: &str) -> Result<(), CommandError> {
     let size = std::fs::metadata(file)
         .map_err(|e| io_error(file, e))?
         .len();
@@ -248,10 +332,7 @@ fn inspect(file: &Path) -> Result<(), CommandError> {
         Ok(r) => r,
         Err(e) => {
             progress.finish_and_clear();
-            return Err(CommandError::Damaged(format!(
-                "{}: DAMAGED: {e}",
-                file.display()
-            )));
+            return Err(CommandError::Damaged(format!("{shown}: DAMAGED: {e}")));
         }
     };
     let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
@@ -272,19 +353,14 @@ fn inspect(file: &Path) -> Result<(), CommandError> {
             Ok(None) => break,
             Err(e) => {
                 progress.finish_and_clear();
-                return Err(CommandError::Damaged(format!(
-                    "{}: DAMAGED: {e}",
-                    file.display()
-                )));
+                return Err(CommandError::Damaged(format!("{shown}: DAMAGED: {e}")));
             }
         }
     }
     progress.finish_and_clear();
     let h = &reader.header;
     println!(
-        "{}: OK, {} bytes, format version {}",
-        file.display(),
-        size,
+        "{shown}: OK, {size} bytes, format version {}",
         snapshot_file::SNAPSHOT_FORMAT_VERSION
     );
     println!("cluster id   {}", h.cluster_id);
@@ -302,12 +378,13 @@ fn inspect(file: &Path) -> Result<(), CommandError> {
 /// Asks on the terminal whether to replace the running cluster's data (the answer must be
 /// `yes`); refuses without one unless `--yes` was given.
 fn confirm(
-    args: &RestoreArgs,
+    how: &RestoreHow,
+    shown: &str,
     leader: &Leader,
     header: &SnapshotHeader,
     size: u64,
 ) -> Result<(), CommandError> {
-    if args.yes {
+    if how.yes {
         return Ok(());
     }
     let s = &leader.status;
@@ -326,7 +403,7 @@ fn confirm(
         members = members.join(", "),
         resources = s.resource_count,
         commit = s.commit_index,
-        file = args.file.display(),
+        file = shown,
         backup = header.resource_count,
         from = header.cluster_id,
         index = header.last_log_index,
@@ -343,28 +420,15 @@ fn confirm(
     }
 }
 
-async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), CommandError> {
-    let offline_only = args.offline_flags();
-    if !offline_only.is_empty() {
-        return Err(CommandError::Usage(format!(
-            "{} {} for seeding a NEW cluster's data dir, with --offline; without --offline, \
-             restore replaces the RUNNING cluster's data. For a new cluster: `cairn snapshot \
-             restore --offline {} --data-dir DIR --members ID=PEER/CLIENT,...`",
-            offline_only.join(", "),
-            if offline_only.len() == 1 { "is" } else { "are" },
-            args.file.display()
-        )));
-    }
-    if !args.yes && !crate::admin::interactive() {
-        return Err(CommandError::Usage(format!(
-            "refusing to replace the running cluster's data without a confirmation: stdin is \
-             not a terminal. Pass --yes to restore {} into the running cluster (every node's \
-             data is replaced, every open watch closed), or --offline to seed a new cluster's \
-             data dir",
-            args.file.display()
-        )));
-    }
-    let file = &args.file;
+/// Replaces the running cluster's data with `file` (named `shown`), once `how` passed
+/// [`RestoreHow::check`]: verified here, confirmed (unless `--yes`), uploaded to the leader,
+/// which verifies it again and replicates it.
+pub(crate) async fn restore_online(
+    file: &Path,
+    shown: &str,
+    how: &RestoreHow,
+    global: &GlobalArgs,
+) -> Result<(), CommandError> {
     let size = std::fs::metadata(file)
         .map_err(|e| io_error(file, e))?
         .len();
@@ -375,13 +439,13 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
     let header = header?;
     let client = crate::admin::client_of(global)?;
     let found = client.leader().await?;
-    confirm(args, &found, &header, size)?;
+    confirm(how, shown, &found, &header, size)?;
     let leader = found.address.clone();
     let timeout = client.timeout();
     let mut admin = client.connect(&leader, client.attempt_timeout()).await?;
     let progress = bar(Some(size), &format!("uploading to {leader}"));
     let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
-    let path = file.clone();
+    let path = file.to_path_buf();
     let reading_progress = progress.clone();
     let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
         let mut f = std::fs::File::open(&path)?;
@@ -417,8 +481,7 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
         .map_err(|e| io_error(file, e))?;
     let response = response?.into_inner();
     println!(
-        "restored {} ({} resources from index {}) at log index {}; every open watch was closed",
-        file.display(),
+        "restored {shown} ({} resources from index {}) at log index {}; every open watch was closed",
         response.resource_count,
         header.last_log_index,
         response.log_index
@@ -427,20 +490,21 @@ async fn restore_online(args: &RestoreArgs, global: &GlobalArgs) -> Result<(), C
 }
 
 /// Seeds one node's data dir of a new cluster from a backup
-/// ([`cairn_server::seed::seed_data_dir`], which `cairn recover` uses too).
-fn restore_offline(args: &RestoreArgs) -> Result<(), CommandError> {
-    let data_dir = args
+/// ([`cairn_server::seed::seed_data_dir`], which `cairn recover` uses too), once `how`
+/// passed [`RestoreHow::check`].
+pub(crate) fn restore_offline(file: &Path, how: &RestoreHow) -> Result<(), CommandError> {
+    let data_dir = how
         .data_dir
         .as_ref()
         .ok_or_else(|| CommandError::Usage("--offline needs --data-dir".into()))?;
-    let members = args
+    let members = how
         .members
         .as_ref()
         .ok_or_else(|| CommandError::Usage("--offline needs --members".into()))?;
     let members =
         parse_members(members).map_err(|e| CommandError::Usage(format!("--members: {e}")))?;
-    let bump_index = args.bump_index.unwrap_or(BUMP_INDEX_DEFAULT);
-    let seeded = seed_with_progress(&args.file, data_dir, &members, bump_index)?;
+    let bump_index = how.bump_index.unwrap_or(BUMP_INDEX_DEFAULT);
+    let seeded = seed_with_progress(file, data_dir, &members, bump_index)?;
     println!(
         "seeded {}: {} resources from index {} of cluster {:?}; the new cluster {} starts at log index {}",
         data_dir.display(),

@@ -16,6 +16,8 @@
 //!   applied close to the leader's commit index, a member), NOT_SERVING
 //!   otherwise (both ways, as often as that changes);
 //! - the ops listener (`ops`, with `metrics_address`): /metrics, /livez, /readyz;
+//! - the scheduled backups (`backup`, with `backup_target`): idle but on the leader, which
+//!   takes one every `backup_interval_ms` (never two members at once);
 //! - the core watcher: when openraft's core stops without being asked to, it
 //!   sets health NOT_SERVING at once, classifies why (`crate::fatal`), logs the
 //!   one line (and marks a damaged data dir), and hands the cause to the
@@ -169,6 +171,9 @@ impl Agent {
         )
         .await?;
         crate::fatal::check_marker(&config.data_dir)?;
+        // A backup interrupted by a crash left its spool file behind.
+        crate::backup::remove_spool_leftovers(&config.data_dir)
+            .context("cannot remove the backup spool's leftovers")?;
         let fresh = !crate::raft::holds_node_state(&config.data_dir);
         let identity = Arc::new(ClusterIdentity::open(&config.data_dir)?);
         let recorded_node_id = identity.node_id()?;
@@ -475,6 +480,13 @@ impl Agent {
             "consistency check at start",
             crate::raft::integrity::check_at_start(raft.clone(), Duration::from_secs(120)),
         );
+        // Scheduled backups: on the leader only (`crate::backup`, invariant 1).
+        if let Some(schedule) = crate::backup::Schedule::of(&config) {
+            tasks.spawn(
+                "scheduled backups",
+                crate::backup::run(raft.clone(), schedule),
+            );
+        }
         if config.unsafe_modes.unsafe_alter_applied_state {
             tasks.spawn(
                 "unsafe: alter the applied state",

@@ -331,6 +331,39 @@ pub struct Config {
     /// How often the leader compares every member's table digest (`docs/operations.md`,
     /// "Replicas that check each other"); 0 = only on demand (`cairn check consistency`).
     pub consistency_check_interval_ms: u64,
+    /// Where the leader's scheduled backups go (`docs/operations.md`, "Scheduled backups"):
+    /// an absolute directory (`/var/backups/cairn`, `file:///var/backups/cairn`) or
+    /// `s3://bucket/prefix`; none: no scheduled backups. Read with `backup_s3_*`
+    /// ([`BackupTargetSettings`], which `cairn backup` shares).
+    #[serde(default)]
+    pub backup_target: Option<String>,
+    /// How often the leader takes a backup: the next is due this long after the newest in
+    /// the target; 0 = never (the target can still be read by `cairn backup`).
+    pub backup_interval_ms: u64,
+    /// The newest this many of the cluster's backups in the target are kept...
+    pub backup_retain_count: usize,
+    /// ... and, beyond them, every one younger than this; 0 = none beyond the count.
+    pub backup_retain_age_ms: u64,
+    /// How fast the leader writes a backup's spool file in the data dir before the upload,
+    /// in bytes a second; 0 = no limit. A large backup then leaves the disk to the Raft
+    /// log's fsyncs.
+    pub backup_write_bytes_per_second_max: u64,
+    /// With an `s3://` target: the URL of an S3-compatible server (MinIO, Ceph, …); none
+    /// for AWS itself.
+    #[serde(default)]
+    pub backup_s3_endpoint: Option<String>,
+    /// With an `s3://` target: the region to sign for (none: `AWS_REGION`, else
+    /// `us-east-1`).
+    #[serde(default)]
+    pub backup_s3_region: Option<String>,
+    /// With an `s3://` target: allows a plain `http://` endpoint.
+    #[serde(default)]
+    pub backup_s3_allow_http: bool,
+    /// With an `s3://` target: a file in the AWS shared credentials format (its profile
+    /// `AWS_PROFILE`, else `default`), read at every backup; none: the standard AWS
+    /// environment variables. Never a secret in this configuration.
+    #[serde(default)]
+    pub backup_s3_credentials_file: Option<PathBuf>,
     /// Time every stage of each write on the leader (received, batched,
     /// proposed, replicated, committed, applied, answered) into the histogram
     /// `cairn_write_stage_seconds` on the metrics port. Off by default; when
@@ -539,6 +572,15 @@ impl Default for Config {
             metrics_address: None,
             ready_apply_lag_entries_max: 1000,
             consistency_check_interval_ms: 60_000,
+            backup_target: None,
+            backup_interval_ms: 3_600_000,
+            backup_retain_count: 24,
+            backup_retain_age_ms: 0,
+            backup_write_bytes_per_second_max: 0,
+            backup_s3_endpoint: None,
+            backup_s3_region: None,
+            backup_s3_allow_http: false,
+            backup_s3_credentials_file: None,
             write_stage_timing: false,
             log_engine: cairn_raft_log::LogEngineKind::Wal,
             follower_strong_reads: FollowerStrongReads::ReadIndex,
@@ -559,6 +601,96 @@ impl Default for Config {
             keepalive_timeout_ms: 10_000,
             unsafe_modes: UnsafeModes::default(),
         }
+    }
+}
+
+/// The longest `backup_interval_ms`: 30 days.
+pub const BACKUP_INTERVAL_MS_MAX: u64 = 30 * 24 * 3_600_000;
+/// The most backups `backup_retain_count` may keep (a listing reads at most
+/// `cairn_backup::Limits::list_objects_max` objects).
+pub const BACKUP_RETAIN_COUNT_MAX: usize = 10_000;
+/// The longest `backup_retain_age_ms`: 10 years.
+pub const BACKUP_RETAIN_AGE_MS_MAX: u64 = 3_650 * 24 * 3_600_000;
+
+/// Where backups go and how to reach them, as the settings name them: the agent's
+/// `backup_target` and `backup_s3_*` ([`Config::backup_target_settings`]) and `cairn
+/// backup`'s flags (`--target`, `--s3-*`, with the same environment variables).
+/// [`BackupTargetSettings::spec`] is the one parser of both.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackupTargetSettings {
+    pub target: String,
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub s3_allow_http: bool,
+    pub s3_credentials_file: Option<PathBuf>,
+}
+
+/// A backup setting that makes no target: the setting's key, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}`: {reason}")]
+pub struct BackupSettingError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl BackupTargetSettings {
+    /// The target these settings name, its S3 options checked and its credentials read
+    /// (from `s3_credentials_file`, profile `AWS_PROFILE` or `default`; without a file the
+    /// S3 client reads the standard AWS environment when it is opened). S3 settings with a
+    /// directory target are refused, naming the first one set.
+    pub fn spec(&self) -> Result<cairn_backup::TargetSpec, BackupSettingError> {
+        use cairn_backup::{SpecError, TargetSpec};
+        let bad = |field, reason: String| BackupSettingError { field, reason };
+        let parsed =
+            TargetSpec::parse(&self.target).map_err(|e| bad("backup_target", e.to_string()))?;
+        if let TargetSpec::Directory { path } = &parsed {
+            for (field, set) in [
+                ("backup_s3_endpoint", self.s3_endpoint.is_some()),
+                ("backup_s3_region", self.s3_region.is_some()),
+                ("backup_s3_allow_http", self.s3_allow_http),
+                (
+                    "backup_s3_credentials_file",
+                    self.s3_credentials_file.is_some(),
+                ),
+            ] {
+                if set {
+                    return Err(bad(
+                        field,
+                        format!(
+                            "is an S3 setting, but the backup target {} is a directory",
+                            path.display()
+                        ),
+                    ));
+                }
+            }
+            return Ok(parsed);
+        }
+        let mut options = cairn_backup::S3Options {
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone(),
+            allow_http: self.s3_allow_http,
+            ..Default::default()
+        };
+        if let Some(file) = &self.s3_credentials_file {
+            let profile = std::env::var("AWS_PROFILE")
+                .ok()
+                .filter(|p| !p.trim().is_empty())
+                .unwrap_or_else(|| "default".to_string());
+            let credentials = cairn_backup::read_credentials_file(file, profile.trim())
+                .map_err(|e| bad("backup_s3_credentials_file", e.to_string()))?;
+            options = options.with_credentials(credentials);
+        }
+        TargetSpec::parse_with(&self.target, options).map_err(|e| {
+            let field = match &e {
+                SpecError::BadEndpoint { .. } | SpecError::PlainHttp { .. } => "backup_s3_endpoint",
+                SpecError::EmptyRegion => "backup_s3_region",
+                SpecError::HalfCredentials { .. } | SpecError::TokenWithoutCredentials => {
+                    "backup_s3_credentials_file"
+                }
+                _ => "backup_target",
+            };
+            bad(field, e.to_string())
+        })
     }
 }
 
@@ -929,7 +1061,77 @@ impl Config {
         self.validate_limits()?;
         self.auth.check_grants()?;
         self.validate_tls()?;
-        self.validate_connections()
+        self.validate_connections()?;
+        self.validate_backup()
+    }
+
+    /// The scheduled backups' settings: ranges, and a target that parses with its S3
+    /// options (the credentials file read); S3 options without a target are refused.
+    fn validate_backup(&self) -> Result<(), ConfigError> {
+        check_off_or_range(
+            "backup_interval_ms",
+            self.backup_interval_ms,
+            1_000..=BACKUP_INTERVAL_MS_MAX,
+        )?;
+        check_range(
+            "backup_retain_count",
+            self.backup_retain_count,
+            1..=BACKUP_RETAIN_COUNT_MAX,
+        )?;
+        check_off_or_range(
+            "backup_retain_age_ms",
+            self.backup_retain_age_ms,
+            1_000..=BACKUP_RETAIN_AGE_MS_MAX,
+        )?;
+        check_off_or_range(
+            "backup_write_bytes_per_second_max",
+            self.backup_write_bytes_per_second_max,
+            64 * 1024..=1 << 40,
+        )?;
+        match self.backup_target_settings() {
+            Some(settings) => settings
+                .spec()
+                .map(|_| ())
+                .map_err(|e| invalid(e.field, e.reason)),
+            None => {
+                for (field, set) in [
+                    ("backup_s3_endpoint", self.backup_s3_endpoint.is_some()),
+                    ("backup_s3_region", self.backup_s3_region.is_some()),
+                    ("backup_s3_allow_http", self.backup_s3_allow_http),
+                    (
+                        "backup_s3_credentials_file",
+                        self.backup_s3_credentials_file.is_some(),
+                    ),
+                ] {
+                    if set {
+                        return Err(invalid(field, "is set but `backup_target` is not"));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `backup_target` and the `backup_s3_*` settings, when a target is set.
+    pub fn backup_target_settings(&self) -> Option<BackupTargetSettings> {
+        self.backup_target
+            .as_ref()
+            .map(|target| BackupTargetSettings {
+                target: target.clone(),
+                s3_endpoint: self.backup_s3_endpoint.clone(),
+                s3_region: self.backup_s3_region.clone(),
+                s3_allow_http: self.backup_s3_allow_http,
+                s3_credentials_file: self.backup_s3_credentials_file.clone(),
+            })
+    }
+
+    /// What the leader keeps of its backups (`backup_retain_count`, `backup_retain_age_ms`).
+    pub fn backup_retention(&self) -> cairn_backup::Retention {
+        cairn_backup::Retention::new(
+            self.backup_retain_count,
+            (self.backup_retain_age_ms > 0)
+                .then(|| std::time::Duration::from_millis(self.backup_retain_age_ms)),
+        )
     }
 
     /// TLS is on exactly when `tls_cert_file` is set; then its key and the
@@ -1326,6 +1528,107 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("log_engine"), "{e}");
+    }
+
+    #[test]
+    fn backup_settings_are_refused_naming_the_field() {
+        // Each bad value (or combination) names the one setting to fix; good ones load.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        let credentials = dir.path().join("credentials");
+        std::fs::write(
+            &credentials,
+            "[default]\naws_access_key_id = AK\naws_secret_access_key = SECRET\n",
+        )
+        .unwrap();
+        let half = dir.path().join("half");
+        std::fs::write(&half, "[default]\naws_access_key_id = AK\n").unwrap();
+        let backup_dir = dir.path().display().to_string();
+        let load = |v: serde_json::Value| Config::load(Some(&file), flags(v));
+        let c = load(serde_json::json!({})).unwrap();
+        assert_eq!(c.backup_target_settings(), None);
+        let c = load(serde_json::json!({"backup_target": backup_dir.clone()})).unwrap();
+        assert!(c
+            .backup_target_settings()
+            .unwrap()
+            .spec()
+            .unwrap()
+            .directory()
+            .is_some());
+        let c = load(serde_json::json!({
+            "backup_target": "s3://bucket/cairn",
+            "backup_s3_endpoint": "http://127.0.0.1:9000",
+            "backup_s3_allow_http": true,
+            "backup_s3_region": "eu-west-1",
+            "backup_s3_credentials_file": credentials.display().to_string(),
+        }))
+        .unwrap();
+        let spec = c.backup_target_settings().unwrap().spec().unwrap();
+        assert!(!format!("{spec:?}").contains("SECRET"), "{spec:?}");
+        assert_eq!(c.backup_retention().retain_count, 24);
+        let table: Vec<(serde_json::Value, &str)> = vec![
+            (
+                serde_json::json!({"backup_target": "backups"}),
+                "backup_target",
+            ),
+            (
+                serde_json::json!({"backup_target": "gs://b"}),
+                "backup_target",
+            ),
+            (
+                serde_json::json!({"backup_target": "s3://"}),
+                "backup_target",
+            ),
+            (
+                serde_json::json!({"backup_interval_ms": 10}),
+                "backup_interval_ms",
+            ),
+            (
+                serde_json::json!({"backup_retain_count": 0}),
+                "backup_retain_count",
+            ),
+            (
+                serde_json::json!({"backup_retain_age_ms": 5}),
+                "backup_retain_age_ms",
+            ),
+            (
+                serde_json::json!({"backup_write_bytes_per_second_max": 100}),
+                "backup_write_bytes_per_second_max",
+            ),
+            (
+                serde_json::json!({"backup_s3_endpoint": "http://127.0.0.1:9000"}),
+                "backup_s3_endpoint",
+            ),
+            (
+                serde_json::json!({"backup_target": backup_dir.clone(), "backup_s3_region": "x"}),
+                "backup_s3_region",
+            ),
+            (
+                serde_json::json!({"backup_target": "s3://b", "backup_s3_endpoint": "http://127.0.0.1:9000"}),
+                "backup_s3_endpoint",
+            ),
+            (
+                serde_json::json!({"backup_target": "s3://b", "backup_s3_region": " "}),
+                "backup_s3_region",
+            ),
+            (
+                serde_json::json!({"backup_target": "s3://b", "backup_s3_credentials_file": half.display().to_string()}),
+                "backup_s3_credentials_file",
+            ),
+            (
+                serde_json::json!({"backup_target": "s3://b", "backup_s3_credentials_file": "/nonexistent/credentials"}),
+                "backup_s3_credentials_file",
+            ),
+        ];
+        for (value, field) in table {
+            let e = load(value.clone()).unwrap_err().to_string();
+            assert!(e.contains(&format!("`{field}`")), "{value}: {e}");
+        }
     }
 
     #[test]

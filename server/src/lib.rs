@@ -17,7 +17,7 @@
 //! - Let a module import one above it. The modules stand in rows (`docs/architecture.md`):
 //!   the node ([`embed`], [`agent`]); its servers ([`ops`], [`admin`], [`service`],
 //!   [`reload`], [`grpc_metrics`]); what they go through ([`forward`], [`restore`], [`seed`],
-//!   [`auth`]); Raft and the ports' layers ([`raft`], [`limits`], [`tls`],
+//!   [`auth`], [`backup`]); Raft and the ports' layers ([`raft`], [`limits`], [`tls`],
 //!   [`connections`], [`fatal`], [`snapshot_file`]); the leaves ([`config`], [`bounds`],
 //!   [`recorder`], [`logging`], [`durable`], [`rate_limit`], [`tasks`]). A module that
 //!   needs something from above takes it as a parameter or a trait. Configuration is a
@@ -27,7 +27,8 @@
 //! See [`agent`]: the Raft core and its log/state-machine tasks; the peer server
 //! (Raft RPCs, forwarding); the client server (resources, admin, health,
 //! reflection); the health task; the signal task; the reload task
-//! ([`reload`]: grants and certificates without a restart). Both
+//! ([`reload`]: grants and certificates without a restart); the scheduled backups' task
+//! ([`backup`]: on the leader only, never on two members at once). Both
 //! servers take their connections from [`connections`] (limits, handshake
 //! deadline, minimum receive rate, idle close with GOAWAY) and, with TLS on, from [`tls`]'s configurations. Servers reach Raft only
 //! through [`raft::RaftHandle`]; watch streams drain the fsm's bounded buffers.
@@ -65,6 +66,7 @@
 pub mod admin;
 pub mod agent;
 pub mod auth;
+pub mod backup;
 pub mod bounds;
 pub mod config;
 pub mod connections;

@@ -453,6 +453,7 @@ fn describe() {
     );
     crate::raft::describe_metrics();
     crate::fairness::describe_metrics();
+    crate::backup::describe_metrics();
     crate::grpc_metrics::describe();
     cairn_raft_log::describe_metrics();
 }

@@ -11,6 +11,10 @@
 //!   the missing ones once, and the RPCs and commands a `.proto` file declares), for
 //!   `fsm/tests/compat_commands.rs`, `proto/tests/compat_wire.rs` and
 //!   `server/tests/compat_wire.rs`.
+//! - [`moto`]: a real S3-compatible server (moto in server mode) on a free port, for the
+//!   backup targets' tests (`backup/tests/targets/s3.rs`) and the scheduled backups' system
+//!   tests (`cli/tests/system/backup.rs`).
 
 pub mod fixtures;
 pub mod fuzz;
+pub mod moto;

@@ -3,7 +3,7 @@
 //!
 //! moto is found at `$CAIRN_MOTO_SERVER`, on `PATH`, or in `/tmp/cairn-ci-python/bin`
 //! (where `.ci/run` installs it). Without it a test says it skipped, and fails under
-//! `CI=true`.
+//! `CI=true` (`cairn_test_support::moto`, shared with the cli's system tests).
 //!
 //! What moto (5.2) can and cannot stand in for:
 //! - it refuses writes two ways, both used here: a bucket policy denying `s3:PutObject`
@@ -19,185 +19,21 @@
 //!   cannot be had from it. The full directory covers the "full" kind through real I/O
 //!   (`mounts.rs`), and the S3 codes are covered by the classification's table test.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use cairn_backup::{BackupName, BackupTarget, Phase, Retention, S3Options, TargetSpec};
+use cairn_test_support::moto::{Moto, ANY_KEY};
 
 use crate::support::*;
 
 const CLUSTER: &str = "0f3c5d7e9a1b2c3d4e5f60718293a4b5";
-/// moto checks no signature until authentication is switched on: any key does until then.
-const ANY_KEY: (&str, &str) = ("test-key", "test-secret");
 
-/// A moto server on a free port; killed on drop.
-struct Moto {
-    child: Child,
-    port: u16,
+/// A target for `s3://bucket/prefix` on the moto server, signed with `key`.
+trait MotoTarget {
+    fn target(&self, location: &str, key: (&str, &str)) -> BackupTarget;
 }
 
-impl Moto {
-    /// Starts moto, or says why it cannot (a skip, or under CI=true a failure).
-    fn start(test: &str) -> Option<Moto> {
-        let program = match moto_program() {
-            Ok(program) => program,
-            Err(why) => {
-                if std::env::var("CI").is_ok_and(|v| v == "true") {
-                    panic!("{test}: {why}; CI=true, so this is a failure, not a skip");
-                }
-                println!("SKIPPED {test}: {why}");
-                eprintln!("SKIPPED {test}: {why}");
-                return None;
-            }
-        };
-        let mut child = Command::new(&program)
-            .args(["-H", "127.0.0.1", "-p", "0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
-        // moto (werkzeug) prints " * Running on http://127.0.0.1:PORT" on stderr, then a
-        // line per request: a thread reads them all, so the pipe never fills.
-        let stderr = child.stderr.take().expect("moto's stderr");
-        let (port_tx, port_rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut port_tx = Some(port_tx);
-            let mut early = Vec::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(tx) = &port_tx {
-                    if let Some(port) = line
-                        .split("http://127.0.0.1:")
-                        .nth(1)
-                        .and_then(|rest| rest.trim().parse::<u16>().ok())
-                    {
-                        let _ = tx.send(Ok(port));
-                        port_tx = None;
-                    } else {
-                        early.push(line);
-                    }
-                }
-            }
-            if let Some(tx) = port_tx {
-                let _ = tx.send(Err(early.join("\n")));
-            }
-        });
-        let mut moto = Moto { child, port: 0 };
-        match port_rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(port)) => moto.port = port,
-            Ok(Err(output)) => panic!("moto exited before serving:\n{output}"),
-            Err(_) => panic!("moto did not say its port within 60 s"),
-        }
-        Some(moto)
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// One plain HTTP/1.1 request (no signature): moto's setup calls before
-    /// authentication is on. Returns the status and the body.
-    fn http(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> (u16, String) {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to moto");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let mut request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            self.port,
-            body.len()
-        );
-        for (name, value) in headers {
-            request.push_str(&format!("{name}: {value}\r\n"));
-        }
-        request.push_str("\r\n");
-        stream.write_all(request.as_bytes()).unwrap();
-        stream.write_all(body).unwrap();
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).expect("moto's answer");
-        let response = String::from_utf8_lossy(&response).into_owned();
-        let status = response
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP answer: {response}"));
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    #[track_caller]
-    fn create_bucket(&self, bucket: &str) {
-        let (status, body) = self.http("PUT", &format!("/{bucket}"), &[], b"");
-        assert_eq!(status, 200, "create bucket {bucket}: {body}");
-    }
-
-    #[track_caller]
-    fn put_object(&self, bucket: &str, key: &str, body: &[u8]) {
-        let (status, answer) = self.http("PUT", &format!("/{bucket}/{key}"), &[], body);
-        assert_eq!(status, 200, "put {bucket}/{key}: {answer}");
-    }
-
-    /// An IAM call (moto routes an unsigned request by its credential scope).
-    #[track_caller]
-    fn iam(&self, form: &str) -> String {
-        let auth = "AWS4-HMAC-SHA256 Credential=setup/20250101/us-east-1/iam/aws4_request, SignedHeaders=host, Signature=0";
-        let (status, body) = self.http(
-            "POST",
-            "/",
-            &[
-                ("Authorization", auth),
-                ("Content-Type", "application/x-www-form-urlencoded"),
-            ],
-            format!("{form}&Version=2010-05-08").as_bytes(),
-        );
-        assert_eq!(status, 200, "IAM {form}: {body}");
-        body
-    }
-
-    /// An IAM user allowed `actions` on everything; returns its access key and secret.
-    fn iam_user(&self, user: &str, actions: &[&str]) -> (String, String) {
-        self.iam(&format!("Action=CreateUser&UserName={user}"));
-        let actions: Vec<String> = actions.iter().map(|a| format!("\"{a}\"")).collect();
-        let policy = format!(
-            r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Action":[{}],"Resource":"*"}}]}}"#,
-            actions.join(",")
-        );
-        self.iam(&format!(
-            "Action=PutUserPolicy&UserName={user}&PolicyName=backups&PolicyDocument={}",
-            form_encode(&policy)
-        ));
-        let body = self.iam(&format!("Action=CreateAccessKey&UserName={user}"));
-        (
-            xml_value(&body, "AccessKeyId"),
-            xml_value(&body, "SecretAccessKey"),
-        )
-    }
-
-    /// From now on every request must be signed by a known key and allowed by its policies.
-    fn require_authentication(&self) {
-        let (status, body) = self.http(
-            "POST",
-            "/moto-api/reset-auth",
-            &[("Content-Type", "text/plain")],
-            b"0",
-        );
-        assert_eq!(status, 200, "reset-auth: {body}");
-    }
-
-    /// A target for `s3://bucket/prefix` on this server, signed with `key`.
+impl MotoTarget for Moto {
     fn target(&self, location: &str, key: (&str, &str)) -> BackupTarget {
         let options = S3Options {
             endpoint: Some(self.endpoint()),
@@ -210,63 +46,6 @@ impl Moto {
         let spec = TargetSpec::parse_with(location, options).expect("an S3 spec");
         BackupTarget::open(&spec).expect("open the S3 target")
     }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Where moto_server is, or why it was not found.
-fn moto_program() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("CAIRN_MOTO_SERVER") {
-        let path = PathBuf::from(path);
-        return match path.is_file() {
-            true => Ok(path),
-            false => Err(format!(
-                "CAIRN_MOTO_SERVER={} is not a file",
-                path.display()
-            )),
-        };
-    }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
-        .map(|dir| dir.join("moto_server"));
-    on_path
-        .chain(std::iter::once(PathBuf::from(
-            "/tmp/cairn-ci-python/bin/moto_server",
-        )))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            "moto_server is not installed (set CAIRN_MOTO_SERVER, put it on PATH, or pip install \
-             'moto[server]' into /tmp/cairn-ci-python, as .ci/run does)"
-                .to_string()
-        })
-}
-
-fn form_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-#[track_caller]
-fn xml_value(xml: &str, tag: &str) -> String {
-    let open = format!("<{tag}>");
-    let start = xml
-        .find(&open)
-        .unwrap_or_else(|| panic!("no {tag} in {xml}"))
-        + open.len();
-    let end = xml[start..].find('<').expect("a closing tag") + start;
-    xml[start..end].to_string()
 }
 
 fn write(dir: &Path, file_name: &str, index: u64, body_bytes: usize) -> PathBuf {
@@ -418,12 +197,7 @@ async fn s3_a_bucket_policy_that_denies_writes_is_refused() {
         return;
     };
     moto.create_bucket("locked-bucket");
-    let policy = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Deny","Principal":"*","Action":"s3:PutObject","Resource":"arn:aws:s3:::locked-bucket/*"}]}"#;
-    let (status, body) = moto.http("PUT", "/locked-bucket?policy", &[], policy.as_bytes());
-    assert!(
-        status == 200 || status == 204,
-        "put the bucket policy: {status} {body}"
-    );
+    moto.deny_puts("locked-bucket");
 
     let target = moto.target("s3://locked-bucket", ANY_KEY);
     let local = tempfile::tempdir().unwrap();

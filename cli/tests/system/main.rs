@@ -8,6 +8,7 @@ mod support;
 
 mod admin_cli;
 mod auth;
+mod backup;
 mod bench;
 mod capacity;
 mod capacity_memcg;
