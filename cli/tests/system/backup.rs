@@ -541,16 +541,32 @@ async fn a_spool_file_damaged_on_the_leaders_disk_is_never_published() {
         assert!(Instant::now() < deadline, "no spool file grew past 200 KiB");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    wait_failure_counted(&cluster, 1, "verify", Duration::from_secs(20)).await;
-    let published_before = log_lines(&cluster, "backup published").len();
-    let failed = log_lines(&cluster, "backup failed");
+    // Its attempt ends: not published, but failed verification.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ended = loop {
+        let ended: Vec<String> = cluster
+            .log_of(1)
+            .lines()
+            .filter(|l| field(l, "backup") == Some(damaged.as_str()))
+            .filter(|l| field(l, "ended_unix_ms").is_some())
+            .map(str::to_string)
+            .collect();
+        if let Some(line) = ended.first() {
+            break line.clone();
+        }
+        assert!(Instant::now() < deadline, "the attempt of {damaged} never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(
-        failed
-            .iter()
-            .any(|(_, l)| field(l, "backup") == Some(damaged.as_str())
-                && field(l, "kind") == Some("verify")),
-        "{damaged} failed verification: {failed:?}"
+        !ended.contains("backup published"),
+        "the damaged backup was published: {ended}"
     );
+    assert!(
+        ended.contains("backup failed") && field(&ended, "kind") == Some("verify"),
+        "{ended}"
+    );
+    wait_failure_counted(&cluster, 1, "verify", Duration::from_secs(5)).await;
+    let published_before = log_lines(&cluster, "backup published").len();
     // The next backup, undamaged, is published.
     wait_lines(
         &cluster,
