@@ -554,7 +554,10 @@ async fn a_spool_file_damaged_on_the_leaders_disk_is_never_published() {
         if let Some(line) = ended.first() {
             break line.clone();
         }
-        assert!(Instant::now() < deadline, "the attempt of {damaged} never ended");
+        assert!(
+            Instant::now() < deadline,
+            "the attempt of {damaged} never ended"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
@@ -727,8 +730,15 @@ async fn backups_never_run_on_two_members_at_once_across_leader_changes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     wait_mid_backup(&cluster, third, 300, Duration::from_secs(15)).await;
+    for id in cluster.ids() {
+        for line in cluster.log_of(id).lines() {
+            if line.contains("cairn_server::backup") {
+                println!("node {id}: {line}");
+            }
+        }
+    }
+    println!("backup windows (node, start, end): {:?}", windows(&cluster));
     assert_no_overlap(&cluster);
-    println!("backup windows: {:?}", windows(&cluster));
 }
 
 #[test]
