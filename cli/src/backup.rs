@@ -7,8 +7,8 @@
 //! `verify` and `restore` fetch a backup (the newest, of one cluster with `--cluster-id`, or
 //! the one named) into a temporary file of `--download-dir` with a progress bar; `verify`
 //! then checks it whole and prints its header, `restore` hands it to `cairn snapshot
-//! restore`'s own code ([`crate::snapshot::restore_online`] with its confirmation,
-//! [`crate::snapshot::restore_offline`]), after the same checks of its flags, made before
+//! restore`'s own code (`crate::snapshot::restore_online` with its confirmation,
+//! `crate::snapshot::restore_offline`), after the same checks of its flags, made before
 //! anything is fetched.
 
 use std::path::PathBuf;

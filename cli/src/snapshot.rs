@@ -47,7 +47,7 @@ pub struct RestoreArgs {
 }
 
 /// How a backup is restored: the flags `cairn snapshot restore` and `cairn backup restore`
-/// share, and what both then run ([`restore_online`], [`restore_offline`]).
+/// share, and what both then run (`restore_online`, `restore_offline`).
 #[derive(Args)]
 pub struct RestoreHow {
     /// Seed the data dir of one node of a NEW cluster instead (disaster recovery).

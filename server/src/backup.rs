@@ -11,12 +11,12 @@
 //!    `interval` after the *newest backup of this cluster in the target* (whoever took it),
 //!    so that a leader change adds no backup; not before the hold-off since this node
 //!    began to lead; not before the back-off of a failure ([`retry_delay`]);
-//! 2. when due ([`take`]): confirms leadership (a read index: the linearizable point),
+//! 2. when due (`take`): confirms leadership (a read index: the linearizable point),
 //!    takes the state machine's point-in-time snapshot, streams it into a spool file
 //!    (`DATA_DIR/backup-spool/`, on a blocking thread, at most
 //!    `backup_write_bytes_per_second_max`), then [`BackupTarget::put_verified`]: uploads it
 //!    as `<name>.part`, reads it back into the spool dir, and verifies the copy
-//!    ([`verify_copy`]: the whole file decoded and its checksum matched by
+//!    (`verify_copy`: the whole file decoded and its checksum matched by
 //!    [`snapshot_file::verify`], its header the one taken, and this node still the leader
 //!    of the term the backup began in) before publishing it under its name; then prunes
 //!    ([`BackupTarget::apply_retention`]);
@@ -33,7 +33,7 @@
 //!
 //! 1. **Never two members at once, also across a leader change.** A backup runs only while
 //!    this node leads in the term `T` the backup began in: the whole attempt is raced
-//!    against the end of that leadership ([`while_leading`]), and dropped (the spool file
+//!    against the end of that leadership (`while_leading`), and dropped (the spool file
 //!    removed, the blocking writer told to stop, the upload abandoned and its `.part`
 //!    removed) as soon as this node's Raft metrics say it no longer leads `T`. A leader
 //!    that does not know yet that it was deposed cannot publish either: the verify step,
@@ -50,7 +50,7 @@
 //!    stall between that confirmation and the publishing copy itself.
 //! 2. **A published backup was read back and verified as a whole** (the checksum and every
 //!    record decoded), and names the cluster and index its header holds (the target's
-//!    invariant 1, with [`verify_copy`] as the check; asserted again there).
+//!    invariant 1, with `verify_copy` as the check; asserted again there).
 //! 3. The spool dir holds only the backup in flight: leftovers are removed when the node
 //!    starts ([`remove_spool_leftovers`]), the spool file when the attempt ends, however it
 //!    ends (`TempFile`).
