@@ -81,6 +81,9 @@ pub struct Executor<H> {
     handle: Arc<H>,
     /// Where a strong read or list may be confirmed ([`Handle::confirm_read`]).
     strong_reads: ReadAt,
+    /// True once a read index confirmed after this node started was applied here
+    /// ([`Executor::confirm_read`]); clones share it.
+    caught_up: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl<H> Clone for Executor<H> {
@@ -88,6 +91,7 @@ impl<H> Clone for Executor<H> {
         Executor {
             handle: self.handle.clone(),
             strong_reads: self.strong_reads,
+            caught_up: self.caught_up.clone(),
         }
     }
 }
@@ -112,11 +116,28 @@ impl<H: Handle> Executor<H> {
         Executor {
             handle,
             strong_reads,
+            caught_up: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
     pub fn handle(&self) -> &Arc<H> {
         &self.handle
+    }
+
+    /// [`Handle::confirm_read`], and on success this node counts as caught up since its
+    /// start: it has applied an index confirmed after it started ([`Executor::caught_up`]).
+    /// Every confirmation on this node goes through here.
+    pub async fn confirm_read(&self, at: ReadAt) -> Result<u64, ApiError> {
+        let index = self.handle.confirm_read(at).await?;
+        self.caught_up
+            .send_if_modified(|caught_up| !std::mem::replace(caught_up, true));
+        Ok(index)
+    }
+
+    /// Whether this node has applied a read index confirmed since it started (by a strong
+    /// request or by the catch-up after the start), as a receiver that changes once.
+    pub fn caught_up(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.caught_up.subscribe()
     }
 
     fn limits(&self) -> &cairn_fsm::Limits {
@@ -206,7 +227,7 @@ impl<H: Handle> Executor<H> {
     async fn view_for(&self, consistency: Consistency, revision: u64) -> Result<View, ApiError> {
         self.handle.serves_reads()?;
         let confirmed_index = match consistency {
-            Consistency::Strong => Some(self.handle.confirm_read(self.strong_reads).await?),
+            Consistency::Strong => Some(self.confirm_read(self.strong_reads).await?),
             Consistency::Eventual => None,
         };
         let view = self.handle.store().view_at(revision)?;

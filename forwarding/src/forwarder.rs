@@ -85,9 +85,9 @@ pub struct Forwarder<H> {
     channel: Arc<LeaderChannel>,
     options: ForwarderOptions,
     stamp: Option<RequestStamp>,
-    /// Set once a read index confirmed after this node started was applied here
+    /// The shared round that confirms a read index after this node started
     /// ([`Forwarder::caught_up_since_start`]).
-    caught_up: tokio::sync::OnceCell<u64>,
+    catching_up: tokio::sync::OnceCell<u64>,
 }
 
 impl<H: Handle> Forwarder<H> {
@@ -103,7 +103,7 @@ impl<H: Handle> Forwarder<H> {
             channel,
             options,
             stamp: None,
-            caught_up: tokio::sync::OnceCell::new(),
+            catching_up: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -251,21 +251,32 @@ impl<H: Handle> Forwarder<H> {
     /// passes at once. Unavailable (certainly not served: retry here or on another node)
     /// when no read index could be confirmed by `deadline`.
     async fn caught_up_since_start(&self, deadline: Instant) -> Result<(), ApiError> {
-        if self.caught_up.initialized() {
+        let mut caught_up = self.executor.caught_up();
+        if *caught_up.borrow_and_update() {
             return Ok(());
         }
-        let index = self
-            .caught_up
-            .get_or_try_init(|| self.confirm_here(deadline))
-            .await
-            .map_err(|e| {
-                ApiError::Unavailable(format!(
-                    "this node has not caught up with the cluster since it started, so it \
-                     serves no eventual reads yet (no read index confirmed: {e}); retry, or \
-                     read from another node"
-                ))
-            })?;
-        tracing::debug!(index, "caught up since start: serving eventual reads");
+        // Whichever comes first: the shared round confirms one, or another request (a
+        // strong read, say) confirms one while this waits.
+        let shared_round = self
+            .catching_up
+            .get_or_try_init(|| self.confirm_here(deadline));
+        tokio::select! {
+            confirmed = shared_round => {
+                let index = confirmed.map_err(|e| {
+                    ApiError::Unavailable(format!(
+                        "this node has not caught up with the cluster since it started, so it \
+                         serves no eventual reads yet (no read index confirmed: {e}); retry, \
+                         or read from another node"
+                    ))
+                })?;
+                tracing::debug!(index, "caught up since start: serving eventual reads");
+            }
+            _ = caught_up.wait_for(|caught_up| *caught_up) => {}
+        }
+        assert!(
+            *self.executor.caught_up().borrow(),
+            "a confirmed read index marks the node caught up"
+        );
         Ok(())
     }
 
@@ -276,7 +287,7 @@ impl<H: Handle> Forwarder<H> {
     /// it holds; a request that comes first shares the round in progress.
     pub async fn catch_up_after_start(&self, round: Duration) {
         assert!(round > Duration::ZERO);
-        while !self.caught_up.initialized() {
+        while !*self.executor.caught_up().borrow() {
             let started = Instant::now();
             if let Err(e) = self.caught_up_since_start(started + round).await {
                 tracing::debug!(error = %e, "not caught up since start yet; trying again");
@@ -470,15 +481,15 @@ impl<H: Handle> Attempts for ConfirmHere<'_, H> {
 
     async fn attempt(&mut self, deadline: Instant) -> Result<u64, Failure> {
         let started = Instant::now();
-        let confirm = self
-            .forwarder
-            .executor
-            .handle()
-            .confirm_read(ReadAt::AnyNode);
-        match tokio::time::timeout_at(deadline, confirm).await {
+        let confirm = self.forwarder.executor.confirm_read(ReadAt::AnyNode);
+        let result = match tokio::time::timeout_at(deadline, confirm).await {
             Ok(result) => result.map_err(Failure::Answered),
             Err(_elapsed) => Err(not_done_here(started)),
+        };
+        if let Err(failure) = &result {
+            tracing::debug!(?failure, "no read index confirmed here");
         }
+        result
     }
 
     fn move_on(&mut self, failure: &Failure, leader: Option<&LeaderHint>) -> bool {

@@ -209,7 +209,7 @@ impl<H: Handle> ForwardingService for ForwardingServer<H> {
     ) -> Result<Response<pb::ReadIndexResponse>, Status> {
         let timeout = caller_timeout(&r);
         self.serve(Method::ReadIndex, timeout, async {
-            let index = self.executor.handle().confirm_read(ReadAt::Leader).await?;
+            let index = self.executor.confirm_read(ReadAt::Leader).await?;
             Ok(pb::ReadIndexResponse { index })
         })
         .await

@@ -2,7 +2,7 @@
 //! 127.0.0.1 and killed when dropped. The backup targets' tests (`backup/tests/targets`)
 //! and the scheduled backups' system tests (`cli/tests/system/backup.rs`) use it.
 //!
-//! moto is found at `$CAIRN_MOTO_SERVER`, on `PATH`, or in `/tmp/cairn-ci-python/bin`
+//! moto is found at `$MOTO_SERVER`, on `PATH`, or in `/tmp/cairn-ci-python/bin`
 //! (where `.ci/run` installs it). Without it [`Moto::start`] says the test skipped, and
 //! panics under `CI=true`.
 //!
@@ -216,12 +216,12 @@ impl Drop for Moto {
 
 /// Where moto_server is, or why it was not found.
 pub fn moto_program() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("CAIRN_MOTO_SERVER") {
+    if let Some(path) = std::env::var_os("MOTO_SERVER") {
         let path = PathBuf::from(path);
         return match path.is_file() {
             true => Ok(path),
             false => Err(format!(
-                "CAIRN_MOTO_SERVER={} is not a file",
+                "MOTO_SERVER={} is not a file",
                 path.display()
             )),
         };
@@ -236,7 +236,7 @@ pub fn moto_program() -> Result<PathBuf, String> {
         )))
         .find(|p| p.is_file())
         .ok_or_else(|| {
-            "moto_server is not installed (set CAIRN_MOTO_SERVER, put it on PATH, or pip install \
+            "moto_server is not installed (set MOTO_SERVER, put it on PATH, or pip install \
              'moto[server]' into /tmp/cairn-ci-python, as .ci/run does)"
                 .to_string()
         })

@@ -1,7 +1,7 @@
 //! S3 targets against a real S3-compatible server: moto in server mode, started by each test
 //! on a free port of 127.0.0.1 and killed when the test ends.
 //!
-//! moto is found at `$CAIRN_MOTO_SERVER`, on `PATH`, or in `/tmp/cairn-ci-python/bin`
+//! moto is found at `$MOTO_SERVER`, on `PATH`, or in `/tmp/cairn-ci-python/bin`
 //! (where `.ci/run` installs it). Without it a test says it skipped, and fails under
 //! `CI=true` (`cairn_test_support::moto`, shared with the cli's system tests).
 //!
