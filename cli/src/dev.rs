@@ -2,6 +2,13 @@
 //! with data under one directory (default `.cairn-dev/`). Running it again
 //! reuses the data when the layout matches and replaces it cleanly otherwise
 //! (or with `--fresh`). Ctrl-C stops every node.
+//!
+//! It is built for drills: each node serves its ops listener (`/metrics`, `/livez`,
+//! `/readyz`); when a node exits, `cairn dev` says which, how (exit code or signal) and
+//! with the last line of its log, and with `--restart` starts it again after a delay.
+//! While it runs it answers on a control socket, `DATA_DIR/control.sock`, one request
+//! per connection (a line: `stop N term|kill`, `start N`, `restart N`; answered
+//! `ok MESSAGE` or `error MESSAGE`): `cairn dev restart N` and `cairn drill` use it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -34,6 +41,43 @@ pub struct DevArgs {
     /// written by `cairn tls init DATA_DIR/tls` (kept across runs).
     #[arg(long)]
     tls: bool,
+    /// Start a node that exited on its own again, after --restart-delay-ms.
+    #[arg(long)]
+    restart: bool,
+    /// How long --restart waits before it starts a node again.
+    #[arg(long, default_value_t = 2_000, requires = "restart")]
+    restart_delay_ms: u64,
+    /// More `cairn agent` flags for every node, after `--` (`cairn dev -- --log-format json`).
+    #[arg(last = true, value_name = "AGENT_FLAGS")]
+    agent_flags: Vec<String>,
+    #[command(subcommand)]
+    action: Option<DevAction>,
+}
+
+/// `cairn dev restart N` and the like: asks the `cairn dev` running on DATA_DIR.
+#[derive(clap::Subcommand)]
+pub enum DevAction {
+    /// Stop node N (SIGTERM, a graceful stop) and start it again.
+    Restart(NodeArgs),
+    /// Stop node N: SIGTERM, or SIGKILL with --kill. `cairn dev` does not restart it.
+    Stop {
+        #[command(flatten)]
+        node: NodeArgs,
+        /// SIGKILL, as a crash would.
+        #[arg(long)]
+        kill: bool,
+    },
+    /// Start node N, stopped by `cairn dev stop`, again.
+    Start(NodeArgs),
+}
+
+#[derive(Args)]
+pub struct NodeArgs {
+    /// The node's id (1..=nodes).
+    id: u32,
+    /// The running `cairn dev`'s data dir.
+    #[arg(long, default_value = ".cairn-dev")]
+    data_dir: PathBuf,
 }
 
 /// `--log-level`: a value the nodes' `log_level` takes
@@ -46,16 +90,123 @@ struct Node {
     id: u32,
     client: String,
     peer: String,
+    /// The ops listener: /metrics, /livez, /readyz.
+    ops: String,
 }
 
-fn layout(args: &DevArgs) -> Vec<Node> {
-    (1..=args.nodes)
-        .map(|id| Node {
-            id,
-            client: format!("127.0.0.1:{}", args.base_port as u32 + id),
-            peer: format!("127.0.0.1:{}", args.base_port as u32 + 1000 + id),
+/// Client ports are BASE+N, peer ports BASE+1000+N, ops ports BASE+2000+N.
+const OPS_PORT_OFFSET: u32 = 2000;
+
+fn layout(args: &DevArgs) -> Result<Vec<Node>, String> {
+    let highest = u32::from(args.base_port) + OPS_PORT_OFFSET + args.nodes;
+    if highest > u32::from(u16::MAX) {
+        return Err(format!(
+            "--base-port {} leaves no room for the ops ports (up to {highest})",
+            args.base_port
+        ));
+    }
+    Ok((1..=args.nodes)
+        .map(|id| {
+            let port = |offset: u32| u32::from(args.base_port) + offset + id;
+            Node {
+                id,
+                client: format!("127.0.0.1:{}", port(0)),
+                peer: format!("127.0.0.1:{}", port(1000)),
+                ops: format!("127.0.0.1:{}", port(OPS_PORT_OFFSET)),
+            }
+        })
+        .collect())
+}
+
+/// The client addresses of the `cairn dev` cluster in `data_dir`, by node id, from the
+/// layout it wrote (`ID=PEER/CLIENT,...`).
+pub fn client_addresses(data_dir: &Path) -> Result<Vec<(u64, String)>, String> {
+    let marker = data_dir.join("layout");
+    let text = std::fs::read_to_string(&marker).map_err(|e| {
+        format!(
+            "no cairn dev cluster in {} (cannot read {}: {e})",
+            data_dir.display(),
+            marker.display()
+        )
+    })?;
+    text.trim()
+        .split(',')
+        .map(|member| {
+            let parsed = member.split_once('=').and_then(|(id, addresses)| {
+                let id = id.parse::<u64>().ok()?;
+                let (_peer, client) = addresses.split_once('/')?;
+                Some((id, client.to_string()))
+            });
+            parsed.ok_or_else(|| format!("{} names a member {member:?}", marker.display()))
         })
         .collect()
+}
+
+/// The control socket of the `cairn dev` running on `data_dir`.
+fn control_socket(data_dir: &Path) -> PathBuf {
+    data_dir.join("control.sock")
+}
+
+/// Sends one request to the `cairn dev` running on `data_dir`; its answer's message.
+pub async fn control(data_dir: &Path, request: &str) -> Result<String, String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let socket = control_socket(data_dir);
+    let talk = async {
+        let mut stream = tokio::net::UnixStream::connect(&socket)
+            .await
+            .map_err(|e| {
+                format!(
+                    "no cairn dev is running on {} (its control socket {}: {e})",
+                    data_dir.display(),
+                    socket.display()
+                )
+            })?;
+        stream
+            .write_all(format!("{request}\n").as_bytes())
+            .await
+            .map_err(|e| format!("cannot ask cairn dev: {e}"))?;
+        let mut answer = String::new();
+        tokio::io::BufReader::new(stream)
+            .read_line(&mut answer)
+            .await
+            .map_err(|e| format!("cairn dev did not answer: {e}"))?;
+        Ok::<String, String>(answer)
+    };
+    // A stop waits up to STOP_TIMEOUT for the node to end, then kills it.
+    let answer = tokio::time::timeout(STOP_TIMEOUT * 2, talk)
+        .await
+        .map_err(|_| format!("cairn dev did not answer {request:?} in time"))??;
+    match answer.trim_end().split_once(' ') {
+        Some(("ok", message)) => Ok(message.to_string()),
+        Some(("error", message)) => Err(message.to_string()),
+        _ => Err(format!("cairn dev answered {answer:?}")),
+    }
+}
+
+/// `cairn dev restart|stop|start N`.
+fn run_action(action: DevAction) -> u8 {
+    let (node, request) = match &action {
+        DevAction::Restart(node) => (node, format!("restart {}", node.id)),
+        DevAction::Stop { node, kill } => (
+            node,
+            format!("stop {} {}", node.id, if *kill { "kill" } else { "term" }),
+        ),
+        DevAction::Start(node) => (node, format!("start {}", node.id)),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match runtime.block_on(control(&node.data_dir, &request)) {
+        Ok(message) => {
+            out!("{message}");
+            exit::OK
+        }
+        Err(why) => {
+            eprintln!("cairn dev: {why}");
+            exit::ERROR
+        }
+    }
 }
 
 fn prepare_dir(args: &DevArgs, nodes: &[Node]) -> std::io::Result<()> {
@@ -121,8 +272,11 @@ fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Res
             &node.peer,
             "--members",
             members,
+            "--metrics-address",
+            &node.ops,
         ])
         .args(["--log-level", &args.log_level])
+        .args(&args.agent_flags)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
@@ -142,8 +296,17 @@ fn spawn(exe: &Path, args: &DevArgs, node: &Node, members: &str) -> std::io::Res
     command.spawn()
 }
 
-pub fn run(args: DevArgs) -> u8 {
-    let nodes = layout(&args);
+pub fn run(mut args: DevArgs) -> u8 {
+    if let Some(action) = args.action.take() {
+        return run_action(action);
+    }
+    let nodes = match layout(&args) {
+        Ok(nodes) => nodes,
+        Err(why) => {
+            eprintln!("cairn dev: {why}");
+            return exit::USAGE;
+        }
+    };
     if let Err(e) = prepare_dir(&args, &nodes) {
         eprintln!("cairn dev: cannot prepare {}: {e}", args.data_dir.display());
         return exit::ERROR;
@@ -207,6 +370,17 @@ pub fn run(args: DevArgs) -> u8 {
             }
         }
     };
+    let listener = {
+        let _entered = runtime.enter();
+        match bind_control(&args.data_dir) {
+            Ok(listener) => listener,
+            Err(why) => {
+                eprintln!("cairn dev: {why}");
+                return exit::ERROR;
+            }
+        }
+    };
+    let socket = control_socket(&args.data_dir);
     let mut children = Vec::new();
     for node in &nodes {
         match spawn(&exe, &args, node, &members) {
@@ -214,6 +388,7 @@ pub fn run(args: DevArgs) -> u8 {
             Err(e) => {
                 eprintln!("cairn dev: cannot start node {}: {e}", node.id);
                 stop_all(&mut children);
+                let _ = std::fs::remove_file(&socket);
                 return exit::ERROR;
             }
         }
@@ -257,6 +432,7 @@ pub fn run(args: DevArgs) -> u8 {
         None => {
             println!("\nStopping {} nodes...", children.len());
             stop_all(&mut children);
+            let _ = std::fs::remove_file(&socket);
             return exit::OK;
         }
         Some(Ok(status)) => status,
@@ -266,6 +442,7 @@ pub fn run(args: DevArgs) -> u8 {
                 eprintln!("{log}");
             }
             stop_all(&mut children);
+            let _ = std::fs::remove_file(&socket);
             return exit::ERROR;
         }
     };
@@ -288,10 +465,11 @@ pub fn run(args: DevArgs) -> u8 {
     );
     for n in &nodes {
         println!(
-            "  node {}: client {}  peer {}  data {}/node-{}",
+            "  node {}: client {}  peer {}  ops http://{} (/metrics /livez /readyz)  data {}/node-{}",
             n.id,
             n.client,
             n.peer,
+            n.ops,
             args.data_dir.display(),
             n.id
         );
@@ -310,11 +488,283 @@ pub fn run(args: DevArgs) -> u8 {
     println!("  cairn status");
     println!("  cairn write --type demo.v1.Thing --name hello --data-json '{{\"hi\": 1}}'");
     println!("  cairn watch --type demo.v1.Thing");
+    println!("  cairn drill failover");
+    println!("  cairn dev restart 2{}", data_dir_flag(&args));
+    if args.restart {
+        println!(
+            "\nA node that exits is started again after {} ms (--restart).",
+            args.restart_delay_ms
+        );
+    }
     println!("\nPress Ctrl-C to stop the cluster.");
-    runtime.block_on(stop_signals.recv());
+    let mut supervisor = Supervisor {
+        exe,
+        members,
+        slots: nodes
+            .into_iter()
+            .zip(children)
+            .map(|(node, child)| Slot {
+                node,
+                child: Some(child),
+                restart_at: None,
+            })
+            .collect(),
+    };
+    runtime.block_on(async {
+        loop {
+            tokio::select! {
+                () = stop_signals.recv() => break,
+                accepted = listener.accept() => {
+                    if let Ok((stream, _)) = accepted {
+                        supervisor.serve(&args, stream).await;
+                    }
+                }
+                () = tokio::time::sleep(WATCH_INTERVAL) => supervisor.watch(&args),
+            }
+        }
+    });
+    let mut children: Vec<Child> = supervisor
+        .slots
+        .into_iter()
+        .filter_map(|slot| slot.child)
+        .collect();
     println!("\nStopping {} nodes...", children.len());
     stop_all(&mut children);
+    let _ = std::fs::remove_file(&socket);
     exit::OK
+}
+
+/// How often `cairn dev` looks for nodes that exited.
+const WATCH_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long a stop waits for a node to end after SIGTERM before it kills it.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The longest a control request may take to arrive.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds the control socket; refuses when another `cairn dev` answers on it, and replaces a
+/// socket file left by one that died.
+fn bind_control(data_dir: &Path) -> Result<tokio::net::UnixListener, String> {
+    let socket = control_socket(data_dir);
+    if socket.exists() {
+        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            return Err(format!(
+                "another cairn dev is running on {} (its control socket {} answers)",
+                data_dir.display(),
+                socket.display()
+            ));
+        }
+        std::fs::remove_file(&socket)
+            .map_err(|e| format!("cannot remove the stale {}: {e}", socket.display()))?;
+    }
+    tokio::net::UnixListener::bind(&socket)
+        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))
+}
+
+/// One node under `cairn dev`.
+struct Slot {
+    node: Node,
+    /// `None` while it is stopped (by a request, or it exited).
+    child: Option<Child>,
+    /// When `--restart` starts it again.
+    restart_at: Option<Instant>,
+}
+
+/// The nodes `cairn dev` runs, and how to start them.
+struct Supervisor {
+    exe: PathBuf,
+    members: String,
+    slots: Vec<Slot>,
+}
+
+impl Supervisor {
+    /// Says which nodes exited on their own and how; with `--restart`, starts them again
+    /// once their delay has passed.
+    fn watch(&mut self, args: &DevArgs) {
+        for slot in &mut self.slots {
+            let id = slot.node.id;
+            if let Some(child) = &mut slot.child {
+                if let Ok(Some(status)) = child.try_wait() {
+                    slot.child = None;
+                    let last = last_log_line(&log_file(&args.data_dir, id));
+                    println!(
+                        "cairn dev: node {id} {}; the last line of its log: {last}",
+                        describe_exit(status)
+                    );
+                    if args.restart {
+                        println!(
+                            "cairn dev: starting node {id} again in {} ms (--restart)",
+                            args.restart_delay_ms
+                        );
+                        slot.restart_at =
+                            Some(Instant::now() + Duration::from_millis(args.restart_delay_ms));
+                    } else {
+                        println!(
+                            "cairn dev: start it again with: cairn dev start {id}{}",
+                            data_dir_flag(args)
+                        );
+                    }
+                }
+            }
+            if slot.restart_at.is_some_and(|at| Instant::now() >= at) {
+                slot.restart_at = None;
+                match spawn(&self.exe, args, &slot.node, &self.members) {
+                    Ok(child) => {
+                        println!("cairn dev: node {id} started again (pid {})", child.id());
+                        slot.child = Some(child);
+                    }
+                    Err(e) => println!("cairn dev: cannot start node {id} again: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Answers one control request (see the module docs).
+    async fn serve(&mut self, args: &DevArgs, stream: tokio::net::UnixStream) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let (read, mut write) = stream.into_split();
+        let mut line = String::new();
+        // A request is one short line: read at most 256 bytes of it.
+        let mut reader = tokio::io::BufReader::new(read.take(256));
+        let answer = match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await
+        {
+            Ok(Ok(_)) => match self.handle(args, line.trim()).await {
+                Ok(message) => format!("ok {message}\n"),
+                Err(why) => format!("error {why}\n"),
+            },
+            Ok(Err(e)) => format!("error unreadable request: {e}\n"),
+            Err(_) => "error no request within 5 s\n".to_string(),
+        };
+        let _ = write.write_all(answer.as_bytes()).await;
+    }
+
+    async fn handle(&mut self, args: &DevArgs, request: &str) -> Result<String, String> {
+        let words: Vec<&str> = request.split_whitespace().collect();
+        let (verb, id, rest) = match words.as_slice() {
+            [verb, id, rest @ ..] => (*verb, *id, rest),
+            _ => {
+                return Err(format!(
+                    "unknown request {request:?} (stop N term|kill, start N, restart N)"
+                ))
+            }
+        };
+        let id: u32 = id.parse().map_err(|_| format!("{id:?} is not a node id"))?;
+        let nodes = self.slots.len();
+        let index = (id as usize)
+            .checked_sub(1)
+            .filter(|i| *i < nodes)
+            .ok_or_else(|| format!("no node {id}: this cluster has nodes 1 to {nodes}"))?;
+        match (verb, rest) {
+            ("stop", ["term"]) => self.stop(index, libc::SIGTERM).await,
+            ("stop", ["kill"]) => self.stop(index, libc::SIGKILL).await,
+            ("start", []) => self.start(args, index),
+            ("restart", []) => {
+                let stopped = if self.slots[index].child.is_some() {
+                    format!("{}; ", self.stop(index, libc::SIGTERM).await?)
+                } else {
+                    String::new()
+                };
+                Ok(format!("{stopped}{}", self.start(args, index)?))
+            }
+            _ => Err(format!(
+                "unknown request {request:?} (stop N term|kill, start N, restart N)"
+            )),
+        }
+    }
+
+    /// Stops node `index` with `signal` (SIGKILL after STOP_TIMEOUT); `cairn dev` leaves it
+    /// stopped.
+    async fn stop(&mut self, index: usize, signal: i32) -> Result<String, String> {
+        let slot = &mut self.slots[index];
+        let id = slot.node.id;
+        slot.restart_at = None;
+        let Some(child) = &mut slot.child else {
+            return Err(format!("node {id} is not running"));
+        };
+        // SAFETY: kill(2) on our own child's pid, which we have not reaped yet.
+        unsafe {
+            libc::kill(child.id() as i32, signal);
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                _ => {
+                    let _ = child.kill();
+                    match child.wait() {
+                        Ok(status) => break status,
+                        Err(e) => return Err(format!("cannot wait for node {id}: {e}")),
+                    }
+                }
+            }
+        };
+        slot.child = None;
+        Ok(format!("node {id} stopped: it {}", describe_exit(status)))
+    }
+
+    fn start(&mut self, args: &DevArgs, index: usize) -> Result<String, String> {
+        let slot = &mut self.slots[index];
+        let id = slot.node.id;
+        if let Some(child) = &slot.child {
+            return Err(format!("node {id} is already running (pid {})", child.id()));
+        }
+        let child = spawn(&self.exe, args, &slot.node, &self.members)
+            .map_err(|e| format!("cannot start node {id}: {e}"))?;
+        let pid = child.id();
+        slot.child = Some(child);
+        slot.restart_at = None;
+        Ok(format!("node {id} started (pid {pid})"))
+    }
+}
+
+/// ` --data-dir DIR` when it is not the default, for the commands `cairn dev` suggests.
+fn data_dir_flag(args: &DevArgs) -> String {
+    if args.data_dir == Path::new(".cairn-dev") {
+        String::new()
+    } else {
+        format!(" --data-dir {}", args.data_dir.display())
+    }
+}
+
+/// `exited with code 1`, `was killed by signal 9 (SIGKILL)`.
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(signal)) => format!("was killed by signal {signal} ({})", signal_name(signal)),
+        _ => format!("ended ({status})"),
+    }
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        _ => "another signal",
+    }
+}
+
+/// The last non-empty line of a node's log, or why there is none.
+fn last_log_line(log: &Path) -> String {
+    match std::fs::read_to_string(log) {
+        Ok(text) => text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map_or_else(|| format!("({} is empty)", log.display()), str::to_string),
+        Err(e) => format!("(cannot read {}: {e})", log.display()),
+    }
 }
 
 /// The first node whose process has exited: what happened, and the last lines of its log.

@@ -6,7 +6,8 @@
 //! | module | commands |
 //! |--------|----------|
 //! | [`agent`] | `agent`: one node (over the `cairn-server` library) |
-//! | [`dev`] | `dev`: a local cluster of child processes |
+//! | [`dev`] | `dev`: a local cluster of child processes; `dev restart / stop / start N` |
+//! | [`drill`] | `drill failover / rolling-restart`: an action under a checked workload |
 //! | [`data`] (+ [`json`], the JSON form of resources) | `read`, `write`, `delete`, `list`, `owned-by`, `watch` |
 //! | [`admin`] | `status`, `endpoint`, `member`, `transfer-leader` |
 //! | [`snapshot`] | `snapshot save / inspect / restore` |
@@ -59,6 +60,7 @@ pub mod check;
 pub mod common;
 pub mod data;
 pub mod dev;
+pub mod drill;
 pub mod json;
 pub mod lease;
 pub mod recover;
@@ -93,6 +95,10 @@ enum Command {
     Agent(Box<agent::AgentArgs>),
     /// Run a local cluster of child processes on loopback (Ctrl-C stops it).
     Dev(dev::DevArgs),
+    /// Drills: kill the leader, restart every member in turn, under a checked workload,
+    /// against `cairn dev` or any cluster whose members it may stop and start.
+    #[command(subcommand)]
+    Drill(drill::DrillCommand),
     /// Ask every member for its own status: reachable or not, role, term, indices, lag,
     /// version, uptime, data dir size. Exits 5 without a leader or a quorum.
     Status,
@@ -166,6 +172,7 @@ pub fn main() -> ExitCode {
     let code = match cli.command {
         Command::Agent(args) => agent::run(*args),
         Command::Dev(args) => dev::run(args),
+        Command::Drill(d) => drill::run(d, global),
         Command::Status => runtime().block_on(admin::status(global)),
         Command::Endpoint(EndpointCommand::Health(args)) => {
             runtime().block_on(admin::endpoint_health(global, &args))

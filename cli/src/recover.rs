@@ -310,7 +310,8 @@ mod tests {
     #[test]
     fn the_most_up_to_date_log_is_chosen_in_rafts_order() {
         // (survivors as (dir, term, last index, committed), expected choice)
-        let table: &[(&[(&str, u64, u64, u64)], &str)] = &[
+        type Case = (&'static [(&'static str, u64, u64, u64)], &'static str);
+        let table: &[Case] = &[
             (&[("a", 2, 10, 9)], "a"),
             // A higher last term wins over a longer log of an older term.
             (&[("a", 2, 90, 80), ("b", 3, 50, 40)], "b"),

@@ -48,6 +48,9 @@
 //!   acknowledged add.
 //! - [`runner`]: scenarios, the `ci` suite, `soak` and `prove-broken`, and the
 //!   results folder (histories, node logs, nemesis logs, summary with seed).
+//! - [`drill`]: one operator action (the leader killed or handed off, a rolling restart) on
+//!   a running cluster under the set workload, reported as a client saw it; `cairn drill`
+//!   runs it against `cairn dev` or any cluster whose members it can stop and start.
 //! - [`upgrade`]: the rolling upgrade from an earlier release, built from the commit
 //!   `tests/compat/releases.toml` pins, to this build, with a rollback on the way, under the
 //!   register and set workloads.
@@ -97,6 +100,7 @@
 
 pub mod append;
 pub mod cluster;
+pub mod drill;
 pub mod election;
 pub mod error;
 pub mod findings;

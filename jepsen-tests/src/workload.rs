@@ -142,6 +142,9 @@ pub struct WorkloadOptions {
     /// Set workload with padding: acknowledged elements a process keeps padded before it
     /// strips the oldest one's padding (`usize::MAX`: never; the data only grows).
     pub padded_elements_max: usize,
+    /// Prepended to every key's resource name ([`WorkloadOptions::key`]), so that runs on
+    /// one cluster (drills) do not see each other's data; empty in the fault suite.
+    pub key_prefix: String,
 }
 
 impl WorkloadOptions {
@@ -173,7 +176,13 @@ impl WorkloadOptions {
             seed,
             payload_bytes: 0,
             padded_elements_max: 0,
+            key_prefix: String::new(),
         }
+    }
+
+    /// The resource name (or name prefix) of key `key` in this run.
+    pub fn key(&self, key: usize) -> String {
+        format!("{}{}", self.key_prefix, key_name(self.kind, key))
     }
 
     /// The page size of set lists: every resource of a page fits one answer (0 = the
@@ -249,7 +258,7 @@ pub fn resource_type(kind: WorkloadKind) -> Type {
     }
 }
 
-pub(crate) fn tenancy() -> Tenancy {
+pub fn tenancy() -> Tenancy {
     Tenancy {
         partition: "default".into(),
         namespace: "default".into(),
@@ -506,6 +515,7 @@ impl Workload {
                 seen: BTreeMap::new(),
                 payload_bytes: options.payload_bytes,
                 padded_elements_max: options.padded_elements_max,
+                key_prefix: options.key_prefix.clone(),
                 list_page_limit: options.list_page_limit(),
                 padded: VecDeque::new(),
             };
@@ -612,7 +622,7 @@ impl Workload {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut all = true;
         for key in 0..self.options.keys {
-            let name = key_name(kind, key);
+            let name = self.options.key(key);
             let mut done = false;
             while !done && tokio::time::Instant::now() < deadline {
                 done = match kind {
@@ -828,6 +838,7 @@ struct Process {
     /// Set workload: see [`WorkloadOptions::payload_bytes`].
     payload_bytes: usize,
     padded_elements_max: usize,
+    key_prefix: String,
     list_page_limit: u32,
     /// This process's acknowledged elements that still carry their padding, oldest first.
     padded: VecDeque<PaddedElement>,
@@ -851,7 +862,7 @@ impl Process {
         while !stop.load(Ordering::SeqCst) {
             pin_home(&self.client);
             let key = self.rng.random_range(0..self.keys);
-            let name = key_name(self.kind, key);
+            let name = format!("{}{}", self.key_prefix, key_name(self.kind, key));
             match self.kind {
                 WorkloadKind::Register => self.register_op(&name).await,
                 WorkloadKind::Set => self.set_op(&name).await,

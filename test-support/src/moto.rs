@@ -220,10 +220,7 @@ pub fn moto_program() -> Result<PathBuf, String> {
         let path = PathBuf::from(path);
         return match path.is_file() {
             true => Ok(path),
-            false => Err(format!(
-                "MOTO_SERVER={} is not a file",
-                path.display()
-            )),
+            false => Err(format!("MOTO_SERVER={} is not a file", path.display())),
         };
     }
     let on_path = std::env::var_os("PATH")

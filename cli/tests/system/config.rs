@@ -136,23 +136,6 @@ async fn a_cluster_with_host_names_and_unrelated_cairn_variables_starts_and_serv
 
 /// A free block of ports for `cairn dev --base-port B`: B+1..=B+3 and B+1001..=B+1003,
 /// below Linux's ephemeral range.
-fn free_dev_base() -> u16 {
-    let start = 20_000 + (std::process::id() % 800) * 10;
-    for base in (start..29_000)
-        .step_by(10)
-        .chain((20_000..start).step_by(10))
-    {
-        let base = base as u16;
-        let all_free = (1..=3)
-            .chain(1001..=1003)
-            .all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok());
-        if all_free {
-            return base;
-        }
-    }
-    panic!("no free port block for cairn dev");
-}
-
 /// Starts `cairn dev` in `dir/dev` with `env` and waits (up to 40 s) for it to report its
 /// cluster; returns the process and whether it did, with what it printed.
 fn start_dev(

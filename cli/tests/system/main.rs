@@ -24,6 +24,7 @@ mod contract;
 mod controller_cache;
 mod data_dir;
 mod deploy;
+mod drills;
 mod fairness;
 mod fatal;
 mod follower_reads;

@@ -176,9 +176,11 @@ pub async fn check(raft: &RaftHandle) -> Result<CheckReport, ApiError> {
     let index = raft.store.applied_index();
     let own = match raft.store.digest_at(index) {
         DigestAt::Known(d) => d,
-        other => return Err(ApiError::Unavailable(format!(
+        other => {
+            return Err(ApiError::Unavailable(format!(
             "this leader's digest at its applied index {index} is unknown ({other:?}): try again"
-        ))),
+        )))
+        }
     };
     let status = raft.status();
     let others: Vec<(NodeId, String)> = status

@@ -444,3 +444,177 @@ pub fn run_agent(
 pub fn fatal_lines(log: &str) -> Vec<&str> {
     log.lines().filter(|l| l.contains("FATAL ")).collect()
 }
+
+/// A `cairn dev` under test: its process, its data dir, its base port and what it prints.
+/// Dropping it stops it with Ctrl-C (SIGINT) and waits.
+pub struct DevCluster {
+    pub child: std::process::Child,
+    pub data_dir: std::path::PathBuf,
+    pub base_port: u16,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Every line it printed on stdout so far (as read by [`DevCluster::wait_for_line`]).
+    pub seen: Vec<String>,
+}
+
+/// A block of ports free for `cairn dev --base-port B`: B+1..3 (clients), B+1001..3 (peers),
+/// B+2001..3 (ops listeners).
+pub fn free_dev_base() -> u16 {
+    let start = 20_000 + (std::process::id() % 800) * 10;
+    for base in (start..29_000)
+        .step_by(10)
+        .chain((20_000..start).step_by(10))
+    {
+        let base = base as u16;
+        let all_free = (1..=3)
+            .chain(1001..=1003)
+            .chain(2001..=2003)
+            .all(|offset| std::net::TcpListener::bind(("127.0.0.1", base + offset)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no free port block for cairn dev");
+}
+
+impl DevCluster {
+    /// Starts `cairn dev --data-dir DIR --base-port B ARGS` with `env`, and waits (up to
+    /// 40 s) for its banner; `Err` with what it printed if it never came.
+    pub fn start(
+        data_dir: &Path,
+        args: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Result<DevCluster, String> {
+        use std::process::{Command, Stdio};
+        let base_port = free_dev_base();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(["dev", "--base-port", &base_port.to_string(), "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .envs(env)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cairn dev");
+        let stdout = child.stdout.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut dev = DevCluster {
+            child,
+            data_dir: data_dir.to_path_buf(),
+            base_port,
+            lines,
+            seen: Vec::new(),
+        };
+        match dev.wait_for_line(
+            |l| l.starts_with("Cairn dev cluster"),
+            Duration::from_secs(40),
+        ) {
+            Some(_) => Ok(dev),
+            None => {
+                let _ = dev.child.kill();
+                let mut stderr = String::new();
+                if let Some(mut e) = dev.child.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut stderr);
+                }
+                Err(format!(
+                    "cairn dev did not report a cluster; it printed:\n{}\n{stderr}",
+                    dev.seen.join("\n")
+                ))
+            }
+        }
+    }
+
+    /// The first line from now on that `matches`, within `timeout`.
+    pub fn wait_for_line(
+        &mut self,
+        matches: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self
+                .lines
+                .recv_timeout(left.min(Duration::from_millis(200)))
+            {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if matches(&line) {
+                        return Some(line);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+                Err(_) if Instant::now() >= deadline => return None,
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// The client address of node `id`.
+    pub fn client_address(&self, id: u16) -> String {
+        format!("127.0.0.1:{}", self.base_port + id)
+    }
+
+    /// The ops listener of node `id`.
+    pub fn ops_address(&self, id: u16) -> String {
+        format!("127.0.0.1:{}", self.base_port + 2000 + id)
+    }
+
+    /// `cairn ARGS` with this cluster's endpoints.
+    pub fn cairn(&self, args: &[&str]) -> std::process::Output {
+        let endpoints = (1..=3)
+            .map(|id| self.client_address(id))
+            .collect::<Vec<_>>()
+            .join(",");
+        std::process::Command::new(env!("CARGO_BIN_EXE_cairn"))
+            .args(args)
+            .env("CAIRN_ENDPOINTS", endpoints)
+            .output()
+            .expect("run cairn")
+    }
+
+    /// The pid of node `id`'s process, from /proc.
+    pub fn node_pid(&self, id: u16) -> Option<u32> {
+        let needle = format!("{}/node-{id}", self.data_dir.display());
+        std::fs::read_dir("/proc")
+            .ok()?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| *pid != self.child.id())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    let line = String::from_utf8_lossy(&c).replace('\0', " ");
+                    line.contains("agent") && line.contains(&needle)
+                })
+            })
+    }
+}
+
+impl Drop for DevCluster {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child: Ctrl-C stops the cluster.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGINT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
