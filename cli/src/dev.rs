@@ -779,10 +779,7 @@ fn stopped_node(
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(10)..].join("\n");
-            let why = match status.code() {
-                Some(code) => format!("node {} exited with code {code}", node.id),
-                None => format!("node {} was killed ({status})", node.id),
-            };
+            let why = format!("node {} {}", node.id, describe_exit(status));
             let why = if tail.is_empty() {
                 format!("{why} (its log, {}, is empty)", log.display())
             } else {

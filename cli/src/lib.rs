@@ -386,10 +386,12 @@ mod tests {
                     "cairn {name} --{id} has no help"
                 );
                 if name == "dev" {
-                    // dev's own settings: clap's default, which its help shows; or a switch.
+                    // dev's own settings: clap's default, which its help shows; a switch; or
+                    // the agent flags passed on after `--`.
                     assert!(
                         !arg.get_default_values().is_empty()
-                            || matches!(arg.get_action(), clap::ArgAction::SetTrue),
+                            || matches!(arg.get_action(), clap::ArgAction::SetTrue)
+                            || arg.is_last_set(),
                         "cairn dev --{id} shows no default"
                     );
                     continue;
