@@ -32,7 +32,7 @@ pub struct RecoverArgs {
     #[arg(long)]
     members: Option<String>,
     /// With --members: where to write the recovered state, as a snapshot file that seeds
-    /// the other new members [default: recovered-<old cluster id>-<index>.snap beside the
+    /// the other new members [default: recovered-OLD_CLUSTER_ID-INDEX.snap beside the
     /// chosen data dir].
     #[arg(long)]
     snapshot_out: Option<PathBuf>,

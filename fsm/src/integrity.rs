@@ -115,10 +115,10 @@ pub enum Verdict {
 /// | answers (member: digest) | verdict |
 /// |---|---|
 /// | none, or all the same | Agree |
-/// | 1: a, 2: a, 3: b | Differ [3] |
-/// | 1: a, 2: a, 3: b, 4: c, 5: a | Differ [3, 4] |
-/// | 1: a, 2: b | NoMajority [1, 2] (a tie: neither side is a majority) |
-/// | 1: a, 2: b, 3: c | NoMajority [1, 2, 3] |
+/// | 1: a, 2: a, 3: b | `Differ [3]` |
+/// | 1: a, 2: a, 3: b, 4: c, 5: a | `Differ [3, 4]` |
+/// | 1: a, 2: b | `NoMajority [1, 2]` (a tie: neither side is a majority) |
+/// | 1: a, 2: b, 3: c | `NoMajority [1, 2, 3]` |
 pub fn odd_ones_out(answers: &[(u64, u64)]) -> Verdict {
     let mut counts: Vec<(u64, usize)> = Vec::new();
     for &(_, digest) in answers {
