@@ -164,7 +164,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(
         cli.command,
-        Command::Agent(_) | Command::Dev(_) | Command::Bench(_)
+        Command::Agent(_) | Command::Dev(_) | Command::Bench(_) | Command::Drill(_)
     ) {
         end_quietly_when_stdout_closes();
     }
