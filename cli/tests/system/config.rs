@@ -134,85 +134,13 @@ async fn a_cluster_with_host_names_and_unrelated_cairn_variables_starts_and_serv
     assert!(cluster.is_running(joined), "{}", cluster.log_of(joined));
 }
 
-/// A free block of ports for `cairn dev --base-port B`: B+1..=B+3 and B+1001..=B+1003,
-/// below Linux's ephemeral range.
-/// Starts `cairn dev` in `dir/dev` with `env` and waits (up to 40 s) for it to report its
-/// cluster; returns the process and whether it did, with what it printed.
-fn start_dev(
-    dir: &std::path::Path,
-    env: Vec<(String, String)>,
-) -> (std::process::Child, bool, Vec<String>) {
-    let base = free_dev_base();
-    let mut dev = Command::new(env!("CARGO_BIN_EXE_cairn"))
-        .args(["dev", "--base-port", &base.to_string(), "--data-dir"])
-        .arg(dir.join("dev"))
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start cairn dev");
-    let stdout = dev.stdout.take().unwrap();
-    let (lines, received) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let mut seen = Vec::new();
-    let started = loop {
-        match received.recv_timeout(Duration::from_millis(200)) {
-            Ok(line) => {
-                let ready = line.starts_with("Cairn dev cluster");
-                seen.push(line);
-                if ready {
-                    break true;
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break false,
-            Err(_) if Instant::now() > deadline => break false,
-            Err(_) => {}
-        }
-    };
-    (dev, started, seen)
-}
-
-/// The processes whose command line mentions `needle`.
-fn processes_mentioning(needle: &str) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(needle))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 #[test]
 fn cairn_dev_starts_with_unrelated_cairn_variables() {
     // `cairn dev` waited 30 s and said "no leader" while each child exited at once.
     let dir = tempfile::tempdir().unwrap();
-    let (dev, started, seen) = start_dev(dir.path(), unrelated_environment());
-    // SAFETY: kill(2) on our own child; Ctrl-C stops the cluster.
-    unsafe {
-        libc::kill(dev.id() as i32, libc::SIGINT);
-    }
-    let out = dev.wait_with_output().expect("cairn dev ends");
-    assert!(
-        started,
-        "cairn dev did not report a cluster: {}\n{}",
-        seen.join("\n"),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dev = DevCluster::start(&dir.path().join("dev"), &[], unrelated_environment())
+        .unwrap_or_else(|why| panic!("cairn dev did not report a cluster: {why}"));
+    drop(dev); // Ctrl-C stops the cluster
     let log = std::fs::read_to_string(dir.path().join("dev/node-1.log")).unwrap_or_default();
     assert!(log.contains(WARNING) && log.contains("CAIRN_FOO"), "{log}");
 }
@@ -222,19 +150,15 @@ fn a_killed_cairn_dev_leaves_no_node_running() {
     // `cairn dev` killed outright (SIGKILL, or a Ctrl-C that came before it listened for
     // one) left its three nodes running, orphaned, on their ports and data dirs.
     let dir = tempfile::tempdir().unwrap();
-    let (mut dev, started, seen) = start_dev(dir.path(), vec![]);
+    let mut dev = DevCluster::start(&dir.path().join("dev"), &[], vec![])
+        .unwrap_or_else(|why| panic!("cairn dev did not report a cluster: {why}"));
     let data_dir = dir.path().join("dev").display().to_string();
     let nodes: Vec<u32> = processes_mentioning(&data_dir)
         .into_iter()
-        .filter(|pid| *pid != dev.id())
+        .filter(|pid| *pid != dev.child.id())
         .collect();
-    let _ = dev.kill();
-    let _ = dev.wait();
-    assert!(
-        started,
-        "cairn dev did not report a cluster: {}",
-        seen.join("\n")
-    );
+    let _ = dev.child.kill();
+    let _ = dev.child.wait();
     assert_eq!(nodes.len(), 3, "three nodes ran: {nodes:?}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut left = processes_mentioning(&data_dir);

@@ -5,39 +5,11 @@
 
 use crate::support;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use cairn_proto::v1::*;
 use support::*;
-
-/// `GET path` on `address` (HTTP/1.0, so the server closes the connection): the status code
-/// and the body.
-fn get(address: &str, path: &str) -> (u16, String) {
-    try_get(address, path).unwrap_or_else(|e| panic!("GET {path} on {address}: {e}"))
-}
-
-/// [`get`], or the error of a listener not (yet) accepting connections: a node serves its
-/// ops listener once it has started, which may be after the cluster has a leader.
-fn try_get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(address)?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    let status = answer
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
-}
+use support::{http_get as get, try_http_get as try_get};
 
 fn ops_address(cluster: &Cluster, id: u64) -> String {
     cluster

@@ -588,21 +588,17 @@ impl DevCluster {
     /// The pid of node `id`'s process, from /proc.
     pub fn node_pid(&self, id: u16) -> Option<u32> {
         let needle = format!("{}/node-{id}", self.data_dir.display());
-        std::fs::read_dir("/proc")
-            .ok()?
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| *pid != self.child.id())
-            .find(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                    let line = String::from_utf8_lossy(&c).replace('\0', " ");
-                    line.contains("agent") && line.contains(&needle)
-                })
-            })
+        processes_mentioning(&needle)
+            .into_iter()
+            .find(|pid| *pid != self.child.id())
     }
 }
 
 impl Drop for DevCluster {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return; // already ended (and reaped): nothing to stop
+        }
         // SAFETY: kill(2) on our own child: Ctrl-C stops the cluster.
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGINT);
@@ -617,4 +613,46 @@ impl Drop for DevCluster {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET path` on `address` (HTTP/1.0, so the server closes the connection): the status code
+/// and the body.
+pub fn http_get(address: &str, path: &str) -> (u16, String) {
+    try_http_get(address, path).unwrap_or_else(|e| panic!("GET {path} on {address}: {e}"))
+}
+
+/// [`http_get`], or the error of a listener not (yet) accepting connections: a node serves
+/// its ops listener once it has started, which may be after the cluster has a leader.
+pub fn try_http_get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
 }
