@@ -7,8 +7,14 @@
 //! `/readyz`); when a node exits, `cairn dev` says which, how (exit code or signal) and
 //! with the last line of its log, and with `--restart` starts it again after a delay.
 //! While it runs it answers on a control socket, `DATA_DIR/control.sock`, one request
-//! per connection (a line: `stop N term|kill`, `start N`, `restart N`; answered
-//! `ok MESSAGE` or `error MESSAGE`): `cairn dev restart N` and `cairn drill` use it.
+//! per connection (a line: `stop N term|kill`, `start N`, `restart N`, `isolate N`,
+//! `heal`; answered `ok MESSAGE` or `error MESSAGE`): `cairn dev restart N` and the like,
+//! and `cairn drill`, use it.
+//!
+//! `isolate N` cuts node N off from the other nodes, both ways, until `heal`: the nodes all
+//! listen on loopback, so the partition is made with a `net_cls` cgroup per node and an
+//! nftables table matching their packets ([`jepsen_tests::loopback`]), made on first use;
+//! it needs root, and says why not otherwise.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +24,7 @@ use clap::builder::TypedValueParser;
 use clap::Args;
 
 use crate::common::exit;
+use jepsen_tests::loopback::LoopbackNet;
 
 #[derive(Args)]
 pub struct DevArgs {
@@ -69,6 +76,15 @@ pub enum DevAction {
     },
     /// Start node N, stopped by `cairn dev stop`, again.
     Start(NodeArgs),
+    /// Cut node N off from the other nodes, both ways (clients still reach it), until
+    /// `cairn dev heal`. Needs root (nftables and a net_cls cgroup per node).
+    Isolate(NodeArgs),
+    /// Undo `cairn dev isolate`: every node hears every other again.
+    Heal {
+        /// The running `cairn dev`'s data dir.
+        #[arg(long, default_value = ".cairn-dev")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -185,19 +201,21 @@ pub async fn control(data_dir: &Path, request: &str) -> Result<String, String> {
 
 /// `cairn dev restart|stop|start N`.
 fn run_action(action: DevAction) -> u8 {
-    let (node, request) = match &action {
-        DevAction::Restart(node) => (node, format!("restart {}", node.id)),
+    let (data_dir, request) = match &action {
+        DevAction::Restart(node) => (&node.data_dir, format!("restart {}", node.id)),
         DevAction::Stop { node, kill } => (
-            node,
+            &node.data_dir,
             format!("stop {} {}", node.id, if *kill { "kill" } else { "term" }),
         ),
-        DevAction::Start(node) => (node, format!("start {}", node.id)),
+        DevAction::Start(node) => (&node.data_dir, format!("start {}", node.id)),
+        DevAction::Isolate(node) => (&node.data_dir, format!("isolate {}", node.id)),
+        DevAction::Heal { data_dir } => (data_dir, "heal".to_string()),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    match runtime.block_on(control(&node.data_dir, &request)) {
+    match runtime.block_on(control(data_dir, &request)) {
         Ok(message) => {
             out!("{message}");
             exit::OK
@@ -509,6 +527,7 @@ pub fn run(mut args: DevArgs) -> u8 {
                 restart_at: None,
             })
             .collect(),
+        partitions: None,
     };
     runtime.block_on(async {
         loop {
@@ -523,13 +542,14 @@ pub fn run(mut args: DevArgs) -> u8 {
             }
         }
     });
-    let mut children: Vec<Child> = supervisor
-        .slots
-        .into_iter()
-        .filter_map(|slot| slot.child)
-        .collect();
+    let Supervisor {
+        slots, partitions, ..
+    } = supervisor;
+    let mut children: Vec<Child> = slots.into_iter().filter_map(|slot| slot.child).collect();
     println!("\nStopping {} nodes...", children.len());
     stop_all(&mut children);
+    // After the nodes have left their cgroups: the drop removes the table and the cgroups.
+    drop(partitions);
     let _ = std::fs::remove_file(&socket);
     exit::OK
 }
@@ -576,12 +596,15 @@ struct Supervisor {
     exe: PathBuf,
     members: String,
     slots: Vec<Slot>,
+    /// The partitions between the nodes, once `isolate` asked for one.
+    partitions: Option<LoopbackNet>,
 }
 
 impl Supervisor {
     /// Says which nodes exited on their own and how; with `--restart`, starts them again
     /// once their delay has passed.
     fn watch(&mut self, args: &DevArgs) {
+        let partitions = &self.partitions;
         for slot in &mut self.slots {
             let id = slot.node.id;
             if let Some(child) = &mut slot.child {
@@ -612,6 +635,9 @@ impl Supervisor {
                 match spawn(&self.exe, args, &slot.node, &self.members) {
                     Ok(child) => {
                         println!("cairn dev: node {id} started again (pid {})", child.id());
+                        if let Err(why) = attach(partitions, id, &child) {
+                            println!("cairn dev: node {id}: {why}");
+                        }
                         slot.child = Some(child);
                     }
                     Err(e) => println!("cairn dev: cannot start node {id} again: {e}"),
@@ -642,12 +668,9 @@ impl Supervisor {
     async fn handle(&mut self, args: &DevArgs, request: &str) -> Result<String, String> {
         let words: Vec<&str> = request.split_whitespace().collect();
         let (verb, id, rest) = match words.as_slice() {
+            ["heal"] => return self.heal(),
             [verb, id, rest @ ..] => (*verb, *id, rest),
-            _ => {
-                return Err(format!(
-                    "unknown request {request:?} (stop N term|kill, start N, restart N)"
-                ))
-            }
+            _ => return Err(unknown_request(request)),
         };
         let id: u32 = id.parse().map_err(|_| format!("{id:?} is not a node id"))?;
         let nodes = self.slots.len();
@@ -667,10 +690,68 @@ impl Supervisor {
                 };
                 Ok(format!("{stopped}{}", self.start(args, index)?))
             }
-            _ => Err(format!(
-                "unknown request {request:?} (stop N term|kill, start N, restart N)"
-            )),
+            ("isolate", []) => self.isolate(index),
+            _ => Err(unknown_request(request)),
         }
+    }
+
+    /// Cuts node `index` off from every other node, both ways.
+    fn isolate(&mut self, index: usize) -> Result<String, String> {
+        let ids: Vec<u64> = self.slots.iter().map(|s| u64::from(s.node.id)).collect();
+        let id = u64::from(self.slots[index].node.id);
+        let net = self.loopback_net()?;
+        net.partition(&jepsen_tests::net::shapes::isolate(id, &ids))?;
+        let others: Vec<String> = ids
+            .iter()
+            .filter(|i| **i != id)
+            .map(u64::to_string)
+            .collect();
+        Ok(format!(
+            "node {id} is cut off from node(s) {} until `heal`",
+            others.join(", ")
+        ))
+    }
+
+    /// Ends every partition.
+    fn heal(&mut self) -> Result<String, String> {
+        match &mut self.partitions {
+            Some(net) => {
+                net.heal()?;
+                Ok("every node hears every other node".into())
+            }
+            None => Ok("no partition was made".into()),
+        }
+    }
+
+    /// The loopback partitions, made on first use with every running node in its cgroup.
+    fn loopback_net(&mut self) -> Result<&mut LoopbackNet, String> {
+        if self.partitions.is_none() {
+            let ports = self
+                .slots
+                .iter()
+                .map(|s| {
+                    let port = |address: &str| {
+                        address
+                            .rsplit_once(':')
+                            .and_then(|(_, p)| p.parse::<u16>().ok())
+                            .expect("cairn dev's own addresses end with a port")
+                    };
+                    (
+                        u64::from(s.node.id),
+                        vec![port(&s.node.client), port(&s.node.peer)],
+                    )
+                })
+                .collect();
+            let net = LoopbackNet::new(ports)
+                .map_err(|why| format!("cannot partition the nodes here: {why}"))?;
+            for slot in &self.slots {
+                if let Some(child) = &slot.child {
+                    net.attach(u64::from(slot.node.id), child.id())?;
+                }
+            }
+            self.partitions = Some(net);
+        }
+        Ok(self.partitions.as_mut().expect("made above"))
     }
 
     /// Stops node `index` with `signal` (SIGKILL after STOP_TIMEOUT); `cairn dev` leaves it
@@ -715,10 +796,27 @@ impl Supervisor {
         let child = spawn(&self.exe, args, &slot.node, &self.members)
             .map_err(|e| format!("cannot start node {id}: {e}"))?;
         let pid = child.id();
+        let attached = attach(&self.partitions, id, &child);
         slot.child = Some(child);
         slot.restart_at = None;
+        attached.map_err(|why| format!("node {id} started (pid {pid}), but {why}"))?;
         Ok(format!("node {id} started (pid {pid})"))
     }
+}
+
+/// Puts a node just started in its partition cgroup, when partitions were made: a node
+/// started again during a partition stays on its side.
+fn attach(partitions: &Option<LoopbackNet>, id: u32, child: &Child) -> Result<(), String> {
+    match partitions {
+        Some(net) => net
+            .attach(u64::from(id), child.id())
+            .map_err(|why| format!("it could not be put on its side of the partition: {why}")),
+        None => Ok(()),
+    }
+}
+
+fn unknown_request(request: &str) -> String {
+    format!("unknown request {request:?} (stop N term|kill, start N, restart N, isolate N, heal)")
 }
 
 /// ` --data-dir DIR` when it is not the default, for the commands `cairn dev` suggests.

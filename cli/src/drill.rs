@@ -1,26 +1,27 @@
-//! `cairn drill failover | rolling-restart`: one operator action on a running cluster under a
-//! checked workload, and a report of what a client saw (`jepsen_tests::drill`, the fault
-//! suite's workload and set checker).
+//! `cairn drill failover | rolling-restart | partition | restore`: one operator action on a
+//! running cluster under a checked workload, and a report of what a client saw
+//! (`jepsen_tests::drill`, the fault suite's workload and set checker).
 //!
-//! The members are stopped and started through the `cairn dev` running on `--dev DIR` (the
-//! default, `.cairn-dev`), or by the commands an operator names (`--kill-command`,
-//! `--stop-command`, `--start-command`; `{id}` stands for the node id). The report prints as
-//! a table or, with `-o json`, as one JSON object; `cairn dev` clusters keep each report in
-//! `DATA_DIR/drills/`, the last [`REPORTS_KEPT`] of them.
+//! The members are stopped, started and partitioned through the `cairn dev` running on
+//! `--dev DIR` (the default, `.cairn-dev`), or by the commands an operator names
+//! (`--kill-command`, `--stop-command`, `--start-command`, `--isolate-command`,
+//! `--heal-command`; `{id}` stands for the node id). Backups are taken and restored with
+//! `cairn snapshot save` and `restore`'s own code. The report prints as a table or, with
+//! `-o json`, as one JSON object, and is kept in the cluster (the last
+//! [`jepsen_tests::drill::REPORTS_KEPT`], as `cairn.v1.DrillReport` resources: the web
+//! console shows them).
 //!
-//! Exit codes: 0 when the drill passed (nothing lost, no read backwards), 1 when it failed,
-//! could not be checked, or could not run.
+//! Exit codes: 0 when the drill passed (nothing lost, no read or version backwards), 1 when it failed, could not be checked, or could not run; 2 for a usage error
+//! (a restore drill without a confirmation).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use cairn_client::admin::AdminClient;
 use clap::{Args, Subcommand};
-use jepsen_tests::drill::{Action, DrillOptions, Members, Report, Step, Stop};
+use jepsen_tests::drill::{Action, DrillOptions, Members, Report, Snapshots, Step, Stop};
 
 use crate::common::{exit, GlobalArgs, OutputFormat};
-
-/// The reports a `cairn dev` data dir keeps (`DATA_DIR/drills/`).
-pub const REPORTS_KEPT: usize = 20;
 
 #[derive(Subcommand)]
 pub enum DrillCommand {
@@ -39,13 +40,31 @@ pub enum DrillCommand {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// Cut the leader off from the other members (clients still reach it), await a new
+    /// leader and the old one's step-down, heal, await the old leader caught up. Against
+    /// `cairn dev` it needs root (nftables).
+    Partition {
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Save a backup through the leader and restore it online at once: the writes
+    /// acknowledged in between are undone, as a restore does, and versions must stay above
+    /// every one handed out before. It REPLACES the cluster's data: it asks first, or
+    /// needs --yes off a terminal.
+    Restore {
+        /// Replace the running cluster's data without asking.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        #[command(flatten)]
+        run: RunArgs,
+    },
 }
 
 #[derive(Args)]
 pub struct RunArgs {
     /// The data dir of the `cairn dev` cluster to drill: it stops and starts the members, and
     /// its layout gives their addresses. The default, unless the commands below are given.
-    #[arg(long, conflicts_with_all = ["kill_command", "stop_command", "start_command"])]
+    #[arg(long, conflicts_with_all = ["kill_command", "stop_command", "start_command", "isolate_command", "heal_command"])]
     dev: Option<PathBuf>,
     /// Kills member {id} at once, as a crash would (for `failover`):
     /// `systemctl kill -s KILL cairn@{id}`. Run with `sh -c`.
@@ -58,6 +77,13 @@ pub struct RunArgs {
     /// Starts member {id} again: `systemctl start cairn@{id}`.
     #[arg(long)]
     start_command: Option<String>,
+    /// Cuts member {id} off from the other members, both ways (for `partition`):
+    /// `ssh node-{id} sudo nft -f /etc/cairn/isolate.nft`.
+    #[arg(long)]
+    isolate_command: Option<String>,
+    /// Ends the partition ({id}: the member that was cut off).
+    #[arg(long)]
+    heal_command: Option<String>,
     /// Concurrent writers.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     clients: u16,
@@ -97,6 +123,16 @@ impl Members for DevMembers {
             .map(drop)
     }
 
+    async fn isolate(&self, id: u64) -> Result<(), String> {
+        crate::dev::control(&self.data_dir, &format!("isolate {id}"))
+            .await
+            .map(drop)
+    }
+
+    async fn heal(&self) -> Result<(), String> {
+        crate::dev::control(&self.data_dir, "heal").await.map(drop)
+    }
+
     fn describe(&self) -> String {
         format!("cairn dev in {}", self.data_dir.display())
     }
@@ -107,7 +143,11 @@ struct CommandMembers {
     kill: Option<String>,
     stop: Option<String>,
     start: Option<String>,
+    isolate: Option<String>,
+    heal: Option<String>,
     timeout: Duration,
+    /// The member `isolate` cut off, for `heal`'s {id}.
+    isolated: std::sync::Mutex<Option<u64>>,
 }
 
 impl Members for CommandMembers {
@@ -127,6 +167,27 @@ impl Members for CommandMembers {
             .start
             .as_deref()
             .ok_or("this drill needs --start-command")?;
+        run_command(command, id, self.timeout).await
+    }
+
+    async fn isolate(&self, id: u64) -> Result<(), String> {
+        let command = self
+            .isolate
+            .as_deref()
+            .ok_or("this drill needs --isolate-command and --heal-command")?;
+        if self.heal.is_none() {
+            return Err("this drill needs --heal-command".into());
+        }
+        *self.isolated.lock().expect("not poisoned") = Some(id);
+        run_command(command, id, self.timeout).await
+    }
+
+    async fn heal(&self) -> Result<(), String> {
+        let command = self
+            .heal
+            .as_deref()
+            .ok_or("this drill needs --heal-command")?;
+        let id = self.isolated.lock().expect("not poisoned").unwrap_or(0);
         run_command(command, id, self.timeout).await
     }
 
@@ -161,14 +222,54 @@ async fn run_command(command: &str, id: u64, timeout: Duration) -> Result<(), St
     Err(format!("`{line}` {}: {}", output.status, tail.join(" / ")))
 }
 
+/// Backups through the admin API, spooled to `file` (removed on drop): `cairn snapshot save`
+/// and `restore`'s own code.
+struct ApiSnapshots {
+    client: AdminClient,
+    file: PathBuf,
+}
+
+impl Snapshots for ApiSnapshots {
+    async fn save(&self) -> Result<u64, String> {
+        let (header, _, _) = crate::snapshot::save_with(&self.client, &self.file)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(header.last_log_index)
+    }
+
+    async fn restore(&self) -> Result<u64, String> {
+        let shown = self.file.display().to_string();
+        // Confirmed before the drill began.
+        let (_, response) = crate::snapshot::restore_with(&self.client, &self.file, &shown, true)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(response.log_index)
+    }
+}
+
+impl Drop for ApiSnapshots {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
 pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
-    let (action, args) = match command {
-        DrillCommand::Failover { graceful, run } => (Action::Failover { graceful }, run),
-        DrillCommand::RollingRestart { run } => (Action::RollingRestart, run),
+    let (action, args, confirmed) = match command {
+        DrillCommand::Failover { graceful, run } => (Action::Failover { graceful }, run, true),
+        DrillCommand::RollingRestart { run } => (Action::RollingRestart, run, true),
+        DrillCommand::Partition { run } => (Action::Partition, run, true),
+        DrillCommand::Restore { yes, run } => (Action::Restore, run, yes),
     };
     let step_timeout = Duration::from_secs(args.step_timeout_seconds);
-    let by_commands =
-        args.kill_command.is_some() || args.stop_command.is_some() || args.start_command.is_some();
+    let by_commands = [
+        &args.kill_command,
+        &args.stop_command,
+        &args.start_command,
+        &args.isolate_command,
+        &args.heal_command,
+    ]
+    .iter()
+    .any(|c| c.is_some());
     let dev = (!by_commands).then(|| args.dev.clone().unwrap_or_else(|| ".cairn-dev".into()));
     let endpoints = match &dev {
         Some(dir) => match crate::dev::client_addresses(dir) {
@@ -212,6 +313,30 @@ pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
                 .map_or(0, |d| d.as_nanos() as u64)
         }),
     };
+    if !confirmed {
+        if !crate::admin::interactive() {
+            eprintln!(
+                "cairn drill: refusing to replace the running cluster's data without a \
+                 confirmation: stdin is not a terminal. Pass --yes: the restore drill saves a \
+                 backup and restores it at once, undoing every write made in between"
+            );
+            return exit::USAGE;
+        }
+        eprintln!(
+            "The restore drill REPLACES ALL THE DATA of the running cluster ({}) with a backup \
+             it takes a few seconds before: every write made in between, by any client, is \
+             undone, and every open watch is closed.",
+            endpoints.join(", ")
+        );
+        if let Err(e) = crate::snapshot::ask_yes("Type yes to run it: ") {
+            eprintln!("cairn drill: {e}");
+            return exit::ERROR;
+        }
+    }
+    let snapshots = ApiSnapshots {
+        client: AdminClient::new(endpoints.clone(), options.access.clone(), step_timeout),
+        file: std::env::temp_dir().join(format!("cairn-drill-{}.snap", std::process::id())),
+    };
     let output = global.output;
     let on_step = move |step: &Step| {
         if output == OutputFormat::Table {
@@ -234,6 +359,7 @@ pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
             &DevMembers {
                 data_dir: dir.clone(),
             },
+            &snapshots,
             &options,
             &on_step,
         )),
@@ -243,8 +369,12 @@ pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
                 kill: args.kill_command.clone(),
                 stop: args.stop_command.clone(),
                 start: args.start_command.clone(),
+                isolate: args.isolate_command.clone(),
+                heal: args.heal_command.clone(),
                 timeout: step_timeout,
+                isolated: std::sync::Mutex::new(None),
             },
+            &snapshots,
             &options,
             &on_step,
         )),
@@ -256,14 +386,14 @@ pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
             return exit::ERROR;
         }
     };
-    if let Some(dir) = &dev {
-        if let Err(e) = keep_report(&dir.join("drills"), &report) {
-            eprintln!(
-                "cairn drill: cannot keep the report in {}: {e}",
-                dir.display()
-            );
-        }
-    }
+    let kept = runtime.block_on(async {
+        let client = cairn_client::Client::new(&endpoints, options.client.clone())
+            .map_err(|e| e.to_string())?;
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        jepsen_tests::drill::store_report(&client, &report, unix_ms).await
+    });
     match output {
         OutputFormat::Json => out!(
             "{}",
@@ -271,37 +401,21 @@ pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
         ),
         OutputFormat::Table => print_table(&report),
     }
+    match kept {
+        Ok(name) if output == OutputFormat::Table => out!(
+            "  kept as             {}.{}.{} {name} (the web console shows it)",
+            jepsen_tests::drill::report_type().group,
+            jepsen_tests::drill::report_type().group_version,
+            jepsen_tests::drill::report_type().kind
+        ),
+        Ok(_) => {}
+        Err(why) => eprintln!("cairn drill: the report could not be kept in the cluster: {why}"),
+    }
     if report.verdict == "pass" {
         exit::OK
     } else {
         exit::ERROR
     }
-}
-
-/// Writes `report` into `dir` as `<unix ms>-<drill>.json`, and removes the oldest beyond
-/// [`REPORTS_KEPT`].
-fn keep_report(dir: &Path, report: &Report) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let name = format!(
-        "{now_ms:015}-{}.json",
-        report.drill.replace([' ', '-'], "_")
-    );
-    let json = serde_json::to_vec_pretty(report).expect("a report serializes");
-    std::fs::write(dir.join(name), json)?;
-    let mut reports: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    reports.sort();
-    let excess = reports.len().saturating_sub(REPORTS_KEPT);
-    for old in &reports[..excess] {
-        std::fs::remove_file(old)?;
-    }
-    Ok(())
 }
 
 fn print_table(r: &Report) {
@@ -347,6 +461,12 @@ fn print_table(r: &Report) {
         r.reads_backwards,
         r.reads
     );
+    if r.drill == Action::Restore.name() {
+        out!(
+            "  versions backwards  {} (resources with a version from before the restore)",
+            r.versions_backwards
+        );
+    }
     for problem in &r.problems {
         out!("  problem             {problem}");
     }

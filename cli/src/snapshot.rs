@@ -22,7 +22,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::common::exit;
-use cairn_client::admin::Leader;
+use cairn_client::admin::{AdminClient, Leader};
 use cairn_server::config::parse_members;
 use cairn_server::snapshot_file::{
     self, SnapshotFileError, SnapshotHeader, SnapshotReader, TempFile,
@@ -254,6 +254,26 @@ async fn moving<T>(
 
 async fn save(file: &Path, global: &GlobalArgs) -> Result<(), CommandError> {
     let client = crate::admin::client_of(global)?;
+    let (header, size, crc) = save_with(&client, file).await?;
+    println!(
+        "saved {}: index {}, term {}, {} resources, {} bytes, crc32c {:08x}",
+        file.display(),
+        header.last_log_index,
+        header.last_log_term,
+        header.resource_count,
+        size,
+        crc
+    );
+    Ok(())
+}
+
+/// Saves a point-in-time snapshot from the leader `client` finds into `file`, verified
+/// before it gets its name; returns its header, size and checksum (`cairn snapshot save`,
+/// and `cairn drill restore`'s backup).
+pub(crate) async fn save_with(
+    client: &AdminClient,
+    file: &Path,
+) -> Result<(SnapshotHeader, u64, u32), CommandError> {
     let Leader { address, .. } = client.leader().await?;
     let leader = address;
     let timeout = client.timeout();
@@ -294,16 +314,7 @@ async fn save(file: &Path, global: &GlobalArgs) -> Result<(), CommandError> {
     std::fs::rename(tmp, file).map_err(|e| io_error(file, e))?;
     part.keep();
     cairn_server::durable::sync_parent(file).map_err(|e| io_error(file, e))?;
-    println!(
-        "saved {}: index {}, term {}, {} resources, {} bytes, crc32c {:08x}",
-        file.display(),
-        header.last_log_index,
-        header.last_log_term,
-        header.resource_count,
-        size,
-        crc
-    );
-    Ok(())
+    Ok((header, size, crc))
 }
 
 /// Verifies a whole file; returns its header, size and checksum.
@@ -378,13 +389,13 @@ pub(crate) fn inspect(file: &Path, shown: &str) -> Result<(), CommandError> {
 /// Asks on the terminal whether to replace the running cluster's data (the answer must be
 /// `yes`); refuses without one unless `--yes` was given.
 fn confirm(
-    how: &RestoreHow,
+    yes: bool,
     shown: &str,
     leader: &Leader,
     header: &SnapshotHeader,
     size: u64,
 ) -> Result<(), CommandError> {
-    if how.yes {
+    if yes {
         return Ok(());
     }
     let s = &leader.status;
@@ -408,7 +419,12 @@ fn confirm(
         from = header.cluster_id,
         index = header.last_log_index,
     );
-    eprint!("Type yes to restore: ");
+    ask_yes("Type yes to restore: ")
+}
+
+/// Asks `question` on the terminal; anything but `yes` cancels.
+pub(crate) fn ask_yes(question: &str) -> Result<(), CommandError> {
+    eprint!("{question}");
     let mut answer = String::new();
     std::io::stdin()
         .read_line(&mut answer)
@@ -429,6 +445,27 @@ pub(crate) async fn restore_online(
     how: &RestoreHow,
     global: &GlobalArgs,
 ) -> Result<(), CommandError> {
+    let client = crate::admin::client_of(global)?;
+    let (header, response) = restore_with(&client, file, shown, how.yes).await?;
+    println!(
+        "restored {shown} ({} resources from index {}) at log index {}; every open watch was closed",
+        response.resource_count,
+        header.last_log_index,
+        response.log_index
+    );
+    Ok(())
+}
+
+/// Replaces the data of the cluster `client` reaches with `file` (named `shown`): verified
+/// here, confirmed on the terminal unless `yes`, uploaded to the leader, which verifies it
+/// again and replicates it. Returns the backup's header and the leader's answer
+/// (`cairn snapshot restore`, `cairn backup restore`, `cairn drill restore`).
+pub(crate) async fn restore_with(
+    client: &AdminClient,
+    file: &Path,
+    shown: &str,
+    yes: bool,
+) -> Result<(SnapshotHeader, pb::RestoreSnapshotResponse), CommandError> {
     let size = std::fs::metadata(file)
         .map_err(|e| io_error(file, e))?
         .len();
@@ -437,9 +474,8 @@ pub(crate) async fn restore_online(
     let header = snapshot_file::verify(file, |_, _| {});
     check.finish_and_clear();
     let header = header?;
-    let client = crate::admin::client_of(global)?;
     let found = client.leader().await?;
-    confirm(how, shown, &found, &header, size)?;
+    confirm(yes, shown, &found, &header, size)?;
     let leader = found.address.clone();
     let timeout = client.timeout();
     let mut admin = client.connect(&leader, client.attempt_timeout()).await?;
@@ -479,14 +515,7 @@ pub(crate) async fn restore_online(
         .await
         .map_err(|e| CommandError::Usage(e.to_string()))?
         .map_err(|e| io_error(file, e))?;
-    let response = response?.into_inner();
-    println!(
-        "restored {shown} ({} resources from index {}) at log index {}; every open watch was closed",
-        response.resource_count,
-        header.last_log_index,
-        response.log_index
-    );
-    Ok(())
+    Ok((header, response?.into_inner()))
 }
 
 /// Seeds one node's data dir of a new cluster from a backup

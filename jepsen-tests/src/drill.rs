@@ -8,11 +8,21 @@
 //! - `failover`: the leader is killed with SIGKILL (or, `graceful`, hands leadership off
 //!   through the admin API), a new one is awaited, and the old one started again;
 //! - `rolling-restart`: each member in turn, followers first, is stopped with SIGTERM,
-//!   started, and awaited until it has caught up.
+//!   started, and awaited until it has caught up;
+//! - `partition`: the leader is cut off from the other members (it still answers clients),
+//!   a new leader is awaited, then the old one's step-down, then the partition is healed and
+//!   the old leader awaited until it has caught up;
+//! - `restore`: a backup is taken through the leader and restored online at once; the
+//!   writes acknowledged between the two are rightly undone by the restore (the set checker
+//!   models restores: the backup's contents are recorded as strong reads, the restore as an
+//!   operation), and no resource may carry a version below the restore's index afterwards
+//!   ([`versions_backwards`]): versions stay above every one handed out before the restore.
 //!
-//! Members are stopped and started through [`Members`]: `cairn dev`'s control socket, or
-//! the commands an operator names (a systemd unit per node, say), or the fault suite's own
-//! [`crate::cluster::Cluster`]. `cairn drill` is the command line over this module.
+//! Members are stopped, started and partitioned through [`Members`]: `cairn dev`'s control
+//! socket, or the commands an operator names (a systemd unit per node, say). Backups go
+//! through [`Snapshots`]: `cairn snapshot save` and `restore`'s own code.
+//! `cairn drill` is the command line over this module. [`store_report`] keeps a report in
+//! the cluster (type `cairn.v1.DrillReport`, shown by the web console).
 //!
 //! The report ([`Report`]) gives the window in which no write was acknowledged
 //! ([`write_gap`]), the leader before and after, the acknowledged writes the final reads
@@ -23,6 +33,9 @@
 //! - Call a drill clean that was not checked: a history the checker cannot decide, or a
 //!   key it could not read back, is verdict `unknown`, never `pass`.
 //! - Leave stopped a member it stopped: once a stop succeeded, the start is attempted even
+//!   when a later step fails.
+//!
+//! - Leave a partition in force: once an isolation succeeded, the heal is attempted even
 //!   when a later step fails.
 //!
 //! ## Invariants
@@ -39,7 +52,7 @@ use cairn_proto::v1 as pb;
 use serde::Serialize;
 
 use crate::cluster::Lifetimes;
-use crate::history::{History, OpKind, Outcome};
+use crate::history::{History, OpKind, Outcome, Recorder, Value};
 use crate::set::SetAnomaly;
 use crate::workload::{NodeLifetimes, Workload, WorkloadKind, WorkloadOptions};
 use crate::Verdict;
@@ -53,15 +66,23 @@ pub enum Action {
     /// Stop (SIGTERM) and start each member in turn, followers first, each awaited until it
     /// has caught up.
     RollingRestart,
+    /// Cut the leader off from the other members, await a new leader and the old one's
+    /// step-down, heal, await the old leader caught up.
+    Partition,
+    /// Take a backup through the leader and restore it online at once.
+    Restore,
 }
 
 impl Action {
-    /// The drill's name in reports: `failover`, `failover --graceful`, `rolling-restart`.
+    /// The drill's name in reports: `failover`, `failover --graceful`, `rolling-restart`,
+    /// `partition`, `restore`.
     pub fn name(self) -> &'static str {
         match self {
             Action::Failover { graceful: false } => "failover",
             Action::Failover { graceful: true } => "failover --graceful",
             Action::RollingRestart => "rolling-restart",
+            Action::Partition => "partition",
+            Action::Restore => "restore",
         }
     }
 }
@@ -75,14 +96,27 @@ pub enum Stop {
     Terminate,
 }
 
-/// Stops and starts the members of the cluster under drill, by node id.
+/// Stops, starts and partitions the members of the cluster under drill, by node id.
 pub trait Members {
     /// Stops member `id`; returns once its process has ended.
     fn stop(&self, id: u64, how: Stop) -> impl Future<Output = Result<(), String>> + Send;
     /// Starts member `id` again (its data dir kept); returns once its process runs.
     fn start(&self, id: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// Cuts member `id` off from every other member, both ways; clients still reach it.
+    fn isolate(&self, id: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// Ends the partition: every member hears every other again.
+    fn heal(&self) -> impl Future<Output = Result<(), String>> + Send;
     /// What they are, for the report: `cairn dev in .cairn-dev`.
     fn describe(&self) -> String;
+}
+
+/// Backups of the cluster under drill, as an operator takes and restores them.
+pub trait Snapshots {
+    /// Saves a point-in-time backup through the leader; returns its log index.
+    fn save(&self) -> impl Future<Output = Result<u64, String>> + Send;
+    /// Restores the last saved backup into the running cluster; returns the log index of
+    /// the restore.
+    fn restore(&self) -> impl Future<Output = Result<u64, String>> + Send;
 }
 
 /// How a drill runs.
@@ -149,6 +183,9 @@ pub struct Report {
     /// Strong reads, and those that missed a write acknowledged or shown before they began.
     pub reads: usize,
     pub reads_backwards: usize,
+    /// For `restore`: resources found after it with a version handed out before it
+    /// ([`versions_backwards`]). Must be 0.
+    pub versions_backwards: usize,
     pub steps: Vec<Step>,
     /// What kept the verdict from `pass`, one line each.
     pub problems: Vec<String>,
@@ -207,10 +244,19 @@ fn write_counts(history: &History) -> (usize, usize, usize, Vec<u64>) {
     (acknowledged.len(), failed, unknown, acknowledged)
 }
 
-/// The verdict line of a report, from the checker's verdict and what else went wrong.
-fn verdict(checked: Verdict, lost: usize, backwards: usize, problems: &[String]) -> &'static str {
+/// Of the versions of the resources found after a restore, those below the restore's log
+/// index: versions handed out before it. A restore restamps every resource it brings with
+/// its own index (`cairn_fsm::restore`), and every write after it gets a higher one, so
+/// none may be lower: a client holding a version from before the restore can never match.
+pub fn versions_backwards(versions: &[u64], restore_index: u64) -> usize {
+    versions.iter().filter(|v| **v < restore_index).count()
+}
+
+/// The verdict line of a report, from the checker's verdict and what else went wrong
+/// (`wrong`: lost writes, reads backwards and versions backwards).
+fn verdict(checked: Verdict, wrong: usize, problems: &[String]) -> &'static str {
     match checked {
-        _ if lost > 0 || backwards > 0 => "fail",
+        _ if wrong > 0 => "fail",
         Verdict::Invalid => "fail",
         Verdict::Valid if problems.is_empty() => "pass",
         _ => "unknown",
@@ -234,6 +280,7 @@ struct View {
 pub async fn run(
     action: Action,
     members: &impl Members,
+    snapshots: &impl Snapshots,
     options: &DrillOptions,
     on_step: &(dyn Fn(&Step) + Sync),
 ) -> Result<Report, String> {
@@ -295,18 +342,39 @@ pub async fn run(
         on_step(&step);
         steps.push(step);
     };
-    let acted = act(action, members, &admin, &before, options, &mut steps, &at).await;
+    let reader = Client::new(&endpoints, options.client.clone()).map_err(|e| e.to_string())?;
+    let drilled = Drilled {
+        recorder: &workload.recorder,
+        keys: &keys,
+        reader: &reader,
+    };
+    let acted = act(
+        action, members, snapshots, &drilled, &admin, &before, options, &mut steps, &at,
+    )
+    .await;
     let action_ms = started.elapsed().as_millis() as u64;
     let mut problems = Vec::new();
-    if let Err(why) = &acted {
-        problems.push(why.clone());
-    }
+    let restored = match acted {
+        Ok(restored) => restored,
+        Err(why) => {
+            problems.push(why);
+            None
+        }
+    };
     tokio::time::sleep(options.after).await;
     workload.stop_processes().await;
     at(&mut steps, "writers stopped; reading every key back".into());
-    let reader = Client::new(&endpoints, options.client.clone()).map_err(|e| e.to_string())?;
     if !workload.final_reads(&reader, options.step_timeout).await {
         problems.push("a key could not be read back with a strong read".into());
+    }
+    let resources = drill_resources(&reader, &keys).await;
+    let mut versions_back = 0;
+    if let (Some(restore_index), Ok(resources)) = (restored, &resources) {
+        let versions: Vec<u64> = resources
+            .iter()
+            .filter_map(|(_, version)| version.parse().ok())
+            .collect();
+        versions_back = versions_backwards(&versions, restore_index);
     }
     workload.stop_watchers().await;
     let after = wait_view(&admin, &options.endpoints, options.step_timeout, |v| {
@@ -346,20 +414,24 @@ pub async fn run(
     if acknowledged == 0 {
         problems.push("no write was acknowledged".into());
     }
-    match remove_elements(&reader, &keys).await {
+    let removed = match resources {
+        Ok(resources) => remove_elements(&reader, resources).await,
+        Err(e) => Err(e),
+    };
+    match removed {
         Ok(removed) => at(
             &mut steps,
             format!("removed the {removed} resources the drill wrote"),
         ),
         Err(e) => problems.push(format!(
-            "the drill's resources (names {}*) could not all be removed: {e}",
+            "the drill's resources (names {}*) could not all be listed and removed: {e}",
             workload.options.key_prefix
         )),
     }
     Ok(Report {
         drill: action.name().into(),
         members: members.describe(),
-        verdict: verdict(checked, lost, backwards, &problems).into(),
+        verdict: verdict(checked, lost + backwards + versions_back, &problems).into(),
         leader_before: leader_before.node_id,
         term_before: leader_before.term,
         leader_after: leader_after.as_ref().map_or(0, |l| l.node_id),
@@ -372,22 +444,39 @@ pub async fn run(
         lost_writes: lost,
         reads,
         reads_backwards: backwards,
+        versions_backwards: versions_back,
         steps,
         problems,
     })
 }
 
-/// The action itself. Every member it stopped is started again before it returns, whatever
-/// happened in between.
+/// What a drill's action may record and read: the workload's history, its keys, and a
+/// client for strong reads.
+struct Drilled<'a> {
+    recorder: &'a Recorder,
+    keys: &'a [String],
+    reader: &'a Client,
+}
+
+/// The process id of a drill's own operations (the backup's reads, the restore) in the
+/// history.
+const DRILL_PROCESS: u64 = 1_000_000;
+
+/// The action itself. Every member it stopped is started again, and a partition it made is
+/// healed, before it returns, whatever happened in between. A `restore` returns its log
+/// index.
+#[allow(clippy::too_many_arguments)]
 async fn act(
     action: Action,
     members: &impl Members,
+    snapshots: &impl Snapshots,
+    drilled: &Drilled<'_>,
     admin: &AdminClient,
     before: &View,
     options: &DrillOptions,
     steps: &mut Vec<Step>,
     at: &impl Fn(&mut Vec<Step>, String),
-) -> Result<(), String> {
+) -> Result<Option<u64>, String> {
     let leader = before.leader.as_ref().expect("a leader before").node_id;
     let others: Vec<u64> = before
         .addresses
@@ -415,7 +504,7 @@ async fn act(
                 .map_err(|e| format!("the leader transfer failed: {e}"))?;
             let view = new_leader(admin, options, leader).await?;
             at(steps, leader_line(&view));
-            Ok(())
+            Ok(None)
         }
         Action::Failover { graceful: false } => {
             at(
@@ -429,7 +518,7 @@ async fn act(
                 at(steps, leader_line(view));
             }
             restart(members, admin, options, leader, steps, at).await?;
-            elected.map(drop)
+            elected.map(|_| None)
         }
         Action::RollingRestart => {
             for id in others.iter().copied().chain([leader]) {
@@ -439,15 +528,117 @@ async fn act(
                 at(steps, format!("node {id} stopped"));
                 restart(members, admin, options, id, steps, at).await?;
             }
-            Ok(())
+            Ok(None)
+        }
+        Action::Partition => {
+            at(
+                steps,
+                format!("cutting node {leader}, the leader, off from the other members"),
+            );
+            members.isolate(leader).await?;
+            let partitioned = async {
+                let view = new_leader(admin, options, leader).await?;
+                at(steps, leader_line(&view));
+                // The old leader steps down once it has not heard a majority for an
+                // election timeout (check-quorum); until then it may still call itself
+                // leader, but can commit nothing.
+                let deposed = wait_view(admin, &options.endpoints, options.step_timeout, |v| {
+                    v.statuses.get(&leader).is_some_and(|s| s.state != "leader")
+                })
+                .await
+                .map_err(|_| {
+                    format!(
+                        "node {leader}, cut off, still called itself leader {} s later",
+                        options.step_timeout.as_secs()
+                    )
+                })?;
+                let state = deposed
+                    .statuses
+                    .get(&leader)
+                    .map_or(String::new(), |s| s.state.clone());
+                at(
+                    steps,
+                    format!("node {leader}, cut off, stepped down ({state})"),
+                );
+                Ok::<(), String>(())
+            }
+            .await;
+            // Healed whatever happened above.
+            members.heal().await?;
+            at(steps, "healed the partition".into());
+            partitioned?;
+            wait_caught_up(admin, options, leader, steps, at).await?;
+            Ok(None)
+        }
+        Action::Restore => {
+            at(steps, "saving a backup through the leader".into());
+            // The backup's contents are recorded as one strong read per key, invoked before
+            // the save and completed with what the cluster held at its index.
+            let reads: Vec<_> = drilled
+                .keys
+                .iter()
+                .map(|key| {
+                    drilled
+                        .recorder
+                        .invoke(DRILL_PROCESS, OpKind::Read, key.clone(), Value::Null)
+                })
+                .collect();
+            let saved = snapshots.save().await;
+            let contents = match &saved {
+                Ok(index) => crate::nemesis::restore::set_at(drilled.reader, drilled.keys, *index)
+                    .await
+                    .map_err(|e| format!("the backup's contents could not be read: {e}")),
+                Err(e) => Err(format!("the backup failed: {e}")),
+            };
+            let (backup_index, by_key) = match (saved, contents) {
+                (Ok(index), Ok(by_key)) => (index, by_key),
+                (_, Err(why)) => {
+                    reads.into_iter().for_each(|read| read.fail());
+                    return Err(why);
+                }
+                (Err(_), Ok(_)) => unreachable!("no contents without a backup"),
+            };
+            let mut contents = Vec::new();
+            for ((read, key), elements) in reads.into_iter().zip(drilled.keys).zip(by_key) {
+                read.ok(Value::List(elements.clone()));
+                contents.push(Value::List(vec![
+                    Value::Str(key.clone()),
+                    Value::List(elements),
+                ]));
+            }
+            at(
+                steps,
+                format!("saved a backup at index {backup_index}; restoring it online"),
+            );
+            let restore =
+                drilled
+                    .recorder
+                    .invoke(DRILL_PROCESS, OpKind::Restore, "", Value::List(contents));
+            match snapshots.restore().await {
+                Ok(restore_index) => {
+                    restore.ok(Value::Null);
+                    at(
+                        steps,
+                        format!("restored at index {restore_index}; every open watch was closed"),
+                    );
+                    Ok(Some(restore_index))
+                }
+                Err(why) => {
+                    // It may still take effect: the checker is told it may have, or not.
+                    restore.info();
+                    Err(format!("the restore failed: {why}"))
+                }
+            }
         }
     }
 }
 
-/// Deletes every resource of the drill's keys (listed by name prefix), [`REMOVERS`] at a
-/// time; how many.
-async fn remove_elements(client: &Client, keys: &[String]) -> Result<usize, String> {
-    let mut ids = Vec::new();
+/// Every resource of the drill's keys (listed by name prefix, strongly), with its version.
+async fn drill_resources(
+    client: &Client,
+    keys: &[String],
+) -> Result<Vec<(pb::Id, String)>, String> {
+    let mut found = Vec::new();
     for key in keys {
         let listing = client
             .list_request(pb::ListRequest {
@@ -459,18 +650,26 @@ async fn remove_elements(client: &Client, keys: &[String]) -> Result<usize, Stri
             })
             .await
             .map_err(|e| e.to_string())?;
-        ids.extend(
+        found.extend(
             listing
                 .resources
                 .into_iter()
                 .filter_map(|r| Some((r.id?, r.version))),
         );
     }
-    let removed = ids.len();
-    let share = ids.len().div_ceil(REMOVERS).max(1);
+    Ok(found)
+}
+
+/// Deletes `resources`, [`REMOVERS`] at a time; how many.
+async fn remove_elements(
+    client: &Client,
+    mut resources: Vec<(pb::Id, String)>,
+) -> Result<usize, String> {
+    let removed = resources.len();
+    let share = resources.len().div_ceil(REMOVERS).max(1);
     let mut removers = tokio::task::JoinSet::new();
-    while !ids.is_empty() {
-        let batch: Vec<(pb::Id, String)> = ids.drain(..share.min(ids.len())).collect();
+    while !resources.is_empty() {
+        let batch: Vec<(pb::Id, String)> = resources.drain(..share.min(resources.len())).collect();
         let client = client.clone();
         removers.spawn(async move {
             for (id, version) in batch {
@@ -488,6 +687,90 @@ async fn remove_elements(client: &Client, keys: &[String]) -> Result<usize, Stri
     Ok(removed)
 }
 
+/// The drill reports a cluster keeps ([`store_report`]).
+pub const REPORTS_KEPT: usize = 20;
+
+/// The type of the drill reports kept in the cluster: `cairn.v1.DrillReport`, in tenancy
+/// `default/default`; `data` is the report as JSON, with type URL [`REPORT_TYPE_URL`].
+pub fn report_type() -> pb::Type {
+    pb::Type {
+        group: "cairn".into(),
+        group_version: "v1".into(),
+        kind: "DrillReport".into(),
+    }
+}
+
+/// The type URL of a stored report's `data`.
+pub const REPORT_TYPE_URL: &str = "cairn/drill-report+json";
+
+/// The name of a report stored at `unix_ms`: the time, zero-padded so that names sort by
+/// it, then the drill (`001764448000000-failover_graceful`).
+pub fn report_name(drill: &str, unix_ms: u64) -> String {
+    let words: Vec<&str> = drill
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    format!("{unix_ms:015}-{}", words.join("_"))
+}
+
+/// Keeps `report` in the cluster (a [`report_type`] resource named [`report_name`]) and
+/// removes the oldest beyond [`REPORTS_KEPT`]; returns the name.
+pub async fn store_report(
+    client: &Client,
+    report: &Report,
+    unix_ms: u64,
+) -> Result<String, String> {
+    let name = report_name(&report.drill, unix_ms);
+    // Compact, with sorted keys (through a `Value`): the form `cairn list` shows as JSON.
+    let value = serde_json::to_value(report).expect("a report serializes");
+    let json = serde_json::to_vec(&value).expect("a value serializes");
+    let resource = pb::Resource {
+        id: Some(pb::Id {
+            uid: cairn_client::new_uid(),
+            name: name.clone(),
+            r#type: Some(report_type()),
+            tenancy: Some(crate::workload::tenancy()),
+        }),
+        metadata: [
+            ("drill".to_string(), report.drill.clone()),
+            ("verdict".to_string(), report.verdict.clone()),
+        ]
+        .into(),
+        data: Some(cairn_proto::google::protobuf::Any {
+            type_url: REPORT_TYPE_URL.into(),
+            value: json.into(),
+        }),
+        ..pb::Resource::default()
+    };
+    client
+        .write(resource)
+        .await
+        .map_err(|e| format!("cannot write {name}: {e}"))?;
+    let kept = client
+        .list_request(pb::ListRequest {
+            r#type: Some(report_type()),
+            tenancy: Some(crate::workload::tenancy()),
+            consistency: pb::Consistency::Strong as i32,
+            ..pb::ListRequest::default()
+        })
+        .await
+        .map_err(|e| format!("cannot list the reports kept: {e}"))?;
+    let mut kept: Vec<(pb::Id, String)> = kept
+        .resources
+        .into_iter()
+        .filter_map(|r| Some((r.id?, r.version)))
+        .collect();
+    kept.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    let excess = kept.len().saturating_sub(REPORTS_KEPT);
+    for (id, version) in kept.into_iter().take(excess) {
+        client
+            .delete(id, version)
+            .await
+            .map_err(|e| format!("cannot remove an old report: {e}"))?;
+    }
+    Ok(name)
+}
+
 /// Concurrent deletes when a drill removes what it wrote.
 const REMOVERS: usize = 8;
 
@@ -502,6 +785,17 @@ async fn restart(
 ) -> Result<(), String> {
     members.start(id).await?;
     at(steps, format!("started node {id}"));
+    wait_caught_up(admin, options, id, steps, at).await
+}
+
+/// Waits until member `id` follows the leader and has applied its commit index.
+async fn wait_caught_up(
+    admin: &AdminClient,
+    options: &DrillOptions,
+    id: u64,
+    steps: &mut Vec<Step>,
+    at: &impl Fn(&mut Vec<Step>, String),
+) -> Result<(), String> {
     let caught_up = wait_view(admin, &options.endpoints, options.step_timeout, |v| {
         let (Some(leader), Some(member)) = (&v.leader, v.statuses.get(&id)) else {
             return false;
@@ -511,7 +805,7 @@ async fn restart(
     .await
     .map_err(|_| {
         format!(
-            "node {id} did not catch up within {} s of its start",
+            "node {id} did not catch up within {} s",
             options.step_timeout.as_secs()
         )
     })?;
@@ -616,6 +910,39 @@ mod tests {
     }
 
     #[test]
+    fn after_a_restore_no_resource_has_a_version_from_before_it() {
+        // (versions found after the restore, restore index, expected count)
+        let table: &[(&[u64], u64, usize)] = &[
+            // Restored resources carry the restore's index; later writes more.
+            (&[1_940, 1_940, 1_941, 2_500], 1_940, 0),
+            (&[], 1_940, 0),
+            // A resource the restore should have restamped or removed.
+            (&[1_935, 1_940, 1_941], 1_940, 1),
+            (&[1, 2, 3], 1_940, 3),
+        ];
+        for (versions, restore, expected) in table {
+            assert_eq!(
+                versions_backwards(versions, *restore),
+                *expected,
+                "{versions:?} after a restore at {restore}"
+            );
+        }
+    }
+
+    #[test]
+    fn report_names_sort_by_time_and_name_the_drill() {
+        assert_eq!(
+            report_name("failover --graceful", 1_764_448_000_000),
+            "001764448000000-failover_graceful"
+        );
+        assert_eq!(
+            report_name("rolling-restart", 5),
+            "000000000000005-rolling_restart"
+        );
+        assert!(report_name("restore", 999) < report_name("failover", 1_000));
+    }
+
+    #[test]
     fn a_drill_passes_only_when_checked_with_nothing_lost_or_backwards() {
         let none: &[String] = &[];
         let some = &["a key could not be read back".to_string()];
@@ -631,7 +958,7 @@ mod tests {
         ];
         for (checked, lost, backwards, problems, expected) in table {
             assert_eq!(
-                verdict(*checked, *lost, *backwards, problems),
+                verdict(*checked, *lost + *backwards, problems),
                 *expected,
                 "{checked:?} lost {lost} backwards {backwards} problems {problems:?}"
             );

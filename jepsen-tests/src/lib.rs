@@ -107,6 +107,7 @@ pub mod findings;
 pub mod history;
 pub mod lifecycle;
 pub mod linearizability;
+pub mod loopback;
 pub mod memcg;
 pub mod models;
 pub mod monotonic;

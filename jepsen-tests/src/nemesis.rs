@@ -29,7 +29,7 @@ use crate::net::{shapes, NetworkLab};
 
 pub mod fencing;
 pub mod kill_loop;
-mod restore;
+pub(crate) mod restore;
 
 pub use kill_loop::KillLoopRounds;
 pub use restore::{RecordedSet, RestoreRounds, NEMESIS_PROCESS};

@@ -51,7 +51,7 @@ pub fn unavailable_reason() -> Option<String> {
 }
 
 /// Runs a command; an error carries its stderr.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, String> {
     let output = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
@@ -69,7 +69,7 @@ fn run(program: &str, args: &[&str]) -> Result<String, String> {
 }
 
 /// Runs a command with `input` on stdin.
-fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<(), String> {
+pub(crate) fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<(), String> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::piped())
@@ -96,7 +96,7 @@ fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<(), Strin
     }
 }
 
-fn pid_alive(pid: i32) -> bool {
+pub(crate) fn pid_alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
     let r = unsafe { libc::kill(pid, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)

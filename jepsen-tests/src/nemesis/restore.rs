@@ -163,8 +163,7 @@ async fn write_ballast(endpoints: &[String]) -> Result<(), String> {
 
 /// A strong list of the set workload's resources, asked again until one succeeds or
 /// `timeout` passes (then the last error).
-async fn strong_list(endpoints: &[String], timeout: Duration) -> Result<ListResponse, String> {
-    let client = client(endpoints)?;
+async fn strong_list(client: &Client, timeout: Duration) -> Result<ListResponse, String> {
     let deadline = Instant::now() + timeout;
     loop {
         match client
@@ -184,13 +183,14 @@ async fn strong_list(endpoints: &[String], timeout: Duration) -> Result<ListResp
 }
 
 /// The set workload's elements by key, from a strong list, keeping those whose
-/// version is at most `index`.
-async fn set_at(
-    endpoints: &[String],
+/// version is at most `index`: what the cluster held at log index `index`, when no restore
+/// ran since (a backup's contents; `cairn drill restore` records them too).
+pub(crate) async fn set_at(
+    client: &Client,
     keys: &[String],
     index: u64,
 ) -> Result<Vec<Vec<Value>>, String> {
-    let list = strong_list(endpoints, Duration::from_secs(15))
+    let list = strong_list(client, Duration::from_secs(15))
         .await
         .map_err(|e| format!("strong list: {e}"))?;
     let mut by_key = vec![Vec::new(); keys.len()];
@@ -259,7 +259,7 @@ async fn save(
             .note(format!("snapshot save failed: {}", last_line(&stderr)));
         return Ok(None);
     };
-    match set_at(&endpoints, &set.keys, index).await {
+    match set_at(&client(&endpoints)?, &set.keys, index).await {
         Ok(by_key) => {
             let mut contents = Vec::new();
             for ((read, key), elements) in reads.into_iter().zip(&set.keys).zip(by_key) {
@@ -472,7 +472,7 @@ async fn settle(
                 "settling: killed and restarted the driver {driver}"
             ));
         }
-        strong_list(&cx.cluster.endpoints(), Duration::from_secs(30))
+        strong_list(&client(&cx.cluster.endpoints())?, Duration::from_secs(30))
             .await
             .map_err(|e| format!("could not settle a restore: no strong list within 30 s: {e}"))?;
         op.info();
