@@ -513,7 +513,10 @@ impl Admin {
                 }
             )));
         }
-        // 1. The target must hold every entry we have.
+        // 1. Go quiet: no heartbeat, no write proposed (they wait), so that nothing renews
+        // the followers' leases from now on...
+        let quiet = self.raft.go_quiet().await;
+        // 2. ...the target must hold every entry we have...
         let caught_up = async {
             loop {
                 let s = self.raft.status();
@@ -531,8 +534,7 @@ impl Admin {
                 "node {target} did not catch up with the leader's log in time"
             )));
         }
-        // 2. Go quiet so the followers' leases lapse, then 3. let the target campaign.
-        self.raft.set_heartbeats(false);
+        // 3. ...and once the followers' leases have lapsed, the target campaigns.
         let result = async {
             tokio::time::sleep(self.election_timeout * 6 / 10 + Duration::from_millis(50)).await;
             let mut client =
@@ -556,7 +558,7 @@ impl Admin {
             )))
         }
         .await;
-        self.raft.set_heartbeats(true);
+        drop(quiet);
         result?;
         Ok(pb::MembershipResponse {
             log_index: 0,

@@ -168,6 +168,9 @@ pub struct RaftHandle {
     read_batch: read_batch::ReadBatcher,
     /// Gathers concurrent writes into batch entries.
     write_batch: write_batch::WriteBatcher,
+    /// Every proposal outside the write batcher holds it shared; a leader transfer holds
+    /// it exclusively while the node is quiet ([`RaftHandle::go_quiet`]).
+    quiet_gate: Arc<tokio::sync::RwLock<()>>,
     state_machine: StateMachine,
     pub node_id: NodeId,
     pub store: Store,
@@ -476,6 +479,7 @@ impl RaftHandle {
             raft,
             read_batch,
             write_batch,
+            quiet_gate: Arc::new(tokio::sync::RwLock::new(())),
             state_machine,
             node_id,
             store,
@@ -612,7 +616,15 @@ impl RaftHandle {
             Command::Write { .. } | Command::Delete { .. } => {
                 self.write_batch.propose(command).await
             }
-            other => propose_entry(&self.raft, other.encode()).await,
+            other => {
+                // Held while a leader transfer keeps this node quiet; then certainly not
+                // proposed if leadership moved meanwhile.
+                let _open = self.quiet_gate.read().await;
+                match self.require_leader() {
+                    Ok(()) => propose_entry(&self.raft, other.encode()).await,
+                    Err(not_leader) => Err(not_leader),
+                }
+            }
         };
         pending.answered(series::failure_of(&result));
         result
@@ -855,10 +867,19 @@ impl RaftHandle {
         self.raft.trigger().elect().await.map_err(fatal)
     }
 
-    /// Pauses or resumes this node's heartbeats (used by leader transfer).
-    pub fn set_heartbeats(&self, enabled: bool) {
-        self.raft.runtime_config().heartbeat(enabled);
-        self.raft.runtime_config().elect(enabled);
+    /// Makes this node quiet for a leader transfer, until the guard drops: no heartbeat, no
+    /// election timer, and no write proposed (those that arrive wait; see
+    /// [`write_batch::WriteBatcher::hold`]), so that its followers' leases lapse and the
+    /// successor's first campaign wins.
+    pub async fn go_quiet(&self) -> Quiet {
+        let writes = self.write_batch.hold().await;
+        let others = self.quiet_gate.clone().write_owned().await;
+        self.raft.runtime_config().heartbeat(false);
+        self.raft.runtime_config().elect(false);
+        Quiet {
+            raft: self.raft.clone(),
+            _held: (writes, others),
+        }
     }
 
     /// The table at one point in time, with the header of a snapshot file for it.
@@ -885,5 +906,22 @@ impl RaftHandle {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
+    }
+}
+
+/// A node gone quiet for a leader transfer ([`RaftHandle::go_quiet`]): heartbeats and the
+/// election timer come back, and held writes are proposed, when it drops.
+pub struct Quiet {
+    raft: Raft,
+    _held: (
+        tokio::sync::OwnedSemaphorePermit,
+        tokio::sync::OwnedRwLockWriteGuard<()>,
+    ),
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        self.raft.runtime_config().heartbeat(true);
+        self.raft.runtime_config().elect(true);
     }
 }

@@ -104,6 +104,20 @@ impl WriteBatcher {
         }
     }
 
+    /// Holds every proposal of this batcher until the returned permit drops: the one in
+    /// flight (if any) finishes first, and writes that arrive meanwhile queue. A leader
+    /// transfer holds them: a leader that is to go quiet must send nothing, or every entry
+    /// it replicates renews its followers' leases and they refuse the successor's votes.
+    /// The writes held are proposed when it drops, each checked for leadership first
+    /// ([`propose_batch`]): `NotLeader` once the successor leads.
+    pub async fn hold(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.proposer
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the proposer semaphore is never closed")
+    }
+
     /// Proposes a write or delete, alone or in a batch, and waits for its outcome.
     ///
     /// A node that is shutting down answers `Unavailable` when the command was
