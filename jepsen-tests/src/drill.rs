@@ -53,6 +53,7 @@ use serde::Serialize;
 
 use crate::cluster::Lifetimes;
 use crate::history::{History, OpKind, Outcome, Recorder, Value};
+use crate::nemesis::restore::{recorded_backup, BackupFailure, NEMESIS_PROCESS};
 use crate::set::SetAnomaly;
 use crate::workload::{NodeLifetimes, Workload, WorkloadKind, WorkloadOptions};
 use crate::Verdict;
@@ -458,10 +459,6 @@ struct Drilled<'a> {
     reader: &'a Client,
 }
 
-/// The process id of a drill's own operations (the backup's reads, the restore) in the
-/// history.
-const DRILL_PROCESS: u64 = 1_000_000;
-
 /// The action itself. Every member it stopped is started again, and a partition it made is
 /// healed, before it returns, whatever happened in between. A `restore` returns its log
 /// index.
@@ -572,48 +569,29 @@ async fn act(
         }
         Action::Restore => {
             at(steps, "saving a backup through the leader".into());
-            // The backup's contents are recorded as one strong read per key, invoked before
-            // the save and completed with what the cluster held at its index.
-            let reads: Vec<_> = drilled
-                .keys
-                .iter()
-                .map(|key| {
-                    drilled
-                        .recorder
-                        .invoke(DRILL_PROCESS, OpKind::Read, key.clone(), Value::Null)
-                })
-                .collect();
-            let saved = snapshots.save().await;
-            let contents = match &saved {
-                Ok(index) => crate::nemesis::restore::set_at(drilled.reader, drilled.keys, *index)
-                    .await
-                    .map_err(|e| format!("the backup's contents could not be read: {e}")),
-                Err(e) => Err(format!("the backup failed: {e}")),
-            };
-            let (backup_index, by_key) = match (saved, contents) {
-                (Ok(index), Ok(by_key)) => (index, by_key),
-                (_, Err(why)) => {
-                    reads.into_iter().for_each(|read| read.fail());
-                    return Err(why);
-                }
-                (Err(_), Ok(_)) => unreachable!("no contents without a backup"),
-            };
-            let mut contents = Vec::new();
-            for ((read, key), elements) in reads.into_iter().zip(drilled.keys).zip(by_key) {
-                read.ok(Value::List(elements.clone()));
-                contents.push(Value::List(vec![
-                    Value::Str(key.clone()),
-                    Value::List(elements),
-                ]));
-            }
+            // The backup's contents are recorded as one strong read per key, as the restore
+            // nemesis records its backups.
+            let (backup_index, contents) = recorded_backup(
+                drilled.recorder,
+                drilled.keys,
+                drilled.reader,
+                snapshots.save(),
+            )
+            .await
+            .map_err(|failure| match failure {
+                BackupFailure::Save(why) => format!("the backup failed: {why}"),
+                BackupFailure::Contents(index, why) => format!(
+                    "the backup at index {index} was saved, but its contents could not be read: \
+                     {why}"
+                ),
+            })?;
             at(
                 steps,
                 format!("saved a backup at index {backup_index}; restoring it online"),
             );
-            let restore =
-                drilled
-                    .recorder
-                    .invoke(DRILL_PROCESS, OpKind::Restore, "", Value::List(contents));
+            let restore = drilled
+                .recorder
+                .invoke(NEMESIS_PROCESS, OpKind::Restore, "", contents);
             match snapshots.restore().await {
                 Ok(restore_index) => {
                     restore.ok(Value::Null);

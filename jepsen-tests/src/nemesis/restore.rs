@@ -36,7 +36,7 @@ use super::{millis, NemesisContext};
 use crate::history::{OpKind, Recorder, Value};
 use crate::workload::{self, WorkloadKind};
 
-/// The process id of the nemesis's own operations in a history.
+/// The process id of the nemesis's own operations in a history (and of a drill's).
 pub const NEMESIS_PROCESS: u64 = 1_000_000;
 
 /// Resources of another type written once, so that a backup spans a few Raft
@@ -184,12 +184,8 @@ async fn strong_list(client: &Client, timeout: Duration) -> Result<ListResponse,
 
 /// The set workload's elements by key, from a strong list, keeping those whose
 /// version is at most `index`: what the cluster held at log index `index`, when no restore
-/// ran since (a backup's contents; `cairn drill restore` records them too).
-pub(crate) async fn set_at(
-    client: &Client,
-    keys: &[String],
-    index: u64,
-) -> Result<Vec<Vec<Value>>, String> {
+/// ran since (a backup's contents).
+async fn set_at(client: &Client, keys: &[String], index: u64) -> Result<Vec<Vec<Value>>, String> {
     let list = strong_list(client, Duration::from_secs(15))
         .await
         .map_err(|e| format!("strong list: {e}"))?;
@@ -213,6 +209,55 @@ pub(crate) async fn set_at(
     Ok(by_key)
 }
 
+/// Why a recorded backup ([`recorded_backup`]) has no contents.
+pub(crate) enum BackupFailure {
+    /// The save itself failed.
+    Save(String),
+    /// Saved at this index, but the cluster's contents at it could not be read.
+    Contents(u64, String),
+}
+
+/// A backup recorded in the set workload's history: one strong read per key, invoked before
+/// `save` starts and completed with what the cluster held at the index `save` returns (or
+/// failed, when either step fails). Returns the index and the contents, `[[key,
+/// [elements]], ...]`: the input of the `restore` operation that restores it. The restore
+/// nemesis and `cairn drill restore` both record their backups so.
+pub(crate) async fn recorded_backup(
+    recorder: &Recorder,
+    keys: &[String],
+    client: &Client,
+    save: impl std::future::Future<Output = Result<u64, String>>,
+) -> Result<(u64, Value), BackupFailure> {
+    let reads: Vec<_> = keys
+        .iter()
+        .map(|key| recorder.invoke(NEMESIS_PROCESS, OpKind::Read, key.clone(), Value::Null))
+        .collect();
+    let index = match save.await {
+        Ok(index) => index,
+        Err(why) => {
+            reads.into_iter().for_each(|read| read.fail());
+            return Err(BackupFailure::Save(why));
+        }
+    };
+    match set_at(client, keys, index).await {
+        Ok(by_key) => {
+            let mut contents = Vec::new();
+            for ((read, key), elements) in reads.into_iter().zip(keys).zip(by_key) {
+                read.ok(Value::List(elements.clone()));
+                contents.push(Value::List(vec![
+                    Value::Str(key.clone()),
+                    Value::List(elements),
+                ]));
+            }
+            Ok((index, Value::List(contents)))
+        }
+        Err(e) => {
+            reads.into_iter().for_each(|read| read.fail());
+            Err(BackupFailure::Contents(index, e))
+        }
+    }
+}
+
 /// `cairn snapshot save`, recorded as one strong read per key; returns the backup.
 async fn save(
     cx: &mut NemesisContext<'_>,
@@ -223,53 +268,38 @@ async fn save(
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(format!("backup-{number:03}.snap"));
     let endpoints = cx.cluster.endpoints();
-    let reads: Vec<_> = set
-        .keys
-        .iter()
-        .map(|key| {
-            set.recorder
-                .invoke(NEMESIS_PROCESS, OpKind::Read, key.clone(), Value::Null)
-        })
-        .collect();
     let binary = cx.cluster.options.binary.clone();
     let path_text = path.to_string_lossy().into_owned();
     let timeout = COMMAND_TIMEOUT_MS.to_string();
-    let (saved, stdout, stderr) = cairn(
-        &binary,
-        &[
-            "snapshot",
-            "save",
-            &path_text,
-            "--endpoints",
-            &endpoints.join(","),
-            "--timeout-ms",
-            &timeout,
-        ],
-    )
-    .await?;
-    // "saved FILE: index N, term T, ..."
-    let index = stdout
-        .split("index ")
-        .nth(1)
-        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|digits| digits.parse::<u64>().ok());
-    let Some(index) = index.filter(|_| saved) else {
-        reads.into_iter().for_each(|read| read.fail());
-        cx.log
-            .note(format!("snapshot save failed: {}", last_line(&stderr)));
-        return Ok(None);
+    let joined = endpoints.join(",");
+    let command = async {
+        let (saved, stdout, stderr) = cairn(
+            &binary,
+            &[
+                "snapshot",
+                "save",
+                &path_text,
+                "--endpoints",
+                &joined,
+                "--timeout-ms",
+                &timeout,
+            ],
+        )
+        .await?;
+        // "saved FILE: index N, term T, ..."
+        stdout
+            .split("index ")
+            .nth(1)
+            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|digits| digits.parse::<u64>().ok())
+            .filter(|_| saved)
+            .ok_or_else(|| last_line(&stderr).to_string())
     };
-    match set_at(&client(&endpoints)?, &set.keys, index).await {
-        Ok(by_key) => {
-            let mut contents = Vec::new();
-            for ((read, key), elements) in reads.into_iter().zip(&set.keys).zip(by_key) {
-                read.ok(Value::List(elements.clone()));
-                contents.push(Value::List(vec![
-                    Value::Str(key.clone()),
-                    Value::List(elements),
-                ]));
-            }
+    match recorded_backup(&set.recorder, &set.keys, &client(&endpoints)?, command).await {
+        Ok((index, contents)) => {
             let sizes: Vec<usize> = contents
+                .as_list()
+                .unwrap_or(&[])
                 .iter()
                 .map(|pair| {
                     pair.as_list()
@@ -281,13 +311,13 @@ async fn save(
                 "saved {} at index {index}: set elements per key {sizes:?}",
                 path.display()
             ));
-            Ok(Some(Backup {
-                path,
-                contents: Value::List(contents),
-            }))
+            Ok(Some(Backup { path, contents }))
         }
-        Err(e) => {
-            reads.into_iter().for_each(|read| read.fail());
+        Err(BackupFailure::Save(why)) => {
+            cx.log.note(format!("snapshot save failed: {why}"));
+            Ok(None)
+        }
+        Err(BackupFailure::Contents(_, e)) => {
             cx.log.note(format!(
                 "saved {}, but its contents are unknown: {e}",
                 path.display()

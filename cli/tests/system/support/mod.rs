@@ -457,14 +457,24 @@ pub struct DevCluster {
 }
 
 /// A block of ports free for `cairn dev --base-port B`: B+1..3 (clients), B+1001..3 (peers),
-/// B+2001..3 (ops listeners).
+/// B+2001..3 (ops listeners). Each call of this process gets another block (tests run in
+/// parallel: two that found the same block free would start on the same ports).
 pub fn free_dev_base() -> u16 {
-    let start = 20_000 + (std::process::id() % 800) * 10;
-    for base in (start..29_000)
-        .step_by(10)
-        .chain((20_000..start).step_by(10))
-    {
-        let base = base as u16;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const BLOCKS: u32 = 900;
+    static NEXT_BLOCK: AtomicU32 = AtomicU32::new(u32::MAX);
+    // The first call starts at a block chosen by the pid, so concurrent test processes
+    // start apart.
+    let _ = NEXT_BLOCK.compare_exchange(
+        u32::MAX,
+        std::process::id() % BLOCKS,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..BLOCKS {
+        let block = NEXT_BLOCK.fetch_add(1, Ordering::SeqCst) % BLOCKS;
+        let base = (FIRST + block * 10) as u16;
         let all_free = (1..=3)
             .chain(1001..=1003)
             .chain(2001..=2003)
