@@ -10,7 +10,7 @@
 //!   watch streams (503), and the page works once a token is entered.
 //!
 //! With `CAIRN_CONSOLE_SCREENSHOTS=DIR` the first test writes its screenshots (PNG,
-//! 1280x900) into DIR. Without the browser the tests say SKIP, except under `CI=true`.
+//! 1280x900) into DIR. Without the browser the tests say SKIPPED, except under `CI=true`.
 
 use crate::support;
 
@@ -243,7 +243,7 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
     );
 }
 
-/// `[auth]` with an admin grant (also the nodes' own token) that reads everything, and a
+/// `[auth]` with an admin grant (also the nodes' own token) that writes (and reads) everything, and a
 /// reader of `demo.Thing` in `default/*`.
 fn grants(dir: &std::path::Path) -> (String, String, PathBuf) {
     let (admin, admin_hash) = new_token();
@@ -259,7 +259,7 @@ node_token_file = "{}"
 name = "admin"
 {admin_hash}
 admin = true
-read = {{ types = ["*"], tenancies = ["*"] }}
+write = {{ types = ["*"], tenancies = ["*"] }}
 
 [[auth.grants]]
 name = "reader"

@@ -63,7 +63,7 @@ use cairn_proto::error::{ApiError, ErrorKind};
 use cairn_proto::v1::{self as pb, shared};
 use futures::StreamExt as _;
 use serde_json::{json, Value};
-use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Mutex, Semaphore};
 use tokio::time::Instant;
 
 use crate::admin::Admin;

@@ -124,7 +124,7 @@ pub fn parameter_of(field: &str) -> &str {
         "tenancy.partition" => "partition",
         "tenancy.namespace" => "namespace",
         "name_prefix" => "prefix",
-        "type" | "tenancy" | "name" | "uid" | "selector" => field,
+        // `name`, `limit`, `after`, and what has no parameter of its own (`type`, `tenancy`).
         _ => field,
     }
 }

@@ -309,7 +309,7 @@ pub fn resource_json(r: &pb::Resource) -> Value {
         .collect();
     json!({
         "id": id_json(r.id.as_ref().unwrap_or(&pb::Id::default())),
-        "owner": r.owner.as_ref().map(id_json),
+        "owner": r.owner.as_deref().map(id_json),
         "version": r.version,
         "generation": r.generation,
         "lease": r.lease,

@@ -42,7 +42,7 @@ pub fn browser_or_skip(test: &str) -> Option<PathBuf> {
              Debian package {BROWSER})"
         ),
         None => {
-            eprintln!("SKIP {test}: {BROWSER} is not installed (apt-get install {BROWSER})");
+            eprintln!("SKIPPED {test}: {BROWSER} is not installed (apt-get install {BROWSER}); CI installs it");
             None
         }
     }
@@ -242,7 +242,7 @@ impl Browser {
     /// predicate and what the page shows.
     pub fn wait_for(&mut self, js: &str, timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;
-        let mut last = Value::Null;
+        let mut last;
         loop {
             match self.try_evaluate(js) {
                 Ok(value) if truthy(&value) => return value,
