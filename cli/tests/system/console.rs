@@ -83,7 +83,8 @@ const DRILL_REPORT: &str = r#"{
 
 #[test]
 fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failover() {
-    let test = "console::the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failover";
+    let test =
+        "console::the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failover";
     let Some(path) = browser_or_skip(test) else {
         return;
     };
@@ -91,8 +92,28 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
     let dir = tempfile::tempdir().unwrap();
     let dev = DevCluster::start(&dir.path().join("dev"), &[], vec![])
         .unwrap_or_else(|why| panic!("{why}"));
-    write(&dev, &["--type", "demo.v1.Thing", "--name", "hello", "--data-json", r#"{"hi": 1}"#]);
-    write(&dev, &["--type", "demo.v1.Thing", "--name", "elsewhere", "--tenancy", "team-a/web"]);
+    write(
+        &dev,
+        &[
+            "--type",
+            "demo.v1.Thing",
+            "--name",
+            "hello",
+            "--data-json",
+            r#"{"hi": 1}"#,
+        ],
+    );
+    write(
+        &dev,
+        &[
+            "--type",
+            "demo.v1.Thing",
+            "--name",
+            "elsewhere",
+            "--tenancy",
+            "team-a/web",
+        ],
+    );
     let report = dir.path().join("report.json");
     std::fs::write(&report, DRILL_REPORT).unwrap();
     write(&dev, &["--file", report.to_str().unwrap()]);
@@ -118,7 +139,10 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
         "[...document.querySelectorAll('#members tbody tr')].map(r => r.dataset.id + ':' + r.dataset.role).join(',')",
     );
     assert!(
-        roles.as_str().unwrap().contains(&format!("{leader}:leader")),
+        roles
+            .as_str()
+            .unwrap()
+            .contains(&format!("{leader}:leader")),
         "{roles}"
     );
     browser.wait_for(
@@ -156,7 +180,8 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
            return t.includes('\"hi\": 1') && t.includes('\"kind\": \"Thing\"') ? t : ''; })()",
         Duration::from_secs(10),
     );
-    let resource: Value = serde_json::from_str(shown.as_str().unwrap()).expect("the page shows JSON");
+    let resource: Value =
+        serde_json::from_str(shown.as_str().unwrap()).expect("the page shows JSON");
     assert_eq!(resource["id"]["name"], "hello");
     assert_eq!(resource["data"]["json"]["hi"], 1);
     screenshot(&mut browser, "console-resources.png");
@@ -170,7 +195,17 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
         "document.getElementById('tail-state').dataset.state === 'open'",
         Duration::from_secs(10),
     );
-    write(&dev, &["--type", "demo.v1.Thing", "--name", "after-open", "--data-json", r#"{"n": 2}"#]);
+    write(
+        &dev,
+        &[
+            "--type",
+            "demo.v1.Thing",
+            "--name",
+            "after-open",
+            "--data-json",
+            r#"{"n": 2}"#,
+        ],
+    );
     browser.wait_for(
         "!!document.querySelector('#tail li[data-type=\"upsert\"][data-name=\"after-open\"]')",
         Duration::from_secs(10),
@@ -196,7 +231,10 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
              r.textContent.includes('node 1 (term 2) → node 3 (term 3)'); })()",
         Duration::from_secs(10),
     );
-    click(&mut browser, "#drill-list tr[data-name=\"001764448000000-failover\"]");
+    click(
+        &mut browser,
+        "#drill-list tr[data-name=\"001764448000000-failover\"]",
+    );
     browser.wait_for(
         "document.getElementById('drill-json').textContent.includes('\"writes_acknowledged\": 1500')",
         Duration::from_secs(10),
@@ -228,7 +266,10 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
             other => panic!("cairn status names no new leader: {other:?}"),
         }
     };
-    assert_eq!(new_leader, real, "the page shows the leader cairn status names");
+    assert_eq!(
+        new_leader, real,
+        "the page shows the leader cairn status names"
+    );
     browser.wait_for(
         &format!(
             "(() => {{ const r = document.querySelector('#members tr[data-id=\"{leader}\"]'); \
@@ -325,8 +366,17 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
     let endpoints = cluster.endpoints().join(",");
     for (name, tenancy) in [("mine", "default/default"), ("theirs", "team-b/db")] {
         let out = cairn(&[
-            "write", "--endpoints", &endpoints, "--token", &admin, "--type", "demo.v1.Thing",
-            "--name", name, "--tenancy", tenancy,
+            "write",
+            "--endpoints",
+            &endpoints,
+            "--token",
+            &admin,
+            "--type",
+            "demo.v1.Thing",
+            "--name",
+            name,
+            "--tenancy",
+            tenancy,
         ]);
         assert!(out.status.success(), "{}", text(&out));
     }
@@ -351,7 +401,12 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
 
     // No token, an unknown one: 401, saying so. A token without the permission: 403,
     // naming it.
-    for path in ["/ui/api/cluster", "/ui/api/types", "/ui/api/drills", "/ui/api/watch?group=demo&kind=Thing"] {
+    for path in [
+        "/ui/api/cluster",
+        "/ui/api/types",
+        "/ui/api/drills",
+        "/ui/api/watch?group=demo&kind=Thing",
+    ] {
         let (status, body) = get(path, None);
         assert_eq!(status, 401, "{path}: {body}");
         assert_eq!(error_of(&body)["kind"], "UNAUTHENTICATED", "{path}");
@@ -363,12 +418,21 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
     let error = error_of(&body);
     assert_eq!(error["kind"], "PERMISSION_DENIED");
     assert!(
-        error["message"].as_str().unwrap().contains("grant \"reader\" lacks admin"),
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("grant \"reader\" lacks admin"),
         "{error}"
     );
     let (status, body) = get("/ui/api/drills", Some(&reader));
     assert_eq!(status, 403, "{body}");
-    assert!(error_of(&body)["message"].as_str().unwrap().contains("cairn.DrillReport"), "{body}");
+    assert!(
+        error_of(&body)["message"]
+            .as_str()
+            .unwrap()
+            .contains("cairn.DrillReport"),
+        "{body}"
+    );
 
     // Within its grant, a reader sees only what it may read: its listing, its counts.
     let (status, body) = get("/ui/api/resources?group=demo&kind=Thing", Some(&reader));
@@ -388,7 +452,15 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| format!("{}.{} {}/{}", t["group"].as_str().unwrap(), t["kind"].as_str().unwrap(), t["partition"].as_str().unwrap(), t["namespace"].as_str().unwrap()))
+        .map(|t| {
+            format!(
+                "{}.{} {}/{}",
+                t["group"].as_str().unwrap(),
+                t["kind"].as_str().unwrap(),
+                t["partition"].as_str().unwrap(),
+                t["namespace"].as_str().unwrap()
+            )
+        })
         .collect();
     assert_eq!(tenancies, ["demo.Thing default/default"], "{body}");
     let (status, body) = get(
@@ -406,7 +478,10 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
     for (path, parameter) in [
         ("/ui/api/resources?group=de*mo&kind=Thing", "group"),
         ("/ui/api/resources?group=demo&kind=Thing&limit=501", "limit"),
-        ("/ui/api/resources?group=demo&kind=Thing&colour=red", "\"colour\""),
+        (
+            "/ui/api/resources?group=demo&kind=Thing&colour=red",
+            "\"colour\"",
+        ),
         ("/ui/api/resource?group=demo&version=v1&kind=Thing", "name"),
         ("/ui/api/watch?group=demo&kind=Thing&after=soon", "after"),
     ] {

@@ -20,8 +20,9 @@
 //! client port's [`Authenticator`] (the `Authorization: Bearer` header stands for the gRPC
 //! metadata of the same name) and authorized by [`authorize`] for the [`Action`] the same
 //! request would be on the client port; lists, counts and watch events show only what
-//! [`Visibility`] shows. Validate an identifier its own way: requests are checked by the
-//! API's validation (`Executor::check_*`), with the field mapped to the query parameter.
+//! [`Visibility`](crate::auth::Visibility) shows. Validate an identifier its own way:
+//! requests are checked by the API's validation (`Executor::check_*`), with the field
+//! mapped to the query parameter.
 //!
 //! **Order of a call**, as on the client port: authenticate (an unknown caller learns
 //! nothing of its request), parse and validate the parameters (400 naming the parameter),
@@ -245,8 +246,11 @@ impl Console {
             .into_iter()
             .filter(|(_, usage)| usage.count > 0)
             .map(|(key, usage)| (key, usage.count));
-        let (types, truncated) =
-            view::type_counts(usage, visibility.read_scope().map(|s| &**s), TYPE_COUNTS_MAX);
+        let (types, truncated) = view::type_counts(
+            usage,
+            visibility.read_scope().map(|s| &**s),
+            TYPE_COUNTS_MAX,
+        );
         Ok(json!({
             "node_id": self.0.admin.raft.node_id,
             "revision": table.revision(),
@@ -316,7 +320,10 @@ impl Console {
             .check_read(&request)
             .map_err(query::in_parameters)?;
         let id = request.id.clone().unwrap_or_default();
-        let (type_, tenancy) = (id.r#type.unwrap_or_default(), id.tenancy.unwrap_or_default());
+        let (type_, tenancy) = (
+            id.r#type.unwrap_or_default(),
+            id.tenancy.unwrap_or_default(),
+        );
         authorize(
             &caller,
             &Action::Read {
@@ -370,15 +377,17 @@ impl Console {
                 .await?;
             revision = page.revision;
             rows = view::newest_first(
-                rows.into_iter().rev().chain(page.resources.iter().map(|encoded| {
-                    match view::decode_resource(encoded) {
-                        Ok(r) => view::drill_row(&r),
-                        Err(why) => view::DrillRow {
-                            unreadable: Some(why),
-                            ..view::DrillRow::default()
-                        },
-                    }
-                })),
+                rows.into_iter()
+                    .rev()
+                    .chain(page.resources.iter().map(|encoded| {
+                        match view::decode_resource(encoded) {
+                            Ok(r) => view::drill_row(&r),
+                            Err(why) => view::DrillRow {
+                                unreadable: Some(why),
+                                ..view::DrillRow::default()
+                            },
+                        }
+                    })),
                 DRILLS_MAX,
             );
             page_token = page.next_page_token;
@@ -726,11 +735,19 @@ mod tests {
     #[test]
     fn only_the_authorization_header_reaches_authentication() {
         let mut headers = HeaderMap::new();
-        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t0k3n"));
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer t0k3n"),
+        );
         headers.insert("grpc-timeout", HeaderValue::from_static("1S"));
         let request = as_grpc_request(&headers);
         assert_eq!(
-            request.metadata().get("authorization").unwrap().to_str().unwrap(),
+            request
+                .metadata()
+                .get("authorization")
+                .unwrap()
+                .to_str()
+                .unwrap(),
             "Bearer t0k3n"
         );
         assert!(request.metadata().get("grpc-timeout").is_none());
@@ -758,9 +775,20 @@ mod tests {
             headers.insert(header::AUTHORIZATION, HeaderValue::from_static(value));
             auth.caller(&as_grpc_request(&headers))
         };
-        assert!(matches!(with("Bearer cairn-console-test-token"), Ok(Caller::Granted(_))));
-        assert!(matches!(with("bearer cairn-console-test-token"), Ok(Caller::Granted(_))));
-        for bad in ["Bearer wrong", "Basic abc", "cairn-console-test-token", "Bearer "] {
+        assert!(matches!(
+            with("Bearer cairn-console-test-token"),
+            Ok(Caller::Granted(_))
+        ));
+        assert!(matches!(
+            with("bearer cairn-console-test-token"),
+            Ok(Caller::Granted(_))
+        ));
+        for bad in [
+            "Bearer wrong",
+            "Basic abc",
+            "cairn-console-test-token",
+            "Bearer ",
+        ] {
             assert!(
                 matches!(with(bad), Err(ApiError::Unauthenticated(_))),
                 "{bad}"

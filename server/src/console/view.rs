@@ -185,9 +185,7 @@ fn member_view(answer: &MemberAnswer, leader: Option<&pb::StatusResponse>) -> Me
         lag_entries: own
             .zip(leader)
             .map(|(s, l)| l.commit_index.saturating_sub(s.applied_index)),
-        matched_index: seen
-            .filter(|v| v.matched_known)
-            .map(|v| v.matched_index),
+        matched_index: seen.filter(|v| v.matched_known).map(|v| v.matched_index),
         replication_lag_entries: seen.and_then(|v| known(v.lag_entries)),
         last_contact_ms: seen
             .filter(|_| !leader_is_it)
@@ -626,7 +624,10 @@ mod tests {
             Case {
                 what: "healthy: every member answers, node 1 leads",
                 answers: vec![
-                    answer(1, Ok(leading(1, 2, 10, &[(1, 10, 0), (2, 10, 5), (3, 9, 7)]))),
+                    answer(
+                        1,
+                        Ok(leading(1, 2, 10, &[(1, 10, 0), (2, 10, 5), (3, 9, 7)])),
+                    ),
                     answer(2, Ok(status(2, "follower", 2, 1, 10))),
                     answer(3, Ok(status(3, "follower", 2, 1, 9))),
                 ],
@@ -674,7 +675,11 @@ mod tests {
         for case in cases {
             let view = cluster_view(3, &case.answers);
             assert_eq!(view.leader_id, case.leader, "{}", case.what);
-            assert_eq!(view.reachable_voters, case.reachable_voters, "{}", case.what);
+            assert_eq!(
+                view.reachable_voters, case.reachable_voters,
+                "{}",
+                case.what
+            );
             assert_eq!(view.voters, 3, "{}", case.what);
             assert_eq!(view.quorum, 2, "{}", case.what);
             assert_eq!(view.problems, case.problems, "{}", case.what);
@@ -687,7 +692,10 @@ mod tests {
     #[test]
     fn a_member_shows_its_own_answer_and_the_leaders_view_of_it() {
         let answers = vec![
-            answer(1, Ok(leading(1, 2, 10, &[(1, 10, 0), (2, 7, 5), (3, 0, -1)]))),
+            answer(
+                1,
+                Ok(leading(1, 2, 10, &[(1, 10, 0), (2, 7, 5), (3, 0, -1)])),
+            ),
             answer(2, Ok(status(2, "follower", 2, 1, 8))),
             answer(3, Err("cannot reach 127.0.0.1:7003 within 1000 ms")),
         ];
@@ -715,7 +723,10 @@ mod tests {
         assert!(!gone.reachable);
         assert_eq!(gone.role.as_deref(), Some("unreachable"));
         assert_eq!(gone.term, None);
-        assert_eq!(gone.last_contact_ms, None, "never heard from: unknown, not 0");
+        assert_eq!(
+            gone.last_contact_ms, None,
+            "never heard from: unknown, not 0"
+        );
         assert_eq!(gone.caught_up, Some(false));
         assert!(gone.error.as_deref().unwrap().contains("cannot reach"));
     }
@@ -752,7 +763,10 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            vec![("CORRUPT", &[1u64][..], &[3u64][..]), ("NOSPACE", &[1, 2][..], &[][..])]
+            vec![
+                ("CORRUPT", &[1u64][..], &[3u64][..]),
+                ("NOSPACE", &[1, 2][..], &[][..])
+            ]
         );
     }
 
@@ -765,7 +779,12 @@ mod tests {
         let cases: [(&str, &[u8], &str, Value); 5] = [
             ("JSON text", br#"{"a":1}"#, "json", json!({"a": 1})),
             ("a JSON string", br#""hi""#, "json", json!("hi")),
-            ("UTF-8 that is not JSON", b"hello world", "text", json!("hello world")),
+            (
+                "UTF-8 that is not JSON",
+                b"hello world",
+                "text",
+                json!("hello world"),
+            ),
             ("empty", b"", "text", json!("")),
             ("not UTF-8", &[0xff, 0x00, 0x80], "base64", json!("/wCA")),
         ];
@@ -815,9 +834,11 @@ mod tests {
 
     fn scope(types: &[&str], tenancies: &[&str]) -> ReadScope {
         let strings = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        ReadScope::new(vec![
-            cairn_fsm::Scope::parse(&strings(types), &strings(tenancies)).unwrap()
-        ])
+        ReadScope::new(vec![cairn_fsm::Scope::parse(
+            &strings(types),
+            &strings(tenancies),
+        )
+        .unwrap()])
     }
 
     #[test]
@@ -834,8 +855,20 @@ mod tests {
         let cases: [(&str, Option<ReadScope>, usize, usize, bool); 5] = [
             ("everything", None, 100, 4, false),
             ("bounded", None, 2, 2, true),
-            ("one type", Some(scope(&["demo.Thing"], &["*"])), 100, 2, false),
-            ("one tenancy", Some(scope(&["*"], &["team-a/*"])), 100, 1, false),
+            (
+                "one type",
+                Some(scope(&["demo.Thing"], &["*"])),
+                100,
+                2,
+                false,
+            ),
+            (
+                "one tenancy",
+                Some(scope(&["*"], &["team-a/*"])),
+                100,
+                1,
+                false,
+            ),
             ("nothing", Some(scope(&["other.*"], &["*"])), 100, 0, false),
         ];
         for (what, visible, max, shown, truncated) in cases {
@@ -917,8 +950,16 @@ mod tests {
     #[test]
     fn drill_names_carry_the_time_and_the_drill() {
         let cases = [
-            ("001764448000000-failover", Some(1_764_448_000_000), "failover"),
-            ("001764448000000-failover_--graceful", Some(1_764_448_000_000), "failover_--graceful"),
+            (
+                "001764448000000-failover",
+                Some(1_764_448_000_000),
+                "failover",
+            ),
+            (
+                "001764448000000-failover_--graceful",
+                Some(1_764_448_000_000),
+                "failover_--graceful",
+            ),
             ("1764448000000-failover", None, "1764448000000-failover"),
             ("abcdefghijklmno-x", None, "abcdefghijklmno-x"),
             ("no-time", None, "no-time"),
@@ -940,7 +981,11 @@ mod tests {
         let names = |rows: Vec<DrillRow>| rows.into_iter().map(|r| r.name).collect::<Vec<_>>();
         assert_eq!(
             names(newest_first(rows(5), 3)),
-            ["000000000000004-d", "000000000000003-d", "000000000000002-d"]
+            [
+                "000000000000004-d",
+                "000000000000003-d",
+                "000000000000002-d"
+            ]
         );
         assert_eq!(names(newest_first(rows(2), 3)).len(), 2);
         assert!(newest_first(rows(2), 0).is_empty());

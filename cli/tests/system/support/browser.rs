@@ -27,7 +27,10 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 pub fn browser_path() -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/lib/chromium")])
+        .chain([
+            PathBuf::from("/usr/bin"),
+            PathBuf::from("/usr/lib/chromium"),
+        ])
         .map(|dir| dir.join(BROWSER))
         .find(|candidate| candidate.is_file())
 }
@@ -153,7 +156,10 @@ impl Browser {
         let target = browser
             .call("Target.createTarget", json!({"url": "about:blank"}))
             .expect("a page");
-        let target_id = target["targetId"].as_str().expect("a target id").to_string();
+        let target_id = target["targetId"]
+            .as_str()
+            .expect("a target id")
+            .to_string();
         let attached = browser
             .call(
                 "Target.attachToTarget",
@@ -215,7 +221,10 @@ impl Browser {
             "navigate to {url}: {answer}"
         );
         self.wait_for(
-            &format!("location.href === {} && document.readyState === 'complete'", json!(url)),
+            &format!(
+                "location.href === {} && document.readyState === 'complete'",
+                json!(url)
+            ),
             Duration::from_secs(10),
         );
     }
