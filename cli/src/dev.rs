@@ -90,7 +90,7 @@ struct Node {
     id: u32,
     client: String,
     peer: String,
-    /// The ops listener: /metrics, /livez, /readyz.
+    /// The ops listener: /metrics, /livez, /readyz, the console (/ui).
     ops: String,
 }
 
@@ -465,7 +465,7 @@ pub fn run(mut args: DevArgs) -> u8 {
     );
     for n in &nodes {
         println!(
-            "  node {}: client {}  peer {}  ops http://{} (/metrics /livez /readyz)  data {}/node-{}",
+            "  node {}: client {}  peer {}  ops http://{} (/metrics /livez /readyz /ui)  data {}/node-{}",
             n.id,
             n.client,
             n.peer,
