@@ -81,7 +81,8 @@ pub struct AgentArgs {
     /// Log lines as text or as one JSON object each.
     #[arg(long, value_enum)]
     log_format: Option<LogFormatArg>,
-    /// Serve /metrics, /livez and /readyz over plain HTTP on this address (HOST:PORT).
+    /// Serve /metrics, /livez, /readyz and the web console (/ui) over plain HTTP on this
+    /// address (HOST:PORT).
     #[arg(long)]
     metrics_address: Option<String>,
     /// How far (in entries) applying may trail the leader's commit index for /readyz.

@@ -106,7 +106,7 @@ struct Node {
     id: u32,
     client: String,
     peer: String,
-    /// The ops listener: /metrics, /livez, /readyz.
+    /// The ops listener: /metrics, /livez, /readyz, the console (/ui).
     ops: String,
 }
 
@@ -483,7 +483,7 @@ pub fn run(mut args: DevArgs) -> u8 {
     );
     for n in &nodes {
         println!(
-            "  node {}: client {}  peer {}  ops http://{} (/metrics /livez /readyz)  data {}/node-{}",
+            "  node {}: client {}  peer {}  ops http://{} (/metrics /livez /readyz /ui)  data {}/node-{}",
             n.id,
             n.client,
             n.peer,

@@ -402,12 +402,15 @@ pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
         OutputFormat::Table => print_table(&report),
     }
     match kept {
-        Ok(name) if output == OutputFormat::Table => out!(
-            "  kept as             {}.{}.{} {name} (the web console shows it)",
-            jepsen_tests::drill::report_type().group,
-            jepsen_tests::drill::report_type().group_version,
-            jepsen_tests::drill::report_type().kind
-        ),
+        Ok(name) if output == OutputFormat::Table => {
+            let t = cairn_proto::drill_report::report_type();
+            out!(
+                "  kept as             {}.{}.{} {name} (the web console shows it)",
+                t.group,
+                t.group_version,
+                t.kind
+            )
+        }
         Ok(_) => {}
         Err(why) => eprintln!("cairn drill: the report could not be kept in the cluster: {why}"),
     }

@@ -48,6 +48,7 @@ use std::time::Duration;
 
 use cairn_client::admin::AdminClient;
 use cairn_client::{Access, Client, ClientOptions};
+use cairn_proto::drill_report;
 use cairn_proto::v1 as pb;
 use serde::Serialize;
 
@@ -668,37 +669,14 @@ async fn remove_elements(
 /// The drill reports a cluster keeps ([`store_report`]).
 pub const REPORTS_KEPT: usize = 20;
 
-/// The type of the drill reports kept in the cluster: `cairn.v1.DrillReport`, in tenancy
-/// `default/default`; `data` is the report as JSON, with type URL [`REPORT_TYPE_URL`].
-pub fn report_type() -> pb::Type {
-    pb::Type {
-        group: "cairn".into(),
-        group_version: "v1".into(),
-        kind: "DrillReport".into(),
-    }
-}
-
-/// The type URL of a stored report's `data`.
-pub const REPORT_TYPE_URL: &str = "cairn/drill-report+json";
-
-/// The name of a report stored at `unix_ms`: the time, zero-padded so that names sort by
-/// it, then the drill (`001764448000000-failover_graceful`).
-pub fn report_name(drill: &str, unix_ms: u64) -> String {
-    let words: Vec<&str> = drill
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .collect();
-    format!("{unix_ms:015}-{}", words.join("_"))
-}
-
-/// Keeps `report` in the cluster (a [`report_type`] resource named [`report_name`]) and
-/// removes the oldest beyond [`REPORTS_KEPT`]; returns the name.
+/// Keeps `report` in the cluster (where `cairn_proto::drill_report` says) and removes the
+/// oldest beyond [`REPORTS_KEPT`]; returns the name.
 pub async fn store_report(
     client: &Client,
     report: &Report,
     unix_ms: u64,
 ) -> Result<String, String> {
-    let name = report_name(&report.drill, unix_ms);
+    let name = drill_report::report_name(&report.drill, unix_ms);
     // Compact, with sorted keys (through a `Value`): the form `cairn list` shows as JSON.
     let value = serde_json::to_value(report).expect("a report serializes");
     let json = serde_json::to_vec(&value).expect("a value serializes");
@@ -706,8 +684,8 @@ pub async fn store_report(
         id: Some(pb::Id {
             uid: cairn_client::new_uid(),
             name: name.clone(),
-            r#type: Some(report_type()),
-            tenancy: Some(crate::workload::tenancy()),
+            r#type: Some(drill_report::report_type()),
+            tenancy: Some(drill_report::tenancy()),
         }),
         metadata: [
             ("drill".to_string(), report.drill.clone()),
@@ -715,7 +693,7 @@ pub async fn store_report(
         ]
         .into(),
         data: Some(cairn_proto::google::protobuf::Any {
-            type_url: REPORT_TYPE_URL.into(),
+            type_url: drill_report::TYPE_URL.into(),
             value: json.into(),
         }),
         ..pb::Resource::default()
@@ -726,8 +704,8 @@ pub async fn store_report(
         .map_err(|e| format!("cannot write {name}: {e}"))?;
     let kept = client
         .list_request(pb::ListRequest {
-            r#type: Some(report_type()),
-            tenancy: Some(crate::workload::tenancy()),
+            r#type: Some(drill_report::report_type()),
+            tenancy: Some(drill_report::tenancy()),
             consistency: pb::Consistency::Strong as i32,
             ..pb::ListRequest::default()
         })
@@ -905,19 +883,6 @@ mod tests {
                 "{versions:?} after a restore at {restore}"
             );
         }
-    }
-
-    #[test]
-    fn report_names_sort_by_time_and_name_the_drill() {
-        assert_eq!(
-            report_name("failover --graceful", 1_764_448_000_000),
-            "001764448000000-failover_graceful"
-        );
-        assert_eq!(
-            report_name("rolling-restart", 5),
-            "000000000000005-rolling_restart"
-        );
-        assert!(report_name("restore", 999) < report_name("failover", 1_000));
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //!   through `tonic::Status` losslessly for every kind).
 
 pub mod codec;
+pub mod drill_report;
 pub mod error;
 pub mod lifecycle;
 pub mod rfc3339;

@@ -515,11 +515,17 @@ impl Agent {
         if let Some(listener) = ops_listener {
             tracing::info!(
                 address = %bound(&listener, config.metrics_address.as_deref().unwrap_or_default()),
-                "serving /metrics, /livez and /readyz on the ops port (plain HTTP)"
+                "serving /metrics, /livez, /readyz and the console (/ui) on the ops port (plain HTTP)"
+            );
+            let console = crate::console::Console::new(
+                admin.clone(),
+                api.clone(),
+                auth.clone(),
+                tls.is_some() && config.tls_client_auth == crate::config::ClientAuthMode::Required,
             );
             tasks.adopt(
                 "ops server",
-                crate::ops::spawn(listener, probes.clone(), stopped.clone()),
+                crate::ops::spawn(listener, probes.clone(), console, stopped.clone()),
             );
         }
         tasks.spawn(

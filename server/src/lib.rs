@@ -15,7 +15,7 @@
 //! - Hold a contract rule: those are `cairn-fsm`'s.
 //! - Let an openraft type escape the [`raft`] module.
 //! - Let a module import one above it. The modules stand in rows (`docs/architecture.md`):
-//!   the node ([`embed`], [`agent`]); its servers ([`ops`], [`admin`], [`service`],
+//!   the node ([`embed`], [`agent`]); its servers ([`ops`], [`console`], [`admin`], [`service`],
 //!   [`reload`], [`grpc_metrics`]); what they go through ([`forward`], [`restore`], [`seed`],
 //!   [`auth`], [`backup`]); Raft and the ports' layers ([`raft`], [`limits`], [`tls`],
 //!   [`connections`], [`fatal`], [`snapshot_file`]); the leaves ([`config`], [`bounds`],
@@ -70,6 +70,7 @@ pub mod backup;
 pub mod bounds;
 pub mod config;
 pub mod connections;
+pub mod console;
 pub mod durable;
 pub mod embed;
 pub mod fairness;

@@ -11,6 +11,9 @@
 //!   linearizable read that succeeds, applied within `ready_apply_lag_entries_max` of the
 //!   leader's commit index, and a member (a learner only once caught up).
 //! - `?verbose` on either lists every check, `[+]name ok` or `[-]name failed: why`.
+//! - `GET /ui`: the read-only web console, and `GET /ui/api/...`, the JSON it polls
+//!   ([`crate::console`]: authenticated and authorized as the client port is when grants
+//!   are configured).
 //! - Any other path: 404.
 //!
 //! Readiness is decided here, once: gRPC health (`agent::run_health`) reports the same
@@ -300,18 +303,21 @@ impl Probes {
     }
 }
 
-/// Serves the ops listener on `listener` until `stopped` turns true.
+/// Serves the ops listener on `listener`, with the web console's routes, until `stopped`
+/// turns true.
 pub fn spawn(
     listener: tokio::net::TcpListener,
     probes: Probes,
+    console: crate::console::Console,
     mut stopped: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let router = axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .fallback(not_found)
-        .with_state(probes);
+        .with_state(probes)
+        .merge(console.router())
+        .fallback(not_found);
     tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
@@ -358,7 +364,7 @@ async fn readyz(
 async fn not_found() -> axum::response::Response {
     (
         StatusCode::NOT_FOUND,
-        "not found: this listener serves /metrics, /livez and /readyz\n",
+        "not found: this listener serves /metrics, /livez, /readyz and the console at /ui\n",
     )
         .into_response()
 }

@@ -20,6 +20,7 @@ mod cluster_version;
 mod compat;
 mod config;
 mod connections;
+mod console;
 mod contract;
 mod controller_cache;
 mod data_dir;

@@ -2,6 +2,8 @@
 //! processes (from `jepsen-tests::cluster`) and small raw-gRPC helpers.
 #![allow(dead_code)]
 
+pub mod browser;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -634,12 +636,34 @@ pub fn http_get(address: &str, path: &str) -> (u16, String) {
 /// [`http_get`], or the error of a listener not (yet) accepting connections: a node serves
 /// its ops listener once it has started, which may be after the cluster has a leader.
 pub fn try_http_get(address: &str, path: &str) -> std::io::Result<(u16, String)> {
+    try_http_get_with(address, path, &[])
+}
+
+/// [`http_get`] with more request `headers` (name, value).
+pub fn http_get_with(address: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    try_http_get_with(address, path, headers)
+        .unwrap_or_else(|e| panic!("GET {path} on {address}: {e}"))
+}
+
+/// [`try_http_get`] with more request `headers` (name, value).
+pub fn try_http_get_with(
+    address: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address)?;
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {address}\r\n{extra}\r\n"
+    )?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer)?;
     let status = answer
