@@ -208,12 +208,9 @@ struct ClusterReport {
 
 impl ClusterReport {
     fn of(cluster_id: String, members: Vec<MemberReport>) -> ClusterReport {
-        let leader = members
-            .iter()
-            .filter_map(|m| m.answer.as_ref().ok())
-            .filter(|s| leads(s))
-            .max_by_key(|s| s.term)
-            .cloned();
+        let leader =
+            cairn_client::admin::leader_of(members.iter().filter_map(|m| m.answer.as_ref().ok()))
+                .cloned();
         let voters = members.iter().filter(|m| m.member.voter).count();
         let reachable_voters = members
             .iter()

@@ -383,6 +383,41 @@ pub fn leads(s: &pb::StatusResponse) -> bool {
     s.state == "leader" && s.leader_id == s.node_id
 }
 
+/// The leader as members' statuses show it, to report what is there: of the members that
+/// say they lead, the one of the highest term (a deposed leader that has not heard of the
+/// new term yet still says it leads). `cairn status` and the web console.
+pub fn leader_of<'a>(
+    statuses: impl IntoIterator<Item = &'a pb::StatusResponse>,
+) -> Option<&'a pb::StatusResponse> {
+    statuses
+        .into_iter()
+        .filter(|s| leads(s))
+        .max_by_key(|s| s.term)
+}
+
+/// The leader as members' statuses confirm it, to act on: a member that says it leads and
+/// that a majority of the `members` names as leader (itself included). A leader cut off
+/// from the others may say it leads for an election timeout; the majority no longer names
+/// it. `cairn drill` and the fault suite.
+pub fn confirmed_leader<'a>(
+    statuses: impl IntoIterator<Item = &'a pb::StatusResponse> + Clone,
+    members: usize,
+) -> Option<&'a pb::StatusResponse> {
+    let majority = members / 2 + 1;
+    statuses
+        .clone()
+        .into_iter()
+        .filter(|s| leads(s))
+        .find(|claimant| {
+            statuses
+                .clone()
+                .into_iter()
+                .filter(|s| s.leader_id == claimant.node_id)
+                .count()
+                >= majority
+        })
+}
+
 /// Where a member's catch-up stands, as the leader's status shows it.
 pub fn describe_catch_up(member: &pb::Member, leader: &pb::StatusResponse) -> String {
     if !member.matched_known {
@@ -460,6 +495,90 @@ fn strip_kind(e: &ApiError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(node_id: u64, state: &str, leader_id: u64, term: u64) -> pb::StatusResponse {
+        pb::StatusResponse {
+            node_id,
+            state: state.into(),
+            leader_id,
+            term,
+            ..pb::StatusResponse::default()
+        }
+    }
+
+    #[test]
+    fn the_leader_shown_is_the_highest_claim_and_the_leader_acted_on_is_named_by_a_majority() {
+        // (statuses as (node, state, leader named, term), members, shown, confirmed)
+        type Case = (
+            &'static [(u64, &'static str, u64, u64)],
+            usize,
+            Option<u64>,
+            Option<u64>,
+        );
+        let table: &[Case] = &[
+            // A healthy cluster: both rules agree.
+            (
+                &[
+                    (1, "leader", 1, 2),
+                    (2, "follower", 1, 2),
+                    (3, "follower", 1, 2),
+                ],
+                3,
+                Some(1),
+                Some(1),
+            ),
+            // Node 1 cut off still says it leads in term 2; 2 and 3 moved on to node 2.
+            (
+                &[
+                    (1, "leader", 1, 2),
+                    (2, "leader", 2, 3),
+                    (3, "follower", 2, 3),
+                ],
+                3,
+                Some(2),
+                Some(2),
+            ),
+            // Only the old leader answers: shown, but not confirmed.
+            (&[(1, "leader", 1, 2)], 3, Some(1), None),
+            // A follower naming a leader that does not answer: none either way.
+            (
+                &[(2, "follower", 1, 2), (3, "follower", 1, 2)],
+                3,
+                None,
+                None,
+            ),
+            // A candidate names no leader.
+            (
+                &[(1, "candidate", 0, 4), (2, "follower", 0, 4)],
+                3,
+                None,
+                None,
+            ),
+            // Five members: two votes are no majority.
+            (
+                &[(1, "leader", 1, 2), (2, "follower", 1, 2)],
+                5,
+                Some(1),
+                None,
+            ),
+        ];
+        for (statuses, members, shown, confirmed) in table {
+            let statuses: Vec<pb::StatusResponse> = statuses
+                .iter()
+                .map(|(n, state, l, t)| status(*n, state, *l, *t))
+                .collect();
+            assert_eq!(
+                leader_of(&statuses).map(|s| s.node_id),
+                *shown,
+                "{statuses:?}"
+            );
+            assert_eq!(
+                confirmed_leader(&statuses, *members).map(|s| s.node_id),
+                *confirmed,
+                "{statuses:?} of {members}"
+            );
+        }
+    }
 
     fn client(endpoints: usize, timeout_ms: u64) -> AdminClient {
         AdminClient::new(

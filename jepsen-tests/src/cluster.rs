@@ -1000,22 +1000,11 @@ impl Cluster {
     /// The node that calls itself leader and whom a majority of the nodes
     /// name as leader, if any (each status asked with a 1 s bound).
     pub async fn leader(&self) -> Option<u64> {
-        let mut votes: std::collections::BTreeMap<u64, usize> = Default::default();
-        let mut claims = Vec::new();
+        let mut statuses = Vec::new();
         for id in self.ids() {
-            if let Some(s) = self.status(id).await {
-                if s.leader_id != 0 {
-                    *votes.entry(s.leader_id).or_default() += 1;
-                }
-                if s.state == "leader" && s.leader_id == id {
-                    claims.push(id);
-                }
-            }
+            statuses.extend(self.status(id).await);
         }
-        let majority = self.nodes.len() / 2 + 1;
-        claims
-            .into_iter()
-            .find(|id| votes.get(id).copied().unwrap_or(0) >= majority)
+        cairn_client::admin::confirmed_leader(&statuses, self.nodes.len()).map(|s| s.node_id)
     }
 
     /// Calls `RemoveMember(id)` at the leader (bounded by `timeout`).

@@ -810,25 +810,13 @@ async fn wait_view(
 
 async fn view_of(admin: &AdminClient, endpoints: &[String]) -> View {
     let mut view = View::default();
-    let mut named: BTreeMap<u64, usize> = BTreeMap::new();
     for (address, status) in endpoints.iter().zip(admin.statuses(endpoints).await) {
         let Ok(status) = status else { continue };
-        if status.leader_id != 0 {
-            *named.entry(status.leader_id).or_default() += 1;
-        }
         view.addresses.insert(status.node_id, address.clone());
         view.statuses.insert(status.node_id, status);
     }
-    let majority = endpoints.len() / 2 + 1;
-    view.leader = view
-        .statuses
-        .values()
-        .find(|s| {
-            s.state == "leader"
-                && s.leader_id == s.node_id
-                && named.get(&s.node_id).copied().unwrap_or(0) >= majority
-        })
-        .cloned();
+    view.leader =
+        cairn_client::admin::confirmed_leader(view.statuses.values(), endpoints.len()).cloned();
     view
 }
 

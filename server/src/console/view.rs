@@ -116,7 +116,7 @@ fn known(ms: i64) -> Option<u64> {
 /// The cluster view of node `node_id`, from its members' answers (its own among them).
 pub fn cluster_view(node_id: u64, answers: &[MemberAnswer]) -> ClusterView {
     let statuses = || answers.iter().filter_map(|a| a.status.as_ref().ok());
-    let leader = statuses().filter(|s| leads(s)).max_by_key(|s| s.term);
+    let leader = cairn_client::admin::leader_of(statuses());
     let cluster_id = statuses()
         .find(|s| s.node_id == node_id)
         .or_else(|| statuses().next())

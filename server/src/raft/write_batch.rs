@@ -109,7 +109,7 @@ impl WriteBatcher {
     /// transfer holds them: a leader that is to go quiet must send nothing, or every entry
     /// it replicates renews its followers' leases and they refuse the successor's votes.
     /// The writes held are proposed when it drops, each checked for leadership first
-    /// ([`propose_batch`]): `NotLeader` once the successor leads.
+    /// (`propose_batch`): `NotLeader` once the successor leads.
     pub async fn hold(&self) -> tokio::sync::OwnedSemaphorePermit {
         self.proposer
             .clone()
