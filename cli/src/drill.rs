@@ -314,23 +314,23 @@ pub fn run(command: DrillCommand, global: &GlobalArgs) -> u8 {
         }),
     };
     if !confirmed {
-        if !crate::admin::interactive() {
+        let asked = crate::snapshot::require_confirmation(false, || {
+            "refusing to replace the running cluster's data without a confirmation: stdin is not \
+             a terminal. Pass --yes: the restore drill saves a backup and restores it at once, \
+             undoing every write made in between"
+                .to_string()
+        })
+        .and_then(|()| {
             eprintln!(
-                "cairn drill: refusing to replace the running cluster's data without a \
-                 confirmation: stdin is not a terminal. Pass --yes: the restore drill saves a \
-                 backup and restores it at once, undoing every write made in between"
+                "The restore drill REPLACES ALL THE DATA of the running cluster ({}) with a \
+                 backup it takes a few seconds before: every write made in between, by any \
+                 client, is undone, and every open watch is closed.",
+                endpoints.join(", ")
             );
-            return exit::USAGE;
-        }
-        eprintln!(
-            "The restore drill REPLACES ALL THE DATA of the running cluster ({}) with a backup \
-             it takes a few seconds before: every write made in between, by any client, is \
-             undone, and every open watch is closed.",
-            endpoints.join(", ")
-        );
-        if let Err(e) = crate::snapshot::ask_yes("Type yes to run it: ") {
-            eprintln!("cairn drill: {e}");
-            return exit::ERROR;
+            crate::snapshot::ask_yes("Type yes to run it: ")
+        });
+        if asked.is_err() {
+            return crate::snapshot::exit_of(asked);
         }
     }
     let snapshots = ApiSnapshots {

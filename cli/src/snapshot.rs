@@ -103,15 +103,14 @@ impl RestoreHow {
                 if offline_only.len() == 1 { "is" } else { "are" },
             )));
         }
-        if !self.yes && !crate::admin::interactive() {
-            return Err(CommandError::Usage(format!(
+        require_confirmation(self.yes, || {
+            format!(
                 "refusing to replace the running cluster's data without a confirmation: stdin is \
                  not a terminal. Pass --yes to restore {what} into the running cluster (every node's \
                  data is replaced, every open watch closed), or --offline to seed a new cluster's \
                  data dir"
-            )));
-        }
-        Ok(())
+            )
+        })
     }
 
     /// The offline-only flags given, by name.
@@ -420,6 +419,20 @@ fn confirm(
         index = header.last_log_index,
     );
     ask_yes("Type yes to restore: ")
+}
+
+/// Whether a command may go on to replace the running cluster's data: with `yes` (`--yes`),
+/// or with a terminal to ask on later ([`ask_yes`]); a usage error saying `refusal` otherwise.
+/// (`cairn snapshot restore`, `cairn backup restore`, `cairn drill restore`.)
+pub(crate) fn require_confirmation(
+    yes: bool,
+    refusal: impl FnOnce() -> String,
+) -> Result<(), CommandError> {
+    if yes || crate::admin::interactive() {
+        Ok(())
+    } else {
+        Err(CommandError::Usage(refusal()))
+    }
 }
 
 /// Asks `question` on the terminal; anything but `yes` cancels.
