@@ -64,6 +64,35 @@ pub use cairn::v1;
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/cairn_descriptor.bin"));
 
+/// The HTTP/2 paths (`/package.Service/Method`) of every method whose requests are a stream
+/// of messages (`rpc M(stream ...)`), read from [`FILE_DESCRIPTOR_SET`]: a reader of such a
+/// request body waits between messages for as long as its client has nothing to send.
+pub fn request_streaming_paths() -> &'static std::collections::BTreeSet<String> {
+    static PATHS: std::sync::OnceLock<std::collections::BTreeSet<String>> =
+        std::sync::OnceLock::new();
+    PATHS.get_or_init(|| {
+        use prost::Message as _;
+        let set = prost_types::FileDescriptorSet::decode(FILE_DESCRIPTOR_SET)
+            .expect("the descriptor set built with this crate decodes");
+        let mut paths = std::collections::BTreeSet::new();
+        for file in &set.file {
+            for service in &file.service {
+                for method in &service.method {
+                    if method.client_streaming() {
+                        paths.insert(format!(
+                            "/{}.{}/{}",
+                            file.package(),
+                            service.name(),
+                            method.name()
+                        ));
+                    }
+                }
+            }
+        }
+        paths
+    })
+}
+
 /// Request metadata a client sets on `WatchList`: how long it waits for the watch to open,
 /// in the `grpc-timeout` format (`250m`, `5S`). A watch carries no gRPC deadline (that would
 /// end the stream), so a node bounds what it does before the first event (a STRONG watch's
@@ -81,3 +110,22 @@ pub const WATCH_ID_HEADER: &str = "cairn-watch-id";
 pub const CLUSTER_ID_HEADER: &str = "cairn-cluster-id";
 
 pub use v1::{Condition, Consistency, Id, Reference, Resource, Status, Tenancy, Type, WatchEvent};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_request_streaming_methods_are_read_from_the_protos() {
+        let paths: Vec<&str> = super::request_streaming_paths()
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/cairn.v1.AdminService/RestoreSnapshot",
+                "/cairn.v1.LeaseService/KeepAlive",
+                "/cairn.v1.RaftService/AppendEntriesStream",
+            ]
+        );
+    }
+}

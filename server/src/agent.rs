@@ -206,6 +206,10 @@ impl Agent {
             snapshot_log_bytes: config.snapshot_log_bytes,
             snapshot_chunk_bytes: config.snapshot_chunk_bytes,
             write_stage_timing: config.write_stage_timing,
+            write_in_flight: crate::raft::write_batch::InFlight {
+                proposals_max: config.write_proposals_in_flight_max,
+                bytes_max: config.write_proposal_bytes_in_flight_max,
+            },
             log_engine: config.log_engine,
             peer_message_bytes_max: config.peer_message_bytes_max,
             replication_batch_bytes_max: config.replication_batch_bytes_max,

@@ -298,6 +298,13 @@ pub struct Config {
     /// are taken, callers get the freed ones in turn ([`crate::fairness::FairSlots`]).
     #[serde(default = "default_writes_in_flight_max")]
     pub writes_in_flight_max: usize,
+    /// Raft entries of client writes (lone writes, or batches of those that queued) the
+    /// leader keeps proposed and not yet answered, and their bytes; writes that arrive
+    /// while all are taken queue and go as one batch entry ([`crate::raft::write_batch`]).
+    #[serde(default = "default_write_proposals_in_flight_max")]
+    pub write_proposals_in_flight_max: usize,
+    #[serde(default = "default_write_proposal_bytes_in_flight_max")]
+    pub write_proposal_bytes_in_flight_max: usize,
     /// The shortest and longest TTL a lease may be granted, and the most leases that may
     /// exist at once (checked by the node that proposes a grant).
     #[serde(default = "default_lease_ttl_min_ms")]
@@ -511,6 +518,14 @@ fn default_writes_in_flight_max() -> usize {
     1024
 }
 
+fn default_write_proposals_in_flight_max() -> usize {
+    1
+}
+
+fn default_write_proposal_bytes_in_flight_max() -> usize {
+    8 * 1024 * 1024
+}
+
 fn default_lease_ttl_min_ms() -> u64 {
     cairn_fsm::Limits::default().lease_ttl_min_ms
 }
@@ -559,6 +574,8 @@ impl Default for Config {
             client_bytes_per_second_max: 0,
             client_rate_wait_ms_max: default_client_rate_wait_ms_max(),
             writes_in_flight_max: default_writes_in_flight_max(),
+            write_proposals_in_flight_max: default_write_proposals_in_flight_max(),
+            write_proposal_bytes_in_flight_max: default_write_proposal_bytes_in_flight_max(),
             lease_ttl_min_ms: default_lease_ttl_min_ms(),
             lease_ttl_max_ms: default_lease_ttl_max_ms(),
             leases_max: default_leases_max(),
@@ -1317,6 +1334,16 @@ impl Config {
             1..=1_000_000,
         )?;
         check_range(
+            "write_proposals_in_flight_max",
+            self.write_proposals_in_flight_max,
+            1..=64,
+        )?;
+        check_range(
+            "write_proposal_bytes_in_flight_max",
+            self.write_proposal_bytes_in_flight_max,
+            64 * 1024..=1024 * MIB,
+        )?;
+        check_range(
             "restore_upload_bytes_max",
             self.restore_upload_bytes_max,
             1024..=1 << 44,
@@ -1528,6 +1555,31 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("log_engine"), "{e}");
+    }
+
+    #[test]
+    fn write_proposals_in_flight_default_to_one_and_out_of_range_values_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        let load = |v: serde_json::Value| Config::load(Some(&file), flags(v));
+        let c = load(serde_json::json!({})).unwrap();
+        assert_eq!(c.write_proposals_in_flight_max, 1);
+        assert_eq!(c.write_proposal_bytes_in_flight_max, 8 * 1024 * 1024);
+        let c = load(serde_json::json!({"write_proposals_in_flight_max": 8})).unwrap();
+        assert_eq!(c.write_proposals_in_flight_max, 8);
+        for (field, value) in [
+            ("write_proposals_in_flight_max", 0),
+            ("write_proposals_in_flight_max", 65),
+            ("write_proposal_bytes_in_flight_max", 1024),
+        ] {
+            let error = load(serde_json::json!({ field: value })).unwrap_err().to_string();
+            assert!(error.contains(field), "{field} = {value}: {error}");
+        }
     }
 
     #[test]

@@ -637,6 +637,75 @@ async fn a_slow_but_steady_restore_upload_is_not_cut() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_streams_that_go_quiet_between_messages_are_not_cut() {
+    // receive_stall_timeout_ms = 2000 at 1024 bytes/s. A method whose requests are a stream
+    // of messages waits between two of them for as long as its client has nothing to say:
+    // lease keep-alives 3 s apart on one KeepAlive stream are each answered on it, and the
+    // leader's AppendEntries streams, which carry a heartbeat only every 500 ms (far under
+    // the minimum rate), keep their peer connections. Inside a message, and before the
+    // first, the client owes as for any request (the dribble test above).
+    let mut o = options(3);
+    o.extra_args = vec![
+        "--receive-stall-timeout-ms".into(),
+        STALL_TIMEOUT_MS.to_string(),
+        "--heartbeat-interval-ms".into(),
+        "500".into(),
+        "--election-timeout-ms".into(),
+        "3000".into(),
+    ];
+    let cluster = Cluster::start(o);
+    let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
+    let address = cluster.node(leader).client_address.clone();
+    let mut leases = cairn_proto::v1::lease_service_client::LeaseServiceClient::connect(format!(
+        "http://{address}"
+    ))
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let id = loop {
+        // Leases wait for the cluster version to rise to 0.2 (within seconds).
+        match leases
+            .grant(cairn_proto::v1::LeaseGrantRequest { ttl_ms: 30_000 })
+            .await
+        {
+            Ok(granted) => break granted.into_inner().id,
+            Err(status) if started.elapsed() < Duration::from_secs(30) => {
+                let _ = status;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("grant: {status:?}"),
+        }
+    };
+    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
+    let mut answers = leases
+        .keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await
+        .expect("a keep-alive stream")
+        .into_inner();
+    for round in 0..4 {
+        requests
+            .send(cairn_proto::v1::LeaseKeepAliveRequest { id })
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), answers.message())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: no answer within 5 s"))
+            .unwrap_or_else(|status| panic!("round {round}: the stream was cut: {status:?}"))
+            .unwrap_or_else(|| panic!("round {round}: the stream ended"));
+        assert_eq!(answer.id, id);
+        assert!(answer.ttl_ms > 0, "round {round}: the lease lives");
+        tokio::time::sleep(Duration::from_millis(STALL_TIMEOUT_MS + 1_000)).await;
+    }
+    for node in 1..=3 {
+        let log = cluster.log_of(node);
+        assert!(
+            !log.contains("slower than"),
+            "node {node} closed a connection as too slow:\n{log}"
+        );
+    }
+}
+
 // ------------------------------------------------- graceful idle close
 
 /// A TCP proxy whose server-to-client direction is `delay` late, as over a

@@ -222,6 +222,36 @@ fn every_drill_against_cairn_dev_reports_no_lost_write() {
     );
 }
 
+/// With several write entries in flight on the leader (the default is one), a leader killed
+/// or handed off under 64 clients still loses no acknowledged write: every write's outcome
+/// is its own entry's, and a hand-off holds every slot before it goes quiet.
+#[test]
+fn several_write_entries_in_flight_lose_no_write_through_failovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = DevCluster::start(
+        &dir.path().join("dev"),
+        &[],
+        vec![("CAIRN_WRITE_PROPOSALS_IN_FLIGHT_MAX".into(), "8".into())],
+    )
+    .unwrap_or_else(|why| panic!("{why}"));
+    for args in [
+        &["failover", "--clients", "64"][..],
+        &["failover", "--graceful", "--clients", "64"],
+    ] {
+        let (code, report) = drill(&dev, args);
+        assert_eq!(report["verdict"], "pass", "{args:?}: {report:#}");
+        assert_eq!(code, 0, "{args:?}");
+        assert_eq!(field(&report, "lost_writes"), 0, "{args:?}");
+        assert_eq!(field(&report, "reads_backwards"), 0, "{args:?}");
+        assert!(field(&report, "writes_acknowledged") > 100, "{args:?}");
+        assert_ne!(
+            field(&report, "leader_before"),
+            field(&report, "leader_after"),
+            "{args:?}"
+        );
+    }
+}
+
 /// A restore drill replaces the cluster's data: off a terminal it needs --yes.
 #[test]
 fn the_restore_drill_asks_first() {

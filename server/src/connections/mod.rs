@@ -23,7 +23,9 @@
 //!   that rate, falling behind by at most the stall timeout. A client that
 //!   sends a request at 1 byte/s (slow-loris) is closed; a watch whose client
 //!   sends nothing for hours owes nothing, and a restore upload at any sane
-//!   rate is never cut.
+//!   rate is never cut. A method whose requests are a stream of messages
+//!   (a follower's AppendEntries stream, lease keep-alives) owes nothing
+//!   between two messages once one has come whole (`receive::GrpcMessages`).
 //! - **An idle timeout** (`connection_idle_timeout_ms`): a connection with no
 //!   request in flight for that long is closed the HTTP/2 way: the server
 //!   sends GOAWAY (hyper's graceful shutdown) and serves every request the
@@ -80,7 +82,7 @@ use tokio::sync::{oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 
-use self::receive::{FrameTracker, ReceiveMeter};
+use self::receive::{FrameTracker, GrpcMessages, ReceiveMeter};
 use crate::rate_limit::RateLimit;
 
 /// The HTTP/2 client connection preface (RFC 9113 §3.4).
@@ -910,13 +912,19 @@ where
             .map(|info| info.activity.clone());
         let guard = activity.as_ref().map(|activity| activity.begin());
         let request = match activity {
-            Some(activity) if activity.receive.is_some() => request.map(|inner| {
-                tonic::body::Body::new(MeteredBody {
-                    inner,
-                    activity,
-                    waiting: false,
+            Some(activity) if activity.receive.is_some() => {
+                let messages = cairn_proto::request_streaming_paths()
+                    .contains(request.uri().path())
+                    .then(GrpcMessages::default);
+                request.map(|inner| {
+                    tonic::body::Body::new(MeteredBody {
+                        inner,
+                        activity,
+                        waiting: false,
+                        messages,
+                    })
                 })
-            }),
+            }
             _ => request,
         };
         let response = self.inner.call(request);
@@ -937,6 +945,9 @@ struct MeteredBody {
     activity: Arc<Activity>,
     /// The last poll found no bytes (the meter counts this body as waiting).
     waiting: bool,
+    /// For a method whose requests are a stream: where the messages stand (waiting
+    /// between two of them owes nothing once one has come whole).
+    messages: Option<GrpcMessages>,
 }
 
 impl MeteredBody {
@@ -958,7 +969,13 @@ impl http_body::Body for MeteredBody {
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        this.set_waiting(polled.is_pending());
+        if let (Some(messages), Poll::Ready(Some(Ok(frame)))) = (&mut this.messages, &polled) {
+            if let Some(data) = frame.data_ref() {
+                messages.feed(data);
+            }
+        }
+        let owes = this.messages.as_ref().is_none_or(GrpcMessages::owes);
+        this.set_waiting(polled.is_pending() && owes);
         polled
     }
 

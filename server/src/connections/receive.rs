@@ -92,6 +92,59 @@ impl FrameTracker {
 /// second) is exact.
 const UNITS_PER_BYTE: i128 = 1_000_000_000;
 
+/// Where a request body of gRPC messages stands (each message: a compression flag, a
+/// big-endian u32 length, then that many bytes), for a method whose requests are a stream
+/// (`cairn_proto::request_streaming_paths`). Its reader, waiting between two messages once
+/// one has come whole, owes nothing: the client may have nothing more to say for a while
+/// (a follower's AppendEntries stream on an idle cluster, a lease's keep-alives), as a
+/// watch's client. Before the first message is whole, and inside any message, it owes.
+#[derive(Debug, Default)]
+pub(crate) struct GrpcMessages {
+    prefix: [u8; GRPC_PREFIX_LEN_BYTES],
+    prefix_filled: usize,
+    /// Bytes of the current message not yet seen.
+    message_left: u64,
+    /// Messages seen whole.
+    whole: u64,
+}
+
+/// Length of a gRPC message's prefix: the compression flag and the length.
+const GRPC_PREFIX_LEN_BYTES: usize = 5;
+
+impl GrpcMessages {
+    /// Follows the next `bytes` of the request body.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.message_left > 0 {
+                let n = (self.message_left.min(bytes.len() as u64)) as usize;
+                self.message_left -= n as u64;
+                bytes = &bytes[n..];
+                if self.message_left == 0 {
+                    self.whole += 1;
+                }
+                continue;
+            }
+            self.prefix[self.prefix_filled] = bytes[0];
+            self.prefix_filled += 1;
+            bytes = &bytes[1..];
+            if self.prefix_filled == GRPC_PREFIX_LEN_BYTES {
+                self.prefix_filled = 0;
+                let length = u32::from_be_bytes(self.prefix[1..].try_into().expect("4 bytes"));
+                self.message_left = u64::from(length);
+                if length == 0 {
+                    self.whole += 1;
+                }
+            }
+        }
+    }
+
+    /// Whether a reader waiting now waits for the rest of a message it has begun, or for
+    /// the first one.
+    pub(crate) fn owes(&self) -> bool {
+        self.whole == 0 || self.prefix_filled > 0 || self.message_left > 0
+    }
+}
+
 /// The credit of one connection against the minimum receive rate (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ReceiveMeter {
@@ -299,6 +352,43 @@ mod tests {
         let mut m = ReceiveMeter::new(1024, Duration::from_secs(2), start);
         m.received(1 << 20, true, start);
         assert!(m.exhausted(start + Duration::from_millis(2_001)));
+    }
+
+    #[test]
+    fn a_message_stream_owes_inside_a_message_and_before_the_first_only() {
+        // (bytes fed so far, in pieces; owes afterwards)
+        let message = |length: u32| {
+            let mut bytes = vec![0u8];
+            bytes.extend_from_slice(&length.to_be_bytes());
+            bytes.extend(std::iter::repeat_n(7u8, length as usize));
+            bytes
+        };
+        let two = [message(3), message(2)].concat();
+        let table: [(&[&[u8]], bool); 8] = [
+            (&[], true),
+            (&[&[0, 0, 0]], true),
+            (&[&[0, 0, 0, 0, 3]], true),
+            (&[&[0, 0, 0, 0, 3, 7, 7]], true),
+            (&[&[0, 0, 0, 0, 3, 7, 7, 7]], false),
+            (&[&[0, 0, 0, 0, 3], &[7, 7, 7], &[0]], true),
+            (&[&two[..9]], true),
+            (&[&two[..4], &two[4..]], false),
+        ];
+        for (pieces, owes) in table {
+            let mut messages = GrpcMessages::default();
+            for piece in pieces {
+                messages.feed(piece);
+            }
+            assert_eq!(messages.owes(), owes, "{pieces:?}");
+        }
+        // A message of length zero is whole at its prefix.
+        let mut messages = GrpcMessages::default();
+        messages.feed(&message(0));
+        assert!(!messages.owes());
+        // Lengths up to u32::MAX are followed without overflow.
+        let mut messages = GrpcMessages::default();
+        messages.feed(&[1, 0xff, 0xff, 0xff, 0xff, 1, 2]);
+        assert!(messages.owes());
     }
 
     #[test]

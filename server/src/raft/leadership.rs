@@ -10,7 +10,7 @@ use cairn_proto::error::{ApiError, LeaderHint};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
 
-use super::types::{LogPayload, NodeId, NodeInfo, Raft};
+use super::types::{LogPayload, NodeId, NodeInfo, Raft, TypeConfig};
 
 pub(super) fn leader_hint(leader_id: Option<NodeId>, node: Option<NodeInfo>) -> LeaderHint {
     LeaderHint {
@@ -34,17 +34,46 @@ pub(super) fn fatal<E: fmt::Display>(e: E) -> ApiError {
 }
 
 /// Proposes one entry and waits until it is committed and applied here (the
-/// outcomes are those of `RaftHandle::propose`).
-///
-/// The one mapping of openraft's errors for a proposal. The caller checked
-/// leadership first ([`require_leader`]: `NotLeader`, certainly not in the log,
-/// so the client may redirect it); once `client_write` was called, openraft's
-/// `ForwardToLeader` is ambiguous — it answers so both when its core refuses
-/// the entry and when an entry it had appended was truncated by a new leader
-/// (in clusters of five or more another node may still hold and commit it) —
-/// so it is `Inconsistent`, an unknown outcome.
+/// outcomes are those of `RaftHandle::propose`; see [`outcome_of`]).
 pub(super) async fn propose_entry(raft: &Raft, payload: Bytes) -> Result<(u64, Applied), ApiError> {
-    match raft.client_write(LogPayload(payload)).await {
+    outcome_of(raft.client_write(LogPayload(payload)).await)
+}
+
+/// An entry handed to the Raft core ([`submit_entry`]), whose outcome is still to come.
+pub(super) type Submitted = <<TypeConfig as openraft::RaftTypeConfig>::Responder as openraft::raft::responder::Responder<TypeConfig>>::Receiver;
+
+/// Hands one entry to the Raft core and returns at once with the receiver of its outcome
+/// (openraft's `client_write_ff`): entries submitted one after another enter the log in
+/// that order, whoever awaits their outcomes. `await_entry` awaits one.
+pub(super) async fn submit_entry(raft: &Raft, payload: Bytes) -> Result<Submitted, ApiError> {
+    raft.client_write_ff(LogPayload(payload))
+        .await
+        .map_err(|fatal| outcome_of(Err(RaftError::Fatal(fatal))).expect_err("an error"))
+}
+
+/// The outcome of an entry [`submit_entry`] handed to the Raft core.
+pub(super) async fn await_entry(submitted: Submitted) -> Result<(u64, Applied), ApiError> {
+    match submitted.await {
+        Ok(result) => outcome_of(result.map_err(RaftError::APIError)),
+        // The core dropped the entry's responder: it stopped.
+        Err(_) => outcome_of(Err(RaftError::Fatal(openraft::error::Fatal::Stopped))),
+    }
+}
+
+/// The one mapping of openraft's answers to a proposal. The caller checked
+/// leadership first ([`require_leader`]: `NotLeader`, certainly not in the log,
+/// so the client may redirect it); once the entry was handed to the core,
+/// openraft's `ForwardToLeader` is ambiguous — it answers so both when its core
+/// refuses the entry and when an entry it had appended was truncated by a new
+/// leader (in clusters of five or more another node may still hold and commit
+/// it) — so it is `Inconsistent`, an unknown outcome.
+fn outcome_of(
+    result: Result<
+        openraft::raft::ClientWriteResponse<TypeConfig>,
+        RaftError<NodeId, ClientWriteError<NodeId, NodeInfo>>,
+    >,
+) -> Result<(u64, Applied), ApiError> {
+    match result {
         Ok(response) => response
             .data
             .0

@@ -105,6 +105,9 @@ pub struct RaftSettings {
     pub snapshot_chunk_bytes: u64,
     /// See [`stages`].
     pub write_stage_timing: bool,
+    /// How many write entries, and how many of their bytes, the leader keeps in flight
+    /// (`write_proposals_in_flight_max`, `write_proposal_bytes_in_flight_max`).
+    pub write_in_flight: write_batch::InFlight,
     /// The Raft log's storage engine (`log_engine` in the configuration).
     pub log_engine: cairn_raft_log::LogEngineKind,
     /// Largest Raft message sent or received (`peer_message_bytes_max`).
@@ -466,7 +469,13 @@ impl RaftHandle {
                 Duration::from_millis(settings.heartbeat_interval_ms),
             ),
         );
-        let write_batch = write_batch::WriteBatcher::start(raft.clone(), node_id, stages, tasks);
+        let write_batch = write_batch::WriteBatcher::start(
+            raft.clone(),
+            node_id,
+            stages,
+            settings.write_in_flight,
+            tasks,
+        );
         let read_batch = read_batch::ReadBatcher::new();
         let confirming = raft.clone();
         tasks.spawn(

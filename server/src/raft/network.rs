@@ -7,6 +7,16 @@
 //! other cluster's id, a sender outside the membership, or a term, index or
 //! size out of bounds is refused. Replies are bounded the same way.
 //!
+//! **One stream per follower.** AppendEntries go over one long-lived bidirectional stream to
+//! each peer (`AppendEntriesStream`, a [`Lane`]): no HTTP/2 stream to open, no headers to
+//! encode and decode, no task to spawn on the peer per message. Messages go out in order
+//! and the peer answers each in turn, exactly as a unary AppendEntries; a refusal ends the
+//! stream with its status, and a stream that ends or fails answers every message still
+//! waiting with UNAVAILABLE (openraft backs off and asks again on a new stream). A peer
+//! whose build has no stream (an earlier release: UNIMPLEMENTED) is sent unary
+//! AppendEntries for [`UNARY_FALLBACK`], then asked again. Votes and snapshot chunks stay
+//! unary calls.
+//!
 //! **Replication that makes progress, in bounded memory.** openraft 0.9 gives every
 //! AppendEntries one heartbeat interval, whatever it carries; a batch of large entries
 //! would time out and be sent again for ever. So an AppendEntries that carries entries is
@@ -168,6 +178,163 @@ impl Drop for InFlight {
     }
 }
 
+/// How many AppendEntries may wait for their answers on one [`Lane`]; a send beyond is
+/// refused UNAVAILABLE at once (openraft backs off). openraft 0.9 sends one at a time to
+/// each follower, so a lane rarely holds more than one or two.
+const LANE_DEPTH: usize = 64;
+
+/// How long a peer that does not implement `AppendEntriesStream` (a build of an earlier
+/// release) is sent unary AppendEntries before the stream is tried again.
+const UNARY_FALLBACK: Duration = Duration::from_secs(60);
+
+/// One long-lived `AppendEntriesStream` to a peer: messages go out in order, and each reply
+/// answers the oldest message still waiting (the peer answers in order). A task reads the
+/// replies; when the stream ends or fails, every message still waiting is answered with
+/// the failure and the lane is closed (the next send opens another).
+struct Lane {
+    requests: tokio::sync::mpsc::Sender<RaftMessage>,
+    waiting: Arc<Mutex<Waiting>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// The answers a lane owes, oldest first, and whether it is closed.
+#[derive(Default)]
+struct Waiting {
+    replies: std::collections::VecDeque<tokio::sync::oneshot::Sender<Result<RaftMessage, tonic::Status>>>,
+    closed: bool,
+}
+
+/// A peer's lane, or that it answers only unary AppendEntries until then.
+enum LaneSlot {
+    Open(Arc<Lane>),
+    Unary { until: tokio::time::Instant },
+}
+
+impl Lane {
+    /// Opens a stream on `channel` (its reader task sends it).
+    fn open(channel: Channel, message_bytes_max: usize) -> Lane {
+        let (requests, outgoing) = tokio::sync::mpsc::channel(LANE_DEPTH);
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let reader = tokio::spawn(Lane::read(
+            RaftServiceClient::new(channel)
+                .max_decoding_message_size(message_bytes_max)
+                .max_encoding_message_size(message_bytes_max),
+            outgoing,
+            waiting.clone(),
+        ));
+        Lane {
+            requests,
+            waiting,
+            reader,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closed
+    }
+
+    /// Sends `message` and waits for its answer for at most `timeout`. A message whose
+    /// caller stopped waiting is still answered by the peer, and its answer dropped.
+    async fn call(
+        &self,
+        message: RaftMessage,
+        timeout: Duration,
+    ) -> Result<RaftMessage, tonic::Status> {
+        let (tell, answer) = tokio::sync::oneshot::channel();
+        {
+            // The message and its place among the waiting are taken together: replies come
+            // in the order messages went out.
+            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            if waiting.closed {
+                return Err(lane_closed());
+            }
+            if waiting.replies.len() >= LANE_DEPTH {
+                return Err(tonic::Status::unavailable(format!(
+                    "{LANE_DEPTH} AppendEntries already wait for this peer's answers"
+                )));
+            }
+            self.requests.try_send(message).map_err(|_| lane_closed())?;
+            waiting.replies.push_back(tell);
+        }
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(lane_closed()),
+            Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+                "no answer within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// The reader task: opens the stream, hands each reply to the oldest waiting message,
+    /// and closes the lane when the stream ends. The first message waiting then is the one
+    /// the end answers (a refusal ends the stream after the message refused); the others
+    /// are told the stream closed, or that the peer has no stream at all.
+    async fn read(
+        mut client: RaftServiceClient<Channel>,
+        outgoing: tokio::sync::mpsc::Receiver<RaftMessage>,
+        waiting: Arc<Mutex<Waiting>>,
+    ) {
+        let outgoing = tokio_stream::wrappers::ReceiverStream::new(outgoing);
+        let end = match client.append_entries_stream(outgoing).await {
+            Err(status) => status,
+            Ok(response) => {
+                let mut replies = response.into_inner();
+                loop {
+                    match replies.message().await {
+                        Ok(Some(reply)) => {
+                            let oldest = waiting
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .replies
+                                .pop_front();
+                            match oldest {
+                                Some(tell) => {
+                                    let _ = tell.send(Ok(reply));
+                                }
+                                None => {
+                                    break tonic::Status::internal(
+                                        "the peer answered a message it was not sent",
+                                    )
+                                }
+                            }
+                        }
+                        Ok(None) => break lane_closed(),
+                        Err(status) => break status,
+                    }
+                }
+            }
+        };
+        let mut waiting = waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.closed = true;
+        let rest = if end.code() == tonic::Code::Unimplemented {
+            end.clone()
+        } else {
+            lane_closed()
+        };
+        if let Some(first) = waiting.replies.pop_front() {
+            let _ = first.send(Err(end));
+        }
+        for tell in waiting.replies.drain(..) {
+            let _ = tell.send(Err(rest.clone()));
+        }
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // Replaced or the network dropped: the stream goes with it.
+        self.reader.abort();
+    }
+}
+
+fn lane_closed() -> tonic::Status {
+    tonic::Status::unavailable("the AppendEntries stream to this peer closed")
+}
+
 /// Dials peers; one cached channel per peer address, shared by every
 /// replication stream to it.
 #[derive(Clone)]
@@ -176,6 +343,8 @@ pub struct Network {
     node_id: NodeId,
     message_bytes_max: usize,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Per peer address, its AppendEntries stream (see [`Lane`]).
+    lanes: Arc<Mutex<HashMap<String, LaneSlot>>>,
     /// Per peer, the AppendEntries with entries in flight.
     in_flight: Arc<Mutex<HashMap<NodeId, InFlight>>>,
     /// The write-stage clock: a follower's acknowledgement of entries is
@@ -201,6 +370,7 @@ impl Network {
             node_id,
             message_bytes_max,
             channels: Arc::new(Mutex::new(HashMap::new())),
+            lanes: Arc::new(Mutex::new(HashMap::new())),
             in_flight: Arc::new(Mutex::new(HashMap::new())),
             stages: Arc::new(WriteStages::new(false)),
             tls,
@@ -236,6 +406,35 @@ impl Network {
         let channel = cairn_tls::lazy_channel(endpoint, self.tls.as_ref());
         channels.insert(peer_address.to_string(), channel.clone());
         Ok(channel)
+    }
+
+    /// The AppendEntries stream to `peer_address`: the open one, or a new one when it
+    /// closed; `None` while the peer is sent unary AppendEntries ([`Self::unary_only`]).
+    fn lane(&self, peer_address: &str) -> Option<Arc<Lane>> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        match lanes.get(peer_address) {
+            Some(LaneSlot::Open(lane)) if !lane.is_closed() => return Some(lane.clone()),
+            Some(LaneSlot::Unary { until }) if tokio::time::Instant::now() < *until => {
+                return None
+            }
+            _ => {}
+        }
+        let lane = Arc::new(Lane::open(
+            self.channel(peer_address).ok()?,
+            self.message_bytes_max,
+        ));
+        lanes.insert(peer_address.to_owned(), LaneSlot::Open(lane.clone()));
+        Some(lane)
+    }
+
+    /// The peer at `peer_address` has no AppendEntries stream (a build of an earlier
+    /// release): it is sent unary AppendEntries for [`UNARY_FALLBACK`].
+    fn unary_only(&self, peer_address: &str) {
+        let until = tokio::time::Instant::now() + UNARY_FALLBACK;
+        self.lanes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(peer_address.to_owned(), LaneSlot::Unary { until });
     }
 
     /// A message from this node: its cluster id and node id around `payload`.
@@ -332,31 +531,37 @@ impl PeerClient {
         heartbeat: bool,
     ) -> impl std::future::Future<Output = SendResult> + Send + 'static {
         let channel = self.network.channel(&self.peer_address);
+        let lane = match method {
+            Method::AppendEntries => self.network.lane(&self.peer_address),
+            Method::Vote | Method::InstallSnapshot => None,
+        };
+        let network = self.network.clone();
+        let peer_address = self.peer_address.clone();
         let message_bytes_max = self.network.message_bytes_max;
         let envelope = self.network.envelope(payload);
         let series = self.series.clone();
         let contacts = self.network.contacts.clone();
         let target = self.target;
         async move {
-            // A peer that cannot be dialled is unreachable: openraft backs off (`finish`).
-            let channel = channel.map_err(tonic::Status::unavailable)?;
-            let mut client = RaftServiceClient::new(channel)
-                .max_decoding_message_size(message_bytes_max)
-                .max_encoding_message_size(message_bytes_max);
             let sent_bytes = series.as_ref().map_or(0, |_| envelope.encoded_len());
             let started = (heartbeat && series.is_some()).then(tokio::time::Instant::now);
-            let mut request = tonic::Request::new(envelope);
-            request.set_timeout(timeout);
-            let response = match method {
-                Method::AppendEntries => client.append_entries(request).await,
-                Method::Vote => client.vote(request).await,
-                Method::InstallSnapshot => client.install_snapshot(request).await,
+            let response = match lane {
+                Some(lane) => match lane.call(envelope.clone(), timeout).await {
+                    // The peer has no stream (an earlier release): it gets this message, and
+                    // the next ones for a while, as unary calls.
+                    Err(status) if status.code() == tonic::Code::Unimplemented => {
+                        network.unary_only(&peer_address);
+                        unary(channel, message_bytes_max, method, envelope, timeout).await
+                    }
+                    answered => answered,
+                },
+                None => unary(channel, message_bytes_max, method, envelope, timeout).await,
             };
             if let Some(series) = &series {
                 match &response {
                     Ok(reply) => {
                         series.sent(sent_bytes);
-                        series.received(reply.get_ref().encoded_len());
+                        series.received(reply.encoded_len());
                         if let Some(started) = started {
                             series.round_trip(started.elapsed());
                         }
@@ -367,7 +572,7 @@ impl PeerClient {
                     Err(_) => {}
                 }
             }
-            let reply = response?.into_inner();
+            let reply = response?;
             contacts.reported_support(target, supported_by(&reply), reply.data_bytes_max);
             Ok(reply.payload)
         }
@@ -550,6 +755,29 @@ impl PeerClient {
         }
         self.finish(result, peer_gate::check_append_entries_reply)
     }
+}
+
+/// Sends `envelope` as one unary call of `method` on `channel`, for at most `timeout`.
+async fn unary(
+    channel: Result<Channel, String>,
+    message_bytes_max: usize,
+    method: Method,
+    envelope: RaftMessage,
+    timeout: Duration,
+) -> Result<RaftMessage, tonic::Status> {
+    // A peer that cannot be dialled is unreachable: openraft backs off (`finish`).
+    let channel = channel.map_err(tonic::Status::unavailable)?;
+    let mut client = RaftServiceClient::new(channel)
+        .max_decoding_message_size(message_bytes_max)
+        .max_encoding_message_size(message_bytes_max);
+    let mut request = tonic::Request::new(envelope);
+    request.set_timeout(timeout);
+    let response = match method {
+        Method::AppendEntries => client.append_entries(request).await,
+        Method::Vote => client.vote(request).await,
+        Method::InstallSnapshot => client.install_snapshot(request).await,
+    };
+    response.map(tonic::Response::into_inner)
 }
 
 #[derive(Clone, Copy)]
@@ -773,7 +1001,7 @@ impl RaftRpcService {
         sender: NodeId,
         standing: Standing,
         received: Option<usize>,
-        reply: &Result<tonic::Response<RaftMessage>, tonic::Status>,
+        reply: Option<&RaftMessage>,
     ) {
         let (Some(peers), Some(received)) = (&self.series, received) else {
             return;
@@ -784,8 +1012,8 @@ impl RaftRpcService {
         }
         let series = peers.of(sender);
         series.received(received);
-        if let Ok(reply) = reply {
-            series.sent(reply.get_ref().encoded_len());
+        if let Some(reply) = reply {
+            series.sent(reply.encoded_len());
         }
     }
 
@@ -825,11 +1053,23 @@ impl RaftRpcService {
         check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
     ) -> Result<(T, Standing, Option<tokio::sync::OwnedSemaphorePermit>), tonic::Status> {
         let certified = peer_gate::certified_node_ids(&request);
-        let message = request.into_inner();
+        self.admit_message(certified.as_deref(), request.into_inner(), budgeted, claim, check)
+    }
+
+    /// [`Self::admit_within_budget`] of one message of a stream, whose connection's
+    /// certificate named the node ids `certified` (the stream's request carries them).
+    fn admit_message<T: DeserializeOwned>(
+        &self,
+        certified: Option<&[NodeId]>,
+        message: RaftMessage,
+        budgeted: bool,
+        claim: fn(&T) -> Claim,
+        check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
+    ) -> Result<(T, Standing, Option<tokio::sync::OwnedSemaphorePermit>), tonic::Status> {
         let sender = message.sender_node_id;
         let admitted = self
             .gate
-            .admit(&message.cluster_id, sender, certified.as_deref())
+            .admit(&message.cluster_id, sender, certified)
             .and_then(|standing| {
                 let permit = budgeted
                     .then(|| self.budgets.take(sender, standing, message.payload.len()))
@@ -875,6 +1115,35 @@ impl RaftRpcService {
         tonic::Status::from(refusal)
     }
 
+    /// Admits one AppendEntries (whose connection's certificate named `certified`), hands it
+    /// to the core, and answers.
+    async fn append_entries_message(
+        &self,
+        certified: Option<&[NodeId]>,
+        message: RaftMessage,
+    ) -> Result<RaftMessage, tonic::Status> {
+        let entries_max = self.limits.entries_max;
+        let sender = message.sender_node_id;
+        let received = self.series.as_ref().map(|_| message.encoded_len());
+        // The budget is held until the core has answered.
+        let (rpc, standing, _budget): (AppendEntriesRequest<TypeConfig>, _, _) = self
+            .admit_message(
+                certified,
+                message,
+                true,
+                Claim::of_append_entries,
+                |rpc, sender| peer_gate::check_append_entries(rpc, sender, entries_max),
+            )?;
+        let result = self.raft.append_entries(rpc).await;
+        // Only the leader of a term sends AppendEntries; one of an older term is refused.
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.contacts.heard_from_leader();
+        }
+        let reply = self.reply(&result).map(tonic::Response::into_inner);
+        self.count(sender, standing, received, reply.as_ref().ok());
+        reply
+    }
+
     fn reply<T: Serialize>(
         &self,
         value: &T,
@@ -901,24 +1170,40 @@ impl RaftService for RaftRpcService {
         &self,
         request: tonic::Request<RaftMessage>,
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-        let entries_max = self.limits.entries_max;
-        let (sender, received) = (
-            request.get_ref().sender_node_id,
-            self.received_bytes(&request),
+        let certified = peer_gate::certified_node_ids(&request);
+        self.append_entries_message(certified.as_deref(), request.into_inner())
+            .await
+            .map(tonic::Response::new)
+    }
+
+    type AppendEntriesStreamStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftMessage, tonic::Status>> + Send>>;
+
+    /// AppendEntries over one long-lived stream (see the module docs): each message is
+    /// answered in turn, exactly as [`Self::append_entries`] answers one; a refusal ends the
+    /// stream with its status (the sender opens another).
+    async fn append_entries_stream(
+        &self,
+        request: tonic::Request<tonic::Streaming<RaftMessage>>,
+    ) -> Result<tonic::Response<Self::AppendEntriesStreamStream>, tonic::Status> {
+        let certified = peer_gate::certified_node_ids(&request);
+        let state = (self.clone(), certified, request.into_inner(), false);
+        let replies = futures::stream::unfold(
+            state,
+            |(service, certified, mut incoming, refused)| async move {
+                if refused {
+                    return None;
+                }
+                // The sender closed its side, or the connection failed: the stream ends.
+                let message = incoming.message().await.ok().flatten()?;
+                let reply = service
+                    .append_entries_message(certified.as_deref(), message)
+                    .await;
+                let refused = reply.is_err();
+                Some((reply, (service, certified, incoming, refused)))
+            },
         );
-        // The budget is held until the core has answered.
-        let (rpc, standing, _budget): (AppendEntriesRequest<TypeConfig>, _, _) = self
-            .admit_within_budget(request, true, Claim::of_append_entries, |rpc, sender| {
-                peer_gate::check_append_entries(rpc, sender, entries_max)
-            })?;
-        let result = self.raft.append_entries(rpc).await;
-        // Only the leader of a term sends AppendEntries; one of an older term is refused.
-        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
-            self.contacts.heard_from_leader();
-        }
-        let reply = self.reply(&result);
-        self.count(sender, standing, received, &reply);
-        reply
+        Ok(tonic::Response::new(Box::pin(replies)))
     }
 
     async fn vote(
@@ -936,7 +1221,12 @@ impl RaftService for RaftRpcService {
         )?;
         let result = self.raft.vote(rpc).await;
         let reply = self.reply(&result);
-        self.count(sender, standing, received, &reply);
+        self.count(
+            sender,
+            standing,
+            received,
+            reply.as_ref().ok().map(tonic::Response::get_ref),
+        );
         reply
     }
 
@@ -958,7 +1248,12 @@ impl RaftService for RaftRpcService {
             self.contacts.heard_from_leader();
         }
         let reply = self.reply(&result);
-        self.count(sender, standing, received, &reply);
+        self.count(
+            sender,
+            standing,
+            received,
+            reply.as_ref().ok().map(tonic::Response::get_ref),
+        );
         reply
     }
 
@@ -1008,6 +1303,152 @@ impl RaftService for RaftRpcService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a peer server was sent, by which path.
+    #[derive(Default)]
+    struct Sent {
+        unary: std::sync::atomic::AtomicUsize,
+        streams: std::sync::atomic::AtomicUsize,
+        streamed: std::sync::atomic::AtomicUsize,
+    }
+
+    /// A peer that answers every AppendEntries with `Success`, over the stream or not
+    /// (`streams: false` is a build of an earlier release, which has no stream).
+    #[derive(Clone)]
+    struct Peer {
+        streams: bool,
+        sent: Arc<Sent>,
+    }
+
+    fn success() -> RaftMessage {
+        let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
+            Ok(AppendEntriesResponse::Success);
+        RaftMessage {
+            cluster_id: "c".into(),
+            payload: encode(&answer).unwrap(),
+            sender_node_id: 2,
+            cluster_version_supported_major: 0,
+            cluster_version_supported_minor: 0,
+            data_bytes_max: 0,
+        }
+    }
+
+    #[tonic::async_trait]
+    impl RaftService for Peer {
+        async fn append_entries(
+            &self,
+            _: tonic::Request<RaftMessage>,
+        ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            self.sent.unary.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(tonic::Response::new(success()))
+        }
+
+        type AppendEntriesStreamStream = std::pin::Pin<
+            Box<dyn futures::Stream<Item = Result<RaftMessage, tonic::Status>> + Send>,
+        >;
+
+        async fn append_entries_stream(
+            &self,
+            request: tonic::Request<tonic::Streaming<RaftMessage>>,
+        ) -> Result<tonic::Response<Self::AppendEntriesStreamStream>, tonic::Status> {
+            self.sent.streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if !self.streams {
+                return Err(tonic::Status::unimplemented("no such method"));
+            }
+            let sent = self.sent.clone();
+            let replies = futures::stream::unfold(request.into_inner(), move |mut incoming| {
+                let sent = sent.clone();
+                async move {
+                    incoming.message().await.ok().flatten()?;
+                    sent.streamed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Some((Ok(success()), incoming))
+                }
+            });
+            Ok(tonic::Response::new(Box::pin(replies)))
+        }
+
+        async fn vote(
+            &self,
+            _: tonic::Request<RaftMessage>,
+        ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+
+        async fn install_snapshot(
+            &self,
+            _: tonic::Request<RaftMessage>,
+        ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+
+        async fn members(
+            &self,
+            _: tonic::Request<RaftMessage>,
+        ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+
+        async fn state_digest(
+            &self,
+            _: tonic::Request<RaftMessage>,
+        ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not in this test"))
+        }
+    }
+
+    /// Serves `peer` on a loopback port of its own; its address.
+    async fn serve(peer: Peer) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let incoming = futures::stream::unfold(listener, |listener| async move {
+            Some((listener.accept().await.map(|(stream, _)| stream), listener))
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftServiceServer::new(peer))
+                .serve_with_incoming(incoming),
+        );
+        address
+    }
+
+    #[tokio::test]
+    async fn append_entries_share_one_stream_and_a_peer_without_it_gets_unary_calls() {
+        for streams in [true, false] {
+            let sent = Arc::new(Sent::default());
+            let peer_address = serve(Peer {
+                streams,
+                sent: sent.clone(),
+            })
+            .await;
+            let dir = tempfile::tempdir().unwrap();
+            let identity = Arc::new(ClusterIdentity::open(dir.path()).unwrap());
+            let client = PeerClient {
+                target: 2,
+                network: Network::new(identity, 1, 1024 * 1024, None),
+                peer_address,
+                series: None,
+            };
+            for _ in 0..5 {
+                let payload = encode(&()).unwrap();
+                let answer = client
+                    .send(Method::AppendEntries, payload, Duration::from_secs(5), true)
+                    .await
+                    .expect("answered");
+                let answer: Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>> =
+                    decode(&answer).unwrap();
+                assert!(matches!(answer, Ok(AppendEntriesResponse::Success)));
+            }
+            let count = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
+            // One stream carries every message; a peer without it is asked once, then
+            // sent unary calls (the message that found out included).
+            assert_eq!(count(&sent.streams), 1, "streams: {streams}");
+            if streams {
+                assert_eq!((count(&sent.streamed), count(&sent.unary)), (5, 0));
+            } else {
+                assert_eq!((count(&sent.streamed), count(&sent.unary)), (0, 5));
+            }
+        }
+    }
 
     #[test]
     fn a_sender_budget_holds_one_largest_message_and_lets_small_ones_by() {
