@@ -651,9 +651,8 @@ async fn message_streams_that_go_quiet_between_messages_are_not_cut() {
         STALL_TIMEOUT_MS.to_string(),
         "--heartbeat-interval-ms".into(),
         "500".into(),
-        "--election-timeout-ms".into(),
-        "3000".into(),
     ];
+    o.election_timeout_ms = 3_000;
     let cluster = Cluster::start(o);
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
     let address = cluster.node(leader).client_address.clone();
