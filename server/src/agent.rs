@@ -296,7 +296,7 @@ impl Agent {
             "serving peers on the peer port (Raft, forwarded requests)"
         );
         let peer_router = server_builder(&config)
-            .add_service(raft.rpc_service())
+            .add_service(raft.rpc_service(stopped.clone()))
             .add_service(forwarding.service);
         tasks.spawn_graceful(
             "peer server",

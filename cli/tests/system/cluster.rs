@@ -447,6 +447,24 @@ async fn leader_transfer_hands_leadership_to_the_chosen_voter() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_a_follower_ends_its_leaders_stream_and_every_task_when_told() {
+    // A follower's peer port holds its leader's AppendEntries stream open; a graceful stop
+    // ends that stream, so the port's shutdown does not wait for the deadline.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    assert!(
+        create_anywhere(&cluster, "f-0", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    let follower = cluster.ids_except(leader)[0];
+    cluster.stop(follower);
+    let log = cluster.log_of(follower);
+    assert!(!log.contains("did not stop in time"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_the_leader_hands_off_before_stopping() {
     // A graceful stop of the leader transfers leadership first, so the cluster
     // has a new leader without waiting for an election timeout, and the

@@ -557,7 +557,13 @@ impl RaftHandle {
     }
 
     /// The gRPC service answering Raft RPCs from peers.
-    pub fn rpc_service(&self) -> RaftServiceServer<RaftRpcService> {
+    /// The Raft service of the peer port; its AppendEntries streams end once `stopped`
+    /// turns true (the node is shutting down), so that the port's graceful shutdown is not
+    /// held by them.
+    pub fn rpc_service(
+        &self,
+        stopped: tokio::sync::watch::Receiver<bool>,
+    ) -> RaftServiceServer<RaftRpcService> {
         let limits = RaftServerLimits {
             message_bytes_max: self.peer_message_bytes_max,
             entries_max: peer_gate::ENTRIES_MAX,
@@ -565,6 +571,7 @@ impl RaftHandle {
         };
         RaftRpcService::new(self.raft.clone(), self.node_id, self.gate.clone(), limits)
             .with_contacts(self.contacts.clone())
+            .with_stop(stopped)
             .with_digests(self.store.clone(), self.integrity.clone())
             .with_vouching({
                 let vouching = self.vouching.clone();

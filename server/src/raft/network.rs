@@ -944,6 +944,8 @@ pub struct RaftRpcService {
     /// The table whose digests `StateDigest` answers, and the check it may wake (`None`:
     /// answered Unavailable).
     digests: Option<(cairn_fsm::Store, Arc<super::integrity::Integrity>)>,
+    /// Turns true when the node shuts down: AppendEntries streams then end.
+    stopped: Option<watch::Receiver<bool>>,
 }
 
 /// Asks the members this node knows whether a stranger the peer gate refused as unvouched
@@ -969,6 +971,7 @@ impl RaftRpcService {
             vouching: None,
             refusal_lines: Arc::new(RateLimit::once_a_second()),
             digests: None,
+            stopped: None,
         }
     }
 
@@ -979,6 +982,12 @@ impl RaftRpcService {
         integrity: Arc<super::integrity::Integrity>,
     ) -> RaftRpcService {
         self.digests = Some((store, integrity));
+        self
+    }
+
+    /// Ends every AppendEntries stream once `stopped` turns true.
+    pub fn with_stop(mut self, stopped: watch::Receiver<bool>) -> RaftRpcService {
+        self.stopped = Some(stopped);
         self
     }
 
@@ -1194,8 +1203,22 @@ impl RaftService for RaftRpcService {
                 if refused {
                     return None;
                 }
-                // The sender closed its side, or the connection failed: the stream ends.
-                let message = incoming.message().await.ok().flatten()?;
+                // The sender closed its side, the connection failed, or this node is
+                // shutting down (its sender then opens a stream to the next leader's
+                // address, or this node's again once it is back): the stream ends.
+                let mut stopped = service.stopped.clone();
+                let stopping = async {
+                    match &mut stopped {
+                        Some(stopped) => {
+                            let _ = stopped.wait_for(|stop| *stop).await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                let message = tokio::select! {
+                    message = incoming.message() => message.ok().flatten()?,
+                    () = stopping => return None,
+                };
                 let reply = service
                     .append_entries_message(certified.as_deref(), message)
                     .await;
