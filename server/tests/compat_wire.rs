@@ -271,6 +271,21 @@ fn samples() -> Vec<Row> {
             LEADER,
             append_entries(entries()),
         ),
+        // One message of each direction of the AppendEntries stream: the same envelopes as
+        // the unary call's (so the same bytes as peer-append-entries-request.bin and
+        // peer-append-entries-response-success.bin).
+        row_debug(
+            "peer-append-entries-stream-request.bin",
+            "AppendEntriesStream",
+            LEADER,
+            append_entries(entries()),
+        ),
+        row(
+            "peer-append-entries-stream-response-success.bin",
+            "AppendEntriesStream",
+            FOLLOWER,
+            AppendEntriesReply::Ok(AppendEntriesResponse::Success),
+        ),
         row_debug(
             "peer-append-entries-request-heartbeat.bin",
             "AppendEntries",

@@ -216,9 +216,7 @@ impl Lane {
         let (requests, outgoing) = tokio::sync::mpsc::channel(LANE_DEPTH);
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         let reader = tokio::spawn(Lane::read(
-            RaftServiceClient::new(channel)
-                .max_decoding_message_size(message_bytes_max)
-                .max_encoding_message_size(message_bytes_max),
+            raft_client(channel, message_bytes_max),
             outgoing,
             waiting.clone(),
         ));
@@ -460,8 +458,7 @@ impl Network {
         let payload = encode(&()).map_err(|e| e.to_string())?;
         let mut request = tonic::Request::new(self.envelope(payload));
         request.set_timeout(timeout);
-        let reply = RaftServiceClient::new(channel)
-            .max_decoding_message_size(self.message_bytes_max)
+        let reply = raft_client(channel, self.message_bytes_max)
             .members(request)
             .await
             .map_err(|status| status.message().to_string())?;
@@ -483,8 +480,7 @@ impl Network {
         let payload = encode(question).map_err(|e| e.to_string())?;
         let mut request = tonic::Request::new(self.envelope(payload));
         request.set_timeout(timeout);
-        let reply = RaftServiceClient::new(channel)
-            .max_decoding_message_size(self.message_bytes_max)
+        let reply = raft_client(channel, self.message_bytes_max)
             .state_digest(request)
             .await
             .map_err(|status| match status.code() {
@@ -757,6 +753,14 @@ impl PeerClient {
     }
 }
 
+/// The Raft service of a peer on `channel`, with messages of at most `message_bytes_max`
+/// (`peer_message_bytes_max`) each way.
+fn raft_client(channel: Channel, message_bytes_max: usize) -> RaftServiceClient<Channel> {
+    RaftServiceClient::new(channel)
+        .max_decoding_message_size(message_bytes_max)
+        .max_encoding_message_size(message_bytes_max)
+}
+
 /// Sends `envelope` as one unary call of `method` on `channel`, for at most `timeout`.
 async fn unary(
     channel: Result<Channel, String>,
@@ -767,9 +771,7 @@ async fn unary(
 ) -> Result<RaftMessage, tonic::Status> {
     // A peer that cannot be dialled is unreachable: openraft backs off (`finish`).
     let channel = channel.map_err(tonic::Status::unavailable)?;
-    let mut client = RaftServiceClient::new(channel)
-        .max_decoding_message_size(message_bytes_max)
-        .max_encoding_message_size(message_bytes_max);
+    let mut client = raft_client(channel, message_bytes_max);
     let mut request = tonic::Request::new(envelope);
     request.set_timeout(timeout);
     let response = match method {
