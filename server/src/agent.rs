@@ -711,7 +711,11 @@ async fn lock_data_dir(dir: &Path, wait: Duration) -> anyhow::Result<cairn_raft_
 const DATA_DIR_LOCK_POLL: Duration = Duration::from_millis(100);
 
 /// How long one member gets to answer the start-up check (one that does not is skipped).
-const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+/// The check keeps a voter that lost its data from voting again, so a member slow under load
+/// must not be skipped lightly; a member that is down refuses the connection at once, so
+/// the bound costs only when a member hangs. (At 1 s, a loaded test machine once let a wiped
+/// node start.)
+const MEMBER_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a new node tries to reach the node it joins through (which must answer).
 const JOIN_STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a joining node tries to reach the leader for each membership change.
