@@ -1577,7 +1577,9 @@ mod tests {
             ("write_proposals_in_flight_max", 65),
             ("write_proposal_bytes_in_flight_max", 1024),
         ] {
-            let error = load(serde_json::json!({ field: value })).unwrap_err().to_string();
+            let error = load(serde_json::json!({ field: value }))
+                .unwrap_err()
+                .to_string();
             assert!(error.contains(field), "{field} = {value}: {error}");
         }
     }

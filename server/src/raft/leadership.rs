@@ -40,7 +40,10 @@ pub(super) async fn propose_entry(raft: &Raft, payload: Bytes) -> Result<(u64, A
 }
 
 /// An entry handed to the Raft core ([`submit_entry`]), whose outcome is still to come.
-pub(super) type Submitted = <<TypeConfig as openraft::RaftTypeConfig>::Responder as openraft::raft::responder::Responder<TypeConfig>>::Receiver;
+pub(super) type Submitted =
+    <<TypeConfig as openraft::RaftTypeConfig>::Responder as openraft::raft::responder::Responder<
+        TypeConfig,
+    >>::Receiver;
 
 /// Hands one entry to the Raft core and returns at once with the receiver of its outcome
 /// (openraft's `client_write_ff`): entries submitted one after another enter the log in

@@ -200,7 +200,9 @@ struct Lane {
 /// The answers a lane owes, oldest first, and whether it is closed.
 #[derive(Default)]
 struct Waiting {
-    replies: std::collections::VecDeque<tokio::sync::oneshot::Sender<Result<RaftMessage, tonic::Status>>>,
+    replies: std::collections::VecDeque<
+        tokio::sync::oneshot::Sender<Result<RaftMessage, tonic::Status>>,
+    >,
     closed: bool,
 }
 
@@ -412,9 +414,7 @@ impl Network {
         let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
         match lanes.get(peer_address) {
             Some(LaneSlot::Open(lane)) if !lane.is_closed() => return Some(lane.clone()),
-            Some(LaneSlot::Unary { until }) if tokio::time::Instant::now() < *until => {
-                return None
-            }
+            Some(LaneSlot::Unary { until }) if tokio::time::Instant::now() < *until => return None,
             _ => {}
         }
         let lane = Arc::new(Lane::open(
@@ -1064,7 +1064,13 @@ impl RaftRpcService {
         check: impl FnOnce(&T, NodeId) -> Result<(), Refusal>,
     ) -> Result<(T, Standing, Option<tokio::sync::OwnedSemaphorePermit>), tonic::Status> {
         let certified = peer_gate::certified_node_ids(&request);
-        self.admit_message(certified.as_deref(), request.into_inner(), budgeted, claim, check)
+        self.admit_message(
+            certified.as_deref(),
+            request.into_inner(),
+            budgeted,
+            claim,
+            check,
+        )
     }
 
     /// [`Self::admit_within_budget`] of one message of a stream, whose connection's
@@ -1364,7 +1370,9 @@ mod tests {
             &self,
             _: tonic::Request<RaftMessage>,
         ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
-            self.sent.unary.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.sent
+                .unary
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(tonic::Response::new(success()))
         }
 
@@ -1376,7 +1384,9 @@ mod tests {
             &self,
             request: tonic::Request<tonic::Streaming<RaftMessage>>,
         ) -> Result<tonic::Response<Self::AppendEntriesStreamStream>, tonic::Status> {
-            self.sent.streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.sent
+                .streams
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if !self.streams {
                 return Err(tonic::Status::unimplemented("no such method"));
             }
@@ -1385,7 +1395,8 @@ mod tests {
                 let sent = sent.clone();
                 async move {
                     incoming.message().await.ok().flatten()?;
-                    sent.streamed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    sent.streamed
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     Some((Ok(success()), incoming))
                 }
             });
@@ -1463,7 +1474,8 @@ mod tests {
                     decode(&answer).unwrap();
                 assert!(matches!(answer, Ok(AppendEntriesResponse::Success)));
             }
-            let count = |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
+            let count =
+                |n: &std::sync::atomic::AtomicUsize| n.load(std::sync::atomic::Ordering::SeqCst);
             // One stream carries every message; a peer without it is asked once, then
             // sent unary calls (the message that found out included).
             assert_eq!(count(&sent.streams), 1, "streams: {streams}");

@@ -119,7 +119,10 @@ impl WriteBatcher {
         in_flight: InFlight,
         tasks: &mut crate::tasks::Tasks,
     ) -> WriteBatcher {
-        assert!(in_flight.proposals_max >= 1, "at least one proposal in flight");
+        assert!(
+            in_flight.proposals_max >= 1,
+            "at least one proposal in flight"
+        );
         assert!(
             in_flight.bytes_max >= 1 && in_flight.bytes_max <= u32::MAX as usize,
             "bytes in flight within a semaphore's u32 acquisition"
@@ -191,7 +194,13 @@ impl WriteBatcher {
             // it, which openraft allows.)
             let batched = self.stages.now();
             let outcome = propose_entry(&self.raft, encoded).await;
-            record_times(&self.stages, [received], batched, batched, applied_index(&outcome));
+            record_times(
+                &self.stages,
+                [received],
+                batched,
+                batched,
+                applied_index(&outcome),
+            );
             return outcome;
         }
         let (reply, outcome) = oneshot::channel();
@@ -331,7 +340,11 @@ fn answer(outcome: Outcome, replies: Replies) -> Option<u64> {
     };
     match outcome {
         Ok((index, Applied::Batch(results))) => {
-            assert_eq!(results.len(), replies.len(), "one outcome per batched command");
+            assert_eq!(
+                results.len(),
+                replies.len(),
+                "one outcome per batched command"
+            );
             for (result, reply) in results.into_iter().zip(replies) {
                 let _ = reply.send(result.map(|a| (index, a)).map_err(ApiError::from));
             }
