@@ -75,22 +75,7 @@ start_dev() {  # start_dev [--fresh] : a 3-node cluster in $DATA, waits for a le
     sleep 0.2
   done
 }
-busy_cores() {  # system-wide busy cores over 1 s, from /proc/stat
-  python3 -c 'import os,time
-def rd():
-    v=[float(x) for x in open("/proc/stat").readline().split()[1:9]]
-    return v[0]+v[1]+v[2]+v[5]+v[6]+v[7]
-a=rd(); time.sleep(1); print("%.2f" % ((rd()-a)/os.sysconf("SC_CLK_TCK")))'
-}
-wait_quiet() {
-  local t=0 b
-  while :; do
-    b=$(busy_cores)
-    if awk -v b="$b" -v m="$QUIET_MAX" 'BEGIN{exit !(b<m)}'; then return 0; fi
-    t=$((t + 1))
-    if [ $t -ge "$QUIET_WAIT" ]; then log "  box busy ($b cores) for ${QUIET_WAIT}s; measuring anyway"; return 0; fi
-  done
-}
+. "$HERE/quiet.sh"  # busy_cores, wait_quiet
 bench() {  # bench LABEL WORKLOAD [args...]
   local label=$1; shift
   wait_quiet

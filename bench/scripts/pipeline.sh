@@ -46,22 +46,7 @@ stop_dev() {
 trap stop_dev EXIT
 trap 'exit 130' INT TERM
 
-busy_cores() {  # system-wide busy cores over 1 s, from /proc/stat
-  python3 -c 'import os,time
-def rd():
-    v=[float(x) for x in open("/proc/stat").readline().split()[1:9]]
-    return v[0]+v[1]+v[2]+v[5]+v[6]+v[7]
-a=rd(); time.sleep(1); print("%.2f" % ((rd()-a)/os.sysconf("SC_CLK_TCK")))'
-}
-wait_quiet() {
-  local t=0 b
-  while :; do
-    b=$(busy_cores)
-    if awk -v b="$b" -v m="$QUIET_MAX" 'BEGIN{exit !(b<m)}'; then return 0; fi
-    t=$((t + 1))
-    if [ $t -ge "$QUIET_WAIT" ]; then log "  machine busy ($b cores) for ${QUIET_WAIT}s; measuring anyway"; return 0; fi
-  done
-}
+. "$HERE/quiet.sh"  # busy_cores, wait_quiet
 
 {
   echo "date: $(date -u +%FT%TZ)"; echo "cairn: $("$CAIRN" --version)"
