@@ -1432,6 +1432,17 @@ mod tests {
         Serialized::defaults(v)
     }
 
+    /// A configuration file in `dir` naming node 1, the one member.
+    fn one_member_file(dir: &std::path::Path) -> std::path::PathBuf {
+        let file = dir.join("c.toml");
+        std::fs::write(
+            &file,
+            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        file
+    }
+
     #[test]
     fn a_fixed_source_loads_back_the_configuration_it_was_made_of() {
         // An embedded node's configuration, loaded again (SIGHUP): every setting as given,
@@ -1509,12 +1520,7 @@ mod tests {
     #[test]
     fn follower_strong_reads_default_to_read_index_and_a_bad_value_is_refused_naming_the_field() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
-        )
-        .unwrap();
+        let file = one_member_file(dir.path());
         let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
         assert_eq!(c.follower_strong_reads, FollowerStrongReads::ReadIndex);
         let c = Config::load(
@@ -1535,12 +1541,7 @@ mod tests {
     fn log_engine_defaults_to_wal_and_a_bad_name_is_refused_naming_the_field() {
         // No setting: the WAL. `sled` is accepted; a typo fails naming `log_engine`.
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
-        )
-        .unwrap();
+        let file = one_member_file(dir.path());
         let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
         assert_eq!(c.log_engine, cairn_raft_log::LogEngineKind::Wal);
         let c = Config::load(
@@ -1560,12 +1561,7 @@ mod tests {
     #[test]
     fn write_proposals_in_flight_default_to_one_and_out_of_range_values_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
-        )
-        .unwrap();
+        let file = one_member_file(dir.path());
         let load = |v: serde_json::Value| Config::load(Some(&file), flags(v));
         let c = load(serde_json::json!({})).unwrap();
         assert_eq!(c.write_proposals_in_flight_max, 1);
@@ -1588,12 +1584,7 @@ mod tests {
     fn backup_settings_are_refused_naming_the_field() {
         // Each bad value (or combination) names the one setting to fix; good ones load.
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "node_id = 1\n[[members]]\nid = 1\npeer_address = \"127.0.0.1:8001\"\nclient_address = \"127.0.0.1:7001\"\n",
-        )
-        .unwrap();
+        let file = one_member_file(dir.path());
         let credentials = dir.path().join("credentials");
         std::fs::write(
             &credentials,
