@@ -534,7 +534,7 @@ impl PeerClient {
         let network = self.network.clone();
         let peer_address = self.peer_address.clone();
         let message_bytes_max = self.network.message_bytes_max;
-        let envelope = self.network.envelope(payload);
+        let envelope = self.network.envelope(payload.clone());
         let series = self.series.clone();
         let contacts = self.network.contacts.clone();
         let target = self.target;
@@ -542,11 +542,13 @@ impl PeerClient {
             let sent_bytes = series.as_ref().map_or(0, |_| envelope.encoded_len());
             let started = (heartbeat && series.is_some()).then(tokio::time::Instant::now);
             let response = match lane {
-                Some(lane) => match lane.call(envelope.clone(), timeout).await {
+                Some(lane) => match lane.call(envelope, timeout).await {
                     // The peer has no stream (an earlier release): it gets this message, and
-                    // the next ones for a while, as unary calls.
+                    // the next ones for a while, as unary calls (the envelope made again
+                    // around the same payload bytes).
                     Err(status) if status.code() == tonic::Code::Unimplemented => {
                         network.unary_only(&peer_address);
+                        let envelope = network.envelope(payload);
                         unary(channel, message_bytes_max, method, envelope, timeout).await
                     }
                     answered => answered,
@@ -1000,10 +1002,8 @@ impl RaftRpcService {
     }
 
     /// The size of a message received, when it will be counted (metrics are recorded).
-    fn received_bytes(&self, request: &tonic::Request<RaftMessage>) -> Option<usize> {
-        self.series
-            .as_ref()
-            .map(|_| request.get_ref().encoded_len())
+    fn received_bytes(&self, message: &RaftMessage) -> Option<usize> {
+        self.series.as_ref().map(|_| message.encoded_len())
     }
 
     /// Counts an admitted message of `sender` (`received` bytes) and the reply to it.
@@ -1141,7 +1141,7 @@ impl RaftRpcService {
     ) -> Result<RaftMessage, tonic::Status> {
         let entries_max = self.limits.entries_max;
         let sender = message.sender_node_id;
-        let received = self.series.as_ref().map(|_| message.encoded_len());
+        let received = self.received_bytes(&message);
         // The budget is held until the core has answered.
         let (rpc, standing, _budget): (AppendEntriesRequest<TypeConfig>, _, _) = self
             .admit_message(
@@ -1243,7 +1243,7 @@ impl RaftService for RaftRpcService {
     ) -> Result<tonic::Response<RaftMessage>, tonic::Status> {
         let (sender, received) = (
             request.get_ref().sender_node_id,
-            self.received_bytes(&request),
+            self.received_bytes(request.get_ref()),
         );
         let (rpc, standing): (VoteRequest<NodeId>, _) = self.admit(
             request,
@@ -1268,7 +1268,7 @@ impl RaftService for RaftRpcService {
         let chunk_max = self.limits.snapshot_chunk_bytes_max;
         let (sender, received) = (
             request.get_ref().sender_node_id,
-            self.received_bytes(&request),
+            self.received_bytes(request.get_ref()),
         );
         let (rpc, standing, _budget): (InstallSnapshotRequest<TypeConfig>, _, _) = self
             .admit_within_budget(request, true, Claim::of_install_snapshot, |rpc, sender| {
