@@ -318,6 +318,7 @@ impl Agent {
             });
         let api = Arc::new(
             ResourceApi::new(forwarding.forwarder, auth.clone(), request_timeout)
+                .with_stop(stopped.clone())
                 .with_connection_limits(connection_limits.clone())
                 .with_unsafe_modes(config.unsafe_modes.clone())
                 .with_fairness(

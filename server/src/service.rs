@@ -45,6 +45,7 @@
 //! test-only switches, from the one piece.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,7 +53,7 @@ use cairn_forwarding::{Executor, Forwarder, OpenedWatch, WatchStream};
 use cairn_proto::error::ApiError;
 use cairn_proto::v1::shared::resource_service_server::ResourceService;
 use cairn_proto::v1::{self as pb, shared};
-use futures::StreamExt as _;
+use futures::{Stream, StreamExt as _};
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
@@ -76,6 +77,9 @@ pub struct ResourceApi {
     /// Rate limits per caller and fair write slots (`None`: neither, as for the
     /// in-process client).
     fairness: Option<(Arc<crate::fairness::Fairness>, crate::fairness::Rates)>,
+    /// Becomes true when the node stops: every stream held open for a caller then ends
+    /// (`None`: never, as for the in-process client).
+    stopped: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl ResourceApi {
@@ -92,6 +96,30 @@ impl ResourceApi {
             watch_openers: Arc::default(),
             unsafe_modes: crate::config::UnsafeModes::default(),
             fairness: None,
+            stopped: None,
+        }
+    }
+
+    /// Ends the streams held open for callers (watches, lease keep-alives) once `stopped`
+    /// turns true, so that they do not hold the node's shutdown.
+    pub fn with_stop(mut self, stopped: tokio::sync::watch::Receiver<bool>) -> ResourceApi {
+        self.stopped = Some(stopped);
+        self
+    }
+
+    /// `stream`, ended with `last` once the node stops ([`crate::tasks::end_when_stopped`]).
+    pub fn ending_at_stop<T: Send + 'static, E: Send + 'static>(
+        &self,
+        stream: impl Stream<Item = Result<T, E>> + Send + 'static,
+        last: E,
+    ) -> Pin<Box<dyn Stream<Item = Result<T, E>> + Send>> {
+        match &self.stopped {
+            Some(stopped) => Box::pin(crate::tasks::end_when_stopped(
+                stream,
+                stopped.clone(),
+                last,
+            )),
+            None => Box::pin(stream),
         }
     }
 
@@ -322,6 +350,12 @@ impl ResourceApi {
             ),
         };
         let events = drop_every_nth_change(events, self.unsafe_modes.unsafe_drop_watch_events);
+        let events = self.ending_at_stop(
+            events,
+            ApiError::WatchClosed(
+                "the node is shutting down: watch again through another member".into(),
+            ),
+        );
         let events = Box::pin(events.map(move |event| {
             let _held = &permit;
             event

@@ -14,12 +14,17 @@
 //! Short tasks bounded by their own timeouts (one replication send, one vouching round, a
 //! connection's handler under its server) are not listed here.
 //!
+//! A stream a server holds open for a caller (a watch, a lease's keep-alives, a leader's
+//! AppendEntries) is not a task, but must not hold the shutdown either: each is wrapped in
+//! [`end_when_stopped`], which ends it with a last error once the tasks are told to stop.
+//!
 //! Invariants: after [`Tasks::stop`] returns, no task started here is running; a task is
 //! started at most once under its name.
 
 use std::future::Future;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt as _};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -108,6 +113,37 @@ impl Tasks {
     }
 }
 
+/// `stream`, ended with `last` (its caller learns why, and goes elsewhere) once `stopped`
+/// turns true, even while an item is being made (that item is dropped). A stream that ends
+/// first ends as it would have, without `last`.
+pub fn end_when_stopped<S, T, E>(
+    stream: S,
+    stopped: watch::Receiver<bool>,
+    last: E,
+) -> impl Stream<Item = Result<T, E>> + Send + 'static
+where
+    S: Stream<Item = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: Send + 'static,
+{
+    futures::stream::unfold(
+        (Box::pin(stream), stopped, Some(last)),
+        |(mut stream, mut stopped, last)| async move {
+            let last = last?;
+            let next = tokio::select! {
+                biased;
+                // A dropped sender means the tasks are gone: stopped as well.
+                _ = async { stopped.wait_for(|stop| *stop).await.is_ok() } => None,
+                item = stream.next() => Some(item),
+            };
+            match next {
+                None => Some((Err(last), (stream, stopped, None))),
+                Some(item) => item.map(|item| (item, (stream, stopped, Some(last)))),
+            }
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +173,29 @@ mod tests {
             finished.load(Ordering::SeqCst),
             "the server finished its work"
         );
+    }
+
+    #[tokio::test]
+    async fn a_held_stream_ends_with_its_last_item_when_told_and_not_before() {
+        let tasks = Tasks::new();
+        // Items before the stop pass through; a stream still open (pending) at the stop
+        // ends with `last`, once.
+        let open = futures::stream::iter([Ok::<u32, &str>(1), Ok(2)])
+            .chain(futures::stream::pending());
+        let mut held = Box::pin(end_when_stopped(open, tasks.stopped(), "stopping"));
+        assert_eq!(held.next().await, Some(Ok(1)));
+        assert_eq!(held.next().await, Some(Ok(2)));
+        let stopping = tokio::spawn(tasks.stop(Duration::from_secs(1)));
+        assert_eq!(held.next().await, Some(Err("stopping")));
+        assert_eq!(held.next().await, None);
+        stopping.await.unwrap();
+        // A stream that ends by itself ends without `last`.
+        let tasks = Tasks::new();
+        let done = futures::stream::iter([Ok::<u32, &str>(7)]);
+        let ended: Vec<_> = end_when_stopped(done, tasks.stopped(), "stopping")
+            .collect()
+            .await;
+        assert_eq!(ended, [Ok(7)]);
     }
 
     #[test]

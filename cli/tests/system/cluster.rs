@@ -465,6 +465,100 @@ async fn sigterm_on_a_follower_ends_its_leaders_stream_and_every_task_when_told(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_watches_and_keep_alive_streams_it_serves_with_a_reason() {
+    // Streams a node holds open for its clients end when it stops, each with the error that
+    // tells its client what to do (the contract's WatchClosed: re-list elsewhere; UNAVAILABLE:
+    // retry elsewhere), instead of holding the shutdown until its deadline and then being
+    // cut with the connection.
+    let mut cluster = Cluster::start(options(3));
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
+    assert!(
+        create_anywhere(&cluster, "w-0", b"x", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    let follower = cluster.ids_except(leader)[0];
+    let address = cluster.node(follower).client_address.clone();
+    let mut watch = client(&address)
+        .await
+        .watch_list(cairn_proto::v1::WatchListRequest {
+            r#type: Some(thing_type()),
+            tenancy: Some(any_tenancy()),
+            ..Default::default()
+        })
+        .await
+        .expect("a watch")
+        .into_inner();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.message())
+            .await
+            .expect("the watch's snapshot within 10 s")
+            .expect("the watch's snapshot")
+            .expect("the watch is open");
+        if matches!(
+            event.event,
+            Some(cairn_proto::v1::watch_event::Event::EndOfSnapshot(_))
+        ) {
+            break;
+        }
+    }
+    let mut leases = cairn_proto::v1::lease_service_client::LeaseServiceClient::connect(format!(
+        "http://{address}"
+    ))
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let lease = loop {
+        // Leases wait for the cluster version to rise to 0.2 (within seconds).
+        match leases
+            .grant(cairn_proto::v1::LeaseGrantRequest { ttl_ms: 30_000 })
+            .await
+        {
+            Ok(granted) => break granted.into_inner().id,
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("grant: {status:?}"),
+        }
+    };
+    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
+    let mut answers = leases
+        .keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await
+        .expect("a keep-alive stream")
+        .into_inner();
+    requests
+        .send(cairn_proto::v1::LeaseKeepAliveRequest { id: lease })
+        .await
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), answers.message())
+        .await
+        .expect("a keep-alive answer within 10 s");
+    assert_eq!(answer.unwrap().unwrap().id, lease);
+
+    cluster.stop(follower);
+    let log = cluster.log_of(follower);
+    assert!(!log.contains("did not stop in time"), "{log}");
+    let ended = watch.message().await;
+    match &ended {
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
+            assert!(status.message().contains("shutting down"), "{status:?}");
+        }
+        Ok(_) => panic!("the watch did not end with WatchClosed: {ended:?}"),
+    }
+    let ended = answers.message().await;
+    match &ended {
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+            assert!(status.message().contains("shutting down"), "{status:?}");
+        }
+        Ok(_) => panic!("the keep-alive stream did not end UNAVAILABLE: {ended:?}"),
+    }
+    drop(requests);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_on_the_leader_hands_off_before_stopping() {
     // A graceful stop of the leader transfers leadership first, so the cluster
     // has a new leader without waiting for an election timeout, and the

@@ -1211,22 +1211,8 @@ impl RaftService for RaftRpcService {
                 if refused {
                     return None;
                 }
-                // The sender closed its side, the connection failed, or this node is
-                // shutting down (its sender then opens a stream to the next leader's
-                // address, or this node's again once it is back): the stream ends.
-                let mut stopped = service.stopped.clone();
-                let stopping = async {
-                    match &mut stopped {
-                        Some(stopped) => {
-                            let _ = stopped.wait_for(|stop| *stop).await;
-                        }
-                        None => std::future::pending().await,
-                    }
-                };
-                let message = tokio::select! {
-                    message = incoming.message() => message.ok().flatten()?,
-                    () = stopping => return None,
-                };
+                // The sender closed its side or the connection failed: the stream ends.
+                let message = incoming.message().await.ok().flatten()?;
                 let reply = service
                     .append_entries_message(certified.as_deref(), message)
                     .await;
@@ -1234,7 +1220,16 @@ impl RaftService for RaftRpcService {
                 Some((reply, (service, certified, incoming, refused)))
             },
         );
-        Ok(tonic::Response::new(Box::pin(replies)))
+        // This node is shutting down: the stream ends UNAVAILABLE (its sender then opens a
+        // stream to the next leader's address, or to this node's again once it is back).
+        Ok(tonic::Response::new(match self.stopped.clone() {
+            Some(stopped) => Box::pin(crate::tasks::end_when_stopped(
+                replies,
+                stopped,
+                tonic::Status::unavailable("the node is shutting down"),
+            )),
+            None => Box::pin(replies),
+        }))
     }
 
     async fn vote(
