@@ -236,13 +236,15 @@ impl pb::lease_service_server::LeaseService for LeaseGrpc {
                     *failed |= answer.is_err();
                     futures::future::ready((!end).then_some(answer))
                 });
-        Ok(Response::new(self.api.ending_at_stop(
-            answers,
-            ApiError::Unavailable(
-                "the node is shutting down: keep the lease alive through another member".into(),
-            )
-            .into(),
-        )))
+        Ok(Response::new(
+            self.api.ending_at_stop(
+                answers,
+                ApiError::Unavailable(
+                    "the node is shutting down: keep the lease alive through another member".into(),
+                )
+                .into(),
+            ),
+        ))
     }
 
     async fn time_to_live(

@@ -180,8 +180,8 @@ mod tests {
         let tasks = Tasks::new();
         // Items before the stop pass through; a stream still open (pending) at the stop
         // ends with `last`, once.
-        let open = futures::stream::iter([Ok::<u32, &str>(1), Ok(2)])
-            .chain(futures::stream::pending());
+        let open =
+            futures::stream::iter([Ok::<u32, &str>(1), Ok(2)]).chain(futures::stream::pending());
         let mut held = Box::pin(end_when_stopped(open, tasks.stopped(), "stopping"));
         assert_eq!(held.next().await, Some(Ok(1)));
         assert_eq!(held.next().await, Some(Ok(2)));
