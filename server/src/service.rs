@@ -45,7 +45,6 @@
 //! test-only switches, from the one piece.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,15 +111,8 @@ impl ResourceApi {
         &self,
         stream: impl Stream<Item = Result<T, E>> + Send + 'static,
         last: E,
-    ) -> Pin<Box<dyn Stream<Item = Result<T, E>> + Send>> {
-        match &self.stopped {
-            Some(stopped) => Box::pin(crate::tasks::end_when_stopped(
-                stream,
-                stopped.clone(),
-                last,
-            )),
-            None => Box::pin(stream),
-        }
+    ) -> crate::tasks::HeldStream<T, E> {
+        crate::tasks::end_when_stopped(stream, self.stopped.clone(), last)
     }
 
     /// Paces each caller to its rate (`default_rates` for a caller without its own) and

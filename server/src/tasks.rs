@@ -113,20 +113,27 @@ impl Tasks {
     }
 }
 
+/// A stream held open for a caller.
+pub type HeldStream<T, E> = std::pin::Pin<Box<dyn Stream<Item = Result<T, E>> + Send>>;
+
 /// `stream`, ended with `last` (its caller learns why, and goes elsewhere) once `stopped`
 /// turns true, even while an item is being made (that item is dropped). A stream that ends
-/// first ends as it would have, without `last`.
+/// first ends as it would have, without `last`. Without `stopped` (a service run outside an
+/// agent), `stream` as it is.
 pub fn end_when_stopped<S, T, E>(
     stream: S,
-    stopped: watch::Receiver<bool>,
+    stopped: Option<watch::Receiver<bool>>,
     last: E,
-) -> impl Stream<Item = Result<T, E>> + Send + 'static
+) -> HeldStream<T, E>
 where
     S: Stream<Item = Result<T, E>> + Send + 'static,
     T: Send + 'static,
     E: Send + 'static,
 {
-    futures::stream::unfold(
+    let Some(stopped) = stopped else {
+        return Box::pin(stream);
+    };
+    Box::pin(futures::stream::unfold(
         (Box::pin(stream), stopped, Some(last)),
         |(mut stream, mut stopped, last)| async move {
             let last = last?;
@@ -141,7 +148,7 @@ where
                 Some(item) => item.map(|item| (item, (stream, stopped, Some(last)))),
             }
         },
-    )
+    ))
 }
 
 #[cfg(test)]
@@ -182,7 +189,7 @@ mod tests {
         // ends with `last`, once.
         let open =
             futures::stream::iter([Ok::<u32, &str>(1), Ok(2)]).chain(futures::stream::pending());
-        let mut held = Box::pin(end_when_stopped(open, tasks.stopped(), "stopping"));
+        let mut held = end_when_stopped(open, Some(tasks.stopped()), "stopping");
         assert_eq!(held.next().await, Some(Ok(1)));
         assert_eq!(held.next().await, Some(Ok(2)));
         let stopping = tokio::spawn(tasks.stop(Duration::from_secs(1)));
@@ -192,10 +199,14 @@ mod tests {
         // A stream that ends by itself ends without `last`.
         let tasks = Tasks::new();
         let done = futures::stream::iter([Ok::<u32, &str>(7)]);
-        let ended: Vec<_> = end_when_stopped(done, tasks.stopped(), "stopping")
+        let ended: Vec<_> = end_when_stopped(done, Some(tasks.stopped()), "stopping")
             .collect()
             .await;
         assert_eq!(ended, [Ok(7)]);
+        // Without a stop, the stream as it is.
+        let mut unstopped =
+            end_when_stopped(futures::stream::pending::<Result<u32, &str>>(), None, "x");
+        assert!(futures::poll!(unstopped.next()).is_pending());
     }
 
     #[test]

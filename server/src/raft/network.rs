@@ -1222,14 +1222,11 @@ impl RaftService for RaftRpcService {
         );
         // This node is shutting down: the stream ends UNAVAILABLE (its sender then opens a
         // stream to the next leader's address, or to this node's again once it is back).
-        Ok(tonic::Response::new(match self.stopped.clone() {
-            Some(stopped) => Box::pin(crate::tasks::end_when_stopped(
-                replies,
-                stopped,
-                tonic::Status::unavailable("the node is shutting down"),
-            )),
-            None => Box::pin(replies),
-        }))
+        Ok(tonic::Response::new(crate::tasks::end_when_stopped(
+            replies,
+            self.stopped.clone(),
+            tonic::Status::unavailable("the node is shutting down"),
+        )))
     }
 
     async fn vote(
