@@ -502,25 +502,8 @@ async fn sigterm_ends_the_watches_and_keep_alive_streams_it_serves_with_a_reason
             break;
         }
     }
-    let mut leases = cairn_proto::v1::lease_service_client::LeaseServiceClient::connect(format!(
-        "http://{address}"
-    ))
-    .await
-    .unwrap();
-    let started = Instant::now();
-    let lease = loop {
-        // Leases wait for the cluster version to rise to 0.2 (within seconds).
-        match leases
-            .grant(cairn_proto::v1::LeaseGrantRequest { ttl_ms: 30_000 })
-            .await
-        {
-            Ok(granted) => break granted.into_inner().id,
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(status) => panic!("grant: {status:?}"),
-        }
-    };
+    let lease = grant_lease(&address, 30_000).await;
+    let mut leases = lease_client(&address);
     let (requests, outgoing) = tokio::sync::mpsc::channel(4);
     let mut answers = leases
         .keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))

@@ -656,26 +656,8 @@ async fn message_streams_that_go_quiet_between_messages_are_not_cut() {
     let cluster = Cluster::start(o);
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
     let address = cluster.node(leader).client_address.clone();
-    let mut leases = cairn_proto::v1::lease_service_client::LeaseServiceClient::connect(format!(
-        "http://{address}"
-    ))
-    .await
-    .unwrap();
-    let started = Instant::now();
-    let id = loop {
-        // Leases wait for the cluster version to rise to 0.2 (within seconds).
-        match leases
-            .grant(cairn_proto::v1::LeaseGrantRequest { ttl_ms: 30_000 })
-            .await
-        {
-            Ok(granted) => break granted.into_inner().id,
-            Err(status) if started.elapsed() < Duration::from_secs(30) => {
-                let _ = status;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(status) => panic!("grant: {status:?}"),
-        }
-    };
+    let id = grant_lease(&address, 30_000).await;
+    let mut leases = lease_client(&address);
     let (requests, outgoing) = tokio::sync::mpsc::channel(4);
     let mut answers = leases
         .keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))

@@ -11,40 +11,13 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use cairn_proto::error::ApiError;
-use cairn_proto::v1::lease_service_client::LeaseServiceClient;
 use cairn_proto::v1::{
-    Consistency, Fence, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest,
-    LeaseTimeToLiveRequest, Reference, WatchListRequest, WriteRequest,
+    Consistency, Fence, LeaseKeepAliveRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest,
+    Reference, WatchListRequest, WriteRequest,
 };
 use support::*;
-use tonic::transport::Channel;
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn leases(address: &str) -> LeaseServiceClient<Channel> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect_timeout(Duration::from_millis(500))
-        .timeout(Duration::from_secs(10))
-        .connect_lazy();
-    LeaseServiceClient::new(channel)
-}
-
-/// Grants a lease through `address`, retrying while the cluster version is still rising
-/// to 0.2 (a new cluster gets there within seconds).
-async fn grant(address: &str, ttl_ms: u64) -> u64 {
-    let started = Instant::now();
-    loop {
-        match leases(address).grant(LeaseGrantRequest { ttl_ms }).await {
-            Ok(granted) => return granted.into_inner().id,
-            Err(status) if started.elapsed() < Duration::from_secs(30) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let _ = status;
-            }
-            Err(status) => panic!("grant: {status:?}"),
-        }
-    }
-}
 
 /// Keeps `id` alive through whichever of `addresses` answers, every `every`, until told to
 /// stop; returns how many keep-alives were acknowledged with the lease alive.
@@ -64,7 +37,7 @@ fn keep_alive(
             let address = &addresses[next % addresses.len()];
             let (tx, rx) = tokio::sync::mpsc::channel(1);
             let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-            match leases(address).keep_alive(stream).await {
+            match lease_client(address).keep_alive(stream).await {
                 Ok(answers) => {
                     let mut answers = answers.into_inner();
                     loop {
@@ -114,7 +87,7 @@ async fn a_kept_lease_outlives_its_ttl_and_a_leader_kill_then_expires_with_what_
     let follower = cluster.ids_except(leader)[0];
     let through = cluster.node(follower).client_address.clone();
     let ttl_ms = 1_500;
-    let lease = grant(&through, ttl_ms).await;
+    let lease = grant_lease(&through, ttl_ms).await;
     let mut held = thing("held", "", "", b"x");
     held.lease = lease;
     write(&through, held)
@@ -164,7 +137,7 @@ async fn a_kept_lease_outlives_its_ttl_and_a_leader_kill_then_expires_with_what_
         "not before its TTL since the last keep-alive ({:?})",
         stopped.elapsed()
     );
-    let ttl = leases(&addresses[0])
+    let ttl = lease_client(&addresses[0])
         .time_to_live(LeaseTimeToLiveRequest { id: lease })
         .await
         .unwrap_err();
@@ -190,7 +163,7 @@ async fn a_deposed_holder_is_fenced_off_and_a_revoke_takes_what_is_attached() {
     let through = cluster.node(follower).client_address.clone();
 
     // The first holder wins the election "leader" with its lease, and writes fenced.
-    let first = grant(&through, 1_000).await;
+    let first = grant_lease(&through, 1_000).await;
     let mut campaign = thing("leader", "", "", b"first");
     campaign.lease = first;
     let won = write(&through, campaign)
@@ -219,7 +192,7 @@ async fn a_deposed_holder_is_fenced_off_and_a_revoke_takes_what_is_attached() {
     tokio::time::timeout(Duration::from_secs(5), expired)
         .await
         .expect("the first holder's lease expired");
-    let second = grant(&through, 10_000).await;
+    let second = grant_lease(&through, 10_000).await;
     let mut campaign = thing("leader", "", "", b"second");
     campaign.lease = second;
     let won = write(&through, campaign)
@@ -251,7 +224,7 @@ async fn a_deposed_holder_is_fenced_off_and_a_revoke_takes_what_is_attached() {
         .expect("the new holder's fenced write applies");
 
     // Revoking the second lease takes the election with it.
-    let revoked = leases(&through)
+    let revoked = lease_client(&through)
         .revoke(LeaseRevokeRequest { id: second })
         .await
         .unwrap()
@@ -277,7 +250,7 @@ async fn a_lease_survives_snapshots_and_a_restart_of_every_node() {
     let mut cluster = Cluster::start(options);
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let through = cluster.node(leader).client_address.clone();
-    let lease = grant(&through, 30_000).await;
+    let lease = grant_lease(&through, 30_000).await;
     let mut held = thing("held", "", "", b"x");
     held.lease = lease;
     write(&through, held).await.expect("attached");
@@ -286,7 +259,7 @@ async fn a_lease_survives_snapshots_and_a_restart_of_every_node() {
             .await
             .expect("a filler write");
     }
-    let before = leases(&through)
+    let before = lease_client(&through)
         .time_to_live(LeaseTimeToLiveRequest { id: lease })
         .await
         .expect("the lease")
@@ -301,7 +274,7 @@ async fn a_lease_survives_snapshots_and_a_restart_of_every_node() {
     }
     let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await;
     let through = cluster.node(leader).client_address.clone();
-    let after = leases(&through)
+    let after = lease_client(&through)
         .time_to_live(LeaseTimeToLiveRequest { id: lease })
         .await
         .expect("the lease after the restart")
@@ -331,7 +304,7 @@ async fn a_lease_survives_snapshots_and_a_restart_of_every_node() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let _ = stop.send(());
     assert!(keeper.await.unwrap() >= 1, "kept alive after the restart");
-    let revoked = leases(&through)
+    let revoked = lease_client(&through)
         .revoke(LeaseRevokeRequest { id: lease })
         .await
         .unwrap()

@@ -62,6 +62,36 @@ pub fn id(name: &str, uid: &str) -> Id {
     }
 }
 
+/// A lease service client of the node at `address`.
+pub fn lease_client(
+    address: &str,
+) -> cairn_proto::v1::lease_service_client::LeaseServiceClient<Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(10))
+        .connect_lazy();
+    cairn_proto::v1::lease_service_client::LeaseServiceClient::new(channel)
+}
+
+/// Grants a lease through `address`, retrying while the cluster version is still rising
+/// to 0.2 (a new cluster gets there within seconds); its id.
+pub async fn grant_lease(address: &str, ttl_ms: u64) -> u64 {
+    let started = Instant::now();
+    loop {
+        match lease_client(address)
+            .grant(LeaseGrantRequest { ttl_ms })
+            .await
+        {
+            Ok(granted) => return granted.into_inner().id,
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(status) => panic!("grant: {status:?}"),
+        }
+    }
+}
+
 pub fn thing(name: &str, uid: &str, version: &str, payload: &[u8]) -> Resource {
     Resource {
         id: Some(id(name, uid)),
