@@ -130,22 +130,26 @@ where
     T: Send + 'static,
     E: Send + 'static,
 {
-    let Some(stopped) = stopped else {
+    let Some(mut stopped) = stopped else {
         return Box::pin(stream);
     };
+    // One wait for the stop per stream, not one per item. A dropped sender means the tasks
+    // are gone: stopped as well.
+    let stop: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
     Box::pin(futures::stream::unfold(
-        (Box::pin(stream), stopped, Some(last)),
-        |(mut stream, mut stopped, last)| async move {
+        (Box::pin(stream), stop, Some(last)),
+        |(mut stream, mut stop, last)| async move {
             let last = last?;
             let next = tokio::select! {
                 biased;
-                // A dropped sender means the tasks are gone: stopped as well.
-                _ = async { stopped.wait_for(|stop| *stop).await.is_ok() } => None,
+                () = &mut stop => None,
                 item = stream.next() => Some(item),
             };
             match next {
-                None => Some((Err(last), (stream, stopped, None))),
-                Some(item) => item.map(|item| (item, (stream, stopped, Some(last)))),
+                None => Some((Err(last), (stream, stop, None))),
+                Some(item) => item.map(|item| (item, (stream, stop, Some(last)))),
             }
         },
     ))
