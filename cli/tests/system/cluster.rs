@@ -503,13 +503,7 @@ async fn sigterm_ends_the_watches_and_keep_alive_streams_it_serves_with_a_reason
         }
     }
     let lease = grant_lease(&address, 30_000).await;
-    let mut leases = lease_client(&address);
-    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
-    let mut answers = leases
-        .keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))
-        .await
-        .expect("a keep-alive stream")
-        .into_inner();
+    let (requests, mut answers) = keep_alive_stream(&address).await;
     requests
         .send(cairn_proto::v1::LeaseKeepAliveRequest { id: lease })
         .await

@@ -657,13 +657,7 @@ async fn message_streams_that_go_quiet_between_messages_are_not_cut() {
     let leader = cluster.wait_for_leader(Duration::from_secs(30)).await;
     let address = cluster.node(leader).client_address.clone();
     let id = grant_lease(&address, 30_000).await;
-    let mut leases = lease_client(&address);
-    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
-    let mut answers = leases
-        .keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))
-        .await
-        .expect("a keep-alive stream")
-        .into_inner();
+    let (requests, mut answers) = keep_alive_stream(&address).await;
     for round in 0..4 {
         requests
             .send(cairn_proto::v1::LeaseKeepAliveRequest { id })

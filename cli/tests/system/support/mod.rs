@@ -92,6 +92,23 @@ pub async fn grant_lease(address: &str, ttl_ms: u64) -> u64 {
     }
 }
 
+/// A KeepAlive stream opened on the node at `address`: the sender of its requests and
+/// the stream of its answers.
+pub async fn keep_alive_stream(
+    address: &str,
+) -> (
+    tokio::sync::mpsc::Sender<LeaseKeepAliveRequest>,
+    tonic::Streaming<LeaseKeepAliveResponse>,
+) {
+    let (requests, outgoing) = tokio::sync::mpsc::channel(4);
+    let answers = lease_client(address)
+        .keep_alive(tokio_stream::wrappers::ReceiverStream::new(outgoing))
+        .await
+        .expect("a keep-alive stream")
+        .into_inner();
+    (requests, answers)
+}
+
 pub fn thing(name: &str, uid: &str, version: &str, payload: &[u8]) -> Resource {
     Resource {
         id: Some(id(name, uid)),
