@@ -479,41 +479,13 @@ async fn a_lagging_follower_serves_strong_reads_of_every_acknowledged_write() {
     }
 }
 
-/// The `CALLS_TOTAL` count of `method` on the forwarders of `snapshot`.
-fn forwarded_calls(snapshot: &[MetricEntry], method: &str) -> u64 {
-    use metrics_util::debugging::DebugValue;
-    snapshot
-        .iter()
-        .filter(|(key, _, _, _)| {
-            key.key().name() == names::CALLS_TOTAL
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == "method" && l.value() == method)
-        })
-        .map(|(_, _, _, value)| match value {
-            DebugValue::Counter(n) => *n,
-            other => panic!("{} is a counter, got {other:?}", names::CALLS_TOTAL),
-        })
-        .sum()
-}
-
-type MetricEntry = (
-    metrics_util::CompositeKey,
-    Option<metrics::Unit>,
-    Option<metrics::SharedString>,
-    metrics_util::debugging::DebugValue,
-);
-
 #[test]
 fn with_read_indexes_a_lagging_follower_serves_strong_reads_and_lists_itself() {
     // `follower_strong_reads = "read-index"`: every write the leader
     // acknowledged is in the follower's strong reads and lists at once
     // (its replica lags 0-50 ms), and nothing but read indexes went to the
     // leader: no read or list was forwarded.
-    use metrics_util::debugging::DebuggingRecorder;
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let recorder = Recording::default();
     metrics::with_local_recorder(&recorder, || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -550,18 +522,14 @@ fn with_read_indexes_a_lagging_follower_serves_strong_reads_and_lists_itself() {
             );
         });
     });
-    let snapshot = snapshotter.snapshot().into_vec();
-    assert_eq!(
-        forwarded_calls(&snapshot, "read"),
-        0,
-        "no read was forwarded"
-    );
-    assert_eq!(
-        forwarded_calls(&snapshot, "list"),
-        0,
-        "no list was forwarded"
-    );
-    assert_eq!(forwarded_calls(&snapshot, "read_index"), 60);
+    let forwarded = |method| {
+        recorder
+            .counter(names::CALLS_TOTAL, &[("method", method)])
+            .unwrap_or(0)
+    };
+    assert_eq!(forwarded("read"), 0, "no read was forwarded");
+    assert_eq!(forwarded("list"), 0, "no list was forwarded");
+    assert_eq!(forwarded("read_index"), 60);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1262,9 +1230,7 @@ fn forwarded_calls_dials_and_latency_are_measured() {
     // With a recorder installed, one forwarded write counts one call (write,
     // ok), one dial, and one latency sample; a forwarded CasFailure counts
     // under its kind.
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
+    let recorder = Recording::default();
     metrics::with_local_recorder(&recorder, || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1282,45 +1248,34 @@ fn forwarded_calls_dials_and_latency_are_measured() {
             assert!(matches!(cas, Err(ApiError::CasFailure(_))));
         });
     });
-    let snapshot = snapshotter.snapshot().into_vec();
-    let find = |name: &str, labels: &[(&str, &str)]| {
-        snapshot
-            .iter()
-            .find(|(key, _, _, _)| {
-                key.key().name() == name
-                    && labels
-                        .iter()
-                        .all(|(k, v)| key.key().labels().any(|l| l.key() == *k && l.value() == *v))
-            })
-            .map(|(_, _, _, value)| value)
-    };
     assert_eq!(
-        find(
+        recorder.counter(
             names::CALLS_TOTAL,
             &[("method", "write"), ("outcome", "ok")]
         ),
-        Some(&DebugValue::Counter(1))
+        Some(1)
     );
     assert_eq!(
-        find(
+        recorder.counter(
             names::CALLS_TOTAL,
             &[("method", "write"), ("outcome", "cas_failure")]
         ),
-        Some(&DebugValue::Counter(1))
+        Some(1)
     );
     assert_eq!(
-        find(names::DIALS_TOTAL, &[("outcome", "ok")]),
-        Some(&DebugValue::Counter(1))
+        recorder.counter(names::DIALS_TOTAL, &[("outcome", "ok")]),
+        Some(1)
     );
-    match find(names::LATENCY_SECONDS, &[("method", "write")]) {
-        Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), 2),
-        other => panic!("no latency histogram: {other:?}"),
-    }
     assert_eq!(
-        find(
+        recorder.samples(names::LATENCY_SECONDS, &[("method", "write")]),
+        Some(2),
+        "one latency sample per forwarded write"
+    );
+    assert_eq!(
+        recorder.counter(
             names::SERVED_TOTAL,
             &[("method", "write"), ("outcome", "ok")]
         ),
-        Some(&DebugValue::Counter(1))
+        Some(1)
     );
 }

@@ -113,10 +113,27 @@ impl Fairness {
         bytes: u64,
         deadline: Instant,
     ) -> Result<(), ApiError> {
-        if rates == Rates::default() {
-            return Ok(());
+        let wait = self.admit(caller, rates, bytes, Instant::now(), deadline)?;
+        if !wait.is_zero() {
+            metrics::counter!(PACED).increment(1);
+            tokio::time::sleep(wait).await;
         }
-        let now_instant = Instant::now();
+        Ok(())
+    }
+
+    /// [`Fairness::pace`]'s decision at `now_instant`, without the wait: charges `caller`
+    /// and returns how long it must wait, or refuses (charging nothing).
+    fn admit(
+        &self,
+        caller: &str,
+        rates: Rates,
+        bytes: u64,
+        now_instant: Instant,
+        deadline: Instant,
+    ) -> Result<Duration, ApiError> {
+        if rates == Rates::default() {
+            return Ok(Duration::ZERO);
+        }
         let now = self.nanos(now_instant);
         let wait_max = u64::try_from(
             self.wait_max
@@ -164,11 +181,7 @@ impl Fairness {
             }
             wait
         };
-        if wait > 0 {
-            metrics::counter!(PACED).increment(1);
-            tokio::time::sleep(Duration::from_nanos(wait)).await;
-        }
-        Ok(())
+        Ok(Duration::from_nanos(wait))
     }
 
     /// A write slot for `caller`, in its turn among the callers waiting ([`FairSlots`]),
@@ -359,41 +372,73 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_rate_allows_its_burst_then_paces_then_refuses() {
+    #[test]
+    fn a_rate_allows_its_burst_then_paces_then_refuses() {
+        // The caller's clock is given, so the waits are exact: each request is asked at
+        // the moment the one before it would have gone ahead.
         let fairness = Fairness::new(Duration::from_millis(500), 8);
         let rates = Rates {
             requests_per_second: 10,
             bytes_per_second: 0,
         };
-        let far = Instant::now() + Duration::from_secs(60);
-        let started = Instant::now();
+        let mut now = Instant::now();
+        let far = now + Duration::from_secs(60);
         // One second's worth goes at once.
         for _ in 0..10 {
-            fairness.pace("runaway", rates, 100, far).await.unwrap();
+            assert_eq!(
+                fairness.admit("runaway", rates, 100, now, far),
+                Ok(Duration::ZERO)
+            );
         }
-        assert_eq!(started.elapsed(), Duration::ZERO);
-        // The next five wait 0.1 s each.
-        for _ in 0..5 {
-            fairness.pace("runaway", rates, 100, far).await.unwrap();
+        // The next five wait 0.1 s each (asked at once, the fifth waits 0.5 s).
+        for n in 1..=5 {
+            assert_eq!(
+                fairness.admit("runaway", rates, 100, now, far),
+                Ok(Duration::from_millis(100 * n))
+            );
         }
-        assert!(started.elapsed() >= Duration::from_millis(500));
+        // A sixth would wait 0.6 s, past the 0.5 s bound: refused, naming the limit.
+        match fairness.admit("runaway", rates, 100, now, far) {
+            Err(ApiError::ResourceExhausted { limit, value, .. }) => {
+                assert_eq!((limit.as_str(), value), ("requests_per_second", 10));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Once the waits have passed, it paces at its rate again.
+        now += Duration::from_millis(500);
+        assert_eq!(
+            fairness.admit("runaway", rates, 100, now, far),
+            Ok(Duration::from_millis(100))
+        );
+        // A deadline nearer than the bound is the bound.
+        assert!(fairness
+            .admit("runaway", rates, 100, now, now + Duration::from_millis(50))
+            .is_err());
         // Another caller is not held back by the first.
-        let other = Instant::now();
-        fairness.pace("good", rates, 100, far).await.unwrap();
-        assert_eq!(other.elapsed(), Duration::ZERO);
+        assert_eq!(
+            fairness.admit("good", rates, 100, now, far),
+            Ok(Duration::ZERO)
+        );
         // Bytes: a request larger than a second and a half of the rate is refused.
         let bytes = Rates {
             requests_per_second: 0,
             bytes_per_second: 1000,
         };
-        match fairness.pace("big", bytes, 1600, far).await {
+        match fairness.admit("big", bytes, 1600, now, far) {
             Err(ApiError::ResourceExhausted { limit, value, .. }) => {
                 assert_eq!((limit.as_str(), value), ("bytes_per_second", 1000));
             }
             other => panic!("{other:?}"),
         }
-        fairness.pace("big", bytes, 900, far).await.unwrap();
+        assert_eq!(
+            fairness.admit("big", bytes, 900, now, far),
+            Ok(Duration::ZERO)
+        );
+        // No limits: never charged, never waits.
+        assert_eq!(
+            fairness.admit("free", Rates::default(), u64::MAX, now, now),
+            Ok(Duration::ZERO)
+        );
     }
 
     #[tokio::test]

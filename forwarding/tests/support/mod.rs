@@ -9,6 +9,9 @@
 //! replays it.
 #![allow(dead_code)]
 
+mod recorder;
+pub use recorder::Recording;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
