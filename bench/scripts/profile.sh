@@ -12,6 +12,8 @@
 #   for work), or preempted (runnable, displaced by a thread it or another woke).
 # env: CAIRN (the binary; default target/release/cairn), BASE_PORT (17400),
 #      PRIME_OPS (2000: unmeasured writes first, so every key exists and every path is warm)
+#      PERF_HZ (4000) and PERF_CALLGRAPH (-g; e.g. "--call-graph dwarf,16384" for callers
+#      through frames without frame pointers): `record` mode's sampling
 # Output: one line per node: node id, role, instructions (or context switches and CPU µs)
 # per write; callgrind files stay in DIR for callgrind_annotate.
 # Every process started here is stopped by its pid on exit.
@@ -87,7 +89,7 @@ if [ "$MODE" = callgrind ]; then
   done
 elif [ "$MODE" = record ] || [ "$MODE" = switches ]; then
   for id in 1 2 3; do
-    perf record -e ${RECORD_EVENT:-cpu-clock -F 4000} -g -p "${PIDS[$((id - 1))]}" -o "$OUT/perf.data.node$id" 2>/dev/null &
+    perf record -e ${RECORD_EVENT:-cpu-clock -F ${PERF_HZ:-4000}} ${PERF_CALLGRAPH:--g} -p "${PIDS[$((id - 1))]}" -o "$OUT/perf.data.node$id" 2>/dev/null &
     PERFS+=($!)
   done
   sleep 0.5

@@ -417,7 +417,10 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
         // Run here first: the handle checks leadership (the one check of this request) and
         // answers NotLeader, certainly not proposed, on a node that does not lead.
         let started = Instant::now();
-        let local = self.request.clone().local(&forwarder.executor);
+        // Boxed, as the forwarded call below: the request's run here holds the request
+        // and its command at each layer down to Raft, so the futures that await it here
+        // (this one, the shared loop's, the service's) would each be as large again.
+        let local = Box::pin(self.request.clone().local(&forwarder.executor));
         let hint = match tokio::time::timeout_at(deadline, local).await {
             Ok(Err(ApiError::NotLeader { hint })) => hint,
             Ok(result) => return result.map_err(Failure::Answered),
@@ -428,8 +431,9 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
         forwarder.channel.observe(&hint);
         self.previous_target = forwarder.channel.target();
         let started = Instant::now();
-        let result = forwarder
-            .forward_once(&self.request, &mut self.target, deadline)
+        // Boxed: a forwarded call's future (a tonic client's) is large, and only a
+        // follower makes it; the leader's requests stay small.
+        let result = Box::pin(forwarder.forward_once(&self.request, &mut self.target, deadline))
             .await;
         let outcome = match &result {
             Ok(_) => "ok",
