@@ -85,6 +85,9 @@ pub struct AgentArgs {
     /// address (HOST:PORT).
     #[arg(long)]
     metrics_address: Option<String>,
+    /// Serve the read-only web console (/ui) on the --metrics-address listener, or not.
+    #[arg(long, value_enum)]
+    web_console: Option<WebConsoleArg>,
     /// How far (in entries) applying may trail the leader's commit index for /readyz.
     #[arg(long)]
     ready_apply_lag_entries_max: Option<u64>,
@@ -248,6 +251,12 @@ enum ClientAuthArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum WebConsoleArg {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum LogFormatArg {
     Text,
     Json,
@@ -317,6 +326,16 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
     }
     if let Some(v) = &a.metrics_address {
         put("metrics_address", v.clone().into())
+    }
+    if let Some(v) = a.web_console {
+        put(
+            "web_console",
+            match v {
+                WebConsoleArg::On => "on",
+                WebConsoleArg::Off => "off",
+            }
+            .into(),
+        )
     }
     if a.write_stage_timing {
         put("write_stage_timing", true.into())

@@ -433,8 +433,8 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
         let started = Instant::now();
         // Boxed: a forwarded call's future (a tonic client's) is large, and only a
         // follower makes it; the leader's requests stay small.
-        let result = Box::pin(forwarder.forward_once(&self.request, &mut self.target, deadline))
-            .await;
+        let result =
+            Box::pin(forwarder.forward_once(&self.request, &mut self.target, deadline)).await;
         let outcome = match &result {
             Ok(_) => "ok",
             Err(failure) => failure.label(),

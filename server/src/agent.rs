@@ -518,16 +518,32 @@ impl Agent {
             timeout: Duration::from_millis(config.election_timeout_ms * 2),
         };
         if let Some(listener) = ops_listener {
-            tracing::info!(
-                address = %bound(&listener, config.metrics_address.as_deref().unwrap_or_default()),
-                "serving /metrics, /livez, /readyz and the console (/ui) on the ops port (plain HTTP)"
+            let address = bound(
+                &listener,
+                config.metrics_address.as_deref().unwrap_or_default(),
             );
-            let console = crate::console::Console::new(
-                admin.clone(),
-                api.clone(),
-                auth.clone(),
-                tls.is_some() && config.tls_client_auth == crate::config::ClientAuthMode::Required,
-            );
+            let console = match config.web_console {
+                crate::config::WebConsole::On => {
+                    tracing::info!(
+                        %address,
+                        "serving /metrics, /livez, /readyz and the console (/ui) on the ops port (plain HTTP)"
+                    );
+                    Some(crate::console::Console::new(
+                        admin.clone(),
+                        api.clone(),
+                        auth.clone(),
+                        tls.is_some()
+                            && config.tls_client_auth == crate::config::ClientAuthMode::Required,
+                    ))
+                }
+                crate::config::WebConsole::Off => {
+                    tracing::info!(
+                        %address,
+                        "serving /metrics, /livez and /readyz on the ops port (plain HTTP); the console is off (web_console = \"off\")"
+                    );
+                    None
+                }
+            };
             tasks.adopt(
                 "ops server",
                 crate::ops::spawn(listener, probes.clone(), console, stopped.clone()),

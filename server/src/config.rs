@@ -46,6 +46,18 @@ pub enum FollowerStrongReads {
     Forward,
 }
 
+/// Whether the ops listener serves the read-only web console (`web_console`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum WebConsole {
+    /// `/ui` and `/ui/api/...` on the ops listener, beside `/metrics` (the default).
+    #[default]
+    On,
+    /// Not served: `/ui` answers 404 saying the console is off; `/metrics`, `/livez` and
+    /// `/readyz` are served as ever.
+    Off,
+}
+
 /// `[auth]`: the grants of the client port, and this node's own token.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -382,6 +394,10 @@ pub struct Config {
     /// always use a read index.
     #[serde(default)]
     pub follower_strong_reads: FollowerStrongReads,
+    /// Whether the ops listener (`metrics_address`) serves the read-only web console
+    /// (`on`, the default) or not (`off`).
+    #[serde(default)]
+    pub web_console: WebConsole,
     /// The Raft log's storage engine: `wal` (the segmented write-ahead log, default) or
     /// `sled`. A data dir records the engine that wrote it; starting it with the other one
     /// is refused with a message saying what to do.
@@ -601,6 +617,7 @@ impl Default for Config {
             write_stage_timing: false,
             log_engine: cairn_raft_log::LogEngineKind::Wal,
             follower_strong_reads: FollowerStrongReads::ReadIndex,
+            web_console: WebConsole::On,
             auth: AuthConfig::default(),
             tls_cert_file: None,
             tls_key_file: None,

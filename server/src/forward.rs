@@ -319,7 +319,10 @@ mod tests {
             handle < raft,
             "the handle's future ({handle} B) holds Raft's ({raft} B) boxed"
         );
-        assert!(handle <= 1024, "the handle's write future is {handle} bytes");
+        assert!(
+            handle <= 1024,
+            "the handle's write future is {handle} bytes"
+        );
         assert!(
             forwarder <= 4096,
             "the forwarder's write future is {forwarder} bytes"

@@ -303,12 +303,12 @@ impl Probes {
     }
 }
 
-/// Serves the ops listener on `listener`, with the web console's routes, until `stopped`
-/// turns true.
+/// Serves the ops listener on `listener`, with the web console's routes (`None`: the
+/// console is off, [`crate::console::off_router`]), until `stopped` turns true.
 pub fn spawn(
     listener: tokio::net::TcpListener,
     probes: Probes,
-    console: crate::console::Console,
+    console: Option<crate::console::Console>,
     mut stopped: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let router = axum::Router::new()
@@ -316,7 +316,10 @@ pub fn spawn(
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .with_state(probes)
-        .merge(console.router())
+        .merge(match console {
+            Some(console) => console.router(),
+            None => crate::console::off_router(),
+        })
         .fallback(not_found);
     tokio::spawn(async move {
         let shutdown = async move {

@@ -188,10 +188,44 @@ impl ResourceApi {
         check(self.forwarder.executor(), r.get_ref())?;
         let action = what(r.get_ref())?;
         let visibility = authorize(&caller, &action)?;
-        let Some((fairness, default_rates)) = &self.fairness else {
+        let unrestricted = || match r.extensions().get::<ConnectionInfo>() {
+            Some(c) => format!("the connection from {}", c.remote_address),
+            None => "an in-process caller".to_string(),
+        };
+        let Some((fairness, key)) = self
+            .pace(
+                &caller,
+                unrestricted,
+                r.get_ref().encoded_len() as u64,
+                deadline,
+            )
+            .await?
+        else {
             return Ok((visibility, None));
         };
-        let (key, rates) = match &caller {
+        let permit = match write {
+            true => Some(fairness.write_slot(&key, deadline).await?),
+            false => None,
+        };
+        Ok((visibility, permit))
+    }
+
+    /// Waits for `caller`'s turn at its rates ([`crate::fairness`]): a grant's own rates
+    /// (else the node's), keyed by the grant; an unrestricted caller (authentication off)
+    /// at the node's rates, keyed by `unrestricted` (the connection it came on). Returns
+    /// the fairness and the key, for a write slot; `None` when fairness is off. The one
+    /// rule of every request of the client port and of the web console.
+    pub(crate) async fn pace(
+        &self,
+        caller: &crate::auth::Caller,
+        unrestricted: impl FnOnce() -> String,
+        bytes: u64,
+        deadline: Instant,
+    ) -> Result<Option<(&crate::fairness::Fairness, String)>, ApiError> {
+        let Some((fairness, default_rates)) = &self.fairness else {
+            return Ok(None);
+        };
+        let (key, rates) = match caller {
             crate::auth::Caller::Granted(grant) => (
                 format!("grant {:?}", grant.name),
                 crate::fairness::Rates {
@@ -203,22 +237,10 @@ impl ResourceApi {
                         .unwrap_or(default_rates.bytes_per_second),
                 },
             ),
-            crate::auth::Caller::Unrestricted => (
-                match r.extensions().get::<ConnectionInfo>() {
-                    Some(c) => format!("the connection from {}", c.remote_address),
-                    None => "an in-process caller".to_string(),
-                },
-                *default_rates,
-            ),
+            crate::auth::Caller::Unrestricted => (unrestricted(), *default_rates),
         };
-        fairness
-            .pace(&key, rates, r.get_ref().encoded_len() as u64, deadline)
-            .await?;
-        let permit = match write {
-            true => Some(fairness.write_slot(&key, deadline).await?),
-            false => None,
-        };
-        Ok((visibility, permit))
+        fairness.pace(&key, rates, bytes, deadline).await?;
+        Ok(Some((fairness.as_ref(), key)))
     }
 
     /// When a request must be answered by.

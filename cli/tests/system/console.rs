@@ -7,7 +7,7 @@
 //! - with grants configured: the API refuses a call without a token (401), with an unknown
 //!   token (401) and with a token lacking the permission (403, naming it), lists only what
 //!   the caller's grant lets it read, names a bad parameter (400), bounds the console's
-//!   watch streams (503), and the page works once a token is entered.
+//!   watch streams (429), a grant's rate (429), and the page works once a token is entered.
 //!
 //! With `CAIRN_CONSOLE_SCREENSHOTS=DIR` the first test writes its screenshots (PNG,
 //! 1280x900) into DIR. Without the browser the tests say SKIPPED, except under `CI=true`.
@@ -284,11 +284,13 @@ fn the_console_shows_the_cluster_browses_tails_lists_drills_and_follows_a_failov
     );
 }
 
-/// `[auth]` with an admin grant (also the nodes' own token) that writes (and reads) everything, and a
-/// reader of `demo.Thing` in `default/*`.
-fn grants(dir: &std::path::Path) -> (String, String, PathBuf) {
+/// `[auth]` with an admin grant (also the nodes' own token) that writes (and reads) everything, a
+/// reader of `demo.Thing` in `default/*`, and a slow reader: the same, at one request a second.
+/// Returns the admin's, the reader's and the slow reader's tokens, and the file.
+fn grants(dir: &std::path::Path) -> (String, String, String, PathBuf) {
     let (admin, admin_hash) = new_token();
     let (reader, reader_hash) = new_token();
+    let (slow, slow_hash) = new_token();
     let node_token = dir.join("node.token");
     std::fs::write(&node_token, format!("{admin}\n")).unwrap();
     let config = format!(
@@ -306,12 +308,18 @@ write = {{ types = ["*"], tenancies = ["*"] }}
 name = "reader"
 {reader_hash}
 read = {{ types = ["demo.Thing"], tenancies = ["default/*"] }}
+
+[[auth.grants]]
+name = "slow"
+{slow_hash}
+read = {{ types = ["demo.Thing"], tenancies = ["default/*"] }}
+requests_per_second = 1
 "#,
         node_token.display()
     );
     let path = dir.join("auth.toml");
     std::fs::write(&path, config).unwrap();
-    (admin, reader, path)
+    (admin, reader, slow, path)
 }
 
 fn bearer(token: &str) -> String {
@@ -356,7 +364,7 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (admin, reader, config) = grants(dir.path());
+    let (admin, reader, slow, config) = grants(dir.path());
     let mut o = options(3);
     o.metrics = true;
     o.extra_args = vec!["--config".into(), config.display().to_string()];
@@ -495,7 +503,38 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
     );
     assert_eq!(status, 404, "{body}");
 
-    // The console's watch streams are bounded per node: one more is refused with 503.
+    // A grant's rate holds on the console as on the client port: at one request a second
+    // (a burst of one, and at most a second's wait), of five asked at once at least one is
+    // refused, 429 naming the limit, while the reader without a rate is never held back.
+    let asked: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..5)
+            .map(|_| scope.spawn(|| get("/ui/api/types", Some(&slow))))
+            .collect();
+        calls.into_iter().map(|c| c.join().unwrap()).collect()
+    });
+    let refused: Vec<&(u16, String)> = asked.iter().filter(|(status, _)| *status != 200).collect();
+    assert!(
+        !refused.is_empty(),
+        "five at once at one a second: {asked:?}"
+    );
+    for (status, body) in refused {
+        assert_eq!(*status, 429, "{body}");
+        let error = error_of(body);
+        assert_eq!(error["kind"], "RESOURCE_EXHAUSTED", "{body}");
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .contains("requests_per_second"),
+            "{body}"
+        );
+    }
+    for _ in 0..5 {
+        let (status, body) = get("/ui/api/types", Some(&reader));
+        assert_eq!(status, 200, "{body}");
+    }
+
+    // The console's watch streams are bounded per node: one more is refused with 429.
     let mut tails = Vec::new();
     for _ in 0..8 {
         let (status, stream) = open_tail(&ops, &admin);
@@ -503,7 +542,7 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
         tails.push(stream);
     }
     let (status, _) = open_tail(&ops, &admin);
-    assert_eq!(status, 503, "a ninth console watch stream");
+    assert_eq!(status, 429, "a ninth console watch stream");
     drop(tails);
 
     // The page asks for a token, refuses one without the permission, and works with one
@@ -531,4 +570,36 @@ async fn with_grants_the_console_needs_a_token_and_shows_only_what_it_grants() {
         "document.getElementById('auth-error').hidden && document.getElementById('token-state').textContent === 'token set'",
         Duration::from_secs(5),
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_console_off_ui_answers_404_and_metrics_and_probes_are_served() {
+    // `--web-console off`: every /ui path answers 404 saying the console is off (the page,
+    // the API, an unknown endpoint), and the ops listener's other routes are served.
+    let mut o = options(1);
+    o.metrics = true;
+    o.extra_args = vec!["--web-console".into(), "off".into()];
+    let cluster = Cluster::start(o);
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).await;
+    let ops = cluster
+        .node(leader)
+        .metrics_address
+        .clone()
+        .expect("an ops listener");
+    for path in [
+        "/ui",
+        "/ui/",
+        "/ui/api/types",
+        "/ui/api/cluster",
+        "/ui/api/nothing",
+    ] {
+        let (status, body) = http_get_with(&ops, path, &[]);
+        assert_eq!(status, 404, "{path}: {body}");
+        let message = error_of(&body)["message"].as_str().unwrap().to_string();
+        assert!(message.contains("web console is off"), "{path}: {body}");
+    }
+    for path in ["/metrics", "/livez"] {
+        let (status, body) = http_get_with(&ops, path, &[]);
+        assert_eq!(status, 200, "{path}: {body}");
+    }
 }

@@ -26,7 +26,13 @@
 //!
 //! **Order of a call**, as on the client port: authenticate (an unknown caller learns
 //! nothing of its request), parse and validate the parameters (400 naming the parameter),
-//! authorize (403 naming the missing permission), then serve. Errors are the API's
+//! authorize (403 naming the missing permission), wait for the caller's turn at its rates
+//! (the grant's `requests_per_second` and `bytes_per_second`, else the node's; 429 naming
+//! the limit when the wait would pass `client_rate_wait_ms_max`), then serve. Opening a
+//! tail is bounded by the stream limits instead, as opening a WatchList is.
+//!
+//! **Off**: with `web_console = "off"` the ops listener serves [`off_router`] instead: every
+//! `/ui` path answers 404 saying the console is off. Errors are the API's
 //! [`ApiError`]s, turned into HTTP statuses in one place ([`status_of`]) with a JSON body
 //! ([`view::error_json`]).
 //!
@@ -40,7 +46,7 @@
 //! - Everything is bounded: a listing at [`query::RESOURCES_LIMIT_MAX`] resources, counts at
 //!   [`TYPE_COUNTS_MAX`], drill reports at [`DRILLS_MAX`] of at most [`DRILL_PAGES_MAX`]
 //!   pages, a query string at [`query::QUERY_BYTES_MAX`], console watch streams at
-//!   [`WATCH_STREAMS_MAX`] per node (more are refused with 503) each for at most
+//!   [`WATCH_STREAMS_MAX`] per node (more are refused with 429) each for at most
 //!   [`WATCH_STREAM_DURATION_MAX`], and the cluster is asked at most once per
 //!   [`CLUSTER_VIEW_FRESH`] however many pages poll it (each member within
 //!   [`MEMBER_STATUS_TIMEOUT`]).
@@ -152,6 +158,20 @@ impl Console {
         self.0.auth.caller(&as_grpc_request(headers))
     }
 
+    /// Waits for `caller`'s turn at its rates, as a request of the client port does once
+    /// authorized ([`ResourceApi::pace`]: a grant's own rates, else the node's); with
+    /// authentication off, the console's callers share one turn. Refused
+    /// RESOURCE_EXHAUSTED (429) naming the limit when the wait would be too long.
+    async fn paced(&self, caller: &Caller, raw: Option<&str>) -> Result<(), ApiError> {
+        let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
+        let bytes = raw.map_or(0, str::len) as u64;
+        self.0
+            .api
+            .pace(caller, || "the web console".to_string(), bytes, deadline)
+            .await
+            .map(|_| ())
+    }
+
     fn refuse_when_certificates_required(&self) -> Result<(), ApiError> {
         if self.0.client_certificates_required && !self.0.auth.current().is_enabled() {
             return Err(ApiError::Unauthenticated(
@@ -174,6 +194,7 @@ impl Console {
         let caller = self.caller(headers)?;
         query::parse(raw, &[])?;
         authorize(&caller, &Action::Admin(AdminOperation::Status))?;
+        self.paced(&caller, raw).await?;
         let view = self.cluster_view().await;
         serde_json::to_value(&*view).map_err(|e| ApiError::Internal(format!("{e}")))
     }
@@ -240,6 +261,7 @@ impl Console {
         let caller = self.caller(headers)?;
         query::parse(raw, &[])?;
         let visibility = authorize(&caller, &Action::ListByOwner)?;
+        self.paced(&caller, raw).await?;
         let table = self.0.admin.raft.store.view();
         let usage = table
             .usage_by_type()
@@ -284,6 +306,7 @@ impl Console {
                 tenancy: &tenancy,
             },
         )?;
+        self.paced(&caller, raw).await?;
         let limit = request.limit;
         let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
         let page = self
@@ -331,6 +354,7 @@ impl Console {
                 tenancy: &tenancy,
             },
         )?;
+        self.paced(&caller, raw).await?;
         let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
         let answer = self.0.api.read(request, deadline).await?;
         let encoded = answer.resource.ok_or(ApiError::NotFound)?;
@@ -357,6 +381,7 @@ impl Console {
                 tenancy: &tenancy,
             },
         )?;
+        self.paced(&caller, raw).await?;
         let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
         let mut rows = Vec::new();
         let mut page_token = String::new();
@@ -479,10 +504,10 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         | ErrorKind::WatchClosed
         | ErrorKind::FailedPrecondition => StatusCode::CONFLICT,
         ErrorKind::Compacted => StatusCode::GONE,
-        ErrorKind::ResourceExhausted
-        | ErrorKind::Unavailable
-        | ErrorKind::NotLeader
-        | ErrorKind::Inconsistent => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::Unavailable | ErrorKind::NotLeader | ErrorKind::Inconsistent => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ErrorKind::Internal | ErrorKind::Unspecified => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -583,6 +608,27 @@ async fn drills(
     RawQuery(raw): RawQuery,
 ) -> Response {
     respond(console.drills(&headers, raw.as_deref()).await)
+}
+
+/// The console's routes on a node whose console is off (`web_console = "off"`): every
+/// `/ui` path answers 404, saying so and how to turn it on.
+pub fn off_router() -> axum::Router {
+    axum::Router::new()
+        .route("/ui", get(console_off))
+        .route("/ui/", get(console_off))
+        .route("/ui/{*rest}", get(console_off))
+}
+
+async fn console_off() -> Response {
+    json_response(
+        StatusCode::NOT_FOUND,
+        &json!({"error": {
+            "kind": cairn_proto::error::reason_of(ErrorKind::NotFound),
+            "message": "the web console is off on this node (web_console = \"off\"); \
+                        /metrics, /livez and /readyz are served",
+            "parameter": null,
+        }}),
+    )
 }
 
 async fn no_endpoint() -> Response {
@@ -723,7 +769,7 @@ mod tests {
             (WatchClosed, 409),
             (FailedPrecondition, 409),
             (Compacted, 410),
-            (ResourceExhausted, 503),
+            (ResourceExhausted, 429),
             (Unavailable, 503),
             (NotLeader, 503),
             (Inconsistent, 503),
