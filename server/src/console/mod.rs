@@ -620,24 +620,26 @@ pub fn off_router() -> axum::Router {
 }
 
 async fn console_off() -> Response {
-    json_response(
-        StatusCode::NOT_FOUND,
-        &json!({"error": {
-            "kind": cairn_proto::error::reason_of(ErrorKind::NotFound),
-            "message": "the web console is off on this node (web_console = \"off\"); \
-                        /metrics, /livez and /readyz are served",
-            "parameter": null,
-        }}),
+    not_found(
+        "the web console is off on this node (web_console = \"off\"); /metrics, /livez and \
+         /readyz are served",
     )
 }
 
 async fn no_endpoint() -> Response {
+    not_found(
+        "no such console endpoint: /ui/api/ has cluster, types, resources, resource, watch \
+         and drills",
+    )
+}
+
+/// A 404 for a path the console does not serve, saying why.
+fn not_found(message: &str) -> Response {
     json_response(
         StatusCode::NOT_FOUND,
         &json!({"error": {
             "kind": cairn_proto::error::reason_of(ErrorKind::NotFound),
-            "message": "no such console endpoint: /ui/api/ has cluster, types, resources, \
-                        resource, watch and drills",
+            "message": message,
             "parameter": null,
         }}),
     )
