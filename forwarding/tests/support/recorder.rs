@@ -46,29 +46,38 @@ fn has_labels(id: &Id, name: &str, labels: &[(&str, &str)]) -> bool {
             .all(|(k, v)| id.1.iter().any(|(lk, lv)| lk == k && lv == v))
 }
 
+/// The sum of `value` over the entries of `metrics` named `name` with every one of
+/// `labels`; `None` if there is none.
+fn sum_matching<T>(
+    metrics: &BTreeMap<Id, Arc<T>>,
+    name: &str,
+    labels: &[(&str, &str)],
+    value: impl Fn(&T) -> u64,
+) -> Option<u64> {
+    let mut matching = metrics
+        .iter()
+        .filter(|(id, _)| has_labels(id, name, labels))
+        .peekable();
+    matching.peek()?;
+    Some(matching.map(|(_, metric)| value(metric)).sum())
+}
+
 impl Recording {
     /// The sum of the counters named `name` that carry every one of `labels`; `None` if
     /// no such counter was ever registered.
     pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
         let counters = self.counters.lock().unwrap();
-        let mut matching = counters
-            .iter()
-            .filter(|(id, _)| has_labels(id, name, labels))
-            .peekable();
-        matching.peek()?;
-        Some(matching.map(|(_, v)| v.load(Ordering::Relaxed)).sum())
+        sum_matching(&counters, name, labels, |c| c.load(Ordering::Relaxed))
     }
 
     /// How many samples the histograms named `name` with every one of `labels` hold;
     /// `None` if no such histogram was ever registered.
     pub fn samples(&self, name: &str, labels: &[(&str, &str)]) -> Option<usize> {
         let histograms = self.histograms.lock().unwrap();
-        let mut matching = histograms
-            .iter()
-            .filter(|(id, _)| has_labels(id, name, labels))
-            .peekable();
-        matching.peek()?;
-        Some(matching.map(|(_, h)| h.0.lock().unwrap().len()).sum())
+        sum_matching(&histograms, name, labels, |h| {
+            h.0.lock().unwrap().len() as u64
+        })
+        .map(|n| n as usize)
     }
 }
 
