@@ -1555,6 +1555,26 @@ mod tests {
     }
 
     #[test]
+    fn web_console_defaults_to_on_and_a_bad_value_is_refused_naming_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = one_member_file(dir.path());
+        let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
+        assert_eq!(c.web_console, WebConsole::On);
+        let c = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"web_console": "off"})),
+        )
+        .unwrap();
+        assert_eq!(c.web_console, WebConsole::Off);
+        let e = Config::load(
+            Some(&file),
+            flags(serde_json::json!({"web_console": "false"})),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("web_console"), "{e}");
+    }
+
+    #[test]
     fn log_engine_defaults_to_wal_and_a_bad_name_is_refused_naming_the_field() {
         // No setting: the WAL. `sled` is accepted; a typo fails naming `log_engine`.
         let dir = tempfile::tempdir().unwrap();
