@@ -29,12 +29,12 @@
 //! authorize (403 naming the missing permission), wait for the caller's turn at its rates
 //! (the grant's `requests_per_second` and `bytes_per_second`, else the node's; 429 naming
 //! the limit when the wait would pass `client_rate_wait_ms_max`), then serve. Opening a
-//! tail is bounded by the stream limits instead, as opening a WatchList is.
+//! tail is bounded by the stream limits instead, as opening a WatchList is. Errors are the
+//! API's [`ApiError`]s, turned into HTTP statuses in one place ([`status_of`]) with a JSON
+//! body ([`view::error_json`]).
 //!
 //! **Off**: with `web_console = "off"` the ops listener serves [`off_router`] instead: every
-//! `/ui` path answers 404 saying the console is off. Errors are the API's
-//! [`ApiError`]s, turned into HTTP statuses in one place ([`status_of`]) with a JSON body
-//! ([`view::error_json`]).
+//! `/ui` path answers 404 saying the console is off.
 //!
 //! ## Invariants
 //! - With grants configured, no `/ui/api/` answer is given without a known token, and
