@@ -1534,65 +1534,55 @@ mod tests {
         assert!(c.unsafe_modes.enabled().is_empty());
     }
 
-    #[test]
-    fn follower_strong_reads_default_to_read_index_and_a_bad_value_is_refused_naming_the_field() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = one_member_file(dir.path());
-        let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
-        assert_eq!(c.follower_strong_reads, FollowerStrongReads::ReadIndex);
-        let c = Config::load(
-            Some(&file),
-            flags(serde_json::json!({"follower_strong_reads": "forward"})),
-        )
-        .unwrap();
-        assert_eq!(c.follower_strong_reads, FollowerStrongReads::Forward);
-        let e = Config::load(
-            Some(&file),
-            flags(serde_json::json!({"follower_strong_reads": "leader"})),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("follower_strong_reads"), "{e}");
+    /// One setting whose value is a name: what its default is, another name it accepts,
+    /// and a name it refuses.
+    struct NamedSetting {
+        key: &'static str,
+        is_default: fn(&Config) -> bool,
+        other: &'static str,
+        is_other: fn(&Config) -> bool,
+        refused: &'static str,
     }
 
     #[test]
-    fn web_console_defaults_to_on_and_a_bad_value_is_refused_naming_the_field() {
+    fn named_settings_have_their_default_take_another_name_and_refuse_a_bad_one_naming_the_field() {
+        let table = [
+            NamedSetting {
+                key: "follower_strong_reads",
+                is_default: |c| c.follower_strong_reads == FollowerStrongReads::ReadIndex,
+                other: "forward",
+                is_other: |c| c.follower_strong_reads == FollowerStrongReads::Forward,
+                refused: "leader",
+            },
+            NamedSetting {
+                key: "web_console",
+                is_default: |c| c.web_console == WebConsole::On,
+                other: "off",
+                is_other: |c| c.web_console == WebConsole::Off,
+                refused: "false",
+            },
+            // No setting: the WAL. `sled` is accepted; a typo fails naming `log_engine`.
+            NamedSetting {
+                key: "log_engine",
+                is_default: |c| c.log_engine == cairn_raft_log::LogEngineKind::Wal,
+                other: "sled",
+                is_other: |c| c.log_engine == cairn_raft_log::LogEngineKind::Sled,
+                refused: "rocks",
+            },
+        ];
         let dir = tempfile::tempdir().unwrap();
         let file = one_member_file(dir.path());
         let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
-        assert_eq!(c.web_console, WebConsole::On);
-        let c = Config::load(
-            Some(&file),
-            flags(serde_json::json!({"web_console": "off"})),
-        )
-        .unwrap();
-        assert_eq!(c.web_console, WebConsole::Off);
-        let e = Config::load(
-            Some(&file),
-            flags(serde_json::json!({"web_console": "false"})),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("web_console"), "{e}");
-    }
-
-    #[test]
-    fn log_engine_defaults_to_wal_and_a_bad_name_is_refused_naming_the_field() {
-        // No setting: the WAL. `sled` is accepted; a typo fails naming `log_engine`.
-        let dir = tempfile::tempdir().unwrap();
-        let file = one_member_file(dir.path());
-        let c = Config::load(Some(&file), flags(serde_json::json!({}))).unwrap();
-        assert_eq!(c.log_engine, cairn_raft_log::LogEngineKind::Wal);
-        let c = Config::load(
-            Some(&file),
-            flags(serde_json::json!({"log_engine": "sled"})),
-        )
-        .unwrap();
-        assert_eq!(c.log_engine, cairn_raft_log::LogEngineKind::Sled);
-        let e = Config::load(
-            Some(&file),
-            flags(serde_json::json!({"log_engine": "rocks"})),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("log_engine"), "{e}");
+        for row in &table {
+            let key = row.key;
+            assert!((row.is_default)(&c), "{key}: the default");
+            let c =
+                Config::load(Some(&file), flags(serde_json::json!({ key: row.other }))).unwrap();
+            assert!((row.is_other)(&c), "{key} = {:?}", row.other);
+            let e = Config::load(Some(&file), flags(serde_json::json!({ key: row.refused })))
+                .unwrap_err();
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
     }
 
     #[test]
