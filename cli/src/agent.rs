@@ -243,6 +243,16 @@ pub fn describe_flag(arg: clap::Arg) -> clap::Arg {
     arg.help(help)
 }
 
+/// A named flag's value as its setting takes it: the flag's own name for it (clap's
+/// kebab-case, as the settings' names are in the configuration).
+fn setting_name(value: impl ValueEnum) -> serde_json::Value {
+    value
+        .to_possible_value()
+        .expect("no flag value is hidden")
+        .get_name()
+        .into()
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ClientAuthArg {
     None,
@@ -315,27 +325,13 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
         put("log_level", v.clone().into())
     }
     if let Some(v) = a.log_format {
-        put(
-            "log_format",
-            match v {
-                LogFormatArg::Text => "text",
-                LogFormatArg::Json => "json",
-            }
-            .into(),
-        )
+        put("log_format", setting_name(v))
     }
     if let Some(v) = &a.metrics_address {
         put("metrics_address", v.clone().into())
     }
     if let Some(v) = a.web_console {
-        put(
-            "web_console",
-            match v {
-                WebConsoleArg::On => "on",
-                WebConsoleArg::Off => "off",
-            }
-            .into(),
-        )
+        put("web_console", setting_name(v))
     }
     if a.write_stage_timing {
         put("write_stage_timing", true.into())
@@ -369,15 +365,7 @@ fn flags_of(a: &AgentArgs) -> Result<serde_json::Value, String> {
         }
     }
     if let Some(v) = a.tls_client_auth {
-        put(
-            "tls_client_auth",
-            match v {
-                ClientAuthArg::None => "none",
-                ClientAuthArg::Optional => "optional",
-                ClientAuthArg::Required => "required",
-            }
-            .into(),
-        )
+        put("tls_client_auth", setting_name(v))
     }
     for (key, value) in [
         ("tls_reload_interval_ms", a.tls_reload_interval_ms),
@@ -492,5 +480,34 @@ fn print_config(source: &cairn_server::config::ConfigSource) -> u8 {
             eprintln!("cairn: {e}");
             exit::USAGE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Agent {
+        #[command(flatten)]
+        args: super::AgentArgs,
+    }
+
+    #[test]
+    fn a_named_flag_gives_its_setting_the_name_the_configuration_takes() {
+        let agent = Agent::try_parse_from([
+            "agent",
+            "--log-format",
+            "json",
+            "--tls-client-auth",
+            "optional",
+            "--web-console",
+            "off",
+        ])
+        .unwrap();
+        let flags = super::flags_of(&agent.args).unwrap();
+        assert_eq!(flags["log_format"], "json");
+        assert_eq!(flags["tls_client_auth"], "optional");
+        assert_eq!(flags["web_console"], "off");
     }
 }
