@@ -161,15 +161,17 @@ impl Console {
     /// Waits for `caller`'s turn at its rates, as a request of the client port does once
     /// authorized ([`ResourceApi::pace`]: a grant's own rates, else the node's); with
     /// authentication off, the console's callers share one turn. Refused
-    /// RESOURCE_EXHAUSTED (429) naming the limit when the wait would be too long.
-    async fn paced(&self, caller: &Caller, raw: Option<&str>) -> Result<(), ApiError> {
+    /// RESOURCE_EXHAUSTED (429) naming the limit when the wait would be too long. Returns
+    /// the call's deadline ([`REQUEST_TIMEOUT`] from its start), which the wait counted
+    /// against.
+    async fn paced(&self, caller: &Caller, raw: Option<&str>) -> Result<Instant, ApiError> {
         let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
         let bytes = raw.map_or(0, str::len) as u64;
         self.0
             .api
             .pace(caller, || "the web console".to_string(), bytes, deadline)
-            .await
-            .map(|_| ())
+            .await?;
+        Ok(deadline)
     }
 
     fn refuse_when_certificates_required(&self) -> Result<(), ApiError> {
@@ -306,9 +308,8 @@ impl Console {
                 tenancy: &tenancy,
             },
         )?;
-        self.paced(&caller, raw).await?;
+        let deadline = self.paced(&caller, raw).await?;
         let limit = request.limit;
-        let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
         let page = self
             .0
             .api
@@ -354,8 +355,7 @@ impl Console {
                 tenancy: &tenancy,
             },
         )?;
-        self.paced(&caller, raw).await?;
-        let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
+        let deadline = self.paced(&caller, raw).await?;
         let answer = self.0.api.read(request, deadline).await?;
         let encoded = answer.resource.ok_or(ApiError::NotFound)?;
         let resource = view::decode_resource(&encoded).map_err(ApiError::Internal)?;
@@ -381,8 +381,7 @@ impl Console {
                 tenancy: &tenancy,
             },
         )?;
-        self.paced(&caller, raw).await?;
-        let deadline = self.0.api.deadline_within(Some(REQUEST_TIMEOUT));
+        let deadline = self.paced(&caller, raw).await?;
         let mut rows = Vec::new();
         let mut page_token = String::new();
         let mut revision = 0;
