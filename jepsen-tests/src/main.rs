@@ -904,7 +904,8 @@ async fn fault_command(command: FaultCommand) -> ExitCode {
 }
 
 /// `jepsen-tests upgrade`: builds the earlier release (unless built already), then this build
-/// (which links `target/release/cairn` again), checks which is which, and runs the scenario.
+/// (which links `target/release/cairn` again) or takes the given one (copied aside before the
+/// earlier release's build), checks which is which, and runs the scenario.
 async fn upgrade_command(args: UpgradeArgs) -> ExitCode {
     use jepsen_tests::upgrade::{self, release};
     let started = Instant::now();
@@ -923,10 +924,21 @@ async fn upgrade_command(args: UpgradeArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let built = match release::target_dir() {
-        Ok(target) => release::build(&earlier, &workspace, &target).await,
-        Err(e) => Err(e),
+    let current_release = env!("CARGO_PKG_VERSION");
+    let target = match release::target_dir() {
+        Ok(t) => t,
+        Err(e) => return fail(e),
     };
+    // A binary given by path may be target/release/cairn, which the earlier release's build
+    // links over: it is checked and kept aside first.
+    let given = match &args.cairn_binary {
+        Some(binary) => match release::keep_aside(binary, &target, current_release) {
+            Ok(kept) => Some(kept),
+            Err(e) => return fail(e),
+        },
+        None => None,
+    };
+    let built = release::build(&earlier, &workspace, &target).await;
     let built = match built {
         Ok(b) => b,
         Err(e) => return fail(e),
@@ -947,17 +959,17 @@ async fn upgrade_command(args: UpgradeArgs) -> ExitCode {
         ),
     };
     println!("{build_line}");
-    // This build after the earlier one: both link target/release/cairn, this one last.
+    // This build after the earlier one (both link target/release/cairn, this one last), or
+    // the given one, kept aside before.
     let prepared = match prepare(&RunArgs {
         seed: args.seed,
         results: args.results.clone(),
-        cairn_binary: args.cairn_binary.clone(),
+        cairn_binary: given,
         only: None,
     }) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let current_release = env!("CARGO_PKG_VERSION");
     let checked = release::check_version(&built.binary, &earlier.version)
         .and_then(|()| release::check_version(&prepared.env.binary, current_release));
     if let Err(e) = checked {

@@ -11,7 +11,9 @@
 //!
 //! Both builds link `<target>/release/cairn`: after a [`build`], the current build's binary
 //! must be linked there again before it is used ([`crate::runner::cairn_binary`] runs cargo,
-//! which links a fresh unit's output again), and [`check_version`] tells the two apart.
+//! which links a fresh unit's output again), and [`check_version`] tells the two apart. A
+//! current binary given by path (which may be that very file) is checked and copied aside by
+//! [`keep_aside`] before the earlier release is built.
 //!
 //! Cargo tells a workspace package's artifacts apart by its name, its version and its path
 //! inside the workspace, not by the workspace's place on disk: a package of the release with
@@ -354,6 +356,23 @@ pub fn check_version(binary: &Path, version: &str) -> Result<(), String> {
     }
 }
 
+/// Copies the current build's `binary`, once [`check_version`] says it is release `version`,
+/// to `<target>/compat/cairn-<version>-current`, and returns that path: the earlier release's
+/// [`build`] links `<target>/release/cairn` over the file a caller may have named (as CI names
+/// the binary its test command built), and a run must upgrade to the build it was given.
+pub fn keep_aside(binary: &Path, target_dir: &Path, version: &str) -> Result<PathBuf, String> {
+    check_version(binary, version)?;
+    let compat = target_dir.join("compat");
+    std::fs::create_dir_all(&compat)
+        .map_err(|e| format!("cannot create {}: {e}", compat.display()))?;
+    let kept = compat.join(format!("cairn-{version}-current"));
+    let partial = compat.join(format!("cairn-{version}-current.part"));
+    std::fs::copy(binary, &partial)
+        .and_then(|_| std::fs::rename(&partial, &kept))
+        .map_err(|e| format!("cannot copy {} to {}: {e}", binary.display(), kept.display()))?;
+    Ok(kept)
+}
+
 /// Fails unless `binary`'s `cairn agent --help` lists every flag in `flags`: a build started
 /// by this harness must know each flag the harness passes ([`crate::cluster::Cluster::agent_flags`]).
 pub fn check_agent_flags(binary: &Path, flags: &[String]) -> Result<(), String> {
@@ -385,6 +404,33 @@ pub fn check_agent_flags(binary: &Path, flags: &[String]) -> Result<(), String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stand-in `cairn` at `path` whose `--version` prints `cairn <version>`.
+    fn fake_cairn(path: &Path, version: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let partial = path.with_extension("part");
+        std::fs::write(&partial, format!("#!/bin/sh\necho cairn {version}\n")).unwrap();
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&partial, path).unwrap();
+    }
+
+    /// CI names `target/release/cairn`, which the earlier release's build links over: the run
+    /// must go on with the build it was given, and refuse a binary of another release.
+    #[test]
+    fn a_given_binary_is_kept_aside_from_the_earlier_releases_build() {
+        let target = tempfile::tempdir().unwrap();
+        let linked = target.path().join("cairn");
+        fake_cairn(&linked, "0.2.0");
+        let kept = keep_aside(&linked, target.path(), "0.2.0").unwrap();
+        fake_cairn(&linked, "0.1.0"); // the earlier release's build
+        check_version(&kept, "0.2.0").unwrap();
+        let wrong = keep_aside(&linked, target.path(), "0.2.0").unwrap_err();
+        assert!(
+            wrong.contains("printed \"cairn 0.1.0\", not \"cairn 0.2.0\""),
+            "{wrong}"
+        );
+        check_version(&kept, "0.2.0").unwrap();
+    }
 
     #[test]
     fn the_pinned_releases_parse_and_the_newest_is_picked() {
