@@ -817,15 +817,17 @@ impl Client {
             .inner
             .access
             .endpoint(uri)?
-            .connect_timeout(options.connect_timeout)
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(options.keep_alive_interval)
             .keep_alive_timeout(options.keep_alive_timeout)
             .keep_alive_while_idle(true);
         let limit = deadline
             .saturating_duration_since(Instant::now())
             .min(options.connect_timeout);
-        let connecting = cairn_tls::connect_channel(endpoint, self.inner.access.tls.as_ref());
+        let connecting = cairn_tls::connect_channel(
+            endpoint,
+            self.inner.access.tls.as_ref(),
+            options.connect_timeout,
+        );
         match tokio::time::timeout(limit, connecting).await {
             Ok(Ok(channel)) => {
                 self.inner

@@ -88,10 +88,9 @@ impl Access {
         // about 15 s instead of never.
         let endpoint = self
             .endpoint(address)?
-            .connect_timeout(connect_timeout)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(10));
-        let connecting = cairn_tls::connect_channel(endpoint, self.tls.as_ref());
+        let connecting = cairn_tls::connect_channel(endpoint, self.tls.as_ref(), connect_timeout);
         match tokio::time::timeout(connect_timeout, connecting).await {
             Ok(Ok(channel)) => Ok(channel),
             Ok(Err(e)) => Err(format!(

@@ -296,13 +296,12 @@ impl LeaderChannel {
             }
         };
         let endpoint = endpoint
-            .connect_timeout(self.options.connect_timeout)
-            .tcp_nodelay(true)
             .http2_keep_alive_interval(self.options.keepalive_interval)
             .keep_alive_timeout(self.options.keepalive_timeout)
             .keep_alive_while_idle(true);
         let bound = deadline.min(Instant::now() + self.options.connect_timeout);
-        let connecting = cairn_tls::connect_channel(endpoint, self.tls.as_ref());
+        let connecting =
+            cairn_tls::connect_channel(endpoint, self.tls.as_ref(), self.options.connect_timeout);
         let result = match tokio::time::timeout_at(bound, connecting).await {
             Ok(Ok(channel)) => Ok(channel),
             Ok(Err(e)) => Err(cairn_request::decide::error_chain(&e)),

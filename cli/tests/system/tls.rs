@@ -35,9 +35,8 @@ async fn peer_channel(
     .map_err(|e| e.to_string())?;
     let endpoint = Endpoint::from_shared(format!("http://{peer_address}"))
         .expect("uri")
-        .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5));
-    cairn_tls::connect_channel(endpoint, Some(&tls))
+    cairn_tls::connect_channel(endpoint, Some(&tls), Duration::from_secs(2))
         .await
         .map_err(|e| format!("{e:?}"))
 }

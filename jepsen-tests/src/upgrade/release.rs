@@ -369,7 +369,13 @@ pub fn keep_aside(binary: &Path, target_dir: &Path, version: &str) -> Result<Pat
     let partial = compat.join(format!("cairn-{version}-current.part"));
     std::fs::copy(binary, &partial)
         .and_then(|_| std::fs::rename(&partial, &kept))
-        .map_err(|e| format!("cannot copy {} to {}: {e}", binary.display(), kept.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot copy {} to {}: {e}",
+                binary.display(),
+                kept.display()
+            )
+        })?;
     Ok(kept)
 }
 

@@ -845,8 +845,10 @@ impl AsyncWrite for Connection {
         Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
 
+    /// No, whatever the socket could ([`cairn_tls::WRITE_VECTORED`]): h2 then coalesces the
+    /// small frames of every response ready into one `write`.
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        cairn_tls::WRITE_VECTORED
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

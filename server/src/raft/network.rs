@@ -117,6 +117,9 @@ pub const TRANSFER_BYTES_PER_SECOND_MIN: u64 = 4 * 1024 * 1024;
 /// the entries before it answers, and a loaded disk takes longer than a heartbeat interval.
 const TRANSFER_BASE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long one dial of a peer's peer port (TCP and TLS handshake) may take.
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// How long a send of `bytes` may take: a base of at least [`TRANSFER_BASE_TIMEOUT`]
 /// (or `base`, if longer) plus the bytes at [`TRANSFER_BYTES_PER_SECOND_MIN`].
 pub fn transfer_timeout(base: Duration, bytes: usize) -> Duration {
@@ -396,14 +399,12 @@ impl Network {
         }
         let endpoint = Endpoint::from_shared(format!("http://{peer_address}"))
             .map_err(|e| format!("bad peer address {peer_address:?}: {e}"))?
-            .connect_timeout(Duration::from_millis(500))
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true)
-            .tcp_nodelay(true);
-        // Each (re)connection dials with the TLS configuration current then,
-        // so a reloaded certificate is used from the next connection on.
-        let channel = cairn_tls::lazy_channel(endpoint, self.tls.as_ref());
+            .keep_alive_while_idle(true);
+        // Each (re)connection dials (TCP without Nagle, then TLS) with the configuration
+        // current then, so a reloaded certificate is used from the next connection on.
+        let channel = cairn_tls::lazy_channel(endpoint, self.tls.as_ref(), PEER_CONNECT_TIMEOUT);
         channels.insert(peer_address.to_string(), channel.clone());
         Ok(channel)
     }

@@ -37,9 +37,9 @@ impl RawGrpc {
         let endpoint = access
             .endpoint(address)
             .expect("a node address")
-            .connect_timeout(Duration::from_millis(500))
             .timeout(CALL_TIMEOUT);
-        let channel = cairn_tls::lazy_channel(endpoint, access.tls.as_ref());
+        let channel =
+            cairn_tls::lazy_channel(endpoint, access.tls.as_ref(), Duration::from_millis(500));
         RawGrpc {
             address: address.to_string(),
             channel: InterceptedService::new(channel, access.credentials.clone()),
