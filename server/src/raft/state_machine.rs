@@ -174,14 +174,29 @@ fn restore_from_file(
     Ok(header)
 }
 
-fn prune_except(dir: &Path, keep: &Path) {
+/// The index a complete snapshot's file name gives (`snap-<index>-<term>.snap`, see
+/// [`snapshot_path`]); `None` for any other file.
+fn complete_snapshot_index(name: &str) -> Option<u64> {
+    name.strip_prefix("snap-")?
+        .strip_suffix(".snap")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Removes the complete snapshots below index `keep_index`. Never a `.tmp` (a build may be
+/// writing it) nor `incoming.part` (the leader may be sending it): a build runs beside the
+/// state machine's other work, and both are removed at start only, when nothing writes them
+/// ([`is_leftover`]).
+fn prune_older(dir: &Path, keep_index: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
         let path = entry.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if path != keep && (name.starts_with("snap-") || name.starts_with("incoming")) {
+        if complete_snapshot_index(name).is_some_and(|index| index < keep_index) {
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove an old snapshot");
             }
@@ -438,6 +453,30 @@ impl StateMachine {
     fn meta(&self) -> std::sync::MutexGuard<'_, Meta> {
         self.shared.meta.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Makes the snapshot at `path` (of `meta`) the current one and removes the complete
+    /// snapshots below it, unless one at a higher index is current: openraft builds a snapshot
+    /// in a task of its own, beside the installs from the leader, so a build can end after a
+    /// newer snapshot was installed. Such a stale build's file is removed instead, and the
+    /// installed snapshot, which the log was purged behind, stays. Returns whether `meta` is
+    /// current now. One lock holds the comparison, the swap and the removals together.
+    fn publish_snapshot(&self, meta: &SnapshotMeta<NodeId, NodeInfo>, path: &Path) -> bool {
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        let mut m = self.meta();
+        let current_index = m
+            .current_snapshot
+            .as_ref()
+            .map(|(current, _)| current.last_log_id.map_or(0, |l| l.index));
+        if current_index.is_some_and(|current| current > index) {
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove a stale snapshot");
+            }
+            return false;
+        }
+        m.current_snapshot = Some((meta.clone(), path.to_path_buf()));
+        prune_older(&self.shared.dir, index);
+        true
+    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
@@ -490,12 +529,19 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         if let Some(log_id) = last_log_id {
             self.snapshot_durable(log_id.index).await?;
         }
-        prune_except(&self.shared.dir, &path);
-        self.shared.growth.snapshot_built(covered_bytes, size_bytes);
-        self.meta().current_snapshot = Some((meta.clone(), path.clone()));
+        // Opened before it is published: a stale build's file is removed there.
         let file = tokio::fs::File::open(&path)
             .await
             .map_err(|e| self.fail(FatalCause::from_io("open the snapshot", &path, &e)))?;
+        if self.publish_snapshot(&meta, &path) {
+            self.shared.growth.snapshot_built(covered_bytes, size_bytes);
+        } else {
+            tracing::info!(
+                index = header_index,
+                "a newer snapshot was installed from the leader while this one was built: \
+                 removed this one"
+            );
+        }
         Ok(Snapshot {
             meta,
             snapshot: Box::new(file),
@@ -633,13 +679,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
         let path = self.shared.dir.join("incoming.part");
-        let file = tokio::fs::File::create(&path).await.map_err(|e| {
-            self.fail(FatalCause::from_io(
-                "create the file for a snapshot from the leader",
-                &path,
-                &e,
-            ))
-        })?;
+        // Readable too: `install_snapshot` copies a file handed back under another name.
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .await
+            .map_err(|e| {
+                self.fail(FatalCause::from_io(
+                    "create the file for a snapshot from the leader",
+                    &path,
+                    &e,
+                ))
+            })?;
         Ok(Box::new(file))
     }
 
@@ -720,7 +774,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             std::fs::rename(&incoming, &install_path)
                 .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
             // The new name is durable before the deferred log purge behind it is carried
-            // out (`snapshot_durable`), and before `prune_except` removes the older snapshots.
+            // out (`snapshot_durable`), and before `publish_snapshot` removes the older snapshots.
             crate::durable::sync_parent(&install_path)
                 .map_err(|e| FatalCause::from_io(DOING, &install_path, &e))?;
             Ok(())
@@ -731,11 +785,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.shared.growth.snapshot_installed(received_bytes);
         super::series::snapshot_installed(started.elapsed(), received_bytes);
         self.snapshot_durable(last_log_id.index).await?;
-        prune_except(&self.shared.dir, &final_path);
+        let published = self.publish_snapshot(meta, &final_path);
+        assert!(
+            published,
+            "a snapshot installed from the leader is newer than any this node built"
+        );
         let mut m = self.meta();
         m.last_applied = Some(last_log_id);
         m.membership = meta.last_membership.clone();
-        m.current_snapshot = Some((meta.clone(), final_path));
         tracing::info!(
             index = last_log_id.index,
             "installed snapshot from the leader"
@@ -860,6 +917,49 @@ mod tests {
             }
             other => panic!("expected Corruption, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_build_beside_a_receive_removes_neither_the_incoming_file_nor_a_newer_install() {
+        // openraft builds a snapshot in a task of its own, beside a snapshot streaming in from
+        // the leader. A build that ended mid-receive removed `incoming.part`, and the install
+        // then failed (EBADF, exit 11: 14-set-oom-kill-loop, 2026-11-30). A build that ended
+        // after an install removed the installed snapshot, which the log was purged behind,
+        // and made its older one current.
+        use tokio::io::AsyncWriteExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let snapshots = dir.path().join("snapshots");
+        let bytes = snapshot_bytes(dir.path(), &header("mine", 5));
+        let mut sm = open(dir.path(), "mine");
+        let mut receiving = sm.begin_receiving_snapshot().await.unwrap();
+        let (first, rest) = bytes.split_at(bytes.len() / 2);
+        receiving.write_all(first).await.unwrap();
+        sm.clone().build_snapshot().await.unwrap();
+        assert!(
+            snapshots.join("incoming.part").exists(),
+            "a build removed the file being received"
+        );
+        receiving.write_all(rest).await.unwrap();
+        receiving.flush().await.unwrap();
+        let meta_at = |index| SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
+            last_membership: Membership::default(),
+            snapshot_id: format!("1-{index}"),
+        };
+        sm.install_snapshot(&meta_at(5), receiving).await.unwrap();
+        let installed = snapshot_path(&snapshots, 5, 1);
+        assert!(installed.exists());
+
+        // A build that took its state before the install and ends after it.
+        let stale = snapshot_path(&snapshots, 3, 1);
+        SnapshotWriter::create(&stale, &header("mine", 3))
+            .unwrap()
+            .finish()
+            .unwrap();
+        assert!(!sm.publish_snapshot(&meta_at(3), &stale));
+        assert!(installed.exists() && !stale.exists());
+        let current = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta.last_log_id.map(|l| l.index), Some(5));
     }
 
     #[test]
