@@ -132,7 +132,7 @@ pub fn seed_data_dir(
     };
     let snapshots = crate::raft::snapshot_dir(data_dir);
     std::fs::create_dir_all(&snapshots).map_err(|e| io_error(&snapshots, e))?;
-    let target = snapshots.join(format!("snap-{index:020}-{term}.snap"));
+    let target = crate::raft::snapshot_path(&snapshots, index, term);
     let mut reader = SnapshotReader::open(source)?;
     let mut writer = SnapshotWriter::create(&target, &header)?;
     let mut copied = 0u64;

@@ -311,17 +311,7 @@ pub async fn build(
         Err(e) => return Err(format!("cannot run cargo: {e}")),
     }
     removed?;
-    let output = build_dir.join("release").join(&release.bin);
-    let partial = compat.join(format!("cairn-{}.part", release.version));
-    std::fs::copy(&output, &partial)
-        .and_then(|_| std::fs::rename(&partial, &binary))
-        .map_err(|e| {
-            format!(
-                "cannot copy {} to {}: {e}",
-                output.display(),
-                binary.display()
-            )
-        })?;
+    copy_into_place(&build_dir.join("release").join(&release.bin), &binary)?;
     std::fs::write(&stamp, format!("{}\n", release.commit))
         .map_err(|e| format!("cannot write {}: {e}", stamp.display()))?;
     println!(
@@ -366,17 +356,17 @@ pub fn keep_aside(binary: &Path, target_dir: &Path, version: &str) -> Result<Pat
     std::fs::create_dir_all(&compat)
         .map_err(|e| format!("cannot create {}: {e}", compat.display()))?;
     let kept = compat.join(format!("cairn-{version}-current"));
-    let partial = compat.join(format!("cairn-{version}-current.part"));
-    std::fs::copy(binary, &partial)
-        .and_then(|_| std::fs::rename(&partial, &kept))
-        .map_err(|e| {
-            format!(
-                "cannot copy {} to {}: {e}",
-                binary.display(),
-                kept.display()
-            )
-        })?;
+    copy_into_place(binary, &kept)?;
     Ok(kept)
+}
+
+/// Copies `from` to `to` through `<to>.part`, renamed into place: `to` is never a half copy.
+fn copy_into_place(from: &Path, to: &Path) -> Result<(), String> {
+    let mut partial = to.as_os_str().to_owned();
+    partial.push(".part");
+    std::fs::copy(from, &partial)
+        .and_then(|_| std::fs::rename(&partial, to))
+        .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))
 }
 
 /// Fails unless `binary`'s `cairn agent --help` lists every flag in `flags`: a build started

@@ -635,12 +635,8 @@ async fn no_endpoint() -> Response {
 /// A 404 for a path the console does not serve, saying why.
 fn not_found(message: &str) -> Response {
     json_response(
-        StatusCode::NOT_FOUND,
-        &json!({"error": {
-            "kind": cairn_proto::error::reason_of(ErrorKind::NotFound),
-            "message": message,
-            "parameter": null,
-        }}),
+        status_of(ErrorKind::NotFound),
+        &view::error_body(ErrorKind::NotFound, message, None),
     )
 }
 

@@ -16,7 +16,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use cairn_fsm::ReadScope;
 use cairn_proto::drill_report;
-use cairn_proto::error::{reason_of, ApiError};
+use cairn_proto::error::{reason_of, ApiError, ErrorKind};
 use cairn_proto::google::protobuf::Any;
 use cairn_proto::v1::{self as pb, condition};
 use serde::Serialize;
@@ -519,13 +519,18 @@ pub fn newest_first(rows: impl IntoIterator<Item = DrillRow>, max: usize) -> Vec
 /// missing permission, or the bad parameter), and the parameter when one is to blame.
 pub fn error_json(error: &ApiError) -> Value {
     let parameter = match error {
-        ApiError::InvalidArgument { field, .. } if !field.is_empty() => Some(field.clone()),
+        ApiError::InvalidArgument { field, .. } if !field.is_empty() => Some(field.as_str()),
         _ => None,
     };
+    error_body(error.kind(), &error.to_string(), parameter)
+}
+
+/// The JSON body of any error answer ([`error_json`]'s shape): `kind`, `message`, `parameter`.
+pub fn error_body(kind: ErrorKind, message: &str, parameter: Option<&str>) -> Value {
     json!({
         "error": {
-            "kind": reason_of(error.kind()),
-            "message": error.to_string(),
+            "kind": reason_of(kind),
+            "message": message,
             "parameter": parameter,
         }
     })

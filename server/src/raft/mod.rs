@@ -252,6 +252,24 @@ pub fn snapshot_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("snapshots")
 }
 
+/// The file of the complete snapshot at `index` (of `term`) in the snapshot dir `dir`:
+/// `snap-<index>-<term>.snap`, the index in 20 digits so that the names sort as the indexes
+/// do. Nothing else in the dir is a complete snapshot ([`snapshot_index_of`]).
+pub fn snapshot_path(dir: &Path, index: u64, term: u64) -> PathBuf {
+    dir.join(format!("snap-{index:020}-{term}.snap"))
+}
+
+/// The index the name of a complete snapshot's file gives ([`snapshot_path`]); `None` for any
+/// other file (a snapshot still being written or received among them).
+pub(crate) fn snapshot_index_of(name: &str) -> Option<u64> {
+    name.strip_prefix("snap-")?
+        .strip_suffix(".snap")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Whether `data_dir` holds any node state: a log, or a snapshot (which is
 /// all an offline restore seeds). A data dir without either is a new node.
 pub fn holds_node_state(data_dir: &Path) -> bool {

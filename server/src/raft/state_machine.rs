@@ -21,6 +21,7 @@ use super::identity::AdoptError;
 pub use super::identity::ClusterIdentity;
 use super::log_growth::LogGrowth;
 use super::types::{Membership, NodeId, NodeInfo, Reply, TypeConfig};
+use super::{snapshot_index_of, snapshot_path};
 use crate::fatal::FatalCause;
 use crate::snapshot_file::{
     self, Section, SnapshotFileError, SnapshotHeader, SnapshotReader, SnapshotWriter,
@@ -75,10 +76,6 @@ fn snapshot_failure(doing: &str, path: &Path, error: &SnapshotFileError) -> Fata
             detail: damage.to_string(),
         },
     }
-}
-
-fn snapshot_path(dir: &Path, index: u64, term: u64) -> PathBuf {
-    dir.join(format!("snap-{index:020}-{term}.snap"))
 }
 
 fn log_id_of(header: &SnapshotHeader) -> Option<LogId<NodeId>> {
@@ -174,17 +171,6 @@ fn restore_from_file(
     Ok(header)
 }
 
-/// The index a complete snapshot's file name gives (`snap-<index>-<term>.snap`, see
-/// [`snapshot_path`]); `None` for any other file.
-fn complete_snapshot_index(name: &str) -> Option<u64> {
-    name.strip_prefix("snap-")?
-        .strip_suffix(".snap")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// Removes the complete snapshots below index `keep_index`. Never a `.tmp` (a build may be
 /// writing it) nor `incoming.part` (the leader may be sending it): a build runs beside the
 /// state machine's other work, and both are removed at start only, when nothing writes them
@@ -196,7 +182,7 @@ fn prune_older(dir: &Path, keep_index: u64) {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if complete_snapshot_index(name).is_some_and(|index| index < keep_index) {
+        if snapshot_index_of(name).is_some_and(|index| index < keep_index) {
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove an old snapshot");
             }
@@ -250,8 +236,14 @@ impl StateMachine {
         let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)?
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(snapshot_index_of)
+                    .is_some()
+            })
             .collect();
+        // Their names sort as their indexes do.
         candidates.sort();
         let mut meta = Meta::default();
         let mut damaged = Vec::new();
