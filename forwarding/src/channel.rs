@@ -56,10 +56,9 @@ impl Default for LeaderChannelOptions {
 struct State {
     /// The leader as the host last reported it ([`LeaderChannel::leader_changed`]).
     observed: Option<Target>,
-    /// Set by a NotLeader answer from the current target, until the host
-    /// reports the next change: `Some(Some(t))` = go to `t` instead,
-    /// `Some(None)` = the leader we knew refused and named nobody usable.
-    redirect: Option<Option<Target>>,
+    /// Set by a NotLeader answer from the current target naming another
+    /// leader, until the host reports the next change: go there instead.
+    redirect: Option<Target>,
     /// The dialled channel and the target it was dialled for.
     cached: Option<(Target, Channel)>,
     /// Number of dials finished so far, and the last failed one (its round,
@@ -71,10 +70,7 @@ struct State {
 
 impl State {
     fn target(&self) -> Option<Target> {
-        match &self.redirect {
-            Some(redirected) => redirected.clone(),
-            None => self.observed.clone(),
-        }
+        self.redirect.clone().or_else(|| self.observed.clone())
     }
 
     /// Drops the cached channel unless it belongs to the current target.
@@ -170,16 +166,23 @@ impl LeaderChannel {
     }
 
     /// `answered_by` refused a forwarded call with NotLeader and `hint`. If
-    /// it is still the target, the channel turns to the leader the hint names
-    /// (a newer hint than ours) or, if it names nobody usable, to no leader
-    /// until the host reports one. A late answer from an old target is ignored.
+    /// it is still the target and the hint names another usable node (a newer
+    /// hint than ours), the channel turns to that node until the host reports
+    /// its next change. A hint naming nobody else leaves the target as it is:
+    /// a node that has just won an election sends heartbeats before its own
+    /// view says it leads, so its first answers name itself or nobody, and the
+    /// host's view (which names it) will not change again. The caller's retry
+    /// loop paces the next attempt. A late answer from an old target is ignored.
     pub fn not_leader(&self, answered_by: &Target, hint: &LeaderHint) {
         let mut s = self.state.lock();
         if s.target().as_ref() != Some(answered_by) {
             return;
         }
-        let named = self.usable(hint).filter(|t| t != answered_by);
-        tracing::debug!(%answered_by, to = ?named, "forwarding: redirected by a NotLeader answer");
+        let Some(named) = self.usable(hint).filter(|t| t != answered_by) else {
+            tracing::debug!(%answered_by, "forwarding: NotLeader naming nobody else; target kept");
+            return;
+        };
+        tracing::debug!(%answered_by, to = %named, "forwarding: redirected by a NotLeader answer");
         s.redirect = Some(named);
         s.drop_stale_channel();
     }
@@ -372,11 +375,15 @@ mod tests {
         // The host still sees 2: observing the same view keeps the redirect.
         c.observe(&hint(2, "127.0.0.1:8002"));
         assert_eq!(c.target(), Some(three.clone()));
-        // 3 refuses and names nobody: no leader until the host reports one.
+        // 3 refuses naming itself, or nobody (it has just been elected and its
+        // own view does not say so yet): it stays the target.
         c.not_leader(&three, &hint(3, "127.0.0.1:8003"));
-        assert_eq!(c.target(), None);
-        c.leader_changed(&hint(3, "127.0.0.1:8003"));
+        assert_eq!(c.target(), Some(three.clone()));
+        c.not_leader(&three, &LeaderHint::default());
         assert_eq!(c.target(), Some(three));
+        // The host's next change wins over the redirect.
+        c.leader_changed(&hint(4, "127.0.0.1:8004"));
+        assert_eq!(c.target().unwrap().leader_id, 4);
     }
 
     #[tokio::test]

@@ -310,11 +310,25 @@ impl<H: Handle> Forwarder<H> {
         Ok(self.executor.watch_progress(&r, confirmed_index))
     }
 
+    /// Points the channel at the leader this node's own view names, if that
+    /// view changed since the host last reported it: the host's leader-change
+    /// hook normally keeps the channel in step, and a request racing that hook
+    /// still goes to the right node. Only this node's view, never a hint from
+    /// another node's answer: a NotLeader naming nobody, from a leader that
+    /// does not yet know it leads, must not erase the leader this node sees
+    /// (a redirect to a node such a hint names is [`LeaderChannel::not_leader`]'s).
+    fn observe_host_view(&self) {
+        self.channel.observe(&self.executor.handle().leader());
+    }
+
     /// A read index confirmed by a quorum after this call began and applied on
     /// this node (`Handle::confirm_read` at any node), retried like a strong
     /// read until `deadline`; Inconsistent if none could be.
     async fn confirm_here(&self, deadline: Instant) -> Result<u64, ApiError> {
-        let mut here = ConfirmHere { forwarder: self };
+        let mut here = ConfirmHere {
+            forwarder: self,
+            previous_target: None,
+        };
         cairn_request::run(
             cairn_request::Operation::Read,
             &mut here,
@@ -421,14 +435,12 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
         // and its command at each layer down to Raft, so the futures that await it here
         // (this one, the shared loop's, the service's) would each be as large again.
         let local = Box::pin(self.request.clone().local(&forwarder.executor));
-        let hint = match tokio::time::timeout_at(deadline, local).await {
-            Ok(Err(ApiError::NotLeader { hint })) => hint,
+        match tokio::time::timeout_at(deadline, local).await {
+            Ok(Err(ApiError::NotLeader { .. })) => {}
             Ok(result) => return result.map_err(Failure::Answered),
             Err(_elapsed) => return Err(not_done_here(started)),
-        };
-        // The host's leader-change hook normally keeps the channel in
-        // step; a request racing that hook still goes to the right node.
-        forwarder.channel.observe(&hint);
+        }
+        forwarder.observe_host_view();
         self.previous_target = forwarder.channel.target();
         let started = Instant::now();
         // Boxed: a forwarded call's future (a tonic client's) is large, and only a
@@ -455,12 +467,21 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
                 _ => {}
             }
         }
-        // A NotLeader naming a new leader is followed at once.
-        let redirected = leader.is_some()
-            && channel.target().is_some()
-            && channel.target() != self.previous_target;
-        !redirected
+        !followed_a_new_leader(channel, leader, &self.previous_target)
     }
+}
+
+/// Whether the next attempt follows a NotLeader that named a new leader
+/// (`leader`), the channel's target having moved from `before`: then it goes
+/// at once; any other retry is paced by the loop. A NotLeader naming the node
+/// that answered leaves the target where it was, so it is paced too.
+fn followed_a_new_leader(
+    channel: &LeaderChannel,
+    leader: Option<&LeaderHint>,
+    before: &Option<Target>,
+) -> bool {
+    let now = channel.target();
+    leader.is_some() && now.is_some() && now != *before
 }
 
 /// A request run here that did not end by its deadline: a strong read whose
@@ -478,6 +499,8 @@ fn not_done_here(started: Instant) -> Failure {
 /// here, on any node; a NotLeader from the leader asked names the next one.
 struct ConfirmHere<'a, H> {
     forwarder: &'a Forwarder<H>,
+    /// The channel's target before the last attempt.
+    previous_target: Option<Target>,
 }
 
 impl<H: Handle> Attempts for ConfirmHere<'_, H> {
@@ -485,6 +508,7 @@ impl<H: Handle> Attempts for ConfirmHere<'_, H> {
 
     async fn attempt(&mut self, deadline: Instant) -> Result<u64, Failure> {
         let started = Instant::now();
+        self.previous_target = self.forwarder.channel.target();
         let confirm = self.forwarder.executor.confirm_read(ReadAt::AnyNode);
         let result = match tokio::time::timeout_at(deadline, confirm).await {
             Ok(result) => result.map_err(Failure::Answered),
@@ -497,11 +521,10 @@ impl<H: Handle> Attempts for ConfirmHere<'_, H> {
     }
 
     fn move_on(&mut self, failure: &Failure, leader: Option<&LeaderHint>) -> bool {
-        if let Failure::Answered(ApiError::NotLeader { hint }) = failure {
-            self.forwarder.channel.observe(hint);
+        if let Failure::Answered(ApiError::NotLeader { .. }) = failure {
+            self.forwarder.observe_host_view();
         }
-        // A NotLeader naming a new leader is followed at once.
-        leader.is_none()
+        !followed_a_new_leader(&self.forwarder.channel, leader, &self.previous_target)
     }
 }
 

@@ -80,22 +80,10 @@ async fn a_lagging_follower_serves_strong_reads_and_lists_of_every_acknowledged_
         .write(thing("warm-up", "u0", "", b"x"))
         .await
         .unwrap();
-    // A write needs one follower's ack: the other may not have heard from the new leader
-    // yet ("no leader is known", seen once in a full run), so the warm-up waits for it.
-    let known_by = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match at_follower
-            .read(id("warm-up", ""), Consistency::Strong)
-            .await
-        {
-            Ok(_) => break,
-            Err(e) if tokio::time::Instant::now() < known_by => {
-                println!("the follower does not serve strong reads yet: {e:?}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("the follower serves strong reads: {e:?}"),
-        }
-    }
+    at_follower
+        .read(id("warm-up", ""), Consistency::Strong)
+        .await
+        .expect("the follower serves strong reads");
 
     cluster.pause(follower);
     let mut last = None;
