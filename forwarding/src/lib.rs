@@ -58,6 +58,11 @@
 //!   asserted again just before every dial).
 //! - At most one dial is in flight per [`LeaderChannel`]; the cached channel
 //!   always belongs to the current target, or is absent.
+//! - A [`LeaderChannel`]'s target moves only with this node's own view of the
+//!   leader, or with a NotLeader from the current target that names another
+//!   node. A NotLeader naming nobody else leaves the target: a node just
+//!   elected answers so until its own view says it leads, and this node's view,
+//!   which already names it, would never move the channel back.
 //! - A forwarded write or delete is sent again only after an attempt that
 //!   certainly did not apply (nothing was sent, or the receiver refused with
 //!   NotLeader/Unavailable, which by the [`Handle`] contract it does only
