@@ -261,8 +261,10 @@ pub fn snapshot_path(dir: &Path, index: u64, term: u64) -> PathBuf {
 
 /// The index the name of a complete snapshot's file gives ([`snapshot_path`]); `None` for any
 /// other file (a snapshot still being written or received among them).
-pub(crate) fn snapshot_index_of(name: &str) -> Option<u64> {
-    name.strip_prefix("snap-")?
+pub fn snapshot_index_of(path: &Path) -> Option<u64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("snap-")?
         .strip_suffix(".snap")?
         .split('-')
         .next()?

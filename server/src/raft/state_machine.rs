@@ -181,8 +181,7 @@ fn prune_older(dir: &Path, keep_index: u64) {
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if snapshot_index_of(name).is_some_and(|index| index < keep_index) {
+        if snapshot_index_of(&path).is_some_and(|index| index < keep_index) {
             if let Err(e) = std::fs::remove_file(&path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove an old snapshot");
             }
@@ -190,11 +189,19 @@ fn prune_older(dir: &Path, keep_index: u64) {
     }
 }
 
-/// Whether `name` is a file a stopped process leaves behind in the snapshot dir: a snapshot
-/// being built (`snap-*.tmp`) or being received from the leader (`incoming.part`). Neither is
-/// ever read: a complete snapshot is only ever found under its final name.
-fn is_leftover(name: &str) -> bool {
-    (name.starts_with("snap-") && name.ends_with(".tmp")) || name == "incoming.part"
+/// The file a snapshot streaming in from the leader is written to, in the snapshot dir `dir`.
+fn incoming_path(dir: &Path) -> PathBuf {
+    dir.join(INCOMING_FILE_NAME)
+}
+
+const INCOMING_FILE_NAME: &str = "incoming.part";
+
+/// Whether `path` is a file a stopped process leaves behind in the snapshot dir: a snapshot
+/// being built (`snap-*.tmp`) or being received from the leader ([`incoming_path`]). Neither
+/// is ever read: a complete snapshot is only ever found under its final name.
+fn is_leftover(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    (name.starts_with("snap-") && name.ends_with(".tmp")) || name == INCOMING_FILE_NAME
 }
 
 /// Removes what a stopped process left in the snapshot dir (see [`is_leftover`]), so that a
@@ -203,8 +210,7 @@ fn remove_leftovers(dir: &Path) -> io::Result<()> {
     let mut removed = false;
     for entry in std::fs::read_dir(dir)?.flatten() {
         let path = entry.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !is_leftover(name) {
+        if !is_leftover(&path) {
             continue;
         }
         let size_bytes = entry.metadata().map(|m| m.len()).unwrap_or(0);
@@ -236,12 +242,7 @@ impl StateMachine {
         let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)?
             .flatten()
             .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(snapshot_index_of)
-                    .is_some()
-            })
+            .filter(|p| snapshot_index_of(p).is_some())
             .collect();
         // Their names sort as their indexes do.
         candidates.sort();
@@ -453,13 +454,14 @@ impl StateMachine {
     /// installed snapshot, which the log was purged behind, stays. Returns whether `meta` is
     /// current now. One lock holds the comparison, the swap and the removals together.
     fn publish_snapshot(&self, meta: &SnapshotMeta<NodeId, NodeInfo>, path: &Path) -> bool {
-        let index = meta.last_log_id.map_or(0, |l| l.index);
+        let index_of =
+            |meta: &SnapshotMeta<NodeId, NodeInfo>| meta.last_log_id.map_or(0, |l| l.index);
+        let index = index_of(meta);
         let mut m = self.meta();
-        let current_index = m
-            .current_snapshot
+        if m.current_snapshot
             .as_ref()
-            .map(|(current, _)| current.last_log_id.map_or(0, |l| l.index));
-        if current_index.is_some_and(|current| current > index) {
+            .is_some_and(|(current, _)| index_of(current) > index)
+        {
             if let Err(e) = std::fs::remove_file(path) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot remove a stale snapshot");
             }
@@ -670,7 +672,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn begin_receiving_snapshot(
         &mut self,
     ) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
-        let path = self.shared.dir.join("incoming.part");
+        let path = incoming_path(&self.shared.dir);
         // Readable too: `install_snapshot` copies a file handed back under another name.
         let file = tokio::fs::OpenOptions::new()
             .read(true)
@@ -695,7 +697,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError<NodeId>> {
         let started = std::time::Instant::now();
-        let incoming = self.shared.dir.join("incoming.part");
+        let incoming = incoming_path(&self.shared.dir);
         // The data is whatever file openraft hands back: normally the
         // `incoming.part` we opened for it, but any file is honoured, copied
         // into place first.
