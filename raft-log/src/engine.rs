@@ -27,6 +27,11 @@ use crate::LogError;
 pub trait LogEngine: Send + Sync + 'static {
     /// Stores `entries` (index, sealed bytes) in one atomic batch.
     fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError>;
+    /// Deletes every entry with an index at or above the first of `entries` and stores
+    /// `entries`, in one atomic batch: after a crash the log holds the old tail or the new
+    /// entries, never neither. An append that overlaps the log's tail (a follower's log
+    /// overwritten by a new leader) is this one call, not a deletion and then an insert.
+    fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError>;
     /// Deletes every entry with index `>= from_index`, atomically.
     fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError>;
     /// Deletes every entry with index `<= through_index`, atomically.
@@ -304,6 +309,22 @@ impl LogEngine for SledEngine {
             return Ok(());
         }
         let mut batch = sled::Batch::default();
+        for (index, value) in entries {
+            batch.insert(&entry_key(*index), value.as_slice());
+        }
+        self.entries.apply_batch(batch).map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
+        let Some(&(from_index, _)) = entries.first() else {
+            return Ok(());
+        };
+        let mut batch = sled::Batch::default();
+        for key in self.keys_in((Bound::Included(entry_key(from_index)), Bound::Unbounded))? {
+            batch.remove(key);
+        }
+        // A later insert of the same key in one batch wins over its removal.
         for (index, value) in entries {
             batch.insert(&entry_key(*index), value.as_slice());
         }

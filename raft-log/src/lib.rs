@@ -83,8 +83,10 @@
 //! - An append never leaves a hole: one starting beyond `last + 1` (or `last_purged + 1` on an
 //!   empty log) is refused with [`LogError::NonContiguousAppend`] before anything is written.
 //!   Entries at or below the purge point are not stored (the snapshot covers them); an append
-//!   starting at or below `last` replaces the tail from its first index (WAL: after a truncate
-//!   frame in the same batch).
+//!   starting at or below `last` replaces the tail from its first index atomically: a crash
+//!   leaves the old tail or the new entries, never a log shorter than both (WAL: a truncate
+//!   frame in the same batch; sled: one `sled::Batch` of removals and inserts,
+//!   [`LogEngine::replace_entries_from`]).
 //! - WAL: every entry frame and truncate frame is followed, in its segment, by the commit frame
 //!   of its batch before it is acknowledged; at most one batch (the one being written) lacks
 //!   its commit frame at any time, so on open a damaged frame followed by a later batch's

@@ -296,18 +296,31 @@ impl Writer {
                     for pair in entries.windows(2) {
                         assert_eq!(pair[0].0 + 1, pair[1].0, "append batch must be contiguous");
                     }
-                    if self.last_index.is_some_and(|last| first_index <= last) {
-                        // Overlap: the new entries replace the tail from their first index.
-                        if let Err(error) = self.truncate_from(first_index) {
-                            self.fail(error, applied);
-                            return;
-                        }
-                    }
-                    if let Err(error) = self.shared.engine.put_entries(&entries) {
+                    let stored = if self.last_index.is_some_and(|last| first_index <= last) {
+                        // Overlap: the new entries replace the tail from their first index, in
+                        // one engine write. As two (a deletion, then the insert) a sync between
+                        // them followed by a crash left the log shorter than both the old tail
+                        // and the new entries, losing acknowledged ones.
+                        self.lower_watermark_before_truncating(first_index)
+                            .and_then(|()| self.shared.engine.replace_entries_from(&entries))
+                    } else {
+                        self.shared.engine.put_entries(&entries)
+                    };
+                    if let Err(error) = stored {
                         self.fail(error, applied);
                         return;
                     }
                     let last_index = entries.last().map(|(index, _)| *index);
+                    debug_assert_eq!(
+                        self.shared
+                            .engine
+                            .last_entry()
+                            .ok()
+                            .flatten()
+                            .map(|(index, _)| index),
+                        last_index,
+                        "the appended entries end the log"
+                    );
                     assert!(last_index >= Some(first_index));
                     assert!(self.purged_index.is_none_or(|purged| purged < first_index));
                     self.last_index = last_index;
@@ -379,13 +392,18 @@ impl Writer {
         }
     }
 
+    /// Lowers the watermark durably below `from_index`, before entries from there are deleted
+    /// (by a truncation, or by an append that replaces them), and starts a truncation epoch.
+    fn lower_watermark_before_truncating(&self, from_index: u64) -> Result<(), LogError> {
+        let mut watermark = self.shared.watermark.lock();
+        watermark.file.lower_durably(from_index.checked_sub(1))?;
+        watermark.truncation_epoch += 1;
+        Ok(())
+    }
+
     /// Deletes every entry `>= from_index`, lowering the watermark durably first.
     fn truncate_from(&mut self, from_index: u64) -> Result<(), LogError> {
-        {
-            let mut watermark = self.shared.watermark.lock();
-            watermark.file.lower_durably(from_index.checked_sub(1))?;
-            watermark.truncation_epoch += 1;
-        }
+        self.lower_watermark_before_truncating(from_index)?;
         self.shared.engine.delete_entries_from(from_index)?;
         self.refresh_last_index()?;
         assert!(self.last_index.is_none_or(|last| last < from_index));

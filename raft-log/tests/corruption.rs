@@ -134,6 +134,9 @@ impl LogEngine for DamagingEngine {
     fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
         self.inner.put_entries(entries)
     }
+    fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
+        self.inner.replace_entries_from(entries)
+    }
     fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
         self.inner.delete_entries_from(from_index)
     }
