@@ -327,7 +327,7 @@ impl<H: Handle> Forwarder<H> {
     async fn confirm_here(&self, deadline: Instant) -> Result<u64, ApiError> {
         let mut here = ConfirmHere {
             forwarder: self,
-            previous_target: None,
+            turns: Turns::default(),
         };
         cairn_request::run(
             cairn_request::Operation::Read,
@@ -359,7 +359,7 @@ impl<H: Handle> Forwarder<H> {
             forwarder: self,
             request,
             target: None,
-            previous_target: None,
+            turns: Turns::default(),
         };
         cairn_request::run(operation, &mut leader, &self.pacing(), deadline)
             .await
@@ -417,8 +417,7 @@ struct ToLeader<'a, H, R> {
     request: R,
     /// The leader the last attempt was sent to (none: run here, or unsent).
     target: Option<Target>,
-    /// The channel's target before the last attempt.
-    previous_target: Option<Target>,
+    turns: Turns,
 }
 
 impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
@@ -427,7 +426,8 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
     async fn attempt(&mut self, deadline: Instant) -> Result<R::Response, Failure> {
         let forwarder = self.forwarder;
         self.target = None;
-        self.previous_target = forwarder.channel.target();
+        // Not yet a target asked: this attempt may run here.
+        self.turns.before = forwarder.channel.target();
         // Run here first: the handle checks leadership (the one check of this request) and
         // answers NotLeader, certainly not proposed, on a node that does not lead.
         let started = Instant::now();
@@ -441,7 +441,7 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
             Err(_elapsed) => return Err(not_done_here(started)),
         }
         forwarder.observe_host_view();
-        self.previous_target = forwarder.channel.target();
+        self.turns.before_attempt(&forwarder.channel);
         let started = Instant::now();
         // Boxed: a forwarded call's future (a tonic client's) is large, and only a
         // follower makes it; the leader's requests stay small.
@@ -467,21 +467,52 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
                 _ => {}
             }
         }
-        !followed_a_new_leader(channel, leader, &self.previous_target)
+        !self.turns.followed_a_new_leader(channel, leader)
     }
 }
 
-/// Whether the next attempt follows a NotLeader that named a new leader
-/// (`leader`), the channel's target having moved from `before`: then it goes
-/// at once; any other retry is paced by the loop. A NotLeader naming the node
-/// that answered leaves the target where it was, so it is paced too.
-fn followed_a_new_leader(
-    channel: &LeaderChannel,
-    leader: Option<&LeaderHint>,
-    before: &Option<Target>,
-) -> bool {
-    let now = channel.target();
-    leader.is_some() && now.is_some() && now != *before
+/// At most this many leaders a request remembers having asked; a cluster has
+/// a few nodes, so a request turned to more than this is paced from then on.
+const ASKED_MAX: usize = 8;
+
+/// Where one request's attempts went, to decide whether the next one goes at
+/// once. Both transports ([`ToLeader`], [`ConfirmHere`]) decide through it.
+#[derive(Default)]
+struct Turns {
+    /// The channel's target before the last attempt.
+    before: Option<Target>,
+    /// The leaders this request has been sent to (at most [`ASKED_MAX`]).
+    asked: Vec<Target>,
+}
+
+impl Turns {
+    /// Notes the target the next attempt goes to.
+    fn before_attempt(&mut self, channel: &LeaderChannel) {
+        self.before = channel.target();
+        if let Some(target) = &self.before {
+            if !self.asked.contains(target) && self.asked.len() < ASKED_MAX {
+                self.asked.push(target.clone());
+            }
+        }
+        assert!(self.asked.len() <= ASKED_MAX);
+    }
+
+    /// Whether the next attempt follows a NotLeader that named a new leader
+    /// (`leader`), the channel's target having moved to a node this request
+    /// has not asked yet: then it goes at once; any other retry is paced by
+    /// the loop. A NotLeader naming the node that answered leaves the target
+    /// where it was, so it is paced too; so is a turn back to a node already
+    /// asked, so that two nodes whose stale views name each other are asked
+    /// at the loop's pace, not as fast as they answer (each turn dials anew).
+    fn followed_a_new_leader(&self, channel: &LeaderChannel, leader: Option<&LeaderHint>) -> bool {
+        let Some(now) = channel.target() else {
+            return false;
+        };
+        leader.is_some()
+            && Some(&now) != self.before.as_ref()
+            && !self.asked.contains(&now)
+            && self.asked.len() < ASKED_MAX
+    }
 }
 
 /// A request run here that did not end by its deadline: a strong read whose
@@ -499,8 +530,7 @@ fn not_done_here(started: Instant) -> Failure {
 /// here, on any node; a NotLeader from the leader asked names the next one.
 struct ConfirmHere<'a, H> {
     forwarder: &'a Forwarder<H>,
-    /// The channel's target before the last attempt.
-    previous_target: Option<Target>,
+    turns: Turns,
 }
 
 impl<H: Handle> Attempts for ConfirmHere<'_, H> {
@@ -508,7 +538,7 @@ impl<H: Handle> Attempts for ConfirmHere<'_, H> {
 
     async fn attempt(&mut self, deadline: Instant) -> Result<u64, Failure> {
         let started = Instant::now();
-        self.previous_target = self.forwarder.channel.target();
+        self.turns.before_attempt(&self.forwarder.channel);
         let confirm = self.forwarder.executor.confirm_read(ReadAt::AnyNode);
         let result = match tokio::time::timeout_at(deadline, confirm).await {
             Ok(result) => result.map_err(Failure::Answered),
@@ -524,7 +554,9 @@ impl<H: Handle> Attempts for ConfirmHere<'_, H> {
         if let Failure::Answered(ApiError::NotLeader { .. }) = failure {
             self.forwarder.observe_host_view();
         }
-        !followed_a_new_leader(&self.forwarder.channel, leader, &self.previous_target)
+        !self
+            .turns
+            .followed_a_new_leader(&self.forwarder.channel, leader)
     }
 }
 

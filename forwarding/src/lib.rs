@@ -63,6 +63,10 @@
 //!   node. A NotLeader naming nobody else leaves the target: a node just
 //!   elected answers so until its own view says it leads, and this node's view,
 //!   which already names it, would never move the channel back.
+//! - A request's next attempt goes without a pause only when a NotLeader has
+//!   just turned the channel to a node this request has not asked yet; every
+//!   other retry waits for the loop's pause, so nodes whose stale views name
+//!   each other are asked at that pace, never as fast as they answer.
 //! - A forwarded write or delete is sent again only after an attempt that
 //!   certainly did not apply (nothing was sent, or the receiver refused with
 //!   NotLeader/Unavailable, which by the [`Handle`] contract it does only

@@ -935,6 +935,51 @@ async fn a_leader_that_refuses_before_it_knows_it_leads_is_asked_again() {
     }
 }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_whose_stale_views_name_each_other_are_asked_at_the_loops_pace() {
+    // Nobody leads. Node 2 sees node 1 as the leader; node 1 still names node 3 and node 3
+    // names node 1. Each refuses naming the other, which turns node 2's channel (a new dial
+    // each time). The first turn, to a node not asked yet, goes at once; a turn back to a node
+    // already asked waits for the loop's pause. Before, every turn went at once: 33 to 35 dials
+    // in these 600 ms, as fast as the two answered, and the write could end with a call still
+    // in flight at its deadline, answered "outcome unknown" though nobody had proposed it.
+    let h = Harness::start(3).await;
+    h.set_view(1, Some(h.hint_naming(3)));
+    h.set_view(3, Some(h.hint_naming(1)));
+    h.set_view(2, Some(h.hint_naming(1)));
+    h.elect(None);
+    let wait = Duration::from_millis(600);
+    let error = h
+        .node(2)
+        .forwarder
+        .write(
+            write_request(thing("a", "u1", "", b"1")),
+            Instant::now() + wait,
+        )
+        .await
+        .expect_err("nobody leads");
+    // The loop's pauses (10 ms doubling to 200 ms) fit 6 times in 600 ms: 7 paced attempts,
+    // one turn at once to a node not asked yet, and one attempt of slack.
+    let options = cairn_forwarding::ForwarderOptions::default();
+    let mut paced_attempts = 1;
+    let (mut pause, mut elapsed) = (options.retry_pause_initial, Duration::ZERO);
+    while elapsed + pause < wait {
+        elapsed += pause;
+        paced_attempts += 1;
+        pause = (pause * 2).min(options.retry_pause_max);
+    }
+    let dials = h.node(2).channel.dial_count();
+    assert!(
+        dials <= paced_attempts + 2,
+        "{dials} dials in {wait:?}: more than {paced_attempts} paced attempts and one turn at once"
+    );
+    assert!(dials >= 2, "both stale nodes were asked: {dials} dials");
+    // Every attempt was refused before proposing, and none was in flight at the deadline:
+    // the caller learns that the write certainly did not apply.
+    assert!(matches!(error, ApiError::Unavailable(_)), "{error:?}");
+    assert_eq!(h.proposed(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_certainly_did_not_apply_is_retried_across_a_leader_change() {
     // The leader's port refuses connections (nothing is sent); when node 3 is
     // elected 300 ms later the same write goes there and applies once.

@@ -91,6 +91,15 @@ impl Sim {
             None => LeaderHint::default(),
         }
     }
+
+    /// The leader node `id` sees: its frozen view if it has one, else the
+    /// truth. A node refusing with NotLeader names this leader.
+    fn view_of(s: &SimState, id: u64) -> LeaderHint {
+        match &s.nodes[&id].view {
+            Some(stale) => stale.clone(),
+            None => Sim::hint(s),
+        }
+    }
 }
 
 /// One node's [`Handle`] over the simulation.
@@ -123,7 +132,9 @@ impl Handle for SimHandle {
             let me = s.nodes.get_mut(&self.id).expect("a node of the sim");
             me.apply_calls += 1;
             if s.leader != Some(self.id) {
-                return Err(ApiError::NotLeader { hint: Sim::hint(s) });
+                return Err(ApiError::NotLeader {
+                    hint: Sim::view_of(s, self.id),
+                });
             }
             let me = s.nodes.get_mut(&self.id).expect("a node of the sim");
             if let Some(e) = me.faults.apply_error.take() {
@@ -169,7 +180,7 @@ impl Handle for SimHandle {
             let mut s = self.sim.state.lock();
             let leads = s.leader == Some(self.id);
             let committed = s.committed;
-            let hint = Sim::hint(&s);
+            let hint = Sim::view_of(&s, self.id);
             let me = s.nodes.get_mut(&self.id).expect("a node of the sim");
             if let Some(e) = me.faults.consistency_error.take() {
                 return Err(e);
@@ -198,11 +209,7 @@ impl Handle for SimHandle {
     }
 
     fn leader(&self) -> LeaderHint {
-        let s = self.sim.state.lock();
-        match &s.nodes[&self.id].view {
-            Some(stale) => stale.clone(),
-            None => Sim::hint(&s),
-        }
+        Sim::view_of(&self.sim.state.lock(), self.id)
     }
 
     fn store(&self) -> &Store {
@@ -362,6 +369,15 @@ impl Harness {
 
     pub fn leader_hint(&self) -> LeaderHint {
         Sim::hint(&self.sim.state.lock())
+    }
+
+    /// A hint naming node `id` as the leader, as node `id`'s own answers would.
+    pub fn hint_naming(&self, id: u64) -> LeaderHint {
+        LeaderHint {
+            leader_id: Some(id),
+            client_address: Some(format!("client-of-{id}")),
+            peer_address: Some(self.node(id).peer_address.clone()),
+        }
     }
 
     pub fn faults<T>(&self, id: u64, f: impl FnOnce(&mut Faults) -> T) -> T {
