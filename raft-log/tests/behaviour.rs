@@ -8,14 +8,16 @@ mod common;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use cairn_raft_log::DirLock;
-use cairn_raft_log::LogEngine;
+use cairn_raft_log::LogEngine as _;
 use cairn_raft_log::LogError;
 use cairn_raft_log::SledEngine;
+use common::Faults;
+use common::FaultyEngine;
 use common::LogEngineKind;
 use common::Store;
+use common::Write;
 
 for_each_engine!(
     pipelined_appends_share_durability_points,
@@ -170,51 +172,15 @@ fn purge_past_the_end_of_the_log_then_appends_survive_reopen(engine: LogEngineKi
     });
 }
 
-/// An engine whose purge deletions silently do nothing while `crash_before_delete` is set:
-/// the state a crash leaves between a durable purge point and the deletion.
-struct NoDeleteEngine {
-    inner: SledEngine,
-    crash_before_delete: AtomicBool,
-}
+/// Purge deletions silently do nothing while set: the state a crash leaves between a durable
+/// purge point and the deletion.
+struct CrashBeforePurgeDeletion(AtomicBool);
 
-impl LogEngine for NoDeleteEngine {
-    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.inner.put_entries(entries)
-    }
-    fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.inner.replace_entries_from(entries)
-    }
-    fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
-        self.inner.delete_entries_from(from_index)
-    }
-    fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
-        if self.crash_before_delete.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        self.inner.delete_entries_through(through_index)
-    }
-    fn read_entries(
-        &self,
-        start: u64,
-        end: Option<u64>,
-        bytes_max: u64,
-    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
-        self.inner.read_entries(start, end, bytes_max)
-    }
-    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        self.inner.last_entry()
-    }
-    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        self.inner.first_entry()
-    }
-    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), LogError> {
-        self.inner.put_meta(key, value)
-    }
-    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, LogError> {
-        self.inner.get_meta(key)
-    }
-    fn sync(&self) -> Result<(), LogError> {
-        self.inner.sync()
+impl Faults for CrashBeforePurgeDeletion {
+    fn before(&self, write: &Write<'_>) -> Result<bool, LogError> {
+        let crashed =
+            matches!(write, Write::DeleteEntriesThrough(_)) && self.0.load(Ordering::SeqCst);
+        Ok(!crashed)
     }
 }
 
@@ -225,10 +191,8 @@ fn sled_purge_interrupted_before_deletion_is_finished_on_reopen() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let lock = DirLock::acquire(dir.path()).expect("lock");
-        let engine = Arc::new(NoDeleteEngine {
-            inner: SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
-            crash_before_delete: AtomicBool::new(true),
-        });
+        let engine =
+            FaultyEngine::open(dir.path(), CrashBeforePurgeDeletion(AtomicBool::new(true)));
         let store = Store::open_with_engine(lock, engine.clone()).expect("open");
         runtime().block_on(async {
             store
@@ -241,7 +205,7 @@ fn sled_purge_interrupted_before_deletion_is_finished_on_reopen() {
                 .expect("purge");
         });
         assert!(engine
-            .inner
+            .sled
             .first_entry()
             .expect("first")
             .is_some_and(|(index, _)| index == 1));
@@ -258,53 +222,18 @@ fn sled_purge_interrupted_before_deletion_is_finished_on_reopen() {
     });
 }
 
-/// An engine whose durability point fails with ENOSPC once `full` is set: a full disk.
-struct FullDiskEngine {
-    inner: SledEngine,
-    full: AtomicBool,
-}
+/// The durability point fails with ENOSPC once set: a full disk.
+struct FullDisk(AtomicBool);
 
-impl LogEngine for FullDiskEngine {
-    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.inner.put_entries(entries)
-    }
-    fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.inner.replace_entries_from(entries)
-    }
-    fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
-        self.inner.delete_entries_from(from_index)
-    }
-    fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
-        self.inner.delete_entries_through(through_index)
-    }
-    fn read_entries(
-        &self,
-        start: u64,
-        end: Option<u64>,
-        bytes_max: u64,
-    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
-        self.inner.read_entries(start, end, bytes_max)
-    }
-    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        self.inner.last_entry()
-    }
-    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        self.inner.first_entry()
-    }
-    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), LogError> {
-        self.inner.put_meta(key, value)
-    }
-    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, LogError> {
-        self.inner.get_meta(key)
-    }
-    fn sync(&self) -> Result<(), LogError> {
-        if self.full.load(Ordering::SeqCst) {
+impl Faults for FullDisk {
+    fn before(&self, write: &Write<'_>) -> Result<bool, LogError> {
+        if matches!(write, Write::Sync) && self.0.load(Ordering::SeqCst) {
             return Err(LogError::Io {
                 context: "fdatasync the test's full disk".to_string(),
                 source: std::io::Error::from_raw_os_error(libc::ENOSPC),
             });
         }
-        self.inner.sync()
+        Ok(true)
     }
 }
 
@@ -315,10 +244,7 @@ fn the_failure_that_poisoned_the_store_is_kept_whole() {
     // full disk (restart once space is freed) from damaged data.
     let dir = tempfile::tempdir().expect("tempdir");
     let lock = DirLock::acquire(dir.path()).expect("lock");
-    let engine = Arc::new(FullDiskEngine {
-        inner: SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
-        full: AtomicBool::new(false),
-    });
+    let engine = FaultyEngine::open(dir.path(), FullDisk(AtomicBool::new(false)));
     let store = Store::open_with_engine(lock, engine.clone()).expect("open");
     runtime().block_on(async {
         store
@@ -326,7 +252,7 @@ fn the_failure_that_poisoned_the_store_is_kept_whole() {
             .await
             .expect("append before the disk fills");
         assert!(store.failure().is_none(), "no failure yet");
-        engine.full.store(true, Ordering::SeqCst);
+        engine.faults.0.store(true, Ordering::SeqCst);
         store
             .append_durable((5..=8).map(common::entry).collect())
             .await
@@ -346,77 +272,36 @@ fn the_failure_that_poisoned_the_store_is_kept_whole() {
     assert!(!failure.is_corruption());
 }
 
-/// An engine that dies inside the first write deleting tail entries once `armed` is set: that
-/// write is applied and synced (as the syncer thread may do at any moment), and then the
-/// process is gone, so every later write and sync fails.
-struct DiesAfterTailDeletionEngine {
-    inner: SledEngine,
+/// Once `armed` is set, the process dies inside the first write deleting tail entries: that
+/// write is applied and synced (as the syncer thread may do at any moment), and then every later
+/// write and sync fails.
+#[derive(Default)]
+struct DiesAfterTailDeletion {
     armed: AtomicBool,
     dead: AtomicBool,
 }
 
-impl DiesAfterTailDeletionEngine {
-    fn alive(&self) -> Result<(), LogError> {
+impl Faults for DiesAfterTailDeletion {
+    fn before(&self, _write: &Write<'_>) -> Result<bool, LogError> {
         if self.dead.load(Ordering::SeqCst) {
             return Err(LogError::Io {
                 context: "write after the test's crash".to_string(),
                 source: std::io::Error::from_raw_os_error(libc::EIO),
             });
         }
-        Ok(())
+        Ok(true)
     }
 
-    /// Runs a write that deletes tail entries: synced, then the crash.
-    fn tail_write(&self, write: impl FnOnce() -> Result<(), LogError>) -> Result<(), LogError> {
-        self.alive()?;
-        write()?;
-        if self.armed.load(Ordering::SeqCst) {
-            self.inner.sync()?;
+    fn after(&self, sled: &SledEngine, write: &Write<'_>) -> Result<(), LogError> {
+        let deletes_tail = matches!(
+            write,
+            Write::ReplaceEntriesFrom(_) | Write::DeleteEntriesFrom(_)
+        );
+        if deletes_tail && self.armed.load(Ordering::SeqCst) {
+            sled.sync()?;
             self.dead.store(true, Ordering::SeqCst);
         }
         Ok(())
-    }
-}
-
-impl LogEngine for DiesAfterTailDeletionEngine {
-    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.alive()?;
-        self.inner.put_entries(entries)
-    }
-    fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.tail_write(|| self.inner.replace_entries_from(entries))
-    }
-    fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
-        self.tail_write(|| self.inner.delete_entries_from(from_index))
-    }
-    fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
-        self.alive()?;
-        self.inner.delete_entries_through(through_index)
-    }
-    fn read_entries(
-        &self,
-        start: u64,
-        end: Option<u64>,
-        bytes_max: u64,
-    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
-        self.inner.read_entries(start, end, bytes_max)
-    }
-    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        self.inner.last_entry()
-    }
-    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        self.inner.first_entry()
-    }
-    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), LogError> {
-        self.alive()?;
-        self.inner.put_meta(key, value)
-    }
-    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, LogError> {
-        self.inner.get_meta(key)
-    }
-    fn sync(&self) -> Result<(), LogError> {
-        self.alive()?;
-        self.inner.sync()
     }
 }
 
@@ -430,18 +315,14 @@ fn sled_append_over_the_tail_keeps_acknowledged_entries_through_a_crash_inside_i
     let dir = tempfile::tempdir().expect("tempdir");
     {
         let lock = DirLock::acquire(dir.path()).expect("lock");
-        let engine = Arc::new(DiesAfterTailDeletionEngine {
-            inner: SledEngine::open(&dir.path().join("sled"), true).expect("sled"),
-            armed: AtomicBool::new(false),
-            dead: AtomicBool::new(false),
-        });
+        let engine = FaultyEngine::open(dir.path(), DiesAfterTailDeletion::default());
         let store = Store::open_with_engine(lock, engine.clone()).expect("open");
         runtime().block_on(async {
             store
                 .append_durable((1..=20).map(common::entry).collect())
                 .await
                 .expect("acknowledged append");
-            engine.armed.store(true, Ordering::SeqCst);
+            engine.faults.armed.store(true, Ordering::SeqCst);
             // Whether this append reports success depends on where the crash fell; the test
             // asks only what survives it.
             let _ = store
@@ -449,7 +330,7 @@ fn sled_append_over_the_tail_keeps_acknowledged_entries_through_a_crash_inside_i
                 .await;
         });
         assert!(
-            engine.dead.load(Ordering::SeqCst),
+            engine.faults.dead.load(Ordering::SeqCst),
             "the append over the tail deleted tail entries"
         );
     }

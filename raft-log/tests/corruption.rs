@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use cairn_raft_log::test_hooks;
 use cairn_raft_log::DirLock;
-use cairn_raft_log::LogEngine;
 use cairn_raft_log::LogError;
 use cairn_raft_log::LogOptions;
-use cairn_raft_log::SledEngine;
+use common::Faults;
+use common::FaultyEngine;
 use common::Store;
 use openraft::RaftLogReader;
 
@@ -108,84 +108,39 @@ fn truncated_stored_value_is_reported_with_its_index_on_reopen() {
     }
 }
 
-/// A [`LogEngine`] that damages the entry at `corrupt_index`, and loses the one at
-/// `missing_index`, on every read, so that damage appearing *after* open (a disk going bad)
-/// reaches the read path.
-struct DamagingEngine {
-    inner: SledEngine,
+/// Damages the entry at `corrupt_index`, and loses the one at `missing_index`, on every read,
+/// so that damage appearing *after* open (a disk going bad) reaches the read path.
+struct Damage {
     corrupt_index: AtomicU64,
     missing_index: AtomicU64,
 }
 
-impl DamagingEngine {
-    fn damage(&self, entries: &mut [(u64, Vec<u8>)]) {
-        let target = self.corrupt_index.load(Ordering::SeqCst);
-        for (index, bytes) in entries.iter_mut() {
-            if *index == target {
-                if let Some(last) = bytes.last_mut() {
-                    *last ^= 0x01;
-                }
+impl Faults for Damage {
+    fn damage(&self, (index, bytes): &mut (u64, Vec<u8>)) {
+        if *index == self.corrupt_index.load(Ordering::SeqCst) {
+            if let Some(last) = bytes.last_mut() {
+                *last ^= 0x01;
             }
         }
     }
-}
 
-impl LogEngine for DamagingEngine {
-    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.inner.put_entries(entries)
-    }
-    fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
-        self.inner.replace_entries_from(entries)
-    }
-    fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
-        self.inner.delete_entries_from(from_index)
-    }
-    fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
-        self.inner.delete_entries_through(through_index)
-    }
-    fn read_entries(
-        &self,
-        start: u64,
-        end: Option<u64>,
-        bytes_max: u64,
-    ) -> Result<Vec<(u64, Vec<u8>)>, LogError> {
-        let mut entries = self.inner.read_entries(start, end, bytes_max)?;
-        self.damage(&mut entries);
-        let missing = self.missing_index.load(Ordering::SeqCst);
-        entries.retain(|(index, _)| *index != missing);
-        Ok(entries)
-    }
-    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        let mut entry: Vec<_> = self.inner.last_entry()?.into_iter().collect();
-        self.damage(&mut entry);
-        Ok(entry.pop())
-    }
-    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, LogError> {
-        let mut entry: Vec<_> = self.inner.first_entry()?.into_iter().collect();
-        self.damage(&mut entry);
-        Ok(entry.pop())
-    }
-    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), LogError> {
-        self.inner.put_meta(key, value)
-    }
-    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, LogError> {
-        self.inner.get_meta(key)
-    }
-    fn sync(&self) -> Result<(), LogError> {
-        self.inner.sync()
+    fn missing(&self, index: u64) -> bool {
+        index == self.missing_index.load(Ordering::SeqCst)
     }
 }
 
 /// Writes the entries in `dir`, then opens the store (cleanly: nothing is damaged yet) over a
-/// [`DamagingEngine`].
-fn open_over_damaging_engine(dir: &Path) -> (Arc<DamagingEngine>, Store) {
+/// sled with [`Damage`].
+fn open_over_damaging_engine(dir: &Path) -> (Arc<FaultyEngine<Damage>>, Store) {
     write_entries(dir);
     let lock = DirLock::acquire(dir).expect("lock");
-    let engine = Arc::new(DamagingEngine {
-        inner: SledEngine::open(&dir.join("sled"), true).expect("sled"),
-        corrupt_index: AtomicU64::new(u64::MAX),
-        missing_index: AtomicU64::new(u64::MAX),
-    });
+    let engine = FaultyEngine::open(
+        dir,
+        Damage {
+            corrupt_index: AtomicU64::new(u64::MAX),
+            missing_index: AtomicU64::new(u64::MAX),
+        },
+    );
     let store = Store::open_with_engine(lock, engine.clone()).expect("clean open");
     (engine, store)
 }
@@ -196,7 +151,7 @@ fn entry_damaged_after_open_fails_openraft_reads_naming_its_index() {
     // StorageError for LogIndex(21); reads that avoid 21 still work.
     let dir = tempfile::tempdir().expect("tempdir");
     let (engine, mut store) = open_over_damaging_engine(dir.path());
-    engine.corrupt_index.store(21, Ordering::SeqCst);
+    engine.faults.corrupt_index.store(21, Ordering::SeqCst);
     runtime().block_on(async {
         let error = store
             .try_get_log_entries(1..=LAST_INDEX)
@@ -231,7 +186,7 @@ fn entry_lost_after_open_fails_replication_reads_naming_its_index() {
     // retries for ever). The unbounded reader says the same.
     let dir = tempfile::tempdir().expect("tempdir");
     let (engine, mut store) = open_over_damaging_engine(dir.path());
-    engine.missing_index.store(21, Ordering::SeqCst);
+    engine.faults.missing_index.store(21, Ordering::SeqCst);
     runtime().block_on(async {
         for (start, end) in [(10, 30), (21, 30), (21, 22)] {
             let error = store

@@ -178,3 +178,128 @@ pub fn spawn_self(test_name: &str, envs: &[(&str, String)]) -> std::process::Chi
 pub fn exists(path: &Path) -> bool {
     path.exists()
 }
+
+/// One write a [`FaultyEngine`] is asked for.
+#[derive(Debug)]
+pub enum Write<'a> {
+    PutEntries(&'a [(u64, Vec<u8>)]),
+    ReplaceEntriesFrom(&'a [(u64, Vec<u8>)]),
+    DeleteEntriesFrom(u64),
+    DeleteEntriesThrough(u64),
+    PutMeta(&'a str),
+    Sync,
+}
+
+/// The faults a test puts around sled in a [`FaultyEngine`]; every hook passes through unless a
+/// test says otherwise.
+pub trait Faults: Send + Sync + 'static {
+    /// Before `write` reaches sled: `Ok(true)` lets it through, `Ok(false)` drops it (the call
+    /// succeeds, nothing happens: a crash just before it), `Err` fails it.
+    fn before(&self, _write: &Write<'_>) -> Result<bool, cairn_raft_log::LogError> {
+        Ok(true)
+    }
+    /// After `write` ran on sled.
+    fn after(
+        &self,
+        _sled: &cairn_raft_log::SledEngine,
+        _write: &Write<'_>,
+    ) -> Result<(), cairn_raft_log::LogError> {
+        Ok(())
+    }
+    /// Every entry read back, as sled returned it.
+    fn damage(&self, _entry: &mut (u64, Vec<u8>)) {}
+    /// Whether a range read loses the entry at `index`.
+    fn missing(&self, _index: u64) -> bool {
+        false
+    }
+}
+
+/// A [`cairn_raft_log::LogEngine`]: sled, with a test's [`Faults`] around every call.
+pub struct FaultyEngine<F> {
+    pub sled: cairn_raft_log::SledEngine,
+    pub faults: F,
+}
+
+impl<F: Faults> FaultyEngine<F> {
+    /// Sled in `dir/sled`, with `faults`.
+    pub fn open(dir: &Path, faults: F) -> std::sync::Arc<FaultyEngine<F>> {
+        std::sync::Arc::new(FaultyEngine {
+            sled: cairn_raft_log::SledEngine::open(&dir.join("sled"), true).expect("sled"),
+            faults,
+        })
+    }
+
+    fn write(
+        &self,
+        write: Write<'_>,
+        run: impl FnOnce(&cairn_raft_log::SledEngine) -> Result<(), cairn_raft_log::LogError>,
+    ) -> Result<(), cairn_raft_log::LogError> {
+        if self.faults.before(&write)? {
+            run(&self.sled)?;
+            self.faults.after(&self.sled, &write)?;
+        }
+        Ok(())
+    }
+
+    fn read_one(
+        &self,
+        entry: Option<(u64, Vec<u8>)>,
+    ) -> Result<Option<(u64, Vec<u8>)>, cairn_raft_log::LogError> {
+        Ok(entry.map(|mut entry| {
+            self.faults.damage(&mut entry);
+            entry
+        }))
+    }
+}
+
+impl<F: Faults> cairn_raft_log::LogEngine for FaultyEngine<F> {
+    fn put_entries(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), cairn_raft_log::LogError> {
+        self.write(Write::PutEntries(entries), |sled| sled.put_entries(entries))
+    }
+    fn replace_entries_from(
+        &self,
+        entries: &[(u64, Vec<u8>)],
+    ) -> Result<(), cairn_raft_log::LogError> {
+        self.write(Write::ReplaceEntriesFrom(entries), |sled| {
+            sled.replace_entries_from(entries)
+        })
+    }
+    fn delete_entries_from(&self, from_index: u64) -> Result<(), cairn_raft_log::LogError> {
+        self.write(Write::DeleteEntriesFrom(from_index), |sled| {
+            sled.delete_entries_from(from_index)
+        })
+    }
+    fn delete_entries_through(&self, through_index: u64) -> Result<(), cairn_raft_log::LogError> {
+        self.write(Write::DeleteEntriesThrough(through_index), |sled| {
+            sled.delete_entries_through(through_index)
+        })
+    }
+    fn read_entries(
+        &self,
+        start: u64,
+        end: Option<u64>,
+        bytes_max: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, cairn_raft_log::LogError> {
+        let mut entries = self.sled.read_entries(start, end, bytes_max)?;
+        entries.retain(|(index, _)| !self.faults.missing(*index));
+        entries
+            .iter_mut()
+            .for_each(|entry| self.faults.damage(entry));
+        Ok(entries)
+    }
+    fn last_entry(&self) -> Result<Option<(u64, Vec<u8>)>, cairn_raft_log::LogError> {
+        self.read_one(self.sled.last_entry()?)
+    }
+    fn first_entry(&self) -> Result<Option<(u64, Vec<u8>)>, cairn_raft_log::LogError> {
+        self.read_one(self.sled.first_entry()?)
+    }
+    fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), cairn_raft_log::LogError> {
+        self.write(Write::PutMeta(key), |sled| sled.put_meta(key, value))
+    }
+    fn get_meta(&self, key: &str) -> Result<Option<Vec<u8>>, cairn_raft_log::LogError> {
+        self.sled.get_meta(key)
+    }
+    fn sync(&self) -> Result<(), cairn_raft_log::LogError> {
+        self.write(Write::Sync, |sled| sled.sync())
+    }
+}
