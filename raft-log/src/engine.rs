@@ -208,16 +208,14 @@ impl SledEngine {
         &self.path
     }
 
-    fn keys_in(
-        &self,
-        range: (Bound<[u8; 8]>, Bound<[u8; 8]>),
-    ) -> Result<Vec<sled::IVec>, LogError> {
-        let mut keys = Vec::new();
+    /// A batch removing every entry whose key is in `range` (the caller may add inserts).
+    fn removal_of(&self, range: (Bound<[u8; 8]>, Bound<[u8; 8]>)) -> Result<sled::Batch, LogError> {
+        let mut batch = sled::Batch::default();
         for item in self.entries.range(range) {
             let (key, _value) = item.map_err(|e| self.error(e))?;
-            keys.push(key);
+            batch.remove(key);
         }
-        Ok(keys)
+        Ok(batch)
     }
 
     /// fdatasync every file that is new or changed since the last sync (and always `db`), and
@@ -320,10 +318,8 @@ impl LogEngine for SledEngine {
         let Some(&(from_index, _)) = entries.first() else {
             return Ok(());
         };
-        let mut batch = sled::Batch::default();
-        for key in self.keys_in((Bound::Included(entry_key(from_index)), Bound::Unbounded))? {
-            batch.remove(key);
-        }
+        let mut batch =
+            self.removal_of((Bound::Included(entry_key(from_index)), Bound::Unbounded))?;
         // A later insert of the same key in one batch wins over its removal.
         for (index, value) in entries {
             batch.insert(&entry_key(*index), value.as_slice());
@@ -333,21 +329,14 @@ impl LogEngine for SledEngine {
     }
 
     fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
-        let keys = self.keys_in((Bound::Included(entry_key(from_index)), Bound::Unbounded))?;
-        let mut batch = sled::Batch::default();
-        for key in keys {
-            batch.remove(key);
-        }
+        let batch = self.removal_of((Bound::Included(entry_key(from_index)), Bound::Unbounded))?;
         self.entries.apply_batch(batch).map_err(|e| self.error(e))?;
         Ok(())
     }
 
     fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
-        let keys = self.keys_in((Bound::Unbounded, Bound::Included(entry_key(through_index))))?;
-        let mut batch = sled::Batch::default();
-        for key in keys {
-            batch.remove(key);
-        }
+        let batch =
+            self.removal_of((Bound::Unbounded, Bound::Included(entry_key(through_index))))?;
         self.entries.apply_batch(batch).map_err(|e| self.error(e))?;
         Ok(())
     }
