@@ -476,25 +476,33 @@ impl<H: Handle, R: Forwardable> Attempts for ToLeader<'_, H, R> {
 const ASKED_MAX: usize = 8;
 
 /// Where one request's attempts went, to decide whether the next one goes at
-/// once. Both transports ([`ToLeader`], [`ConfirmHere`]) decide through it.
+/// once. Both transports ([`ToLeader`], [`ConfirmHere`]) decide through it. It
+/// holds ids, not targets, so that a forwarded request allocates nothing for it.
 #[derive(Default)]
 struct Turns {
     /// The channel's target before the last attempt.
     before: Option<Target>,
-    /// The leaders this request has been sent to (at most [`ASKED_MAX`]).
-    asked: Vec<Target>,
+    /// The ids of the leaders this request has been sent to: the first
+    /// `asked_len` of them.
+    asked: [u64; ASKED_MAX],
+    asked_len: usize,
 }
 
 impl Turns {
+    fn asked(&self) -> &[u64] {
+        &self.asked[..self.asked_len]
+    }
+
     /// Notes the target the next attempt goes to.
     fn before_attempt(&mut self, channel: &LeaderChannel) {
         self.before = channel.target();
         if let Some(target) = &self.before {
-            if !self.asked.contains(target) && self.asked.len() < ASKED_MAX {
-                self.asked.push(target.clone());
+            if !self.asked().contains(&target.leader_id) && self.asked_len < ASKED_MAX {
+                self.asked[self.asked_len] = target.leader_id;
+                self.asked_len += 1;
             }
         }
-        assert!(self.asked.len() <= ASKED_MAX);
+        assert!(self.asked_len <= ASKED_MAX);
     }
 
     /// Whether the next attempt follows a NotLeader that named a new leader
@@ -510,8 +518,8 @@ impl Turns {
         };
         leader.is_some()
             && Some(&now) != self.before.as_ref()
-            && !self.asked.contains(&now)
-            && self.asked.len() < ASKED_MAX
+            && !self.asked().contains(&now.leader_id)
+            && self.asked_len < ASKED_MAX
     }
 }
 

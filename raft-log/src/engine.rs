@@ -208,6 +208,15 @@ impl SledEngine {
         &self.path
     }
 
+    /// Applies `batch` with `entries` inserted into it, as one atomic sled batch. An insert
+    /// wins over a removal of the same key in the batch.
+    fn apply(&self, mut batch: sled::Batch, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
+        for (index, value) in entries {
+            batch.insert(&entry_key(*index), value.as_slice());
+        }
+        self.entries.apply_batch(batch).map_err(|e| self.error(e))
+    }
+
     /// A batch removing every entry whose key is in `range` (the caller may add inserts).
     fn removal_of(&self, range: (Bound<[u8; 8]>, Bound<[u8; 8]>)) -> Result<sled::Batch, LogError> {
         let mut batch = sled::Batch::default();
@@ -306,39 +315,28 @@ impl LogEngine for SledEngine {
                 .map_err(|e| self.error(e))?;
             return Ok(());
         }
-        let mut batch = sled::Batch::default();
-        for (index, value) in entries {
-            batch.insert(&entry_key(*index), value.as_slice());
-        }
-        self.entries.apply_batch(batch).map_err(|e| self.error(e))?;
-        Ok(())
+        self.apply(sled::Batch::default(), entries)
     }
 
     fn replace_entries_from(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), LogError> {
         let Some(&(from_index, _)) = entries.first() else {
             return Ok(());
         };
-        let mut batch =
+        let removal =
             self.removal_of((Bound::Included(entry_key(from_index)), Bound::Unbounded))?;
-        // A later insert of the same key in one batch wins over its removal.
-        for (index, value) in entries {
-            batch.insert(&entry_key(*index), value.as_slice());
-        }
-        self.entries.apply_batch(batch).map_err(|e| self.error(e))?;
-        Ok(())
+        self.apply(removal, entries)
     }
 
     fn delete_entries_from(&self, from_index: u64) -> Result<(), LogError> {
-        let batch = self.removal_of((Bound::Included(entry_key(from_index)), Bound::Unbounded))?;
-        self.entries.apply_batch(batch).map_err(|e| self.error(e))?;
-        Ok(())
+        let removal =
+            self.removal_of((Bound::Included(entry_key(from_index)), Bound::Unbounded))?;
+        self.apply(removal, &[])
     }
 
     fn delete_entries_through(&self, through_index: u64) -> Result<(), LogError> {
-        let batch =
+        let removal =
             self.removal_of((Bound::Unbounded, Bound::Included(entry_key(through_index))))?;
-        self.entries.apply_batch(batch).map_err(|e| self.error(e))?;
-        Ok(())
+        self.apply(removal, &[])
     }
 
     fn read_entries(

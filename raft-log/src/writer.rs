@@ -311,16 +311,6 @@ impl Writer {
                         return;
                     }
                     let last_index = entries.last().map(|(index, _)| *index);
-                    debug_assert_eq!(
-                        self.shared
-                            .engine
-                            .last_entry()
-                            .ok()
-                            .flatten()
-                            .map(|(index, _)| index),
-                        last_index,
-                        "the appended entries end the log"
-                    );
                     assert!(last_index >= Some(first_index));
                     assert!(self.purged_index.is_none_or(|purged| purged < first_index));
                     self.last_index = last_index;
